@@ -1,0 +1,472 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ServerError(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    UNKNOWN_ERROR: _ClassVar[ServerError]
+    MALFORMED_FRAME: _ClassVar[ServerError]
+    UNKNOWN_COMMAND: _ClassVar[ServerError]
+    INVALID_TOPIC_NAME: _ClassVar[ServerError]
+    INVALID_ARGUMENT: _ClassVar[ServerError]
+    PERSISTENCE_ERROR: _ClassVar[ServerError]
+    SERVICE_NOT_READY: _ClassVar[ServerError]
+    PRODUCER_NOT_FOUND: _ClassVar[ServerError]
+    CONSUMER_NOT_FOUND: _ClassVar[ServerError]
+    PRODUCER_BUSY: _ClassVar[ServerError]
+    CONSUMER_BUSY: _ClassVar[ServerError]
+    SUBSCRIPTION_TYPE_MISMATCH: _ClassVar[ServerError]
+    UNKNOWN_MESSAGE_ID: _ClassVar[ServerError]
+    NOT_ALLOWED: _ClassVar[ServerError]
+    SEQUENCE_TOO_OLD: _ClassVar[ServerError]
+    TOPIC_NOT_FOUND: _ClassVar[ServerError]
+    TOO_MANY_REQUESTS: _ClassVar[ServerError]
+    TRANSACTION_CONFLICT: _ClassVar[ServerError]
+    TRANSACTION_NOT_FOUND: _ClassVar[ServerError]
+    INVALID_TXN_STATUS: _ClassVar[ServerError]
+    TRANSACTION_TIMEOUT: _ClassVar[ServerError]
+    PRODUCER_FENCED: _ClassVar[ServerError]
+    TRANSACTION_COORDINATOR_NOT_FOUND: _ClassVar[ServerError]
+UNKNOWN_ERROR: ServerError
+MALFORMED_FRAME: ServerError
+UNKNOWN_COMMAND: ServerError
+INVALID_TOPIC_NAME: ServerError
+INVALID_ARGUMENT: ServerError
+PERSISTENCE_ERROR: ServerError
+SERVICE_NOT_READY: ServerError
+PRODUCER_NOT_FOUND: ServerError
+CONSUMER_NOT_FOUND: ServerError
+PRODUCER_BUSY: ServerError
+CONSUMER_BUSY: ServerError
+SUBSCRIPTION_TYPE_MISMATCH: ServerError
+UNKNOWN_MESSAGE_ID: ServerError
+NOT_ALLOWED: ServerError
+SEQUENCE_TOO_OLD: ServerError
+TOPIC_NOT_FOUND: ServerError
+TOO_MANY_REQUESTS: ServerError
+TRANSACTION_CONFLICT: ServerError
+TRANSACTION_NOT_FOUND: ServerError
+INVALID_TXN_STATUS: ServerError
+TRANSACTION_TIMEOUT: ServerError
+PRODUCER_FENCED: ServerError
+TRANSACTION_COORDINATOR_NOT_FOUND: ServerError
+
+class MessageIdData(_message.Message):
+    __slots__ = ("partition", "entry_id", "batch_index")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    entry_id: int
+    batch_index: int
+    def __init__(self, partition: _Optional[int] = ..., entry_id: _Optional[int] = ..., batch_index: _Optional[int] = ...) -> None: ...
+
+class SingleMessage(_message.Message):
+    __slots__ = ("payload", "key", "properties", "sequence_id", "publish_time_ms")
+    class PropertiesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
+    PUBLISH_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    payload: bytes
+    key: str
+    properties: _containers.ScalarMap[str, str]
+    sequence_id: int
+    publish_time_ms: int
+    def __init__(self, payload: _Optional[bytes] = ..., key: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ..., sequence_id: _Optional[int] = ..., publish_time_ms: _Optional[int] = ...) -> None: ...
+
+class EntryBatch(_message.Message):
+    __slots__ = ("messages", "producer_name")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_NAME_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[SingleMessage]
+    producer_name: str
+    def __init__(self, messages: _Optional[_Iterable[_Union[SingleMessage, _Mapping]]] = ..., producer_name: _Optional[str] = ...) -> None: ...
+
+class CommandConnect(_message.Message):
+    __slots__ = ("client_version", "protocol_version")
+    CLIENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    client_version: str
+    protocol_version: int
+    def __init__(self, client_version: _Optional[str] = ..., protocol_version: _Optional[int] = ...) -> None: ...
+
+class CommandConnected(_message.Message):
+    __slots__ = ("server_version", "protocol_version", "max_message_size")
+    SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    server_version: str
+    protocol_version: int
+    max_message_size: int
+    def __init__(self, server_version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., max_message_size: _Optional[int] = ...) -> None: ...
+
+class CommandPartitionedMetadata(_message.Message):
+    __slots__ = ("request_id", "topic")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    topic: str
+    def __init__(self, request_id: _Optional[int] = ..., topic: _Optional[str] = ...) -> None: ...
+
+class CommandPartitionedMetadataResponse(_message.Message):
+    __slots__ = ("request_id", "partitions", "error", "message")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    partitions: int
+    error: ServerError
+    message: str
+    def __init__(self, request_id: _Optional[int] = ..., partitions: _Optional[int] = ..., error: _Optional[_Union[ServerError, str]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class CommandLookupTopic(_message.Message):
+    __slots__ = ("request_id", "topic")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    topic: str
+    def __init__(self, request_id: _Optional[int] = ..., topic: _Optional[str] = ...) -> None: ...
+
+class CommandLookupTopicResponse(_message.Message):
+    __slots__ = ("request_id", "broker_service_url", "authoritative", "error", "message")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    BROKER_SERVICE_URL_FIELD_NUMBER: _ClassVar[int]
+    AUTHORITATIVE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    broker_service_url: str
+    authoritative: bool
+    error: ServerError
+    message: str
+    def __init__(self, request_id: _Optional[int] = ..., broker_service_url: _Optional[str] = ..., authoritative: _Optional[bool] = ..., error: _Optional[_Union[ServerError, str]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class CommandProducer(_message.Message):
+    __slots__ = ("request_id", "producer_id", "topic", "producer_name")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_NAME_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    producer_id: int
+    topic: str
+    producer_name: str
+    def __init__(self, request_id: _Optional[int] = ..., producer_id: _Optional[int] = ..., topic: _Optional[str] = ..., producer_name: _Optional[str] = ...) -> None: ...
+
+class CommandProducerSuccess(_message.Message):
+    __slots__ = ("request_id", "producer_name", "last_sequence_id", "partitions")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_NAME_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    producer_name: str
+    last_sequence_id: int
+    partitions: int
+    def __init__(self, request_id: _Optional[int] = ..., producer_name: _Optional[str] = ..., last_sequence_id: _Optional[int] = ..., partitions: _Optional[int] = ...) -> None: ...
+
+class CommandCloseProducer(_message.Message):
+    __slots__ = ("request_id", "producer_id")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    producer_id: int
+    def __init__(self, request_id: _Optional[int] = ..., producer_id: _Optional[int] = ...) -> None: ...
+
+class CommandSend(_message.Message):
+    __slots__ = ("producer_id", "request_id", "partition", "messages")
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    producer_id: int
+    request_id: int
+    partition: int
+    messages: _containers.RepeatedCompositeFieldContainer[SingleMessage]
+    def __init__(self, producer_id: _Optional[int] = ..., request_id: _Optional[int] = ..., partition: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[SingleMessage, _Mapping]]] = ...) -> None: ...
+
+class CommandSendReceipt(_message.Message):
+    __slots__ = ("producer_id", "request_id", "partition", "entry_id", "message_ids")
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_IDS_FIELD_NUMBER: _ClassVar[int]
+    producer_id: int
+    request_id: int
+    partition: int
+    entry_id: int
+    message_ids: _containers.RepeatedCompositeFieldContainer[MessageIdData]
+    def __init__(self, producer_id: _Optional[int] = ..., request_id: _Optional[int] = ..., partition: _Optional[int] = ..., entry_id: _Optional[int] = ..., message_ids: _Optional[_Iterable[_Union[MessageIdData, _Mapping]]] = ...) -> None: ...
+
+class CommandSendError(_message.Message):
+    __slots__ = ("producer_id", "request_id", "error", "message")
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    producer_id: int
+    request_id: int
+    error: ServerError
+    message: str
+    def __init__(self, producer_id: _Optional[int] = ..., request_id: _Optional[int] = ..., error: _Optional[_Union[ServerError, str]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class CommandSubscribe(_message.Message):
+    __slots__ = ("request_id", "consumer_id", "topic", "subscription", "sub_type", "initial_position", "consumer_name")
+    class SubType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        EXCLUSIVE: _ClassVar[CommandSubscribe.SubType]
+        SHARED: _ClassVar[CommandSubscribe.SubType]
+        FAILOVER: _ClassVar[CommandSubscribe.SubType]
+    EXCLUSIVE: CommandSubscribe.SubType
+    SHARED: CommandSubscribe.SubType
+    FAILOVER: CommandSubscribe.SubType
+    class InitialPosition(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        LATEST: _ClassVar[CommandSubscribe.InitialPosition]
+        EARLIEST: _ClassVar[CommandSubscribe.InitialPosition]
+    LATEST: CommandSubscribe.InitialPosition
+    EARLIEST: CommandSubscribe.InitialPosition
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    SUB_TYPE_FIELD_NUMBER: _ClassVar[int]
+    INITIAL_POSITION_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_NAME_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    consumer_id: int
+    topic: str
+    subscription: str
+    sub_type: CommandSubscribe.SubType
+    initial_position: CommandSubscribe.InitialPosition
+    consumer_name: str
+    def __init__(self, request_id: _Optional[int] = ..., consumer_id: _Optional[int] = ..., topic: _Optional[str] = ..., subscription: _Optional[str] = ..., sub_type: _Optional[_Union[CommandSubscribe.SubType, str]] = ..., initial_position: _Optional[_Union[CommandSubscribe.InitialPosition, str]] = ..., consumer_name: _Optional[str] = ...) -> None: ...
+
+class CommandFlow(_message.Message):
+    __slots__ = ("consumer_id", "permits")
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    PERMITS_FIELD_NUMBER: _ClassVar[int]
+    consumer_id: int
+    permits: int
+    def __init__(self, consumer_id: _Optional[int] = ..., permits: _Optional[int] = ...) -> None: ...
+
+class DeliveredEntry(_message.Message):
+    __slots__ = ("partition", "entry_id", "data", "indexes", "redelivery_count")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    INDEXES_FIELD_NUMBER: _ClassVar[int]
+    REDELIVERY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    entry_id: int
+    data: bytes
+    indexes: _containers.RepeatedScalarFieldContainer[int]
+    redelivery_count: int
+    def __init__(self, partition: _Optional[int] = ..., entry_id: _Optional[int] = ..., data: _Optional[bytes] = ..., indexes: _Optional[_Iterable[int]] = ..., redelivery_count: _Optional[int] = ...) -> None: ...
+
+class CommandMessage(_message.Message):
+    __slots__ = ("consumer_id", "entries")
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    consumer_id: int
+    entries: _containers.RepeatedCompositeFieldContainer[DeliveredEntry]
+    def __init__(self, consumer_id: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[DeliveredEntry, _Mapping]]] = ...) -> None: ...
+
+class CommandAck(_message.Message):
+    __slots__ = ("consumer_id", "request_id", "ack_type", "message_ids")
+    class AckType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        INDIVIDUAL: _ClassVar[CommandAck.AckType]
+        CUMULATIVE: _ClassVar[CommandAck.AckType]
+    INDIVIDUAL: CommandAck.AckType
+    CUMULATIVE: CommandAck.AckType
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ACK_TYPE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_IDS_FIELD_NUMBER: _ClassVar[int]
+    consumer_id: int
+    request_id: int
+    ack_type: CommandAck.AckType
+    message_ids: _containers.RepeatedCompositeFieldContainer[MessageIdData]
+    def __init__(self, consumer_id: _Optional[int] = ..., request_id: _Optional[int] = ..., ack_type: _Optional[_Union[CommandAck.AckType, str]] = ..., message_ids: _Optional[_Iterable[_Union[MessageIdData, _Mapping]]] = ...) -> None: ...
+
+class CommandAckResponse(_message.Message):
+    __slots__ = ("consumer_id", "request_id", "error", "message")
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    consumer_id: int
+    request_id: int
+    error: ServerError
+    message: str
+    def __init__(self, consumer_id: _Optional[int] = ..., request_id: _Optional[int] = ..., error: _Optional[_Union[ServerError, str]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class CommandRedeliverUnacknowledged(_message.Message):
+    __slots__ = ("consumer_id", "message_ids")
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_IDS_FIELD_NUMBER: _ClassVar[int]
+    consumer_id: int
+    message_ids: _containers.RepeatedCompositeFieldContainer[MessageIdData]
+    def __init__(self, consumer_id: _Optional[int] = ..., message_ids: _Optional[_Iterable[_Union[MessageIdData, _Mapping]]] = ...) -> None: ...
+
+class CommandCloseConsumer(_message.Message):
+    __slots__ = ("request_id", "consumer_id")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    consumer_id: int
+    def __init__(self, request_id: _Optional[int] = ..., consumer_id: _Optional[int] = ...) -> None: ...
+
+class CommandActiveConsumerChange(_message.Message):
+    __slots__ = ("consumer_id", "is_active")
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    IS_ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    consumer_id: int
+    is_active: bool
+    def __init__(self, consumer_id: _Optional[int] = ..., is_active: _Optional[bool] = ...) -> None: ...
+
+class CommandSuccess(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    def __init__(self, request_id: _Optional[int] = ...) -> None: ...
+
+class CommandError(_message.Message):
+    __slots__ = ("request_id", "error", "message")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    error: ServerError
+    message: str
+    def __init__(self, request_id: _Optional[int] = ..., error: _Optional[_Union[ServerError, str]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class CommandPing(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CommandPong(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class BaseCommand(_message.Message):
+    __slots__ = ("type", "connect", "connected", "partitioned_metadata", "partitioned_metadata_response", "lookup", "lookup_response", "producer", "producer_success", "close_producer", "send", "send_receipt", "send_error", "subscribe", "flow", "message", "ack", "ack_response", "redeliver_unacknowledged", "close_consumer", "active_consumer_change", "success", "error", "ping", "pong")
+    class Type(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        TYPE_UNSPECIFIED: _ClassVar[BaseCommand.Type]
+        CONNECT: _ClassVar[BaseCommand.Type]
+        CONNECTED: _ClassVar[BaseCommand.Type]
+        PARTITIONED_METADATA: _ClassVar[BaseCommand.Type]
+        PARTITIONED_METADATA_RESPONSE: _ClassVar[BaseCommand.Type]
+        LOOKUP: _ClassVar[BaseCommand.Type]
+        LOOKUP_RESPONSE: _ClassVar[BaseCommand.Type]
+        PRODUCER: _ClassVar[BaseCommand.Type]
+        PRODUCER_SUCCESS: _ClassVar[BaseCommand.Type]
+        CLOSE_PRODUCER: _ClassVar[BaseCommand.Type]
+        SEND: _ClassVar[BaseCommand.Type]
+        SEND_RECEIPT: _ClassVar[BaseCommand.Type]
+        SEND_ERROR: _ClassVar[BaseCommand.Type]
+        SUBSCRIBE: _ClassVar[BaseCommand.Type]
+        FLOW: _ClassVar[BaseCommand.Type]
+        MESSAGE: _ClassVar[BaseCommand.Type]
+        ACK: _ClassVar[BaseCommand.Type]
+        ACK_RESPONSE: _ClassVar[BaseCommand.Type]
+        REDELIVER_UNACKNOWLEDGED: _ClassVar[BaseCommand.Type]
+        CLOSE_CONSUMER: _ClassVar[BaseCommand.Type]
+        ACTIVE_CONSUMER_CHANGE: _ClassVar[BaseCommand.Type]
+        SUCCESS: _ClassVar[BaseCommand.Type]
+        ERROR: _ClassVar[BaseCommand.Type]
+        PING: _ClassVar[BaseCommand.Type]
+        PONG: _ClassVar[BaseCommand.Type]
+    TYPE_UNSPECIFIED: BaseCommand.Type
+    CONNECT: BaseCommand.Type
+    CONNECTED: BaseCommand.Type
+    PARTITIONED_METADATA: BaseCommand.Type
+    PARTITIONED_METADATA_RESPONSE: BaseCommand.Type
+    LOOKUP: BaseCommand.Type
+    LOOKUP_RESPONSE: BaseCommand.Type
+    PRODUCER: BaseCommand.Type
+    PRODUCER_SUCCESS: BaseCommand.Type
+    CLOSE_PRODUCER: BaseCommand.Type
+    SEND: BaseCommand.Type
+    SEND_RECEIPT: BaseCommand.Type
+    SEND_ERROR: BaseCommand.Type
+    SUBSCRIBE: BaseCommand.Type
+    FLOW: BaseCommand.Type
+    MESSAGE: BaseCommand.Type
+    ACK: BaseCommand.Type
+    ACK_RESPONSE: BaseCommand.Type
+    REDELIVER_UNACKNOWLEDGED: BaseCommand.Type
+    CLOSE_CONSUMER: BaseCommand.Type
+    ACTIVE_CONSUMER_CHANGE: BaseCommand.Type
+    SUCCESS: BaseCommand.Type
+    ERROR: BaseCommand.Type
+    PING: BaseCommand.Type
+    PONG: BaseCommand.Type
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    CONNECT_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONED_METADATA_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONED_METADATA_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    LOOKUP_FIELD_NUMBER: _ClassVar[int]
+    LOOKUP_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_SUCCESS_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_PRODUCER_FIELD_NUMBER: _ClassVar[int]
+    SEND_FIELD_NUMBER: _ClassVar[int]
+    SEND_RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    SEND_ERROR_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBE_FIELD_NUMBER: _ClassVar[int]
+    FLOW_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    ACK_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    REDELIVER_UNACKNOWLEDGED_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_CONSUMER_CHANGE_FIELD_NUMBER: _ClassVar[int]
+    SUCCESS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    PING_FIELD_NUMBER: _ClassVar[int]
+    PONG_FIELD_NUMBER: _ClassVar[int]
+    type: BaseCommand.Type
+    connect: CommandConnect
+    connected: CommandConnected
+    partitioned_metadata: CommandPartitionedMetadata
+    partitioned_metadata_response: CommandPartitionedMetadataResponse
+    lookup: CommandLookupTopic
+    lookup_response: CommandLookupTopicResponse
+    producer: CommandProducer
+    producer_success: CommandProducerSuccess
+    close_producer: CommandCloseProducer
+    send: CommandSend
+    send_receipt: CommandSendReceipt
+    send_error: CommandSendError
+    subscribe: CommandSubscribe
+    flow: CommandFlow
+    message: CommandMessage
+    ack: CommandAck
+    ack_response: CommandAckResponse
+    redeliver_unacknowledged: CommandRedeliverUnacknowledged
+    close_consumer: CommandCloseConsumer
+    active_consumer_change: CommandActiveConsumerChange
+    success: CommandSuccess
+    error: CommandError
+    ping: CommandPing
+    pong: CommandPong
+    def __init__(self, type: _Optional[_Union[BaseCommand.Type, str]] = ..., connect: _Optional[_Union[CommandConnect, _Mapping]] = ..., connected: _Optional[_Union[CommandConnected, _Mapping]] = ..., partitioned_metadata: _Optional[_Union[CommandPartitionedMetadata, _Mapping]] = ..., partitioned_metadata_response: _Optional[_Union[CommandPartitionedMetadataResponse, _Mapping]] = ..., lookup: _Optional[_Union[CommandLookupTopic, _Mapping]] = ..., lookup_response: _Optional[_Union[CommandLookupTopicResponse, _Mapping]] = ..., producer: _Optional[_Union[CommandProducer, _Mapping]] = ..., producer_success: _Optional[_Union[CommandProducerSuccess, _Mapping]] = ..., close_producer: _Optional[_Union[CommandCloseProducer, _Mapping]] = ..., send: _Optional[_Union[CommandSend, _Mapping]] = ..., send_receipt: _Optional[_Union[CommandSendReceipt, _Mapping]] = ..., send_error: _Optional[_Union[CommandSendError, _Mapping]] = ..., subscribe: _Optional[_Union[CommandSubscribe, _Mapping]] = ..., flow: _Optional[_Union[CommandFlow, _Mapping]] = ..., message: _Optional[_Union[CommandMessage, _Mapping]] = ..., ack: _Optional[_Union[CommandAck, _Mapping]] = ..., ack_response: _Optional[_Union[CommandAckResponse, _Mapping]] = ..., redeliver_unacknowledged: _Optional[_Union[CommandRedeliverUnacknowledged, _Mapping]] = ..., close_consumer: _Optional[_Union[CommandCloseConsumer, _Mapping]] = ..., active_consumer_change: _Optional[_Union[CommandActiveConsumerChange, _Mapping]] = ..., success: _Optional[_Union[CommandSuccess, _Mapping]] = ..., error: _Optional[_Union[CommandError, _Mapping]] = ..., ping: _Optional[_Union[CommandPing, _Mapping]] = ..., pong: _Optional[_Union[CommandPong, _Mapping]] = ...) -> None: ...
