@@ -1,0 +1,136 @@
+"""The HTTP admin API (JSON under /admin/v1) and Prometheus text at /metrics.
+
+Errors are JSON too: ``{"error": "<what was wrong>"}`` with status 400 (bad
+input, nothing changed), 404 (no such topic) or 405/415 as aiohttp gives.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from aiohttp import web
+
+from broker._server import BROKER_KEY, Broker
+from buffer import InvalidNameError, PartitionCountError, check_topic_name
+from subscriptions import WHOLE_ENTRY
+
+__all__ = ["add_admin_routes"]
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def put_topic(request: web.Request) -> web.Response:
+    broker = request.app[BROKER_KEY]
+    name = request.match_info["topic"]
+    try:
+        body = json.loads(await request.read() or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        return _error(400, 'body must be JSON such as {"partitions": 3}')
+    if not isinstance(body, dict):
+        return _error(400, 'body must be a JSON object such as {"partitions": 3}')
+    unknown = set(body) - {"partitions"}
+    if unknown:
+        return _error(400, f"unknown field(s): {', '.join(sorted(unknown))}")
+    partitions = body.get("partitions", 1)
+    if isinstance(partitions, bool):
+        return _error(400, "partitions must be an integer")
+    try:
+        topic = await broker.topics.create(check_topic_name(name), partitions)
+    except (InvalidNameError, PartitionCountError) as exc:
+        return _error(400, str(exc))
+    return web.json_response({"topic": topic.name, "partitions": len(topic.partitions)})
+
+
+async def list_topics(request: web.Request) -> web.Response:
+    broker = request.app[BROKER_KEY]
+    topics = []
+    for name in broker.topics.names():
+        topic = broker.topics.get(name)
+        assert topic is not None
+        topics.append({"name": name, "partitions": len(topic.partitions)})
+    return web.json_response({"topics": topics})
+
+
+def topic_stats(broker: Broker, name: str) -> dict[str, Any] | None:
+    """Per partition: entries, messages, producers, consumers, each subscription."""
+    topic = broker.topics.get(name)
+    if topic is None:
+        return None
+    producers = broker.producer_count(name)  # a producer writes to every partition
+    partitions = []
+    for part in topic.partitions:
+        subs = broker.subscriptions.stats(name, part.index)
+        ledger = part.ledger
+        partitions.append(
+            {
+                "partition": part.index,
+                "entries": ledger.entry_count,
+                "first_entry_id": ledger.first_entry_id,
+                "last_entry_id": ledger.last_entry_id,
+                "messages": part.messages_after((ledger.first_entry_id - 1, WHOLE_ENTRY)),
+                "producers": producers,
+                "consumers": sum(s["consumers"] for s in subs.values()),
+                "subscriptions": subs,
+            }
+        )
+    return {"topic": name, "producers": producers, "partitions": partitions}
+
+
+async def get_topic_stats(request: web.Request) -> web.Response:
+    broker = request.app[BROKER_KEY]
+    name = request.match_info["topic"]
+    try:
+        check_topic_name(name)
+    except InvalidNameError as exc:
+        return _error(400, str(exc))
+    stats = topic_stats(broker, name)
+    if stats is None:
+        return _error(404, f"no topic {name!r}")
+    return web.json_response(stats)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    broker = request.app[BROKER_KEY]
+    lines = [
+        "# TYPE txnbuf_uptime_seconds gauge",
+        f"txnbuf_uptime_seconds {time.time() - broker.started:.1f}",
+        "# TYPE txnbuf_connections gauge",
+        f"txnbuf_connections {len(broker.connections)}",
+        "# TYPE txnbuf_ledger_commits_total counter",
+        f"txnbuf_ledger_commits_total {broker.store.commits}",
+        "# TYPE txnbuf_ledger_appends_total counter",
+        f"txnbuf_ledger_appends_total {broker.store.appends}",
+        "# TYPE txnbuf_messages_in_total counter",
+    ]
+    for name in broker.topics.names():
+        topic = broker.topics.get(name)
+        assert topic is not None
+        for part in topic.partitions:
+            lines.append(
+                f'txnbuf_messages_in_total{{topic="{name}",partition="{part.index}"}} '
+                f"{part.messages_in}"
+            )
+    lines.append("# TYPE txnbuf_backlog_messages gauge")
+    for name in broker.topics.names():
+        for sub, parts in broker.subscriptions.of_topic(name).items():
+            backlog = sum(p.backlog() for p in parts)
+            lines.append(
+                f'txnbuf_backlog_messages{{topic="{name}",subscription="{sub}"}} {backlog}'
+            )
+    return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+
+def add_admin_routes(app: web.Application) -> None:
+    app.router.add_get("/admin/v1/health", health)
+    app.router.add_get("/admin/v1/topics", list_topics)
+    app.router.add_put("/admin/v1/topics/{topic}", put_topic)
+    app.router.add_get("/admin/v1/topics/{topic}/stats", get_topic_stats)
+    app.router.add_get("/metrics", metrics)

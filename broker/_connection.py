@@ -1,0 +1,451 @@
+"""One client connection: a WebSocket of `BaseCommand` frames.
+
+The read loop decodes each frame and hands it to the handler of its type.
+Work that must keep the order of frames (queueing a send's append, granting
+permits) happens in the read loop; work that waits (durable acks, receipts,
+topic creation) runs in tasks, so one slow request never stalls the others.
+Answers go through one writer task, in order.
+
+Bad input (an undecodable frame, an unknown command, an illegal name, a send
+on a closed producer, an ack of an unknown message) is answered with an
+error and changes nothing; the connection stays up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import WSMsgType, web
+from google.protobuf.message import DecodeError
+
+from broker._errors import error_code, error_text
+from buffer import (
+    InvalidNameError,
+    MessageId,
+    PublishResult,
+    Topic,
+    check_subscription_name,
+    check_topic_name,
+)
+from proto import txnbuf_pb2 as pb
+from subscriptions import Consumer, SubType
+
+if TYPE_CHECKING:
+    from broker._server import Broker
+
+__all__ = ["Connection"]
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = 1
+SERVER_VERSION = "txnbuf/0.1.0"
+MAX_MESSAGE_SIZE = 5 << 20  # bytes in one frame the client may send
+
+T = pb.BaseCommand
+_BODY_TYPE = {name.lower(): value for name, value in T.Type.items()}
+_SUB_TYPES = {
+    pb.CommandSubscribe.EXCLUSIVE: SubType.EXCLUSIVE,
+    pb.CommandSubscribe.SHARED: SubType.SHARED,
+    pb.CommandSubscribe.FAILOVER: SubType.FAILOVER,
+}
+
+
+@dataclass(slots=True)
+class _Producer:
+    producer_id: int
+    name: str
+    topic: Topic
+
+
+def command(kind: pb.BaseCommand.Type, field: str, body: Any) -> pb.BaseCommand:
+    cmd = pb.BaseCommand(type=kind)
+    getattr(cmd, field).CopyFrom(body)
+    return cmd
+
+
+class Connection:
+    def __init__(self, broker: Broker, ws: web.WebSocketResponse, peer: str) -> None:
+        self.broker = broker
+        self.ws = ws
+        self.peer = peer
+        self.producers: dict[int, _Producer] = {}
+        self.consumers: dict[int, Consumer] = {}
+        self._out: collections.deque[bytes] = collections.deque()
+        self._out_ready = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+        self._handlers: dict[int, Callable[[pb.BaseCommand], None]] = {
+            T.CONNECT: self._on_connect,
+            T.PARTITIONED_METADATA: self._on_partitioned_metadata,
+            T.LOOKUP: self._on_lookup,
+            T.PRODUCER: self._on_producer,
+            T.CLOSE_PRODUCER: self._on_close_producer,
+            T.SEND: self._on_send,
+            T.SUBSCRIBE: self._on_subscribe,
+            T.FLOW: self._on_flow,
+            T.ACK: self._on_ack,
+            T.REDELIVER_UNACKNOWLEDGED: self._on_redeliver,
+            T.CLOSE_CONSUMER: self._on_close_consumer,
+            T.PING: self._on_ping,
+            T.PONG: lambda cmd: None,
+        }
+
+    # -- the loops ------------------------------------------------------------------
+
+    async def run(self) -> None:
+        writer = asyncio.get_running_loop().create_task(self._write_loop())
+        try:
+            async for msg in self.ws:
+                if msg.type == WSMsgType.BINARY:
+                    self._on_frame(msg.data)
+                elif msg.type == WSMsgType.TEXT:
+                    self._error(0, pb.MALFORMED_FRAME, "frames must be binary BaseCommand messages")
+                elif msg.type == WSMsgType.ERROR:
+                    log.info("connection %s failed: %s", self.peer, self.ws.exception())
+                    break
+        finally:
+            self.close()
+            self._out_ready.set()
+            await writer
+
+    async def _write_loop(self) -> None:
+        while True:
+            await self._out_ready.wait()
+            self._out_ready.clear()
+            while self._out:
+                if self.ws.closed:
+                    self._out.clear()
+                    break
+                try:
+                    await self.ws.send_bytes(self._out.popleft())
+                except (ConnectionError, RuntimeError) as exc:
+                    log.info("connection %s: write failed: %s", self.peer, exc)
+                    self._out.clear()
+                    break
+            if self._closed:
+                return
+
+    def send(self, cmd: pb.BaseCommand) -> None:
+        if self._closed:
+            return
+        self._out.append(cmd.SerializeToString())
+        self._out_ready.set()
+
+    def close(self) -> None:
+        """Forget this connection's producers and consumers (unacked -> redelivery)."""
+        if self._closed:
+            return
+        self._closed = True
+        for consumer in self.consumers.values():
+            self.broker.subscriptions.detach(consumer)
+        self.consumers.clear()
+        for producer in self.producers.values():
+            self.broker.release_producer(producer.topic.name, producer.name, self)
+        self.producers.clear()
+        for task in self._tasks:
+            task.cancel()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- dispatch -------------------------------------------------------------------
+
+    def _on_frame(self, data: bytes) -> None:
+        try:
+            cmd = pb.BaseCommand.FromString(data)
+        except DecodeError:
+            self._error(0, pb.MALFORMED_FRAME, "frame is not a valid BaseCommand")
+            return
+        handler = self._handlers.get(cmd.type)
+        body = cmd.WhichOneof("command")
+        if handler is None or body is None or _BODY_TYPE.get(body) != cmd.type:
+            name = T.Type.Name(cmd.type) if cmd.type in T.Type.values() else str(cmd.type)
+            self._error(
+                0, pb.UNKNOWN_COMMAND, f"unknown command type {name} (body {body or 'missing'})"
+            )
+            return
+        try:
+            handler(cmd)
+        except Exception:
+            log.exception("connection %s: handler for %s failed", self.peer, body)
+            self._error(_request_id(cmd), pb.UNKNOWN_ERROR, f"internal error handling {body}")
+
+    def _error(self, request_id: int, code: pb.ServerError, message: str) -> None:
+        self.send(
+            command(
+                T.ERROR,
+                "error",
+                pb.CommandError(request_id=request_id, error=code, message=message),
+            )
+        )
+
+    def _answer(self, request_id: int, work: Awaitable[pb.BaseCommand | None], what: str) -> None:
+        """Run ``work`` in a task; send its answer, or an ERROR if it raises."""
+
+        async def run() -> None:
+            try:
+                answer = await work
+            except Exception as exc:
+                code = error_code(exc)
+                if code == pb.UNKNOWN_ERROR:
+                    log.exception("connection %s: %s failed", self.peer, what)
+                self._error(request_id, code, error_text(exc))
+                return
+            if answer is not None:
+                self.send(answer)
+
+        self._spawn(run())
+
+    def _success(self, request_id: int) -> pb.BaseCommand:
+        return command(T.SUCCESS, "success", pb.CommandSuccess(request_id=request_id))
+
+    # -- handlers -------------------------------------------------------------------
+
+    def _on_connect(self, cmd: pb.BaseCommand) -> None:
+        self.send(
+            command(
+                T.CONNECTED,
+                "connected",
+                pb.CommandConnected(
+                    server_version=SERVER_VERSION,
+                    protocol_version=PROTOCOL_VERSION,
+                    max_message_size=MAX_MESSAGE_SIZE,
+                ),
+            )
+        )
+
+    def _on_ping(self, cmd: pb.BaseCommand) -> None:
+        self.send(command(T.PONG, "pong", pb.CommandPong()))
+
+    def _on_partitioned_metadata(self, cmd: pb.BaseCommand) -> None:
+        req = cmd.partitioned_metadata
+
+        async def work() -> pb.BaseCommand:
+            resp = pb.CommandPartitionedMetadataResponse(request_id=req.request_id)
+            try:
+                topic = await self.broker.topics.get_or_create(check_topic_name(req.topic))
+                resp.partitions = len(topic.partitions)
+            except InvalidNameError as exc:
+                resp.error = pb.INVALID_TOPIC_NAME
+                resp.message = str(exc)
+            return command(T.PARTITIONED_METADATA_RESPONSE, "partitioned_metadata_response", resp)
+
+        self._answer(req.request_id, work(), "partitioned metadata")
+
+    def _on_lookup(self, cmd: pb.BaseCommand) -> None:
+        req = cmd.lookup
+        resp = pb.CommandLookupTopicResponse(
+            request_id=req.request_id, broker_service_url=self.broker.url, authoritative=True
+        )
+        try:
+            check_topic_name(req.topic)
+        except InvalidNameError as exc:
+            resp.error = pb.INVALID_TOPIC_NAME
+            resp.message = str(exc)
+        self.send(command(T.LOOKUP_RESPONSE, "lookup_response", resp))
+
+    def _on_producer(self, cmd: pb.BaseCommand) -> None:
+        req = cmd.producer
+
+        async def work() -> pb.BaseCommand:
+            topic = await self.broker.topics.get_or_create(check_topic_name(req.topic))
+            if not req.producer_name:
+                raise ValueError("producer_name is required")
+            if req.producer_id in self.producers:
+                raise ValueError(f"producer id {req.producer_id} is in use on this connection")
+            self.broker.claim_producer(topic.name, req.producer_name, self)
+            self.producers[req.producer_id] = _Producer(req.producer_id, req.producer_name, topic)
+            last = max(p.dedup.last_sequence_id(req.producer_name) for p in topic.partitions)
+            return command(
+                T.PRODUCER_SUCCESS,
+                "producer_success",
+                pb.CommandProducerSuccess(
+                    request_id=req.request_id,
+                    producer_name=req.producer_name,
+                    last_sequence_id=last,
+                    partitions=len(topic.partitions),
+                ),
+            )
+
+        self._answer(req.request_id, work(), "create producer")
+
+    def _on_close_producer(self, cmd: pb.BaseCommand) -> None:
+        req = cmd.close_producer
+        producer = self.producers.pop(req.producer_id, None)
+        if producer is None:
+            self._error(
+                req.request_id,
+                pb.PRODUCER_NOT_FOUND,
+                f"no producer {req.producer_id} on this connection",
+            )
+            return
+        self.broker.release_producer(producer.topic.name, producer.name, self)
+        self.send(self._success(req.request_id))
+
+    def _on_send(self, cmd: pb.BaseCommand) -> None:
+        req = cmd.send
+        producer = self.producers.get(req.producer_id)
+
+        def fail(code: pb.ServerError, message: str) -> None:
+            self.send(
+                command(
+                    T.SEND_ERROR,
+                    "send_error",
+                    pb.CommandSendError(
+                        producer_id=req.producer_id,
+                        request_id=req.request_id,
+                        error=code,
+                        message=message,
+                    ),
+                )
+            )
+
+        if producer is None:
+            fail(
+                pb.PRODUCER_NOT_FOUND,
+                f"no producer {req.producer_id} on this connection (closed, or never created)",
+            )
+            return
+        if req.partition >= len(producer.topic.partitions):
+            fail(
+                pb.INVALID_ARGUMENT,
+                f"topic {producer.topic.name!r} has no partition {req.partition}",
+            )
+            return
+        partition = producer.topic.partitions[req.partition]
+        try:
+            pending = partition.publish(producer.name, req.messages)
+        except Exception as exc:
+            fail(error_code(exc), error_text(exc))
+            return
+
+        async def receipt() -> None:
+            try:
+                result: PublishResult = await pending
+            except Exception as exc:
+                fail(error_code(exc), error_text(exc))
+                return
+            ack = pb.CommandSendReceipt(
+                producer_id=req.producer_id,
+                request_id=req.request_id,
+                partition=req.partition,
+                entry_id=result.entry_id,
+            )
+            if result.ids is not None:
+                for entry_id, index in result.ids:
+                    ack.message_ids.add(
+                        partition=req.partition, entry_id=entry_id, batch_index=index
+                    )
+            self.send(command(T.SEND_RECEIPT, "send_receipt", ack))
+
+        self._spawn(receipt())
+
+    def _on_subscribe(self, cmd: pb.BaseCommand) -> None:
+        req = cmd.subscribe
+
+        async def work() -> pb.BaseCommand:
+            topic_name = check_topic_name(req.topic)
+            sub_name = check_subscription_name(req.subscription)
+            if req.sub_type not in _SUB_TYPES:
+                raise ValueError(f"unknown subscription type {req.sub_type}")
+            if req.consumer_id in self.consumers:
+                raise ValueError(f"consumer id {req.consumer_id} is in use on this connection")
+            topic = await self.broker.topics.get_or_create(topic_name)
+            consumer = Consumer(
+                consumer_id=req.consumer_id,
+                name=req.consumer_name or f"{self.peer}-{req.consumer_id}",
+                topic=topic.name,
+                subscription=sub_name,
+                sub_type=_SUB_TYPES[req.sub_type],
+                push=self._push,
+                on_active_change=self._active_change,
+            )
+            earliest = req.initial_position == pb.CommandSubscribe.EARLIEST
+            await self.broker.subscriptions.subscribe(topic, sub_name, consumer, earliest)
+            if self._closed:
+                self.broker.subscriptions.detach(consumer)
+                return self._success(req.request_id)
+            self.consumers[req.consumer_id] = consumer
+            return self._success(req.request_id)
+
+        self._answer(req.request_id, work(), "subscribe")
+
+    def _push(self, consumer: Consumer, entries: list[pb.DeliveredEntry]) -> None:
+        self.send(
+            command(
+                T.MESSAGE,
+                "message",
+                pb.CommandMessage(consumer_id=consumer.consumer_id, entries=entries),
+            )
+        )
+
+    def _active_change(self, consumer: Consumer, active: bool) -> None:
+        self.send(
+            command(
+                T.ACTIVE_CONSUMER_CHANGE,
+                "active_consumer_change",
+                pb.CommandActiveConsumerChange(consumer_id=consumer.consumer_id, is_active=active),
+            )
+        )
+
+    def _on_flow(self, cmd: pb.BaseCommand) -> None:
+        consumer = self.consumers.get(cmd.flow.consumer_id)
+        if consumer is None:
+            self._error(0, pb.CONSUMER_NOT_FOUND, f"no consumer {cmd.flow.consumer_id}")
+            return
+        consumer.add_permits(cmd.flow.permits)
+
+    def _on_ack(self, cmd: pb.BaseCommand) -> None:
+        req = cmd.ack
+        consumer = self.consumers.get(req.consumer_id)
+
+        async def work() -> None:
+            resp = pb.CommandAckResponse(consumer_id=req.consumer_id, request_id=req.request_id)
+            try:
+                if consumer is None:
+                    raise LookupError(f"no consumer {req.consumer_id} on this connection")
+                ids = [MessageId(m.partition, m.entry_id, m.batch_index) for m in req.message_ids]
+                cumulative = req.ack_type == pb.CommandAck.CUMULATIVE
+                await self.broker.subscriptions.ack(consumer, ids, cumulative)
+            except Exception as exc:
+                resp.error = error_code(exc)
+                resp.message = error_text(exc)
+            self.send(command(T.ACK_RESPONSE, "ack_response", resp))
+
+        self._spawn(work())
+
+    def _on_redeliver(self, cmd: pb.BaseCommand) -> None:
+        req = cmd.redeliver_unacknowledged
+        consumer = self.consumers.get(req.consumer_id)
+        if consumer is None:
+            self._error(0, pb.CONSUMER_NOT_FOUND, f"no consumer {req.consumer_id}")
+            return
+        ids = [MessageId(m.partition, m.entry_id, m.batch_index) for m in req.message_ids]
+        self.broker.subscriptions.redeliver(consumer, ids or None)
+
+    def _on_close_consumer(self, cmd: pb.BaseCommand) -> None:
+        req = cmd.close_consumer
+        consumer = self.consumers.pop(req.consumer_id, None)
+        if consumer is None:
+            self._error(
+                req.request_id,
+                pb.CONSUMER_NOT_FOUND,
+                f"no consumer {req.consumer_id} on this connection",
+            )
+            return
+        self.broker.subscriptions.detach(consumer)
+        self.send(self._success(req.request_id))
+
+
+def _request_id(cmd: pb.BaseCommand) -> int:
+    body = cmd.WhichOneof("command")
+    if body is None:
+        return 0
+    return int(getattr(getattr(cmd, body), "request_id", 0))

@@ -1,0 +1,39 @@
+"""Exceptions of the server packages -> wire error codes, in one place."""
+
+from __future__ import annotations
+
+from buffer import DuplicateTooOldError, InvalidNameError, PartitionCountError, SendRejectedError
+from ledger import LedgerError
+from proto import txnbuf_pb2 as pb
+from subscriptions import SubscriptionError
+
+__all__ = ["BrokerError", "error_code", "error_text"]
+
+
+class BrokerError(Exception):
+    """A request the broker refuses; ``code`` names a `ServerError` value."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def error_code(exc: BaseException) -> pb.ServerError:
+    """The `ServerError` code that tells a client what went wrong."""
+    if isinstance(exc, (SubscriptionError, BrokerError)):
+        return pb.ServerError(pb.ServerError.Value(exc.code))
+    if isinstance(exc, InvalidNameError):
+        return pb.INVALID_TOPIC_NAME if exc.kind == "topic" else pb.INVALID_ARGUMENT
+    if isinstance(exc, DuplicateTooOldError):
+        return pb.SEQUENCE_TOO_OLD
+    if isinstance(exc, LedgerError):
+        return pb.PERSISTENCE_ERROR
+    if isinstance(exc, LookupError):
+        return pb.CONSUMER_NOT_FOUND
+    if isinstance(exc, (SendRejectedError, PartitionCountError, ValueError)):
+        return pb.INVALID_ARGUMENT
+    return pb.UNKNOWN_ERROR
+
+
+def error_text(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__

@@ -1,0 +1,77 @@
+"""The `txnbuf` command line: ``txnbuf serve``.
+
+``txnbuf serve`` with no arguments runs one broker on 127.0.0.1:6650 with its
+data in ./txnbuf-data. SIGTERM and SIGINT stop it cleanly: connections are
+closed, queued writes finish, the database is closed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from broker._server import Broker, make_app
+
+__all__ = ["main", "serve"]
+
+log = logging.getLogger("txnbuf")
+
+
+async def serve(data_dir: str, host: str, port: int) -> None:
+    """Run a broker until SIGTERM or SIGINT."""
+    broker = await Broker.open(data_dir, url=f"http://{host}:{port}")
+    runner = web.AppRunner(make_app(broker), access_log=None, handle_signals=False)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port, reuse_address=True)
+        await site.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        log.info("txnbuf broker listening on http://%s:%d (data in %s)", host, port, data_dir)
+        await stop.wait()
+        log.info("stopping")
+    finally:
+        await broker.close()
+        await runner.cleanup()
+        log.info("stopped")
+
+
+def _event_loop_factory() -> type[asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.Loop
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="txnbuf", description="txnbuf message broker")
+    commands = parser.add_subparsers(dest="command", required=True)
+    p = commands.add_parser("serve", help="run a broker")
+    p.add_argument("--data-dir", default="./txnbuf-data", help="where data lives (./txnbuf-data)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    p.add_argument("--port", type=int, default=6650, help="port to listen on (6650)")
+    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (INFO)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if args.command == "serve":
+        loop_factory = _event_loop_factory()
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(serve(args.data_dir, args.host, args.port))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

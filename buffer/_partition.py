@@ -1,0 +1,243 @@
+"""One topic partition: its ledger, message counts and deduplication.
+
+An entry of the partition ledger holds the messages of one send as a
+serialized `EntryBatch`; its ledger ``meta`` is the message count, so that
+subscriptions know entry sizes without reading entries. Message ids are
+(partition, entry id, batch index).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
+
+from buffer._dedup import DedupState, ProducerSequence
+from buffer._names import Position
+from ledger import Entry, Ledger, LedgerStore
+from proto import txnbuf_pb2 as pb
+
+__all__ = ["DuplicateTooOldError", "Partition", "PublishResult", "SendRejectedError"]
+
+log = logging.getLogger(__name__)
+
+# Write a dedup snapshot after this many appends to the partition.
+DEDUP_SNAPSHOT_EVERY = 1000
+# On start, replay at least this many recent entries to rebuild the id lookup.
+DEDUP_REPLAY_ENTRIES = 256
+
+
+class SendRejectedError(ValueError):
+    """A send is malformed (e.g. sequence ids not increasing); nothing stored."""
+
+
+class DuplicateTooOldError(Exception):
+    """A re-sent message is stored already, but too long ago to know its id."""
+
+
+@dataclass(frozen=True, slots=True)
+class PublishResult:
+    """Where the messages of one send are: ``ids[i]`` for message i.
+
+    ``ids`` is None when all of them were stored now, as one entry: message
+    i is then at ``(entry_id, i)``.
+    """
+
+    entry_id: int
+    ids: list[Position] | None
+
+
+class Partition:
+    """A partition of a topic. Create with `Partition.load`."""
+
+    def __init__(self, topic: str, index: int, ledger: Ledger, dedup_ledger: Ledger) -> None:
+        self.topic = topic
+        self.index = index
+        self.ledger = ledger
+        self._dedup_ledger = dedup_ledger
+        self.dedup = DedupState()
+        self._counts: list[int] = []
+        self._counts_base = ledger.first_entry_id  # entry id of _counts[0]
+        self._since_snapshot = 0
+        self.messages_in = 0  # messages stored since start, for stats
+        ledger.add_listener(self._on_entries)
+
+    def __repr__(self) -> str:
+        return f"Partition({self.topic!r}, {self.index})"
+
+    @property
+    def name(self) -> str:
+        return f"{self.topic}-partition-{self.index}"
+
+    @classmethod
+    async def load(cls, store: LedgerStore, topic: str, index: int) -> Partition:
+        ledger = await store.open_ledger(f"p/{topic}/{index}")
+        dedup_ledger = await store.open_ledger(f"d/{topic}/{index}")
+        part = cls(topic, index, ledger, dedup_ledger)
+        meta = await ledger.read_meta()
+        if meta:
+            part._counts_base = meta[0][0]
+            part._counts = [m for _, m in meta]
+            # Entry ids are contiguous; ids missing in meta were trimmed.
+            if meta[-1][0] - meta[0][0] + 1 != len(meta):
+                raise RuntimeError(f"{ledger.name}: entry ids are not contiguous")
+        else:
+            part._counts_base = ledger.last_entry_id + 1
+        await part._restore_dedup()
+        return part
+
+    # -- entry sizes ----------------------------------------------------------
+
+    def _on_entries(self, _ledger: Ledger, entries: list[Entry]) -> None:
+        for e in entries:
+            self._counts.append(e.meta)
+            self.messages_in += e.meta
+
+    def count(self, entry_id: int) -> int:
+        """Number of messages in entry ``entry_id`` (0 if trimmed or unknown)."""
+        i = entry_id - self._counts_base
+        if 0 <= i < len(self._counts):
+            return self._counts[i]
+        return 0
+
+    def exists(self, pos: Position) -> bool:
+        """Is there a message at ``pos`` (stored now or trimmed earlier)?"""
+        entry_id, index = pos
+        if entry_id > self.ledger.last_entry_id or entry_id < 0 or index < 0:
+            return False
+        if entry_id < self._counts_base:
+            return True  # trimmed: it existed
+        return index < self.count(entry_id)
+
+    def messages_after(self, pos: Position) -> int:
+        """Messages stored after position ``pos``."""
+        entry_id, index = pos
+        first = max(entry_id, self._counts_base)
+        i = first - self._counts_base
+        total = sum(self._counts[i:]) if i < len(self._counts) else 0
+        if entry_id >= self._counts_base and entry_id == first:
+            total -= min(index + 1, self.count(entry_id))
+        return total
+
+    def trimmed(self, before: int) -> None:
+        """Forget the sizes of entries below ``before`` (after a trim)."""
+        drop = before - self._counts_base
+        if drop > 0:
+            del self._counts[:drop]
+            self._counts_base = before
+
+    # -- publishing -----------------------------------------------------------
+
+    def publish(
+        self, producer: str, messages: Sequence[pb.SingleMessage]
+    ) -> Awaitable[PublishResult]:
+        """Store one send's messages as one entry, dropping re-sent ones.
+
+        Everything up to queueing the append happens now, so sends are stored
+        in the order `publish` is called; await the result for their ids.
+        Raises `SendRejectedError` (nothing stored) for bad input.
+        """
+        if not messages:
+            raise SendRejectedError("a send needs at least one message")
+        seqs = [m.sequence_id for m in messages]
+        for a, b in itertools.pairwise(seqs):
+            if b <= a:
+                raise SendRejectedError(f"sequence ids in one send must increase, got {a} then {b}")
+        state = self.dedup.get(producer)
+        if seqs[0] > state.pushed:  # the usual case: nothing re-sent
+            return self._new(self._append(producer, messages, seqs, state))
+        waits = state.last_append if state.pushed > state.persisted else None
+        fresh = [i for i, s in enumerate(seqs) if s > state.pushed]
+        appended = None
+        if fresh:
+            appended = self._append(
+                producer, [messages[i] for i in fresh], [seqs[i] for i in fresh], state
+            )
+        return self._mixed(seqs, fresh, state, waits, appended)
+
+    def _append(
+        self,
+        producer: str,
+        messages: Sequence[pb.SingleMessage],
+        seqs: list[int],
+        state: ProducerSequence,
+    ) -> Awaitable[int]:
+        data = pb.EntryBatch(messages=messages, producer_name=producer).SerializeToString()
+        fut = self.ledger.append(data, meta=len(messages))
+        state.pushed = seqs[-1]
+        state.last_append = fut
+
+        def done(f: Awaitable[int]) -> None:
+            if fut.cancelled() or fut.exception() is not None:
+                state.pushed = state.persisted  # not stored: a retry must be accepted
+                return
+            state.record(seqs, fut.result())
+            self._since_snapshot += 1
+            if self._since_snapshot >= DEDUP_SNAPSHOT_EVERY:
+                self._since_snapshot = 0
+                self._write_dedup_snapshot()
+
+        fut.add_done_callback(done)
+        return fut
+
+    async def _new(self, appended: Awaitable[int]) -> PublishResult:
+        return PublishResult(await appended, None)
+
+    async def _mixed(
+        self,
+        seqs: list[int],
+        fresh: list[int],
+        state: ProducerSequence,
+        waits: Awaitable[int] | None,
+        appended: Awaitable[int] | None,
+    ) -> PublishResult:
+        if waits is not None:
+            try:
+                await waits  # re-sent messages still in flight: learn their ids
+            except Exception:
+                log.debug("an earlier append failed; its retry was stored anew")
+        entry_id = -1 if appended is None else await appended
+        ids: list[Position] = []
+        fresh_set = {seqs[i]: n for n, i in enumerate(fresh)}
+        for s in seqs:
+            if s in fresh_set:
+                ids.append((entry_id, fresh_set[s]))
+                continue
+            where = state.lookup(s)
+            if where is None:
+                raise DuplicateTooOldError(
+                    f"sequence id {s} of this producer is stored already, too long ago "
+                    "to answer with its message id"
+                )
+            ids.append(where)
+        return PublishResult(entry_id, ids)
+
+    # -- dedup persistence ----------------------------------------------------
+
+    def _write_dedup_snapshot(self) -> None:
+        record = {"entry": self.ledger.last_entry_id, "producers": self.dedup.snapshot()}
+        fut = self._dedup_ledger.append(json.dumps(record).encode(), meta=0)
+
+        def trim(f: Awaitable[int]) -> None:
+            if not fut.cancelled() and fut.exception() is None:
+                self._dedup_ledger.trim(fut.result())
+
+        fut.add_done_callback(trim)
+
+    async def _restore_dedup(self) -> None:
+        replay_from = self.ledger.last_entry_id - DEDUP_REPLAY_ENTRIES + 1
+        last = self._dedup_ledger.last_entry_id
+        if last >= self._dedup_ledger.first_entry_id:
+            (snap,) = await self._dedup_ledger.read(last, last)
+            record = json.loads(snap.data)
+            self.dedup.restore(record["producers"])
+            replay_from = min(replay_from, record["entry"] + 1)
+        else:
+            replay_from = self.ledger.first_entry_id
+        for entry in await self.ledger.read(replay_from, self.ledger.last_entry_id):
+            batch = pb.EntryBatch.FromString(entry.data)
+            if batch.messages:
+                seqs = [m.sequence_id for m in batch.messages]
+                self.dedup.get(batch.producer_name).record(seqs, entry.entry_id)

@@ -1,0 +1,11 @@
+"""The one storage primitive: append-only ledgers in SQLite (see DESIGN.md).
+
+Everything durable in txnbuf is a ledger: partition logs, sidecar transaction
+logs, subscription cursors and coordinator logs. A `LedgerStore` is one
+SQLite database (WAL, ``synchronous=FULL``) holding many ledgers, written by
+one group-committing task.
+"""
+
+from ledger._store import Entry, Ledger, LedgerError, LedgerStore
+
+__all__ = ["Entry", "Ledger", "LedgerError", "LedgerStore"]

@@ -1,0 +1,168 @@
+"""Every subscription of a broker: attach consumers, route acks, trim.
+
+A subscription on a topic is one `PartitionSubscription` (one cursor) per
+partition. Retention: a partition ledger is trimmed up to the first entry
+that some subscription has not fully acknowledged; a partition with no
+subscription keeps everything (so that a later ``earliest`` subscriber
+reads it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from buffer import MessageId, Partition, Position, Topic, Topics
+from subscriptions._subscription import Consumer, PartitionSubscription, SubscriptionError
+
+__all__ = ["Subscriptions"]
+
+log = logging.getLogger(__name__)
+
+TRIM_INTERVAL = 1.0  # seconds between retention passes
+TRIM_SLACK = 16  # leave this many consumed entries (cheap re-reads, fewer deletes)
+
+
+class Subscriptions:
+    """Create with `Subscriptions.load`; `close` stops dispatch and trimming."""
+
+    def __init__(self, topics: Topics) -> None:
+        self.topics = topics
+        self._subs: dict[tuple[str, int, str], PartitionSubscription] = {}
+        self._lock = asyncio.Lock()
+        self._trim_task: asyncio.Task[None] | None = None
+        self._order = 0
+
+    @classmethod
+    async def load(cls, topics: Topics) -> Subscriptions:
+        subs = cls(topics)
+        store = topics.store
+        for name in topics.names():
+            topic = topics.get(name)
+            assert topic is not None
+            for part in topic.partitions:
+                prefix = PartitionSubscription.ledger_name(name, part.index, "")
+                for ledger_name in store.ledger_names(prefix):
+                    ledger = store.get_ledger(ledger_name)
+                    assert ledger is not None
+                    sub_name = ledger_name[len(prefix) :]
+                    sub = await PartitionSubscription.load(part, sub_name, ledger)
+                    subs._subs[(name, part.index, sub_name)] = sub
+                    sub.start()
+        subs._trim_task = asyncio.get_running_loop().create_task(subs._trim_loop())
+        return subs
+
+    async def close(self) -> None:
+        if self._trim_task is not None:
+            self._trim_task.cancel()
+        for sub in self._subs.values():
+            await sub.close()
+
+    def of_topic(self, topic: str) -> dict[str, list[PartitionSubscription]]:
+        """Subscription name -> its partition subscriptions, for one topic."""
+        out: dict[str, list[PartitionSubscription]] = {}
+        for (t, _, name), sub in sorted(self._subs.items()):
+            if t == topic:
+                out.setdefault(name, []).append(sub)
+        return out
+
+    # -- consumers ------------------------------------------------------------------
+
+    async def subscribe(self, topic: Topic, name: str, consumer: Consumer, earliest: bool) -> None:
+        """Attach ``consumer`` to subscription ``name`` on every partition.
+
+        Creates the subscription (its cursors) if needed. Raises
+        `SubscriptionError` (nothing attached) if the subscription refuses it.
+        """
+        async with self._lock:
+            existing = [self._subs.get((topic.name, p.index, name)) for p in topic.partitions]
+            for sub in existing:
+                if sub is not None:
+                    sub.check_can_add(consumer)
+            for part, sub in zip(topic.partitions, existing, strict=True):
+                if sub is None:
+                    sub = await PartitionSubscription.create(part, name, earliest)
+                    self._subs[(topic.name, part.index, name)] = sub
+                    sub.start()
+            self._order += 1
+            consumer.order = self._order
+            for part in topic.partitions:
+                self._subs[(topic.name, part.index, name)].add_consumer(consumer)
+
+    def detach(self, consumer: Consumer) -> None:
+        """Detach ``consumer`` everywhere; its unacked messages are redelivered."""
+        for sub in list(consumer.subscriptions):
+            sub.remove_consumer(consumer)
+
+    def redeliver(self, consumer: Consumer, ids: list[MessageId] | None) -> None:
+        """Negative ack of ``ids`` (all unacked messages of ``consumer`` if None)."""
+        for sub in consumer.subscriptions:
+            if ids is None:
+                sub.redeliver_unacked(consumer, None)
+            else:
+                mine = [m.position for m in ids if m.partition == sub.partition.index]
+                if mine:
+                    sub.redeliver_unacked(consumer, mine)
+
+    async def ack(self, consumer: Consumer, ids: list[MessageId], cumulative: bool) -> None:
+        """Acknowledge ``ids`` on ``consumer``'s subscription, durably.
+
+        Every id is checked first: an id naming no message raises
+        `SubscriptionError` UNKNOWN_MESSAGE_ID and nothing is acknowledged.
+        """
+        if not ids:
+            raise SubscriptionError("INVALID_ARGUMENT", "an acknowledgement needs message ids")
+        by_part: dict[int, list[Position]] = {}
+        subs = {s.partition.index: s for s in consumer.subscriptions}
+        for mid in ids:
+            sub = subs.get(mid.partition)
+            if sub is None or not sub.partition.exists(mid.position):
+                raise SubscriptionError(
+                    "UNKNOWN_MESSAGE_ID",
+                    f"no message {mid} on topic {consumer.topic!r} (subscription "
+                    f"{consumer.subscription!r})",
+                )
+            by_part.setdefault(mid.partition, []).append(mid.position)
+        if cumulative and len(by_part) > 1:
+            raise SubscriptionError(
+                "INVALID_ARGUMENT", "a cumulative acknowledgement names one partition"
+            )
+        await asyncio.gather(*(subs[p].ack(pos, cumulative) for p, pos in by_part.items()))
+
+    # -- retention ------------------------------------------------------------------
+
+    async def _trim_loop(self) -> None:
+        while True:
+            await asyncio.sleep(TRIM_INTERVAL)
+            try:
+                await self.trim_once()
+            except Exception:
+                log.exception("retention pass failed")
+
+    async def trim_once(self) -> None:
+        floor: dict[Partition, int] = {}
+        for sub in self._subs.values():
+            part = sub.partition
+            first_open = sub.cursor.first_open_entry()
+            floor[part] = min(floor.get(part, first_open), first_open)
+        for part, first_open in floor.items():
+            before = first_open - TRIM_SLACK
+            if before > part.ledger.first_entry_id:
+                await part.ledger.trim(before)
+                part.trimmed(before)
+
+    # -- stats ------------------------------------------------------------------------
+
+    def stats(self, topic: str, index: int) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for (t, i, name), sub in sorted(self._subs.items()):
+            if t == topic and i == index:
+                out[name] = {
+                    "type": sub.sub_type.value if sub.sub_type else None,
+                    "backlog": sub.backlog(),
+                    "consumers": len(sub.consumers),
+                    "unacked": len(sub.pending),
+                    "mark_delete": list(sub.cursor.mark_delete),
+                }
+        return out

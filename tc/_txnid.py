@@ -1,0 +1,57 @@
+"""TxnID: the 128-bit transaction id of PIP-31 §TxnID.
+
+The high 16 bits of ``most_bits`` are the id of the transaction coordinator
+(TCID) that issued it; the rest of the 128 bits is that TC's counter, so a
+TxnID says which TC owns it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["TxnID"]
+
+_U64 = (1 << 64) - 1
+_TC_SHIFT = 48
+MAX_TCID = (1 << 16) - 1
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class TxnID:
+    most_bits: int
+    least_bits: int
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.most_bits <= _U64 and 0 <= self.least_bits <= _U64):
+            raise ValueError(f"TxnID halves must be unsigned 64-bit, got {self!r}")
+
+    @classmethod
+    def of(cls, tcid: int, counter: int) -> TxnID:
+        """The id number ``counter`` issued by coordinator ``tcid``."""
+        if not 0 <= tcid <= MAX_TCID:
+            raise ValueError(f"TCID must be 0..{MAX_TCID}, got {tcid}")
+        if not 0 <= counter < 1 << 112:
+            raise ValueError(f"counter must fit in 112 bits, got {counter}")
+        return cls((tcid << _TC_SHIFT) | (counter >> 64), counter & _U64)
+
+    @property
+    def tcid(self) -> int:
+        return self.most_bits >> _TC_SHIFT
+
+    @property
+    def counter(self) -> int:
+        return ((self.most_bits & ((1 << _TC_SHIFT) - 1)) << 64) | self.least_bits
+
+    def __str__(self) -> str:
+        return f"({self.most_bits},{self.least_bits})"
+
+    @classmethod
+    def parse(cls, text: str) -> TxnID:
+        """Inverse of `str`: ``"(most,least)"``; raises ValueError on anything else."""
+        body = text.strip()
+        if not (body.startswith("(") and body.endswith(")")):
+            raise ValueError(f"not a TxnID: {text!r} (expected '(most_bits,least_bits)')")
+        parts = body[1:-1].split(",")
+        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+            raise ValueError(f"not a TxnID: {text!r} (expected '(most_bits,least_bits)')")
+        return cls(int(parts[0]), int(parts[1]))
