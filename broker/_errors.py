@@ -21,7 +21,7 @@ class BrokerError(Exception):
 def error_code(exc: BaseException) -> pb.ServerError:
     """The `ServerError` code that tells a client what went wrong."""
     if isinstance(exc, (SubscriptionError, BrokerError)):
-        return pb.ServerError(pb.ServerError.Value(exc.code))
+        return pb.ServerError.Value(exc.code)  # type: ignore[return-value]
     if isinstance(exc, InvalidNameError):
         return pb.INVALID_TOPIC_NAME if exc.kind == "topic" else pb.INVALID_ARGUMENT
     if isinstance(exc, DuplicateTooOldError):
