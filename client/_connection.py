@@ -1,0 +1,542 @@
+"""The broker connection: one WebSocket, the request table, the reconnect loop.
+
+A ``Connection`` owns the aiohttp session and, at any time, at most one
+``Link`` (one WebSocket and its writer task). Each new link gets a new
+generation number ``gen``; producers and consumers remember the generation
+they were (re)created on, and write to the socket only while it is current.
+
+Decisions written down here:
+
+* Reconnect: when the socket drops and the client is not closed, the
+  supervisor reconnects with a backoff of 0.05 s doubling to 2 s, sends
+  CONNECT, then re-creates every open producer and consumer (same ids,
+  names, subscription) concurrently. Each of them then re-sends, in order,
+  the SEND / ACK frames still awaiting an answer (the broker deduplicates
+  sends by sequence id; acks are idempotent). Only then is the connection
+  "ready" again for new control requests.
+* If re-creating a producer or consumer fails with a retriable error (or
+  with PRODUCER_BUSY / CONSUMER_BUSY, for up to ``operation_timeout``: the
+  broker may not have noticed the old socket is gone), the whole link is
+  dropped and the reconnect starts over. Any other error closes that
+  producer or consumer for good, with the error as the ``__cause__`` of its
+  ``ClosedError``.
+* Control requests (partitioned metadata, create producer, subscribe) are
+  retried: on a new connection after a drop, and after a backoff on
+  retriable server errors, until ``operation_timeout``. They are all safe to
+  repeat. Closing a producer or consumer is one attempt: if the connection
+  is down or drops, the broker has dropped it anyway. The first connection
+  also retries until ``operation_timeout``, then raises
+  ``BrokerConnectionError``.
+* Timeouts of sends and acks (the hot path) are enforced by one sweeper
+  task ticking every ``operation_timeout / 10`` (at most 1 s, at least
+  10 ms), not by a timer per message.
+* No WebSocket heartbeat: a broker restart closes the TCP connection, which
+  is noticed at once; a silent network partition is caught by the
+  operation timeouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy as copy_module
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Protocol, TypeVar
+
+import aiohttp
+
+from proto import txnbuf_pb2 as pb
+
+from ._foreign import decoding, socket_errors
+from .errors import (
+    BrokerConnectionError,
+    ClientClosedError,
+    ConnectionLostError,
+    OperationTimeoutError,
+    ProtocolError,
+    TxnbufError,
+    from_wire,
+)
+
+log = logging.getLogger("client")
+
+T = TypeVar("T")
+Command = pb.BaseCommand
+Type = pb.BaseCommand.Type
+
+CLIENT_VERSION = "txnbuf-python/0.1.0"
+PROTOCOL_VERSION = 1
+# Used until the broker's CONNECTED says otherwise.
+DEFAULT_MAX_MESSAGE_SIZE = 5 * 1024 * 1024
+BACKOFF_MIN = 0.05
+BACKOFF_MAX = 2.0
+
+
+def command(kind: Type, field: str, **fields: object) -> Command:
+    """A ``BaseCommand`` with ``type`` and the matching oneof field set."""
+    cmd = Command(type=kind)
+    inner = getattr(cmd, field)
+    inner.SetInParent()
+    for name, value in fields.items():
+        setattr(inner, name, value)
+    return cmd
+
+
+async def wait_until(awaitable: Awaitable[T], deadline: float, what: str) -> T:
+    """Await ``awaitable`` until the loop-time ``deadline``; then raise
+    ``OperationTimeoutError`` naming ``what``."""
+    try:
+        async with asyncio.timeout_at(deadline):
+            return await awaitable
+    except TimeoutError as exc:
+        if isinstance(exc, TxnbufError):
+            raise
+        raise OperationTimeoutError(f"{what} timed out") from None
+
+
+def fail_all(futures: Iterable[asyncio.Future[Any]], exc: TxnbufError) -> None:
+    """Fail every pending future, each with its own copy of ``exc`` (one
+    exception object raised in many tasks would collect all their tracebacks)."""
+    for future in futures:
+        if not future.done():
+            copy = copy_module.copy(exc)
+            copy.__cause__ = exc.__cause__
+            future.set_exception(copy)
+
+
+class Handler(Protocol):
+    """What a producer or consumer offers its connection."""
+
+    async def reattach(self, link: Link) -> None:
+        """Re-create yourself on a new link and re-send what awaits an answer.
+        Raise only retriable errors (the link is then dropped and retried)."""
+
+    def expire(self, now: float) -> None:
+        """Fail the operations whose deadline (loop time) is past."""
+
+    def on_disconnect(self) -> None:
+        """The link this handler was attached on has died."""
+
+    def fail_request(self, request_id: int, exc: TxnbufError) -> bool:
+        """An ERROR answered ``request_id``: fail it if it is yours."""
+
+    async def close(self) -> None:
+        """Close for good (the Client closes all its handlers)."""
+
+
+class ProducerHandler(Handler, Protocol):
+    def on_receipt(self, receipt: pb.CommandSendReceipt) -> None: ...
+    def on_send_error(self, error: pb.CommandSendError) -> None: ...
+
+
+class ConsumerHandler(Handler, Protocol):
+    def on_message(self, message: pb.CommandMessage) -> None: ...
+    def on_ack_response(self, response: pb.CommandAckResponse) -> None: ...
+    def on_active_change(self, is_active: bool) -> None: ...
+
+
+class Link:
+    """One WebSocket of a connection, and the task that writes to it in order."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse, gen: int) -> None:
+        self.ws = ws
+        self.gen = gen
+        self.closed = False
+        self._out: deque[bytes] = deque()
+        self._wake = asyncio.Event()
+
+    def write(self, data: bytes) -> None:
+        """Queue one frame; frames go out in the order they are queued. A
+        closed link drops it (whoever wrote it re-sends it on the next link)."""
+        if not self.closed:
+            self._out.append(data)
+            self._wake.set()
+
+    async def run_writer(self) -> None:
+        out = self._out
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while out:
+                await self.ws.send_bytes(out.popleft())
+
+
+class Connection:
+    """The client's connection to one broker. See the module docstring."""
+
+    def __init__(self, url: str, operation_timeout: float) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"broker url must start with http:// or https://, got {url!r}")
+        self.url = url.rstrip("/")
+        self.operation_timeout = operation_timeout
+        self.max_message_size = DEFAULT_MAX_MESSAGE_SIZE
+        self.gen = 0
+        self.link: Link | None = None
+        self.producers: dict[int, ProducerHandler] = {}
+        self.consumers: dict[int, ConsumerHandler] = {}
+        self._closed = False
+        self._ready = asyncio.Event()
+        self._requests: dict[int, asyncio.Future[Command]] = {}
+        self._last_request_id = 0
+        self._last_producer_id = 0
+        self._last_consumer_id = 0
+        self._last_error: TxnbufError | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # --- ids and state ----------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def next_request_id(self) -> int:
+        """Request ids increase for the client's lifetime, across reconnects,
+        so a frame re-sent on a new link can keep its request id."""
+        self._last_request_id += 1
+        return self._last_request_id
+
+    def next_producer_id(self) -> int:
+        self._last_producer_id += 1
+        return self._last_producer_id
+
+    def next_consumer_id(self) -> int:
+        self._last_consumer_id += 1
+        return self._last_consumer_id
+
+    def deadline(self) -> float:
+        return asyncio.get_running_loop().time() + self.operation_timeout
+
+    def is_current(self, gen: int) -> bool:
+        """True while the link of generation ``gen`` is up."""
+        return gen == self.gen and self.link is not None
+
+    def write(self, data: bytes) -> None:
+        """Queue a frame on the current link (dropped if there is none)."""
+        if self.link is not None:
+            self.link.write(data)
+
+    # --- lifecycle --------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect, retrying until ``operation_timeout``. Idempotent."""
+        if self._closed:
+            raise ClientClosedError("the client is closed")
+        if not self._tasks:
+            self._session = aiohttp.ClientSession()
+            self._tasks = [
+                asyncio.create_task(self._supervise(), name="txnbuf-connection"),
+                asyncio.create_task(self._sweep(), name="txnbuf-sweeper"),
+            ]
+        try:
+            await self.wait_ready(self.deadline(), "connect")
+        except OperationTimeoutError:
+            cause = self._last_error
+            await self.close()
+            raise BrokerConnectionError(
+                f"could not connect to {self.url} within {self.operation_timeout} s: {cause}"
+            ) from cause
+
+    async def close(self) -> None:
+        """Stop reconnecting, close the socket and the session. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._ready.set()  # wake waiters: they see the client closed
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._fail_requests(ClientClosedError("the client is closed"))
+        if self._session is not None:
+            await self._session.close()
+
+    async def wait_ready(self, deadline: float, what: str) -> Link:
+        """The current link once it is up and every producer and consumer is
+        re-created on it."""
+        while True:
+            if self._closed:
+                raise ClientClosedError("the client is closed")
+            if self._ready.is_set() and self.link is not None:
+                return self.link
+            await wait_until(self._ready.wait(), deadline, what)
+
+    # --- requests ---------------------------------------------------------
+
+    async def request(self, build: Callable[[int], Command], expect: Type, what: str) -> Command:
+        """Send the control request ``build(request_id)`` and return its
+        answer, retrying (see the module docstring) until the operation
+        timeout. Raises the mapped ``ServerError`` if the broker refuses."""
+        loop = asyncio.get_running_loop()
+        deadline = self.deadline()
+        delay = BACKOFF_MIN
+        while True:
+            link = await self.wait_ready(deadline, what)
+            try:
+                reply = await self.request_on(link, build, expect, what, deadline)
+                if link is not self.link:
+                    # Answered on a link that has died since: what the broker
+                    # set up with it is gone, so do it again.
+                    raise ConnectionLostError(f"{what}: connection lost")
+                return reply
+            except TxnbufError as exc:
+                if not exc.retriable or isinstance(exc, OperationTimeoutError):
+                    raise
+                if loop.time() >= deadline:
+                    raise OperationTimeoutError(f"{what} timed out: {exc}") from exc
+                if not isinstance(exc, ConnectionLostError):
+                    log.info("%s: %s; retrying in %.2f s", what, exc, delay)
+                    await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
+                    delay = min(delay * 2, BACKOFF_MAX)
+
+    async def request_on(
+        self,
+        link: Link,
+        build: Callable[[int], Command],
+        expect: Type,
+        what: str,
+        deadline: float,
+    ) -> Command:
+        """One attempt of a control request on ``link``, no retries."""
+        if link.closed:
+            raise ConnectionLostError(f"{what}: connection lost")
+        request_id = self.next_request_id()
+        future: asyncio.Future[Command] = asyncio.get_running_loop().create_future()
+        self._requests[request_id] = future
+        link.write(build(request_id).SerializeToString())
+        try:
+            reply = await wait_until(future, deadline, what)
+        finally:
+            self._requests.pop(request_id, None)
+        if reply.type == Type.ERROR:
+            raise from_wire(reply.error.error, reply.error.message)
+        if reply.type != expect:
+            raise ProtocolError(
+                f"{what}: expected {Type.Name(expect)}, got {Type.Name(reply.type)}"
+            )
+        if reply.type == Type.PARTITIONED_METADATA_RESPONSE:
+            answer = reply.partitioned_metadata_response
+            if answer.HasField("error"):
+                raise from_wire(answer.error, answer.message)
+        return reply
+
+    def _fail_requests(self, exc: TxnbufError) -> None:
+        requests, self._requests = self._requests, {}
+        for future in requests.values():
+            if not future.done():
+                future.set_exception(exc)
+
+    # --- the supervisor: connect, re-create, serve, repeat ----------------
+
+    async def _supervise(self) -> None:
+        loop = asyncio.get_running_loop()
+        delay = BACKOFF_MIN
+        while not self._closed:
+            started = loop.time()
+            try:
+                await self._serve_one_link()
+            except TxnbufError as exc:
+                self._last_error = exc
+                log.info("connection to %s: %s", self.url, exc)
+            except Exception:
+                log.exception("connection to %s failed unexpectedly", self.url)
+            if self._closed:
+                return
+            # A link that lived a while reconnects at once; a failed attempt
+            # or a link that died young waits out a doubling backoff.
+            if loop.time() - started < BACKOFF_MAX:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, BACKOFF_MAX)
+            else:
+                delay = BACKOFF_MIN
+
+    async def _serve_one_link(self) -> None:
+        """Connect, re-create producers and consumers, serve until the link dies."""
+        ws = await self._open_socket()
+        self.gen += 1
+        link = Link(ws, self.gen)
+        self.link = link
+        reader = asyncio.create_task(self._read(link), name="txnbuf-reader")
+        writer = asyncio.create_task(link.run_writer(), name="txnbuf-writer")
+        try:
+            await self._reattach(link)
+            if link.closed:
+                raise ConnectionLostError("connection lost while re-creating producers/consumers")
+            self._ready.set()
+            log.info("connected to %s (link %d)", self.url, link.gen)
+            await asyncio.wait([reader, writer], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            await self._drop(link, reader, writer)
+
+    async def _open_socket(self) -> aiohttp.ClientWebSocketResponse:
+        """Open the WebSocket and do the CONNECT / CONNECTED handshake."""
+        assert self._session is not None
+        ws: aiohttp.ClientWebSocketResponse | None = None
+        try:
+            with socket_errors():
+                async with asyncio.timeout(self.operation_timeout):
+                    ws = await self._session.ws_connect(
+                        self.url + "/ws",
+                        max_msg_size=0,
+                        timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=2.0),
+                    )
+                    hello = command(
+                        Type.CONNECT,
+                        "connect",
+                        client_version=CLIENT_VERSION,
+                        protocol_version=PROTOCOL_VERSION,
+                    )
+                    await ws.send_bytes(hello.SerializeToString())
+                    msg = await ws.receive()
+            if msg.type != aiohttp.WSMsgType.BINARY:
+                raise BrokerConnectionError(f"socket closed during handshake ({msg.type.name})")
+            with decoding("CONNECTED"):
+                reply = Command.FromString(msg.data)
+            if reply.type == Type.ERROR:
+                raise from_wire(reply.error.error, reply.error.message)
+            if reply.type != Type.CONNECTED:
+                raise ProtocolError(f"expected CONNECTED, got {Type.Name(reply.type)}")
+        except BaseException:
+            if ws is not None:
+                await ws.close()
+            raise
+        if reply.connected.max_message_size > 0:
+            self.max_message_size = reply.connected.max_message_size
+        return ws
+
+    async def _reattach(self, link: Link) -> None:
+        handlers: list[Handler] = [*self.producers.values(), *self.consumers.values()]
+        if not handlers:
+            return
+        results = await asyncio.gather(
+            *(handler.reattach(link) for handler in handlers), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    async def _drop(
+        self, link: Link, reader: asyncio.Task[None], writer: asyncio.Task[None]
+    ) -> None:
+        self._lost(link)
+        for task in (reader, writer):
+            task.cancel()
+        for task in (reader, writer):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        with contextlib.suppress(Exception):
+            await link.ws.close()
+
+    def _lost(self, link: Link) -> None:
+        """The link is dead: nothing may be written to it any more."""
+        if link.closed:
+            return
+        link.closed = True
+        if self.link is link:
+            self.link = None
+            self._ready.clear()
+            log.info("connection to %s lost (link %d)", self.url, link.gen)
+        self._fail_requests(ConnectionLostError("connection to the broker lost"))
+        for handler in (*self.producers.values(), *self.consumers.values()):
+            handler.on_disconnect()
+
+    async def _read(self, link: Link) -> None:
+        ws = link.ws
+        try:
+            while True:
+                msg = await ws.receive()
+                if msg.type == aiohttp.WSMsgType.BINARY:
+                    try:
+                        with decoding("frame"):
+                            cmd = Command.FromString(msg.data)
+                        self._dispatch(cmd)
+                    except Exception:
+                        log.exception("failed to handle a frame from the broker")
+                elif msg.type in (
+                    aiohttp.WSMsgType.CLOSE,
+                    aiohttp.WSMsgType.CLOSING,
+                    aiohttp.WSMsgType.CLOSED,
+                    aiohttp.WSMsgType.ERROR,
+                ):
+                    return
+                else:
+                    log.warning("ignoring a %s frame from the broker", msg.type.name)
+        finally:
+            self._lost(link)
+
+    def _dispatch(self, cmd: Command) -> None:
+        kind = cmd.type
+        if kind == Type.SEND_RECEIPT:
+            receipt = cmd.send_receipt
+            producer = self.producers.get(receipt.producer_id)
+            if producer is not None:
+                producer.on_receipt(receipt)
+        elif kind == Type.MESSAGE:
+            consumer = self.consumers.get(cmd.message.consumer_id)
+            if consumer is not None:
+                consumer.on_message(cmd.message)
+        elif kind == Type.ACK_RESPONSE:
+            consumer = self.consumers.get(cmd.ack_response.consumer_id)
+            if consumer is not None:
+                consumer.on_ack_response(cmd.ack_response)
+        elif kind == Type.SEND_ERROR:
+            producer = self.producers.get(cmd.send_error.producer_id)
+            if producer is not None:
+                producer.on_send_error(cmd.send_error)
+        elif kind in (
+            Type.SUCCESS,
+            Type.ERROR,
+            Type.PRODUCER_SUCCESS,
+            Type.PARTITIONED_METADATA_RESPONSE,
+            Type.LOOKUP_RESPONSE,
+        ):
+            self._on_answer(cmd)
+        elif kind == Type.ACTIVE_CONSUMER_CHANGE:
+            change = cmd.active_consumer_change
+            consumer = self.consumers.get(change.consumer_id)
+            if consumer is not None:
+                consumer.on_active_change(change.is_active)
+        elif kind == Type.PING:
+            self.write(command(Type.PONG, "pong").SerializeToString())
+        elif kind != Type.PONG:
+            log.warning("ignoring an unexpected %s frame", Type.Name(kind))
+
+    def _on_answer(self, cmd: Command) -> None:
+        field = cmd.WhichOneof("command")
+        if field is None:
+            log.warning("ignoring a %s frame without its body", Type.Name(cmd.type))
+            return
+        request_id: int = getattr(cmd, field).request_id
+        future = self._requests.pop(request_id, None)
+        if future is not None:
+            if not future.done():
+                future.set_result(cmd)
+            return
+        if cmd.type != Type.ERROR:
+            log.debug("ignoring a late %s for request %d", Type.Name(cmd.type), request_id)
+            return
+        exc = from_wire(cmd.error.error, cmd.error.message)
+        if request_id == 0:
+            log.warning("the broker complains about this connection: %s", exc)
+            return
+        for handler in (*self.producers.values(), *self.consumers.values()):
+            if handler.fail_request(request_id, exc):
+                return
+        log.warning("error for unknown request %d: %s", request_id, exc)
+
+    # --- timeouts ---------------------------------------------------------
+
+    async def _sweep(self) -> None:
+        loop = asyncio.get_running_loop()
+        interval = min(max(self.operation_timeout / 10, 0.01), 1.0)
+        while True:
+            await asyncio.sleep(interval)
+            now = loop.time()
+            for handler in (*self.producers.values(), *self.consumers.values()):
+                try:
+                    handler.expire(now)
+                except Exception:
+                    log.exception("expiring timed-out operations failed")

@@ -1,0 +1,489 @@
+"""The consumer: receive queue, flow control, acknowledgements.
+
+Decisions written down here:
+
+* Flow control: after subscribing the consumer grants ``receiver_queue_size``
+  permits (FLOW); each delivered message uses one. When the application has
+  taken half the queue size through ``receive``, those permits are granted
+  again in one FLOW.
+* Acks: concurrent ``acknowledge`` calls share one ACK frame, framed at the
+  next event-loop turn (at most 10,000 ids a frame); each call returns when
+  the broker has answered (the ack is durable). If the broker refuses a
+  frame of several ids with a non-retriable error, each id is re-sent alone
+  so only the guilty call fails. ``acknowledge_cumulative`` sends its own
+  frame. Acks unanswered after ``operation_timeout`` fail with
+  ``OperationTimeoutError``.
+* ``negative_acknowledge`` sends REDELIVER_UNACKNOWLEDGED at once and does
+  not wait (the broker does not answer). While disconnected it sends
+  nothing: the broker redelivers every unacked message after a reconnect
+  anyway.
+* Reconnect: the consumer is re-subscribed with the same id, subscription
+  and type; messages queued but not yet taken by ``receive`` are dropped
+  (the broker redelivers everything unacked), acks awaiting an answer are
+  re-sent, then ``receiver_queue_size`` permits are granted again. Messages
+  the application took but did not ack yet will come again (at-least-once).
+* ``redeliver_unacknowledged`` also drops the local queue, like Pulsar, and
+  grants back the permits those messages used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from proto import txnbuf_pb2 as pb
+
+from ._connection import Command, Connection, Link, Type, command, fail_all
+from ._message import Message, MessageId, decode_entry
+from .errors import (
+    ConnectionLostError,
+    ConsumerBusyError,
+    ConsumerClosedError,
+    ConsumerNotFoundError,
+    InvalidInputError,
+    OperationTimeoutError,
+    TxnbufError,
+    from_wire,
+)
+
+SubType = pb.CommandSubscribe.SubType
+InitialPosition = pb.CommandSubscribe.InitialPosition
+AckType = pb.CommandAck.AckType
+
+SUBSCRIPTION_TYPES = {
+    "exclusive": SubType.EXCLUSIVE,
+    "shared": SubType.SHARED,
+    "failover": SubType.FAILOVER,
+}
+INITIAL_POSITIONS = {
+    "latest": InitialPosition.LATEST,
+    "earliest": InitialPosition.EARLIEST,
+}
+MAX_ACKS_PER_FRAME = 10_000
+
+
+@dataclass(slots=True)
+class _AckFrame:
+    """An ACK frame awaiting its response."""
+
+    ack_type: AckType
+    ids: list[MessageId]
+    futures: list[asyncio.Future[None]]
+    data: bytes
+    deadline: float
+
+
+def message_id_of(message: Message | MessageId) -> MessageId:
+    """The id of a Message, or the MessageId itself."""
+    if isinstance(message, MessageId):
+        return message
+    if isinstance(message, Message):
+        return message.message_id
+    raise InvalidInputError(f"expected a Message or a MessageId, not {type(message).__name__}")
+
+
+def build_ack(
+    consumer_id: int, request_id: int, ack_type: AckType, ids: Iterable[MessageId]
+) -> Command:
+    cmd = command(
+        Type.ACK, "ack", consumer_id=consumer_id, request_id=request_id, ack_type=ack_type
+    )
+    add = cmd.ack.message_ids.add
+    for mid in ids:
+        add(partition=mid.partition, entry_id=mid.entry_id, batch_index=mid.batch_index)
+    return cmd
+
+
+class Consumer:
+    """Receives the messages of one subscription of one topic.
+
+    Made by ``Client.subscribe``. ``receive()`` returns the next ``Message``;
+    ``acknowledge`` / ``acknowledge_cumulative`` / ``negative_acknowledge``
+    settle it. ``is_active`` tells a failover consumer whether the broker made
+    it the active one. See the module docstring of ``client._consumer``.
+    """
+
+    def __init__(
+        self,
+        conn: Connection,
+        topic: str,
+        subscription: str,
+        *,
+        subscription_type: str = "exclusive",
+        initial_position: str = "latest",
+        consumer_name: str | None = None,
+        receiver_queue_size: int = 1000,
+    ) -> None:
+        sub_type = SUBSCRIPTION_TYPES.get(subscription_type)
+        if sub_type is None:
+            raise InvalidInputError(
+                f"subscription_type must be one of {sorted(SUBSCRIPTION_TYPES)}, "
+                f"not {subscription_type!r}"
+            )
+        position = INITIAL_POSITIONS.get(initial_position)
+        if position is None:
+            raise InvalidInputError(
+                f"initial_position must be one of {sorted(INITIAL_POSITIONS)}, "
+                f"not {initial_position!r}"
+            )
+        if type(receiver_queue_size) is not int or receiver_queue_size < 1:
+            raise InvalidInputError("receiver_queue_size must be an int of at least 1")
+        self._conn = conn
+        self._loop = asyncio.get_running_loop()
+        self.topic = topic
+        self.subscription = subscription
+        self.subscription_type = subscription_type
+        self.consumer_name = consumer_name or ""
+        self.consumer_id = conn.next_consumer_id()
+        self.receiver_queue_size = receiver_queue_size
+        self.is_active = sub_type != SubType.FAILOVER
+        self._sub_type = sub_type
+        self._position = position
+        self._flow_threshold = max(1, receiver_queue_size // 2)
+        self._taken = 0
+        self._queue: deque[Message] = deque()
+        self._waiters: deque[asyncio.Future[Message]] = deque()
+        self._ack_ids: list[MessageId] = []
+        self._ack_futures: list[asyncio.Future[None]] = []
+        self._ack_flush_scheduled = False
+        self._inflight: dict[int, _AckFrame] = {}
+        self._gen = 0
+        self._attached = False
+        self._closing = False
+        self._closed = False
+        self._reason: TxnbufError | None = None
+        self._busy_since: float | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"<Consumer topic={self.topic!r} subscription={self.subscription!r} "
+            f"id={self.consumer_id}>"
+        )
+
+    # --- subscribing ---------------------------------------------------------
+
+    def _subscribe_command(self, request_id: int) -> Command:
+        return command(
+            Type.SUBSCRIBE,
+            "subscribe",
+            request_id=request_id,
+            consumer_id=self.consumer_id,
+            topic=self.topic,
+            subscription=self.subscription,
+            sub_type=self._sub_type,
+            initial_position=self._position,
+            consumer_name=self.consumer_name,
+        )
+
+    def _flow_command(self, permits: int) -> bytes:
+        return command(
+            Type.FLOW, "flow", consumer_id=self.consumer_id, permits=permits
+        ).SerializeToString()
+
+    async def _subscribe(self) -> None:
+        """Make the topic exist, subscribe, grant the first permits."""
+        # Registered first: the broker may speak to it (ACTIVE_CONSUMER_CHANGE)
+        # before SUCCESS arrives. It is re-created on reconnect only once
+        # attached.
+        self._conn.consumers[self.consumer_id] = self
+        try:
+            await self._conn.request(
+                lambda request_id: command(
+                    Type.PARTITIONED_METADATA,
+                    "partitioned_metadata",
+                    request_id=request_id,
+                    topic=self.topic,
+                ),
+                Type.PARTITIONED_METADATA_RESPONSE,
+                f"metadata of topic {self.topic!r}",
+            )
+            await self._conn.request(
+                self._subscribe_command,
+                Type.SUCCESS,
+                f"subscribe to {self.topic!r} as {self.subscription!r}",
+            )
+        except BaseException:
+            self._conn.consumers.pop(self.consumer_id, None)
+            raise
+        self._gen = self._conn.gen
+        self._attached = True
+        self._conn.write(self._flow_command(self.receiver_queue_size))
+
+    async def reattach(self, link: Link) -> None:
+        if not self._attached or self._closed:
+            return
+        try:
+            await self._conn.request_on(
+                link,
+                self._subscribe_command,
+                Type.SUCCESS,
+                f"re-subscribe to {self.topic!r} as {self.subscription!r}",
+                self._conn.deadline(),
+            )
+        except ConsumerBusyError as exc:
+            # The broker may still hold the consumer of the dead socket.
+            now = self._loop.time()
+            if self._busy_since is None:
+                self._busy_since = now
+            if now - self._busy_since < self._conn.operation_timeout:
+                raise
+            self._fail(exc)
+            return
+        except TxnbufError as exc:
+            if exc.retriable:
+                raise
+            self._fail(exc)
+            return
+        self._busy_since = None
+        if self._closed:  # closed while we were re-subscribing
+            link.write(self._close_command(self._conn.next_request_id()).SerializeToString())
+            return
+        self._gen = link.gen
+        self._queue.clear()
+        self._taken = 0
+        for frame in self._inflight.values():
+            link.write(frame.data)
+        link.write(self._flow_command(self.receiver_queue_size))
+
+    # --- receiving -------------------------------------------------------------
+
+    async def receive(self, timeout: float | None = None) -> Message:  # noqa: ASYNC109
+        """The next message; waits for one (at most ``timeout`` seconds if
+        given, then raises ``OperationTimeoutError``)."""
+        if self._closing:
+            self._raise_closed()
+        if self._queue and not self._waiters:
+            message = self._queue.popleft()
+            self._took_one()
+            return message
+        waiter: asyncio.Future[Message] = self._loop.create_future()
+        self._waiters.append(waiter)
+        timer = None
+        if timeout is not None:
+            timer = self._loop.call_later(timeout, _time_out, waiter, timeout)
+        try:
+            return await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                # A message was handed over as we were cancelled: keep it.
+                self._queue.appendleft(waiter.result())
+                self._hand_over()
+            elif waiter in self._waiters:
+                self._waiters.remove(waiter)
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def on_message(self, message: pb.CommandMessage) -> None:
+        if self._closing:
+            return
+        queue = self._queue
+        for entry in message.entries:
+            queue.extend(decode_entry(self.topic, entry))
+        self._hand_over()
+
+    def _hand_over(self) -> None:
+        queue = self._queue
+        waiters = self._waiters
+        while queue and waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(queue.popleft())
+                self._took_one()
+
+    def _took_one(self) -> None:
+        self._taken += 1
+        if self._taken >= self._flow_threshold:
+            if self._conn.is_current(self._gen):
+                self._conn.write(self._flow_command(self._taken))
+            self._taken = 0
+
+    def on_disconnect(self) -> None:
+        # The broker redelivers every unacked message after the reconnect:
+        # what is still queued here would only come twice.
+        self._queue.clear()
+        self._taken = 0
+
+    def on_active_change(self, is_active: bool) -> None:
+        self.is_active = is_active
+
+    # --- acknowledging ---------------------------------------------------------
+
+    async def acknowledge(self, message: Message | MessageId) -> None:
+        """Acknowledge one message; returns once the broker has stored the ack.
+        Raises the broker's error (e.g. ``UnknownMessageIdError``)."""
+        mid = message_id_of(message)
+        if self._closing:
+            self._raise_closed()
+        future: asyncio.Future[None] = self._loop.create_future()
+        self._ack_ids.append(mid)
+        self._ack_futures.append(future)
+        if len(self._ack_ids) >= MAX_ACKS_PER_FRAME:
+            self._flush_acks()
+        elif not self._ack_flush_scheduled:
+            self._ack_flush_scheduled = True
+            self._loop.call_soon(self._flush_acks)
+        await future
+
+    async def acknowledge_cumulative(self, message: Message | MessageId) -> None:
+        """Acknowledge every message up to this one on its partition (not
+        allowed on shared subscriptions: ``NotAllowedError``)."""
+        mid = message_id_of(message)
+        if self._closing:
+            self._raise_closed()
+        future: asyncio.Future[None] = self._loop.create_future()
+        self._send_ack(AckType.CUMULATIVE, [mid], [future])
+        await future
+
+    async def negative_acknowledge(self, message: Message | MessageId) -> None:
+        """Ask the broker to deliver this message again (to any consumer)."""
+        mid = message_id_of(message)
+        if self._closing:
+            self._raise_closed()
+        self._redeliver([mid])
+
+    async def redeliver_unacknowledged(self) -> None:
+        """Ask the broker to deliver again every message this consumer has not
+        acknowledged. Drops the messages queued locally (they come again)."""
+        if self._closing:
+            self._raise_closed()
+        dropped = len(self._queue)
+        self._queue.clear()
+        self._redeliver([])
+        if dropped and self._conn.is_current(self._gen):
+            self._conn.write(self._flow_command(dropped))
+
+    def _redeliver(self, ids: list[MessageId]) -> None:
+        if not self._conn.is_current(self._gen):
+            return
+        cmd = command(
+            Type.REDELIVER_UNACKNOWLEDGED, "redeliver_unacknowledged", consumer_id=self.consumer_id
+        )
+        for mid in ids:
+            cmd.redeliver_unacknowledged.message_ids.add(
+                partition=mid.partition, entry_id=mid.entry_id, batch_index=mid.batch_index
+            )
+        self._conn.write(cmd.SerializeToString())
+
+    def _flush_acks(self) -> None:
+        self._ack_flush_scheduled = False
+        if not self._ack_ids:
+            return
+        ids, self._ack_ids = self._ack_ids, []
+        futures, self._ack_futures = self._ack_futures, []
+        self._send_ack(AckType.INDIVIDUAL, ids, futures)
+
+    def _send_ack(
+        self,
+        ack_type: AckType,
+        ids: list[MessageId],
+        futures: list[asyncio.Future[None]],
+    ) -> None:
+        request_id = self._conn.next_request_id()
+        data = build_ack(self.consumer_id, request_id, ack_type, ids).SerializeToString()
+        deadline = self._loop.time() + self._conn.operation_timeout
+        self._inflight[request_id] = _AckFrame(ack_type, ids, futures, data, deadline)
+        if self._conn.is_current(self._gen):
+            self._conn.write(data)
+
+    def on_ack_response(self, response: pb.CommandAckResponse) -> None:
+        frame = self._inflight.pop(response.request_id, None)
+        if frame is None:
+            return
+        if not response.HasField("error"):
+            for future in frame.futures:
+                if not future.done():
+                    future.set_result(None)
+            return
+        exc = from_wire(response.error, response.message)
+        if len(frame.ids) > 1 and not exc.retriable:
+            # Find the guilty ids: acks are idempotent, so ask again one by one.
+            for mid, future in zip(frame.ids, frame.futures, strict=True):
+                if not future.done():
+                    self._send_ack(frame.ack_type, [mid], [future])
+            return
+        fail_all(frame.futures, exc)
+
+    def fail_request(self, request_id: int, exc: TxnbufError) -> bool:
+        frame = self._inflight.pop(request_id, None)
+        if frame is None:
+            return False
+        fail_all(frame.futures, exc)
+        return True
+
+    def expire(self, now: float) -> None:
+        expired = [rid for rid, frame in self._inflight.items() if frame.deadline <= now]
+        for request_id in expired:
+            self.fail_request(
+                request_id,
+                OperationTimeoutError(
+                    f"ack on {self.subscription!r} got no answer within "
+                    f"{self._conn.operation_timeout} s"
+                ),
+            )
+
+    # --- closing ---------------------------------------------------------------
+
+    def _close_command(self, request_id: int) -> Command:
+        return command(
+            Type.CLOSE_CONSUMER,
+            "close_consumer",
+            request_id=request_id,
+            consumer_id=self.consumer_id,
+        )
+
+    async def close(self) -> None:
+        """Wait for the answers to pending acks (within the operation
+        timeout), then close the consumer on the broker, which redelivers its
+        unacked messages to other consumers. Idempotent."""
+        if self._closing:
+            return
+        self._closing = True
+        try:
+            self._flush_acks()
+            pending = [f for frame in self._inflight.values() for f in frame.futures]
+            if pending:
+                await asyncio.wait(pending, timeout=self._conn.operation_timeout)
+        finally:
+            self._shut()
+        link = self._conn.link
+        if link is not None and self._attached and self._conn.is_current(self._gen):
+            try:
+                await self._conn.request_on(
+                    link,
+                    self._close_command,
+                    Type.SUCCESS,
+                    f"close consumer on {self.subscription!r}",
+                    self._conn.deadline(),
+                )
+            except (ConnectionLostError, ConsumerNotFoundError):
+                pass  # the broker dropped it already
+
+    def _shut(self) -> None:
+        """Closed for good: waiting receives and acks fail with ConsumerClosedError."""
+        exc = ConsumerClosedError(f"consumer {self.consumer_id} was closed")
+        exc.__cause__ = self._reason
+        self._closing = self._closed = True
+        self._conn.consumers.pop(self.consumer_id, None)
+        self._queue.clear()
+        waiters, self._waiters = self._waiters, deque()
+        fail_all(waiters, exc)
+        frames, self._inflight = self._inflight, {}
+        for frame in frames.values():
+            fail_all(frame.futures, exc)
+
+    def _fail(self, reason: TxnbufError) -> None:
+        """Close the consumer after a fatal error (e.g. re-subscribing refused)."""
+        self._reason = reason
+        self._shut()
+
+    def _raise_closed(self) -> None:
+        raise ConsumerClosedError(f"consumer {self.consumer_id} is closed") from self._reason
+
+
+def _time_out(waiter: asyncio.Future[Message], timeout: float) -> None:
+    if not waiter.done():
+        waiter.set_exception(OperationTimeoutError(f"receive got no message within {timeout} s"))

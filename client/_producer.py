@@ -1,0 +1,540 @@
+"""The producer: sequence ids, routing, batching, receipts.
+
+Decisions written down here:
+
+* Batching: each ``send`` queues its message on its partition's batch; all
+  batches are framed (one SEND per partition) at the next event-loop turn
+  (``loop.call_soon``), so a lone send is not delayed and concurrent sends
+  share frames. A batch is framed at once when it reaches
+  ``batching_max_messages`` (default 1000) or would pass
+  ``batching_max_bytes`` (default 1 MiB, lowered to fit the broker's
+  ``max_message_size``). One message too big for a frame is refused with
+  ``InvalidInputError``.
+* Routing: a message with a key goes to partition
+  ``zlib.crc32(key.encode()) % partitions``; keyless messages go round-robin,
+  one partition per event-loop turn (per batch).
+* Sequence ids: one counter per producer across all partitions, starting
+  after the broker's ``last_sequence_id`` for this producer name. A
+  ``sequence_id`` given to ``send`` must be greater than every earlier one
+  of this producer (else ``InvalidInputError``, a ``ValueError``, and nothing
+  is sent); automatic numbering continues after it. This relies on the
+  broker deduplicating per partition (ids increase on each partition).
+* At most ``max_pending_messages`` (default 50,000) messages wait for a
+  receipt; ``send`` waits for room (within the operation timeout),
+  ``send_nowait`` raises ``ProducerQueueFullError``.
+* A SEND_ERROR fails the messages of that frame with the mapped error and
+  is not retried automatically, even when retriable: later frames of the
+  same partition may already be stored with higher sequence ids, so a
+  re-send would be dropped as a duplicate. The application may send again
+  (with a new sequence id).
+* A frame that gets no receipt within ``operation_timeout`` of its first
+  message's ``send`` fails with ``OperationTimeoutError`` and is no longer
+  re-sent; the outcome of those messages is unknown.
+* After a reconnect, every frame still awaiting its receipt is re-sent, in
+  order, byte for byte (same request id and sequence ids).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import zlib
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from proto import txnbuf_pb2 as pb
+
+from ._connection import Command, Connection, Link, Type, command, fail_all, wait_until
+from ._message import MessageId
+from .errors import (
+    ConnectionLostError,
+    InvalidInputError,
+    OperationTimeoutError,
+    ProducerBusyError,
+    ProducerClosedError,
+    ProducerNotFoundError,
+    ProducerQueueFullError,
+    ProtocolError,
+    TxnbufError,
+    from_wire,
+)
+
+MAX_SEQUENCE_ID = 2**64 - 1
+# Upper bounds of the protobuf encoding, so a frame never passes the
+# broker's max_message_size: a SingleMessage beyond its payload and key bytes
+# (field tags, lengths, sequence id, publish time) is at most 30 bytes, a
+# property entry beyond its strings at most 12, the BaseCommand / CommandSend
+# envelope (type, ids, partition) at most 36.
+MESSAGE_OVERHEAD = 32
+PROPERTY_OVERHEAD = 12
+FRAME_OVERHEAD = 64
+
+_Entry = tuple[bytes, str | None, Mapping[str, str] | None, int]
+
+
+@dataclass(slots=True)
+class _Batch:
+    """Messages of one partition waiting to be framed."""
+
+    deadline: float
+    entries: list[_Entry] = field(default_factory=list)
+    futures: list[asyncio.Future[MessageId]] = field(default_factory=list)
+    size: int = 0
+
+
+@dataclass(slots=True)
+class _Frame:
+    """A SEND frame awaiting its receipt."""
+
+    request_id: int
+    data: bytes
+    futures: list[asyncio.Future[MessageId]]
+    deadline: float
+
+
+def partition_for_key(key: str, partitions: int) -> int:
+    """The partition of a keyed message: ``crc32(key) % partitions``."""
+    return zlib.crc32(key.encode()) % partitions
+
+
+def build_send(
+    producer_id: int, request_id: int, partition: int, entries: list[_Entry], now_ms: int
+) -> Command:
+    """The SEND frame for one batch (every message stamped ``now_ms``)."""
+    cmd = Command(type=Type.SEND)
+    send = cmd.send
+    send.producer_id = producer_id
+    send.request_id = request_id
+    send.partition = partition
+    add = send.messages.add
+    for value, key, properties, sequence_id in entries:
+        single = add(payload=value, sequence_id=sequence_id, publish_time_ms=now_ms)
+        if key is not None:
+            single.key = key
+        if properties:
+            single.properties.update(properties)
+    return cmd
+
+
+class Producer:
+    """Sends messages to one topic (all its partitions).
+
+    Made by ``Client.create_producer``; use ``await send(...)`` and
+    ``await close()``. See the module docstring of ``client._producer`` for
+    batching, routing and sequence-id rules.
+    """
+
+    def __init__(
+        self,
+        conn: Connection,
+        topic: str,
+        name: str,
+        *,
+        max_pending_messages: int = 50_000,
+        batching_max_messages: int = 1000,
+        batching_max_bytes: int = 1024 * 1024,
+    ) -> None:
+        if max_pending_messages < 1:
+            raise InvalidInputError("max_pending_messages must be at least 1")
+        if batching_max_messages < 1:
+            raise InvalidInputError("batching_max_messages must be at least 1")
+        if batching_max_bytes < 1024:
+            raise InvalidInputError("batching_max_bytes must be at least 1024")
+        self._conn = conn
+        self._loop = asyncio.get_running_loop()
+        self.topic = topic
+        self.name = name
+        self.producer_id = conn.next_producer_id()
+        self.partitions = 1
+        self._next_sequence_id = 0
+        self._max_pending = max_pending_messages
+        self._max_batch_messages = batching_max_messages
+        self._batching_max_bytes = batching_max_bytes
+        self._max_batch_bytes = batching_max_bytes  # also bounded by the broker, see _created
+        self._pending = 0
+        self._batches: dict[int, _Batch] = {}
+        self._flush_scheduled = False
+        self._round_robin = 0
+        self._inflight: dict[int, _Frame] = {}
+        self._room_waiters: deque[asyncio.Future[None]] = deque()
+        self._drained: asyncio.Future[None] | None = None
+        self._gen = 0
+        self._closing = False
+        self._closed = False
+        self._reason: TxnbufError | None = None
+        self._busy_since: float | None = None
+
+    def __repr__(self) -> str:
+        return f"<Producer {self.name!r} topic={self.topic!r} id={self.producer_id}>"
+
+    @property
+    def last_sequence_id(self) -> int:
+        """The highest sequence id given out so far (-1 if none)."""
+        return self._next_sequence_id - 1
+
+    @property
+    def pending(self) -> int:
+        """Messages sent but not yet answered by the broker."""
+        return self._pending
+
+
+    # --- creation and re-creation ------------------------------------------
+
+    def _producer_command(self, request_id: int) -> Command:
+        return command(
+            Type.PRODUCER,
+            "producer",
+            request_id=request_id,
+            producer_id=self.producer_id,
+            topic=self.topic,
+            producer_name=self.name,
+        )
+
+    def _created(self, success: pb.CommandProducerSuccess, partitions: int, gen: int) -> None:
+        partitions = success.partitions or partitions
+        if partitions < 1:
+            raise ProtocolError(f"topic {self.topic!r} has {partitions} partitions")
+        self.partitions = partitions
+        self._round_robin %= partitions
+        self._max_batch_bytes = min(
+            self._batching_max_bytes, self._conn.max_message_size - FRAME_OVERHEAD
+        )
+        self._next_sequence_id = max(self._next_sequence_id, success.last_sequence_id + 1)
+        self._gen = gen
+
+    async def _create(self) -> None:
+        """Make the topic exist, create the producer on the broker, register."""
+        meta = await self._conn.request(
+            lambda request_id: command(
+                Type.PARTITIONED_METADATA,
+                "partitioned_metadata",
+                request_id=request_id,
+                topic=self.topic,
+            ),
+            Type.PARTITIONED_METADATA_RESPONSE,
+            f"metadata of topic {self.topic!r}",
+        )
+        reply = await self._conn.request(
+            self._producer_command, Type.PRODUCER_SUCCESS, f"create producer on {self.topic!r}"
+        )
+        self._created(
+            reply.producer_success, meta.partitioned_metadata_response.partitions, self._conn.gen
+        )
+        self._conn.producers[self.producer_id] = self
+
+    async def reattach(self, link: Link) -> None:
+        if self._closed:
+            return
+        try:
+            reply = await self._conn.request_on(
+                link,
+                self._producer_command,
+                Type.PRODUCER_SUCCESS,
+                f"re-create producer {self.name!r}",
+                self._conn.deadline(),
+            )
+        except ProducerBusyError as exc:
+            # The broker may still hold the producer of the dead socket.
+            now = self._loop.time()
+            if self._busy_since is None:
+                self._busy_since = now
+            if now - self._busy_since < self._conn.operation_timeout:
+                raise
+            self._fail(exc)
+            return
+        except TxnbufError as exc:
+            if exc.retriable:
+                raise
+            self._fail(exc)
+            return
+        self._busy_since = None
+        if self._closed:  # closed while we were re-creating it
+            link.write(self._close_command(self._conn.next_request_id()).SerializeToString())
+            return
+        self._created(reply.producer_success, self.partitions, link.gen)
+        for frame in self._inflight.values():
+            link.write(frame.data)
+
+    # --- sending -------------------------------------------------------------
+
+    async def send(
+        self,
+        value: bytes,
+        key: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        sequence_id: int | None = None,
+    ) -> MessageId:
+        """Send one message and return its id once the broker has stored it.
+
+        ``key`` routes the message (same key, same partition); ``properties``
+        are string pairs carried along; ``sequence_id`` overrides the
+        automatic numbering and must exceed every earlier one. Waits for
+        room when ``max_pending_messages`` are unanswered. Raises
+        ``InvalidInputError`` for bad arguments (nothing sent),
+        ``ProducerClosedError``, ``OperationTimeoutError`` or the broker's
+        ``ServerError``.
+        """
+        if self._pending >= self._max_pending:
+            await self._wait_for_room()
+        return await self._enqueue(value, key, properties, sequence_id)
+
+    def send_nowait(
+        self,
+        value: bytes,
+        key: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        sequence_id: int | None = None,
+    ) -> asyncio.Future[MessageId]:
+        """Queue one message at once and return the future of its id (the
+        cheapest way to have many sends in flight). Raises
+        ``ProducerQueueFullError`` when ``max_pending_messages`` are unanswered."""
+        if self._pending >= self._max_pending and not self._closing:
+            raise ProducerQueueFullError(
+                f"{self._pending} messages await a receipt (max_pending_messages)"
+            )
+        return self._enqueue(value, key, properties, sequence_id)
+
+    async def flush(self) -> None:
+        """Frame every queued message now and wait until all messages sent so
+        far are answered (or have failed)."""
+        self._flush()
+        if self._pending:
+            await wait_until(self._drain_waiter(), self._conn.deadline(), "flush")
+
+    def _enqueue(
+        self,
+        value: bytes,
+        key: str | None,
+        properties: Mapping[str, str] | None,
+        sequence_id: int | None,
+    ) -> asyncio.Future[MessageId]:
+        if self._closing:
+            self._raise_closed()
+        if type(value) is not bytes:
+            if not isinstance(value, bytearray | memoryview):
+                raise InvalidInputError(f"value must be bytes, not {type(value).__name__}")
+            value = bytes(value)
+        size = len(value) + MESSAGE_OVERHEAD
+        if key is None:
+            partition = self._round_robin
+        else:
+            if not isinstance(key, str):
+                raise InvalidInputError(f"key must be a str or None, not {type(key).__name__}")
+            encoded = key.encode()
+            size += len(encoded)
+            partition = zlib.crc32(encoded) % self.partitions
+        if properties:
+            size += _properties_size(properties)
+            properties = dict(properties)
+        if sequence_id is None:
+            sequence_id = self._next_sequence_id
+        else:
+            self._check_sequence_id(sequence_id)
+        max_bytes = self._max_batch_bytes
+        if size > max_bytes:
+            raise InvalidInputError(
+                f"message of about {size} bytes is over the frame limit of {max_bytes} bytes"
+            )
+        # Every check passed: from here on the message is sent.
+        self._next_sequence_id = sequence_id + 1
+        future: asyncio.Future[MessageId] = self._loop.create_future()
+        batch = self._batches.get(partition)
+        if batch is not None and batch.size + size > max_bytes:
+            self._frame(partition, self._batches.pop(partition))
+            batch = None
+        if batch is None:
+            batch = self._batches[partition] = _Batch(
+                self._loop.time() + self._conn.operation_timeout
+            )
+        batch.entries.append((value, key, properties, sequence_id))
+        batch.futures.append(future)
+        batch.size += size
+        self._pending += 1
+        if len(batch.futures) >= self._max_batch_messages:
+            self._frame(partition, self._batches.pop(partition))
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+        return future
+
+    def _check_sequence_id(self, sequence_id: int) -> None:
+        if type(sequence_id) is not int:
+            raise InvalidInputError(
+                f"sequence_id must be an int or None, not {type(sequence_id).__name__}"
+            )
+        if sequence_id < self._next_sequence_id:
+            raise InvalidInputError(
+                f"sequence_id {sequence_id} must be greater than the last one of this "
+                f"producer ({self._next_sequence_id - 1})"
+            )
+        if sequence_id > MAX_SEQUENCE_ID:
+            raise InvalidInputError(f"sequence_id {sequence_id} does not fit in 64 bits")
+
+    def _flush(self) -> None:
+        """Frame every queued batch (runs one loop turn after the first send)."""
+        self._flush_scheduled = False
+        if not self._batches:
+            return
+        batches, self._batches = self._batches, {}
+        for partition, batch in batches.items():
+            self._frame(partition, batch)
+        self._round_robin = (self._round_robin + 1) % self.partitions
+
+    def _frame(self, partition: int, batch: _Batch) -> None:
+        request_id = self._conn.next_request_id()
+        data = build_send(
+            self.producer_id, request_id, partition, batch.entries, time.time_ns() // 1_000_000
+        ).SerializeToString()
+        self._inflight[request_id] = _Frame(request_id, data, batch.futures, batch.deadline)
+        if self._conn.is_current(self._gen):
+            self._conn.write(data)
+
+    # --- answers -------------------------------------------------------------
+
+    def on_receipt(self, receipt: pb.CommandSendReceipt) -> None:
+        frame = self._inflight.pop(receipt.request_id, None)
+        if frame is None:
+            return  # timed out already, or a late duplicate
+        futures = frame.futures
+        ids = receipt.message_ids
+        if not ids:
+            partition = receipt.partition
+            entry_id = receipt.entry_id
+            for index, future in enumerate(futures):
+                if not future.done():
+                    future.set_result(MessageId(partition, entry_id, index))
+        else:
+            for future, data in zip(futures, ids, strict=False):
+                if not future.done():
+                    future.set_result(MessageId(data.partition, data.entry_id, data.batch_index))
+            if len(ids) < len(futures):
+                fail_all(
+                    futures[len(ids) :],
+                    ProtocolError(f"receipt has {len(ids)} ids for {len(futures)} messages"),
+                )
+        self._released(len(futures))
+
+    def on_send_error(self, error: pb.CommandSendError) -> None:
+        self.fail_request(error.request_id, from_wire(error.error, error.message))
+
+    def fail_request(self, request_id: int, exc: TxnbufError) -> bool:
+        frame = self._inflight.pop(request_id, None)
+        if frame is None:
+            return False
+        fail_all(frame.futures, exc)
+        self._released(len(frame.futures))
+        return True
+
+    def expire(self, now: float) -> None:
+        expired = [rid for rid, frame in self._inflight.items() if frame.deadline <= now]
+        for request_id in expired:
+            self.fail_request(
+                request_id,
+                OperationTimeoutError(
+                    f"send to {self.topic!r} got no receipt within {self._conn.operation_timeout} s"
+                ),
+            )
+
+    def on_disconnect(self) -> None:
+        pass  # frames awaiting receipts stay in _inflight; reattach re-sends them
+
+    def _released(self, count: int) -> None:
+        self._pending -= count
+        room = self._max_pending - self._pending
+        waiters = self._room_waiters
+        while room > 0 and waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                room -= 1
+        if self._pending == 0 and self._drained is not None:
+            if not self._drained.done():
+                self._drained.set_result(None)
+            self._drained = None
+
+    async def _wait_for_room(self) -> None:
+        deadline = self._conn.deadline()
+        while self._pending >= self._max_pending:
+            if self._closing:
+                self._raise_closed()
+            waiter: asyncio.Future[None] = self._loop.create_future()
+            self._room_waiters.append(waiter)
+            await wait_until(waiter, deadline, "send (waiting for room in the producer queue)")
+
+    def _drain_waiter(self) -> asyncio.Future[None]:
+        if self._drained is None:
+            self._drained = self._loop.create_future()
+        return asyncio.shield(self._drained)
+
+    # --- closing -------------------------------------------------------------
+
+    def _close_command(self, request_id: int) -> Command:
+        return command(
+            Type.CLOSE_PRODUCER,
+            "close_producer",
+            request_id=request_id,
+            producer_id=self.producer_id,
+        )
+
+    async def close(self) -> None:
+        """Send what is queued, wait for the answers (within the operation
+        timeout), then close the producer on the broker. Idempotent."""
+        if self._closing:
+            return
+        self._closing = True
+        try:
+            self._flush()
+            if self._pending:
+                try:
+                    await wait_until(self._drain_waiter(), self._conn.deadline(), "close")
+                except OperationTimeoutError:
+                    pass  # the sweeper fails what is left, at its own deadline
+        finally:
+            self._closed = True
+            self._conn.producers.pop(self.producer_id, None)
+            self._wake_room_waiters()
+        link = self._conn.link
+        if link is not None and self._conn.is_current(self._gen):
+            try:
+                await self._conn.request_on(
+                    link,
+                    self._close_command,
+                    Type.SUCCESS,
+                    f"close producer {self.name!r}",
+                    self._conn.deadline(),
+                )
+            except (ConnectionLostError, ProducerNotFoundError):
+                pass  # the broker dropped it already
+
+    def _fail(self, reason: TxnbufError) -> None:
+        """Close the producer after a fatal error; pending sends fail with it."""
+        self._reason = reason
+        self._closing = self._closed = True
+        self._conn.producers.pop(self.producer_id, None)
+        frames, self._inflight = self._inflight, {}
+        batches, self._batches = self._batches, {}
+        for frame in frames.values():
+            fail_all(frame.futures, reason)
+        for batch in batches.values():
+            fail_all(batch.futures, reason)
+        self._released(self._pending)
+        self._wake_room_waiters()
+
+    def _wake_room_waiters(self) -> None:
+        while self._room_waiters:
+            waiter = self._room_waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _raise_closed(self) -> None:
+        raise ProducerClosedError(f"producer {self.name!r} is closed") from self._reason
+
+
+def _properties_size(properties: Mapping[str, str]) -> int:
+    size = 0
+    for name, value in properties.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise InvalidInputError("properties must map str to str")
+        size += len(name.encode()) + len(value.encode()) + PROPERTY_OVERHEAD
+    return size

@@ -1,0 +1,332 @@
+"""Everything the txnbuf client raises.
+
+Every exception carries ``code`` (the wire ``ServerError`` number, or None for
+errors the client detects itself) and ``retriable`` (True when the same
+operation may succeed if tried again). Retry logic looks only at
+``retriable``.
+
+The tree::
+
+    TxnbufError
+    ├── InvalidInputError (also ValueError)      bad argument; nothing was sent
+    ├── ClosedError
+    │   ├── ClientClosedError
+    │   ├── ProducerClosedError
+    │   └── ConsumerClosedError
+    ├── OperationTimeoutError (also TimeoutError) retriable
+    ├── ProducerQueueFullError                    retriable
+    ├── BrokerConnectionError                     retriable
+    │   └── ConnectionLostError                   retriable
+    ├── ProtocolError                             the broker broke the protocol
+    └── ServerError                               one subclass per wire code
+        ├── UnknownServerError                    UNKNOWN_ERROR and unknown codes
+        ├── MalformedFrameError                   MALFORMED_FRAME
+        ├── UnknownCommandError                   UNKNOWN_COMMAND
+        ├── InvalidTopicNameError                 INVALID_TOPIC_NAME
+        ├── InvalidArgumentError                  INVALID_ARGUMENT
+        ├── PersistenceError                      PERSISTENCE_ERROR, retriable
+        ├── ServiceNotReadyError                  SERVICE_NOT_READY, retriable
+        ├── ProducerNotFoundError                 PRODUCER_NOT_FOUND
+        ├── ConsumerNotFoundError                 CONSUMER_NOT_FOUND
+        ├── ProducerBusyError                     PRODUCER_BUSY
+        ├── ConsumerBusyError                     CONSUMER_BUSY
+        ├── SubscriptionTypeMismatchError         SUBSCRIPTION_TYPE_MISMATCH
+        ├── UnknownMessageIdError                 UNKNOWN_MESSAGE_ID
+        ├── NotAllowedError                       NOT_ALLOWED
+        ├── SequenceTooOldError                   SEQUENCE_TOO_OLD
+        ├── TopicNotFoundError                    TOPIC_NOT_FOUND
+        ├── TooManyRequestsError                  TOO_MANY_REQUESTS, retriable
+        ├── TransactionConflictError              TRANSACTION_CONFLICT
+        ├── TransactionNotFoundError              TRANSACTION_NOT_FOUND
+        ├── InvalidTxnStatusError                 INVALID_TXN_STATUS
+        ├── TransactionTimeoutError               TRANSACTION_TIMEOUT
+        ├── ProducerFencedError                   PRODUCER_FENCED
+        └── TransactionCoordinatorNotFoundError   TRANSACTION_COORDINATOR_NOT_FOUND
+
+``for_code(code)`` turns a wire code into its class (``UnknownServerError``
+for a code this client does not know); ``from_wire(code, message)`` builds
+the exception. The registry is built from the subclasses of ``ServerError``
+that set ``code``, so adding a code means adding one class here.
+
+Foreign exceptions (aiohttp, OSError, protobuf) never escape the client: they
+are translated in ``client/_foreign.py`` and chained with ``raise ... from``.
+"""
+
+from __future__ import annotations
+
+from proto import txnbuf_pb2 as pb
+
+__all__ = [
+    "BrokerConnectionError",
+    "ClientClosedError",
+    "ClosedError",
+    "ConnectionLostError",
+    "ConsumerBusyError",
+    "ConsumerClosedError",
+    "ConsumerNotFoundError",
+    "InvalidArgumentError",
+    "InvalidInputError",
+    "InvalidTopicNameError",
+    "InvalidTxnStatusError",
+    "MalformedFrameError",
+    "NotAllowedError",
+    "OperationTimeoutError",
+    "PersistenceError",
+    "ProducerBusyError",
+    "ProducerClosedError",
+    "ProducerFencedError",
+    "ProducerNotFoundError",
+    "ProducerQueueFullError",
+    "ProtocolError",
+    "SequenceTooOldError",
+    "ServerError",
+    "ServiceNotReadyError",
+    "SubscriptionTypeMismatchError",
+    "TooManyRequestsError",
+    "TopicNotFoundError",
+    "TransactionConflictError",
+    "TransactionCoordinatorNotFoundError",
+    "TransactionNotFoundError",
+    "TransactionTimeoutError",
+    "TxnbufError",
+    "UnknownCommandError",
+    "UnknownMessageIdError",
+    "UnknownServerError",
+    "for_code",
+    "from_wire",
+]
+
+
+class TxnbufError(Exception):
+    """Base class of every exception the txnbuf client raises."""
+
+    code: int | None = None
+    retriable: bool = False
+
+
+# --- errors the client detects itself ------------------------------------
+
+
+class InvalidInputError(TxnbufError, ValueError):
+    """An argument was wrong; the message names it. Nothing was sent."""
+
+
+class ClosedError(TxnbufError):
+    """The object was closed (by the application or after a fatal error)."""
+
+
+class ClientClosedError(ClosedError):
+    """The Client was closed; create a new one."""
+
+
+class ProducerClosedError(ClosedError):
+    """The Producer was closed; ``__cause__`` holds the reason if it was not
+    closed by the application."""
+
+
+class ConsumerClosedError(ClosedError):
+    """The Consumer was closed; ``__cause__`` holds the reason if it was not
+    closed by the application."""
+
+
+class OperationTimeoutError(TxnbufError, TimeoutError):
+    """The operation did not finish within its time limit (the client's
+    ``operation_timeout``, or the ``timeout`` given to ``receive``). The
+    outcome of a timed-out send is unknown: it may have been stored."""
+
+    retriable = True
+
+
+class ProducerQueueFullError(TxnbufError):
+    """``Producer.send_nowait`` found the producer's pending-message bound
+    reached; ``await Producer.send`` waits for room instead."""
+
+    retriable = True
+
+
+class BrokerConnectionError(TxnbufError):
+    """The broker could not be reached."""
+
+    retriable = True
+
+
+class ConnectionLostError(BrokerConnectionError):
+    """The connection dropped while the request was in flight."""
+
+    retriable = True
+
+
+class ProtocolError(TxnbufError):
+    """The broker sent something this client cannot understand."""
+
+
+# --- errors the broker reports (one class per wire code) ------------------
+
+
+class ServerError(TxnbufError):
+    """An error the broker answered with; ``code`` is its ``ServerError``
+    number in ``proto/txnbuf.proto``."""
+
+
+class UnknownServerError(ServerError):
+    """UNKNOWN_ERROR, or a code this client does not know (``code`` then
+    holds the number received)."""
+
+    code = pb.UNKNOWN_ERROR
+
+
+class MalformedFrameError(ServerError):
+    """The broker could not parse a frame the client sent."""
+
+    code = pb.MALFORMED_FRAME
+
+
+class UnknownCommandError(ServerError):
+    """The broker does not serve this command type."""
+
+    code = pb.UNKNOWN_COMMAND
+
+
+class InvalidTopicNameError(ServerError):
+    code = pb.INVALID_TOPIC_NAME
+
+
+class InvalidArgumentError(ServerError):
+    """A field was missing or out of range (as judged by the broker)."""
+
+    code = pb.INVALID_ARGUMENT
+
+
+class PersistenceError(ServerError):
+    """The broker's storage failed."""
+
+    code = pb.PERSISTENCE_ERROR
+    retriable = True
+
+
+class ServiceNotReadyError(ServerError):
+    """The broker is starting or stopping."""
+
+    code = pb.SERVICE_NOT_READY
+    retriable = True
+
+
+class ProducerNotFoundError(ServerError):
+    code = pb.PRODUCER_NOT_FOUND
+
+
+class ConsumerNotFoundError(ServerError):
+    code = pb.CONSUMER_NOT_FOUND
+
+
+class ProducerBusyError(ServerError):
+    """A producer with this name is already connected."""
+
+    code = pb.PRODUCER_BUSY
+
+
+class ConsumerBusyError(ServerError):
+    """The exclusive subscription already has a consumer."""
+
+    code = pb.CONSUMER_BUSY
+
+
+class SubscriptionTypeMismatchError(ServerError):
+    code = pb.SUBSCRIPTION_TYPE_MISMATCH
+
+
+class UnknownMessageIdError(ServerError):
+    """An ack named a message this subscription never had."""
+
+    code = pb.UNKNOWN_MESSAGE_ID
+
+
+class NotAllowedError(ServerError):
+    """E.g. a cumulative ack on a shared subscription."""
+
+    code = pb.NOT_ALLOWED
+
+
+class SequenceTooOldError(ServerError):
+    """The send was a duplicate of a message already stored, too old for the
+    broker to answer with its message id. The message IS stored."""
+
+    code = pb.SEQUENCE_TOO_OLD
+
+
+class TopicNotFoundError(ServerError):
+    code = pb.TOPIC_NOT_FOUND
+
+
+class TooManyRequestsError(ServerError):
+    code = pb.TOO_MANY_REQUESTS
+    retriable = True
+
+
+class TransactionConflictError(ServerError):
+    """Another transaction holds the message (PENDING_ACK); abort this one."""
+
+    code = pb.TRANSACTION_CONFLICT
+
+
+class TransactionNotFoundError(ServerError):
+    code = pb.TRANSACTION_NOT_FOUND
+
+
+class InvalidTxnStatusError(ServerError):
+    """The transaction is not in a state that allows the operation."""
+
+    code = pb.INVALID_TXN_STATUS
+
+
+class TransactionTimeoutError(ServerError):
+    """The coordinator expired (aborted) the transaction."""
+
+    code = pb.TRANSACTION_TIMEOUT
+
+
+class ProducerFencedError(ServerError):
+    """A newer instance of this transactional producer bumped the epoch."""
+
+    code = pb.PRODUCER_FENCED
+
+
+class TransactionCoordinatorNotFoundError(ServerError):
+    code = pb.TRANSACTION_COORDINATOR_NOT_FOUND
+
+
+def _build_registry() -> dict[int, type[ServerError]]:
+    registry: dict[int, type[ServerError]] = {}
+    todo: list[type[ServerError]] = [ServerError]
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        code = cls.__dict__.get("code")
+        if code is None:
+            continue
+        if code in registry:
+            raise RuntimeError(f"wire code {code} is mapped twice: {registry[code]} and {cls}")
+        registry[code] = cls
+    return registry
+
+
+_REGISTRY = _build_registry()
+
+
+def for_code(code: int) -> type[ServerError]:
+    """The exception class for a wire ``ServerError`` code."""
+    return _REGISTRY.get(code, UnknownServerError)
+
+
+def from_wire(code: int, message: str = "") -> ServerError:
+    """The exception for an error answer: its class from ``for_code``, its
+    text the code's name and the broker's message."""
+    cls = for_code(code)
+    try:
+        name = pb.ServerError.Name(code)
+    except ValueError:
+        name = f"server error {code}"
+    exc = cls(f"{name}: {message}" if message else name)
+    if code != cls.code:
+        exc.code = code
+    return exc

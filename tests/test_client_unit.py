@@ -1,0 +1,997 @@
+"""Unit tests of the client SDK that need no real broker.
+
+Pure pieces (errors registry, message ids, decoding, routing, frame
+building) are tested directly; request/receipt matching, batching, flow
+control, acks and the reconnect path run against ``FakeBroker``, a small
+in-process aiohttp WebSocket server speaking the txnbuf protocol with
+in-memory storage and per-partition deduplication.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import zlib
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from aiohttp import WSMsgType, web
+
+import client
+from client import Client, Message, MessageId, errors
+from client._consumer import build_ack
+from client._message import decode_entry
+from client._producer import build_send, partition_for_key
+from proto import txnbuf_pb2 as pb
+
+T = pb.BaseCommand
+
+
+# --- the fake broker ----------------------------------------------------------
+
+
+def frame(kind: int, field_name: str, **fields: Any) -> bytes:
+    cmd = pb.BaseCommand(type=kind)  # type: ignore[arg-type]
+    inner = getattr(cmd, field_name)
+    inner.SetInParent()
+    for name, value in fields.items():
+        if name == "message_ids":
+            for mid in value:
+                inner.message_ids.add().CopyFrom(mid)
+        elif name == "entries":
+            for entry in value:
+                inner.entries.add().CopyFrom(entry)
+        else:
+            setattr(inner, name, value)
+    return cmd.SerializeToString()
+
+
+@dataclass
+class Sub:
+    sub_type: int
+    cursor: dict[int, int]  # partition -> next entry index to deliver
+    unacked: dict[tuple[int, int, int], int] = field(default_factory=dict)  # id -> redeliveries
+    redeliver: list[tuple[int, int, int]] = field(default_factory=list)
+    consumer: tuple[web.WebSocketResponse, int] | None = None
+    permits: int = 0
+
+
+class FakeBroker:
+    """Enough of the txnbuf broker for client unit tests (see module doc)."""
+
+    def __init__(self) -> None:
+        self.partitions: dict[str, int] = {}
+        self.default_partitions = 1
+        self.ledgers: dict[tuple[str, int], list[pb.EntryBatch]] = defaultdict(list)
+        self.dedup: dict[tuple[str, int, str], dict[int, tuple[int, int, int]]] = defaultdict(dict)
+        self.subs: dict[tuple[str, str], Sub] = {}
+        self.sockets: set[web.WebSocketResponse] = set()
+        self.received: list[pb.BaseCommand] = []
+        self.connects = 0
+        # knobs for tests
+        self.store_without_receipt = False
+        self.ignore_sends = False
+        self.send_error: int | None = None
+        self.refuse_producer: int | None = None
+        self.last_sequence_id: dict[str, int] = {}
+        self.max_message_size = 5 * 1024 * 1024
+        self.port = 0
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/ws", self._ws)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.1)
+        await self._runner.setup()
+        if not self.port:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                self.port = s.getsockname()[1]
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+        await site.start()
+
+    async def stop(self) -> None:
+        for ws in list(self.sockets):
+            await ws.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def restart(self) -> None:
+        """Stop and start on the same port, keeping the stored data (a broker
+        restart): every connection and consumer registration is lost."""
+        await self.stop()
+        for sub in self.subs.values():
+            self._drop_consumer(sub)
+        await self.start()
+
+    async def drop_connections(self) -> None:
+        for ws in list(self.sockets):
+            await ws.close()
+
+    def types(self) -> list[str]:
+        return [T.Type.Name(cmd.type) for cmd in self.received]
+
+    def sends(self) -> list[pb.CommandSend]:
+        return [cmd.send for cmd in self.received if cmd.type == T.SEND]
+
+    def stored(self, topic: str, partition: int = 0) -> list[bytes]:
+        return [m.payload for b in self.ledgers[topic, partition] for m in b.messages]
+
+    async def _ws(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(max_msg_size=0)
+        await ws.prepare(request)
+        self.sockets.add(ws)
+        producers: dict[int, tuple[str, str]] = {}
+        try:
+            async for msg in ws:
+                if msg.type != WSMsgType.BINARY:
+                    continue
+                cmd = pb.BaseCommand.FromString(msg.data)
+                self.received.append(cmd)
+                await self._handle(ws, cmd, producers)
+        finally:
+            self.sockets.discard(ws)
+            for sub in self.subs.values():
+                if sub.consumer is not None and sub.consumer[0] is ws:
+                    self._drop_consumer(sub)
+        return ws
+
+    def _drop_consumer(self, sub: Sub) -> None:
+        sub.consumer = None
+        sub.permits = 0
+        sub.redeliver = sorted(sub.unacked)
+
+    async def _handle(
+        self, ws: web.WebSocketResponse, cmd: pb.BaseCommand, producers: dict[int, tuple[str, str]]
+    ) -> None:
+        kind = cmd.type
+        if kind == T.CONNECT:
+            self.connects += 1
+            await ws.send_bytes(
+                frame(T.CONNECTED, "connected", max_message_size=self.max_message_size)
+            )
+        elif kind == T.PARTITIONED_METADATA:
+            req = cmd.partitioned_metadata
+            n = self.partitions.setdefault(req.topic, self.default_partitions)
+            await ws.send_bytes(
+                frame(
+                    T.PARTITIONED_METADATA_RESPONSE,
+                    "partitioned_metadata_response",
+                    request_id=req.request_id,
+                    partitions=n,
+                )
+            )
+        elif kind == T.PRODUCER:
+            req = cmd.producer
+            if self.refuse_producer is not None:
+                await ws.send_bytes(
+                    frame(T.ERROR, "error", request_id=req.request_id, error=self.refuse_producer)
+                )
+                return
+            producers[req.producer_id] = (req.topic, req.producer_name)
+            await ws.send_bytes(
+                frame(
+                    T.PRODUCER_SUCCESS,
+                    "producer_success",
+                    request_id=req.request_id,
+                    producer_name=req.producer_name,
+                    last_sequence_id=self.last_sequence_id.get(req.producer_name, -1),
+                    partitions=self.partitions[req.topic],
+                )
+            )
+        elif kind == T.CLOSE_PRODUCER:
+            producers.pop(cmd.close_producer.producer_id, None)
+            await ws.send_bytes(
+                frame(T.SUCCESS, "success", request_id=cmd.close_producer.request_id)
+            )
+        elif kind == T.SEND:
+            await self._on_send(ws, cmd.send, producers)
+        elif kind == T.SUBSCRIBE:
+            req = cmd.subscribe
+            key = (req.topic, req.subscription)
+            sub = self.subs.get(key)
+            if sub is None:
+                n = self.partitions[req.topic]
+                cursor = {
+                    p: 0 if req.initial_position == 1 else len(self.ledgers[req.topic, p])
+                    for p in range(n)
+                }
+                sub = self.subs[key] = Sub(req.sub_type, cursor)
+            if sub.consumer is not None:
+                await ws.send_bytes(
+                    frame(T.ERROR, "error", request_id=req.request_id, error=pb.CONSUMER_BUSY)
+                )
+                return
+            sub.consumer = (ws, req.consumer_id)
+            await ws.send_bytes(frame(T.SUCCESS, "success", request_id=req.request_id))
+        elif kind == T.FLOW:
+            for (topic, _), sub in self.subs.items():
+                if sub.consumer == (ws, cmd.flow.consumer_id):
+                    sub.permits += cmd.flow.permits
+                    await self._deliver(topic, sub)
+        elif kind == T.ACK:
+            await self._on_ack(ws, cmd.ack)
+        elif kind == T.REDELIVER_UNACKNOWLEDGED:
+            for (topic, _), sub in self.subs.items():
+                if sub.consumer == (ws, cmd.redeliver_unacknowledged.consumer_id):
+                    ids = cmd.redeliver_unacknowledged.message_ids
+                    wanted = (
+                        [(m.partition, m.entry_id, m.batch_index) for m in ids]
+                        if ids
+                        else sorted(sub.unacked)
+                    )
+                    sub.redeliver.extend(i for i in wanted if i in sub.unacked)
+                    await self._deliver(topic, sub)
+        elif kind == T.CLOSE_CONSUMER:
+            for sub in self.subs.values():
+                if sub.consumer == (ws, cmd.close_consumer.consumer_id):
+                    self._drop_consumer(sub)
+            await ws.send_bytes(
+                frame(T.SUCCESS, "success", request_id=cmd.close_consumer.request_id)
+            )
+
+    async def _on_send(
+        self, ws: web.WebSocketResponse, send: pb.CommandSend, producers: dict[int, Any]
+    ) -> None:
+        if self.ignore_sends:
+            return
+        if self.send_error is not None:
+            await ws.send_bytes(
+                frame(
+                    T.SEND_ERROR,
+                    "send_error",
+                    producer_id=send.producer_id,
+                    request_id=send.request_id,
+                    error=self.send_error,
+                    message="injected",
+                )
+            )
+            return
+        topic, name = producers[send.producer_id]
+        seen = self.dedup[topic, send.partition, name]
+        ledger = self.ledgers[topic, send.partition]
+        entry_id = len(ledger)
+        batch = pb.EntryBatch(producer_name=name)
+        ids = []
+        for single in send.messages:
+            if single.sequence_id in seen:
+                ids.append(seen[single.sequence_id])
+                continue
+            mid = (send.partition, entry_id, len(batch.messages))
+            batch.messages.add().CopyFrom(single)
+            seen[single.sequence_id] = mid
+            ids.append(mid)
+        if batch.messages:
+            ledger.append(batch)
+        if self.store_without_receipt:
+            return
+        fields: dict[str, Any] = dict(
+            producer_id=send.producer_id,
+            request_id=send.request_id,
+            partition=send.partition,
+            entry_id=entry_id,
+        )
+        if len(batch.messages) != len(send.messages):
+            fields["message_ids"] = [
+                pb.MessageIdData(partition=p, entry_id=e, batch_index=i) for p, e, i in ids
+            ]
+        await ws.send_bytes(frame(T.SEND_RECEIPT, "send_receipt", **fields))
+        for (sub_topic, _), sub in self.subs.items():
+            if sub_topic == topic:
+                await self._deliver(topic, sub)
+
+    async def _deliver(self, topic: str, sub: Sub) -> None:
+        if sub.consumer is None:
+            return
+        ws, consumer_id = sub.consumer
+        entries = []
+        while sub.redeliver and sub.permits > 0:
+            p, e, i = sub.redeliver.pop(0)
+            sub.unacked[p, e, i] += 1
+            data = self.ledgers[topic, p][e].SerializeToString()
+            entries.append(
+                pb.DeliveredEntry(
+                    partition=p,
+                    entry_id=e,
+                    data=data,
+                    indexes=[i],
+                    redelivery_count=sub.unacked[p, e, i],
+                )
+            )
+            sub.permits -= 1
+        for p, next_entry in sub.cursor.items():
+            ledger = self.ledgers[topic, p]
+            while sub.permits > 0 and next_entry < len(ledger):
+                batch = ledger[next_entry]
+                for i in range(len(batch.messages)):
+                    sub.unacked[p, next_entry, i] = 0
+                entries.append(
+                    pb.DeliveredEntry(
+                        partition=p, entry_id=next_entry, data=batch.SerializeToString()
+                    )
+                )
+                sub.permits -= len(batch.messages)
+                next_entry += 1
+            sub.cursor[p] = next_entry
+        if entries:
+            await ws.send_bytes(
+                frame(T.MESSAGE, "message", consumer_id=consumer_id, entries=entries)
+            )
+
+    async def _on_ack(self, ws: web.WebSocketResponse, ack: pb.CommandAck) -> None:
+        error = None
+        for sub in self.subs.values():
+            if sub.consumer != (ws, ack.consumer_id):
+                continue
+            ids = [(m.partition, m.entry_id, m.batch_index) for m in ack.message_ids]
+            if ack.ack_type == pb.CommandAck.CUMULATIVE:
+                if sub.sub_type == pb.CommandSubscribe.SHARED:
+                    error = pb.NOT_ALLOWED
+                else:
+                    (last,) = ids
+                    for mid in [m for m in sub.unacked if m[0] == last[0] and m <= last]:
+                        del sub.unacked[mid]
+            elif any(mid not in sub.unacked for mid in ids):
+                error = pb.UNKNOWN_MESSAGE_ID  # this fake refuses the whole frame
+            else:
+                for mid in ids:
+                    del sub.unacked[mid]
+        fields: dict[str, Any] = dict(consumer_id=ack.consumer_id, request_id=ack.request_id)
+        if error is not None:
+            fields["error"] = error
+        await ws.send_bytes(frame(T.ACK_RESPONSE, "ack_response", **fields))
+
+    async def push(self, data: bytes) -> None:
+        for ws in list(self.sockets):
+            await ws.send_bytes(data)
+
+
+@pytest.fixture
+async def fake() -> Any:
+    server = FakeBroker()
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+@pytest.fixture
+async def cli(fake: FakeBroker) -> Any:
+    async with Client(fake.url, operation_timeout=5.0) as c:
+        yield c
+
+
+async def until(predicate: Any, timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.005)
+
+
+# --- errors -------------------------------------------------------------------
+
+
+def test_every_wire_code_maps_to_its_own_class() -> None:
+    classes = {}
+    for name, code in pb.ServerError.items():
+        cls = errors.for_code(code)
+        assert cls.code == code, name
+        assert issubclass(cls, errors.ServerError)
+        classes[code] = cls
+    assert len(set(classes.values())) == len(classes)
+
+
+def test_retriable_codes_are_exactly_the_documented_ones() -> None:
+    retriable = {code for _, code in pb.ServerError.items() if errors.for_code(code).retriable}
+    assert retriable == {pb.PERSISTENCE_ERROR, pb.SERVICE_NOT_READY, pb.TOO_MANY_REQUESTS}
+
+
+@pytest.mark.parametrize(
+    ("code", "cls"),
+    [
+        (pb.TRANSACTION_CONFLICT, errors.TransactionConflictError),
+        (pb.TRANSACTION_NOT_FOUND, errors.TransactionNotFoundError),
+        (pb.INVALID_TXN_STATUS, errors.InvalidTxnStatusError),
+        (pb.TRANSACTION_TIMEOUT, errors.TransactionTimeoutError),
+        (pb.PRODUCER_FENCED, errors.ProducerFencedError),
+        (pb.UNKNOWN_MESSAGE_ID, errors.UnknownMessageIdError),
+        (pb.NOT_ALLOWED, errors.NotAllowedError),
+        (pb.PERSISTENCE_ERROR, errors.PersistenceError),
+    ],
+)
+def test_for_code(code: int, cls: type[errors.ServerError]) -> None:
+    assert errors.for_code(code) is cls
+
+
+def test_from_wire_builds_the_exception_with_code_and_text() -> None:
+    exc = errors.from_wire(pb.SERVICE_NOT_READY, "starting")
+    assert isinstance(exc, errors.ServiceNotReadyError)
+    assert exc.code == pb.SERVICE_NOT_READY and exc.retriable
+    assert str(exc) == "SERVICE_NOT_READY: starting"
+
+
+def test_unknown_code_keeps_its_number() -> None:
+    exc = errors.from_wire(999, "future")
+    assert type(exc) is errors.UnknownServerError
+    assert exc.code == 999 and not exc.retriable
+    assert errors.UnknownServerError.code == pb.UNKNOWN_ERROR
+
+
+def test_error_tree() -> None:
+    assert issubclass(errors.OperationTimeoutError, TimeoutError)
+    assert issubclass(errors.InvalidInputError, ValueError)
+    assert errors.ConnectionLostError.retriable
+    for name in errors.__all__:
+        obj = getattr(errors, name)
+        if isinstance(obj, type):
+            assert issubclass(obj, errors.TxnbufError), name
+            assert name in (errors.__doc__ or ""), f"{name} missing from the tree"
+
+
+def test_public_names() -> None:
+    assert set(client.__all__) == {
+        "Client",
+        "Consumer",
+        "Message",
+        "MessageId",
+        "Producer",
+        "errors",
+    }
+    assert client.errors is errors
+
+
+# --- message ids and decoding -------------------------------------------------
+
+
+def test_message_id_orders_by_partition_entry_index() -> None:
+    ids = [MessageId(1, 0, 0), MessageId(0, 5, 1), MessageId(0, 5, 0), MessageId(0, 2, 9)]
+    assert sorted(ids) == [MessageId(0, 2, 9), MessageId(0, 5, 0), MessageId(0, 5, 1), ids[0]]
+    assert str(MessageId(3, 12, 4)) == "3:12:4"
+    assert MessageId.parse("3:12:4") == MessageId(3, 12, 4)
+    with pytest.raises(errors.InvalidInputError):
+        MessageId.parse("3:12")
+    with pytest.raises(AttributeError):
+        MessageId(0, 0, 0).entry_id = 1  # type: ignore[misc]
+    assert hash(MessageId(0, 1, 2)) == hash(MessageId(0, 1, 2))
+
+
+def _batch() -> pb.EntryBatch:
+    batch = pb.EntryBatch(producer_name="p1")
+    batch.messages.add(payload=b"a", sequence_id=7, publish_time_ms=1000)
+    batch.messages.add(payload=b"b", key="", sequence_id=8, properties={"x": "1"})
+    batch.messages.add(payload=b"c", key="k", sequence_id=9)
+    return batch
+
+
+def test_decode_entry_all_messages() -> None:
+    entry = pb.DeliveredEntry(
+        partition=2, entry_id=40, data=_batch().SerializeToString(), redelivery_count=3
+    )
+    msgs = decode_entry("t", entry)
+    assert [m.value for m in msgs] == [b"a", b"b", b"c"]
+    assert [m.message_id for m in msgs] == [MessageId(2, 40, i) for i in range(3)]
+    assert [m.key for m in msgs] == [None, "", "k"]
+    assert msgs[1].properties == {"x": "1"}
+    assert msgs[0].publish_time_ms == 1000 and msgs[0].sequence_id == 7
+    assert {m.redelivery_count for m in msgs} == {3}
+    assert {m.topic for m in msgs} == {"t"} and msgs[0].producer_name == "p1"
+
+
+def test_decode_entry_selected_indexes() -> None:
+    entry = pb.DeliveredEntry(partition=0, entry_id=1, data=_batch().SerializeToString())
+    entry.indexes.extend([2, 0])
+    msgs = decode_entry("t", entry)
+    assert [(m.value, m.message_id.batch_index) for m in msgs] == [(b"c", 2), (b"a", 0)]
+
+
+def test_decode_entry_bad_data() -> None:
+    entry = pb.DeliveredEntry(partition=0, entry_id=1, data=_batch().SerializeToString())
+    entry.indexes.append(3)
+    with pytest.raises(errors.ProtocolError):
+        decode_entry("t", entry)
+    with pytest.raises(errors.ProtocolError):
+        decode_entry("t", pb.DeliveredEntry(data=b"\xff\xff\xff"))
+
+
+# --- routing and frames -------------------------------------------------------
+
+
+def test_partition_for_key_is_crc32_mod_n() -> None:
+    for key in ["", "a", "customer-7", "ünïcode"]:
+        assert partition_for_key(key, 7) == zlib.crc32(key.encode()) % 7
+    assert len({partition_for_key(f"k{i}", 4) for i in range(100)}) == 4
+
+
+def test_build_send_frame() -> None:
+    entries: list[Any] = [(b"x", None, None, 5), (b"y", "k", {"a": "b"}, 6)]
+    cmd = build_send(3, 17, 2, entries, 1234)
+    parsed = pb.BaseCommand.FromString(cmd.SerializeToString())
+    assert parsed.type == T.SEND and parsed.WhichOneof("command") == "send"
+    send = parsed.send
+    assert (send.producer_id, send.request_id, send.partition) == (3, 17, 2)
+    assert [m.sequence_id for m in send.messages] == [5, 6]
+    assert not send.messages[0].HasField("key") and send.messages[1].key == "k"
+    assert dict(send.messages[1].properties) == {"a": "b"}
+    assert {m.publish_time_ms for m in send.messages} == {1234}
+
+
+def test_build_ack_frame() -> None:
+    cmd = build_ack(4, 9, pb.CommandAck.INDIVIDUAL, [MessageId(1, 2, 3), MessageId(0, 1, 0)])
+    assert cmd.type == T.ACK and cmd.WhichOneof("command") == "ack"
+    ids = [(m.partition, m.entry_id, m.batch_index) for m in cmd.ack.message_ids]
+    assert ids == [(1, 2, 3), (0, 1, 0)]
+
+
+# --- producer against the fake broker -----------------------------------------
+
+
+async def test_send_returns_ids_and_stores(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("orders")
+    first = await producer.send(b"one")
+    second = await producer.send(b"two", key="k", properties={"p": "v"})
+    assert first == MessageId(0, 0, 0) and second == MessageId(0, 1, 0)
+    assert fake.stored("orders") == [b"one", b"two"]
+    single = fake.ledgers["orders", 0][1].messages[0]
+    assert single.key == "k" and dict(single.properties) == {"p": "v"}
+    assert not fake.ledgers["orders", 0][0].messages[0].HasField("key")
+    assert fake.types()[:3] == ["CONNECT", "PARTITIONED_METADATA", "PRODUCER"]
+    await producer.close()
+    assert fake.types()[-1] == "CLOSE_PRODUCER"
+
+
+async def test_concurrent_sends_share_one_frame(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t")
+    ids = await asyncio.gather(*(producer.send(b"m%d" % i) for i in range(50)))
+    assert len(fake.sends()) == 1
+    assert ids == [MessageId(0, 0, i) for i in range(50)]
+    assert [m.sequence_id for m in fake.sends()[0].messages] == list(range(50))
+
+
+async def test_batch_is_split_at_the_message_limit(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t", batching_max_messages=10)
+    await asyncio.gather(*(producer.send(b"x") for i in range(25)))
+    assert [len(s.messages) for s in fake.sends()] == [10, 10, 5]
+
+
+async def test_batch_is_split_at_the_byte_limit(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t", batching_max_bytes=4096)
+    await asyncio.gather(*(producer.send(b"x" * 1000) for i in range(8)))
+    sends = fake.sends()
+    assert len(sends) > 1 and all(s.ByteSize() < 4096 for s in sends)
+    with pytest.raises(errors.InvalidInputError):
+        await producer.send(b"x" * 5000)
+
+
+async def test_frames_stay_under_the_brokers_max_message_size(fake: FakeBroker) -> None:
+    fake.max_message_size = 3000
+    async with Client(fake.url, operation_timeout=5.0) as c:
+        producer = await c.create_producer("t")
+        await asyncio.gather(*(producer.send(b"x" * 500) for i in range(10)))
+        with pytest.raises(ValueError, match="frame limit"):
+            await producer.send(b"x" * 3000)
+    assert all(len(cmd.SerializeToString()) < 3000 for cmd in fake.received)
+
+
+async def test_keyed_messages_route_by_crc32(fake: FakeBroker, cli: Client) -> None:
+    fake.partitions["multi"] = 4
+    producer = await cli.create_producer("multi")
+    keys = [f"key-{i}" for i in range(40)]
+    ids = await asyncio.gather(*(producer.send(k.encode(), key=k) for k in keys))
+    for key, mid in zip(keys, ids, strict=True):
+        assert mid.partition == zlib.crc32(key.encode()) % 4
+        assert key.encode() in fake.stored("multi", mid.partition)
+    # one SEND per partition for the whole burst
+    assert len(fake.sends()) == 4
+
+
+async def test_keyless_messages_round_robin(fake: FakeBroker, cli: Client) -> None:
+    fake.partitions["rr"] = 3
+    producer = await cli.create_producer("rr")
+    partitions = [(await producer.send(b"x")).partition for _ in range(6)]
+    assert sorted(set(partitions)) == [0, 1, 2]
+
+
+async def test_sequence_ids_continue_after_the_brokers_last(fake: FakeBroker, cli: Client) -> None:
+    fake.last_sequence_id["named"] = 41
+    producer = await cli.create_producer("t", producer_name="named")
+    assert producer.name == "named" and producer.last_sequence_id == 41
+    await producer.send(b"a")
+    await producer.send(b"b", sequence_id=100)
+    await producer.send(b"c")
+    seqs = [m.sequence_id for s in fake.sends() for m in s.messages]
+    assert seqs == [42, 100, 101]
+
+
+async def test_sequence_id_must_increase(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t")
+    await producer.send(b"a", sequence_id=10)
+    before = len(fake.received)
+    for bad in (10, 3):
+        with pytest.raises(ValueError, match="sequence_id"):
+            await producer.send(b"b", sequence_id=bad)
+    with pytest.raises(errors.InvalidInputError):
+        await producer.send(b"b", sequence_id=2**64)
+    await asyncio.sleep(0.05)
+    assert len(fake.received) == before  # nothing sent
+    await producer.send(b"c")
+    assert fake.sends()[-1].messages[0].sequence_id == 11
+
+
+async def test_bad_arguments_are_refused(cli: Client) -> None:
+    producer = await cli.create_producer("t")
+    with pytest.raises(errors.InvalidInputError, match="value"):
+        await producer.send("text")  # type: ignore[arg-type]
+    with pytest.raises(errors.InvalidInputError, match="key"):
+        await producer.send(b"x", key=5)  # type: ignore[arg-type]
+    with pytest.raises(errors.InvalidInputError, match="properties"):
+        await producer.send(b"x", properties={"a": 1})  # type: ignore[dict-item]
+    with pytest.raises(errors.InvalidInputError):
+        await cli.subscribe("t", "s", subscription_type="fanout")
+    with pytest.raises(errors.InvalidInputError):
+        await cli.create_producer("")
+    assert producer.last_sequence_id == -1
+
+
+async def test_default_producer_names_are_unique(cli: Client) -> None:
+    a = await cli.create_producer("t")
+    b = await cli.create_producer("t")
+    assert a.name != b.name and a.name.startswith("producer-")
+    assert a.producer_id != b.producer_id
+
+
+async def test_duplicate_receipt_uses_message_ids(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t", producer_name="dup")
+    first = await producer.send(b"a", sequence_id=5)
+    # a second producer with the same name re-sends seq 5 along with a new one
+    await producer.close()
+    again = await cli.create_producer("t", producer_name="dup")
+    fake.last_sequence_id["dup"] = 4  # pretend the broker forgot, so 5 is re-sent
+    again._next_sequence_id = 5
+    ids = await asyncio.gather(again.send(b"a"), again.send(b"b"))
+    assert ids[0] == first
+    assert ids[1] == MessageId(0, 1, 0)
+    assert fake.stored("t") == [b"a", b"b"]
+
+
+async def test_send_error_maps_to_exception(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t")
+    fake.send_error = pb.PERSISTENCE_ERROR
+    results = await asyncio.gather(producer.send(b"a"), producer.send(b"b"), return_exceptions=True)
+    assert all(isinstance(r, errors.PersistenceError) and r.retriable for r in results)
+    assert results[0] is not results[1]
+    assert producer.pending == 0
+    fake.send_error = None
+    assert await producer.send(b"c") == MessageId(0, 0, 0)
+
+
+async def test_producer_refused_raises_mapped_error(fake: FakeBroker, cli: Client) -> None:
+    fake.refuse_producer = pb.PRODUCER_BUSY
+    with pytest.raises(errors.ProducerBusyError) as info:
+        await cli.create_producer("t", producer_name="taken")
+    assert info.value.code == pb.PRODUCER_BUSY and not info.value.retriable
+
+
+async def test_send_times_out(fake: FakeBroker) -> None:
+    fake.ignore_sends = True
+    async with Client(fake.url, operation_timeout=0.3) as c:
+        producer = await c.create_producer("t")
+        with pytest.raises(errors.OperationTimeoutError):
+            await producer.send(b"x")
+        with pytest.raises(TimeoutError):
+            await producer.send(b"y")
+        assert producer.pending == 0
+
+
+async def test_pending_bound_makes_send_wait(fake: FakeBroker, cli: Client) -> None:
+    fake.ignore_sends = True
+    producer = await cli.create_producer("t", max_pending_messages=3)
+    futures = [producer.send_nowait(b"x") for _ in range(3)]
+    with pytest.raises(errors.ProducerQueueFullError):
+        producer.send_nowait(b"y")
+    waiting = asyncio.ensure_future(producer.send(b"z"))
+    await asyncio.sleep(0.05)
+    assert not waiting.done() and producer.pending == 3
+    # answer the first frame: room for the waiting send
+    fake.ignore_sends = False
+    sends = fake.sends()
+    assert len(sends) == 1
+    await fake.push(
+        frame(
+            T.SEND_RECEIPT,
+            "send_receipt",
+            producer_id=producer.producer_id,
+            request_id=sends[0].request_id,
+            partition=0,
+            entry_id=0,
+        )
+    )
+    assert await asyncio.gather(*futures) == [MessageId(0, 0, i) for i in range(3)]
+    assert await waiting == MessageId(0, 0, 0)
+
+
+async def test_closed_producer_and_client_refuse_use(fake: FakeBroker) -> None:
+    c = Client(fake.url, operation_timeout=5.0)
+    producer = await c.create_producer("t")  # connects lazily
+    await producer.close()
+    with pytest.raises(errors.ProducerClosedError):
+        await producer.send(b"x")
+    await producer.close()  # idempotent
+    await c.close()
+    with pytest.raises(errors.ClientClosedError):
+        await c.create_producer("t")
+    with pytest.raises(errors.ClientClosedError):
+        await c.subscribe("t", "s")
+
+
+async def test_close_flushes_pending_sends(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t")
+    futures = [producer.send_nowait(b"%d" % i) for i in range(5)]
+    await producer.close()
+    assert all(f.done() and not f.exception() for f in futures)
+    assert len(fake.stored("t")) == 5
+
+
+async def test_connect_failure_raises_connection_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(errors.BrokerConnectionError) as info:
+        async with Client(f"http://127.0.0.1:{port}", operation_timeout=0.3):
+            pass
+    assert info.value.retriable
+
+
+async def test_ping_is_answered(fake: FakeBroker, cli: Client) -> None:
+    await fake.push(frame(T.PING, "ping"))
+    await until(lambda: "PONG" in fake.types())
+
+
+# --- reconnect ----------------------------------------------------------------
+
+
+async def test_unanswered_sends_are_resent_after_reconnect(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t", producer_name="p")
+    fake.store_without_receipt = True  # stored, but the receipt is "lost"
+    pending = asyncio.gather(*(producer.send(b"m%d" % i) for i in range(10)))
+    await until(lambda: len(fake.sends()) == 1)
+    fake.store_without_receipt = False
+    await fake.drop_connections()
+    ids = await asyncio.wait_for(pending, 5)
+    assert ids == [MessageId(0, 0, i) for i in range(10)]
+    assert fake.stored("t") == [b"m%d" % i for i in range(10)]  # not stored twice
+    assert fake.connects == 2
+    producers = [c.producer for c in fake.received if c.type == T.PRODUCER]
+    assert len(producers) == 2
+    assert [(p.producer_id, p.producer_name) for p in producers] == [(1, "p"), (1, "p")]
+    first, resent = fake.sends()
+    assert first == resent
+
+
+async def test_broker_restart_is_survived(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t")
+    consumer = await cli.subscribe("t", "s", initial_position="earliest")
+    await producer.send(b"before")
+    msg = await consumer.receive(timeout=5)
+    await consumer.acknowledge(msg)
+    await fake.restart()
+    assert await producer.send(b"after") == MessageId(0, 1, 0)
+    msg = await consumer.receive(timeout=5)
+    assert msg.value == b"after"
+    await consumer.acknowledge(msg)
+
+
+async def test_consumer_queue_is_cleared_and_refilled_on_reconnect(
+    fake: FakeBroker, cli: Client
+) -> None:
+    producer = await cli.create_producer("t")
+    consumer = await cli.subscribe("t", "s")
+    for i in range(3):
+        await producer.send(b"%d" % i)
+    first = await consumer.receive(timeout=5)
+    await until(lambda: len(consumer._queue) == 2)
+    gen = cli._conn.gen
+    await fake.drop_connections()
+    await until(lambda: cli._conn.gen > gen or cli._conn.link is None)
+    # everything unacked comes again, first included
+    got = [await consumer.receive(timeout=5) for _ in range(3)]
+    assert sorted(m.value for m in got) == [b"0", b"1", b"2"]
+    assert all(m.redelivery_count == 1 for m in got), (
+        [(m.value, m.redelivery_count) for m in got],
+        fake.types(),
+    )
+    assert first.message_id in {m.message_id for m in got}
+    flows = [c.flow.permits for c in fake.received if c.type == T.FLOW]
+    assert flows == [1000, 1000]
+
+
+async def test_pending_acks_are_resent_after_reconnect(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t")
+    consumer = await cli.subscribe("t", "s")
+    await producer.send(b"x")
+    msg = await consumer.receive(timeout=5)
+    for ws in list(fake.sockets):  # the ack goes into a dead socket
+        await ws.close()
+    await until(lambda: not fake.sockets)
+    await asyncio.wait_for(consumer.acknowledge(msg), 5)
+    sub = fake.subs["t", "s"]
+    assert not sub.unacked
+
+
+async def test_create_producer_waits_for_reconnect(fake: FakeBroker, cli: Client) -> None:
+    await fake.stop()
+    task = asyncio.ensure_future(cli.create_producer("t"))
+    await asyncio.sleep(0.2)
+    assert not task.done()
+    await fake.start()
+    producer = await asyncio.wait_for(task, 5)
+    assert await producer.send(b"x") == MessageId(0, 0, 0)
+
+
+# --- consumer against the fake broker -----------------------------------------
+
+
+async def test_receive_and_ack(fake: FakeBroker, cli: Client) -> None:
+    consumer = await cli.subscribe("t", "s", initial_position="earliest")
+    producer = await cli.create_producer("t")
+    await producer.send(b"hello", key="k", properties={"a": "b"})
+    msg = await consumer.receive(timeout=5)
+    assert isinstance(msg, Message)
+    assert (msg.value, msg.key, msg.properties, msg.topic) == (b"hello", "k", {"a": "b"}, "t")
+    assert msg.message_id == MessageId(0, 0, 0) and msg.redelivery_count == 0
+    await consumer.acknowledge(msg)
+    assert not fake.subs["t", "s"].unacked
+    subscribe = next(c.subscribe for c in fake.received if c.type == T.SUBSCRIBE)
+    assert subscribe.initial_position == pb.CommandSubscribe.EARLIEST
+    assert subscribe.sub_type == pb.CommandSubscribe.EXCLUSIVE
+
+
+async def test_concurrent_acks_share_one_frame(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t")
+    consumer = await cli.subscribe("t", "s", subscription_type="shared")
+    await asyncio.gather(*(producer.send(b"x") for _ in range(20)))
+    msgs = [await consumer.receive(timeout=5) for _ in range(20)]
+    await asyncio.gather(*(consumer.acknowledge(m) for m in msgs))
+    acks = [c.ack for c in fake.received if c.type == T.ACK]
+    assert len(acks) == 1 and len(acks[0].message_ids) == 20
+    assert not fake.subs["t", "s"].unacked
+
+
+async def test_bad_ack_fails_only_its_own_call(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t")
+    consumer = await cli.subscribe("t", "s")
+    await producer.send(b"x")
+    good = await consumer.receive(timeout=5)
+    bogus = MessageId(0, 99, 0)
+    results = await asyncio.gather(
+        consumer.acknowledge(good), consumer.acknowledge(bogus), return_exceptions=True
+    )
+    assert results[0] is None
+    assert isinstance(results[1], errors.UnknownMessageIdError)
+    assert not fake.subs["t", "s"].unacked
+
+
+async def test_cumulative_ack(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t")
+    consumer = await cli.subscribe("t", "s", subscription_type="failover")
+    for i in range(3):
+        await producer.send(b"%d" % i)
+    msgs = [await consumer.receive(timeout=5) for _ in range(3)]
+    await consumer.acknowledge_cumulative(msgs[1])
+    assert list(fake.subs["t", "s"].unacked) == [(0, 2, 0)]
+    await consumer.acknowledge_cumulative(msgs[2].message_id)
+    assert not fake.subs["t", "s"].unacked
+    shared = await cli.subscribe("t", "sh", subscription_type="shared")
+    with pytest.raises(errors.NotAllowedError):
+        await shared.acknowledge_cumulative(msgs[0])
+
+
+async def test_negative_ack_redelivers(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t")
+    consumer = await cli.subscribe("t", "s")
+    await producer.send(b"x")
+    msg = await consumer.receive(timeout=5)
+    await consumer.negative_acknowledge(msg)
+    again = await consumer.receive(timeout=5)
+    assert again.message_id == msg.message_id and again.redelivery_count == 1
+    redeliver = next(c for c in fake.received if c.type == T.REDELIVER_UNACKNOWLEDGED)
+    assert len(redeliver.redeliver_unacknowledged.message_ids) == 1
+
+
+async def test_redeliver_unacknowledged_sends_empty_list(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t")
+    consumer = await cli.subscribe("t", "s")
+    await producer.send(b"x")
+    await consumer.receive(timeout=5)
+    await consumer.redeliver_unacknowledged()
+    again = await consumer.receive(timeout=5)
+    assert again.value == b"x" and again.redelivery_count == 1
+    redeliver = next(c for c in fake.received if c.type == T.REDELIVER_UNACKNOWLEDGED)
+    assert len(redeliver.redeliver_unacknowledged.message_ids) == 0
+
+
+async def test_flow_is_granted_after_half_the_queue(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t")
+    consumer = await cli.subscribe("t", "s", receiver_queue_size=10)
+    await asyncio.gather(*(producer.send(b"x") for _ in range(25)))
+    got = [await consumer.receive(timeout=5) for _ in range(25)]
+    assert len(got) == 25
+    await until(lambda: fake.types().count("FLOW") == 6)
+    flows = [c.flow.permits for c in fake.received if c.type == T.FLOW]
+    assert flows[0] == 10 and set(flows[1:]) == {5}
+
+
+async def test_receive_timeout(fake: FakeBroker, cli: Client) -> None:
+    consumer = await cli.subscribe("t", "s")
+    with pytest.raises(errors.OperationTimeoutError):
+        await consumer.receive(timeout=0.05)
+    with pytest.raises(TimeoutError):
+        await consumer.receive(timeout=0.05)
+    assert not consumer._waiters
+
+
+async def test_cancelled_receive_loses_no_message(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t")
+    consumer = await cli.subscribe("t", "s")
+    task = asyncio.ensure_future(consumer.receive())
+    await asyncio.sleep(0.01)
+    await producer.send(b"x")
+    await until(lambda: task.done() or bool(consumer._queue))
+    task.cancel()
+    try:
+        first = await task
+    except asyncio.CancelledError:
+        first = await consumer.receive(timeout=1)
+    assert first.value == b"x"
+
+
+async def test_active_consumer_change(fake: FakeBroker, cli: Client) -> None:
+    consumer = await cli.subscribe("t", "s", subscription_type="failover")
+    assert consumer.is_active is False
+    await fake.push(
+        frame(
+            T.ACTIVE_CONSUMER_CHANGE,
+            "active_consumer_change",
+            consumer_id=consumer.consumer_id,
+            is_active=True,
+        )
+    )
+    await until(lambda: consumer.is_active)
+
+
+async def test_consumer_busy_and_close(fake: FakeBroker, cli: Client) -> None:
+    consumer = await cli.subscribe("t", "s")
+    with pytest.raises(errors.ConsumerBusyError):
+        await cli.subscribe("t", "s")
+    waiting = asyncio.ensure_future(consumer.receive())
+    await asyncio.sleep(0.01)
+    await consumer.close()
+    with pytest.raises(errors.ConsumerClosedError):
+        await waiting
+    with pytest.raises(errors.ConsumerClosedError):
+        await consumer.receive()
+    with pytest.raises(errors.ConsumerClosedError):
+        await consumer.acknowledge(MessageId(0, 0, 0))
+    assert "CLOSE_CONSUMER" in fake.types()
+    other = await cli.subscribe("t", "s")  # free again
+    assert other.consumer_id != consumer.consumer_id
+
+
+async def test_client_close_closes_everything(fake: FakeBroker) -> None:
+    c = Client(fake.url, operation_timeout=5.0)
+    await c.connect()
+    producer = await c.create_producer("t")
+    consumer = await c.subscribe("t", "s")
+    await c.close()
+    await c.close()
+    with pytest.raises(errors.ProducerClosedError):
+        await producer.send(b"x")
+    with pytest.raises(errors.ConsumerClosedError):
+        await consumer.receive()
+    assert {"CLOSE_PRODUCER", "CLOSE_CONSUMER"} <= set(fake.types())

@@ -1,0 +1,543 @@
+"""LedgerStore / Ledger: ids, group commit, durability, reads, trims, listeners."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from ledger import Entry, Ledger, LedgerError, LedgerStore
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "ledgers.db"
+
+
+@pytest.fixture
+async def store(db: Path) -> AsyncIterator[LedgerStore]:
+    s = await LedgerStore.open(db)
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+def payload(i: int) -> bytes:
+    return f"entry-{i}".encode()
+
+
+async def fill(ledger: Ledger, n: int, meta: int = 1) -> list[int]:
+    return list(await asyncio.gather(*(ledger.append(payload(i), meta) for i in range(n))))
+
+
+def stored_row(db: Path, ledger: Ledger, entry_id: int) -> tuple[int, bytes] | None:
+    """Read one entry with a separate plain sqlite3 connection (layout of ledger/_store.py)."""
+    conn = sqlite3.connect(db)
+    try:
+        row = conn.execute(
+            "SELECT meta, data FROM entries WHERE id = ?", ((ledger.id << 40) | entry_id,)
+        ).fetchone()
+    finally:
+        conn.close()
+    return row
+
+
+# -- appends -------------------------------------------------------------------
+
+
+async def test_append_ids_increase_from_0_per_ledger(store: LedgerStore) -> None:
+    a = await store.open_ledger("a")
+    b = await store.open_ledger("b")
+    assert (a.first_entry_id, a.last_entry_id, a.entry_count) == (0, -1, 0)
+    ids_a, ids_b = [], []
+    for i in range(5):
+        ids_a.append(await a.append(payload(i)))
+        ids_b.append(await b.append(payload(i)))
+        ids_b.append(await b.append(payload(i)))
+    assert ids_a == list(range(5))
+    assert ids_b == list(range(10))
+    assert (a.last_entry_id, b.last_entry_id) == (4, 9)
+    assert a.entry_count == 5
+
+
+async def test_concurrent_appends_get_ids_in_call_order(store: LedgerStore) -> None:
+    ledger = await store.open_ledger("a")
+    futures = [ledger.append(payload(i)) for i in range(50)]
+    assert [await f for f in futures] == list(range(50))
+    entries = await ledger.read(0, 49)
+    assert [e.data for e in entries] == [payload(i) for i in range(50)]
+
+
+async def test_future_resolves_only_after_commit(store: LedgerStore, db: Path) -> None:
+    ledger = await store.open_ledger("a")
+    commits = store.commits
+    seen_at_resolution: list[object] = []
+    fut = ledger.append(b"durable", meta=3)
+    fut.add_done_callback(lambda f: seen_at_resolution.append(stored_row(db, ledger, f.result())))
+    # Queued, not yet committed: nothing visible, nothing resolved.
+    assert not fut.done()
+    assert ledger.last_entry_id == -1
+    assert await ledger.read(0, 10) == []
+    assert stored_row(db, ledger, 0) is None
+    assert await fut == 0
+    assert store.commits == commits + 1
+    # When the future resolved, the row was already committed (seen by another connection).
+    assert seen_at_resolution == [(3, b"durable")]
+
+
+async def test_many_concurrent_appends_share_few_group_commits(store: LedgerStore) -> None:
+    ledgers = [await store.open_ledger(f"l{i}") for i in range(4)]
+    commits, appends = store.commits, store.appends
+    futures = [ledgers[i % 4].append(payload(i)) for i in range(1000)]
+    await asyncio.gather(*futures)
+    assert store.appends - appends == 1000
+    assert 1 <= store.commits - commits <= 10
+
+
+async def test_appends_queued_during_a_commit_go_in_the_next_one(store: LedgerStore) -> None:
+    ledger = await store.open_ledger("a")
+    commits = store.commits
+    first = ledger.append(b"0")
+    await asyncio.sleep(0)  # the writer takes the batch [0] and starts committing
+    rest = [ledger.append(payload(i)) for i in range(1, 200)]
+    assert await asyncio.gather(first, *rest) == list(range(200))
+    assert store.commits - commits <= 3
+
+
+# -- reads ---------------------------------------------------------------------
+
+
+def expected(start: int, end: int, meta: int = 1) -> list[Entry]:
+    return [Entry(i, meta, payload(i)) for i in range(start, end + 1)]
+
+
+RANGES = [(0, 19), (0, 0), (3, 7), (15, 19), (17, 19), (19, 19), (10, 18), (-5, 2), (18, 99)]
+
+
+async def test_reads_from_disk_and_tail_cache_agree(db: Path) -> None:
+    small = await LedgerStore.open(db, cache_entries=2)
+    disk_reads: list[tuple[int, int]] = []
+    real_read = small._read
+
+    async def spy(ledger: Ledger, start: int, end: int) -> list[Entry]:
+        disk_reads.append((start, end))
+        return await real_read(ledger, start, end)
+
+    small._read = spy  # type: ignore[method-assign]
+    try:
+        ledger = await small.open_ledger("a")
+        await fill(ledger, 20)
+        for start, end in RANGES:
+            assert await ledger.read(start, end) == expected(max(start, 0), min(end, 19))
+        # Only the last two entries are cached: the tail is served from memory ...
+        disk_reads.clear()
+        assert await ledger.read(18, 19) == expected(18, 19)
+        assert disk_reads == []
+        # ... older entries come from SQLite, a straddling range from both.
+        assert await ledger.read(5, 19) == expected(5, 19)
+        assert disk_reads == [(5, 17)]
+    finally:
+        await small.close()
+
+    # Reopened with the default cache: everything from disk, same entries.
+    big = await LedgerStore.open(db)
+    try:
+        ledger = big.get_ledger("a")
+        assert ledger is not None
+        assert (ledger.first_entry_id, ledger.last_entry_id) == (0, 19)
+        for start, end in RANGES:
+            assert await ledger.read(start, end) == expected(max(start, 0), min(end, 19))
+    finally:
+        await big.close()
+
+
+async def test_cache_byte_limit_sends_old_entries_to_disk(db: Path) -> None:
+    store = await LedgerStore.open(db, cache_bytes=30)  # each payload is ~8 bytes
+    try:
+        ledger = await store.open_ledger("a")
+        await fill(ledger, 20)
+        assert await ledger.read(0, 19) == expected(0, 19)
+    finally:
+        await store.close()
+
+
+async def test_read_spanning_disk_and_cache_while_a_commit_evicts_the_cache(db: Path) -> None:
+    # Ledger.read computes where the cache starts, awaits the disk part, then
+    # indexes the cache with that stale start. A commit that lands during the
+    # disk read (a reader catching up while producers write) shifts the cache.
+    store = await LedgerStore.open(db, cache_entries=2)
+    try:
+        ledger = await store.open_ledger("a")
+        await fill(ledger, 10)  # cache holds entries 8 and 9
+        real_read = store._read
+
+        async def read_then_commit(lg: Ledger, start: int, end: int) -> list[Entry]:
+            rows = await real_read(lg, start, end)
+            await ledger.append(payload(10))  # commits while the read is in flight
+            return rows
+
+        store._read = read_then_commit  # type: ignore[method-assign]
+        assert await ledger.read(0, 9) == expected(0, 9)
+    finally:
+        await store.close()
+
+
+async def test_read_meta_gives_ids_and_meta_without_data(store: LedgerStore) -> None:
+    ledger = await store.open_ledger("a")
+    for i in range(5):
+        await ledger.append(payload(i), meta=i * 10)
+    assert await ledger.read_meta() == [(i, i * 10) for i in range(5)]
+    other = await store.open_ledger("b")
+    assert await other.read_meta() == []
+
+
+async def test_meta_round_trips_through_reopen(db: Path) -> None:
+    store = await LedgerStore.open(db)
+    ledger = await store.open_ledger("a")
+    metas = [0, 1, 2, 7, 2**40, -3]
+    for i, m in enumerate(metas):
+        await ledger.append(payload(i), meta=m)
+    assert [e.meta for e in await ledger.read(0, 5)] == metas
+    await store.close()
+
+    store = await LedgerStore.open(db)
+    try:
+        ledger = await store.open_ledger("a")
+        assert [e.meta for e in await ledger.read(0, 5)] == metas
+        assert await ledger.read_meta() == list(enumerate(metas))
+    finally:
+        await store.close()
+
+
+async def test_wait_for_returns_once_entry_is_durable(store: LedgerStore) -> None:
+    ledger = await store.open_ledger("a")
+    waiter = asyncio.ensure_future(ledger.wait_for(2))
+    await ledger.append(b"0")
+    await ledger.append(b"1")
+    assert not waiter.done()
+    await ledger.append(b"2")
+    await asyncio.wait_for(waiter, 1)
+    await asyncio.wait_for(ledger.wait_for(0), 1)  # already durable
+
+
+# -- trims ---------------------------------------------------------------------
+
+
+async def test_trim_removes_entries_below_and_survives_reopen(db: Path) -> None:
+    store = await LedgerStore.open(db)
+    ledger = await store.open_ledger("a")
+    other = await store.open_ledger("b")
+    await fill(ledger, 10)
+    await fill(other, 3)
+    await ledger.trim(4)
+    assert (ledger.first_entry_id, ledger.last_entry_id, ledger.entry_count) == (4, 9, 6)
+    assert await ledger.read(0, 9) == expected(4, 9)
+    assert [i for i, _ in await ledger.read_meta()] == list(range(4, 10))
+    assert stored_row(db, ledger, 3) is None
+    assert stored_row(db, ledger, 4) == (1, payload(4))
+    await ledger.trim(2)  # below the first entry: nothing changes
+    assert ledger.first_entry_id == 4
+    await store.close()
+
+    store = await LedgerStore.open(db)
+    try:
+        ledger = await store.open_ledger("a")
+        assert (ledger.first_entry_id, ledger.last_entry_id) == (4, 9)
+        assert await ledger.read(0, 100) == expected(4, 9)
+        assert await ledger.append(b"x") == 10
+        other = await store.open_ledger("b")
+        assert await other.read(0, 2) == expected(0, 2)  # other ledgers untouched
+    finally:
+        await store.close()
+
+
+async def test_trim_beyond_the_end_trims_everything(store: LedgerStore) -> None:
+    ledger = await store.open_ledger("a")
+    await fill(ledger, 5)
+    await ledger.trim(1000)
+    assert (ledger.first_entry_id, ledger.last_entry_id, ledger.entry_count) == (5, 4, 0)
+    assert await ledger.read(0, 1000) == []
+    assert await ledger.append(b"next") == 5
+
+
+async def test_ids_never_repeat_after_trimming_everything_and_reopening(db: Path) -> None:
+    store = await LedgerStore.open(db)
+    ledger = await store.open_ledger("a")
+    await fill(ledger, 7)
+    await ledger.trim(7)
+    await store.close()
+
+    store = await LedgerStore.open(db)
+    try:
+        ledger = await store.open_ledger("a")
+        assert (ledger.first_entry_id, ledger.last_entry_id) == (7, 6)
+        assert await ledger.append(b"after") == 7
+        assert await ledger.read(0, 7) == [Entry(7, 1, b"after")]
+    finally:
+        await store.close()
+
+
+async def test_append_and_trim_in_one_group_commit(store: LedgerStore) -> None:
+    ledger = await store.open_ledger("a")
+    await fill(ledger, 3)
+    futures = [ledger.append(payload(3)), ledger.trim(2), ledger.append(payload(4))]
+    results = await asyncio.gather(*futures)
+    assert results == [3, None, 4]
+    assert ledger.first_entry_id == 2
+    assert await ledger.read(0, 10) == expected(2, 4)
+
+
+# -- listeners -----------------------------------------------------------------
+
+
+async def test_listeners_get_new_entries_before_futures_resolve(store: LedgerStore) -> None:
+    ledger = await store.open_ledger("a")
+    calls: list[tuple[str, list[Entry], bool]] = []
+    futures: list[asyncio.Future[int]] = []
+
+    def first(lg: Ledger, entries: list[Entry]) -> None:
+        assert lg is ledger
+        calls.append(("first", list(entries), any(f.done() for f in futures)))
+
+    def second(lg: Ledger, entries: list[Entry]) -> None:
+        calls.append(("second", list(entries), any(f.done() for f in futures)))
+
+    ledger.add_listener(first)
+    ledger.add_listener(second)
+    futures.extend(ledger.append(payload(i), meta=2) for i in range(3))
+    await asyncio.gather(*futures)
+    batch = expected(0, 2, meta=2)
+    assert calls == [("first", batch, False), ("second", batch, False)]
+
+    ledger.remove_listener(first)
+    ledger.remove_listener(first)  # removing twice is harmless
+    futures[:] = [ledger.append(payload(3), meta=2)]
+    await futures[0]
+    assert calls[2:] == [("second", expected(3, 3, meta=2), False)]
+
+
+async def test_failing_listener_does_not_stop_others_or_the_append(store: LedgerStore) -> None:
+    ledger = await store.open_ledger("a")
+    seen: list[int] = []
+
+    def broken(_lg: Ledger, _entries: list[Entry]) -> None:
+        raise RuntimeError("listener bug")
+
+    ledger.add_listener(broken)
+    ledger.add_listener(lambda _lg, entries: seen.extend(e.entry_id for e in entries))
+    assert await ledger.append(b"x") == 0
+    assert seen == [0]
+
+
+async def test_listeners_are_per_ledger(store: LedgerStore) -> None:
+    a = await store.open_ledger("a")
+    b = await store.open_ledger("b")
+    seen: list[bytes] = []
+    a.add_listener(lambda _lg, entries: seen.extend(e.data for e in entries))
+    await asyncio.gather(a.append(b"for-a"), b.append(b"for-b"))
+    assert seen == [b"for-a"]
+
+
+# -- ledgers -------------------------------------------------------------------
+
+
+async def test_open_ledger_is_durable_and_idempotent(db: Path) -> None:
+    store = await LedgerStore.open(db)
+    a = await store.open_ledger("x/a")
+    assert await store.open_ledger("x/a") is a
+    await store.open_ledger("x/b")
+    await store.open_ledger("y")
+    assert store.ledger_names() == ["x/a", "x/b", "y"]
+    assert store.ledger_names("x/") == ["x/a", "x/b"]
+    assert store.get_ledger("nope") is None
+    await store.close()
+
+    store = await LedgerStore.open(db)
+    try:
+        assert store.ledger_names() == ["x/a", "x/b", "y"]
+    finally:
+        await store.close()
+
+
+async def test_concurrent_open_ledger_of_a_new_name_gives_one_ledger(store: LedgerStore) -> None:
+    a, b = await asyncio.gather(store.open_ledger("new"), store.open_ledger("new"))
+    assert a is b
+    assert store.ledger_names() == ["new"]
+
+
+async def test_delete_ledger_removes_it_and_its_entries(db: Path) -> None:
+    store = await LedgerStore.open(db)
+    a = await store.open_ledger("a")
+    b = await store.open_ledger("b")
+    await fill(a, 5)
+    await fill(b, 5)
+    await store.delete_ledger("a")
+    await store.delete_ledger("never-existed")  # no error
+    assert store.get_ledger("a") is None
+    assert store.ledger_names() == ["b"]
+    assert stored_row(db, a, 0) is None
+    await store.close()
+
+    store = await LedgerStore.open(db)
+    try:
+        assert store.ledger_names() == ["b"]
+        again = await store.open_ledger("a")
+        assert (again.first_entry_id, again.last_entry_id) == (0, -1)
+        assert await again.read(0, 10) == []
+        assert await again.append(b"fresh") == 0
+        b = await store.open_ledger("b")
+        assert await b.read(0, 4) == expected(0, 4)
+    finally:
+        await store.close()
+
+
+# -- closing -------------------------------------------------------------------
+
+
+async def _close_or_fail(store: LedgerStore, seconds: float) -> None:
+    """``await store.close()`` in this task; fail (and clean up) if it hangs."""
+    try:
+        async with asyncio.timeout(seconds):
+            await store.close()
+    except TimeoutError:
+        # Cancelling close() cancelled the writer task; close the connections
+        # ourselves so that no aiosqlite thread outlives the test.
+        await store._reader.close()
+        await store._writer.close()
+        pytest.fail(f"LedgerStore.close() did not return within {seconds} s")
+
+
+async def test_close_flushes_queued_appends(db: Path) -> None:
+    store = await LedgerStore.open(db)
+    ledger = await store.open_ledger("a")
+    futures = [ledger.append(payload(i)) for i in range(5)]
+    await _close_or_fail(store, 1.5)
+    assert [f.result() for f in futures] == list(range(5))
+
+    store = await LedgerStore.open(db)
+    try:
+        ledger = await store.open_ledger("a")
+        assert await ledger.read(0, 10) == expected(0, 4)
+    finally:
+        await store.close()
+
+
+async def test_close_when_idle_and_twice(db: Path) -> None:
+    store = await LedgerStore.open(db)
+    ledger = await store.open_ledger("a")
+    await ledger.append(b"x")
+    await _close_or_fail(store, 1.5)
+    await _close_or_fail(store, 1.5)  # closing again is a no-op
+
+
+async def test_closed_store_refuses_work(db: Path) -> None:
+    store = await LedgerStore.open(db, cache_entries=1)
+    ledger = await store.open_ledger("a")
+    await fill(ledger, 3)
+    await store.close()
+    with pytest.raises(LedgerError, match="closed"):
+        ledger.append(b"late")
+    with pytest.raises(LedgerError, match="closed"):
+        ledger.trim(1)
+    with pytest.raises(LedgerError, match="closed"):
+        await store.open_ledger("b")
+    with pytest.raises(LedgerError, match="closed"):
+        await ledger.read(0, 2)  # needs the disk
+
+
+# -- crash ---------------------------------------------------------------------
+
+CRASH_WRITER = r"""
+import asyncio, sys
+from ledger import LedgerStore
+
+async def main(path):
+    store = await LedgerStore.open(path)
+    ledger = await store.open_ledger("crash")
+    sem = asyncio.Semaphore(16)  # keep several appends in flight: group commits
+
+    async def one(i):
+        try:
+            entry_id = await ledger.append(b"payload-%d" % i, meta=i % 7)
+            if entry_id != i:
+                sys.exit(f"entry id {entry_id} for append {i}")
+            sys.stdout.write(f"{entry_id}\n")
+            sys.stdout.flush()
+        finally:
+            sem.release()
+
+    i = 0
+    tasks = set()
+    while True:
+        await sem.acquire()
+        task = asyncio.ensure_future(one(i))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        i += 1
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def run_writer_until_acked_then_sigkill(db: Path, want: int) -> list[int]:
+    """Run CRASH_WRITER on ``db``, collect ``want`` acknowledged ids, SIGKILL it."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", CRASH_WRITER, str(db)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    acked: list[int] = []
+    try:
+        assert child.stdout is not None
+        deadline = time.monotonic() + 30
+        while len(acked) < want and time.monotonic() < deadline:
+            line = child.stdout.readline()
+            if not line:
+                break
+            acked.append(int(line))
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=10)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        stderr = child.stderr.read() if child.stderr else ""
+        for pipe in (child.stdout, child.stderr):
+            if pipe is not None:
+                pipe.close()
+    assert child.returncode == -signal.SIGKILL, stderr
+    assert len(acked) >= want, stderr
+    return acked
+
+
+@pytest.mark.crash
+async def test_acknowledged_appends_survive_sigkill(db: Path) -> None:
+    acked = await asyncio.to_thread(run_writer_until_acked_then_sigkill, db, 300)
+
+    store = await LedgerStore.open(db)
+    try:
+        ledger = store.get_ledger("crash")
+        assert ledger is not None
+        assert ledger.last_entry_id >= max(acked)
+        entries = {e.entry_id: e for e in await ledger.read(0, ledger.last_entry_id)}
+        for entry_id in acked:
+            assert entry_id in entries, f"acknowledged entry {entry_id} lost"
+            assert entries[entry_id].data == b"payload-%d" % entry_id
+            assert entries[entry_id].meta == entry_id % 7
+        # Stored entries are contiguous from 0: no holes after the crash.
+        assert sorted(entries) == list(range(ledger.last_entry_id + 1))
+        # The reopened ledger carries on after the last stored id.
+        last = ledger.last_entry_id
+        assert await ledger.append(b"after") == last + 1
+    finally:
+        await store.close()
