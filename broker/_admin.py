@@ -46,6 +46,7 @@ async def put_topic(request: web.Request) -> web.Response:
         topic = await broker.topics.create(check_topic_name(name), partitions)
     except (InvalidNameError, PartitionCountError) as exc:
         return _error(400, str(exc))
+    await broker.subscriptions.extend(topic)
     return web.json_response({"topic": topic.name, "partitions": len(topic.partitions)})
 
 

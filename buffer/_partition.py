@@ -177,7 +177,7 @@ class Partition:
             self._since_snapshot += 1
             if self._since_snapshot >= DEDUP_SNAPSHOT_EVERY:
                 self._since_snapshot = 0
-                self._write_dedup_snapshot()
+                self._write_dedup_snapshot(fut.result())
 
         fut.add_done_callback(done)
         return fut
@@ -216,8 +216,13 @@ class Partition:
 
     # -- dedup persistence ----------------------------------------------------
 
-    def _write_dedup_snapshot(self) -> None:
-        record = {"entry": self.ledger.last_entry_id, "producers": self.dedup.snapshot()}
+    def _write_dedup_snapshot(self, entry_id: int) -> None:
+        """Snapshot the sequence state as of ``entry_id`` (recorded in entry order).
+
+        Not ``ledger.last_entry_id``: later entries of the same group commit
+        have not been recorded yet when this runs.
+        """
+        record = {"entry": entry_id, "producers": self.dedup.snapshot()}
         fut = self._dedup_ledger.append(json.dumps(record).encode(), meta=0)
 
         def trim(f: Awaitable[int]) -> None:

@@ -178,7 +178,6 @@ class Producer:
         """Messages sent but not yet answered by the broker."""
         return self._pending
 
-
     # --- creation and re-creation ------------------------------------------
 
     def _producer_command(self, request_id: int) -> Command:

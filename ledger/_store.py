@@ -188,9 +188,10 @@ class Ledger:
         cached = self._cache[0].entry_id if self._cache else self.last_entry_id + 1
         if start >= cached:
             return [self._cache[i - cached] for i in range(start, end + 1)]
+        # Take the cached part now: a commit during the disk read shifts the cache.
+        tail = [self._cache[i - cached] for i in range(cached, end + 1)]
         from_disk = await self.store._read(self, start, min(end, cached - 1))
-        if end >= cached:
-            from_disk.extend(self._cache[i - cached] for i in range(cached, end + 1))
+        from_disk.extend(tail)
         return from_disk
 
     async def read_meta(self) -> list[tuple[int, int]]:
@@ -304,9 +305,10 @@ class LedgerStore:
         self._check_open()
 
         def create(raw: sqlite3.Connection) -> int:
-            cur = raw.execute("INSERT INTO ledgers(name) VALUES (?)", (name,))
-            assert cur.lastrowid is not None  # an INSERT always sets it
-            return cur.lastrowid
+            # OR IGNORE: a concurrent open_ledger of the same name may have won.
+            raw.execute("INSERT OR IGNORE INTO ledgers(name) VALUES (?)", (name,))
+            row = raw.execute("SELECT id FROM ledgers WHERE name = ?", (name,)).fetchone()
+            return int(row[0])
 
         ledger_id = await _on_thread(self._writer, create)
         ledger = self._ledgers.get(name)  # created meanwhile by a concurrent caller?
@@ -353,11 +355,11 @@ class LedgerStore:
 
     async def _write_loop(self) -> None:
         while True:
-            await self._wakeup.wait()
-            self._wakeup.clear()
             if not self._pending:
                 if self._closed:
                     return
+                await self._wakeup.wait()
+                self._wakeup.clear()
                 continue
             batch, self._pending = self._pending, []
             await self._commit_batch(batch)

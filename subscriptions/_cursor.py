@@ -65,20 +65,38 @@ class Cursor:
             for pos in positions:
                 if pos > self.mark_delete:
                     transition(MsgState.PENDING, AckEvent.ACK)
-                    self.mark_delete = pos
-                    while self.acked and self.acked[0] <= pos:
-                        self.acked.pop(0)
-                    deleted.append(pos)
+                    deleted.extend(self._delete_through(pos, count))
         else:
-            for pos in positions:
-                state = self.state(pos)
-                if (
-                    transition(state, AckEvent.ACK) is MsgState.DELETED
-                    and state is MsgState.PENDING
-                ):
+            # Check every transition first, so a refused one changes nothing.
+            wanted = list(positions)
+            states = [self.state(pos) for pos in wanted]
+            for state in states:
+                transition(state, AckEvent.ACK)
+            for pos, state in zip(wanted, states, strict=True):
+                if state is MsgState.PENDING and pos not in self.acked:
                     self.acked.add(pos)
                     deleted.append(pos)
         self._advance(count, last)
+        return deleted
+
+    def _delete_through(self, pos: Position, count: Callable[[int], int]) -> list[Position]:
+        """Move mark-delete to ``pos``; returns the messages that became DELETED."""
+        deleted = []
+        entry_id, index = self.mark_delete
+        if index == WHOLE_ENTRY:
+            entry_id, index = entry_id + 1, -1
+        while (entry_id, index + 1) <= pos:
+            n = count(entry_id)
+            stop = pos[1] if entry_id == pos[0] else n - 1
+            for i in range(index + 1, min(stop, n - 1) + 1):
+                if (entry_id, i) not in self.acked:
+                    deleted.append((entry_id, i))
+            if entry_id >= pos[0]:
+                break
+            entry_id, index = entry_id + 1, -1
+        self.mark_delete = pos
+        while self.acked and self.acked[0] <= pos:
+            self.acked.pop(0)
         return deleted
 
     def _advance(self, count: Callable[[int], int], last: int) -> None:

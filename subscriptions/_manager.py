@@ -90,6 +90,24 @@ class Subscriptions:
             for part in topic.partitions:
                 self._subs[(topic.name, part.index, name)].add_consumer(consumer)
 
+    async def extend(self, topic: Topic) -> None:
+        """After a topic grew: give every subscription a cursor on the new partitions.
+
+        New partitions are read from their start (as in Pulsar) and the
+        connected consumers of each subscription are attached to them.
+        """
+        async with self._lock:
+            for name, subs in self.of_topic(topic.name).items():
+                consumers = list(subs[0].consumers)
+                for part in topic.partitions:
+                    if (topic.name, part.index, name) in self._subs:
+                        continue
+                    sub = await PartitionSubscription.create(part, name, earliest=True)
+                    self._subs[(topic.name, part.index, name)] = sub
+                    sub.start()
+                    for consumer in consumers:
+                        sub.add_consumer(consumer)
+
     def detach(self, consumer: Consumer) -> None:
         """Detach ``consumer`` everywhere; its unacked messages are redelivered."""
         for sub in list(consumer.subscriptions):

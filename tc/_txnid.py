@@ -52,6 +52,6 @@ class TxnID:
         if not (body.startswith("(") and body.endswith(")")):
             raise ValueError(f"not a TxnID: {text!r} (expected '(most_bits,least_bits)')")
         parts = body[1:-1].split(",")
-        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        if len(parts) != 2 or not all(p.strip().isascii() and p.strip().isdigit() for p in parts):
             raise ValueError(f"not a TxnID: {text!r} (expected '(most_bits,least_bits)')")
         return cls(int(parts[0]), int(parts[1]))

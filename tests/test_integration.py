@@ -263,3 +263,17 @@ async def test_sigterm_stops_cleanly(broker: BrokerProcess) -> None:
         await producer.send(b"x")
     assert broker.stop() == 0
     assert "stopped" in broker.log()
+
+
+async def test_growing_a_topic_extends_its_subscriptions(broker: BrokerProcess) -> None:
+    async with Client(broker.url) as client:
+        consumer = await client.subscribe("grows", "s")
+        status, _ = broker.admin("PUT", "/admin/v1/topics/grows", b'{"partitions": 3}')
+        assert status == 200
+        producer = await client.create_producer("grows")  # sees 3 partitions
+        ids = await asyncio.gather(*(producer.send(b"%d" % i, key=f"k{i}") for i in range(60)))
+        assert {m.partition for m in ids} == {0, 1, 2}
+        got = await receive_all(consumer, 60)
+        assert {m.message_id for m in got} == set(ids)
+    s = stats(broker, "grows")
+    assert [sorted(p["subscriptions"]) for p in s["partitions"]] == [["s"], ["s"], ["s"]]

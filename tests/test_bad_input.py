@@ -1,0 +1,200 @@
+"""Bad input gets a clear error, changes nothing, and breaks nobody else.
+
+Each test sends something wrong, checks the error, then checks that the
+same connection (and another client) still works and that nothing was
+stored.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from client import Client, errors
+from proto import txnbuf_pb2 as pb
+from tests.conftest import BrokerProcess, RawConnection
+
+pytestmark = pytest.mark.integration
+
+T = pb.BaseCommand
+
+
+async def still_works(raw: RawConnection) -> None:
+    pong = await raw.request(T.PING, "ping", pb.CommandPing())
+    assert pong.type == T.PONG
+
+
+def topics(broker: BrokerProcess) -> list[str]:
+    status, body = broker.admin("GET", "/admin/v1/topics")
+    assert status == 200
+    return [t["name"] for t in json.loads(body)["topics"]]
+
+
+async def test_malformed_frame(broker: BrokerProcess) -> None:
+    async with RawConnection(broker.url) as raw:
+        await raw.send_raw(b"\xff\xff\xff not a protobuf")
+        answer = await raw.receive()
+        assert answer.type == T.ERROR
+        assert answer.error.error == pb.MALFORMED_FRAME
+        assert "BaseCommand" in answer.error.message
+        await still_works(raw)
+        await raw.ws.send_str("text frame")
+        answer = await raw.receive()
+        assert answer.error.error == pb.MALFORMED_FRAME
+        await still_works(raw)
+    assert topics(broker) == []
+
+
+async def test_unknown_command(broker: BrokerProcess) -> None:
+    async with RawConnection(broker.url) as raw:
+        cmd = pb.BaseCommand(type=63)  # type: ignore[arg-type]  # reserved, not served
+        await raw.send_raw(cmd.SerializeToString())
+        answer = await raw.receive()
+        assert answer.error.error == pb.UNKNOWN_COMMAND
+        # A type that does not match its body is refused the same way.
+        await raw.send(T.SEND, "ping", pb.CommandPing())
+        answer = await raw.receive()
+        assert answer.error.error == pb.UNKNOWN_COMMAND
+        assert "SEND" in answer.error.message
+        # A command only the broker sends.
+        await raw.send(T.SEND_RECEIPT, "send_receipt", pb.CommandSendReceipt())
+        assert (await raw.receive()).error.error == pb.UNKNOWN_COMMAND
+        await still_works(raw)
+
+
+@pytest.mark.parametrize("name", ["bad topic", "a/b", "-dash", "x" * 201, "é", "a\x00b"])
+async def test_illegal_topic_name(broker: BrokerProcess, name: str) -> None:
+    async with Client(broker.url) as client:
+        with pytest.raises(errors.InvalidTopicNameError, match="invalid topic name"):
+            await client.create_producer(name)
+        with pytest.raises(errors.InvalidTopicNameError):
+            await client.subscribe(name, "s")
+        producer = await client.create_producer("fine")  # the client is still usable
+        await producer.send(b"x")
+    assert topics(broker) == ["fine"]
+    status, body = broker.admin("PUT", "/admin/v1/topics/bad%20topic", b'{"partitions": 2}')
+    assert status == 400 and b"invalid topic name" in body
+    assert topics(broker) == ["fine"]
+
+
+async def test_empty_names_are_refused_before_sending(broker: BrokerProcess) -> None:
+    async with Client(broker.url) as client:
+        with pytest.raises(errors.InvalidInputError, match="non-empty"):
+            await client.create_producer("")
+        with pytest.raises(errors.InvalidInputError, match="non-empty"):
+            await client.subscribe("t", "")
+    assert topics(broker) == []
+
+
+async def test_illegal_subscription_name(broker: BrokerProcess) -> None:
+    async with Client(broker.url) as client:
+        with pytest.raises(errors.InvalidArgumentError, match="invalid subscription name"):
+            await client.subscribe("t", "bad sub")
+
+
+async def test_send_to_closed_producer(broker: BrokerProcess) -> None:
+    async with Client(broker.url) as client:
+        producer = await client.create_producer("closed")
+        await producer.send(b"kept")
+        await producer.close()
+        with pytest.raises(errors.ProducerClosedError):
+            await producer.send(b"lost")
+    # On the wire: a SEND naming a closed producer id.
+    async with RawConnection(broker.url) as raw:
+        await raw.request(
+            T.PRODUCER,
+            "producer",
+            pb.CommandProducer(request_id=1, producer_id=7, topic="closed", producer_name="p"),
+        )
+        closed = await raw.request(
+            T.CLOSE_PRODUCER, "close_producer", pb.CommandCloseProducer(request_id=2, producer_id=7)
+        )
+        assert closed.type == T.SUCCESS
+        msg = pb.SingleMessage(payload=b"lost", sequence_id=1)
+        answer = await raw.request(
+            T.SEND, "send", pb.CommandSend(producer_id=7, request_id=3, messages=[msg])
+        )
+        assert answer.type == T.SEND_ERROR
+        assert answer.send_error.error == pb.PRODUCER_NOT_FOUND
+        assert answer.send_error.request_id == 3
+        await still_works(raw)
+    status, body = broker.admin("GET", "/admin/v1/topics/closed/stats")
+    assert json.loads(body)["partitions"][0]["messages"] == 1
+
+
+async def test_send_with_bad_sequence_ids_or_partition(broker: BrokerProcess) -> None:
+    async with RawConnection(broker.url) as raw:
+        await raw.request(
+            T.PRODUCER,
+            "producer",
+            pb.CommandProducer(request_id=1, producer_id=1, topic="seq", producer_name="p"),
+        )
+        msgs = [pb.SingleMessage(payload=b"a", sequence_id=5), pb.SingleMessage(sequence_id=4)]
+        answer = await raw.request(
+            T.SEND, "send", pb.CommandSend(producer_id=1, request_id=2, messages=msgs)
+        )
+        assert answer.send_error.error == pb.INVALID_ARGUMENT
+        assert "must increase" in answer.send_error.message
+        answer = await raw.request(
+            T.SEND, "send", pb.CommandSend(producer_id=1, request_id=3, partition=9, messages=msgs)
+        )
+        assert answer.send_error.error == pb.INVALID_ARGUMENT
+        empty = await raw.request(T.SEND, "send", pb.CommandSend(producer_id=1, request_id=4))
+        assert empty.send_error.error == pb.INVALID_ARGUMENT
+        await still_works(raw)
+    status, body = broker.admin("GET", "/admin/v1/topics/seq/stats")
+    assert json.loads(body)["partitions"][0]["entries"] == 0
+
+
+async def test_ack_of_unknown_message_id(broker: BrokerProcess) -> None:
+    async with Client(broker.url) as client:
+        consumer = await client.subscribe("acks", "s", initial_position="earliest")
+        producer = await client.create_producer("acks")
+        await producer.send(b"one")
+        msg = await consumer.receive(timeout=5)
+        from client import MessageId
+
+        for bad in (
+            MessageId(msg.message_id.partition, msg.message_id.entry_id + 5, 0),
+            MessageId(msg.message_id.partition, msg.message_id.entry_id, 3),
+            MessageId(4, 0, 0),
+        ):
+            with pytest.raises(errors.UnknownMessageIdError, match="no message"):
+                await consumer.acknowledge(bad)
+        # Nothing changed: the message is still unacked, then acks fine.
+        status, body = broker.admin("GET", "/admin/v1/topics/acks/stats")
+        assert json.loads(body)["partitions"][0]["subscriptions"]["s"]["backlog"] == 1
+        await consumer.acknowledge(msg)
+        status, body = broker.admin("GET", "/admin/v1/topics/acks/stats")
+        assert json.loads(body)["partitions"][0]["subscriptions"]["s"]["backlog"] == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"not json", "must be JSON"),
+        (b"[1, 2]", "JSON object"),
+        (b'{"partitions": "three"}', "partitions must be an integer"),
+        (b'{"partitions": 0}', "partitions must be an integer from 1"),
+        (b'{"partitions": 100000}', "partitions must be an integer from 1"),
+        (b'{"partitions": true}', "partitions must be an integer"),
+        (b'{"partitons": 2}', "unknown field"),
+    ],
+)
+async def test_admin_rejects_bad_bodies(broker: BrokerProcess, body: bytes, message: str) -> None:
+    status, answer = broker.admin("PUT", "/admin/v1/topics/adm", body)
+    assert status == 400
+    assert message in json.loads(answer)["error"]
+    assert topics(broker) == []
+    assert broker.admin("GET", "/admin/v1/health") == (200, b'{"status": "ok"}')
+
+
+async def test_admin_partition_count_cannot_shrink(broker: BrokerProcess) -> None:
+    assert broker.admin("PUT", "/admin/v1/topics/grow", b'{"partitions": 3}')[0] == 200
+    status, answer = broker.admin("PUT", "/admin/v1/topics/grow", b'{"partitions": 2}')
+    assert status == 400 and b"can grow but not shrink" in answer
+    status, answer = broker.admin("PUT", "/admin/v1/topics/grow", b'{"partitions": 4}')
+    assert (status, json.loads(answer)["partitions"]) == (200, 4)
+    status, answer = broker.admin("GET", "/admin/v1/topics/nope/stats")
+    assert status == 404
