@@ -9,7 +9,7 @@ from types import TracebackType
 from ._connection import Connection
 from ._consumer import Consumer
 from ._producer import Producer
-from .errors import ClientClosedError, InvalidInputError
+from .errors import BrokerConnectionError, ClientClosedError, InvalidInputError
 
 
 class Client:
@@ -57,7 +57,11 @@ class Client:
         """Connect now (retrying until ``operation_timeout``, then raising
         ``BrokerConnectionError``). Idempotent."""
         self._check_open()
-        await self._conn.start()
+        try:
+            await self._conn.start()
+        except BrokerConnectionError:
+            self._closed = True  # the connection gave up; make a new Client
+            raise
 
     async def create_producer(
         self,

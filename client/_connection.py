@@ -54,6 +54,7 @@ from .errors import (
     BrokerConnectionError,
     ClientClosedError,
     ConnectionLostError,
+    InvalidInputError,
     OperationTimeoutError,
     ProtocolError,
     TxnbufError,
@@ -168,7 +169,7 @@ class Connection:
 
     def __init__(self, url: str, operation_timeout: float) -> None:
         if not url.startswith(("http://", "https://")):
-            raise ValueError(f"broker url must start with http:// or https://, got {url!r}")
+            raise InvalidInputError(f"broker url must start with http:// or https://, got {url!r}")
         self.url = url.rstrip("/")
         self.operation_timeout = operation_timeout
         self.max_message_size = DEFAULT_MAX_MESSAGE_SIZE
@@ -266,12 +267,20 @@ class Connection:
 
     # --- requests ---------------------------------------------------------
 
-    async def request(self, build: Callable[[int], Command], expect: Type, what: str) -> Command:
+    async def request(
+        self,
+        build: Callable[[int], Command],
+        expect: Type,
+        what: str,
+        deadline: float | None = None,
+    ) -> Command:
         """Send the control request ``build(request_id)`` and return its
-        answer, retrying (see the module docstring) until the operation
-        timeout. Raises the mapped ``ServerError`` if the broker refuses."""
+        answer, retrying (see the module docstring) until ``deadline`` (loop
+        time; default: the operation timeout from now). Raises the mapped
+        ``ServerError`` if the broker refuses."""
         loop = asyncio.get_running_loop()
-        deadline = self.deadline()
+        if deadline is None:
+            deadline = self.deadline()
         delay = BACKOFF_MIN
         while True:
             link = await self.wait_ready(deadline, what)
@@ -325,9 +334,7 @@ class Connection:
 
     def _fail_requests(self, exc: TxnbufError) -> None:
         requests, self._requests = self._requests, {}
-        for future in requests.values():
-            if not future.done():
-                future.set_exception(exc)
+        fail_all(requests.values(), exc)
 
     # --- the supervisor: connect, re-create, serve, repeat ----------------
 

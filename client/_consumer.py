@@ -17,11 +17,13 @@ Decisions written down here:
   not wait (the broker does not answer). While disconnected it sends
   nothing: the broker redelivers every unacked message after a reconnect
   anyway.
-* Reconnect: the consumer is re-subscribed with the same id, subscription
-  and type; messages queued but not yet taken by ``receive`` are dropped
-  (the broker redelivers everything unacked), acks awaiting an answer are
-  re-sent, then ``receiver_queue_size`` permits are granted again. Messages
-  the application took but did not ack yet will come again (at-least-once).
+* Reconnect: as soon as the socket drops, messages queued but not yet
+  taken by ``receive`` are dropped (the broker redelivers everything
+  unacked) and a failover consumer counts as inactive. On the new socket
+  the consumer is re-subscribed with the same id, subscription and type,
+  acks awaiting an answer are re-sent, then ``receiver_queue_size`` permits
+  are granted again. Messages the application took but did not ack yet
+  will come again (at-least-once).
 * ``redeliver_unacknowledged`` also drops the local queue, like Pulsar, and
   grants back the permits those messages used.
 """
@@ -188,6 +190,7 @@ class Consumer:
         # before SUCCESS arrives. It is re-created on reconnect only once
         # attached.
         self._conn.consumers[self.consumer_id] = self
+        deadline = self._conn.deadline()
         try:
             await self._conn.request(
                 lambda request_id: command(
@@ -198,11 +201,13 @@ class Consumer:
                 ),
                 Type.PARTITIONED_METADATA_RESPONSE,
                 f"metadata of topic {self.topic!r}",
+                deadline,
             )
             await self._conn.request(
                 self._subscribe_command,
                 Type.SUCCESS,
                 f"subscribe to {self.topic!r} as {self.subscription!r}",
+                deadline,
             )
         except BaseException:
             self._conn.consumers.pop(self.consumer_id, None)
@@ -249,7 +254,7 @@ class Consumer:
 
     # --- receiving -------------------------------------------------------------
 
-    async def receive(self, timeout: float | None = None) -> Message:  # noqa: ASYNC109
+    async def receive(self, timeout: float | None = None) -> Message:
         """The next message; waits for one (at most ``timeout`` seconds if
         given, then raises ``OperationTimeoutError``)."""
         if self._closing:
@@ -306,6 +311,8 @@ class Consumer:
         # what is still queued here would only come twice.
         self._queue.clear()
         self._taken = 0
+        if self._sub_type == SubType.FAILOVER:
+            self.is_active = False  # until the broker says so again
 
     def on_active_change(self, is_active: bool) -> None:
         self.is_active = is_active

@@ -37,15 +37,6 @@ class MessageId:
             ) from None
         return cls(partition, entry_id, batch_index)
 
-    def to_wire(self) -> pb.MessageIdData:
-        return pb.MessageIdData(
-            partition=self.partition, entry_id=self.entry_id, batch_index=self.batch_index
-        )
-
-    @classmethod
-    def from_wire(cls, data: pb.MessageIdData) -> MessageId:
-        return cls(data.partition, data.entry_id, data.batch_index)
-
 
 @dataclass(frozen=True, slots=True)
 class Message:
@@ -60,7 +51,7 @@ class Message:
 
     value: bytes
     key: str | None
-    properties: dict[str, str]
+    properties: dict[str, str] = field(hash=False)
     message_id: MessageId
     topic: str
     redelivery_count: int = 0
@@ -79,28 +70,30 @@ def decode_entry(topic: str, entry: pb.DeliveredEntry) -> list[Message]:
     with decoding("EntryBatch"):
         batch = pb.EntryBatch.FromString(entry.data)
     singles = batch.messages
-    indexes: Iterable[int] = entry.indexes or range(len(singles))
     partition = entry.partition
     entry_id = entry.entry_id
     redelivery_count = entry.redelivery_count
     producer_name = batch.producer_name
-    count = len(singles)
-    out = []
-    for i in indexes:
-        if not 0 <= i < count:
-            raise ProtocolError(f"entry {partition}:{entry_id} has no batch index {i}")
-        single = singles[i]
-        out.append(
-            Message(
-                single.payload,
-                single.key if single.HasField("key") else None,
-                dict(single.properties) if single.properties else {},
-                MessageId(partition, entry_id, i),
-                topic,
-                redelivery_count,
-                single.publish_time_ms,
-                single.sequence_id,
-                producer_name,
-            )
+    chosen: Iterable[tuple[int, pb.SingleMessage]]
+    if entry.indexes:
+        count = len(singles)
+        for i in entry.indexes:
+            if not 0 <= i < count:
+                raise ProtocolError(f"entry {partition}:{entry_id} has no batch index {i}")
+        chosen = [(i, singles[i]) for i in entry.indexes]
+    else:
+        chosen = enumerate(singles)
+    return [
+        Message(
+            single.payload,
+            single.key if single.HasField("key") else None,
+            dict(single.properties) if single.properties else {},
+            MessageId(partition, entry_id, i),
+            topic,
+            redelivery_count,
+            single.publish_time_ms,
+            single.sequence_id,
+            producer_name,
         )
-    return out
+        for i, single in chosen
+    ]

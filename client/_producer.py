@@ -158,7 +158,6 @@ class Producer:
         self._round_robin = 0
         self._inflight: dict[int, _Frame] = {}
         self._room_waiters: deque[asyncio.Future[None]] = deque()
-        self._drained: asyncio.Future[None] | None = None
         self._gen = 0
         self._closing = False
         self._closed = False
@@ -204,6 +203,7 @@ class Producer:
 
     async def _create(self) -> None:
         """Make the topic exist, create the producer on the broker, register."""
+        deadline = self._conn.deadline()
         meta = await self._conn.request(
             lambda request_id: command(
                 Type.PARTITIONED_METADATA,
@@ -213,9 +213,13 @@ class Producer:
             ),
             Type.PARTITIONED_METADATA_RESPONSE,
             f"metadata of topic {self.topic!r}",
+            deadline,
         )
         reply = await self._conn.request(
-            self._producer_command, Type.PRODUCER_SUCCESS, f"create producer on {self.topic!r}"
+            self._producer_command,
+            Type.PRODUCER_SUCCESS,
+            f"create producer on {self.topic!r}",
+            deadline,
         )
         self._created(
             reply.producer_success, meta.partitioned_metadata_response.partitions, self._conn.gen
@@ -295,11 +299,13 @@ class Producer:
         return self._enqueue(value, key, properties, sequence_id)
 
     async def flush(self) -> None:
-        """Frame every queued message now and wait until all messages sent so
-        far are answered (or have failed)."""
+        """Frame every queued message now and wait until every message sent
+        so far is answered or has failed (each send reports its own outcome).
+        Raises ``OperationTimeoutError`` after the operation timeout."""
         self._flush()
-        if self._pending:
-            await wait_until(self._drain_waiter(), self._conn.deadline(), "flush")
+        futures = [future for frame in self._inflight.values() for future in frame.futures]
+        if futures:
+            await wait_until(asyncio.wait(futures), self._conn.deadline(), "flush")
 
     def _enqueue(
         self,
@@ -447,10 +453,6 @@ class Producer:
             if not waiter.done():
                 waiter.set_result(None)
                 room -= 1
-        if self._pending == 0 and self._drained is not None:
-            if not self._drained.done():
-                self._drained.set_result(None)
-            self._drained = None
 
     async def _wait_for_room(self) -> None:
         deadline = self._conn.deadline()
@@ -460,11 +462,6 @@ class Producer:
             waiter: asyncio.Future[None] = self._loop.create_future()
             self._room_waiters.append(waiter)
             await wait_until(waiter, deadline, "send (waiting for room in the producer queue)")
-
-    def _drain_waiter(self) -> asyncio.Future[None]:
-        if self._drained is None:
-            self._drained = self._loop.create_future()
-        return asyncio.shield(self._drained)
 
     # --- closing -------------------------------------------------------------
 
@@ -483,16 +480,20 @@ class Producer:
             return
         self._closing = True
         try:
-            self._flush()
-            if self._pending:
-                try:
-                    await wait_until(self._drain_waiter(), self._conn.deadline(), "close")
-                except OperationTimeoutError:
-                    pass  # the sweeper fails what is left, at its own deadline
+            await self.flush()
+        except OperationTimeoutError:
+            pass  # what is left fails below
         finally:
             self._closed = True
             self._conn.producers.pop(self.producer_id, None)
             self._wake_room_waiters()
+            for request_id in list(self._inflight):
+                self.fail_request(
+                    request_id,
+                    OperationTimeoutError(
+                        f"producer {self.name!r} closed before the broker answered"
+                    ),
+                )
         link = self._conn.link
         if link is not None and self._conn.is_current(self._gen):
             try:
@@ -531,6 +532,8 @@ class Producer:
 
 
 def _properties_size(properties: Mapping[str, str]) -> int:
+    if not isinstance(properties, Mapping):
+        raise InvalidInputError(f"properties must be a mapping, not {type(properties).__name__}")
     size = 0
     for name, value in properties.items():
         if not isinstance(name, str) or not isinstance(value, str):

@@ -119,7 +119,7 @@ async def test_send_to_closed_producer(broker: BrokerProcess) -> None:
         assert answer.send_error.error == pb.PRODUCER_NOT_FOUND
         assert answer.send_error.request_id == 3
         await still_works(raw)
-    status, body = broker.admin("GET", "/admin/v1/topics/closed/stats")
+    _, body = broker.admin("GET", "/admin/v1/topics/closed/stats")
     assert json.loads(body)["partitions"][0]["messages"] == 1
 
 
@@ -143,7 +143,7 @@ async def test_send_with_bad_sequence_ids_or_partition(broker: BrokerProcess) ->
         empty = await raw.request(T.SEND, "send", pb.CommandSend(producer_id=1, request_id=4))
         assert empty.send_error.error == pb.INVALID_ARGUMENT
         await still_works(raw)
-    status, body = broker.admin("GET", "/admin/v1/topics/seq/stats")
+    _, body = broker.admin("GET", "/admin/v1/topics/seq/stats")
     assert json.loads(body)["partitions"][0]["entries"] == 0
 
 
@@ -163,10 +163,10 @@ async def test_ack_of_unknown_message_id(broker: BrokerProcess) -> None:
             with pytest.raises(errors.UnknownMessageIdError, match="no message"):
                 await consumer.acknowledge(bad)
         # Nothing changed: the message is still unacked, then acks fine.
-        status, body = broker.admin("GET", "/admin/v1/topics/acks/stats")
+        _, body = broker.admin("GET", "/admin/v1/topics/acks/stats")
         assert json.loads(body)["partitions"][0]["subscriptions"]["s"]["backlog"] == 1
         await consumer.acknowledge(msg)
-        status, body = broker.admin("GET", "/admin/v1/topics/acks/stats")
+        _, body = broker.admin("GET", "/admin/v1/topics/acks/stats")
         assert json.loads(body)["partitions"][0]["subscriptions"]["s"]["backlog"] == 0
 
 

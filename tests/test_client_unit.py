@@ -70,11 +70,12 @@ class FakeBroker:
         self.sockets: set[web.WebSocketResponse] = set()
         self.received: list[pb.BaseCommand] = []
         self.connects = 0
+        self.bad_frames: list[pb.BaseCommand] = []  # type and oneof field disagree
         # knobs for tests
         self.store_without_receipt = False
         self.ignore_sends = False
         self.send_error: int | None = None
-        self.refuse_producer: int | None = None
+        self.refuse_producer: list[int] = []  # error codes for the next PRODUCER requests
         self.last_sequence_id: dict[str, int] = {}
         self.max_message_size = 5 * 1024 * 1024
         self.port = 0
@@ -135,6 +136,8 @@ class FakeBroker:
                     continue
                 cmd = pb.BaseCommand.FromString(msg.data)
                 self.received.append(cmd)
+                if cmd.WhichOneof("command") != T.Type.Name(cmd.type).lower():
+                    self.bad_frames.append(cmd)
                 await self._handle(ws, cmd, producers)
         finally:
             self.sockets.discard(ws)
@@ -170,10 +173,9 @@ class FakeBroker:
             )
         elif kind == T.PRODUCER:
             req = cmd.producer
-            if self.refuse_producer is not None:
-                await ws.send_bytes(
-                    frame(T.ERROR, "error", request_id=req.request_id, error=self.refuse_producer)
-                )
+            if self.refuse_producer:
+                code = self.refuse_producer.pop(0)
+                await ws.send_bytes(frame(T.ERROR, "error", request_id=req.request_id, error=code))
                 return
             producers[req.producer_id] = (req.topic, req.producer_name)
             await ws.send_bytes(
@@ -361,6 +363,7 @@ async def fake() -> Any:
         yield server
     finally:
         await server.stop()
+    assert not server.bad_frames
 
 
 @pytest.fixture
@@ -370,9 +373,12 @@ async def cli(fake: FakeBroker) -> Any:
 
 
 async def until(predicate: Any, timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.005)
+    """Poll ``predicate`` until it holds; fail the test after ``timeout``."""
+    for _ in range(int(timeout / 0.005)):
+        if predicate():
+            return
+        await asyncio.sleep(0.005)
+    assert predicate(), "condition not reached in time"
 
 
 # --- errors -------------------------------------------------------------------
@@ -672,7 +678,7 @@ async def test_send_error_maps_to_exception(fake: FakeBroker, cli: Client) -> No
 
 
 async def test_producer_refused_raises_mapped_error(fake: FakeBroker, cli: Client) -> None:
-    fake.refuse_producer = pb.PRODUCER_BUSY
+    fake.refuse_producer = [pb.PRODUCER_BUSY]
     with pytest.raises(errors.ProducerBusyError) as info:
         await cli.create_producer("t", producer_name="taken")
     assert info.value.code == pb.PRODUCER_BUSY and not info.value.retriable
@@ -995,3 +1001,108 @@ async def test_client_close_closes_everything(fake: FakeBroker) -> None:
     with pytest.raises(errors.ConsumerClosedError):
         await consumer.receive()
     assert {"CLOSE_PRODUCER", "CLOSE_CONSUMER"} <= set(fake.types())
+
+
+async def test_flush_waits_for_answers(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t")
+    futures = [producer.send_nowait(b"x") for _ in range(10)]
+    await producer.flush()
+    assert all(f.done() for f in futures) and producer.pending == 0
+    assert len(fake.stored("t")) == 10
+
+
+async def test_retriable_refusal_is_retried(fake: FakeBroker, cli: Client) -> None:
+    fake.refuse_producer = [pb.SERVICE_NOT_READY, pb.TOO_MANY_REQUESTS]
+    producer = await cli.create_producer("t")
+    assert not fake.refuse_producer
+    assert fake.types().count("PRODUCER") == 3
+    assert await producer.send(b"x") == MessageId(0, 0, 0)
+
+
+async def test_busy_on_reconnect_is_retried(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t")
+    fake.refuse_producer = [pb.PRODUCER_BUSY, pb.PRODUCER_BUSY]
+    await fake.drop_connections()
+    assert await asyncio.wait_for(producer.send(b"x"), 5) == MessageId(0, 0, 0)
+    assert fake.types().count("PRODUCER") == 4
+    assert fake.connects >= 3
+
+
+async def test_fatal_refusal_on_reconnect_closes_the_producer(
+    fake: FakeBroker, cli: Client
+) -> None:
+    producer = await cli.create_producer("t")
+    fake.ignore_sends = True
+    pending = producer.send_nowait(b"x")
+    await until(lambda: len(fake.sends()) == 1)
+    fake.refuse_producer = [pb.TOPIC_NOT_FOUND]
+    await fake.drop_connections()
+    with pytest.raises(errors.TopicNotFoundError):
+        await asyncio.wait_for(pending, 5)
+    with pytest.raises(errors.ProducerClosedError) as info:
+        await producer.send(b"y")
+    assert isinstance(info.value.__cause__, errors.TopicNotFoundError)
+    fake.ignore_sends = False
+    other = await cli.create_producer("t2")  # the client itself still works
+    assert await other.send(b"z") == MessageId(0, 0, 0)
+
+
+async def test_connection_level_error_is_only_logged(
+    fake: FakeBroker, cli: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    producer = await cli.create_producer("t")
+    await fake.push(frame(T.ERROR, "error", request_id=0, error=pb.MALFORMED_FRAME))
+    assert await producer.send(b"x") == MessageId(0, 0, 0)
+    assert "MALFORMED_FRAME" in caplog.text
+    assert fake.connects == 1
+
+
+async def test_unanswered_ack_times_out(fake: FakeBroker) -> None:
+    async with Client(fake.url, operation_timeout=0.3) as c:
+        producer = await c.create_producer("t")
+        consumer = await c.subscribe("t", "s")
+        await producer.send(b"x")
+        msg = await consumer.receive(timeout=5)
+        original = fake._on_ack
+
+        async def swallow(ws: Any, ack: Any) -> None:
+            return None
+
+        fake._on_ack = swallow  # type: ignore[method-assign]
+        with pytest.raises(errors.OperationTimeoutError):
+            await consumer.acknowledge(msg)
+        fake._on_ack = original  # type: ignore[method-assign]
+        await consumer.acknowledge(msg)
+
+
+async def test_receipts_are_matched_by_request_id(fake: FakeBroker, cli: Client) -> None:
+    fake.partitions["two"] = 2
+    fake.ignore_sends = True
+    producer = await cli.create_producer("two")
+    keys = {
+        p: next(f"k{i}" for i in range(100) if partition_for_key(f"k{i}", 2) == p) for p in (0, 1)
+    }
+    futures = {p: producer.send_nowait(b"x", key=keys[p]) for p in (0, 1)}
+    await until(lambda: len(fake.sends()) == 2)
+    for send in reversed(fake.sends()):  # answer the later frame first
+        await fake.push(
+            frame(
+                T.SEND_RECEIPT,
+                "send_receipt",
+                producer_id=producer.producer_id,
+                request_id=send.request_id,
+                partition=send.partition,
+                entry_id=100 + send.partition,
+            )
+        )
+    assert await futures[0] == MessageId(0, 100, 0)
+    assert await futures[1] == MessageId(1, 101, 0)
+    assert producer.pending == 0
+
+
+def test_messages_compare_by_value_and_hash() -> None:
+    mid = MessageId(0, 1, 0)
+    a = Message(b"v", None, {"p": "1"}, mid, "t")
+    b = Message(b"v", None, {"p": "1"}, mid, "t")
+    assert a == b and hash(a) == hash(b) and len({a, b}) == 1
+    assert a != Message(b"v", None, {"p": "2"}, mid, "t")

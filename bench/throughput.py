@@ -1,0 +1,172 @@
+"""Produce + consume throughput through the real broker, beside the disk's limit.
+
+    python -m bench.throughput [--messages 200000] [--size 100] [--window 2000]
+
+Starts `txnbuf serve` as a subprocess on a free port with a fresh data
+directory, then, for 1 and 4 concurrent producers on one topic (one
+partition), sends ``--messages`` messages of ``--size`` bytes while one
+exclusive consumer receives them all (acknowledging cumulatively every 500
+messages). Each producer keeps up to ``--window`` sends in flight. Prints:
+
+- end-to-end msgs/s (first send until the consumer has every message),
+- produce-only msgs/s (until the last receipt),
+- p50 / p99 send latency (send() called -> receipt),
+- the raw SQLite rate (WAL, synchronous=FULL, 100-row transactions) measured
+  in the same run, and the ratio broker / raw.
+
+The client runs in this process and the broker in its own: on 2 cores each
+gets about one. Figures from a noisy VM: compare only within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+
+from bench._raw import sqlite_rows_per_second
+from client import Client
+
+
+@dataclass
+class Result:
+    producers: int
+    messages: int
+    e2e_rate: float
+    produce_rate: float
+    p50_ms: float
+    p99_ms: float
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class BrokerProcess:
+    def __init__(self, data_dir: str) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "broker", "serve", "--data-dir", data_dir,
+               "--port", str(self.port), "--log-level", "WARNING"]  # fmt: skip
+        self.proc = subprocess.Popen(cmd)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.url + "/admin/v1/health", timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("broker did not start")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+async def run_case(
+    url: str, topic: str, producers: int, total: int, size: int, window: int
+) -> Result:
+    payload = os.urandom(size)
+    per_producer = total // producers
+    total = per_producer * producers
+    latencies: list[float] = []
+    async with Client(url) as client:
+        consumer = await client.subscribe(topic, "bench", initial_position="earliest",
+                                          receiver_queue_size=5000)  # fmt: skip
+        prods = [await client.create_producer(topic) for _ in range(producers)]
+
+        async def consume() -> float:
+            for n in range(1, total + 1):
+                msg = await consumer.receive()
+                if n % 500 == 0 or n == total:
+                    await consumer.acknowledge_cumulative(msg)
+            return time.perf_counter()
+
+        async def produce(producer) -> None:  # type: ignore[no-untyped-def]
+            sem = asyncio.Semaphore(window)
+            loop = asyncio.get_running_loop()
+
+            def done(fut: asyncio.Future[object], t0: float = 0.0) -> None:
+                latencies.append(loop.time() - t0)
+                sem.release()
+
+            for _ in range(per_producer):
+                await sem.acquire()
+                t0 = loop.time()
+                fut = producer.send_nowait(payload)
+                fut.add_done_callback(lambda f, t0=t0: done(f, t0))
+            await producer.flush()
+
+        start = time.perf_counter()
+        consumer_task = asyncio.create_task(consume())
+        await asyncio.gather(*(produce(p) for p in prods))
+        produced = time.perf_counter()
+        consumed = await consumer_task
+    latencies.sort()
+    return Result(
+        producers=producers,
+        messages=total,
+        e2e_rate=total / (consumed - start),
+        produce_rate=total / (produced - start),
+        p50_ms=statistics.median(latencies) * 1000,
+        p99_ms=latencies[int(len(latencies) * 0.99)] * 1000,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--size", type=int, default=100)
+    parser.add_argument("--window", type=int, default=2000, help="sends in flight per producer")
+    parser.add_argument(
+        "--url", help="use this running broker (for profiling) instead of a new one"
+    )
+    parser.add_argument("--producers", type=int, nargs="+", default=[1, 4])
+    args = parser.parse_args()
+    try:
+        import uvloop
+
+        loop_factory = uvloop.new_event_loop
+    except ImportError:
+        loop_factory = None  # type: ignore[assignment]
+
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        broker = None if args.url else BrokerProcess(os.path.join(tmp, "data"))
+        url = args.url or broker.url  # type: ignore[union-attr]
+        tag = os.getpid()
+        try:
+            for producers in args.producers:
+                print(f"running {producers} producer(s), {args.messages} x {args.size} B ...",
+                      file=sys.stderr)  # fmt: skip
+                with asyncio.Runner(loop_factory=loop_factory) as runner:
+                    results.append(runner.run(run_case(
+                        url, f"bench-{tag}-{producers}", producers, args.messages, args.size,
+                        args.window)))  # fmt: skip
+        finally:
+            if broker is not None:
+                broker.stop()
+    print("measuring raw SQLite (WAL, synchronous=FULL, 100 rows/txn) ...", file=sys.stderr)
+    raw = sqlite_rows_per_second(100, seconds=3.0, size=args.size)
+
+    print()
+    print(f"{'producers':>9} {'messages':>9} {'e2e msgs/s':>11} {'produce msgs/s':>15} "
+          f"{'send p50 ms':>12} {'send p99 ms':>12} {'e2e/raw':>8}")  # fmt: skip
+    for r in results:
+        print(f"{r.producers:>9} {r.messages:>9} {r.e2e_rate:>11,.0f} {r.produce_rate:>15,.0f} "
+              f"{r.p50_ms:>12.1f} {r.p99_ms:>12.1f} {r.e2e_rate / raw:>8.2f}")  # fmt: skip
+    print(f"raw SQLite WAL synchronous=FULL, 100 rows/txn: {raw:,.0f} rows/s")
+
+
+if __name__ == "__main__":
+    main()
