@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from proto import txnbuf_pb2 as pb
 
@@ -11,12 +11,13 @@ from ._foreign import decoding
 from .errors import InvalidInputError, ProtocolError
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class MessageId:
+class MessageId(NamedTuple):
     """Where a message is stored: ``(partition, entry_id, batch_index)``.
 
     Ids order as they are stored within a partition; ``str`` gives
-    ``"partition:entry_id:batch_index"``.
+    ``"partition:entry_id:batch_index"``. A named tuple, not a dataclass:
+    one is made per message sent and received, and a tuple is the cheapest
+    immutable record to make.
     """
 
     partition: int
@@ -38,26 +39,131 @@ class MessageId:
         return cls(partition, entry_id, batch_index)
 
 
-@dataclass(frozen=True, slots=True)
 class Message:
-    """A message as a consumer receives it.
+    """A message as a consumer receives it (read-only).
 
     ``value`` is the payload, ``key`` the routing key the producer gave (or
     None), ``redelivery_count`` how often the broker delivered it before,
     ``publish_time_ms`` the producer's wall clock when it sent the message,
     ``sequence_id`` and ``producer_name`` the producer's numbering (what the
-    broker deduplicates on).
+    broker deduplicates on). Messages compare and hash by all of these.
+
+    Fields are read from the received protobuf on access: decoding a
+    delivered batch makes one small object per message and nothing more.
     """
 
-    value: bytes
-    key: str | None
-    properties: dict[str, str] = field(hash=False)
-    message_id: MessageId
-    topic: str
-    redelivery_count: int = 0
-    publish_time_ms: int = 0
-    sequence_id: int = 0
-    producer_name: str = field(default="", compare=False)
+    __slots__ = ("_id", "_producer", "_redeliveries", "_single", "_topic")
+
+    _single: pb.SingleMessage
+    _id: MessageId
+    _topic: str
+    _redeliveries: int
+    _producer: str
+
+    def __init__(
+        self,
+        value: bytes,
+        key: str | None,
+        properties: dict[str, str],
+        message_id: MessageId,
+        topic: str,
+        redelivery_count: int = 0,
+        publish_time_ms: int = 0,
+        sequence_id: int = 0,
+        producer_name: str = "",
+    ) -> None:
+        single = pb.SingleMessage(
+            payload=value,
+            properties=properties,
+            publish_time_ms=publish_time_ms,
+            sequence_id=sequence_id,
+        )
+        if key is not None:
+            single.key = key
+        self._single = single
+        self._id = message_id
+        self._topic = topic
+        self._redeliveries = redelivery_count
+        self._producer = producer_name
+
+    @property
+    def message_id(self) -> MessageId:
+        return self._id
+
+    @property
+    def topic(self) -> str:
+        return self._topic
+
+    @property
+    def redelivery_count(self) -> int:
+        return self._redeliveries
+
+    @property
+    def producer_name(self) -> str:
+        return self._producer
+
+    @property
+    def value(self) -> bytes:
+        return self._single.payload
+
+    @property
+    def key(self) -> str | None:
+        single = self._single
+        return single.key if single.HasField("key") else None
+
+    @property
+    def properties(self) -> dict[str, str]:
+        return dict(self._single.properties)
+
+    @property
+    def publish_time_ms(self) -> int:
+        return self._single.publish_time_ms
+
+    @property
+    def sequence_id(self) -> int:
+        return self._single.sequence_id
+
+    def _fields(self) -> tuple[object, ...]:
+        return (
+            self.value,
+            self.key,
+            tuple(sorted(self._single.properties.items())),
+            self.message_id,
+            self.topic,
+            self.redelivery_count,
+            self.publish_time_ms,
+            self.sequence_id,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Message):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        return (
+            f"Message(value={self.value!r}, key={self.key!r}, message_id={self.message_id}, "
+            f"topic={self.topic!r}, redelivery_count={self.redelivery_count})"
+        )
+
+
+def _wire_message(
+    single: pb.SingleMessage,
+    message_id: MessageId,
+    topic: str,
+    redelivery_count: int,
+    producer_name: str,
+) -> Message:
+    message: Message = object.__new__(Message)
+    message._single = single
+    message._id = message_id
+    message._topic = topic
+    message._redeliveries = redelivery_count
+    message._producer = producer_name
+    return message
 
 
 def decode_entry(topic: str, entry: pb.DeliveredEntry) -> list[Message]:
@@ -84,16 +190,8 @@ def decode_entry(topic: str, entry: pb.DeliveredEntry) -> list[Message]:
     else:
         chosen = enumerate(singles)
     return [
-        Message(
-            single.payload,
-            single.key if single.HasField("key") else None,
-            dict(single.properties) if single.properties else {},
-            MessageId(partition, entry_id, i),
-            topic,
-            redelivery_count,
-            single.publish_time_ms,
-            single.sequence_id,
-            producer_name,
+        _wire_message(
+            single, MessageId(partition, entry_id, i), topic, redelivery_count, producer_name
         )
         for i, single in chosen
     ]
