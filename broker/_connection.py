@@ -147,8 +147,9 @@ class Connection:
         for producer in self.producers.values():
             self.broker.release_producer(producer.topic.name, producer.name, self)
         self.producers.clear()
-        for task in self._tasks:
-            task.cancel()
+        # Tasks still running (receipts, acks) are left to finish: an ack or
+        # a send already queued to the ledger completes, and its answer is
+        # dropped (the client retries it on its next connection).
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
