@@ -12,10 +12,22 @@ from buffer._names import (
     check_subscription_name,
     check_topic_name,
 )
-from buffer._partition import DuplicateTooOldError, Partition, PublishResult, SendRejectedError
+from buffer._partition import (
+    COMMIT_MARKER,
+    DATA,
+    DuplicateTooOldError,
+    Partition,
+    PublishResult,
+    SendRejectedError,
+    entry_count,
+    entry_kind,
+    entry_meta,
+)
 from buffer._topics import PartitionCountError, Topic, Topics
 
 __all__ = [
+    "COMMIT_MARKER",
+    "DATA",
     "MAX_PARTITIONS",
     "DuplicateTooOldError",
     "InvalidNameError",
@@ -29,4 +41,7 @@ __all__ = [
     "Topics",
     "check_subscription_name",
     "check_topic_name",
+    "entry_count",
+    "entry_kind",
+    "entry_meta",
 ]

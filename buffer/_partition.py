@@ -1,9 +1,12 @@
 """One topic partition: its ledger, message counts and deduplication.
 
-An entry of the partition ledger holds the messages of one send as a
-serialized `EntryBatch`; its ledger ``meta`` is the message count, so that
-subscriptions know entry sizes without reading entries. Message ids are
-(partition, entry id, batch index).
+An entry of the partition ledger is either DATA, the messages of one send as
+a serialized `EntryBatch`, or a COMMIT_MARKER of a transaction, which stands
+for the transaction's messages held in the partition's sidecar transaction
+log (PIP-31 §Sidecar Approach). Its ledger ``meta`` packs the kind and the
+message count (`entry_meta`), so that subscriptions know entry sizes and
+kinds without reading entries. Message ids are (partition, entry id, batch
+index); a committed transaction's messages take the marker's entry id.
 """
 
 from __future__ import annotations
@@ -19,7 +22,17 @@ from buffer._names import Position
 from ledger import Entry, Ledger, LedgerStore
 from proto import txnbuf_pb2 as pb
 
-__all__ = ["DuplicateTooOldError", "Partition", "PublishResult", "SendRejectedError"]
+__all__ = [
+    "COMMIT_MARKER",
+    "DATA",
+    "DuplicateTooOldError",
+    "Partition",
+    "PublishResult",
+    "SendRejectedError",
+    "entry_count",
+    "entry_kind",
+    "entry_meta",
+]
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +40,25 @@ log = logging.getLogger(__name__)
 DEDUP_SNAPSHOT_EVERY = 1000
 # On start, replay at least this many recent entries to rebuild the id lookup.
 DEDUP_REPLAY_ENTRIES = 256
+
+
+# Entry kinds, in the high bits of an entry's ledger meta.
+DATA, COMMIT_MARKER = 0, 1
+_KIND_SHIFT = 32
+_COUNT_MASK = (1 << _KIND_SHIFT) - 1
+
+
+def entry_meta(kind: int, count: int) -> int:
+    """The ledger meta of an entry of ``kind`` holding ``count`` messages."""
+    return (kind << _KIND_SHIFT) | count
+
+
+def entry_count(meta: int) -> int:
+    return meta & _COUNT_MASK
+
+
+def entry_kind(meta: int) -> int:
+    return meta >> _KIND_SHIFT
 
 
 class SendRejectedError(ValueError):
@@ -79,7 +111,7 @@ class Partition:
         meta = await ledger.read_meta()
         if meta:
             part._counts_base = meta[0][0]
-            part._counts = [m for _, m in meta]
+            part._counts = [entry_count(m) for _, m in meta]
             # Entry ids are contiguous; ids missing in meta were trimmed.
             if meta[-1][0] - meta[0][0] + 1 != len(meta):
                 raise RuntimeError(f"{ledger.name}: entry ids are not contiguous")
@@ -92,8 +124,9 @@ class Partition:
 
     def _on_entries(self, _ledger: Ledger, entries: list[Entry]) -> None:
         for e in entries:
-            self._counts.append(e.meta)
-            self.messages_in += e.meta
+            n = e.meta & _COUNT_MASK
+            self._counts.append(n)
+            self.messages_in += n
 
     def count(self, entry_id: int) -> int:
         """Number of messages in entry ``entry_id`` (0 if trimmed or unknown)."""
@@ -127,6 +160,16 @@ class Partition:
         if drop > 0:
             del self._counts[:drop]
             self._counts_base = before
+
+    async def materialize(self, entry: Entry) -> bytes:
+        """The serialized `EntryBatch` to deliver for a partition entry.
+
+        A DATA entry is delivered as stored; a COMMIT_MARKER is resolved into
+        its transaction's messages, in order, from the sidecar log.
+        """
+        if entry_kind(entry.meta) == DATA:
+            return entry.data
+        raise NotImplementedError("commit markers arrive with the transaction buffer")
 
     # -- publishing -----------------------------------------------------------
 
@@ -165,7 +208,7 @@ class Partition:
         state: ProducerSequence,
     ) -> Awaitable[int]:
         data = pb.EntryBatch(messages=messages, producer_name=producer).SerializeToString()
-        fut = self.ledger.append(data, meta=len(messages))
+        fut = self.ledger.append(data, meta=entry_meta(DATA, len(messages)))
         state.pushed = seqs[-1]
         state.last_append = fut
 
@@ -242,6 +285,8 @@ class Partition:
         else:
             replay_from = self.ledger.first_entry_id
         for entry in await self.ledger.read(replay_from, self.ledger.last_entry_id):
+            if entry_kind(entry.meta) != DATA:
+                continue
             batch = pb.EntryBatch.FromString(entry.data)
             if batch.messages:
                 seqs = [m.sequence_id for m in batch.messages]

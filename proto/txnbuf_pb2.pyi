@@ -32,6 +32,19 @@ class ServerError(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TRANSACTION_TIMEOUT: _ClassVar[ServerError]
     PRODUCER_FENCED: _ClassVar[ServerError]
     TRANSACTION_COORDINATOR_NOT_FOUND: _ClassVar[ServerError]
+
+class TxnAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    COMMIT: _ClassVar[TxnAction]
+    ABORT: _ClassVar[TxnAction]
+
+class TxnStatusValue(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OPEN: _ClassVar[TxnStatusValue]
+    COMMITTING: _ClassVar[TxnStatusValue]
+    COMMITTED: _ClassVar[TxnStatusValue]
+    ABORTING: _ClassVar[TxnStatusValue]
+    ABORTED: _ClassVar[TxnStatusValue]
 UNKNOWN_ERROR: ServerError
 MALFORMED_FRAME: ServerError
 UNKNOWN_COMMAND: ServerError
@@ -55,6 +68,13 @@ INVALID_TXN_STATUS: ServerError
 TRANSACTION_TIMEOUT: ServerError
 PRODUCER_FENCED: ServerError
 TRANSACTION_COORDINATOR_NOT_FOUND: ServerError
+COMMIT: TxnAction
+ABORT: TxnAction
+OPEN: TxnStatusValue
+COMMITTING: TxnStatusValue
+COMMITTED: TxnStatusValue
+ABORTING: TxnStatusValue
+ABORTED: TxnStatusValue
 
 class MessageIdData(_message.Message):
     __slots__ = ("partition", "entry_id", "batch_index")
@@ -104,14 +124,16 @@ class CommandConnect(_message.Message):
     def __init__(self, client_version: _Optional[str] = ..., protocol_version: _Optional[int] = ...) -> None: ...
 
 class CommandConnected(_message.Message):
-    __slots__ = ("server_version", "protocol_version", "max_message_size")
+    __slots__ = ("server_version", "protocol_version", "max_message_size", "tc_ids")
     SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TC_IDS_FIELD_NUMBER: _ClassVar[int]
     server_version: str
     protocol_version: int
     max_message_size: int
-    def __init__(self, server_version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., max_message_size: _Optional[int] = ...) -> None: ...
+    tc_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, server_version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., max_message_size: _Optional[int] = ..., tc_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CommandPartitionedMetadata(_message.Message):
     __slots__ = ("request_id", "topic")
@@ -188,16 +210,22 @@ class CommandCloseProducer(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., producer_id: _Optional[int] = ...) -> None: ...
 
 class CommandSend(_message.Message):
-    __slots__ = ("producer_id", "request_id", "partition", "messages")
+    __slots__ = ("producer_id", "request_id", "partition", "messages", "txnid_most_bits", "txnid_least_bits", "transactional")
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    TXNID_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
+    TXNID_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTIONAL_FIELD_NUMBER: _ClassVar[int]
     producer_id: int
     request_id: int
     partition: int
     messages: _containers.RepeatedCompositeFieldContainer[SingleMessage]
-    def __init__(self, producer_id: _Optional[int] = ..., request_id: _Optional[int] = ..., partition: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[SingleMessage, _Mapping]]] = ...) -> None: ...
+    txnid_most_bits: int
+    txnid_least_bits: int
+    transactional: bool
+    def __init__(self, producer_id: _Optional[int] = ..., request_id: _Optional[int] = ..., partition: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[SingleMessage, _Mapping]]] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., transactional: _Optional[bool] = ...) -> None: ...
 
 class CommandSendReceipt(_message.Message):
     __slots__ = ("producer_id", "request_id", "partition", "entry_id", "message_ids")
@@ -226,7 +254,7 @@ class CommandSendError(_message.Message):
     def __init__(self, producer_id: _Optional[int] = ..., request_id: _Optional[int] = ..., error: _Optional[_Union[ServerError, str]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class CommandSubscribe(_message.Message):
-    __slots__ = ("request_id", "consumer_id", "topic", "subscription", "sub_type", "initial_position", "consumer_name")
+    __slots__ = ("request_id", "consumer_id", "topic", "subscription", "sub_type", "initial_position", "consumer_name", "read_uncommitted")
     class SubType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         EXCLUSIVE: _ClassVar[CommandSubscribe.SubType]
@@ -248,6 +276,7 @@ class CommandSubscribe(_message.Message):
     SUB_TYPE_FIELD_NUMBER: _ClassVar[int]
     INITIAL_POSITION_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_NAME_FIELD_NUMBER: _ClassVar[int]
+    READ_UNCOMMITTED_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     consumer_id: int
     topic: str
@@ -255,7 +284,8 @@ class CommandSubscribe(_message.Message):
     sub_type: CommandSubscribe.SubType
     initial_position: CommandSubscribe.InitialPosition
     consumer_name: str
-    def __init__(self, request_id: _Optional[int] = ..., consumer_id: _Optional[int] = ..., topic: _Optional[str] = ..., subscription: _Optional[str] = ..., sub_type: _Optional[_Union[CommandSubscribe.SubType, str]] = ..., initial_position: _Optional[_Union[CommandSubscribe.InitialPosition, str]] = ..., consumer_name: _Optional[str] = ...) -> None: ...
+    read_uncommitted: bool
+    def __init__(self, request_id: _Optional[int] = ..., consumer_id: _Optional[int] = ..., topic: _Optional[str] = ..., subscription: _Optional[str] = ..., sub_type: _Optional[_Union[CommandSubscribe.SubType, str]] = ..., initial_position: _Optional[_Union[CommandSubscribe.InitialPosition, str]] = ..., consumer_name: _Optional[str] = ..., read_uncommitted: _Optional[bool] = ...) -> None: ...
 
 class CommandFlow(_message.Message):
     __slots__ = ("consumer_id", "permits")
@@ -288,7 +318,7 @@ class CommandMessage(_message.Message):
     def __init__(self, consumer_id: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[DeliveredEntry, _Mapping]]] = ...) -> None: ...
 
 class CommandAck(_message.Message):
-    __slots__ = ("consumer_id", "request_id", "ack_type", "message_ids")
+    __slots__ = ("consumer_id", "request_id", "ack_type", "message_ids", "txnid_most_bits", "txnid_least_bits", "transactional")
     class AckType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         INDIVIDUAL: _ClassVar[CommandAck.AckType]
@@ -299,11 +329,17 @@ class CommandAck(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ACK_TYPE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_IDS_FIELD_NUMBER: _ClassVar[int]
+    TXNID_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
+    TXNID_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTIONAL_FIELD_NUMBER: _ClassVar[int]
     consumer_id: int
     request_id: int
     ack_type: CommandAck.AckType
     message_ids: _containers.RepeatedCompositeFieldContainer[MessageIdData]
-    def __init__(self, consumer_id: _Optional[int] = ..., request_id: _Optional[int] = ..., ack_type: _Optional[_Union[CommandAck.AckType, str]] = ..., message_ids: _Optional[_Iterable[_Union[MessageIdData, _Mapping]]] = ...) -> None: ...
+    txnid_most_bits: int
+    txnid_least_bits: int
+    transactional: bool
+    def __init__(self, consumer_id: _Optional[int] = ..., request_id: _Optional[int] = ..., ack_type: _Optional[_Union[CommandAck.AckType, str]] = ..., message_ids: _Optional[_Iterable[_Union[MessageIdData, _Mapping]]] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., transactional: _Optional[bool] = ...) -> None: ...
 
 class CommandAckResponse(_message.Message):
     __slots__ = ("consumer_id", "request_id", "error", "message")
@@ -365,8 +401,160 @@ class CommandPong(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class PartitionRef(_message.Message):
+    __slots__ = ("topic", "partition")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ...) -> None: ...
+
+class SubscriptionRef(_message.Message):
+    __slots__ = ("topic", "subscription")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    subscription: str
+    def __init__(self, topic: _Optional[str] = ..., subscription: _Optional[str] = ...) -> None: ...
+
+class CommandNewTxn(_message.Message):
+    __slots__ = ("request_id", "txn_ttl_ms", "tc_id")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TXN_TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    TC_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    txn_ttl_ms: int
+    tc_id: int
+    def __init__(self, request_id: _Optional[int] = ..., txn_ttl_ms: _Optional[int] = ..., tc_id: _Optional[int] = ...) -> None: ...
+
+class CommandNewTxnResponse(_message.Message):
+    __slots__ = ("request_id", "txnid_most_bits", "txnid_least_bits", "error", "message")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TXNID_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
+    TXNID_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    txnid_most_bits: int
+    txnid_least_bits: int
+    error: ServerError
+    message: str
+    def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., error: _Optional[_Union[ServerError, str]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class CommandAddPartitionToTxn(_message.Message):
+    __slots__ = ("request_id", "txnid_most_bits", "txnid_least_bits", "partitions")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TXNID_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
+    TXNID_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    txnid_most_bits: int
+    txnid_least_bits: int
+    partitions: _containers.RepeatedCompositeFieldContainer[PartitionRef]
+    def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[PartitionRef, _Mapping]]] = ...) -> None: ...
+
+class CommandAddSubscriptionToTxn(_message.Message):
+    __slots__ = ("request_id", "txnid_most_bits", "txnid_least_bits", "subscriptions")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TXNID_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
+    TXNID_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    txnid_most_bits: int
+    txnid_least_bits: int
+    subscriptions: _containers.RepeatedCompositeFieldContainer[SubscriptionRef]
+    def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., subscriptions: _Optional[_Iterable[_Union[SubscriptionRef, _Mapping]]] = ...) -> None: ...
+
+class CommandEndTxn(_message.Message):
+    __slots__ = ("request_id", "txnid_most_bits", "txnid_least_bits", "txn_action")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TXNID_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
+    TXNID_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
+    TXN_ACTION_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    txnid_most_bits: int
+    txnid_least_bits: int
+    txn_action: TxnAction
+    def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., txn_action: _Optional[_Union[TxnAction, str]] = ...) -> None: ...
+
+class CommandTxnResponse(_message.Message):
+    __slots__ = ("request_id", "txnid_most_bits", "txnid_least_bits", "error", "message")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TXNID_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
+    TXNID_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    txnid_most_bits: int
+    txnid_least_bits: int
+    error: ServerError
+    message: str
+    def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., error: _Optional[_Union[ServerError, str]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class CommandEndTxnOnPartition(_message.Message):
+    __slots__ = ("request_id", "txnid_most_bits", "txnid_least_bits", "partition", "txn_action")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TXNID_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
+    TXNID_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    TXN_ACTION_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    txnid_most_bits: int
+    txnid_least_bits: int
+    partition: PartitionRef
+    txn_action: TxnAction
+    def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., partition: _Optional[_Union[PartitionRef, _Mapping]] = ..., txn_action: _Optional[_Union[TxnAction, str]] = ...) -> None: ...
+
+class CommandEndTxnOnSubscription(_message.Message):
+    __slots__ = ("request_id", "txnid_most_bits", "txnid_least_bits", "subscription", "txn_action")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TXNID_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
+    TXNID_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    TXN_ACTION_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    txnid_most_bits: int
+    txnid_least_bits: int
+    subscription: SubscriptionRef
+    txn_action: TxnAction
+    def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., subscription: _Optional[_Union[SubscriptionRef, _Mapping]] = ..., txn_action: _Optional[_Union[TxnAction, str]] = ...) -> None: ...
+
+class TransactionMetadataEntry(_message.Message):
+    __slots__ = ("metadata_op", "txnid_most_bits", "txnid_least_bits", "expected_status", "new_status", "partitions", "subscriptions", "txn_timeout_ms", "txn_start_time", "txn_last_modification_time")
+    class TransactionMetadataOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        NEW: _ClassVar[TransactionMetadataEntry.TransactionMetadataOp]
+        ADD_PARTITION: _ClassVar[TransactionMetadataEntry.TransactionMetadataOp]
+        ADD_SUBSCRIPTION: _ClassVar[TransactionMetadataEntry.TransactionMetadataOp]
+        UPDATE: _ClassVar[TransactionMetadataEntry.TransactionMetadataOp]
+    NEW: TransactionMetadataEntry.TransactionMetadataOp
+    ADD_PARTITION: TransactionMetadataEntry.TransactionMetadataOp
+    ADD_SUBSCRIPTION: TransactionMetadataEntry.TransactionMetadataOp
+    UPDATE: TransactionMetadataEntry.TransactionMetadataOp
+    METADATA_OP_FIELD_NUMBER: _ClassVar[int]
+    TXNID_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
+    TXNID_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_STATUS_FIELD_NUMBER: _ClassVar[int]
+    NEW_STATUS_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
+    TXN_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    TXN_START_TIME_FIELD_NUMBER: _ClassVar[int]
+    TXN_LAST_MODIFICATION_TIME_FIELD_NUMBER: _ClassVar[int]
+    metadata_op: TransactionMetadataEntry.TransactionMetadataOp
+    txnid_most_bits: int
+    txnid_least_bits: int
+    expected_status: TxnStatusValue
+    new_status: TxnStatusValue
+    partitions: _containers.RepeatedCompositeFieldContainer[PartitionRef]
+    subscriptions: _containers.RepeatedCompositeFieldContainer[SubscriptionRef]
+    txn_timeout_ms: int
+    txn_start_time: int
+    txn_last_modification_time: int
+    def __init__(self, metadata_op: _Optional[_Union[TransactionMetadataEntry.TransactionMetadataOp, str]] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., expected_status: _Optional[_Union[TxnStatusValue, str]] = ..., new_status: _Optional[_Union[TxnStatusValue, str]] = ..., partitions: _Optional[_Iterable[_Union[PartitionRef, _Mapping]]] = ..., subscriptions: _Optional[_Iterable[_Union[SubscriptionRef, _Mapping]]] = ..., txn_timeout_ms: _Optional[int] = ..., txn_start_time: _Optional[int] = ..., txn_last_modification_time: _Optional[int] = ...) -> None: ...
+
 class BaseCommand(_message.Message):
-    __slots__ = ("type", "connect", "connected", "partitioned_metadata", "partitioned_metadata_response", "lookup", "lookup_response", "producer", "producer_success", "close_producer", "send", "send_receipt", "send_error", "subscribe", "flow", "message", "ack", "ack_response", "redeliver_unacknowledged", "close_consumer", "active_consumer_change", "success", "error", "ping", "pong")
+    __slots__ = ("type", "connect", "connected", "partitioned_metadata", "partitioned_metadata_response", "lookup", "lookup_response", "producer", "producer_success", "close_producer", "send", "send_receipt", "send_error", "subscribe", "flow", "message", "ack", "ack_response", "redeliver_unacknowledged", "close_consumer", "active_consumer_change", "success", "error", "ping", "pong", "new_txn", "new_txn_response", "add_partition_to_txn", "add_subscription_to_txn", "end_txn", "txn_response", "end_txn_on_partition", "end_txn_on_subscription")
     class Type(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         TYPE_UNSPECIFIED: _ClassVar[BaseCommand.Type]
@@ -394,6 +582,14 @@ class BaseCommand(_message.Message):
         ERROR: _ClassVar[BaseCommand.Type]
         PING: _ClassVar[BaseCommand.Type]
         PONG: _ClassVar[BaseCommand.Type]
+        NEW_TXN: _ClassVar[BaseCommand.Type]
+        NEW_TXN_RESPONSE: _ClassVar[BaseCommand.Type]
+        ADD_PARTITION_TO_TXN: _ClassVar[BaseCommand.Type]
+        ADD_SUBSCRIPTION_TO_TXN: _ClassVar[BaseCommand.Type]
+        END_TXN: _ClassVar[BaseCommand.Type]
+        TXN_RESPONSE: _ClassVar[BaseCommand.Type]
+        END_TXN_ON_PARTITION: _ClassVar[BaseCommand.Type]
+        END_TXN_ON_SUBSCRIPTION: _ClassVar[BaseCommand.Type]
     TYPE_UNSPECIFIED: BaseCommand.Type
     CONNECT: BaseCommand.Type
     CONNECTED: BaseCommand.Type
@@ -419,6 +615,14 @@ class BaseCommand(_message.Message):
     ERROR: BaseCommand.Type
     PING: BaseCommand.Type
     PONG: BaseCommand.Type
+    NEW_TXN: BaseCommand.Type
+    NEW_TXN_RESPONSE: BaseCommand.Type
+    ADD_PARTITION_TO_TXN: BaseCommand.Type
+    ADD_SUBSCRIPTION_TO_TXN: BaseCommand.Type
+    END_TXN: BaseCommand.Type
+    TXN_RESPONSE: BaseCommand.Type
+    END_TXN_ON_PARTITION: BaseCommand.Type
+    END_TXN_ON_SUBSCRIPTION: BaseCommand.Type
     TYPE_FIELD_NUMBER: _ClassVar[int]
     CONNECT_FIELD_NUMBER: _ClassVar[int]
     CONNECTED_FIELD_NUMBER: _ClassVar[int]
@@ -444,6 +648,14 @@ class BaseCommand(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     PING_FIELD_NUMBER: _ClassVar[int]
     PONG_FIELD_NUMBER: _ClassVar[int]
+    NEW_TXN_FIELD_NUMBER: _ClassVar[int]
+    NEW_TXN_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    ADD_PARTITION_TO_TXN_FIELD_NUMBER: _ClassVar[int]
+    ADD_SUBSCRIPTION_TO_TXN_FIELD_NUMBER: _ClassVar[int]
+    END_TXN_FIELD_NUMBER: _ClassVar[int]
+    TXN_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    END_TXN_ON_PARTITION_FIELD_NUMBER: _ClassVar[int]
+    END_TXN_ON_SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
     type: BaseCommand.Type
     connect: CommandConnect
     connected: CommandConnected
@@ -469,4 +681,12 @@ class BaseCommand(_message.Message):
     error: CommandError
     ping: CommandPing
     pong: CommandPong
-    def __init__(self, type: _Optional[_Union[BaseCommand.Type, str]] = ..., connect: _Optional[_Union[CommandConnect, _Mapping]] = ..., connected: _Optional[_Union[CommandConnected, _Mapping]] = ..., partitioned_metadata: _Optional[_Union[CommandPartitionedMetadata, _Mapping]] = ..., partitioned_metadata_response: _Optional[_Union[CommandPartitionedMetadataResponse, _Mapping]] = ..., lookup: _Optional[_Union[CommandLookupTopic, _Mapping]] = ..., lookup_response: _Optional[_Union[CommandLookupTopicResponse, _Mapping]] = ..., producer: _Optional[_Union[CommandProducer, _Mapping]] = ..., producer_success: _Optional[_Union[CommandProducerSuccess, _Mapping]] = ..., close_producer: _Optional[_Union[CommandCloseProducer, _Mapping]] = ..., send: _Optional[_Union[CommandSend, _Mapping]] = ..., send_receipt: _Optional[_Union[CommandSendReceipt, _Mapping]] = ..., send_error: _Optional[_Union[CommandSendError, _Mapping]] = ..., subscribe: _Optional[_Union[CommandSubscribe, _Mapping]] = ..., flow: _Optional[_Union[CommandFlow, _Mapping]] = ..., message: _Optional[_Union[CommandMessage, _Mapping]] = ..., ack: _Optional[_Union[CommandAck, _Mapping]] = ..., ack_response: _Optional[_Union[CommandAckResponse, _Mapping]] = ..., redeliver_unacknowledged: _Optional[_Union[CommandRedeliverUnacknowledged, _Mapping]] = ..., close_consumer: _Optional[_Union[CommandCloseConsumer, _Mapping]] = ..., active_consumer_change: _Optional[_Union[CommandActiveConsumerChange, _Mapping]] = ..., success: _Optional[_Union[CommandSuccess, _Mapping]] = ..., error: _Optional[_Union[CommandError, _Mapping]] = ..., ping: _Optional[_Union[CommandPing, _Mapping]] = ..., pong: _Optional[_Union[CommandPong, _Mapping]] = ...) -> None: ...
+    new_txn: CommandNewTxn
+    new_txn_response: CommandNewTxnResponse
+    add_partition_to_txn: CommandAddPartitionToTxn
+    add_subscription_to_txn: CommandAddSubscriptionToTxn
+    end_txn: CommandEndTxn
+    txn_response: CommandTxnResponse
+    end_txn_on_partition: CommandEndTxnOnPartition
+    end_txn_on_subscription: CommandEndTxnOnSubscription
+    def __init__(self, type: _Optional[_Union[BaseCommand.Type, str]] = ..., connect: _Optional[_Union[CommandConnect, _Mapping]] = ..., connected: _Optional[_Union[CommandConnected, _Mapping]] = ..., partitioned_metadata: _Optional[_Union[CommandPartitionedMetadata, _Mapping]] = ..., partitioned_metadata_response: _Optional[_Union[CommandPartitionedMetadataResponse, _Mapping]] = ..., lookup: _Optional[_Union[CommandLookupTopic, _Mapping]] = ..., lookup_response: _Optional[_Union[CommandLookupTopicResponse, _Mapping]] = ..., producer: _Optional[_Union[CommandProducer, _Mapping]] = ..., producer_success: _Optional[_Union[CommandProducerSuccess, _Mapping]] = ..., close_producer: _Optional[_Union[CommandCloseProducer, _Mapping]] = ..., send: _Optional[_Union[CommandSend, _Mapping]] = ..., send_receipt: _Optional[_Union[CommandSendReceipt, _Mapping]] = ..., send_error: _Optional[_Union[CommandSendError, _Mapping]] = ..., subscribe: _Optional[_Union[CommandSubscribe, _Mapping]] = ..., flow: _Optional[_Union[CommandFlow, _Mapping]] = ..., message: _Optional[_Union[CommandMessage, _Mapping]] = ..., ack: _Optional[_Union[CommandAck, _Mapping]] = ..., ack_response: _Optional[_Union[CommandAckResponse, _Mapping]] = ..., redeliver_unacknowledged: _Optional[_Union[CommandRedeliverUnacknowledged, _Mapping]] = ..., close_consumer: _Optional[_Union[CommandCloseConsumer, _Mapping]] = ..., active_consumer_change: _Optional[_Union[CommandActiveConsumerChange, _Mapping]] = ..., success: _Optional[_Union[CommandSuccess, _Mapping]] = ..., error: _Optional[_Union[CommandError, _Mapping]] = ..., ping: _Optional[_Union[CommandPing, _Mapping]] = ..., pong: _Optional[_Union[CommandPong, _Mapping]] = ..., new_txn: _Optional[_Union[CommandNewTxn, _Mapping]] = ..., new_txn_response: _Optional[_Union[CommandNewTxnResponse, _Mapping]] = ..., add_partition_to_txn: _Optional[_Union[CommandAddPartitionToTxn, _Mapping]] = ..., add_subscription_to_txn: _Optional[_Union[CommandAddSubscriptionToTxn, _Mapping]] = ..., end_txn: _Optional[_Union[CommandEndTxn, _Mapping]] = ..., txn_response: _Optional[_Union[CommandTxnResponse, _Mapping]] = ..., end_txn_on_partition: _Optional[_Union[CommandEndTxnOnPartition, _Mapping]] = ..., end_txn_on_subscription: _Optional[_Union[CommandEndTxnOnSubscription, _Mapping]] = ...) -> None: ...

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from sortedcontainers import SortedSet
 
-from buffer import Partition, Position
+from buffer import DATA, Partition, Position, entry_count, entry_kind
 from ledger import Entry, Ledger
 from proto import txnbuf_pb2 as pb
 from subscriptions._cursor import (
@@ -342,7 +342,8 @@ class PartitionSubscription:
             return False
         if self.redeliver:
             return await self._dispatch_redeliveries()
-        ledger = self.partition.ledger
+        part = self.partition
+        ledger = part.ledger
         self.read_entry = max(self.read_entry, ledger.first_entry_id)
         if self.read_entry > ledger.last_entry_id:
             return False
@@ -352,8 +353,14 @@ class PartitionSubscription:
         for entry in entries:
             if entry.entry_id < self.read_entry:
                 continue  # a concurrent step already sent it
-            n = entry.meta
+            n = entry_count(entry.meta)
             if n > 0:
+                if self._pick() is None:
+                    break
+                if entry_kind(entry.meta) != DATA:
+                    # Resolve a commit marker into its messages (one dispatch
+                    # task per subscription: nothing else moves read_entry).
+                    entry = Entry(entry.entry_id, entry.meta, await part.materialize(entry))
                 if entry.entry_id > cursor.mark_delete[0] and not self._acked_in(entry.entry_id):
                     indexes: list[int] = []  # all of them
                 else:
@@ -391,15 +398,19 @@ class PartitionSubscription:
                 for i in still:
                     self.redeliver.discard((entry_id, i))
                 continue
+            entry = entries[0]
+            if entry_kind(entry.meta) != DATA:
+                entry = Entry(entry_id, entry.meta, await self.partition.materialize(entry))
+                still = [i for i in indexes if (entry_id, i) in self.redeliver]
+            if not still:
+                continue
             consumer = self._pick()
             if consumer is None:
                 break
-            if not still:
-                continue
             count = max(self.redelivery_counts.get((entry_id, i), 0) for i in still)
             for i in still:
                 self.redeliver.discard((entry_id, i))
-            self._deliver(consumer, out, entries[0], still, entries[0].meta, count)
+            self._deliver(consumer, out, entry, still, entry_count(entry.meta), count)
         out.flush()
         return bool(by_entry)
 
