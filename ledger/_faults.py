@@ -1,0 +1,42 @@
+"""Test-only fault hooks: kill this process at a named step.
+
+Crash tests start a process with ``TXNBUF_FAULT`` naming one or more steps,
+comma-separated, each optionally ``@N`` (die at its N-th hit, default 1):
+
+    TXNBUF_FAULT="tc.after_committing_logged"          # first hit
+    TXNBUF_FAULT="buffer.after_commit_marker@3"        # third hit
+
+When the running code reaches `hit("<step>")` for that step, the process
+sends itself SIGKILL: no cleanup, no flush, exactly like a crash. Without the
+variable `hit` is a dictionary lookup that finds nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+__all__ = ["hit"]
+
+
+def _parse(spec: str) -> dict[str, int]:
+    steps: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, _, nth = part.partition("@")
+        steps[name] = int(nth) if nth else 1
+    return steps
+
+
+_armed = _parse(os.environ.get("TXNBUF_FAULT", ""))
+
+
+def hit(step: str) -> None:
+    """Die here if the test armed ``step`` (and this is its N-th hit)."""
+    if not _armed or step not in _armed:
+        return
+    _armed[step] -= 1
+    if _armed[step] <= 0:
+        sys.stderr.write(f"txnbuf fault: SIGKILL at {step}\n")
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
