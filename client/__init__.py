@@ -11,6 +11,10 @@
         msg = await consumer.receive()
         await consumer.acknowledge(msg)
 
+        async with client.transaction(timeout=60.0) as txn:  # PIP-31
+            await producer.send(b"derived", txn=txn)
+            await consumer.acknowledge(await consumer.receive(), txn=txn)
+
 Everything the client raises derives from ``client.errors.TxnbufError``.
 The client imports only ``proto``, the standard library and aiohttp.
 """
@@ -20,5 +24,16 @@ from ._client import Client
 from ._consumer import Consumer
 from ._message import Message, MessageId
 from ._producer import Producer
+from ._txn import Transaction, TxnID, TxnState
 
-__all__ = ["Client", "Consumer", "Message", "MessageId", "Producer", "errors"]
+__all__ = [
+    "Client",
+    "Consumer",
+    "Message",
+    "MessageId",
+    "Producer",
+    "Transaction",
+    "TxnID",
+    "TxnState",
+    "errors",
+]

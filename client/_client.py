@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
 import uuid
+from collections.abc import AsyncIterator
 from types import TracebackType
 
-from ._connection import Connection
+from ._connection import Connection, Type, command
 from ._consumer import Consumer
 from ._producer import Producer
+from ._txn import Transaction, TxnID, TxnState
 from .errors import BrokerConnectionError, ClientClosedError, InvalidInputError
+
+MAX_TXN_TTL_MS = 2**64 - 1
 
 
 class Client:
@@ -25,6 +31,14 @@ class Client:
     ``operation_timeout`` seconds with ``OperationTimeoutError``. The client
     connects on ``__aenter__`` (or ``connect()``, or its first operation);
     after ``close()`` every use raises ``ClientClosedError``.
+
+    Transactions (PIP-31)::
+
+        async with client.transaction(timeout=60.0) as txn:
+            msg = await consumer.receive()
+            await producer.send(b"out", txn=txn)
+            await consumer.acknowledge(msg, txn=txn)
+        # committed here; aborted (and the exception re-raised) on an exception
     """
 
     def __init__(self, url: str, *, operation_timeout: float = 30.0) -> None:
@@ -36,6 +50,7 @@ class Client:
         self.operation_timeout = operation_timeout
         self._conn = Connection(url, operation_timeout)
         self._closed = False
+        self._next_tc = 0  # round robin over the broker's coordinators
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
@@ -105,6 +120,7 @@ class Client:
         *,
         consumer_name: str | None = None,
         receiver_queue_size: int = 1000,
+        read_uncommitted: bool = False,
     ) -> Consumer:
         """A consumer of ``subscription`` on ``topic`` (both created if missing).
 
@@ -112,6 +128,8 @@ class Client:
         ``"failover"``; ``initial_position`` (``"latest"`` or ``"earliest"``)
         only matters when the subscription is created. At most
         ``receiver_queue_size`` messages are queued in the client.
+        ``read_uncommitted=True`` also receives messages of transactions not
+        committed (yet); the default reads committed messages only.
         """
         _check_name("topic", topic)
         _check_name("subscription", subscription)
@@ -126,9 +144,61 @@ class Client:
             initial_position=initial_position,
             consumer_name=consumer_name,
             receiver_queue_size=receiver_queue_size,
+            read_uncommitted=read_uncommitted,
         )
         await consumer._subscribe()
         return consumer
+
+    async def new_transaction(self, timeout: float = 60.0) -> Transaction:
+        """Open a transaction that its coordinator aborts if it is not ended
+        within ``timeout`` seconds (PIP-31 §Public APIs).
+
+        New transactions go round robin to the coordinators the broker
+        named in CONNECTED (coordinator 0 if it named none): NEW_TXN, then
+        the TxnID from NEW_TXN_RESPONSE. See ``client._txn`` for the rest.
+        """
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not (math.isfinite(timeout) and timeout > 0)
+        ):
+            raise InvalidInputError(
+                f"timeout must be a positive number of seconds, not {timeout!r}"
+            )
+        ttl_ms = max(1, round(timeout * 1000))
+        if ttl_ms > MAX_TXN_TTL_MS:
+            raise InvalidInputError(f"timeout {timeout} s is too long")
+        await self.connect()
+        tc_ids = self._conn.tc_ids or (0,)
+        tc_id = tc_ids[self._next_tc % len(tc_ids)]
+        self._next_tc += 1
+        reply = await self._conn.request(
+            lambda request_id: command(
+                Type.NEW_TXN, "new_txn", request_id=request_id, txn_ttl_ms=ttl_ms, tc_id=tc_id
+            ),
+            Type.NEW_TXN_RESPONSE,
+            f"new transaction on coordinator {tc_id}",
+            link_bound=False,
+        )
+        answer = reply.new_txn_response
+        txn_id = TxnID(answer.txnid_most_bits, answer.txnid_least_bits)
+        return Transaction(self._conn, txn_id, tc_id, timeout)
+
+    @contextlib.asynccontextmanager
+    async def transaction(self, timeout: float = 60.0) -> AsyncIterator[Transaction]:
+        """``async with client.transaction() as txn:`` a new transaction
+        (see ``new_transaction``), committed when the block ends cleanly,
+        aborted when it raises (the exception is re-raised; a failure to
+        abort is only logged: the coordinator aborts at the timeout). A
+        transaction the block committed or aborted itself is left as it is."""
+        txn = await self.new_transaction(timeout)
+        try:
+            yield txn
+        except BaseException:
+            await txn._abort_after_error()
+            raise
+        if txn.state is TxnState.OPEN:
+            await txn.commit()
 
     async def close(self) -> None:
         """Close every producer (sending what they hold) and consumer, then

@@ -13,19 +13,23 @@ Decisions written down here:
   names, subscription) concurrently. Each of them then re-sends, in order,
   the SEND / ACK frames still awaiting an answer (the broker deduplicates
   sends by sequence id; acks are idempotent). Only then is the connection
-  "ready" again for new control requests.
+  "ready" again for new control requests. CONNECTED.tc_ids (the
+  transaction coordinators the broker serves) are kept in ``tc_ids``.
 * If re-creating a producer or consumer fails with a retriable error (or
   with PRODUCER_BUSY / CONSUMER_BUSY, for up to ``operation_timeout``: the
   broker may not have noticed the old socket is gone), the whole link is
   dropped and the reconnect starts over. Any other error closes that
   producer or consumer for good, with the error as the ``__cause__`` of its
   ``ClosedError``.
-* Control requests (partitioned metadata, create producer, subscribe) are
-  retried: on a new connection after a drop, and after a backoff on
-  retriable server errors, until ``operation_timeout``. They are all safe to
-  repeat. Closing a producer or consumer is one attempt: if the connection
-  is down or drops, the broker has dropped it anyway. The first connection
-  also retries until ``operation_timeout``, then raises
+* Control requests (partitioned metadata, create producer, subscribe, and
+  the coordinator requests NEW_TXN, ADD_PARTITION_TO_TXN,
+  ADD_SUBSCRIPTION_TO_TXN, END_TXN) are retried: on a new connection after
+  a drop, and after a backoff on retriable server errors, until
+  ``operation_timeout``. They are all safe to repeat (a repeated NEW_TXN
+  whose first answer was lost leaves an unused transaction that the
+  coordinator times out). Closing a producer or consumer is one attempt:
+  if the connection is down or drops, the broker has dropped it anyway. The
+  first connection also retries until ``operation_timeout``, then raises
   ``BrokerConnectionError``.
 * Timeouts of sends and acks (the hot path) are enforced by one sweeper
   task ticking every ``operation_timeout / 10`` (at most 1 s, at least
@@ -73,6 +77,13 @@ PROTOCOL_VERSION = 1
 DEFAULT_MAX_MESSAGE_SIZE = 5 * 1024 * 1024
 BACKOFF_MIN = 0.05
 BACKOFF_MAX = 2.0
+# Answers that report a refusal in an ``error`` field of their own (the
+# others are refused with an ERROR frame), by type: the oneof field.
+ANSWERS_WITH_ERROR = {
+    Type.PARTITIONED_METADATA_RESPONSE: "partitioned_metadata_response",
+    Type.NEW_TXN_RESPONSE: "new_txn_response",
+    Type.TXN_RESPONSE: "txn_response",
+}
 
 
 def command(kind: Type, field: str, **fields: object) -> Command:
@@ -97,14 +108,19 @@ async def wait_until(awaitable: Awaitable[T], deadline: float, what: str) -> T:
         raise OperationTimeoutError(f"{what} timed out") from None
 
 
+def copy_error(exc: TxnbufError) -> TxnbufError:
+    """A fresh copy of ``exc`` to raise once more (one exception object raised
+    in many places would collect all their tracebacks)."""
+    copy = copy_module.copy(exc)
+    copy.__cause__ = exc.__cause__
+    return copy
+
+
 def fail_all(futures: Iterable[asyncio.Future[Any]], exc: TxnbufError) -> None:
-    """Fail every pending future, each with its own copy of ``exc`` (one
-    exception object raised in many tasks would collect all their tracebacks)."""
+    """Fail every pending future, each with its own copy of ``exc``."""
     for future in futures:
         if not future.done():
-            copy = copy_module.copy(exc)
-            copy.__cause__ = exc.__cause__
-            future.set_exception(copy)
+            future.set_exception(copy_error(exc))
 
 
 class Handler(Protocol):
@@ -173,6 +189,7 @@ class Connection:
         self.url = url.rstrip("/")
         self.operation_timeout = operation_timeout
         self.max_message_size = DEFAULT_MAX_MESSAGE_SIZE
+        self.tc_ids: tuple[int, ...] = ()  # from the last CONNECTED
         self.gen = 0
         self.link: Link | None = None
         self.producers: dict[int, ProducerHandler] = {}
@@ -273,11 +290,18 @@ class Connection:
         expect: Type,
         what: str,
         deadline: float | None = None,
+        *,
+        link_bound: bool = True,
     ) -> Command:
         """Send the control request ``build(request_id)`` and return its
         answer, retrying (see the module docstring) until ``deadline`` (loop
         time; default: the operation timeout from now). Raises the mapped
-        ``ServerError`` if the broker refuses."""
+        ``ServerError`` if the broker refuses.
+
+        ``link_bound``: what the answer set up lives and dies with its link
+        (a producer, a consumer), so an answer that arrives on a link that
+        has died since is thrown away and the request made again. The
+        coordinator's requests pass False: a transaction outlives links."""
         loop = asyncio.get_running_loop()
         if deadline is None:
             deadline = self.deadline()
@@ -286,7 +310,7 @@ class Connection:
             link = await self.wait_ready(deadline, what)
             try:
                 reply = await self.request_on(link, build, expect, what, deadline)
-                if link is not self.link:
+                if link_bound and link is not self.link:
                     # Answered on a link that has died since: what the broker
                     # set up with it is gone, so do it again.
                     raise ConnectionLostError(f"{what}: connection lost")
@@ -326,8 +350,9 @@ class Connection:
             raise ProtocolError(
                 f"{what}: expected {Type.Name(expect)}, got {Type.Name(reply.type)}"
             )
-        if reply.type == Type.PARTITIONED_METADATA_RESPONSE:
-            answer = reply.partitioned_metadata_response
+        field = ANSWERS_WITH_ERROR.get(reply.type)
+        if field is not None:
+            answer = getattr(reply, field)
             if answer.HasField("error"):
                 raise from_wire(answer.error, answer.message)
         return reply
@@ -412,6 +437,7 @@ class Connection:
             raise
         if reply.connected.max_message_size > 0:
             self.max_message_size = reply.connected.max_message_size
+        self.tc_ids = tuple(reply.connected.tc_ids)
         return ws
 
     async def _reattach(self, link: Link) -> None:
@@ -499,6 +525,8 @@ class Connection:
             Type.PRODUCER_SUCCESS,
             Type.PARTITIONED_METADATA_RESPONSE,
             Type.LOOKUP_RESPONSE,
+            Type.NEW_TXN_RESPONSE,
+            Type.TXN_RESPONSE,
         ):
             self._on_answer(cmd)
         elif kind == Type.ACTIVE_CONSUMER_CHANGE:

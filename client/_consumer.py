@@ -26,6 +26,17 @@ Decisions written down here:
   will come again (at-least-once).
 * ``redeliver_unacknowledged`` also drops the local queue, like Pulsar, and
   grants back the permits those messages used.
+* Transactional acks (``acknowledge(..., txn=txn)``): concurrent acks of
+  one transaction share a frame, never with plain acks or another
+  transaction's; the ACK carries the TxnID and ``transactional=true``. Like
+  a transactional send, the frame is written only once the subscription is
+  registered with the coordinator (see ``client._txn``). A
+  TRANSACTION_CONFLICT answer (another transaction holds the message)
+  raises ``TransactionConflictError`` and makes the transaction's
+  ``commit()`` abort it. Transactional acks are re-sent after a reconnect
+  like the others (the broker must treat a repeated one as done).
+* ``read_uncommitted=True`` (fixed at subscribe) asks the broker to deliver
+  messages of open transactions too (PIP-31 §Isolation Levels).
 """
 
 from __future__ import annotations
@@ -34,11 +45,13 @@ import asyncio
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import partial
 
 from proto import txnbuf_pb2 as pb
 
 from ._connection import Command, Connection, Link, Type, command, fail_all
 from ._message import Message, MessageId, decode_entry
+from ._txn import Transaction, TxnID, check_txn, registration_error
 from .errors import (
     ConnectionLostError,
     ConsumerBusyError,
@@ -75,6 +88,8 @@ class _AckFrame:
     futures: list[asyncio.Future[None]]
     data: bytes
     deadline: float
+    txn: Transaction | None = None
+    held: bool = False  # waits for the subscription's registration with the coordinator
 
 
 def message_id_of(message: Message | MessageId) -> MessageId:
@@ -87,11 +102,18 @@ def message_id_of(message: Message | MessageId) -> MessageId:
 
 
 def build_ack(
-    consumer_id: int, request_id: int, ack_type: AckType, ids: Iterable[MessageId]
+    consumer_id: int,
+    request_id: int,
+    ack_type: AckType,
+    ids: Iterable[MessageId],
+    txn_id: TxnID | None = None,
 ) -> Command:
     cmd = command(
         Type.ACK, "ack", consumer_id=consumer_id, request_id=request_id, ack_type=ack_type
     )
+    if txn_id is not None:
+        cmd.ack.txnid_most_bits, cmd.ack.txnid_least_bits = txn_id
+        cmd.ack.transactional = True
     add = cmd.ack.message_ids.add
     for mid in ids:
         add(partition=mid.partition, entry_id=mid.entry_id, batch_index=mid.batch_index)
@@ -117,6 +139,7 @@ class Consumer:
         initial_position: str = "latest",
         consumer_name: str | None = None,
         receiver_queue_size: int = 1000,
+        read_uncommitted: bool = False,
     ) -> None:
         sub_type = SUBSCRIPTION_TYPES.get(subscription_type)
         if sub_type is None:
@@ -132,6 +155,8 @@ class Consumer:
             )
         if type(receiver_queue_size) is not int or receiver_queue_size < 1:
             raise InvalidInputError("receiver_queue_size must be an int of at least 1")
+        if not isinstance(read_uncommitted, bool):
+            raise InvalidInputError("read_uncommitted must be a bool")
         self._conn = conn
         self._loop = asyncio.get_running_loop()
         self.topic = topic
@@ -140,6 +165,7 @@ class Consumer:
         self.consumer_name = consumer_name or ""
         self.consumer_id = conn.next_consumer_id()
         self.receiver_queue_size = receiver_queue_size
+        self.read_uncommitted = read_uncommitted
         self.is_active = sub_type != SubType.FAILOVER
         self._sub_type = sub_type
         self._position = position
@@ -147,8 +173,10 @@ class Consumer:
         self._taken = 0
         self._queue: deque[Message] = deque()
         self._waiters: deque[asyncio.Future[Message]] = deque()
-        self._ack_ids: list[MessageId] = []
-        self._ack_futures: list[asyncio.Future[None]] = []
+        # individual acks waiting to be framed, by transaction (None: plain)
+        self._acks: dict[
+            Transaction | None, tuple[list[MessageId], list[asyncio.Future[None]]]
+        ] = {}
         self._ack_flush_scheduled = False
         self._inflight: dict[int, _AckFrame] = {}
         self._gen = 0
@@ -177,6 +205,7 @@ class Consumer:
             sub_type=self._sub_type,
             initial_position=self._position,
             consumer_name=self.consumer_name,
+            read_uncommitted=self.read_uncommitted,
         )
 
     def _flow_command(self, permits: int) -> bytes:
@@ -249,7 +278,8 @@ class Consumer:
         self._queue.clear()
         self._taken = 0
         for frame in self._inflight.values():
-            link.write(frame.data)
+            if not frame.held:  # a held frame goes out once registered
+                link.write(frame.data)
         link.write(self._flow_command(self.receiver_queue_size))
 
     # --- receiving -------------------------------------------------------------
@@ -319,31 +349,51 @@ class Consumer:
 
     # --- acknowledging ---------------------------------------------------------
 
-    async def acknowledge(self, message: Message | MessageId) -> None:
+    async def acknowledge(
+        self, message: Message | MessageId, *, txn: Transaction | None = None
+    ) -> None:
         """Acknowledge one message; returns once the broker has stored the ack.
-        Raises the broker's error (e.g. ``UnknownMessageIdError``)."""
+        With ``txn`` the ack is part of that transaction (PENDING_ACK until it
+        ends). Raises the broker's error (e.g. ``UnknownMessageIdError``,
+        ``TransactionConflictError``) or ``InvalidTxnStatusError`` if ``txn``
+        is no longer open."""
         mid = message_id_of(message)
-        if self._closing:
-            self._raise_closed()
-        future: asyncio.Future[None] = self._loop.create_future()
-        self._ack_ids.append(mid)
-        self._ack_futures.append(future)
-        if len(self._ack_ids) >= MAX_ACKS_PER_FRAME:
-            self._flush_acks()
+        future = self._new_ack(txn)
+        pending = self._acks.get(txn)
+        if pending is None:
+            pending = self._acks[txn] = ([], [])
+        ids, futures = pending
+        ids.append(mid)
+        futures.append(future)
+        if len(ids) >= MAX_ACKS_PER_FRAME:
+            del self._acks[txn]
+            self._send_ack(AckType.INDIVIDUAL, ids, futures, txn)
         elif not self._ack_flush_scheduled:
             self._ack_flush_scheduled = True
             self._loop.call_soon(self._flush_acks)
-        await future
+        await _answer(future, txn)
 
-    async def acknowledge_cumulative(self, message: Message | MessageId) -> None:
+    async def acknowledge_cumulative(
+        self, message: Message | MessageId, *, txn: Transaction | None = None
+    ) -> None:
         """Acknowledge every message up to this one on its partition (not
-        allowed on shared subscriptions: ``NotAllowedError``)."""
+        allowed on shared subscriptions: ``NotAllowedError``), in ``txn`` if
+        given."""
         mid = message_id_of(message)
+        future = self._new_ack(txn)
+        self._send_ack(AckType.CUMULATIVE, [mid], [future], txn)
+        await _answer(future, txn)
+
+    def _new_ack(self, txn: Transaction | None) -> asyncio.Future[None]:
+        """The future of a new ack, after the checks that refuse it."""
         if self._closing:
             self._raise_closed()
+        if txn is not None:
+            check_txn(txn, self._conn)
         future: asyncio.Future[None] = self._loop.create_future()
-        self._send_ack(AckType.CUMULATIVE, [mid], [future])
-        await future
+        if txn is not None:
+            txn._track(future)
+        return future
 
     async def negative_acknowledge(self, message: Message | MessageId) -> None:
         """Ask the broker to deliver this message again (to any consumer)."""
@@ -377,24 +427,46 @@ class Consumer:
 
     def _flush_acks(self) -> None:
         self._ack_flush_scheduled = False
-        if not self._ack_ids:
+        if not self._acks:
             return
-        ids, self._ack_ids = self._ack_ids, []
-        futures, self._ack_futures = self._ack_futures, []
-        self._send_ack(AckType.INDIVIDUAL, ids, futures)
+        acks, self._acks = self._acks, {}
+        for txn, (ids, futures) in acks.items():
+            self._send_ack(AckType.INDIVIDUAL, ids, futures, txn)
 
     def _send_ack(
         self,
         ack_type: AckType,
         ids: list[MessageId],
         futures: list[asyncio.Future[None]],
+        txn: Transaction | None = None,
     ) -> None:
         request_id = self._conn.next_request_id()
-        data = build_ack(self.consumer_id, request_id, ack_type, ids).SerializeToString()
+        data = build_ack(
+            self.consumer_id, request_id, ack_type, ids, None if txn is None else txn.id
+        ).SerializeToString()
         deadline = self._loop.time() + self._conn.operation_timeout
-        self._inflight[request_id] = _AckFrame(ack_type, ids, futures, data, deadline)
+        frame = _AckFrame(ack_type, ids, futures, data, deadline, txn)
+        self._inflight[request_id] = frame
+        if txn is None:
+            if self._conn.is_current(self._gen):
+                self._conn.write(data)
+            return
+        frame.held = True
+        registration = txn._subscription_registered(self.topic, self.subscription)
+        registration.add_done_callback(partial(self._registered, request_id))
+
+    def _registered(self, request_id: int, registration: asyncio.Future[None]) -> None:
+        """The subscription of a held frame is registered (or refused)."""
+        frame = self._inflight.get(request_id)
+        if frame is None:
+            return  # failed or timed out meanwhile
+        error = registration_error(registration)
+        if error is not None:
+            self.fail_request(request_id, error)
+            return
+        frame.held = False
         if self._conn.is_current(self._gen):
-            self._conn.write(data)
+            self._conn.write(frame.data)
 
     def on_ack_response(self, response: pb.CommandAckResponse) -> None:
         frame = self._inflight.pop(response.request_id, None)
@@ -410,7 +482,7 @@ class Consumer:
             # Find the guilty ids: acks are idempotent, so ask again one by one.
             for mid, future in zip(frame.ids, frame.futures, strict=True):
                 if not future.done():
-                    self._send_ack(frame.ack_type, [mid], [future])
+                    self._send_ack(frame.ack_type, [mid], [future], frame.txn)
             return
         fail_all(frame.futures, exc)
 
@@ -481,6 +553,9 @@ class Consumer:
         frames, self._inflight = self._inflight, {}
         for frame in frames.values():
             fail_all(frame.futures, exc)
+        acks, self._acks = self._acks, {}
+        for _, futures in acks.values():
+            fail_all(futures, exc)
 
     def _fail(self, reason: TxnbufError) -> None:
         """Close the consumer after a fatal error (e.g. re-subscribing refused)."""
@@ -489,6 +564,12 @@ class Consumer:
 
     def _raise_closed(self) -> None:
         raise ConsumerClosedError(f"consumer {self.consumer_id} is closed") from self._reason
+
+
+async def _answer(future: asyncio.Future[None], txn: Transaction | None) -> None:
+    """Wait for an ack's answer. A transactional one is shielded: cancelling
+    the caller leaves the ack to the transaction, which waits for it."""
+    await (future if txn is None else asyncio.shield(future))
 
 
 def _time_out(waiter: asyncio.Future[Message], timeout: float) -> None:

@@ -15,7 +15,10 @@ class MessageId(NamedTuple):
     """Where a message is stored: ``(partition, entry_id, batch_index)``.
 
     Ids order as they are stored within a partition; ``str`` gives
-    ``"partition:entry_id:batch_index"``. A named tuple, not a dataclass:
+    ``"partition:entry_id:batch_index"``. A transactional send is answered
+    with ``entry_id == -1`` (its commit marker's entry id is known only at
+    commit) and ``batch_index`` its place in the transaction on that
+    partition; consumers receive it with the marker's entry id. A named tuple, not a dataclass:
     one is made per message sent and received, and a tuple is the cheapest
     immutable record to make.
     """

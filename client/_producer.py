@@ -32,6 +32,22 @@ Decisions written down here:
   re-sent; the outcome of those messages is unknown.
 * After a reconnect, every frame still awaiting its receipt is re-sent, in
   order, byte for byte (same request id and sequence ids).
+* Transactions (``send(..., txn=txn)``): a transactional message is batched
+  like the others, but only with messages of the same transaction and
+  partition: a SEND frame never mixes transactions, nor transactional and
+  plain messages. It carries the TxnID and ``transactional=true`` and uses
+  the producer's sequence ids (the broker deduplicates transactional sends
+  by (TxnID, producer name, sequence id)). The frame is built when the
+  batch is, but written only once the partition is registered with the
+  coordinator (see ``client._txn``), so it may reach the broker after
+  later plain sends of this producer; within one transaction and partition
+  the order is kept. Its receipt must list ``message_ids``: a transactional
+  message's id is ``MessageId(partition, -1, batch_index)``, where -1 stands
+  for the commit marker's entry id, known only at commit, and
+  ``batch_index`` is the message's place in the transaction on that
+  partition. Cancelling an awaited transactional ``send`` (or the future
+  ``send_nowait`` returned) does not stop the send: the transaction still
+  waits for its answer before committing.
 """
 
 from __future__ import annotations
@@ -42,11 +58,13 @@ import zlib
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 
 from proto import txnbuf_pb2 as pb
 
 from ._connection import Command, Connection, Link, Type, command, fail_all, wait_until
 from ._message import MessageId
+from ._txn import Transaction, TxnID, check_txn, registration_error
 from .errors import (
     ConnectionLostError,
     InvalidInputError,
@@ -75,9 +93,10 @@ _Entry = tuple[bytes, str | None, Mapping[str, str] | None, int]
 
 @dataclass(slots=True)
 class _Batch:
-    """Messages of one partition waiting to be framed."""
+    """Messages of one partition (and transaction, or none) waiting to be framed."""
 
     deadline: float
+    txn: Transaction | None
     entries: list[_Entry] = field(default_factory=list)
     futures: list[asyncio.Future[MessageId]] = field(default_factory=list)
     size: int = 0
@@ -91,6 +110,8 @@ class _Frame:
     data: bytes
     futures: list[asyncio.Future[MessageId]]
     deadline: float
+    transactional: bool = False
+    held: bool = False  # waits for the partition's registration with the coordinator
 
 
 def partition_for_key(key: str, partitions: int) -> int:
@@ -99,14 +120,23 @@ def partition_for_key(key: str, partitions: int) -> int:
 
 
 def build_send(
-    producer_id: int, request_id: int, partition: int, entries: list[_Entry], now_ms: int
+    producer_id: int,
+    request_id: int,
+    partition: int,
+    entries: list[_Entry],
+    now_ms: int,
+    txn_id: TxnID | None = None,
 ) -> Command:
-    """The SEND frame for one batch (every message stamped ``now_ms``)."""
+    """The SEND frame for one batch (every message stamped ``now_ms``), in
+    transaction ``txn_id`` if given."""
     cmd = Command(type=Type.SEND)
     send = cmd.send
     send.producer_id = producer_id
     send.request_id = request_id
     send.partition = partition
+    if txn_id is not None:
+        send.txnid_most_bits, send.txnid_least_bits = txn_id
+        send.transactional = True
     add = send.messages.add
     for value, key, properties, sequence_id in entries:
         single = add(payload=value, sequence_id=sequence_id, publish_time_ms=now_ms)
@@ -153,7 +183,7 @@ class Producer:
         self._batching_max_bytes = batching_max_bytes
         self._max_batch_bytes = batching_max_bytes  # also bounded by the broker, see _created
         self._pending = 0
-        self._batches: dict[int, _Batch] = {}
+        self._batches: dict[tuple[int, Transaction | None], _Batch] = {}
         self._flush_scheduled = False
         self._round_robin = 0
         self._inflight: dict[int, _Frame] = {}
@@ -257,7 +287,8 @@ class Producer:
             return
         self._created(reply.producer_success, self.partitions, link.gen)
         for frame in self._inflight.values():
-            link.write(frame.data)
+            if not frame.held:  # a held frame goes out once registered
+                link.write(frame.data)
 
     # --- sending -------------------------------------------------------------
 
@@ -267,20 +298,25 @@ class Producer:
         key: str | None = None,
         properties: Mapping[str, str] | None = None,
         sequence_id: int | None = None,
+        *,
+        txn: Transaction | None = None,
     ) -> MessageId:
         """Send one message and return its id once the broker has stored it.
 
         ``key`` routes the message (same key, same partition); ``properties``
         are string pairs carried along; ``sequence_id`` overrides the
-        automatic numbering and must exceed every earlier one. Waits for
-        room when ``max_pending_messages`` are unanswered. Raises
+        automatic numbering and must exceed every earlier one; ``txn`` sends
+        it in that transaction (visible to readers only once committed; the
+        id is then ``MessageId(partition, -1, index in the transaction)``).
+        Waits for room when ``max_pending_messages`` are unanswered. Raises
         ``InvalidInputError`` for bad arguments (nothing sent),
+        ``InvalidTxnStatusError`` if ``txn`` is no longer open,
         ``ProducerClosedError``, ``OperationTimeoutError`` or the broker's
         ``ServerError``.
         """
         if self._pending >= self._max_pending:
             await self._wait_for_room()
-        return await self._enqueue(value, key, properties, sequence_id)
+        return await self._enqueue(value, key, properties, sequence_id, txn)
 
     def send_nowait(
         self,
@@ -288,6 +324,8 @@ class Producer:
         key: str | None = None,
         properties: Mapping[str, str] | None = None,
         sequence_id: int | None = None,
+        *,
+        txn: Transaction | None = None,
     ) -> asyncio.Future[MessageId]:
         """Queue one message at once and return the future of its id (the
         cheapest way to have many sends in flight). Raises
@@ -296,7 +334,7 @@ class Producer:
             raise ProducerQueueFullError(
                 f"{self._pending} messages await a receipt (max_pending_messages)"
             )
-        return self._enqueue(value, key, properties, sequence_id)
+        return self._enqueue(value, key, properties, sequence_id, txn)
 
     async def flush(self) -> None:
         """Frame every queued message now and wait until every message sent
@@ -313,9 +351,12 @@ class Producer:
         key: str | None,
         properties: Mapping[str, str] | None,
         sequence_id: int | None,
+        txn: Transaction | None,
     ) -> asyncio.Future[MessageId]:
         if self._closing:
             self._raise_closed()
+        if txn is not None:
+            check_txn(txn, self._conn)
         if type(value) is not bytes:
             if not isinstance(value, bytearray | memoryview):
                 raise InvalidInputError(f"value must be bytes, not {type(value).__name__}")
@@ -344,24 +385,28 @@ class Producer:
         # Every check passed: from here on the message is sent.
         self._next_sequence_id = sequence_id + 1
         future: asyncio.Future[MessageId] = self._loop.create_future()
-        batch = self._batches.get(partition)
+        where = (partition, txn)
+        batch = self._batches.get(where)
         if batch is not None and batch.size + size > max_bytes:
-            self._frame(partition, self._batches.pop(partition))
+            self._frame(partition, self._batches.pop(where))
             batch = None
         if batch is None:
-            batch = self._batches[partition] = _Batch(
-                self._loop.time() + self._conn.operation_timeout
+            batch = self._batches[where] = _Batch(
+                self._loop.time() + self._conn.operation_timeout, txn
             )
         batch.entries.append((value, key, properties, sequence_id))
         batch.futures.append(future)
         batch.size += size
         self._pending += 1
         if len(batch.futures) >= self._max_batch_messages:
-            self._frame(partition, self._batches.pop(partition))
+            self._frame(partition, self._batches.pop(where))
         elif not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
-        return future
+        if txn is None:
+            return future
+        txn._track(future)
+        return asyncio.shield(future)  # a cancelled caller leaves the send to the txn
 
     def _check_sequence_id(self, sequence_id: int) -> None:
         if type(sequence_id) is not int:
@@ -382,18 +427,43 @@ class Producer:
         if not self._batches:
             return
         batches, self._batches = self._batches, {}
-        for partition, batch in batches.items():
+        for (partition, _), batch in batches.items():
             self._frame(partition, batch)
         self._round_robin = (self._round_robin + 1) % self.partitions
 
     def _frame(self, partition: int, batch: _Batch) -> None:
         request_id = self._conn.next_request_id()
+        txn = batch.txn
         data = build_send(
-            self.producer_id, request_id, partition, batch.entries, time.time_ns() // 1_000_000
+            self.producer_id,
+            request_id,
+            partition,
+            batch.entries,
+            time.time_ns() // 1_000_000,
+            None if txn is None else txn.id,
         ).SerializeToString()
-        self._inflight[request_id] = _Frame(request_id, data, batch.futures, batch.deadline)
+        frame = _Frame(request_id, data, batch.futures, batch.deadline)
+        self._inflight[request_id] = frame
+        if txn is None:
+            if self._conn.is_current(self._gen):
+                self._conn.write(data)
+            return
+        frame.transactional = frame.held = True
+        registration = txn._partition_registered(self.topic, partition)
+        registration.add_done_callback(partial(self._registered, request_id))
+
+    def _registered(self, request_id: int, registration: asyncio.Future[None]) -> None:
+        """The partition of a held frame is registered (or refused)."""
+        frame = self._inflight.get(request_id)
+        if frame is None:
+            return  # failed or timed out meanwhile
+        error = registration_error(registration)
+        if error is not None:
+            self.fail_request(request_id, error)
+            return
+        frame.held = False
         if self._conn.is_current(self._gen):
-            self._conn.write(data)
+            self._conn.write(frame.data)
 
     # --- answers -------------------------------------------------------------
 
@@ -403,7 +473,9 @@ class Producer:
             return  # timed out already, or a late duplicate
         futures = frame.futures
         ids = receipt.message_ids
-        if not ids:
+        if not ids and frame.transactional:
+            fail_all(futures, ProtocolError("the receipt of a transactional send has no ids"))
+        elif not ids:
             partition = receipt.partition
             entry_id = receipt.entry_id
             for index, future in enumerate(futures):

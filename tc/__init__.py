@@ -1,9 +1,39 @@
 """The transaction coordinator (PIP-31 §Transaction Coordinator).
 
-For now: the `TxnID`. The coordinator itself (transaction log, status
-table, timeouts, recovery) arrives with issue 3.
+`TransactionCoordinator` issues `TxnID`s, logs each transaction's status
+(`TxnStatus`, one table in `tc._status`) and the partitions and
+subscriptions it touches, times transactions out, and ends them on every
+participant through the `Participant` interface.
 """
 
+from tc._coordinator import (
+    Participant,
+    TransactionCoordinator,
+    TxnMeta,
+    TxnNotFoundError,
+    TxnTimeoutError,
+)
+from tc._status import (
+    TRANSITIONS,
+    InvalidTxnStatusError,
+    TxnEvent,
+    TxnStatus,
+    check_update,
+    transition,
+)
 from tc._txnid import TxnID
 
-__all__ = ["TxnID"]
+__all__ = [
+    "TRANSITIONS",
+    "InvalidTxnStatusError",
+    "Participant",
+    "TransactionCoordinator",
+    "TxnEvent",
+    "TxnID",
+    "TxnMeta",
+    "TxnNotFoundError",
+    "TxnStatus",
+    "TxnTimeoutError",
+    "check_update",
+    "transition",
+]

@@ -4,7 +4,10 @@ Pure pieces (errors registry, message ids, decoding, routing, frame
 building) are tested directly; request/receipt matching, batching, flow
 control, acks and the reconnect path run against ``FakeBroker``, a small
 in-process aiohttp WebSocket server speaking the txnbuf protocol with
-in-memory storage and per-partition deduplication.
+in-memory storage and per-partition deduplication. It also plays the
+transaction coordinator (NEW_TXN, ADD_PARTITION_TO_TXN,
+ADD_SUBSCRIPTION_TO_TXN, END_TXN) and the transactional side of SEND and
+ACK, for ``test_client_txn_unit.py``.
 """
 
 from __future__ import annotations
@@ -43,9 +46,27 @@ def frame(kind: int, field_name: str, **fields: Any) -> bytes:
         elif name == "entries":
             for entry in value:
                 inner.entries.add().CopyFrom(entry)
+        elif name == "tc_ids":
+            inner.tc_ids.extend(value)
         else:
             setattr(inner, name, value)
     return cmd.SerializeToString()
+
+
+@dataclass
+class FakeTxn:
+    """A transaction as the fake coordinator and partitions know it."""
+
+    tc_id: int
+    ttl_ms: int
+    status: str = "OPEN"  # OPEN, COMMITTED, ABORTED
+    partitions: set[tuple[str, int]] = field(default_factory=set)
+    subscriptions: set[tuple[str, str]] = field(default_factory=set)
+    # (topic, partition) -> [(producer name, message)]: the sidecar buffer
+    buffers: dict[tuple[str, int], list[tuple[str, pb.SingleMessage]]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
+    seen: dict[tuple[str, int, str, int], int] = field(default_factory=dict)  # -> index
 
 
 @dataclass
@@ -78,6 +99,17 @@ class FakeBroker:
         self.refuse_producer: list[int] = []  # error codes for the next PRODUCER requests
         self.last_sequence_id: dict[str, int] = {}
         self.max_message_size = 5 * 1024 * 1024
+        # the coordinator
+        self.tc_ids: list[int] = []  # CONNECTED.tc_ids
+        self.txns: dict[tuple[int, int], FakeTxn] = {}
+        self.txn_counters: dict[int, int] = defaultdict(int)
+        # (topic, subscription, message id) -> the txn holding it in PENDING_ACK
+        self.pending_acks: dict[tuple[str, str, tuple[int, int, int]], tuple[int, int]] = {}
+        self.txn_errors: dict[int, list[int]] = defaultdict(list)  # type -> next error codes
+        self.hold: set[int] = set()  # request types whose answers wait for release()
+        self.held: list[tuple[web.WebSocketResponse, bytes]] = []
+        self.close_after: set[int] = set()  # request types after whose answer the socket closes
+        self.violations: list[str] = []  # protocol rules the client broke
         self.port = 0
         self._runner: web.AppRunner | None = None
 
@@ -125,6 +157,16 @@ class FakeBroker:
     def stored(self, topic: str, partition: int = 0) -> list[bytes]:
         return [m.payload for b in self.ledgers[topic, partition] for m in b.messages]
 
+    def of_type(self, kind: int) -> list[pb.BaseCommand]:
+        return [cmd for cmd in self.received if cmd.type == kind]
+
+    async def release(self) -> None:
+        """Send the answers withheld because of ``hold`` (to live sockets)."""
+        held, self.held = self.held, []
+        for ws, data in held:
+            if not ws.closed:
+                await ws.send_bytes(data)
+
     async def _ws(self, request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(max_msg_size=0)
         await ws.prepare(request)
@@ -158,7 +200,12 @@ class FakeBroker:
         if kind == T.CONNECT:
             self.connects += 1
             await ws.send_bytes(
-                frame(T.CONNECTED, "connected", max_message_size=self.max_message_size)
+                frame(
+                    T.CONNECTED,
+                    "connected",
+                    max_message_size=self.max_message_size,
+                    tc_ids=self.tc_ids,
+                )
             )
         elif kind == T.PARTITIONED_METADATA:
             req = cmd.partitioned_metadata
@@ -238,6 +285,87 @@ class FakeBroker:
             await ws.send_bytes(
                 frame(T.SUCCESS, "success", request_id=cmd.close_consumer.request_id)
             )
+        elif kind in (T.NEW_TXN, T.ADD_PARTITION_TO_TXN, T.ADD_SUBSCRIPTION_TO_TXN, T.END_TXN):
+            await self._on_coordinator(ws, cmd)
+
+    # --- the coordinator ------------------------------------------------------
+
+    def txn(self, txn_id: Any) -> FakeTxn:
+        return self.txns[txn_id.most_bits, txn_id.least_bits]
+
+    async def _on_coordinator(self, ws: web.WebSocketResponse, cmd: pb.BaseCommand) -> None:
+        kind = cmd.type
+        req: Any = getattr(cmd, cmd.WhichOneof("command") or "")
+        error = self.txn_errors[kind].pop(0) if self.txn_errors[kind] else None
+        txn: FakeTxn | None = None
+        if kind == T.NEW_TXN:
+            fields: dict[str, Any] = dict(request_id=req.request_id)
+            if error is None:
+                self.txn_counters[req.tc_id] += 1
+                most, least = req.tc_id << 48, self.txn_counters[req.tc_id]
+                self.txns[most, least] = FakeTxn(req.tc_id, req.txn_ttl_ms)
+                fields.update(txnid_most_bits=most, txnid_least_bits=least)
+            else:
+                fields["error"] = error
+            answer = frame(T.NEW_TXN_RESPONSE, "new_txn_response", **fields)
+        else:
+            key = (req.txnid_most_bits, req.txnid_least_bits)
+            txn = self.txns.get(key)
+            if error is None and txn is None:
+                error = pb.TRANSACTION_NOT_FOUND
+            if error is None and txn is not None:
+                error = self._apply_txn_command(kind, req, txn)
+            fields = dict(
+                request_id=req.request_id, txnid_most_bits=key[0], txnid_least_bits=key[1]
+            )
+            if error is not None:
+                fields.update(error=error, message="fake coordinator")
+            answer = frame(T.TXN_RESPONSE, "txn_response", **fields)
+        if kind in self.hold:
+            self.held.append((ws, answer))
+        else:
+            await ws.send_bytes(answer)
+        if kind in self.close_after:
+            self.close_after.discard(kind)
+            await ws.close()
+        if kind == T.END_TXN and txn is not None and txn.status == "COMMITTED":
+            for (sub_topic, _), sub in self.subs.items():
+                if any(topic == sub_topic for topic, _ in txn.buffers):
+                    await self._deliver(sub_topic, sub)
+
+    def _apply_txn_command(self, kind: int, req: Any, txn: FakeTxn) -> int | None:
+        if kind == T.END_TXN:
+            wanted = "COMMITTED" if req.txn_action == pb.COMMIT else "ABORTED"
+            if txn.status == wanted:
+                return None  # idempotent
+            if txn.status != "OPEN":
+                return pb.INVALID_TXN_STATUS
+            txn.status = wanted
+            self._end_txn((req.txnid_most_bits, req.txnid_least_bits), txn)
+            return None
+        if txn.status != "OPEN":
+            return pb.INVALID_TXN_STATUS
+        if kind == T.ADD_PARTITION_TO_TXN:
+            txn.partitions.update((p.topic, p.partition) for p in req.partitions)
+        else:
+            txn.subscriptions.update((s.topic, s.subscription) for s in req.subscriptions)
+        return None
+
+    def _end_txn(self, key: tuple[int, int], txn: FakeTxn) -> None:
+        committed = txn.status == "COMMITTED"
+        for (topic, partition), buffered in txn.buffers.items():
+            if committed and buffered:
+                by_producer: dict[str, pb.EntryBatch] = {}
+                for name, single in buffered:
+                    batch = by_producer.setdefault(name, pb.EntryBatch(producer_name=name))
+                    batch.messages.add().CopyFrom(single)
+                self.ledgers[topic, partition].extend(by_producer.values())
+        for where, holder in list(self.pending_acks.items()):
+            if holder == key:
+                del self.pending_acks[where]
+                topic, subscription, mid = where
+                if committed:
+                    self.subs[topic, subscription].unacked.pop(mid, None)
 
     async def _on_send(
         self, ws: web.WebSocketResponse, send: pb.CommandSend, producers: dict[int, Any]
@@ -257,6 +385,9 @@ class FakeBroker:
             )
             return
         topic, name = producers[send.producer_id]
+        if send.transactional:
+            await self._on_txn_send(ws, send, topic, name)
+            return
         seen = self.dedup[topic, send.partition, name]
         ledger = self.ledgers[topic, send.partition]
         entry_id = len(ledger)
@@ -288,6 +419,53 @@ class FakeBroker:
         for (sub_topic, _), sub in self.subs.items():
             if sub_topic == topic:
                 await self._deliver(topic, sub)
+
+    async def _on_txn_send(
+        self, ws: web.WebSocketResponse, send: pb.CommandSend, topic: str, name: str
+    ) -> None:
+        txn = self.txns.get((send.txnid_most_bits, send.txnid_least_bits))
+        error = None
+        if txn is None:
+            error = pb.TRANSACTION_NOT_FOUND
+        elif txn.status != "OPEN":
+            error = pb.INVALID_TXN_STATUS
+        elif (topic, send.partition) not in txn.partitions:
+            self.violations.append(f"SEND to {topic}:{send.partition} before ADD_PARTITION")
+            error = pb.NOT_ALLOWED
+        if txn is None or error is not None:
+            await ws.send_bytes(
+                frame(
+                    T.SEND_ERROR,
+                    "send_error",
+                    producer_id=send.producer_id,
+                    request_id=send.request_id,
+                    error=error,
+                )
+            )
+            return
+        buffer = txn.buffers[topic, send.partition]
+        ids = []
+        for single in send.messages:
+            where = (topic, send.partition, name, single.sequence_id)
+            if where not in txn.seen:
+                txn.seen[where] = len(buffer)
+                buffer.append((name, single))
+            ids.append(
+                pb.MessageIdData(partition=send.partition, entry_id=-1, batch_index=txn.seen[where])
+            )
+        if self.store_without_receipt:
+            return
+        await ws.send_bytes(
+            frame(
+                T.SEND_RECEIPT,
+                "send_receipt",
+                producer_id=send.producer_id,
+                request_id=send.request_id,
+                partition=send.partition,
+                entry_id=-1,
+                message_ids=ids,
+            )
+        )
 
     async def _deliver(self, topic: str, sub: Sub) -> None:
         if sub.consumer is None:
@@ -329,8 +507,11 @@ class FakeBroker:
 
     async def _on_ack(self, ws: web.WebSocketResponse, ack: pb.CommandAck) -> None:
         error = None
-        for sub in self.subs.values():
+        for (topic, name), sub in self.subs.items():
             if sub.consumer != (ws, ack.consumer_id):
+                continue
+            if ack.transactional:
+                error = self._txn_ack(topic, name, sub, ack)
                 continue
             ids = [(m.partition, m.entry_id, m.batch_index) for m in ack.message_ids]
             if ack.ack_type == pb.CommandAck.CUMULATIVE:
@@ -350,6 +531,31 @@ class FakeBroker:
             fields["error"] = error
         await ws.send_bytes(frame(T.ACK_RESPONSE, "ack_response", **fields))
 
+    def _txn_ack(self, topic: str, name: str, sub: Sub, ack: pb.CommandAck) -> int | None:
+        """PENDING -> PENDING_ACK for the txn, all ids or none."""
+        key = (ack.txnid_most_bits, ack.txnid_least_bits)
+        txn = self.txns.get(key)
+        if txn is None:
+            return pb.TRANSACTION_NOT_FOUND
+        if txn.status != "OPEN":
+            return pb.INVALID_TXN_STATUS
+        if (topic, name) not in txn.subscriptions:
+            self.violations.append(f"ACK on {topic}/{name} before ADD_SUBSCRIPTION")
+            return pb.NOT_ALLOWED
+        ids = [(m.partition, m.entry_id, m.batch_index) for m in ack.message_ids]
+        if ack.ack_type == pb.CommandAck.CUMULATIVE:
+            (last,) = ids
+            ids = [m for m in sub.unacked if m[0] == last[0] and m <= last]
+        for mid in ids:
+            holder = self.pending_acks.get((topic, name, mid))
+            if holder is not None and holder != key:
+                return pb.TRANSACTION_CONFLICT
+            if mid not in sub.unacked:
+                return pb.UNKNOWN_MESSAGE_ID
+        for mid in ids:
+            self.pending_acks[topic, name, mid] = key
+        return None
+
     async def push(self, data: bytes) -> None:
         for ws in list(self.sockets):
             await ws.send_bytes(data)
@@ -364,6 +570,7 @@ async def fake() -> Any:
     finally:
         await server.stop()
     assert not server.bad_frames
+    assert not server.violations
 
 
 @pytest.fixture
@@ -448,6 +655,9 @@ def test_public_names() -> None:
         "Message",
         "MessageId",
         "Producer",
+        "Transaction",
+        "TxnID",
+        "TxnState",
         "errors",
     }
     assert client.errors is errors

@@ -1,0 +1,395 @@
+"""Transactions (PIP-31 §Public APIs): TxnID, the state table, Transaction.
+
+A ``Transaction`` is made by ``Client.new_transaction`` (NEW_TXN to one of
+the coordinators the broker serves) and used by ``Producer.send(...,
+txn=txn)`` and ``Consumer.acknowledge(..., txn=txn)``. It keeps what the
+coordinator must know (which partitions and subscriptions were registered)
+and what ``commit`` must wait for (its sends and acks still unanswered); the
+producers and consumers do the sending.
+
+Decisions written down here:
+
+* Registration: the first transactional send to a partition (topic,
+  partition index) starts one ADD_PARTITION_TO_TXN; the first transactional
+  ack on a subscription (topic, subscription) one ADD_SUBSCRIPTION_TO_TXN.
+  Each is a future per (transaction, partition / subscription) that every
+  later frame of the transaction there waits on: SEND and ACK frames of the
+  transaction are built at once but written only after that future has
+  succeeded (in the order they were built: every one is released through
+  the future's done-callbacks, which run first in, first out). A refused
+  registration fails those frames with its error. Registrations are
+  control requests, retried across reconnects (ADD_* is idempotent on the
+  coordinator).
+* ``commit()`` waits until every send and ack of the transaction is
+  answered (their frames go out within one event-loop turn; each has its
+  own ``operation_timeout``; commit itself gives up after twice that). If
+  any of them failed (a TRANSACTION_CONFLICT on an ack, a send error, a
+  timeout, a refused registration), it sends END_TXN ABORT instead and
+  raises the first of those errors; else END_TXN COMMIT.
+* ``abort()`` sends END_TXN ABORT at once and does not wait for the sends
+  and acks still in flight: they are abandoned. The broker refuses them
+  once the coordinator has aborted the transaction, or they land and are
+  aborted with it; each still reports its own outcome to its caller.
+* END_TXN is a control request, retried across reconnects until
+  ``operation_timeout`` (END_TXN is idempotent on the coordinator). If it
+  fails without an answer (timeout, connection), the outcome is unknown and
+  ``commit()`` / ``abort()`` may be called again: commit again, or abort
+  (the coordinator answers INVALID_TXN_STATUS if it had committed).
+* The states are the table ``TRANSITIONS``, applied by ``transition``. Once
+  ``commit()`` or ``abort()`` has been called, a send or ack with the
+  transaction raises ``InvalidTxnStatusError`` locally (nothing is sent).
+  After the end, so do ``commit()`` and ``abort()``, with two exceptions:
+  ``commit()`` after a successful commit and ``abort()`` after an abort
+  return at once. A coordinator answer of TRANSACTION_TIMEOUT means the
+  coordinator aborted the transaction (state ABORTED); TRANSACTION_NOT_FOUND
+  and INVALID_TXN_STATUS end it with an outcome the client does not know
+  (state ENDED). Either way the mapped error is raised.
+* One ``commit()`` or ``abort()`` at a time: a second call while one runs
+  raises ``InvalidTxnStatusError``.
+* Closing the client does not end its open transactions: the coordinator
+  aborts them when their timeout passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from proto import txnbuf_pb2 as pb
+
+from ._connection import Command, Type, command, copy_error, wait_until
+from .errors import (
+    InvalidInputError,
+    InvalidTxnStatusError,
+    OperationTimeoutError,
+    TransactionNotFoundError,
+    TransactionTimeoutError,
+    TxnbufError,
+)
+
+if TYPE_CHECKING:
+    from ._connection import Connection
+
+log = logging.getLogger("client")
+
+_U64 = (1 << 64) - 1
+_TCID_SHIFT = 48
+
+
+class TxnID(NamedTuple):
+    """A transaction id (PIP-31 §TxnID): 128 bits as two unsigned 64-bit
+    halves; the high 16 bits of ``most_bits`` are the id of the coordinator
+    that owns it (``tcid``). ``str`` gives ``"(most_bits,least_bits)"``,
+    which ``TxnID.parse`` reads back."""
+
+    most_bits: int
+    least_bits: int
+
+    @property
+    def tcid(self) -> int:
+        return self.most_bits >> _TCID_SHIFT
+
+    def __str__(self) -> str:
+        return f"({self.most_bits},{self.least_bits})"
+
+    @classmethod
+    def parse(cls, text: str) -> TxnID:
+        """The inverse of ``str``: ``TxnID.parse("(281474976710656,7)")``.
+        Raises ``InvalidInputError`` (a ``ValueError``) on anything else."""
+        body = text.strip() if isinstance(text, str) else ""
+        parts = body[1:-1].split(",") if body.startswith("(") and body.endswith(")") else []
+        halves = [part.strip() for part in parts]
+        if len(halves) != 2 or not all(h.isascii() and h.isdigit() for h in halves):
+            raise InvalidInputError(f"not a TxnID: {text!r} (want '(most_bits,least_bits)')")
+        most, least = int(halves[0]), int(halves[1])
+        if most > _U64 or least > _U64:
+            raise InvalidInputError(f"not a TxnID: {text!r} (halves are unsigned 64-bit)")
+        return cls(most, least)
+
+
+# --- the state table ----------------------------------------------------------
+
+
+class TxnState(enum.Enum):
+    """Where a transaction is, as this client knows it."""
+
+    OPEN = "open"  # sends and acks may use it
+    COMMITTING = "committing"  # commit decided; END_TXN COMMIT not answered yet
+    ABORTING = "aborting"  # abort decided; END_TXN ABORT not answered yet
+    COMMITTED = "committed"
+    ABORTED = "aborted"  # also: the coordinator timed it out
+    ENDED = "ended"  # the coordinator no longer knows it as open; outcome unknown
+
+
+class TxnEvent(enum.Enum):
+    COMMIT = "commit"  # the application calls commit()
+    ABORT = "abort"  # the application calls abort(), or commit() found a failure
+    COMMITTED = "committed"  # END_TXN COMMIT answered with success
+    ABORTED = "aborted"  # END_TXN ABORT answered with success, or TRANSACTION_TIMEOUT
+    LOST = "lost"  # END_TXN answered TRANSACTION_NOT_FOUND or INVALID_TXN_STATUS
+
+
+S, E = TxnState, TxnEvent
+TRANSITIONS: dict[tuple[TxnState, TxnEvent], TxnState] = {
+    (S.OPEN, E.COMMIT): S.COMMITTING,
+    (S.OPEN, E.ABORT): S.ABORTING,
+    (S.COMMITTING, E.COMMIT): S.COMMITTING,  # again, after an unknown outcome
+    (S.COMMITTING, E.ABORT): S.ABORTING,  # a send or ack failed, or the app gives up
+    (S.ABORTING, E.ABORT): S.ABORTING,  # again, after an unknown outcome
+    (S.COMMITTING, E.COMMITTED): S.COMMITTED,
+    (S.COMMITTING, E.ABORTED): S.ABORTED,  # TRANSACTION_TIMEOUT
+    (S.ABORTING, E.ABORTED): S.ABORTED,
+    (S.COMMITTING, E.LOST): S.ENDED,
+    (S.ABORTING, E.LOST): S.ENDED,
+}
+del S, E
+
+
+def transition(state: TxnState, event: TxnEvent, txn_id: TxnID) -> TxnState:
+    """The state after ``event``; ``InvalidTxnStatusError`` if the table has
+    no such move (the caller's state is then left as it was)."""
+    try:
+        return TRANSITIONS[state, event]
+    except KeyError:
+        raise InvalidTxnStatusError(
+            f"transaction {txn_id} is {state.value}: cannot {event.value}"
+        ) from None
+
+
+# --- the transaction ----------------------------------------------------------
+
+
+def registration_error(registration: asyncio.Future[None]) -> TxnbufError | None:
+    """Why a (done) registration future failed, or None if it succeeded."""
+    if registration.cancelled():
+        return OperationTimeoutError("registration with the coordinator was cancelled")
+    exc = registration.exception()
+    if exc is None or isinstance(exc, TxnbufError):
+        return exc
+    return TxnbufError(f"registration with the coordinator failed: {exc!r}")
+
+
+def check_txn(txn: Transaction, conn: Connection) -> None:
+    """Raise unless a send or ack on ``conn`` may join ``txn`` now (nothing
+    is sent otherwise)."""
+    if not isinstance(txn, Transaction):
+        raise InvalidInputError(f"txn must be a Transaction or None, not {type(txn).__name__}")
+    if txn._conn is not conn:
+        raise InvalidInputError(f"transaction {txn.id} belongs to another Client")
+    if txn._state is not TxnState.OPEN:
+        raise InvalidTxnStatusError(
+            f"transaction {txn.id} is {txn._state.value}: no more sends or acks"
+        )
+
+
+class Transaction:
+    """One PIP-31 transaction. Made by ``Client.new_transaction`` (or
+    ``Client.transaction``); pass it as ``txn=`` to ``Producer.send`` /
+    ``send_nowait`` and ``Consumer.acknowledge`` / ``acknowledge_cumulative``,
+    then ``await commit()`` or ``await abort()``.
+
+    ``id`` is its ``TxnID``, ``tc_id`` the coordinator it was asked of,
+    ``timeout`` the seconds after which that coordinator aborts it, ``state``
+    a ``TxnState``. See the module docstring of ``client._txn`` for what
+    commit and abort wait for and what may follow them.
+    """
+
+    def __init__(self, conn: Connection, txn_id: TxnID, tc_id: int, timeout: float) -> None:
+        self._conn = conn
+        self._loop = asyncio.get_running_loop()
+        self.id = txn_id
+        self.tc_id = tc_id
+        self.timeout = timeout
+        self._state = TxnState.OPEN
+        self._ending = False  # a commit() or abort() is running
+        self._partitions: dict[tuple[str, int], asyncio.Future[None]] = {}
+        self._subscriptions: dict[tuple[str, str], asyncio.Future[None]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._pending_ops = 0
+        self._settled = asyncio.Event()
+        self._settled.set()
+        self._error: TxnbufError | None = None
+
+    def __repr__(self) -> str:
+        return f"<Transaction {self.id} {self._state.value}>"
+
+    @property
+    def state(self) -> TxnState:
+        return self._state
+
+    # --- for producers and consumers --------------------------------------
+
+    def _track(self, future: asyncio.Future[Any]) -> None:
+        """Count a send or ack of the transaction until ``future`` is done;
+        a failure makes ``commit()`` abort."""
+        self._pending_ops += 1
+        self._settled.clear()
+        future.add_done_callback(self._op_done)
+
+    def _op_done(self, future: asyncio.Future[Any]) -> None:
+        self._pending_ops -= 1
+        if future.cancelled():
+            error: BaseException | None = OperationTimeoutError(
+                f"an operation of transaction {self.id} was cancelled; its outcome is unknown"
+            )
+        else:
+            error = future.exception()
+        if error is not None and self._error is None:
+            self._error = error if isinstance(error, TxnbufError) else TxnbufError(repr(error))
+        if not self._pending_ops:
+            self._settled.set()
+
+    def _partition_registered(self, topic: str, partition: int) -> asyncio.Future[None]:
+        """The future of this partition's ADD_PARTITION_TO_TXN (started on
+        the first call)."""
+        future = self._partitions.get((topic, partition))
+        if future is None:
+            future = self._partitions[topic, partition] = self._register(
+                f"add partition {topic!r}:{partition} to transaction {self.id}",
+                Type.ADD_PARTITION_TO_TXN,
+                "add_partition_to_txn",
+                lambda cmd: cmd.add_partition_to_txn.partitions.add(
+                    topic=topic, partition=partition
+                ),
+            )
+        return future
+
+    def _subscription_registered(self, topic: str, subscription: str) -> asyncio.Future[None]:
+        """The future of this subscription's ADD_SUBSCRIPTION_TO_TXN (started
+        on the first call)."""
+        future = self._subscriptions.get((topic, subscription))
+        if future is None:
+            future = self._subscriptions[topic, subscription] = self._register(
+                f"add subscription {subscription!r} on {topic!r} to transaction {self.id}",
+                Type.ADD_SUBSCRIPTION_TO_TXN,
+                "add_subscription_to_txn",
+                lambda cmd: cmd.add_subscription_to_txn.subscriptions.add(
+                    topic=topic, subscription=subscription
+                ),
+            )
+        return future
+
+    def _register(
+        self, what: str, kind: Type, field: str, add: Callable[[Command], object]
+    ) -> asyncio.Future[None]:
+        def build(request_id: int) -> Command:
+            cmd = self._command(kind, field, request_id)
+            add(cmd)
+            return cmd
+
+        future: asyncio.Future[None] = self._loop.create_future()
+        task = self._loop.create_task(self._run_registration(future, build, what))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return future
+
+    async def _run_registration(
+        self, future: asyncio.Future[None], build: Callable[[int], Command], what: str
+    ) -> None:
+        try:
+            await self._conn.request(build, Type.TXN_RESPONSE, what, link_bound=False)
+        except TxnbufError as exc:
+            future.set_exception(exc)
+            future.exception()  # read by the frames waiting on it, not by a task
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        else:
+            future.set_result(None)
+
+    def _command(self, kind: Type, field: str, request_id: int, **fields: object) -> Command:
+        return command(
+            kind,
+            field,
+            request_id=request_id,
+            txnid_most_bits=self.id.most_bits,
+            txnid_least_bits=self.id.least_bits,
+            **fields,
+        )
+
+    # --- ending -------------------------------------------------------------
+
+    async def commit(self) -> None:
+        """Wait for the transaction's sends and acks, then commit it (or, if
+        one of them failed, abort it and raise that error). Raises
+        ``InvalidTxnStatusError`` if it was aborted or ended already, the
+        coordinator's error, or ``OperationTimeoutError`` (outcome unknown:
+        commit or abort again)."""
+        if self._state is TxnState.COMMITTED and not self._ending:
+            return
+        self._begin(TxnEvent.COMMIT)
+        try:
+            if self._pending_ops:
+                await wait_until(
+                    self._settled.wait(),
+                    self._loop.time() + 2 * self._conn.operation_timeout,
+                    f"commit of transaction {self.id} (waiting for its sends and acks)",
+                )
+            error = self._error
+            if error is None:
+                await self._end(TxnEvent.COMMIT)
+                return
+            self._state = transition(self._state, TxnEvent.ABORT, self.id)
+            try:
+                await self._end(TxnEvent.ABORT)
+            except TxnbufError as exc:
+                log.warning("aborting transaction %s after %s failed: %s", self.id, error, exc)
+            raise copy_error(error)
+        finally:
+            self._ending = False
+
+    async def abort(self) -> None:
+        """Abort the transaction now (sends and acks in flight are
+        abandoned). Returns at once if it was aborted already; raises
+        ``InvalidTxnStatusError`` if it was committed or ended."""
+        if self._state is TxnState.ABORTED and not self._ending:
+            return
+        self._begin(TxnEvent.ABORT)
+        try:
+            await self._end(TxnEvent.ABORT)
+        finally:
+            self._ending = False
+
+    async def _abort_after_error(self) -> None:
+        """``abort()`` for ``Client.transaction`` when its block raised: skip
+        a transaction that is over, and only log a failure to abort (the
+        coordinator aborts it at its timeout)."""
+        if self._state in (TxnState.COMMITTED, TxnState.ABORTED, TxnState.ENDED):
+            return
+        try:
+            await self.abort()
+        except TxnbufError as exc:
+            log.warning("could not abort transaction %s: %s", self.id, exc)
+
+    def _begin(self, event: TxnEvent) -> None:
+        if self._ending:
+            raise InvalidTxnStatusError(
+                f"transaction {self.id} is being committed or aborted already"
+            )
+        self._state = transition(self._state, event, self.id)
+        self._ending = True
+
+    async def _end(self, event: TxnEvent) -> None:
+        """END_TXN for ``event`` (COMMIT or ABORT); apply its answer."""
+        committing = event is TxnEvent.COMMIT
+        action = pb.COMMIT if committing else pb.ABORT
+        try:
+            await self._conn.request(
+                lambda request_id: self._command(
+                    Type.END_TXN, "end_txn", request_id, txn_action=action
+                ),
+                Type.TXN_RESPONSE,
+                f"{event.value} transaction {self.id}",
+                link_bound=False,
+            )
+        except TransactionTimeoutError:
+            self._state = transition(self._state, TxnEvent.ABORTED, self.id)
+            raise
+        except (TransactionNotFoundError, InvalidTxnStatusError):
+            self._state = transition(self._state, TxnEvent.LOST, self.id)
+            raise
+        done = TxnEvent.COMMITTED if committing else TxnEvent.ABORTED
+        self._state = transition(self._state, done, self.id)

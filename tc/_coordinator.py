@@ -1,0 +1,499 @@
+"""A transaction coordinator (PIP-31 §Transaction Coordinator).
+
+Each coordinator has an id (TCID) and its own log: a ledger of
+`TransactionMetadataEntry` records (NEW / ADD_PARTITION / ADD_SUBSCRIPTION /
+UPDATE) in its own SQLite file, ``tc-<id>.db``. Every request is persisted,
+then applied to the in-memory map, then answered; recovery replays the log
+through the same `_apply`. A snapshot (the live map and the id counter) is
+written every `SNAPSHOT_EVERY` records and the log trimmed before it, so
+recovery time does not grow with history.
+
+Ending a transaction (§CommandEndTxn): log COMMITTING / ABORTING (the
+decision), answer, then tell every registered partition and subscription
+through the `Participant` interface, retrying each until it answers, then log
+COMMITTED / ABORTED. On start, every COMMITTING / ABORTING transaction is
+finished; OPEN ones past their timeout are aborted (a sorted deadline index).
+
+The coordinator reaches partitions and subscriptions only through
+`Participant`, which the broker implements (in process today; over the wire
+with END_TXN_ON_PARTITION / END_TXN_ON_SUBSCRIPTION when a coordinator runs
+alone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from sortedcontainers import SortedList
+
+from ledger import Ledger, LedgerStore, faults
+from proto import txnbuf_pb2 as pb
+from tc._status import InvalidTxnStatusError, TxnEvent, TxnStatus, check_update, transition
+from tc._txnid import TxnID
+
+__all__ = [
+    "Participant",
+    "TransactionCoordinator",
+    "TxnMeta",
+    "TxnNotFoundError",
+    "TxnTimeoutError",
+]
+
+log = logging.getLogger(__name__)
+
+Op = pb.TransactionMetadataEntry
+SNAPSHOT_EVERY = 5000  # log records between snapshots
+ENDED_KEPT = 10_000  # ended transactions remembered, so a repeated END is answered
+ENDED_IN_SNAPSHOT = 1000  # of which the newest survive a restart
+DEFAULT_TIMEOUT_MS = 60_000
+MAX_TIMEOUT_MS = 3_600_000
+RETRY_MAX_S = 2.0
+_RECORD, _SNAPSHOT = 0, 1  # ledger meta of the two entry kinds
+
+
+class TxnNotFoundError(LookupError):
+    """No such transaction on this coordinator (never, or ended long ago)."""
+
+
+class TxnTimeoutError(InvalidTxnStatusError):
+    """The transaction was aborted by its timeout."""
+
+
+class Participant(Protocol):
+    """What a coordinator needs from brokers: end a transaction on a partition
+    or a subscription. Both are idempotent and raise if they cannot answer."""
+
+    async def end_txn_on_partition(
+        self, topic: str, partition: int, txnid: TxnID, commit: bool
+    ) -> None: ...
+
+    async def end_txn_on_subscription(
+        self, topic: str, subscription: str, txnid: TxnID, commit: bool
+    ) -> None: ...
+
+
+@dataclass(slots=True)
+class TxnMeta:
+    txnid: TxnID
+    status: TxnStatus
+    timeout_ms: int
+    start_ms: int
+    last_modified_ms: int
+    partitions: list[tuple[str, int]] = field(default_factory=list)
+    subscriptions: list[tuple[str, str]] = field(default_factory=list)
+    timed_out: bool = False
+
+    @property
+    def deadline_ms(self) -> int:
+        return self.start_ms + self.timeout_ms
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "txnid": str(self.txnid),
+            "tc_id": self.txnid.tcid,
+            "status": self.status.name,
+            "timeout_ms": self.timeout_ms,
+            "start_ms": self.start_ms,
+            "last_modified_ms": self.last_modified_ms,
+            "partitions": [{"topic": t, "partition": p} for t, p in self.partitions],
+            "subscriptions": [{"topic": t, "subscription": s} for t, s in self.subscriptions],
+            "timed_out": self.timed_out,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> TxnMeta:
+        return cls(
+            txnid=TxnID.parse(d["txnid"]),
+            status=TxnStatus[d["status"]],
+            timeout_ms=int(d["timeout_ms"]),
+            start_ms=int(d["start_ms"]),
+            last_modified_ms=int(d["last_modified_ms"]),
+            partitions=[(p["topic"], int(p["partition"])) for p in d["partitions"]],
+            subscriptions=[(s["topic"], s["subscription"]) for s in d["subscriptions"]],
+            timed_out=bool(d["timed_out"]),
+        )
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class TransactionCoordinator:
+    """Create with `TransactionCoordinator.open`; `close` stops its tasks."""
+
+    def __init__(
+        self, tcid: int, store: LedgerStore, ledger: Ledger, participant: Participant
+    ) -> None:
+        self.tcid = tcid
+        self.store = store
+        self._ledger = ledger
+        self._participant = participant
+        self._txns: dict[TxnID, TxnMeta] = {}
+        self._ended: collections.OrderedDict[TxnID, TxnMeta] = collections.OrderedDict()
+        self._next_counter = 0
+        self._deadlines: SortedList = SortedList()  # (deadline_ms, txnid) of OPEN ones
+        self._deadline_changed = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._records_since_snapshot = 0
+        self._last_applied = -1  # entry id of the last record applied
+        self._closed = False
+
+    @classmethod
+    async def open(
+        cls, tcid: int, data_dir: str | Path, participant: Participant
+    ) -> TransactionCoordinator:
+        store = await LedgerStore.open(Path(data_dir) / f"tc-{tcid}.db")
+        ledger = await store.open_ledger("txnlog")
+        tc = cls(tcid, store, ledger, participant)
+        await tc._recover()
+        return tc
+
+    async def close(self) -> None:
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        await self.store.close()
+
+    # -- queries ------------------------------------------------------------------
+
+    def get(self, txnid: TxnID) -> TxnMeta | None:
+        return self._txns.get(txnid) or self._ended.get(txnid)
+
+    def transactions(self) -> list[TxnMeta]:
+        """Every transaction not ended, and the recently ended ones."""
+        return [*self._txns.values(), *self._ended.values()]
+
+    def _live(self, txnid: TxnID) -> TxnMeta:
+        meta = self.get(txnid)
+        if meta is None or txnid.tcid != self.tcid:
+            raise TxnNotFoundError(f"transaction {txnid} is not known to coordinator {self.tcid}")
+        return meta
+
+    def verify_partition(self, txnid: TxnID, topic: str, partition: int) -> None:
+        """KIP-890's check before a transactional write: OPEN, partition registered."""
+        meta = self._live(txnid)
+        if meta.status is not TxnStatus.OPEN:
+            raise self._status_error(meta, "write to")
+        if (topic, partition) not in meta.partitions:
+            raise InvalidTxnStatusError(
+                meta.status, f"write to partition {topic}/{partition} (not added to) "
+            )
+
+    def verify_subscription(self, txnid: TxnID, topic: str, subscription: str) -> None:
+        """The same check before a transactional acknowledgement."""
+        meta = self._live(txnid)
+        if meta.status is not TxnStatus.OPEN:
+            raise self._status_error(meta, "acknowledge in")
+        if (topic, subscription) not in meta.subscriptions:
+            raise InvalidTxnStatusError(
+                meta.status, f"acknowledge on {topic}/{subscription} (not added to) "
+            )
+
+    @staticmethod
+    def _status_error(meta: TxnMeta, what: str) -> InvalidTxnStatusError:
+        if meta.timed_out:
+            return TxnTimeoutError(meta.status, f"{what} (timed out)")
+        return InvalidTxnStatusError(meta.status, what)
+
+    # -- requests -----------------------------------------------------------------
+
+    async def new_txn(self, timeout_ms: int = 0) -> TxnID:
+        """Open a transaction (§CommandNewTxn): logged OPEN before it is answered."""
+        if timeout_ms < 0 or timeout_ms > MAX_TIMEOUT_MS:
+            raise ValueError(
+                f"transaction timeout must be 0..{MAX_TIMEOUT_MS} ms, got {timeout_ms}"
+            )
+        txnid = TxnID.of(self.tcid, self._next_counter)
+        self._next_counter += 1
+        now = _now_ms()
+        await self._persist(Op(
+            metadata_op=Op.NEW,
+            txnid_most_bits=txnid.most_bits,
+            txnid_least_bits=txnid.least_bits,
+            new_status=pb.OPEN,
+            txn_timeout_ms=timeout_ms or DEFAULT_TIMEOUT_MS,
+            txn_start_time=now,
+            txn_last_modification_time=now,
+        ))  # fmt: skip
+        return txnid
+
+    async def add_partitions(self, txnid: TxnID, partitions: list[tuple[str, int]]) -> None:
+        """§CommandAddPartitionToTxn: TxnNotFound, or invalid status unless OPEN."""
+        meta = self._live(txnid)
+        if meta.status is not TxnStatus.OPEN:
+            raise self._status_error(meta, "add partitions to")
+        new = [p for p in dict.fromkeys(partitions) if p not in meta.partitions]
+        if not new:
+            return
+        rec = self._record(Op.ADD_PARTITION, txnid)
+        for topic, index in new:
+            rec.partitions.add(topic=topic, partition=index)
+        if not await self._persist(rec):
+            raise self._status_error(meta, "add partitions to")
+
+    async def add_subscriptions(self, txnid: TxnID, subscriptions: list[tuple[str, str]]) -> None:
+        """§CommandAddSubscriptionToTxn: as `add_partitions`."""
+        meta = self._live(txnid)
+        if meta.status is not TxnStatus.OPEN:
+            raise self._status_error(meta, "add subscriptions to")
+        new = [s for s in dict.fromkeys(subscriptions) if s not in meta.subscriptions]
+        if not new:
+            return
+        rec = self._record(Op.ADD_SUBSCRIPTION, txnid)
+        for topic, sub in new:
+            rec.subscriptions.add(topic=topic, subscription=sub)
+        if not await self._persist(rec):
+            raise self._status_error(meta, "add subscriptions to")
+
+    async def end_txn(self, txnid: TxnID, commit: bool) -> None:
+        """§CommandEndTxn: log the decision, answer, then finish in the background.
+
+        Repeating the same END is answered with success at any later status;
+        the other action is an `InvalidTxnStatusError` (`TxnTimeoutError` for a
+        COMMIT of a transaction the timeout aborted).
+        """
+        meta = self._live(txnid)
+        event = TxnEvent.COMMIT if commit else TxnEvent.ABORT
+        if meta.status is not TxnStatus.OPEN:
+            if self._same_outcome(meta, commit):
+                return
+            if commit and meta.timed_out:
+                raise TxnTimeoutError(meta.status, "commit (it timed out and was aborted)")
+            raise InvalidTxnStatusError(meta.status, event)
+        await self._decide(meta, event)
+
+    @staticmethod
+    def _same_outcome(meta: TxnMeta, commit: bool) -> bool:
+        if commit:
+            return meta.status in (TxnStatus.COMMITTING, TxnStatus.COMMITTED)
+        return meta.status in (TxnStatus.ABORTING, TxnStatus.ABORTED)
+
+    async def _decide(self, meta: TxnMeta, event: TxnEvent) -> None:
+        new = transition(meta.status, event)
+        rec = self._record(Op.UPDATE, meta.txnid)
+        rec.expected_status = meta.status.value  # type: ignore[assignment]
+        rec.new_status = new.value  # type: ignore[assignment]
+        rec.timed_out = event is TxnEvent.TIMEOUT
+        if not await self._persist(rec):
+            # Another END won the race; it decided the same outcome or not.
+            if self._same_outcome(meta, event is TxnEvent.COMMIT):
+                return
+            raise InvalidTxnStatusError(meta.status, event)
+        faults.hit("tc.after_decision_logged")
+        self._spawn(self._finish(meta))
+
+    # -- finishing ------------------------------------------------------------------
+
+    def _spawn(self, coro: Any) -> None:
+        if self._closed:
+            coro.close()
+            return
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _finish(self, meta: TxnMeta) -> None:
+        """Tell every participant (retrying each until it answers), then log the end."""
+        commit = meta.status is TxnStatus.COMMITTING
+        for topic, index in meta.partitions:
+            await self._until_done(
+                lambda t=topic, i=index: self._participant.end_txn_on_partition(
+                    t, i, meta.txnid, commit
+                ),
+                f"end {meta.txnid} on partition {topic}/{index}",
+            )
+            faults.hit("tc.after_partition_end")
+        for topic, sub in meta.subscriptions:
+            await self._until_done(
+                lambda t=topic, s=sub: self._participant.end_txn_on_subscription(
+                    t, s, meta.txnid, commit
+                ),
+                f"end {meta.txnid} on subscription {topic}/{sub}",
+            )
+            faults.hit("tc.after_subscription_end")
+        rec = self._record(Op.UPDATE, meta.txnid)
+        rec.expected_status = meta.status.value  # type: ignore[assignment]
+        rec.new_status = transition(meta.status, TxnEvent.FINISH).value  # type: ignore[assignment]
+        await self._until_done(lambda: self._persist(rec), f"log the end of {meta.txnid}")
+
+    async def _until_done(self, attempt: Any, what: str) -> None:
+        delay = 0.05
+        while True:
+            try:
+                await attempt()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("coordinator %d: %s failed (%s); retrying", self.tcid, what, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+
+    async def _expire_loop(self) -> None:
+        while True:
+            self._deadline_changed.clear()
+            if self._deadlines:
+                wait = max(0.0, (self._deadlines[0][0] - _now_ms()) / 1000)
+            else:
+                wait = 3600.0
+            try:
+                async with asyncio.timeout(wait):
+                    await self._deadline_changed.wait()
+                continue
+            except TimeoutError:
+                pass
+            now = _now_ms()
+            while self._deadlines and self._deadlines[0][0] <= now:
+                _, txnid = self._deadlines.pop(0)
+                meta = self._txns.get(txnid)
+                if meta is not None and meta.status is TxnStatus.OPEN:
+                    log.info("coordinator %d: transaction %s timed out", self.tcid, txnid)
+                    try:
+                        await self._decide(meta, TxnEvent.TIMEOUT)
+                    except Exception as exc:
+                        log.warning("timing out %s failed: %s", txnid, exc)
+
+    # -- the log --------------------------------------------------------------------
+
+    def _record(self, op: Any, txnid: TxnID) -> pb.TransactionMetadataEntry:
+        return Op(
+            metadata_op=op,
+            txnid_most_bits=txnid.most_bits,
+            txnid_least_bits=txnid.least_bits,
+            txn_last_modification_time=_now_ms(),
+        )
+
+    async def _persist(self, rec: pb.TransactionMetadataEntry) -> bool:
+        """Append ``rec`` durably, then apply it; False if it no longer applies."""
+        entry_id = await self._ledger.append(rec.SerializeToString(), meta=_RECORD)
+        applied = self._apply(rec)
+        self._last_applied = max(self._last_applied, entry_id)
+        self._records_since_snapshot += 1
+        if self._records_since_snapshot >= SNAPSHOT_EVERY:
+            self._records_since_snapshot = 0
+            self._write_snapshot()
+        return applied
+
+    def _apply(self, rec: pb.TransactionMetadataEntry) -> bool:
+        """Apply one log record to the map (live and in recovery). False: ignored
+        because the transaction is no longer in the status the record expects."""
+        txnid = TxnID(rec.txnid_most_bits, rec.txnid_least_bits)
+        op = rec.metadata_op
+        if op == Op.NEW:
+            meta = TxnMeta(
+                txnid=txnid,
+                status=TxnStatus.OPEN,
+                timeout_ms=rec.txn_timeout_ms,
+                start_ms=rec.txn_start_time,
+                last_modified_ms=rec.txn_last_modification_time,
+            )
+            self._txns[txnid] = meta
+            self._next_counter = max(self._next_counter, txnid.counter + 1)
+            self._deadlines.add((meta.deadline_ms, txnid))
+            self._deadline_changed.set()
+            return True
+        meta_or_none = self._txns.get(txnid)
+        if meta_or_none is None:
+            return False
+        meta = meta_or_none
+        if op in (Op.ADD_PARTITION, Op.ADD_SUBSCRIPTION):
+            if meta.status is not TxnStatus.OPEN:
+                return False
+            for p in rec.partitions:
+                if (p.topic, p.partition) not in meta.partitions:
+                    meta.partitions.append((p.topic, p.partition))
+            for s in rec.subscriptions:
+                if (s.topic, s.subscription) not in meta.subscriptions:
+                    meta.subscriptions.append((s.topic, s.subscription))
+        elif op == Op.UPDATE:
+            expected = TxnStatus(rec.expected_status)
+            if meta.status is not expected:
+                return False
+            meta.status = check_update(expected, TxnStatus(rec.new_status))
+            meta.timed_out = meta.timed_out or rec.timed_out
+            if expected is TxnStatus.OPEN:
+                self._deadlines.discard((meta.deadline_ms, txnid))
+            if meta.status.ended:
+                del self._txns[txnid]
+                self._remember_ended(meta)
+        else:
+            return False
+        meta.last_modified_ms = max(meta.last_modified_ms, rec.txn_last_modification_time)
+        return True
+
+    def _remember_ended(self, meta: TxnMeta) -> None:
+        self._ended[meta.txnid] = meta
+        while len(self._ended) > ENDED_KEPT:
+            self._ended.popitem(last=False)
+
+    def _write_snapshot(self) -> None:
+        """Snapshot the map as of the last applied record, then trim before it.
+
+        Records queued but not yet applied may land before the snapshot
+        entry: recovery replays everything after ``covers`` (the last applied
+        record), so they are never lost.
+        """
+        covers = self._last_applied
+        snap = {
+            "covers": covers,
+            "next_counter": self._next_counter,
+            "txns": [m.to_json() for m in self._txns.values()],
+            "ended": [m.to_json() for m in list(self._ended.values())[-ENDED_IN_SNAPSHOT:]],
+        }
+        fut = self._ledger.append(json.dumps(snap).encode(), meta=_SNAPSHOT)
+
+        def trim(_f: object) -> None:
+            if not fut.cancelled() and fut.exception() is None:
+                self._ledger.trim(covers + 1)
+
+        fut.add_done_callback(trim)
+
+    async def _recover(self) -> None:
+        t0 = time.perf_counter()
+        ledger = self._ledger
+        metas = await ledger.read_meta()
+        snapshots = [entry_id for entry_id, kind in metas if kind == _SNAPSHOT]
+        start = ledger.first_entry_id
+        if snapshots:
+            (snap_entry,) = await ledger.read(snapshots[-1], snapshots[-1])
+            snap = json.loads(snap_entry.data)
+            self._next_counter = int(snap["next_counter"])
+            for d in snap["txns"]:
+                meta = TxnMeta.from_json(d)
+                self._txns[meta.txnid] = meta
+                if meta.status is TxnStatus.OPEN:
+                    self._deadlines.add((meta.deadline_ms, meta.txnid))
+            for d in snap["ended"]:
+                self._remember_ended(TxnMeta.from_json(d))
+            start = int(snap["covers"]) + 1
+        replayed = 0
+        for entry in await ledger.read(start, ledger.last_entry_id):
+            if entry.meta == _RECORD:
+                self._apply(Op.FromString(entry.data))
+                replayed += 1
+        self._last_applied = ledger.last_entry_id
+        self._records_since_snapshot = replayed
+        unfinished = [m for m in self._txns.values() if m.status is not TxnStatus.OPEN]
+        log.info(
+            "coordinator %d recovered %d transactions (%d to finish) from %d records in %.2fs",
+            self.tcid,
+            len(self._txns),
+            len(unfinished),
+            replayed,
+            time.perf_counter() - t0,
+        )
+        for meta in unfinished:
+            self._spawn(self._finish(meta))
+        self._spawn(self._expire_loop())

@@ -1,0 +1,80 @@
+"""The status of a transaction, as one table (PIP-31 §TxnStatus).
+
+    OPEN --COMMIT--> COMMITTING --FINISH--> COMMITTED
+    OPEN --ABORT---> ABORTING ----FINISH--> ABORTED
+    OPEN --TIMEOUT-> ABORTING
+
+COMMITTING / ABORTING are logged before any participant is told: from that
+record on the outcome is decided and survives any crash. FINISH is logged
+once every participant has answered. `transition` is the only way a status
+changes; the log stores (expected, new) pairs, which `check_update` checks
+against the same table on replay.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = [
+    "TRANSITIONS",
+    "InvalidTxnStatusError",
+    "TxnEvent",
+    "TxnStatus",
+    "check_update",
+    "transition",
+]
+
+
+class TxnStatus(enum.Enum):
+    OPEN = 0
+    COMMITTING = 1
+    COMMITTED = 2
+    ABORTING = 3
+    ABORTED = 4
+
+    @property
+    def ended(self) -> bool:
+        return self in (TxnStatus.COMMITTED, TxnStatus.ABORTED)
+
+
+class TxnEvent(enum.Enum):
+    COMMIT = "COMMIT"
+    ABORT = "ABORT"
+    TIMEOUT = "TIMEOUT"
+    FINISH = "FINISH"  # every participant has answered
+
+
+class InvalidTxnStatusError(Exception):
+    """No transition for (status, event); nothing changed."""
+
+    def __init__(self, status: TxnStatus, event: TxnEvent | str) -> None:
+        what = event.value if isinstance(event, TxnEvent) else event
+        super().__init__(f"cannot {what} a transaction that is {status.name}")
+        self.status = status
+        self.event = event
+
+
+TRANSITIONS: dict[tuple[TxnStatus, TxnEvent], TxnStatus] = {
+    (TxnStatus.OPEN, TxnEvent.COMMIT): TxnStatus.COMMITTING,
+    (TxnStatus.OPEN, TxnEvent.ABORT): TxnStatus.ABORTING,
+    (TxnStatus.OPEN, TxnEvent.TIMEOUT): TxnStatus.ABORTING,
+    (TxnStatus.COMMITTING, TxnEvent.FINISH): TxnStatus.COMMITTED,
+    (TxnStatus.ABORTING, TxnEvent.FINISH): TxnStatus.ABORTED,
+}
+
+_UPDATES = {(before, after) for (before, _), after in TRANSITIONS.items()}
+
+
+def transition(status: TxnStatus, event: TxnEvent) -> TxnStatus:
+    """The status after ``event``; raises `InvalidTxnStatusError` if there is none."""
+    try:
+        return TRANSITIONS[(status, event)]
+    except KeyError:
+        raise InvalidTxnStatusError(status, event) from None
+
+
+def check_update(expected: TxnStatus, new: TxnStatus) -> TxnStatus:
+    """Check a logged (expected -> new) update against the table; returns ``new``."""
+    if (expected, new) not in _UPDATES:
+        raise InvalidTxnStatusError(expected, f"move to {new.name}")
+    return new

@@ -1,0 +1,688 @@
+"""Unit tests of the client's PIP-31 transactions, against the in-process
+``FakeBroker`` of ``test_client_unit.py`` playing broker and coordinator.
+
+The pure pieces (TxnID, the state table, frame building) are tested
+directly; registration, framing, commit/abort and reconnects against the
+fake. The fake records a violation (checked at teardown) whenever a
+transactional SEND or ACK arrives before its partition or subscription was
+registered with the coordinator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+import pytest
+from test_client_unit import FakeBroker, frame, until
+
+import client
+from client import Client, MessageId, Transaction, TxnID, TxnState, errors
+from client._consumer import build_ack
+from client._producer import build_send, partition_for_key
+from client._txn import TRANSITIONS, TxnEvent, transition
+from proto import txnbuf_pb2 as pb
+
+T = pb.BaseCommand
+U64 = 2**64 - 1
+
+
+@pytest.fixture
+async def fake() -> Any:
+    server = FakeBroker()
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+    assert not server.bad_frames
+    assert not server.violations
+
+
+@pytest.fixture
+async def cli(fake: FakeBroker) -> Any:
+    async with Client(fake.url, operation_timeout=5.0) as c:
+        yield c
+
+
+def index_of_first(fake: FakeBroker, predicate: Any) -> int:
+    return next(i for i, cmd in enumerate(fake.received) if predicate(cmd))
+
+
+def end_actions(fake: FakeBroker) -> list[int]:
+    return [cmd.end_txn.txn_action for cmd in fake.of_type(T.END_TXN)]
+
+
+def key_for(partition: int, partitions: int) -> str:
+    return next(
+        k for i in itertools.count() if partition_for_key(k := f"k{i}", partitions) == partition
+    )
+
+
+# --- TxnID ----------------------------------------------------------------------
+
+
+def test_txnid_tcid_str_and_parse() -> None:
+    txn_id = TxnID((5 << 48) | 9, 11)
+    assert txn_id.tcid == 5 and TxnID(U64, 0).tcid == 2**16 - 1 and TxnID(0, U64).tcid == 0
+    assert str(txn_id) == f"({(5 << 48) | 9},11)"
+    assert str(TxnID(0, 0)) == "(0,0)"
+    for value in (txn_id, TxnID(0, 0), TxnID(U64, U64)):
+        assert TxnID.parse(str(value)) == value
+    assert TxnID.parse(" ( 3 , 4 )\n") == TxnID(3, 4)
+    assert txn_id == (txn_id.most_bits, txn_id.least_bits)  # a NamedTuple
+    assert client.TxnID is TxnID
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "()", "(1)", "(1,2,3)", "1,2", "(1,2", "[1,2]", "(a,2)", "(-1,2)", "(+1,2)",
+     "(1.0,2)", "(0x1,2)", "(1,)", "TxnID(1,2)", "(\uff11,2)", f"({U64 + 1},0)", f"(0,{U64 + 1})"],
+)  # fmt: skip
+def test_txnid_parse_rejects_anything_else(text: str) -> None:
+    with pytest.raises(errors.InvalidInputError, match="TxnID"):
+        TxnID.parse(text)
+    with pytest.raises(ValueError):
+        TxnID.parse(text)
+
+
+# --- the state table ------------------------------------------------------------
+
+S, E = TxnState, TxnEvent
+LEGAL = {
+    (S.OPEN, E.COMMIT): S.COMMITTING,
+    (S.OPEN, E.ABORT): S.ABORTING,
+    (S.COMMITTING, E.COMMIT): S.COMMITTING,
+    (S.COMMITTING, E.ABORT): S.ABORTING,
+    (S.ABORTING, E.ABORT): S.ABORTING,
+    (S.COMMITTING, E.COMMITTED): S.COMMITTED,
+    (S.COMMITTING, E.ABORTED): S.ABORTED,
+    (S.ABORTING, E.ABORTED): S.ABORTED,
+    (S.COMMITTING, E.LOST): S.ENDED,
+    (S.ABORTING, E.LOST): S.ENDED,
+}
+
+
+@pytest.mark.parametrize(("state", "event"), list(itertools.product(TxnState, TxnEvent)))
+def test_state_table(state: TxnState, event: TxnEvent) -> None:
+    txn_id = TxnID(1, 2)
+    if (state, event) in LEGAL:
+        assert transition(state, event, txn_id) is LEGAL[state, event]
+    else:
+        with pytest.raises(errors.InvalidTxnStatusError, match=r"\(1,2\)"):
+            transition(state, event, txn_id)
+
+
+def test_state_table_facts() -> None:
+    assert TRANSITIONS == LEGAL
+    # no event leaves an ended transaction; ABORTING never turns into a commit
+    assert not any(s in (S.COMMITTED, S.ABORTED, S.ENDED) for s, _ in TRANSITIONS)
+    assert S.COMMITTED not in {TRANSITIONS.get((S.ABORTING, e)) for e in TxnEvent}
+
+
+# --- frames ---------------------------------------------------------------------
+
+
+def test_transactional_frames_carry_the_txnid_and_flag() -> None:
+    entries: list[Any] = [(b"x", None, None, 5)]
+    plain = build_send(1, 2, 0, entries, 0).send
+    assert not plain.transactional and (plain.txnid_most_bits, plain.txnid_least_bits) == (0, 0)
+    zero = build_send(1, 2, 0, entries, 0, TxnID(0, 0)).send
+    assert zero.transactional  # TxnID (0,0) is valid: the flag tells
+    sent = build_send(1, 2, 0, entries, 0, TxnID(7, 8)).send
+    assert (sent.txnid_most_bits, sent.txnid_least_bits, sent.transactional) == (7, 8, True)
+    ack = build_ack(1, 2, pb.CommandAck.INDIVIDUAL, [MessageId(0, 1, 0)], TxnID(0, 0)).ack
+    assert ack.transactional and (ack.txnid_most_bits, ack.txnid_least_bits) == (0, 0)
+    assert not build_ack(1, 2, pb.CommandAck.INDIVIDUAL, [MessageId(0, 1, 0)]).ack.transactional
+
+
+# --- new transactions -----------------------------------------------------------
+
+
+async def test_new_transactions_go_round_robin_over_tc_ids(fake: FakeBroker) -> None:
+    fake.tc_ids = [3, 7]
+    async with Client(fake.url, operation_timeout=5.0) as c:
+        txns = [await c.new_transaction(timeout=2.5) for _ in range(3)]
+    requests = [cmd.new_txn for cmd in fake.of_type(T.NEW_TXN)]
+    assert [r.tc_id for r in requests] == [3, 7, 3]
+    assert {r.txn_ttl_ms for r in requests} == {2500}
+    assert [t.tc_id for t in txns] == [3, 7, 3]
+    assert [t.id.tcid for t in txns] == [3, 7, 3]
+    assert txns[0].id != txns[2].id
+    assert str(txns[1].id) == f"({7 << 48},1)" and txns[0].timeout == 2.5
+    assert all(t.state is TxnState.OPEN for t in txns)
+
+
+async def test_without_tc_ids_coordinator_0_is_used(fake: FakeBroker, cli: Client) -> None:
+    txn = await cli.new_transaction()
+    assert fake.of_type(T.NEW_TXN)[0].new_txn.tc_id == 0 and txn.tc_id == 0
+    assert fake.of_type(T.NEW_TXN)[0].new_txn.txn_ttl_ms == 60_000
+
+
+async def test_coordinator_answers_survive_the_link_dying(fake: FakeBroker, cli: Client) -> None:
+    # The answer comes, then the socket closes at once: a transaction outlives
+    # its link, so neither the new transaction nor its end is asked for again.
+    fake.close_after = {T.NEW_TXN}
+    txn = await cli.new_transaction()
+    assert len(fake.of_type(T.NEW_TXN)) == 1 and len(fake.txns) == 1
+    fake.close_after = {T.END_TXN}
+    await txn.commit()
+    assert end_actions(fake) == [pb.COMMIT] and txn.state is TxnState.COMMITTED
+    await until(lambda: fake.connects == 3)  # both links did die
+
+
+async def test_new_transaction_refused_or_bad_timeout(fake: FakeBroker, cli: Client) -> None:
+    for bad in (0, -1, float("nan"), float("inf"), True, "5"):
+        with pytest.raises(errors.InvalidInputError, match="timeout"):
+            await cli.new_transaction(timeout=bad)  # type: ignore[arg-type]
+    assert not fake.of_type(T.NEW_TXN)
+    fake.txn_errors[T.NEW_TXN] = [pb.TRANSACTION_COORDINATOR_NOT_FOUND]
+    with pytest.raises(errors.TransactionCoordinatorNotFoundError):
+        await cli.new_transaction()
+    fake.txn_errors[T.NEW_TXN] = [pb.SERVICE_NOT_READY]  # retriable: asked again
+    txn = await cli.new_transaction()
+    assert len(fake.of_type(T.NEW_TXN)) == 3 and txn.state is TxnState.OPEN
+
+
+# --- registration ---------------------------------------------------------------
+
+
+async def test_partition_is_registered_once_and_before_the_first_send(
+    fake: FakeBroker, cli: Client
+) -> None:
+    fake.partitions["t"] = 2
+    producer = await cli.create_producer("t")
+    txn = await cli.new_transaction()
+    fake.hold = {T.ADD_PARTITION_TO_TXN}
+    keys = [key_for(0, 2), key_for(1, 2)]
+    futures = [producer.send_nowait(b"%d" % i, key=keys[i % 2], txn=txn) for i in range(6)]
+    await until(lambda: len(fake.of_type(T.ADD_PARTITION_TO_TXN)) == 2)
+    await asyncio.sleep(0.05)
+    assert not fake.sends() and not any(f.done() for f in futures)  # held until registered
+    fake.hold = set()
+    await fake.release()
+    ids = await asyncio.gather(*futures)
+    assert sorted(ids) == [MessageId(p, -1, i) for p in (0, 1) for i in range(3)]
+    adds = [cmd.add_partition_to_txn for cmd in fake.of_type(T.ADD_PARTITION_TO_TXN)]
+    assert sorted((a.partitions[0].topic, a.partitions[0].partition) for a in adds) == [
+        ("t", 0),
+        ("t", 1),
+    ]
+    assert all((a.txnid_most_bits, a.txnid_least_bits) == txn.id for a in adds)
+    for p in (0, 1):
+        first_add = index_of_first(
+            fake,
+            lambda c, p=p: (
+                c.type == T.ADD_PARTITION_TO_TXN
+                and c.add_partition_to_txn.partitions[0].partition == p
+            ),
+        )
+        first_send = index_of_first(fake, lambda c, p=p: c.type == T.SEND and c.send.partition == p)
+        assert first_add < first_send
+    await producer.send(b"later", key=keys[0], txn=txn)  # registered already
+    assert len(fake.of_type(T.ADD_PARTITION_TO_TXN)) == 2
+    other = await cli.new_transaction()  # a new transaction registers anew
+    await producer.send(b"other", key=keys[0], txn=other)
+    assert len(fake.of_type(T.ADD_PARTITION_TO_TXN)) == 3
+
+
+async def test_subscription_is_registered_once_and_before_the_first_ack(
+    fake: FakeBroker, cli: Client
+) -> None:
+    producer = await cli.create_producer("t")
+    consumer = await cli.subscribe("t", "s")
+    for i in range(3):
+        await producer.send(b"%d" % i)
+    msgs = [await consumer.receive(timeout=5) for _ in range(3)]
+    txn = await cli.new_transaction()
+    fake.hold = {T.ADD_SUBSCRIPTION_TO_TXN}
+    acks = asyncio.gather(
+        consumer.acknowledge(msgs[0], txn=txn), consumer.acknowledge_cumulative(msgs[1], txn=txn)
+    )
+    await until(lambda: len(fake.of_type(T.ADD_SUBSCRIPTION_TO_TXN)) == 1)
+    await asyncio.sleep(0.05)
+    assert not fake.of_type(T.ACK) and not acks.done()
+    fake.hold = set()
+    await fake.release()
+    await acks
+    await consumer.acknowledge(msgs[2], txn=txn)
+    (add,) = [cmd.add_subscription_to_txn for cmd in fake.of_type(T.ADD_SUBSCRIPTION_TO_TXN)]
+    assert [(r.topic, r.subscription) for r in add.subscriptions] == [("t", "s")]
+    first_add = index_of_first(fake, lambda c: c.type == T.ADD_SUBSCRIPTION_TO_TXN)
+    assert first_add < index_of_first(fake, lambda c: c.type == T.ACK)
+    sent = [cmd.ack for cmd in fake.of_type(T.ACK)]
+    assert all(a.transactional and (a.txnid_most_bits, a.txnid_least_bits) == txn.id for a in sent)
+    assert {a.ack_type for a in sent} == {pb.CommandAck.INDIVIDUAL, pb.CommandAck.CUMULATIVE}
+    assert len(fake.pending_acks) == 3  # PENDING_ACK, not acked yet
+    await txn.commit()
+    assert not fake.subs["t", "s"].unacked and not fake.pending_acks
+
+
+async def test_refused_registration_fails_the_sends_and_the_commit(
+    fake: FakeBroker, cli: Client
+) -> None:
+    producer = await cli.create_producer("t")
+    txn = await cli.new_transaction()
+    fake.txn_errors[T.ADD_PARTITION_TO_TXN] = [pb.TRANSACTION_TIMEOUT]
+    results = await asyncio.gather(
+        producer.send(b"a", txn=txn), producer.send(b"b", txn=txn), return_exceptions=True
+    )
+    assert all(isinstance(r, errors.TransactionTimeoutError) for r in results)
+    assert not fake.sends() and producer.pending == 0
+    with pytest.raises(errors.TransactionTimeoutError):
+        await txn.commit()
+    assert end_actions(fake) == [pb.ABORT] and txn.state is TxnState.ABORTED
+
+
+# --- framing --------------------------------------------------------------------
+
+
+async def test_txn_and_plain_messages_never_share_a_frame(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t")
+    a, b = await cli.new_transaction(), await cli.new_transaction()
+    owners = [None, a, b] * 4
+    futures = [producer.send_nowait(b"%d" % i, txn=txn) for i, txn in enumerate(owners)]
+    await asyncio.gather(*futures)
+    sends = fake.sends()
+    assert len(sends) == 3  # one frame per owner: plain, a, b
+    for send in sends:
+        owner = owners[int(send.messages[0].payload)]
+        assert [owners[int(m.payload)] for m in send.messages] == [owner] * 4
+        if owner is None:
+            assert not send.transactional
+        else:
+            assert send.transactional
+            assert (send.txnid_most_bits, send.txnid_least_bits) == owner.id
+    # one sequence-id counter for the producer, transactional or not
+    seqs = sorted(m.sequence_id for s in sends for m in s.messages)
+    assert seqs == list(range(12))
+    assert futures[0].result() == MessageId(0, 0, 0)
+    assert [futures[i].result() for i in (1, 4, 7, 10)] == [MessageId(0, -1, i) for i in range(4)]
+
+
+async def test_txn_message_ids_count_within_the_transaction(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t")
+    consumer = await cli.subscribe("t", "s")
+    txn = await cli.new_transaction()
+    assert await producer.send(b"a", txn=txn) == MessageId(0, -1, 0)
+    assert await producer.send(b"plain") == MessageId(0, 0, 0)
+    assert await producer.send(b"b", txn=txn) == MessageId(0, -1, 1)
+    assert (await consumer.receive(timeout=5)).value == b"plain"
+    assert fake.stored("t") == [b"plain"]  # not visible before the commit
+    await txn.commit()
+    assert fake.stored("t") == [b"plain", b"a", b"b"]
+    got = [await consumer.receive(timeout=5) for _ in range(2)]
+    assert [m.value for m in got] == [b"a", b"b"]
+
+
+async def test_txn_acks_never_share_a_frame(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t")
+    consumer = await cli.subscribe("t", "s", subscription_type="shared")
+    await asyncio.gather(*(producer.send(b"x") for _ in range(6)))
+    msgs = [await consumer.receive(timeout=5) for _ in range(6)]
+    a, b = await cli.new_transaction(), await cli.new_transaction()
+    owner_of = dict(zip((m.message_id for m in msgs), [None, a, b] * 2, strict=True))
+    await asyncio.gather(*(consumer.acknowledge(mid, txn=t) for mid, t in owner_of.items()))
+    acks = [cmd.ack for cmd in fake.of_type(T.ACK)]
+    assert len(acks) == 3  # one frame per owner: plain, a, b
+    for ack in acks:
+        ids = [MessageId(m.partition, m.entry_id, m.batch_index) for m in ack.message_ids]
+        owners = {owner_of[mid] for mid in ids}
+        assert len(ids) == 2 and len(owners) == 1
+        (owner,) = owners
+        assert ack.transactional == (owner is not None)
+        if owner is not None:
+            assert (ack.txnid_most_bits, ack.txnid_least_bits) == owner.id
+    assert len(fake.pending_acks) == 4 and len(fake.subs["t", "s"].unacked) == 4
+
+
+# --- commit and abort -----------------------------------------------------------
+
+
+async def test_commit_waits_for_sends_in_flight(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t")
+    txn = await cli.new_transaction()
+    fake.ignore_sends = True
+    futures = [producer.send_nowait(b"%d" % i, txn=txn) for i in range(3)]
+    cancelled = asyncio.ensure_future(producer.send(b"c", txn=txn))  # framed one turn later
+    await until(lambda: len(fake.sends()) == 2)
+    cancelled.cancel()  # the caller gives up; the transaction still waits for it
+    committing = asyncio.ensure_future(txn.commit())
+    await asyncio.sleep(0.1)
+    assert not committing.done() and not fake.of_type(T.END_TXN)
+    assert txn.state is TxnState.COMMITTING
+    with pytest.raises(errors.InvalidTxnStatusError):
+        await producer.send(b"late", txn=txn)  # no joining a transaction being committed
+    with pytest.raises(errors.InvalidTxnStatusError, match="already"):
+        await txn.abort()  # one commit or abort at a time
+    buffer = fake.txn(txn.id).buffers["t", 0]
+    for send in fake.sends():  # store and answer them, as the broker would
+        await asyncio.sleep(0.05)
+        assert not committing.done()
+        ids = []
+        for single in send.messages:
+            ids.append(pb.MessageIdData(partition=0, entry_id=-1, batch_index=len(buffer)))
+            buffer.append(("p", single))
+        await fake.push(
+            frame(
+                T.SEND_RECEIPT,
+                "send_receipt",
+                producer_id=producer.producer_id,
+                request_id=send.request_id,
+                partition=0,
+                entry_id=-1,
+                message_ids=ids,
+            )
+        )
+    await asyncio.wait_for(committing, 5)
+    assert [f.result() for f in futures] == [MessageId(0, -1, i) for i in range(3)]
+    assert end_actions(fake) == [pb.COMMIT] and txn.state is TxnState.COMMITTED
+    assert fake.stored("t") == [b"0", b"1", b"2", b"c"]
+    assert index_of_first(fake, lambda c: c.type == T.END_TXN) > index_of_first(
+        fake, lambda c: c.type == T.SEND
+    )
+
+
+async def test_conflict_makes_commit_abort_and_raise(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t")
+    consumer = await cli.subscribe("t", "s")
+    await producer.send(b"x")
+    msg = await consumer.receive(timeout=5)
+    first, second = await cli.new_transaction(), await cli.new_transaction()
+    await consumer.acknowledge(msg, txn=first)
+    with pytest.raises(errors.TransactionConflictError):
+        await consumer.acknowledge(msg, txn=second)
+    await producer.send(b"out", txn=second)  # other work of the doomed transaction
+    with pytest.raises(errors.TransactionConflictError):
+        await second.commit()
+    assert second.state is TxnState.ABORTED
+    assert fake.txn(second.id).status == "ABORTED" and fake.stored("t") == [b"x"]
+    await second.abort()  # abort after abort: nothing to do
+    assert end_actions(fake) == [pb.ABORT]
+    await first.commit()
+    assert end_actions(fake) == [pb.ABORT, pb.COMMIT]
+    assert not fake.subs["t", "s"].unacked
+
+
+async def test_failed_send_makes_commit_abort(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t")
+    txn = await cli.new_transaction()
+    await producer.send(b"ok", txn=txn)
+    fake.send_error = pb.PERSISTENCE_ERROR
+    failed = producer.send_nowait(b"lost", txn=txn)  # never awaited by the app
+    with pytest.raises(errors.PersistenceError):
+        await txn.commit()
+    assert failed.done() and isinstance(failed.exception(), errors.PersistenceError)
+    assert end_actions(fake) == [pb.ABORT] and txn.state is TxnState.ABORTED
+    assert fake.stored("t") == []
+
+
+async def test_txn_receipt_without_ids_is_a_protocol_error(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t")
+    txn = await cli.new_transaction()
+    fake.ignore_sends = True
+    pending = producer.send_nowait(b"x", txn=txn)
+    await until(lambda: len(fake.sends()) == 1)
+    await fake.push(  # the plain-send shape: no message_ids
+        frame(
+            T.SEND_RECEIPT,
+            "send_receipt",
+            producer_id=producer.producer_id,
+            request_id=fake.sends()[0].request_id,
+            partition=0,
+            entry_id=-1,
+        )
+    )
+    with pytest.raises(errors.ProtocolError, match="transactional"):
+        await pending
+    with pytest.raises(errors.ProtocolError):
+        await txn.commit()
+    assert end_actions(fake) == [pb.ABORT]
+
+
+async def test_abort_does_not_wait_for_sends_in_flight(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t")
+    txn = await cli.new_transaction()
+    fake.ignore_sends = True
+    pending = producer.send_nowait(b"x", txn=txn)
+    await until(lambda: len(fake.sends()) == 1)
+    await asyncio.wait_for(txn.abort(), 1)
+    assert end_actions(fake) == [pb.ABORT] and txn.state is TxnState.ABORTED
+    assert not pending.done()
+    # the broker refuses the late send of the aborted transaction
+    await fake.push(
+        frame(
+            T.SEND_ERROR,
+            "send_error",
+            producer_id=producer.producer_id,
+            request_id=fake.sends()[0].request_id,
+            error=pb.INVALID_TXN_STATUS,
+        )
+    )
+    with pytest.raises(errors.InvalidTxnStatusError):
+        await pending
+
+
+async def test_use_after_end_raises(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t")
+    consumer = await cli.subscribe("t", "s")
+    await producer.send(b"x")
+    msg = await consumer.receive(timeout=5)
+    committed = await cli.new_transaction()
+    await producer.send(b"y", txn=committed)
+    await committed.commit()
+    aborted = await cli.new_transaction()
+    await aborted.abort()
+    before = len(fake.received)
+    for txn in (committed, aborted):
+        with pytest.raises(errors.InvalidTxnStatusError):
+            await producer.send(b"z", txn=txn)
+        with pytest.raises(errors.InvalidTxnStatusError):
+            producer.send_nowait(b"z", txn=txn)
+        with pytest.raises(errors.InvalidTxnStatusError):
+            await consumer.acknowledge(msg, txn=txn)
+        with pytest.raises(errors.InvalidTxnStatusError):
+            await consumer.acknowledge_cumulative(msg, txn=txn)
+    with pytest.raises(errors.InvalidTxnStatusError):
+        await committed.abort()
+    with pytest.raises(errors.InvalidTxnStatusError):
+        await aborted.commit()
+    await committed.commit()  # commit after commit, abort after abort: no-ops
+    await aborted.abort()
+    await asyncio.sleep(0.05)
+    assert len(fake.received) == before  # nothing was sent for any of these
+    assert producer.last_sequence_id == 1  # and no sequence id was used up
+    assert committed.state is TxnState.COMMITTED and aborted.state is TxnState.ABORTED
+
+
+@pytest.mark.parametrize(
+    ("code", "cls", "state"),
+    [
+        (pb.TRANSACTION_TIMEOUT, errors.TransactionTimeoutError, TxnState.ABORTED),
+        (pb.TRANSACTION_NOT_FOUND, errors.TransactionNotFoundError, TxnState.ENDED),
+        (pb.INVALID_TXN_STATUS, errors.InvalidTxnStatusError, TxnState.ENDED),
+    ],
+)
+async def test_coordinator_refusal_ends_the_transaction(
+    fake: FakeBroker, cli: Client, code: int, cls: type[errors.ServerError], state: TxnState
+) -> None:
+    producer = await cli.create_producer("t")
+    txn = await cli.new_transaction()
+    await producer.send(b"x", txn=txn)
+    fake.txn_errors[T.END_TXN] = [code]
+    with pytest.raises(cls):
+        await txn.commit()
+    assert txn.state is state
+    with pytest.raises(errors.InvalidTxnStatusError):
+        await producer.send(b"y", txn=txn)
+    with pytest.raises(errors.InvalidTxnStatusError):
+        await txn.commit()
+    if state is TxnState.ABORTED:  # the coordinator aborted it: abort has nothing to do
+        await txn.abort()
+    else:
+        with pytest.raises(errors.InvalidTxnStatusError):
+            await txn.abort()
+    assert len(fake.of_type(T.END_TXN)) == 1
+
+
+async def test_commit_after_an_unknown_outcome_may_be_retried(fake: FakeBroker) -> None:
+    async with Client(fake.url, operation_timeout=0.3) as c:
+        txn = await c.new_transaction()
+        fake.hold = {T.END_TXN}  # the answer never comes
+        with pytest.raises(errors.OperationTimeoutError):
+            await txn.commit()
+        assert txn.state is TxnState.COMMITTING
+        fake.hold = set()
+        await txn.commit()  # again: END_TXN is idempotent on the coordinator
+        assert txn.state is TxnState.COMMITTED
+        assert end_actions(fake)[-1] == pb.COMMIT and fake.txn(txn.id).status == "COMMITTED"
+
+
+async def test_transaction_from_another_client_is_refused(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t")
+    async with Client(fake.url, operation_timeout=5.0) as other:
+        foreign = await other.new_transaction()
+        with pytest.raises(errors.InvalidInputError, match="another Client"):
+            await producer.send(b"x", txn=foreign)
+    with pytest.raises(errors.InvalidInputError, match="Transaction"):
+        await producer.send(b"x", txn="txn")  # type: ignore[arg-type]
+    assert not fake.sends() and producer.pending == 0
+
+
+# --- async with client.transaction() -------------------------------------------
+
+
+async def test_transaction_block_commits_on_clean_exit(fake: FakeBroker, cli: Client) -> None:
+    source = await cli.create_producer("in")
+    consumer = await cli.subscribe("in", "s")
+    reader = await cli.subscribe("out", "r")
+    producer = await cli.create_producer("out")
+    await source.send(b"order")
+    msg = await consumer.receive(timeout=5)
+    async with cli.transaction(timeout=10) as txn:
+        assert isinstance(txn, Transaction) and txn.state is TxnState.OPEN
+        await producer.send(msg.value + b"-billed", txn=txn)
+        await consumer.acknowledge(msg, txn=txn)
+        assert fake.stored("out") == [] and fake.subs["in", "s"].unacked
+    assert txn.state is TxnState.COMMITTED and end_actions(fake) == [pb.COMMIT]
+    assert fake.of_type(T.NEW_TXN)[0].new_txn.txn_ttl_ms == 10_000
+    assert not fake.subs["in", "s"].unacked
+    assert (await reader.receive(timeout=5)).value == b"order-billed"
+
+
+async def test_transaction_block_aborts_on_exception(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t")
+    with pytest.raises(RuntimeError, match="boom"):
+        async with cli.transaction() as txn:
+            await producer.send(b"x", txn=txn)
+            raise RuntimeError("boom")
+    assert txn.state is TxnState.ABORTED and end_actions(fake) == [pb.ABORT]
+    assert fake.stored("t") == []
+
+
+async def test_transaction_block_leaves_a_transaction_it_ended(
+    fake: FakeBroker, cli: Client
+) -> None:
+    async with cli.transaction() as aborted:
+        await aborted.abort()
+    async with cli.transaction() as committed:
+        await committed.commit()
+    assert end_actions(fake) == [pb.ABORT, pb.COMMIT]
+    with pytest.raises(errors.TransactionConflictError):  # commit raised: no second END_TXN
+        async with cli.transaction() as txn:
+            raise errors.TransactionConflictError("from the block")
+    assert txn.state is TxnState.ABORTED and end_actions(fake) == [pb.ABORT, pb.COMMIT, pb.ABORT]
+
+
+# --- reconnect ------------------------------------------------------------------
+
+
+async def test_txn_send_in_flight_is_resent_after_reconnect(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t")
+    txn = await cli.new_transaction()
+    fake.store_without_receipt = True
+    pending = producer.send_nowait(b"x", txn=txn)
+    await until(lambda: len(fake.sends()) == 1)
+    fake.store_without_receipt = False
+    await fake.drop_connections()
+    assert await asyncio.wait_for(pending, 5) == MessageId(0, -1, 0)
+    first, resent = fake.sends()
+    assert first == resent and resent.transactional
+    await txn.commit()
+    assert fake.stored("t") == [b"x"]  # stored once
+
+
+async def test_registration_in_flight_is_resent_after_reconnect(
+    fake: FakeBroker, cli: Client
+) -> None:
+    producer = await cli.create_producer("t")
+    txn = await cli.new_transaction()
+    fake.hold = {T.ADD_PARTITION_TO_TXN}  # registered, but the answer is lost
+    pending = producer.send_nowait(b"x", txn=txn)
+    await until(lambda: len(fake.of_type(T.ADD_PARTITION_TO_TXN)) == 1)
+    fake.hold = set()
+    await fake.drop_connections()
+    assert await asyncio.wait_for(pending, 5) == MessageId(0, -1, 0)
+    assert len(fake.of_type(T.ADD_PARTITION_TO_TXN)) == 2
+    last_add = max(i for i, c in enumerate(fake.received) if c.type == T.ADD_PARTITION_TO_TXN)
+    assert index_of_first(fake, lambda c: c.type == T.SEND) > last_add
+    assert len(fake.sends()) == 1
+
+
+async def test_txn_ack_in_flight_is_resent_after_reconnect(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t")
+    consumer = await cli.subscribe("t", "s")
+    await producer.send(b"x")
+    msg = await consumer.receive(timeout=5)
+    txn = await cli.new_transaction()
+    original = fake._on_ack
+
+    async def swallow(ws: Any, ack: Any) -> None:
+        return None
+
+    fake._on_ack = swallow  # type: ignore[method-assign]
+    pending = asyncio.ensure_future(consumer.acknowledge(msg, txn=txn))
+    await until(lambda: len(fake.of_type(T.ACK)) == 1)
+    fake._on_ack = original  # type: ignore[method-assign]
+    await fake.drop_connections()
+    await asyncio.wait_for(pending, 5)
+    first, resent = (cmd.ack for cmd in fake.of_type(T.ACK))
+    assert first == resent and resent.transactional
+    assert len(fake.of_type(T.ADD_SUBSCRIPTION_TO_TXN)) == 1
+    await txn.commit()
+    assert not fake.subs["t", "s"].unacked
+
+
+async def test_end_txn_is_retried_after_reconnect(fake: FakeBroker, cli: Client) -> None:
+    txn = await cli.new_transaction()
+    fake.hold = {T.END_TXN}
+    committing = asyncio.ensure_future(txn.commit())
+    await until(lambda: len(fake.of_type(T.END_TXN)) == 1)
+    fake.hold = set()
+    await fake.drop_connections()
+    await asyncio.wait_for(committing, 5)
+    assert end_actions(fake) == [pb.COMMIT, pb.COMMIT]
+    assert txn.state is TxnState.COMMITTED
+
+
+# --- subscribe ------------------------------------------------------------------
+
+
+async def test_read_uncommitted_is_passed_to_subscribe(fake: FakeBroker, cli: Client) -> None:
+    await cli.subscribe("t", "committed")
+    uncommitted = await cli.subscribe("t", "dirty", read_uncommitted=True)
+    assert uncommitted.read_uncommitted
+    flags = {
+        c.subscribe.subscription: c.subscribe.read_uncommitted for c in fake.of_type(T.SUBSCRIBE)
+    }
+    assert flags == {"committed": False, "dirty": True}
+    with pytest.raises(errors.InvalidInputError, match="read_uncommitted"):
+        await cli.subscribe("t", "x", read_uncommitted="yes")  # type: ignore[arg-type]
+    await fake.drop_connections()  # re-subscribing keeps the flag
+    await until(lambda: len(fake.of_type(T.SUBSCRIBE)) == 4)
+    again = {
+        c.subscribe.subscription: c.subscribe.read_uncommitted
+        for c in fake.of_type(T.SUBSCRIBE)[2:]
+    }
+    assert again == flags
