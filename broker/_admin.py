@@ -15,6 +15,7 @@ from aiohttp import web
 from broker._server import BROKER_KEY, Broker
 from buffer import InvalidNameError, PartitionCountError, check_topic_name
 from subscriptions import WHOLE_ENTRY
+from tc import InvalidTxnStatusError, TxnID, TxnStatus
 
 __all__ = ["add_admin_routes"]
 
@@ -129,9 +130,85 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
 
+# -- transactions -----------------------------------------------------------------
+
+
+async def list_transactions(request: web.Request) -> web.Response:
+    """``?state=OPEN&running_longer_than_ms=N`` (both optional)."""
+    broker = request.app[BROKER_KEY]
+    state = request.query.get("state")
+    if state is not None and state.upper() not in TxnStatus.__members__:
+        return _error(400, f"state must be one of {', '.join(TxnStatus.__members__)}")
+    try:
+        longer = int(request.query.get("running_longer_than_ms", "0"))
+    except ValueError:
+        return _error(400, "running_longer_than_ms must be an integer")
+    now = int(time.time() * 1000)
+    found = [
+        meta.to_json()
+        for tc in broker.coordinators.values()
+        for meta in tc.transactions()
+        if (state is None or meta.status.name == state.upper()) and now - meta.start_ms >= longer
+    ]
+    found.sort(key=lambda m: m["start_ms"])
+    return web.json_response({"transactions": found})
+
+
+def _txnid(request: web.Request) -> TxnID | web.Response:
+    text = request.match_info["txnid"]
+    try:
+        return TxnID.parse(text)
+    except ValueError as exc:
+        return _error(400, str(exc))
+
+
+async def get_transaction(request: web.Request) -> web.Response:
+    broker = request.app[BROKER_KEY]
+    txnid = _txnid(request)
+    if isinstance(txnid, web.Response):
+        return txnid
+    tc = broker.coordinators.get(txnid.tcid)
+    meta = tc.get(txnid) if tc is not None else None
+    if meta is None:
+        return _error(404, f"no transaction {txnid}")
+    return web.json_response(meta.to_json())
+
+
+async def abort_transaction(request: web.Request) -> web.Response:
+    broker = request.app[BROKER_KEY]
+    txnid = _txnid(request)
+    if isinstance(txnid, web.Response):
+        return txnid
+    tc = broker.coordinators.get(txnid.tcid)
+    if tc is None or tc.get(txnid) is None:
+        return _error(404, f"no transaction {txnid}")
+    try:
+        await tc.end_txn(txnid, commit=False)
+    except InvalidTxnStatusError as exc:
+        return _error(409, str(exc))
+    meta = tc.get(txnid)
+    assert meta is not None
+    return web.json_response(meta.to_json())
+
+
+async def list_coordinators(request: web.Request) -> web.Response:
+    broker = request.app[BROKER_KEY]
+    out = []
+    for tcid, tc in sorted(broker.coordinators.items()):
+        counts = {status.name: 0 for status in TxnStatus}
+        for meta in tc.transactions():
+            counts[meta.status.name] += 1
+        out.append({"tc_id": tcid, "transactions": counts})
+    return web.json_response({"coordinators": out})
+
+
 def add_admin_routes(app: web.Application) -> None:
     app.router.add_get("/admin/v1/health", health)
     app.router.add_get("/admin/v1/topics", list_topics)
     app.router.add_put("/admin/v1/topics/{topic}", put_topic)
     app.router.add_get("/admin/v1/topics/{topic}/stats", get_topic_stats)
+    app.router.add_get("/admin/v1/transactions", list_transactions)
+    app.router.add_get("/admin/v1/transactions/{txnid}", get_transaction)
+    app.router.add_post("/admin/v1/transactions/{txnid}/abort", abort_transaction)
+    app.router.add_get("/admin/v1/coordinators", list_coordinators)
     app.router.add_get("/metrics", metrics)

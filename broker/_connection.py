@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import WSMsgType, web
 from google.protobuf.message import DecodeError
 
-from broker._errors import error_code, error_text
+from broker._errors import BrokerError, error_code, error_text
 from buffer import (
     InvalidNameError,
     MessageId,
@@ -34,9 +34,16 @@ from buffer import (
 )
 from proto import txnbuf_pb2 as pb
 from subscriptions import Consumer, SubType
+from tc import TxnID
 
 if TYPE_CHECKING:
     from broker._server import Broker
+
+
+def txn_key(txnid: TxnID) -> tuple[int, int]:
+    """The (most_bits, least_bits) pair that buffer/ and subscriptions/ use."""
+    return (txnid.most_bits, txnid.least_bits)
+
 
 __all__ = ["Connection"]
 
@@ -93,6 +100,12 @@ class Connection:
             T.CLOSE_CONSUMER: self._on_close_consumer,
             T.PING: self._on_ping,
             T.PONG: lambda cmd: None,
+            T.NEW_TXN: self._on_new_txn,
+            T.ADD_PARTITION_TO_TXN: self._on_add_partition,
+            T.ADD_SUBSCRIPTION_TO_TXN: self._on_add_subscription,
+            T.END_TXN: self._on_end_txn,
+            T.END_TXN_ON_PARTITION: self._on_end_txn_on_partition,
+            T.END_TXN_ON_SUBSCRIPTION: self._on_end_txn_on_subscription,
         }
 
     # -- the loops ------------------------------------------------------------------
@@ -218,6 +231,7 @@ class Connection:
                     server_version=SERVER_VERSION,
                     protocol_version=PROTOCOL_VERSION,
                     max_message_size=MAX_MESSAGE_SIZE,
+                    tc_ids=sorted(self.broker.coordinators),
                 ),
             )
         )
@@ -322,7 +336,18 @@ class Connection:
             return
         partition = producer.topic.partitions[req.partition]
         try:
-            pending = partition.publish(producer.name, req.messages)
+            if req.transactional:
+                txnid = TxnID(req.txnid_most_bits, req.txnid_least_bits)
+                # KIP-890's defense: only a transaction the coordinator knows
+                # as OPEN with this partition added may write here.
+                self.broker.coordinator(txnid).verify_partition(
+                    txnid, producer.topic.name, req.partition
+                )
+                pending = self.broker.publish_txn(
+                    partition, txn_key(txnid), producer.name, req.messages
+                )
+            else:
+                pending = partition.publish(producer.name, req.messages)
         except Exception as exc:
             fail(error_code(exc), error_text(exc))
             return
@@ -414,7 +439,14 @@ class Connection:
                     raise LookupError(f"no consumer {req.consumer_id} on this connection")
                 ids = [MessageId(m.partition, m.entry_id, m.batch_index) for m in req.message_ids]
                 cumulative = req.ack_type == pb.CommandAck.CUMULATIVE
-                await self.broker.subscriptions.ack(consumer, ids, cumulative)
+                key = None
+                if req.transactional:
+                    txnid = TxnID(req.txnid_most_bits, req.txnid_least_bits)
+                    self.broker.coordinator(txnid).verify_subscription(
+                        txnid, consumer.topic, consumer.subscription
+                    )
+                    key = txn_key(txnid)
+                await self.broker.subscriptions.ack(consumer, ids, cumulative, key)
             except Exception as exc:
                 resp.error = error_code(exc)
                 resp.message = error_text(exc)
@@ -443,6 +475,113 @@ class Connection:
             return
         self.broker.subscriptions.detach(consumer)
         self.send(self._success(req.request_id))
+
+    # -- transactions (PIP-31 §TC Request Processing) -------------------------------
+
+    def _txn_answer(self, req: Any, work: Awaitable[None], what: str) -> None:
+        """Run ``work``; answer TXN_RESPONSE, with the error set if it raised."""
+
+        async def run() -> None:
+            resp = pb.CommandTxnResponse(
+                request_id=req.request_id,
+                txnid_most_bits=req.txnid_most_bits,
+                txnid_least_bits=req.txnid_least_bits,
+            )
+            try:
+                await work
+            except Exception as exc:
+                resp.error = error_code(exc)
+                resp.message = error_text(exc)
+                if resp.error == pb.UNKNOWN_ERROR:
+                    log.exception("connection %s: %s failed", self.peer, what)
+            self.send(command(T.TXN_RESPONSE, "txn_response", resp))
+
+        self._spawn(run())
+
+    def _on_new_txn(self, cmd: pb.BaseCommand) -> None:
+        req = cmd.new_txn
+
+        async def work() -> pb.BaseCommand:
+            resp = pb.CommandNewTxnResponse(request_id=req.request_id)
+            try:
+                tc = self.broker.coordinators.get(req.tc_id)
+                if tc is None:
+                    raise BrokerError(
+                        "TRANSACTION_COORDINATOR_NOT_FOUND",
+                        f"no coordinator {req.tc_id} here "
+                        f"(coordinators: {sorted(self.broker.coordinators)})",
+                    )
+                txnid = await tc.new_txn(req.txn_ttl_ms)
+                resp.txnid_most_bits = txnid.most_bits
+                resp.txnid_least_bits = txnid.least_bits
+            except Exception as exc:
+                resp.error = error_code(exc)
+                resp.message = error_text(exc)
+            return command(T.NEW_TXN_RESPONSE, "new_txn_response", resp)
+
+        self._answer(req.request_id, work(), "new transaction")
+
+    def _on_add_partition(self, cmd: pb.BaseCommand) -> None:
+        req = cmd.add_partition_to_txn
+
+        async def work() -> None:
+            txnid = TxnID(req.txnid_most_bits, req.txnid_least_bits)
+            tc = self.broker.coordinator(txnid)
+            parts = []
+            for ref in req.partitions:
+                topic = self.broker.topics.get(check_topic_name(ref.topic))
+                if topic is None or ref.partition >= len(topic.partitions):
+                    raise ValueError(f"no partition {ref.topic}/{ref.partition}")
+                parts.append((ref.topic, ref.partition))
+            if not parts:
+                raise ValueError("name at least one partition")
+            await tc.add_partitions(txnid, parts)
+
+        self._txn_answer(req, work(), "add partition to transaction")
+
+    def _on_add_subscription(self, cmd: pb.BaseCommand) -> None:
+        req = cmd.add_subscription_to_txn
+
+        async def work() -> None:
+            txnid = TxnID(req.txnid_most_bits, req.txnid_least_bits)
+            tc = self.broker.coordinator(txnid)
+            subs = [
+                (check_topic_name(ref.topic), check_subscription_name(ref.subscription))
+                for ref in req.subscriptions
+            ]
+            if not subs:
+                raise ValueError("name at least one subscription")
+            await tc.add_subscriptions(txnid, subs)
+
+        self._txn_answer(req, work(), "add subscription to transaction")
+
+    def _on_end_txn(self, cmd: pb.BaseCommand) -> None:
+        req = cmd.end_txn
+
+        async def work() -> None:
+            txnid = TxnID(req.txnid_most_bits, req.txnid_least_bits)
+            await self.broker.coordinator(txnid).end_txn(txnid, req.txn_action == pb.COMMIT)
+
+        self._txn_answer(req, work(), "end transaction")
+
+    def _on_end_txn_on_partition(self, cmd: pb.BaseCommand) -> None:
+        req = cmd.end_txn_on_partition
+        txnid = TxnID(req.txnid_most_bits, req.txnid_least_bits)
+        work = self.broker.end_txn_on_partition(
+            req.partition.topic, req.partition.partition, txnid, req.txn_action == pb.COMMIT
+        )
+        self._txn_answer(req, work, "end transaction on partition")
+
+    def _on_end_txn_on_subscription(self, cmd: pb.BaseCommand) -> None:
+        req = cmd.end_txn_on_subscription
+        txnid = TxnID(req.txnid_most_bits, req.txnid_least_bits)
+        work = self.broker.end_txn_on_subscription(
+            req.subscription.topic,
+            req.subscription.subscription,
+            txnid,
+            req.txn_action == pb.COMMIT,
+        )
+        self._txn_answer(req, work, "end transaction on subscription")
 
 
 def _request_id(cmd: pb.BaseCommand) -> int:

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-from buffer import DuplicateTooOldError, InvalidNameError, PartitionCountError, SendRejectedError
+from buffer import (
+    DuplicateTooOldError,
+    InvalidNameError,
+    PartitionCountError,
+    SendRejectedError,
+    TransactionBufferError,
+)
 from ledger import LedgerError
 from proto import txnbuf_pb2 as pb
 from subscriptions import SubscriptionError
+from tc import InvalidTxnStatusError, TxnNotFoundError, TxnTimeoutError
 
 __all__ = ["BrokerError", "error_code", "error_text"]
 
@@ -28,6 +35,12 @@ def error_code(exc: BaseException) -> pb.ServerError:
         return pb.SEQUENCE_TOO_OLD
     if isinstance(exc, LedgerError):
         return pb.PERSISTENCE_ERROR
+    if isinstance(exc, TxnTimeoutError):
+        return pb.TRANSACTION_TIMEOUT
+    if isinstance(exc, (InvalidTxnStatusError, TransactionBufferError)):
+        return pb.INVALID_TXN_STATUS
+    if isinstance(exc, TxnNotFoundError):
+        return pb.TRANSACTION_NOT_FOUND
     if isinstance(exc, LookupError):
         return pb.CONSUMER_NOT_FOUND
     if isinstance(exc, (SendRejectedError, PartitionCountError, ValueError)):

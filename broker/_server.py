@@ -1,29 +1,40 @@
-"""The broker: storage, topics and subscriptions behind one aiohttp app.
+"""The broker: storage, topics, subscriptions and coordinators behind one aiohttp app.
 
 Routes: ``/ws`` (the data plane, see `broker._connection`), the HTTP admin
 API under ``/admin/v1`` (see `broker._admin`) and Prometheus text at
 ``/metrics``.
+
+The broker runs the transaction coordinators named by ``tc_ids`` (each with
+its own log file) and is their `tc.Participant`: ending a transaction on a
+partition goes to the partition's transaction buffer, on a subscription to
+the subscription's pending acks.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
 
-from broker._connection import MAX_MESSAGE_SIZE, Connection
+from broker._connection import MAX_MESSAGE_SIZE, Connection, txn_key
 from broker._errors import BrokerError
-from buffer import Topics
+from buffer import Partition, PublishResult, Topics, TxnKey
 from ledger import LedgerStore
+from proto import txnbuf_pb2 as pb
 from subscriptions import Subscriptions
+from tc import TransactionCoordinator, TxnID, TxnNotFoundError
 
 __all__ = ["BROKER_KEY", "Broker", "make_app"]
 
 log = logging.getLogger(__name__)
 
 BROKER_KEY: web.AppKey[Broker] = web.AppKey("broker")
+SWEEP_INTERVAL = 5.0  # seconds between transaction buffer sweeps
 
 
 class Broker:
@@ -38,31 +49,121 @@ class Broker:
         self.subscriptions = subs
         self.url = url
         self.connections: set[Connection] = set()
+        self.coordinators: dict[int, TransactionCoordinator] = {}
+        self._sweeper: asyncio.Task[None] | None = None
         self._producer_owners: dict[tuple[str, str], Connection] = {}
+        # Transactional sends waiting for their partition's buffer to be created.
+        self._awaiting_buffer: dict[Partition, list[_TxnSend]] = {}
         self.started = time.time()
 
     @classmethod
-    async def open(cls, data_dir: str | Path, url: str = "") -> Broker:
+    async def open(
+        cls, data_dir: str | Path, url: str = "", tc_ids: tuple[int, ...] = (0,)
+    ) -> Broker:
         data_dir = Path(data_dir)
         data_dir.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         store = await LedgerStore.open(data_dir / "broker.db")
         topics = await Topics.load(store)
         subs = await Subscriptions.load(topics)
+        broker = cls(data_dir, store, topics, subs, url)
         log.info(
             "recovered %d topics from %s in %.2fs",
             len(topics.names()),
             data_dir,
             time.perf_counter() - t0,
         )
-        return cls(data_dir, store, topics, subs, url)
+        for tcid in tc_ids:
+            broker.coordinators[tcid] = await TransactionCoordinator.open(tcid, data_dir, broker)
+        broker._sweeper = asyncio.get_running_loop().create_task(broker._sweep_loop())
+        return broker
+
+    async def _sweep_loop(self) -> None:
+        """Reclaim sidecar entries of aborted transactions and of committed ones
+        whose markers were trimmed (PIP-31 §Retention Cursor)."""
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL)
+            for name in self.topics.names():
+                topic = self.topics.get(name)
+                for part in topic.partitions if topic is not None else ():
+                    buffer = part.transaction_buffer
+                    if buffer is None:
+                        continue
+                    try:
+                        await buffer.sweep()
+                    except Exception:
+                        log.exception("sweeping the transaction buffer of %s failed", part.name)
 
     async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         for conn in list(self.connections):
             conn.close()
             await conn.ws.close()
+        for tc in self.coordinators.values():
+            await tc.close()
         await self.subscriptions.close()
         await self.store.close()
+
+    # -- transactions ------------------------------------------------------------
+
+    def coordinator(self, txnid: TxnID) -> TransactionCoordinator:
+        """The coordinator that owns ``txnid`` (its TCID), if it runs here."""
+        tc = self.coordinators.get(txnid.tcid)
+        if tc is None:
+            raise TxnNotFoundError(
+                f"transaction {txnid} belongs to coordinator {txnid.tcid}, which does not run "
+                f"here (coordinators: {sorted(self.coordinators)})"
+            )
+        return tc
+
+    def publish_txn(
+        self, partition: Partition, txn: TxnKey, producer: str, messages: Sequence[pb.SingleMessage]
+    ) -> Awaitable[PublishResult]:
+        """Queue a transactional send to ``partition``'s transaction buffer.
+
+        Sends are queued in call order even while the buffer (and its sidecar
+        ledger) is being created by the first of them.
+        """
+        buffer = partition.transaction_buffer
+        if buffer is not None and partition not in self._awaiting_buffer:
+            return buffer.publish(txn, producer, messages)
+        fut: asyncio.Future[Awaitable[PublishResult]] = asyncio.get_running_loop().create_future()
+        waiting = self._awaiting_buffer.setdefault(partition, [])
+        waiting.append(_TxnSend(txn, producer, messages, fut))
+        if len(waiting) == 1:
+            asyncio.get_running_loop().create_task(self._create_buffer(partition))
+        return _published(fut)
+
+    async def _create_buffer(self, partition: Partition) -> None:
+        try:
+            buffer = await partition.txn_buffer()
+        except Exception as exc:
+            for job in self._awaiting_buffer.pop(partition):
+                job.future.set_exception(exc)
+            return
+        for job in self._awaiting_buffer.pop(partition):
+            try:
+                job.future.set_result(buffer.publish(job.txn, job.producer, job.messages))
+            except Exception as exc:
+                job.future.set_exception(exc)
+
+    async def end_txn_on_partition(
+        self, topic: str, partition: int, txnid: TxnID, commit: bool
+    ) -> None:
+        """`tc.Participant`: commit (marker) or abort the transaction on a partition."""
+        found = self.topics.get(topic)
+        if found is None or partition >= len(found.partitions):
+            log.warning("end %s on %s/%d: no such partition", txnid, topic, partition)
+            return
+        buffer = await found.partitions[partition].txn_buffer()
+        await buffer.end(txn_key(txnid), commit)
+
+    async def end_txn_on_subscription(
+        self, topic: str, subscription: str, txnid: TxnID, commit: bool
+    ) -> None:
+        """`tc.Participant`: commit or abort the transaction's pending acks."""
+        await self.subscriptions.end_txn(topic, subscription, txn_key(txnid), commit)
 
     def producer_count(self, topic: str) -> int:
         return sum(1 for t, _ in self._producer_owners if t == topic)
@@ -79,6 +180,18 @@ class Broker:
     def release_producer(self, topic: str, name: str, conn: Connection) -> None:
         if self._producer_owners.get((topic, name)) is conn:
             del self._producer_owners[(topic, name)]
+
+
+@dataclass(slots=True)
+class _TxnSend:
+    txn: TxnKey
+    producer: str
+    messages: Sequence[pb.SingleMessage]
+    future: asyncio.Future[Awaitable[PublishResult]]
+
+
+async def _published(fut: asyncio.Future[Awaitable[PublishResult]]) -> PublishResult:
+    return await (await fut)
 
 
 async def _websocket(request: web.Request) -> web.WebSocketResponse:

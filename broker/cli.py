@@ -23,9 +23,9 @@ __all__ = ["main", "serve"]
 log = logging.getLogger("txnbuf")
 
 
-async def serve(data_dir: str, host: str, port: int) -> None:
+async def serve(data_dir: str, host: str, port: int, tc_ids: tuple[int, ...] = (0,)) -> None:
     """Run a broker until SIGTERM or SIGINT."""
-    broker = await Broker.open(data_dir, url=f"http://{host}:{port}")
+    broker = await Broker.open(data_dir, url=f"http://{host}:{port}", tc_ids=tc_ids)
     runner = web.AppRunner(make_app(broker), access_log=None, handle_signals=False)
     await runner.setup()
     try:
@@ -35,7 +35,13 @@ async def serve(data_dir: str, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        log.info("txnbuf broker listening on http://%s:%d (data in %s)", host, port, data_dir)
+        log.info(
+            "txnbuf broker listening on http://%s:%d (data in %s, coordinators %s)",
+            host,
+            port,
+            data_dir,
+            ",".join(map(str, tc_ids)),
+        )
         await stop.wait()
         log.info("stopping")
     finally:
@@ -52,6 +58,16 @@ def _event_loop_factory() -> type[asyncio.AbstractEventLoop] | None:
     return uvloop.Loop
 
 
+def _tc_ids(text: str) -> tuple[int, ...]:
+    try:
+        ids = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of TCIDs: {text!r} (e.g. 0,1)") from None
+    if not ids or len(set(ids)) != len(ids) or not all(0 <= i < 1 << 16 for i in ids):
+        raise argparse.ArgumentTypeError(f"TCIDs must be distinct numbers 0..65535: {text!r}")
+    return ids
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="txnbuf", description="txnbuf message broker")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -59,6 +75,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--data-dir", default="./txnbuf-data", help="where data lives (./txnbuf-data)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     p.add_argument("--port", type=int, default=6650, help="port to listen on (6650)")
+    p.add_argument(
+        "--tc-ids",
+        type=_tc_ids,
+        default=(0,),
+        help="transaction coordinators to run here, comma-separated TCIDs (0)",
+    )
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (INFO)")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -69,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve":
         loop_factory = _event_loop_factory()
         with asyncio.Runner(loop_factory=loop_factory) as runner:
-            runner.run(serve(args.data_dir, args.host, args.port))
+            runner.run(serve(args.data_dir, args.host, args.port, args.tc_ids))
     return 0
 
 

@@ -1,9 +1,20 @@
-"""Per-partition storage: topics, partition ledgers, deduplication.
+"""Per-partition storage: topics, partition ledgers, deduplication, transactions.
 
-The transaction buffer (sidecar transaction logs, commit markers,
-materialization, sweep) joins this package with PIP-31 (issue 3).
+A partition's transaction buffer (PIP-31 §Sidecar Approach) is its sidecar
+transaction log with the transaction index, commit markers, materialization
+and sweep: `TransactionBuffer`, reached through `Partition.txn_buffer()`.
 """
 
+from buffer._entries import (
+    COMMIT_MARKER,
+    DATA,
+    DuplicateTooOldError,
+    PublishResult,
+    SendRejectedError,
+    entry_count,
+    entry_kind,
+    entry_meta,
+)
 from buffer._names import (
     MAX_PARTITIONS,
     InvalidNameError,
@@ -12,18 +23,18 @@ from buffer._names import (
     check_subscription_name,
     check_topic_name,
 )
-from buffer._partition import (
-    COMMIT_MARKER,
-    DATA,
-    DuplicateTooOldError,
-    Partition,
-    PublishResult,
-    SendRejectedError,
-    entry_count,
-    entry_kind,
-    entry_meta,
-)
+from buffer._partition import Partition
 from buffer._topics import PartitionCountError, Topic, Topics
+from buffer._txnbuffer import (
+    TransactionBuffer,
+    TransactionBufferError,
+    TxnConflictError,
+    TxnEndedError,
+    TxnInfo,
+    TxnKey,
+    TxnState,
+    sidecar_ledger_name,
+)
 
 __all__ = [
     "COMMIT_MARKER",
@@ -39,9 +50,17 @@ __all__ = [
     "SendRejectedError",
     "Topic",
     "Topics",
+    "TransactionBuffer",
+    "TransactionBufferError",
+    "TxnConflictError",
+    "TxnEndedError",
+    "TxnInfo",
+    "TxnKey",
+    "TxnState",
     "check_subscription_name",
     "check_topic_name",
     "entry_count",
     "entry_kind",
     "entry_meta",
+    "sidecar_ledger_name",
 ]

@@ -3,10 +3,11 @@
 An entry of the partition ledger is either DATA, the messages of one send as
 a serialized `EntryBatch`, or a COMMIT_MARKER of a transaction, which stands
 for the transaction's messages held in the partition's sidecar transaction
-log (PIP-31 §Sidecar Approach). Its ledger ``meta`` packs the kind and the
-message count (`entry_meta`), so that subscriptions know entry sizes and
-kinds without reading entries. Message ids are (partition, entry id, batch
-index); a committed transaction's messages take the marker's entry id.
+log (PIP-31 §Sidecar Approach, see `buffer._txnbuffer`). Its ledger ``meta``
+packs the kind and the message count (`entry_meta`), so that subscriptions
+know entry sizes and kinds without reading entries. Message ids are
+(partition, entry id, batch index); a committed transaction's messages take
+the marker's entry id.
 """
 
 from __future__ import annotations
@@ -15,10 +16,21 @@ import itertools
 import json
 import logging
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass
 
 from buffer._dedup import DedupState, ProducerSequence
+from buffer._entries import (
+    COMMIT_MARKER,
+    COUNT_MASK,
+    DATA,
+    DuplicateTooOldError,
+    PublishResult,
+    SendRejectedError,
+    entry_count,
+    entry_kind,
+    entry_meta,
+)
 from buffer._names import Position
+from buffer._txnbuffer import TransactionBuffer, TransactionBufferError, sidecar_ledger_name
 from ledger import Entry, Ledger, LedgerStore
 from proto import txnbuf_pb2 as pb
 
@@ -42,45 +54,6 @@ DEDUP_SNAPSHOT_EVERY = 1000
 DEDUP_REPLAY_ENTRIES = 256
 
 
-# Entry kinds, in the high bits of an entry's ledger meta.
-DATA, COMMIT_MARKER = 0, 1
-_KIND_SHIFT = 32
-_COUNT_MASK = (1 << _KIND_SHIFT) - 1
-
-
-def entry_meta(kind: int, count: int) -> int:
-    """The ledger meta of an entry of ``kind`` holding ``count`` messages."""
-    return (kind << _KIND_SHIFT) | count
-
-
-def entry_count(meta: int) -> int:
-    return meta & _COUNT_MASK
-
-
-def entry_kind(meta: int) -> int:
-    return meta >> _KIND_SHIFT
-
-
-class SendRejectedError(ValueError):
-    """A send is malformed (e.g. sequence ids not increasing); nothing stored."""
-
-
-class DuplicateTooOldError(Exception):
-    """A re-sent message is stored already, but too long ago to know its id."""
-
-
-@dataclass(frozen=True, slots=True)
-class PublishResult:
-    """Where the messages of one send are: ``ids[i]`` for message i.
-
-    ``ids`` is None when all of them were stored now, as one entry: message
-    i is then at ``(entry_id, i)``.
-    """
-
-    entry_id: int
-    ids: list[Position] | None
-
-
 class Partition:
     """A partition of a topic. Create with `Partition.load`."""
 
@@ -94,6 +67,7 @@ class Partition:
         self._counts_base = ledger.first_entry_id  # entry id of _counts[0]
         self._since_snapshot = 0
         self.messages_in = 0  # messages stored since start, for stats
+        self._txn_buffer: TransactionBuffer | None = None
         ledger.add_listener(self._on_entries)
 
     def __repr__(self) -> str:
@@ -118,13 +92,32 @@ class Partition:
         else:
             part._counts_base = ledger.last_entry_id + 1
         await part._restore_dedup()
+        sidecar = store.get_ledger(sidecar_ledger_name(topic, index))
+        if sidecar is not None:  # transactions wrote here: recover their index
+            part._txn_buffer = await TransactionBuffer.load(part.name, ledger, sidecar, meta)
         return part
+
+    # -- transactions -----------------------------------------------------------
+
+    @property
+    def transaction_buffer(self) -> TransactionBuffer | None:
+        """The transaction buffer, or None if no transaction touched this partition."""
+        return self._txn_buffer
+
+    async def txn_buffer(self) -> TransactionBuffer:
+        """The transaction buffer, created (with its sidecar ledger) on first use."""
+        if self._txn_buffer is not None:
+            return self._txn_buffer
+        sidecar = await self.ledger.store.open_ledger(sidecar_ledger_name(self.topic, self.index))
+        if self._txn_buffer is None:  # not created by a concurrent caller meanwhile
+            self._txn_buffer = TransactionBuffer(self.name, self.ledger, sidecar)
+        return self._txn_buffer
 
     # -- entry sizes ----------------------------------------------------------
 
     def _on_entries(self, _ledger: Ledger, entries: list[Entry]) -> None:
         for e in entries:
-            n = e.meta & _COUNT_MASK
+            n = e.meta & COUNT_MASK
             self._counts.append(n)
             self.messages_in += n
 
@@ -167,9 +160,19 @@ class Partition:
         A DATA entry is delivered as stored; a COMMIT_MARKER is resolved into
         its transaction's messages, in order, from the sidecar log.
         """
-        if entry_kind(entry.meta) == DATA:
+        kind = entry_kind(entry.meta)
+        if kind == DATA:
             return entry.data
-        raise NotImplementedError("commit markers arrive with the transaction buffer")
+        if kind != COMMIT_MARKER:
+            raise TransactionBufferError(
+                f"{self.name}: entry {entry.entry_id} has unknown kind {kind}"
+            )
+        if self._txn_buffer is None:
+            raise TransactionBufferError(
+                f"{self.name}: entry {entry.entry_id} is a commit marker, "
+                "but the partition has no transaction log"
+            )
+        return await self._txn_buffer.materialize(entry)
 
     # -- publishing -----------------------------------------------------------
 

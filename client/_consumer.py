@@ -43,9 +43,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 from proto import txnbuf_pb2 as pb
 
@@ -350,28 +351,41 @@ class Consumer:
     # --- acknowledging ---------------------------------------------------------
 
     async def acknowledge(
-        self, message: Message | MessageId, *, txn: Transaction | None = None
+        self,
+        message: Message | MessageId | Sequence[Message | MessageId],
+        *,
+        txn: Transaction | None = None,
     ) -> None:
-        """Acknowledge one message; returns once the broker has stored the ack.
-        With ``txn`` the ack is part of that transaction (PENDING_ACK until it
-        ends). Raises the broker's error (e.g. ``UnknownMessageIdError``,
-        ``TransactionConflictError``) or ``InvalidTxnStatusError`` if ``txn``
-        is no longer open."""
-        mid = message_id_of(message)
-        future = self._new_ack(txn)
+        """Acknowledge a message (or a list of them, sent together); returns
+        once the broker has stored the ack. With ``txn`` the ack is part of
+        that transaction (PENDING_ACK until it ends). Raises the broker's
+        error (e.g. ``UnknownMessageIdError``, ``TransactionConflictError``)
+        or ``InvalidTxnStatusError`` if ``txn`` is no longer open."""
+        if isinstance(message, (Message, MessageId)):  # (a MessageId is a tuple too)
+            mids = [message_id_of(message)]
+        else:
+            mids = [message_id_of(m) for m in message]
+            if not mids:
+                return
+        self._check_ack(txn)
+        create = self._loop.create_future
+        new: list[asyncio.Future[None]] = [create() for _ in mids]
         pending = self._acks.get(txn)
         if pending is None:
             pending = self._acks[txn] = ([], [])
         ids, futures = pending
-        ids.append(mid)
-        futures.append(future)
+        ids.extend(mids)
+        futures.extend(new)
         if len(ids) >= MAX_ACKS_PER_FRAME:
             del self._acks[txn]
             self._send_ack(AckType.INDIVIDUAL, ids, futures, txn)
         elif not self._ack_flush_scheduled:
             self._ack_flush_scheduled = True
             self._loop.call_soon(self._flush_acks)
-        await _answer(future, txn)
+        done: asyncio.Future[Any] = new[0] if len(new) == 1 else asyncio.gather(*new)
+        if txn is not None:
+            txn._track(done)
+        await _answer(done, txn)
 
     async def acknowledge_cumulative(
         self, message: Message | MessageId, *, txn: Transaction | None = None
@@ -384,12 +398,16 @@ class Consumer:
         self._send_ack(AckType.CUMULATIVE, [mid], [future], txn)
         await _answer(future, txn)
 
-    def _new_ack(self, txn: Transaction | None) -> asyncio.Future[None]:
-        """The future of a new ack, after the checks that refuse it."""
+    def _check_ack(self, txn: Transaction | None) -> None:
+        """Refuse an ack on a closed consumer or an ended transaction."""
         if self._closing:
             self._raise_closed()
         if txn is not None:
             check_txn(txn, self._conn)
+
+    def _new_ack(self, txn: Transaction | None) -> asyncio.Future[None]:
+        """The future of a new ack, after the checks that refuse it."""
+        self._check_ack(txn)
         future: asyncio.Future[None] = self._loop.create_future()
         if txn is not None:
             txn._track(future)
@@ -566,7 +584,7 @@ class Consumer:
         raise ConsumerClosedError(f"consumer {self.consumer_id} is closed") from self._reason
 
 
-async def _answer(future: asyncio.Future[None], txn: Transaction | None) -> None:
+async def _answer(future: asyncio.Future[Any], txn: Transaction | None) -> None:
     """Wait for an ack's answer. A transactional one is shielded: cancelling
     the caller leaves the ack to the transaction, which waits for it."""
     await (future if txn is None else asyncio.shield(future))

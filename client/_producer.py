@@ -100,6 +100,9 @@ class _Batch:
     entries: list[_Entry] = field(default_factory=list)
     futures: list[asyncio.Future[MessageId]] = field(default_factory=list)
     size: int = 0
+    # One future per batch that the transaction waits on (one per message
+    # would cost a callback and a shield per send).
+    tracker: asyncio.Future[None] | None = None
 
 
 @dataclass(slots=True)
@@ -112,6 +115,18 @@ class _Frame:
     deadline: float
     transactional: bool = False
     held: bool = False  # waits for the partition's registration with the coordinator
+    tracker: asyncio.Future[None] | None = None  # the transaction's view of this frame
+
+
+def _settle(tracker: asyncio.Future[None] | None, futures: list[asyncio.Future[MessageId]]) -> None:
+    """Settle a transactional frame's tracker like its messages were settled."""
+    if tracker is None or tracker.done():
+        return
+    for future in futures:
+        if future.done() and not future.cancelled() and future.exception() is not None:
+            tracker.set_exception(future.exception())  # type: ignore[arg-type]
+            return
+    tracker.set_result(None)
 
 
 def partition_for_key(key: str, partitions: int) -> int:
@@ -394,6 +409,9 @@ class Producer:
             batch = self._batches[where] = _Batch(
                 self._loop.time() + self._conn.operation_timeout, txn
             )
+            if txn is not None:
+                batch.tracker = self._loop.create_future()
+                txn._track(batch.tracker)
         batch.entries.append((value, key, properties, sequence_id))
         batch.futures.append(future)
         batch.size += size
@@ -403,10 +421,9 @@ class Producer:
         elif not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
-        if txn is None:
-            return future
-        txn._track(future)
-        return asyncio.shield(future)  # a cancelled caller leaves the send to the txn
+        # A caller that cancels its wait cancels only its own future: the
+        # transaction tracks the batch (``tracker``), which the receipt settles.
+        return future
 
     def _check_sequence_id(self, sequence_id: int) -> None:
         if type(sequence_id) is not int:
@@ -442,7 +459,7 @@ class Producer:
             time.time_ns() // 1_000_000,
             None if txn is None else txn.id,
         ).SerializeToString()
-        frame = _Frame(request_id, data, batch.futures, batch.deadline)
+        frame = _Frame(request_id, data, batch.futures, batch.deadline, tracker=batch.tracker)
         self._inflight[request_id] = frame
         if txn is None:
             if self._conn.is_current(self._gen):
@@ -490,6 +507,7 @@ class Producer:
                     futures[len(ids) :],
                     ProtocolError(f"receipt has {len(ids)} ids for {len(futures)} messages"),
                 )
+        _settle(frame.tracker, futures)
         self._released(len(futures))
 
     def on_send_error(self, error: pb.CommandSendError) -> None:
@@ -500,6 +518,8 @@ class Producer:
         if frame is None:
             return False
         fail_all(frame.futures, exc)
+        if frame.tracker is not None and not frame.tracker.done():
+            frame.tracker.set_exception(exc)
         self._released(len(frame.futures))
         return True
 

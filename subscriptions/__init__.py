@@ -1,10 +1,12 @@
 """Subscriptions: cursors, the message state table, dispatch and redelivery.
 
-PIP-31's PENDING_ACK state and the pending-ack log join this package with
-transactions (issue 3).
+PIP-31's PENDING_ACK state: an acknowledgement inside a transaction locks its
+messages until `Subscriptions.end_txn` commits (DELETED) or aborts (PENDING,
+redelivered) them; the locks are records of the cursor ledger. A transaction
+is a `TxnKey`, ``(most_bits, least_bits)``: this package does not import tc.
 """
 
-from subscriptions._cursor import WHOLE_ENTRY, Cursor
+from subscriptions._cursor import WHOLE_ENTRY, AckConflict, Cursor, TxnKey
 from subscriptions._manager import Subscriptions
 from subscriptions._state import TRANSITIONS, AckEvent, InvalidAckTransition, MsgState, transition
 from subscriptions._subscription import Consumer, PartitionSubscription, SubscriptionError, SubType
@@ -12,6 +14,7 @@ from subscriptions._subscription import Consumer, PartitionSubscription, Subscri
 __all__ = [
     "TRANSITIONS",
     "WHOLE_ENTRY",
+    "AckConflict",
     "AckEvent",
     "Consumer",
     "Cursor",
@@ -21,5 +24,6 @@ __all__ = [
     "SubType",
     "SubscriptionError",
     "Subscriptions",
+    "TxnKey",
     "transition",
 ]

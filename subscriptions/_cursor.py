@@ -1,50 +1,191 @@
 """A subscription's cursor on one partition, and its on-disk records.
 
 The cursor is the mark-delete position (every message at or before it is
-DELETED) plus the set of messages after it that were acknowledged one by one
-(a `SortedSet` of positions). Acks go through the state table of
-`subscriptions._state`; the mark-delete position then advances over every
-contiguous acknowledged message.
+DELETED), the set of messages after it that were acknowledged one by one (a
+`SortedSet` of positions), and the messages locked in PENDING_ACK by a
+transaction (``pending_ack``: position -> transaction, with an index of each
+transaction's positions in ``txn_acks``). Every state change goes through
+the table of `subscriptions._state`; the mark-delete position then advances
+over every contiguous DELETED message, and never over a PENDING_ACK one (so
+that retention never trims a message an abort must deliver again).
 
-Durably, a cursor is a ledger of records: a snapshot (``meta`` 0, JSON), or
-an acknowledgement (``meta`` 1 individual / 2 cumulative, int64 pairs).
-Replaying them in order through `Cursor.apply` rebuilds the cursor; a fresh
-snapshot lets the ledger be trimmed before it.
+Durably, a cursor is a ledger of records, ``meta`` giving the kind:
+
+    0 SNAPSHOT    JSON {"md": [e, i], "acked": [e, i, ...],
+                        "pending_ack": [e, i, most, least, ...]}
+    1 INDIVIDUAL  positions: int64 pairs (entry id, batch index)
+    2 CUMULATIVE  the same; the highest position is the bound
+    3 TXN_ACK     txn (uint64 most_bits, least_bits), then int64 position pairs
+    4 TXN_COMMIT  txn only
+    5 TXN_ABORT   txn only
+
+(native byte order). Replaying them in order through `Cursor.apply` rebuilds
+the cursor; a fresh snapshot lets the ledger be trimmed before it. A record
+whose transitions the table refuses changes nothing (`AckConflict`), live and
+in replay alike.
+
+A transaction is named by ``TxnKey = (most_bits, least_bits)``: this package
+builds on ledger and buffer only, never on tc.
 """
 
 from __future__ import annotations
 
 import json
 from array import array
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 from sortedcontainers import SortedSet
 
 from buffer import Position
-from subscriptions._state import AckEvent, MsgState, transition
+from subscriptions._state import AckEvent, InvalidAckTransition, MsgState, transition
 
-__all__ = ["WHOLE_ENTRY", "AckRecord", "Cursor", "decode_record", "encode_record"]
+__all__ = [
+    "CUMULATIVE",
+    "INDIVIDUAL",
+    "SNAPSHOT",
+    "TXN_ABORT",
+    "TXN_ACK",
+    "TXN_COMMIT",
+    "WHOLE_ENTRY",
+    "AckConflict",
+    "AckRecord",
+    "Cursor",
+    "TxnKey",
+    "check_txn_key",
+    "decode_record",
+    "encode_record",
+    "txn_text",
+]
 
 # A batch index meaning "every message of the entry": mark-delete (e, WHOLE_ENTRY)
 # says entry e is done.
 WHOLE_ENTRY = (1 << 31) - 1
 
-SNAPSHOT, INDIVIDUAL, CUMULATIVE = 0, 1, 2
+SNAPSHOT, INDIVIDUAL, CUMULATIVE, TXN_ACK, TXN_COMMIT, TXN_ABORT = range(6)
+_TXN_KINDS = frozenset({TXN_ACK, TXN_COMMIT, TXN_ABORT})
+_KIND_NAMES = {
+    INDIVIDUAL: "INDIVIDUAL",
+    CUMULATIVE: "CUMULATIVE",
+    TXN_ACK: "TXN_ACK",
+    TXN_COMMIT: "TXN_COMMIT",
+    TXN_ABORT: "TXN_ABORT",
+}
+_U64 = (1 << 64) - 1
 
-AckRecord = tuple[int, list[Position]]  # (INDIVIDUAL | CUMULATIVE, positions)
+TxnKey = tuple[int, int]  # (most_bits, least_bits) of a TxnID
+
+
+def txn_text(txn: TxnKey) -> str:
+    """A transaction as tc's TxnID prints it: ``(most_bits,least_bits)``."""
+    return f"({txn[0]},{txn[1]})"
+
+
+def _pos_text(pos: Position) -> str:
+    return f"{pos[0]}:{pos[1]}"
+
+
+def check_txn_key(txn: object) -> TxnKey:
+    """``txn`` as a `TxnKey`; ValueError unless it is two integers in [0, 2**64)."""
+    if (
+        not isinstance(txn, tuple)
+        or len(txn) != 2
+        or not all(type(x) is int and 0 <= x <= _U64 for x in txn)
+    ):
+        raise ValueError(f"not a transaction id: {txn!r} (expected (most_bits, least_bits))")
+    return (txn[0], txn[1])
+
+
+class AckConflict(InvalidAckTransition):
+    """The table refused an event on one message of a record: nothing changed.
+
+    ``position`` is the message, ``holder`` the transaction that holds it in
+    PENDING_ACK (None if it is not locked), ``txn`` the transaction of the
+    refused record (None outside a transaction).
+    """
+
+    def __init__(
+        self,
+        position: Position,
+        state: MsgState,
+        event: AckEvent,
+        txn: TxnKey | None = None,
+        holder: TxnKey | None = None,
+    ) -> None:
+        super().__init__(state, event)
+        self.position = position
+        self.txn = txn
+        self.holder = holder
+        by = f" in transaction {txn_text(txn)}" if txn is not None else ""
+        held = f" held by transaction {txn_text(holder)}" if holder is not None else ""
+        self.args = (
+            f"cannot apply {event.value}{by} to message {_pos_text(position)}: "
+            f"it is {state.value}{held}",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AckRecord:
+    """One record of the cursor ledger (not a snapshot)."""
+
+    kind: int
+    positions: tuple[Position, ...] = ()
+    txn: TxnKey | None = None
+
+    def encode(self) -> bytes:
+        if self.kind not in _KIND_NAMES:
+            raise ValueError(f"unknown cursor record kind {self.kind}")
+        if self.kind not in _TXN_KINDS:
+            return encode_record(self.positions)
+        if self.txn is None:
+            raise ValueError(f"a {_KIND_NAMES[self.kind]} record needs a transaction id")
+        head = array("Q", check_txn_key(self.txn)).tobytes()
+        return head + encode_record(self.positions) if self.kind == TXN_ACK else head
+
+    @classmethod
+    def decode(cls, kind: int, data: bytes) -> AckRecord:
+        """The record of ``kind`` stored as ``data``; ValueError if it is not one."""
+        if kind not in _KIND_NAMES:
+            raise ValueError(f"unknown cursor record kind {kind}")
+        if kind not in _TXN_KINDS:
+            return cls(kind, tuple(decode_record(data)))
+        if len(data) < 16 or (kind != TXN_ACK and len(data) != 16):
+            raise ValueError(f"torn {_KIND_NAMES[kind]} record ({len(data)} bytes)")
+        head = array("Q")
+        head.frombytes(data[:16])
+        return cls(kind, tuple(decode_record(data[16:])), (head[0], head[1]))
+
+
+_EVENTS = {
+    INDIVIDUAL: AckEvent.ACK,
+    CUMULATIVE: AckEvent.ACK,
+    TXN_ACK: AckEvent.TXN_ACK,
+    TXN_COMMIT: AckEvent.TXN_COMMIT,
+    TXN_ABORT: AckEvent.TXN_ABORT,
+}
+
+Change = tuple[Position, MsgState]  # a message and its state after a record
 
 
 class Cursor:
     def __init__(self, mark_delete: Position) -> None:
         self.mark_delete: Position = mark_delete
         self.acked: SortedSet = SortedSet()
+        self.pending_ack: dict[Position, TxnKey] = {}
+        self.txn_acks: dict[TxnKey, set[Position]] = {}  # each transaction's positions
+        self._locked_entries: dict[int, int] = {}  # entry id -> its PENDING_ACK messages
 
     def __repr__(self) -> str:
-        return f"Cursor(mark_delete={self.mark_delete}, acked={len(self.acked)})"
+        return (
+            f"Cursor(mark_delete={self.mark_delete}, acked={len(self.acked)}, "
+            f"pending_ack={len(self.pending_ack)})"
+        )
 
     def state(self, pos: Position) -> MsgState:
         if pos <= self.mark_delete or pos in self.acked:
             return MsgState.DELETED
+        if pos in self.pending_ack:
+            return MsgState.PENDING_ACK
         return MsgState.PENDING
 
     def first_open_entry(self) -> int:
@@ -52,64 +193,219 @@ class Cursor:
         entry_id, index = self.mark_delete
         return entry_id + 1 if index == WHOLE_ENTRY else entry_id
 
-    def apply(
-        self, kind: int, positions: Iterable[Position], count: Callable[[int], int], last: int
-    ) -> list[Position]:
-        """Apply an ack record; returns the positions that became DELETED now.
+    def all_pending(self, entry_id: int) -> bool:
+        """Is every message of entry ``entry_id`` PENDING (none DELETED or locked)?"""
+        if entry_id <= self.mark_delete[0] or self._locked_entries.get(entry_id):
+            return False
+        acked = self.acked
+        i: int = acked.bisect_left((entry_id, 0))
+        return not (i < len(acked) and acked[i][0] == entry_id)
 
-        ``count(entry_id)`` gives an entry's message count and ``last`` the
-        last entry id, for advancing the mark-delete position.
-        """
-        deleted: list[Position] = []
-        if kind == CUMULATIVE:
-            for pos in positions:
-                if pos > self.mark_delete:
-                    transition(MsgState.PENDING, AckEvent.ACK)
-                    deleted.extend(self._delete_through(pos, count))
-        else:
-            # Check every transition first, so a refused one changes nothing.
-            wanted = list(positions)
-            states = [self.state(pos) for pos in wanted]
-            for state in states:
-                transition(state, AckEvent.ACK)
-            for pos, state in zip(wanted, states, strict=True):
-                if state is MsgState.PENDING and pos not in self.acked:
-                    self.acked.add(pos)
-                    deleted.append(pos)
-        self._advance(count, last)
-        return deleted
-
-    def _delete_through(self, pos: Position, count: Callable[[int], int]) -> list[Position]:
-        """Move mark-delete to ``pos``; returns the messages that became DELETED."""
-        deleted = []
+    def messages_through(self, bound: Position, count: Callable[[int], int]) -> Iterator[Position]:
+        """Every message after mark-delete up to and including ``bound``."""
         entry_id, index = self.mark_delete
         if index == WHOLE_ENTRY:
             entry_id, index = entry_id + 1, -1
-        while (entry_id, index + 1) <= pos:
+        while entry_id <= bound[0]:
             n = count(entry_id)
-            stop = pos[1] if entry_id == pos[0] else n - 1
-            for i in range(index + 1, min(stop, n - 1) + 1):
-                if (entry_id, i) not in self.acked:
-                    deleted.append((entry_id, i))
-            if entry_id >= pos[0]:
-                break
+            stop = min(bound[1], n - 1) if entry_id == bound[0] else n - 1
+            for i in range(index + 1, stop + 1):
+                yield (entry_id, i)
             entry_id, index = entry_id + 1, -1
-        self.mark_delete = pos
-        while self.acked and self.acked[0] <= pos:
-            self.acked.pop(0)
-        return deleted
+
+    def expand_cumulative(self, bound: Position, count: Callable[[int], int]) -> list[Position]:
+        """The positions a cumulative ack up to ``bound`` names inside a transaction.
+
+        Every message after mark-delete up to ``bound`` that is not DELETED,
+        and ``bound`` itself whatever its state (so that a DELETED bound is
+        refused by the table). Messages locked by another transaction are
+        named too: the table refuses them, so a cumulative ack never leaves
+        a silent hole.
+        """
+        out = [
+            p
+            for p in self.messages_through(bound, count)
+            if p != bound and self.state(p) is not MsgState.DELETED
+        ]
+        out.append(bound)
+        return out
+
+    # -- applying records ---------------------------------------------------------
+
+    def plan(
+        self,
+        kind: int,
+        positions: Iterable[Position],
+        count: Callable[[int], int],
+        txn: TxnKey | None = None,
+    ) -> list[Change]:
+        """The state changes a record would make; changes nothing.
+
+        Raises `AckConflict` (an `InvalidAckTransition`) naming a message
+        the table refuses, and ValueError for a malformed record.
+        """
+        if kind == INDIVIDUAL:
+            return self._plan(self._states(dict.fromkeys(positions)), AckEvent.ACK, None)
+        if kind == CUMULATIVE:
+            bound = max(positions, default=None)
+            if bound is None:
+                return []
+            if bound <= self.mark_delete:
+                self._plan(self._states([bound]), AckEvent.ACK, None)  # DELETED: the table decides
+                return []
+            return self._plan_cumulative(bound, count)
+        if kind not in _TXN_KINDS:
+            raise ValueError(f"unknown cursor record kind {kind}")
+        if txn is None:
+            raise ValueError(f"a {_KIND_NAMES[kind]} record needs a transaction id")
+        if kind == TXN_ACK:
+            # A transaction re-sending its ack of a message it holds: a retry, not a conflict.
+            wanted = [p for p in dict.fromkeys(positions) if self.pending_ack.get(p) != txn]
+            return self._plan(self._states(wanted), AckEvent.TXN_ACK, txn)
+        mine = sorted(self.txn_acks.get(txn, ()))
+        return self._plan(self._states(mine), _EVENTS[kind], txn)
+
+    def _states(self, positions: Iterable[Position]) -> Iterator[Change]:
+        return ((pos, self.state(pos)) for pos in positions)
+
+    def _plan_cumulative(self, bound: Position, count: Callable[[int], int]) -> list[Change]:
+        """`plan` of a cumulative ack past mark-delete: the hot path.
+
+        One pass over the range, and the table asked once for each state
+        present rather than once for each message.
+        """
+        acked = list(self.acked.irange(maximum=bound))
+        locked = sorted(p for p in self.pending_ack if p <= bound)
+        skip = set(acked).union(locked)
+        pending = [p for p in self.messages_through(bound, count) if p not in skip]
+        changes: list[Change] = []
+        for state, members in (
+            (MsgState.PENDING, pending),
+            (MsgState.DELETED, acked),
+            (MsgState.PENDING_ACK, locked),
+        ):
+            if members:
+                after = self._ask(members[0], state, AckEvent.ACK, None)
+                if after is not state:
+                    changes.extend((pos, after) for pos in members)
+        if len(changes) > len(pending):
+            changes.sort()
+        return changes
+
+    def _plan(self, states: Iterable[Change], event: AckEvent, txn: TxnKey | None) -> list[Change]:
+        """The changes ``event`` makes to messages in these states, as the table says."""
+        changes: list[Change] = []
+        last: MsgState | None = None  # the table is asked again when the state changes
+        after = MsgState.PENDING
+        for pos, state in states:
+            if state is not last:
+                after = self._ask(pos, state, event, txn)
+                last = state
+            if after is not state:
+                changes.append((pos, after))
+        return changes
+
+    def _ask(self, pos: Position, state: MsgState, event: AckEvent, txn: TxnKey | None) -> MsgState:
+        """`transition`, refusing with an `AckConflict` that names ``pos``."""
+        try:
+            return transition(state, event)
+        except InvalidAckTransition:
+            raise AckConflict(pos, state, event, txn, self.pending_ack.get(pos)) from None
+
+    def apply(
+        self,
+        kind: int,
+        positions: Iterable[Position],
+        count: Callable[[int], int],
+        last: int,
+        txn: TxnKey | None = None,
+    ) -> list[Position]:
+        """Apply a record; returns the positions whose state changed.
+
+        They became DELETED (INDIVIDUAL, CUMULATIVE, TXN_COMMIT), PENDING_ACK
+        (TXN_ACK) or PENDING again (TXN_ABORT). Every transition is checked
+        before anything changes: a refused record raises `AckConflict` and
+        changes nothing. ``count(entry_id)`` gives an entry's message count
+        and ``last`` the last entry id, for advancing the mark-delete position.
+        """
+        positions = list(positions)
+        changes = self.plan(kind, positions, count, txn)
+        if kind == CUMULATIVE and changes:
+            self._delete_through(max(positions), changes)
+        else:
+            for pos, after in changes:
+                self._set(pos, after, txn)
+        self._advance(count, last)
+        return [pos for pos, _ in changes]
+
+    def _set(self, pos: Position, after: MsgState, txn: TxnKey | None) -> None:
+        if pos in self.pending_ack:
+            self._unlock(pos)
+        if after is MsgState.DELETED:
+            self.acked.add(pos)
+        elif after is MsgState.PENDING_ACK:
+            if txn is None:  # plan() refuses a TXN_ACK without one first
+                raise ValueError("a TXN_ACK record needs a transaction id")
+            self._lock(pos, txn)
+
+    def _lock(self, pos: Position, txn: TxnKey) -> None:
+        self.pending_ack[pos] = txn
+        self.txn_acks.setdefault(txn, set()).add(pos)
+        self._locked_entries[pos[0]] = self._locked_entries.get(pos[0], 0) + 1
+
+    def _unlock(self, pos: Position) -> None:
+        txn = self.pending_ack.pop(pos)
+        mine = self.txn_acks[txn]
+        mine.discard(pos)
+        if not mine:
+            del self.txn_acks[txn]
+        left = self._locked_entries[pos[0]] - 1
+        if left:
+            self._locked_entries[pos[0]] = left
+        else:
+            del self._locked_entries[pos[0]]
+
+    def _delete_through(self, bound: Position, changes: list[Change]) -> None:
+        """A cumulative ack up to ``bound`` whose PENDING messages are ``changes``.
+
+        Mark-delete moves to ``bound``, or, if a PENDING_ACK message lies on
+        the way, to just before the first one; the messages deleted after it
+        join the individually acknowledged set.
+        """
+        md = self.mark_delete
+        locked = [p for p in self.pending_ack if md < p <= bound]
+        if locked:
+            first = min(locked)
+            before = (first[0], first[1] - 1) if first[1] > 0 else (first[0] - 1, WHOLE_ENTRY)
+            md = max(md, before)
+            self.acked.update(p for p, _ in changes if p > md)
+        else:
+            md = max(md, bound)
+        self.mark_delete = md
+        acked = self.acked
+        while acked and acked[0] <= md:
+            acked.pop(0)
 
     def _advance(self, count: Callable[[int], int], last: int) -> None:
-        """Move the mark-delete position over acknowledged messages."""
+        """Move the mark-delete position over acknowledged messages.
+
+        Never over an entry holding a PENDING_ACK message, whatever ``count``
+        says of it (a trimmed entry counts 0).
+        """
         entry_id, index = self.mark_delete
         acked = self.acked
+        locked = self._locked_entries
         while True:
             if index != WHOLE_ENTRY and index + 1 >= count(entry_id):
+                if entry_id in locked:
+                    break
                 index = WHOLE_ENTRY
             if index == WHOLE_ENTRY:
                 if entry_id + 1 > last:
                     break
                 if count(entry_id + 1) == 0:
+                    if entry_id + 1 in locked:
+                        break
                     entry_id += 1
                     continue
                 nxt = (entry_id + 1, 0)
@@ -125,7 +421,10 @@ class Cursor:
 
     def snapshot(self) -> bytes:
         flat = [x for pos in self.acked for x in pos]
-        return json.dumps({"md": list(self.mark_delete), "acked": flat}).encode()
+        locked = [x for pos, txn in sorted(self.pending_ack.items()) for x in (*pos, *txn)]
+        return json.dumps(
+            {"md": list(self.mark_delete), "acked": flat, "pending_ack": locked}
+        ).encode()
 
     @classmethod
     def from_snapshot(cls, data: bytes) -> Cursor:
@@ -133,11 +432,19 @@ class Cursor:
         cursor = cls((int(record["md"][0]), int(record["md"][1])))
         flat = record["acked"]
         cursor.acked.update(zip(flat[::2], flat[1::2], strict=True))
+        locked = record.get("pending_ack", [])
+        for e, i, most, least in zip(
+            locked[::4], locked[1::4], locked[2::4], locked[3::4], strict=True
+        ):
+            cursor._lock((e, i), check_txn_key((most, least)))
         return cursor
 
     def copy(self) -> Cursor:
         other = Cursor(self.mark_delete)
         other.acked = SortedSet(self.acked)
+        other.pending_ack = dict(self.pending_ack)
+        other.txn_acks = {txn: set(mine) for txn, mine in self.txn_acks.items()}
+        other._locked_entries = dict(self._locked_entries)
         return other
 
 

@@ -14,6 +14,7 @@ import logging
 from typing import Any
 
 from buffer import MessageId, Partition, Position, Topic, Topics
+from subscriptions._cursor import TxnKey
 from subscriptions._subscription import Consumer, PartitionSubscription, SubscriptionError
 
 __all__ = ["Subscriptions"]
@@ -123,11 +124,22 @@ class Subscriptions:
                 if mine:
                     sub.redeliver_unacked(consumer, mine)
 
-    async def ack(self, consumer: Consumer, ids: list[MessageId], cumulative: bool) -> None:
+    async def ack(
+        self,
+        consumer: Consumer,
+        ids: list[MessageId],
+        cumulative: bool,
+        txn: TxnKey | None = None,
+    ) -> None:
         """Acknowledge ``ids`` on ``consumer``'s subscription, durably.
 
         Every id is checked first: an id naming no message raises
         `SubscriptionError` UNKNOWN_MESSAGE_ID and nothing is acknowledged.
+        With ``txn`` (most_bits, least_bits) the messages become PENDING_ACK
+        in that transaction (see `PartitionSubscription.ack`); the caller
+        registers the subscription with the TC first. Partitions are acked
+        concurrently: on TRANSACTION_CONFLICT another partition may hold
+        locks of ``txn`` already, which the client's abort releases.
         """
         if not ids:
             raise SubscriptionError("INVALID_ARGUMENT", "an acknowledgement needs message ids")
@@ -146,7 +158,16 @@ class Subscriptions:
             raise SubscriptionError(
                 "INVALID_ARGUMENT", "a cumulative acknowledgement names one partition"
             )
-        await asyncio.gather(*(subs[p].ack(pos, cumulative) for p, pos in by_part.items()))
+        await asyncio.gather(*(subs[p].ack(pos, cumulative, txn) for p, pos in by_part.items()))
+
+    async def end_txn(self, topic: str, subscription: str, txn: TxnKey, commit: bool) -> None:
+        """EndTxnOnSubscription: commit or abort ``txn``'s acks on every partition.
+
+        Durable when it returns; harmless to repeat. Nothing to do if the
+        subscription does not exist (or holds nothing of ``txn``).
+        """
+        subs = [s for (t, _, name), s in self._subs.items() if t == topic and name == subscription]
+        await asyncio.gather(*(sub.end_txn(txn, commit) for sub in subs))
 
     # -- retention ------------------------------------------------------------------
 
@@ -181,6 +202,7 @@ class Subscriptions:
                     "backlog": sub.backlog(),
                     "consumers": len(sub.consumers),
                     "unacked": len(sub.pending),
+                    "pending_ack": len(sub.cursor.pending_ack),
                     "mark_delete": list(sub.cursor.mark_delete),
                 }
         return out

@@ -7,6 +7,20 @@ goes to one consumer (its permits may go below zero, as in Pulsar). Every
 delivered message is *pending* on its consumer until acked; when the
 consumer closes or disconnects its pending messages are redelivered.
 
+Transactions (PIP-31 §PENDING_ACK State): an ack inside a transaction locks
+its messages in PENDING_ACK until `end_txn`. A locked message is never
+dispatched, and a negative ack, a consumer leaving or a failover change
+drops it from the consumer's pending messages instead of redelivering it;
+commit deletes it, abort makes it PENDING again and redelivers it.
+
+Persist, then act: every ack record is checked against the cursor, appended
+to the cursor ledger, and applied when it is durable, in ledger order (in
+the append's done callback, so that a caller that stops waiting cannot leave
+a durable record unapplied). A record that a concurrent record made invalid
+in between (a transactional ack of a message another record deleted or
+locked first) is refused when applied: it changes nothing, live and when the
+ledger is replayed, and its caller gets the conflict.
+
 Types: exclusive (one consumer), failover (many, one active per partition:
 ``sorted consumers[partition % n]``), shared (round robin over consumers
 with permits).
@@ -16,25 +30,33 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sortedcontainers import SortedSet
 
 from buffer import DATA, Partition, Position, entry_count, entry_kind
-from ledger import Entry, Ledger
+from ledger import Entry, Ledger, faults
 from proto import txnbuf_pb2 as pb
 from subscriptions._cursor import (
     CUMULATIVE,
     INDIVIDUAL,
     SNAPSHOT,
+    TXN_ABORT,
+    TXN_ACK,
+    TXN_COMMIT,
     WHOLE_ENTRY,
+    AckConflict,
+    AckRecord,
     Cursor,
-    decode_record,
-    encode_record,
+    TxnKey,
+    check_txn_key,
+    txn_text,
 )
-from subscriptions._state import MsgState
+from subscriptions._state import InvalidAckTransition, MsgState
 
 __all__ = ["Consumer", "PartitionSubscription", "SubType", "SubscriptionError"]
 
@@ -44,6 +66,7 @@ PENDING = MsgState.PENDING
 SNAPSHOT_EVERY = 1000  # ack records between cursor snapshots
 READ_BATCH = 64  # entries read per dispatch step
 FRAME_BYTES = 1 << 20  # push at most about this much in one frame
+ENDED_MEMORY = 10_000  # ended transactions remembered, to refuse their late acks
 
 
 class SubType(enum.Enum):
@@ -103,7 +126,10 @@ class PartitionSubscription:
         self._active: Consumer | None = None
         self._rr = 0
         self._records_since_snapshot = 0
-        self._inflight: list[tuple[int, list[Position]]] = []  # ack records not yet durable
+        self._inflight: list[AckRecord] = []  # ack records appended, not yet applied
+        # Transactions ended here lately: a late ack of one would lock its
+        # messages for ever, so it is refused (see `end_txn`).
+        self._ended: OrderedDict[TxnKey, None] = OrderedDict()
         self._wake = asyncio.Event()
         self._closed = False
         self._task: asyncio.Task[None] | None = None
@@ -137,13 +163,28 @@ class PartitionSubscription:
             raise RuntimeError(f"cursor ledger {ledger.name} does not start with a snapshot")
         cursor = Cursor.from_snapshot(entries[0].data)
         last = partition.ledger.last_entry_id
+        ended: list[TxnKey] = []
         for entry in entries[1:]:
             if entry.meta == SNAPSHOT:
                 cursor = Cursor.from_snapshot(entry.data)
-            else:
-                cursor.apply(entry.meta, decode_record(entry.data), partition.count, last)
+                continue
+            try:
+                record = AckRecord.decode(entry.meta, entry.data)
+            except ValueError as exc:
+                raise RuntimeError(
+                    f"cursor ledger {ledger.name}, entry {entry.entry_id}: {exc}"
+                ) from exc
+            try:
+                cursor.apply(record.kind, record.positions, partition.count, last, record.txn)
+            except InvalidAckTransition as exc:
+                # Refused when it was applied live too: it changes nothing.
+                log.info("%s: record %d refused on replay: %s", ledger.name, entry.entry_id, exc)
+            if record.kind in (TXN_COMMIT, TXN_ABORT) and record.txn is not None:
+                ended.append(record.txn)
         sub = cls(partition, name, ledger, cursor)
         sub._records_since_snapshot = len(entries) - 1
+        for txn in ended:
+            sub._remember_ended(txn)
         return sub
 
     # -- lifecycle ----------------------------------------------------------------
@@ -234,58 +275,204 @@ class PartitionSubscription:
         self.wake()
 
     def _requeue(self, positions: list[Position]) -> None:
+        """Take ``positions`` from their consumers and redeliver the PENDING ones.
+
+        A PENDING_ACK message stays locked (its transaction's abort
+        redelivers it); a DELETED one is done.
+        """
         for pos in positions:
             del self.pending[pos]
+            if self.cursor.state(pos) is not PENDING:
+                continue
             self.redeliver.add(pos)
             self.redelivery_counts[pos] = self.redelivery_counts.get(pos, 0) + 1
 
     # -- acknowledgements ---------------------------------------------------------
 
-    async def ack(self, positions: list[Position], cumulative: bool) -> None:
+    async def ack(
+        self, positions: list[Position], cumulative: bool, txn: TxnKey | None = None
+    ) -> None:
         """Acknowledge durably, then apply (persist, then act).
 
-        Raises `SubscriptionError` NOT_ALLOWED for a cumulative ack on a
-        shared subscription. Positions must exist (the caller checks).
+        Outside a transaction (``txn`` None) a PENDING message becomes
+        DELETED; an ack of a PENDING_ACK message is dropped (PIP-31: it stays
+        locked by its transaction). A cumulative ack deletes every message up
+        to the highest position except the PENDING_ACK ones, which stay
+        locked: mark-delete stops before the first of them.
+
+        Inside a transaction the messages become PENDING_ACK; a cumulative
+        ack names every message after mark-delete up to the position that is
+        not DELETED. Re-sending an ack of messages this transaction already
+        holds is a retry and writes nothing. Raises `SubscriptionError`:
+        TRANSACTION_CONFLICT (nothing changed) if a message is DELETED or
+        held by another transaction, INVALID_TXN_STATUS if ``txn`` has
+        already ended here, NOT_ALLOWED for a cumulative ack on a shared
+        subscription, INVALID_ARGUMENT for no positions or a malformed
+        ``txn``. Positions must exist (the caller checks).
         """
+        if not positions:
+            raise SubscriptionError("INVALID_ARGUMENT", "an acknowledgement needs positions")
         if cumulative and self.sub_type is SubType.SHARED:
             raise SubscriptionError(
                 "NOT_ALLOWED", "cumulative acknowledgement is not allowed on a shared subscription"
             )
-        kind = CUMULATIVE if cumulative else INDIVIDUAL
-        if cumulative:
-            positions = [max(positions)]
-        record = (kind, positions)
-        self._inflight.append(record)
+        if txn is None:
+            if cumulative:
+                record = AckRecord(CUMULATIVE, (max(positions),))
+            else:
+                record = AckRecord(INDIVIDUAL, tuple(positions))
+        else:
+            txn = self._check_txn(txn)
+            if txn in self._ended:
+                raise SubscriptionError(
+                    "INVALID_TXN_STATUS",
+                    f"transaction {txn_text(txn)} has already ended on subscription "
+                    f"{self.name!r} of {self.partition.name}",
+                )
+            count = self.partition.count
+            wanted = (
+                self.cursor.expand_cumulative(max(positions), count) if cumulative else positions
+            )
+            try:
+                changes = self.cursor.plan(TXN_ACK, wanted, count, txn)
+            except AckConflict as exc:
+                raise self._conflict(exc) from exc
+            if not changes:
+                return  # every message is durably held by this transaction already
+            record = AckRecord(TXN_ACK, tuple(pos for pos, _ in changes), txn)
         try:
-            await self._ledger.append(encode_record(positions), meta=kind)
-        finally:
-            self._inflight.remove(record)
-        self._apply(kind, positions)
+            await self._persist(record)
+        except AckConflict as exc:
+            raise self._conflict(exc) from exc
+
+    async def end_txn(self, txn: TxnKey, commit: bool) -> None:
+        """EndTxnOnSubscription: commit (DELETED) or abort (PENDING) ``txn``'s acks.
+
+        Durable before it returns. A transaction with no acks here writes
+        nothing; repeating the call is harmless (the TC retries it). From
+        now on an ack in ``txn`` is refused (INVALID_TXN_STATUS).
+        """
+        txn = self._check_txn(txn)
+        self._remember_ended(txn)
+        if txn not in self.cursor.txn_acks and not any(
+            r.kind == TXN_ACK and r.txn == txn for r in self._inflight
+        ):
+            return
+        await self._persist(AckRecord(TXN_COMMIT if commit else TXN_ABORT, (), txn))
+
+    def _check_txn(self, txn: object) -> TxnKey:
+        try:
+            return check_txn_key(txn)
+        except ValueError as exc:
+            raise SubscriptionError("INVALID_ARGUMENT", str(exc)) from exc
+
+    def _remember_ended(self, txn: TxnKey) -> None:
+        self._ended[txn] = None
+        self._ended.move_to_end(txn)
+        while len(self._ended) > ENDED_MEMORY:
+            self._ended.popitem(last=False)
+
+    def _conflict(self, exc: AckConflict) -> SubscriptionError:
+        return SubscriptionError(
+            "TRANSACTION_CONFLICT", f"subscription {self.name!r} of {self.partition.name}: {exc}"
+        )
+
+    async def _persist(self, record: AckRecord) -> list[Position]:
+        """Append ``record``, apply it once durable; returns what changed.
+
+        Raises what the append raised, or `AckConflict` if the record was
+        refused when applied (it is void: it changed nothing).
+        """
+        outcome: asyncio.Future[list[Position]] = asyncio.get_running_loop().create_future()
+        appended = self._ledger.append(record.encode(), meta=record.kind)
+        self._inflight.append(record)
+        appended.add_done_callback(functools.partial(self._on_durable, record, outcome))
+        return await outcome
+
+    def _on_durable(
+        self,
+        record: AckRecord,
+        outcome: asyncio.Future[list[Position]],
+        appended: asyncio.Future[int],
+    ) -> None:
+        # Done callbacks run in append order: records are applied in ledger order.
+        self._inflight.remove(record)
+        if appended.cancelled():
+            outcome.cancel()
+            return
+        error = appended.exception()
+        if error is not None:
+            if not outcome.done():
+                outcome.set_exception(error)
+            return
+        if record.kind == TXN_ACK:
+            faults.hit("subscriptions.after_pending_ack_write")
+        elif record.kind in (TXN_COMMIT, TXN_ABORT):
+            faults.hit("subscriptions.after_txn_end_write")
+        try:
+            changed = self._apply(record)
+        except Exception as exc:
+            if not isinstance(exc, InvalidAckTransition):
+                log.exception("applying %r to %r failed", record, self)
+            if not outcome.done():
+                outcome.set_exception(exc)
+            changed = None
         self._records_since_snapshot += 1
         if self._records_since_snapshot >= SNAPSHOT_EVERY:
             self._records_since_snapshot = 0
             self._write_snapshot()
+        if changed is not None and not outcome.done():
+            outcome.set_result(changed)
 
-    def _apply(self, kind: int, positions: list[Position]) -> None:
+    def _apply(self, record: AckRecord) -> list[Position]:
         part = self.partition
-        self.cursor.apply(kind, positions, part.count, part.ledger.last_entry_id)
+        kind = record.kind
+        cursor = self.cursor
+        changed = cursor.apply(
+            kind, record.positions, part.count, part.ledger.last_entry_id, record.txn
+        )
+        if kind == TXN_ABORT:
+            # PENDING again: deliver them again. Those dispatch has not read
+            # yet it delivers in turn.
+            for pos in changed:
+                if pos[0] < self.read_entry:
+                    self.redeliver.add(pos)
+                    self.redelivery_counts[pos] = self.redelivery_counts.get(pos, 0) + 1
+            if changed:
+                self.wake()
+            return changed
+        if kind == TXN_ACK:
+            # Locked: no longer pending on a consumer, never redelivered.
+            for pos in changed:
+                self.pending.pop(pos, None)
+                self.redeliver.discard(pos)
+            return changed
         if kind == CUMULATIVE:
-            md = self.cursor.mark_delete
+            md = cursor.mark_delete
             done = [p for p in self.pending if p <= md]
             done.extend(self.redeliver.irange(maximum=md))
+            done.extend(changed)
+        elif kind == INDIVIDUAL:
+            done = [p for p in record.positions if cursor.state(p) is MsgState.DELETED]
         else:
-            done = positions
+            done = changed
         for pos in done:
             self.pending.pop(pos, None)
             self.redeliver.discard(pos)
             self.redelivery_counts.pop(pos, None)
+        return changed
 
     def _write_snapshot(self) -> None:
         # The snapshot must include the ack records queued before it.
         state = self.cursor.copy()
         part = self.partition
-        for kind, positions in self._inflight:
-            state.apply(kind, positions, part.count, part.ledger.last_entry_id)
+        for record in self._inflight:
+            try:
+                state.apply(
+                    record.kind, record.positions, part.count, part.ledger.last_entry_id, record.txn
+                )
+            except InvalidAckTransition:
+                pass  # refused, as it will be when applied: it changes nothing
         fut = self._ledger.append(state.snapshot(), meta=SNAPSHOT)
 
         def trim(_f: object) -> None:
@@ -301,6 +488,7 @@ class PartitionSubscription:
     # -- stats ----------------------------------------------------------------------
 
     def backlog(self) -> int:
+        """Messages not DELETED yet (PENDING and PENDING_ACK ones)."""
         return max(
             0, self.partition.messages_after(self.cursor.mark_delete) - len(self.cursor.acked)
         )
@@ -361,7 +549,7 @@ class PartitionSubscription:
                     # Resolve a commit marker into its messages (one dispatch
                     # task per subscription: nothing else moves read_entry).
                     entry = Entry(entry.entry_id, entry.meta, await part.materialize(entry))
-                if entry.entry_id > cursor.mark_delete[0] and not self._acked_in(entry.entry_id):
+                if cursor.all_pending(entry.entry_id):
                     indexes: list[int] = []  # all of them
                 else:
                     indexes = [i for i in range(n) if cursor.state((entry.entry_id, i)) is PENDING]
@@ -376,11 +564,6 @@ class PartitionSubscription:
         out.flush()
         return bool(entries)
 
-    def _acked_in(self, entry_id: int) -> bool:
-        acked = self.cursor.acked
-        i: int = acked.bisect_left((entry_id, 0))
-        return i < len(acked) and bool(acked[i][0] == entry_id)
-
     async def _dispatch_redeliveries(self) -> bool:
         by_entry: dict[int, list[int]] = {}
         budget = sum(max(c.permits, 0) for c in self.consumers)
@@ -393,7 +576,7 @@ class PartitionSubscription:
         out = _Out()
         for entry_id, indexes in by_entry.items():
             entries = await ledger.read(entry_id, entry_id)
-            still = [i for i in indexes if (entry_id, i) in self.redeliver]
+            still = self._still_to_redeliver(entry_id, indexes)
             if not entries:  # trimmed: those messages were all acknowledged
                 for i in still:
                     self.redeliver.discard((entry_id, i))
@@ -401,7 +584,7 @@ class PartitionSubscription:
             entry = entries[0]
             if entry_kind(entry.meta) != DATA:
                 entry = Entry(entry_id, entry.meta, await self.partition.materialize(entry))
-                still = [i for i in indexes if (entry_id, i) in self.redeliver]
+                still = self._still_to_redeliver(entry_id, indexes)
             if not still:
                 continue
             consumer = self._pick()
@@ -413,6 +596,24 @@ class PartitionSubscription:
             self._deliver(consumer, out, entry, still, entry_count(entry.meta), count)
         out.flush()
         return bool(by_entry)
+
+    def _still_to_redeliver(self, entry_id: int, indexes: list[int]) -> list[int]:
+        """Those of ``indexes`` still to redeliver now: in the set and PENDING.
+
+        Acks discard from the redelivery set, and only PENDING messages enter
+        it; the state check keeps a DELETED or PENDING_ACK message from ever
+        going out even if one got in.
+        """
+        cursor = self.cursor
+        still = []
+        for i in indexes:
+            pos = (entry_id, i)
+            if pos in self.redeliver:
+                if cursor.state(pos) is PENDING:
+                    still.append(i)
+                else:
+                    self.redeliver.discard(pos)
+        return still
 
     def _deliver(
         self,

@@ -39,7 +39,8 @@ class BrokerProcess:
         self.log_path = log_path
         self.port = port or free_port()
         self.proc: subprocess.Popen[bytes] | None = None
-        self.env: dict[str, str] = {}
+        self.env: dict[str, str] = {}  # extra environment, e.g. TXNBUF_FAULT
+        self.args: list[str] = []  # extra `txnbuf serve` arguments
 
     @property
     def url(self) -> str:
@@ -60,6 +61,7 @@ class BrokerProcess:
             str(self.port),
             "--log-level",
             "INFO",
+            *self.args,
         ]
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()

@@ -1,0 +1,67 @@
+"""What both ledgers of a partition share: entry kinds, send results, send errors.
+
+An entry of the partition ledger is either DATA, the messages of one send as
+a serialized `EntryBatch`, or a COMMIT_MARKER of a transaction, which stands
+for the transaction's messages held in the partition's sidecar transaction
+log. Its ledger ``meta`` packs the kind and the message count
+(`entry_meta`), so that readers know entry sizes and kinds without reading
+entries. The sidecar log packs its own record kinds the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from buffer._names import Position
+
+__all__ = [
+    "COMMIT_MARKER",
+    "COUNT_MASK",
+    "DATA",
+    "DuplicateTooOldError",
+    "PublishResult",
+    "SendRejectedError",
+    "entry_count",
+    "entry_kind",
+    "entry_meta",
+]
+
+# Entry kinds, in the high bits of an entry's ledger meta.
+DATA, COMMIT_MARKER = 0, 1
+_KIND_SHIFT = 32
+COUNT_MASK = (1 << _KIND_SHIFT) - 1
+
+
+def entry_meta(kind: int, count: int) -> int:
+    """The ledger meta of an entry of ``kind`` holding ``count`` messages."""
+    return (kind << _KIND_SHIFT) | count
+
+
+def entry_count(meta: int) -> int:
+    return meta & COUNT_MASK
+
+
+def entry_kind(meta: int) -> int:
+    return meta >> _KIND_SHIFT
+
+
+class SendRejectedError(ValueError):
+    """A send is malformed (e.g. sequence ids not increasing); nothing stored."""
+
+
+class DuplicateTooOldError(Exception):
+    """A re-sent message is stored already, but too long ago to know its id."""
+
+
+@dataclass(frozen=True, slots=True)
+class PublishResult:
+    """Where the messages of one send are: ``ids[i]`` for message i.
+
+    ``ids`` is None when all of them were stored now, as one entry: message
+    i is then at ``(entry_id, i)``. A transactional send always lists its
+    ids: ``(-1, i)`` where i is the message's place in its transaction on
+    this partition (its batch index once the transaction is committed).
+    """
+
+    entry_id: int
+    ids: list[Position] | None

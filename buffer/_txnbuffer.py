@@ -1,0 +1,797 @@
+"""The transaction buffer of one partition: its sidecar transaction log (PIP-31).
+
+PIP-31 §Sidecar Approach and §Broker - Transaction Buffer. Transactional
+sends do not go to the partition ledger ``p/{topic}/{index}`` but to a
+sidecar ledger ``x/{topic}/{index}`` in the same `LedgerStore`, created when
+a transaction first touches the partition (`Partition.txn_buffer`). Nothing
+in it is visible to consumers. Committing appends a COMMIT_MARKER entry to
+the partition ledger that names the transaction's sidecar entries; the
+dispatcher resolves it into the messages (`materialize`), which take the
+marker's entry id: message i of the transaction is at (partition, marker
+entry id, i).
+
+Sidecar records (ledger meta = ``entry_meta(kind, message count)``, all
+integers big-endian; a TxnKey is two uint64, ``>QQ``):
+
+    TXN_DATA      txn (16 bytes) + a serialized EntryBatch (the messages of one
+                  transactional send, with their sequence ids, and the
+                  producer name); meta count = number of messages
+    TXN_COMMIT    txn + int64 commit marker entry id (-1: the transaction
+                  wrote nothing here, so it has no marker)
+    TXN_ABORT     txn
+    TXN_SNAPSHOT  JSON of the transaction index (see `_snapshot_record`)
+
+The commit marker in the partition ledger: txn + uint32 n + n int64 sidecar
+entry ids (its TXN_DATA records, in order); meta =
+``entry_meta(COMMIT_MARKER, message count)``. Its messages are the
+concatenation of those records' EntryBatch bytes, which protobuf parses as
+one EntryBatch whose messages are all of theirs, in order (its
+``producer_name`` is the last record's).
+
+The transaction index (PIP-31 §Transaction Index: status, sidecar entries,
+commit marker) lives in memory. It is updated from two ledger listeners -- one
+on the sidecar (each durable record, through `_apply`), one on the partition
+ledger (each durable commit marker, through `_on_marker`) -- and recovery
+replays the latest snapshot's tail and the partition's markers after it
+through the same two functions. Persist, then act: a record changes the
+index only once it is durable.
+
+Crash safety of COMMIT: the marker is appended first, then TXN_COMMIT. A
+crash in between leaves a durable marker that recovery finds (it scans the
+partition's COMMIT_MARKER entries after the snapshot's ``scan_from`` using
+ledger meta, reading only the markers) and completes with the TXN_COMMIT
+record, so a retried COMMIT never appends a second marker. Crash hooks
+(`ledger.faults`): ``buffer.after_txn_data_write`` (a send is durable, not yet
+answered) and ``buffer.after_commit_marker`` (the marker is durable, its
+TXN_COMMIT record not yet written).
+
+Late writes: a send for a transaction that has ended here (or whose end has
+begun) is refused with `TxnEndedError`. The index keeps every transaction
+until `sweep` finds it ended and no longer needed; after that it is
+remembered in a bounded set (the last `ENDED_TXNS_KEPT`, kept in snapshots
+too), so late writes and retried ENDs stay answered correctly. Older ones
+are forgotten: the broker's check that the coordinator knows the transaction
+as OPEN (KIP-890 §Ensure Ongoing Transaction) covers them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import collections
+import enum
+import itertools
+import json
+import logging
+import struct
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from buffer._dedup import ProducerSequence
+from buffer._entries import (
+    COMMIT_MARKER,
+    DuplicateTooOldError,
+    PublishResult,
+    SendRejectedError,
+    entry_count,
+    entry_kind,
+    entry_meta,
+)
+from buffer._names import Position
+from ledger import Entry, Ledger, faults
+from proto import txnbuf_pb2 as pb
+
+__all__ = [
+    "ENDED_TXNS_KEPT",
+    "SNAPSHOT_EVERY",
+    "TXN_ABORT",
+    "TXN_COMMIT",
+    "TXN_DATA",
+    "TXN_SNAPSHOT",
+    "TransactionBuffer",
+    "TransactionBufferError",
+    "TxnConflictError",
+    "TxnEndedError",
+    "TxnEvent",
+    "TxnInfo",
+    "TxnKey",
+    "TxnState",
+    "sidecar_ledger_name",
+    "transition",
+]
+
+log = logging.getLogger(__name__)
+
+# A transaction id: (most_bits, least_bits), each an unsigned 64-bit integer.
+TxnKey = tuple[int, int]
+
+# Sidecar record kinds, in the high bits of the entry meta (as `entry_meta`).
+TXN_DATA, TXN_COMMIT, TXN_ABORT, TXN_SNAPSHOT = 1, 2, 3, 4
+
+# Write an index snapshot after this many sidecar records.
+SNAPSHOT_EVERY = 1000
+# How many swept (forgotten) ended transactions are still remembered.
+ENDED_TXNS_KEPT = 10_000
+# Recently materialized commit markers kept in memory.
+MATERIALIZED_CACHE_ENTRIES = 64
+MATERIALIZED_CACHE_BYTES = 8 << 20
+# Read a marker's sidecar entries as one range when it is at most this many
+# times longer than the entries themselves (else run by run).
+_DENSE_READ = 4
+_REPLAY_CHUNK = 256
+
+_TXN = struct.Struct(">QQ")
+_COMMIT = struct.Struct(">QQq")
+_MARKER = struct.Struct(">QQI")
+_U64 = 1 << 64
+_SNAPSHOT_VERSION = 1
+
+
+def sidecar_ledger_name(topic: str, index: int) -> str:
+    """The name of a partition's sidecar transaction log ledger."""
+    return f"x/{topic}/{index}"
+
+
+# -- errors ------------------------------------------------------------------------
+
+
+class TransactionBufferError(Exception):
+    """Base of the transaction buffer's errors; also a damaged sidecar log.
+
+    TransactionBufferError
+    ├── TxnEndedError      a send for a transaction already ended here (late write)
+    └── TxnConflictError   COMMIT of a transaction aborted here, or the reverse
+    """
+
+
+class TxnEndedError(TransactionBufferError):
+    """A transactional send arrived after its transaction ended here; nothing stored."""
+
+
+class TxnConflictError(TransactionBufferError):
+    """An END contradicts how the transaction ended (or is ending) here."""
+
+
+# -- the state table ----------------------------------------------------------------
+
+
+class TxnState(enum.Enum):
+    """A transaction's state on one partition."""
+
+    OPEN = "open"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+
+
+class TxnEvent(enum.Enum):
+    """What a sidecar record does to its transaction."""
+
+    DATA = "data"
+    COMMIT = "commit"
+    ABORT = "abort"
+
+
+_TRANSITIONS: dict[tuple[TxnState, TxnEvent], TxnState] = {
+    (TxnState.OPEN, TxnEvent.DATA): TxnState.OPEN,
+    (TxnState.OPEN, TxnEvent.COMMIT): TxnState.COMMITTED,
+    (TxnState.OPEN, TxnEvent.ABORT): TxnState.ABORTED,
+    (TxnState.COMMITTED, TxnEvent.COMMIT): TxnState.COMMITTED,
+    (TxnState.ABORTED, TxnEvent.ABORT): TxnState.ABORTED,
+}
+
+
+def transition(txn: TxnKey, state: TxnState, event: TxnEvent) -> TxnState:
+    """The state after ``event``; raises (changing nothing) if it is illegal."""
+    try:
+        return _TRANSITIONS[(state, event)]
+    except KeyError:
+        if event is TxnEvent.DATA:
+            raise TxnEndedError(
+                f"transaction {_txn_text(txn)} is already {state.value} on this partition: "
+                "a late write is refused"
+            ) from None
+        raise TxnConflictError(
+            f"cannot {event.value} transaction {_txn_text(txn)}: "
+            f"it is {state.value} on this partition"
+        ) from None
+
+
+def _txn_text(txn: TxnKey) -> str:
+    return f"({txn[0]}, {txn[1]})"
+
+
+def _check_key(txn: object, error: type[ValueError] = ValueError) -> None:
+    if (
+        not isinstance(txn, tuple)
+        or len(txn) != 2
+        or not all(isinstance(b, int) and 0 <= b < _U64 for b in txn)
+    ):
+        raise error(
+            "a transaction id is (most_bits, least_bits), two unsigned 64-bit integers; "
+            f"got {txn!r}"
+        )
+
+
+# -- the index ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TxnInfo:
+    """What the index knows of one transaction (for admin and stats).
+
+    ``entries`` are its TXN_DATA records in the sidecar (empty once swept),
+    ``count`` its messages here, ``marker`` its commit marker's entry id in
+    the partition ledger (-1: none).
+    """
+
+    txn: TxnKey
+    state: TxnState
+    count: int
+    marker: int
+    entries: tuple[int, ...]
+
+
+@dataclass(slots=True, eq=False)
+class _Txn:
+    key: TxnKey
+    state: TxnState = TxnState.OPEN
+    entries: list[int] = field(default_factory=list)  # sidecar TXN_DATA entry ids
+    starts: list[int] = field(default_factory=list)  # batch index of each one's first message
+    count: int = 0
+    marker: int = -1
+    # Live only, never persisted:
+    producers: dict[str, ProducerSequence] = field(default_factory=dict)
+    ending: TxnEvent | None = None  # an END has begun: sends are refused
+    last_append: asyncio.Future[int] | None = None
+    lock: asyncio.Lock | None = None
+
+    def base_of(self, entry_id: int) -> int:
+        """Batch index of the first message of the TXN_DATA record ``entry_id``."""
+        i = bisect.bisect_left(self.entries, entry_id)
+        if i == len(self.entries) or self.entries[i] != entry_id:
+            raise TransactionBufferError(
+                f"sidecar entry {entry_id} is not a record of transaction {_txn_text(self.key)}"
+            )
+        return self.starts[i]
+
+    def producer(self, name: str) -> ProducerSequence:
+        seq = self.producers.get(name)
+        if seq is None:
+            seq = self.producers[name] = ProducerSequence()
+        return seq
+
+    def info(self) -> TxnInfo:
+        return TxnInfo(self.key, self.state, self.count, self.marker, tuple(self.entries))
+
+
+def _encode_marker(txn: TxnKey, entries: Sequence[int]) -> bytes:
+    n = len(entries)
+    return _MARKER.pack(txn[0], txn[1], n) + struct.pack(f">{n}q", *entries)
+
+
+def _decode_marker(data: bytes) -> tuple[TxnKey, tuple[int, ...]]:
+    most, least, n = _MARKER.unpack_from(data)
+    if len(data) != _MARKER.size + 8 * n:
+        raise TransactionBufferError(f"malformed commit marker ({len(data)} bytes)")
+    return (most, least), struct.unpack_from(f">{n}q", data, _MARKER.size)
+
+
+async def _read_ids(ledger: Ledger, ids: Sequence[int]) -> list[Entry]:
+    """The entries ``ids`` (increasing) that still exist, in few range reads."""
+    if not ids:
+        return []
+    first, last = ids[0], ids[-1]
+    if last - first + 1 <= _DENSE_READ * len(ids):
+        wanted = set(ids)
+        return [e for e in await ledger.read(first, last) if e.entry_id in wanted]
+    out: list[Entry] = []
+    start = 0
+    for i in range(1, len(ids) + 1):
+        if i == len(ids) or ids[i] != ids[i - 1] + 1:  # a run ends at i - 1
+            out.extend(await ledger.read(ids[start], ids[i - 1]))
+            start = i
+    return out
+
+
+# -- the buffer ---------------------------------------------------------------------
+
+
+class TransactionBuffer:
+    """The sidecar transaction log of one partition and its transaction index.
+
+    Create it with `Partition.txn_buffer` (new) or `TransactionBuffer.load`
+    (recovery; `Partition.load` does this when the sidecar ledger exists).
+    """
+
+    def __init__(self, name: str, partition_ledger: Ledger, sidecar: Ledger) -> None:
+        self.name = name
+        self.partition_ledger = partition_ledger
+        self.sidecar = sidecar
+        self._txns: dict[TxnKey, _Txn] = {}
+        # Swept transactions still remembered: key -> (state, marker, count).
+        self._ended: collections.OrderedDict[TxnKey, tuple[TxnState, int, int]] = (
+            collections.OrderedDict()
+        )
+        self._since_snapshot = 0
+        self._snapshot: tuple[int, int] | None = None  # latest durable: (entry id, covers)
+        self._cache: collections.OrderedDict[int, bytes] = collections.OrderedDict()
+        self._cache_bytes = 0
+        self.snapshots_written = 0
+        sidecar.add_listener(self._on_sidecar)
+        partition_ledger.add_listener(self._on_partition)
+
+    def __repr__(self) -> str:
+        return f"TransactionBuffer({self.name!r}, {len(self._txns)} transactions)"
+
+    def detach(self) -> None:
+        """Stop following the ledgers (the buffer is no longer used)."""
+        self.sidecar.remove_listener(self._on_sidecar)
+        self.partition_ledger.remove_listener(self._on_partition)
+
+    # -- admin and stats ------------------------------------------------------------
+
+    def status(self, txn: TxnKey) -> TxnInfo | None:
+        """What this partition knows of ``txn`` (None: nothing, or forgotten)."""
+        t = self._txns.get(txn)
+        if t is not None:
+            return t.info()
+        ended = self._ended.get(txn)
+        if ended is not None:
+            state, marker, count = ended
+            return TxnInfo(txn, state, count, marker, ())
+        return None
+
+    def open_transactions(self) -> list[TxnKey]:
+        """Transactions with durable writes here that have not ended, in key order."""
+        return sorted(k for k, t in self._txns.items() if t.state is TxnState.OPEN and t.entries)
+
+    def transactions(self) -> list[TxnInfo]:
+        """The transaction index (not the swept ones), in key order."""
+        return [self._txns[k].info() for k in sorted(self._txns)]
+
+    def stats(self) -> dict[str, Any]:
+        states = collections.Counter(t.state for t in self._txns.values() if t.entries)
+        return {
+            "open": states[TxnState.OPEN],
+            "committed": states[TxnState.COMMITTED],
+            "aborted": states[TxnState.ABORTED],
+            "ended_remembered": len(self._ended),
+            "sidecar_first_entry": self.sidecar.first_entry_id,
+            "sidecar_last_entry": self.sidecar.last_entry_id,
+            "snapshots_written": self.snapshots_written,
+        }
+
+    # -- transactional send ---------------------------------------------------------
+
+    def publish(
+        self, txn: TxnKey, producer: str, messages: Sequence[pb.SingleMessage]
+    ) -> Awaitable[PublishResult]:
+        """Store one transactional send as one TXN_DATA record, dropping re-sent messages.
+
+        Everything up to queueing the append happens now, so sends are stored
+        in the order `publish` is called; await the result for their ids,
+        ``(-1, i)`` with i the message's place in the transaction here.
+        Raises (nothing stored) `SendRejectedError` for bad input and
+        `TxnEndedError` when the transaction has ended (or is ending) here.
+        """
+        _check_key(txn, SendRejectedError)
+        if not messages:
+            raise SendRejectedError("a send needs at least one message")
+        seqs = [m.sequence_id for m in messages]
+        for a, b in itertools.pairwise(seqs):
+            if b <= a:
+                raise SendRejectedError(f"sequence ids in one send must increase, got {a} then {b}")
+        t = self._txns.get(txn)
+        if t is None:
+            ended = self._ended.get(txn)
+            if ended is not None:
+                transition(txn, ended[0], TxnEvent.DATA)  # raises TxnEndedError
+            t = self._txns[txn] = _Txn(txn)  # durable with its first record
+        else:
+            transition(txn, t.state, TxnEvent.DATA)
+            if t.ending is not None:
+                raise TxnEndedError(
+                    f"transaction {_txn_text(txn)} is ending ({t.ending.value}) on this "
+                    "partition: a late write is refused"
+                )
+        state = t.producer(producer)
+        if seqs[0] > state.pushed:  # the usual case: nothing re-sent
+            return self._new(t, self._append(t, producer, messages, seqs, state), len(seqs))
+        waits = state.last_append if state.pushed > state.persisted else None
+        fresh = [i for i, s in enumerate(seqs) if s > state.pushed]
+        appended = None
+        if fresh:
+            appended = self._append(
+                t, producer, [messages[i] for i in fresh], [seqs[i] for i in fresh], state
+            )
+        return self._mixed(t, seqs, fresh, state, waits, appended)
+
+    def _append(
+        self,
+        t: _Txn,
+        producer: str,
+        messages: Sequence[pb.SingleMessage],
+        seqs: list[int],
+        state: ProducerSequence,
+    ) -> asyncio.Future[int]:
+        batch = pb.EntryBatch(messages=messages, producer_name=producer).SerializeToString()
+        fut = self.sidecar.append(
+            _TXN.pack(*t.key) + batch, meta=entry_meta(TXN_DATA, len(messages))
+        )
+        state.pushed = seqs[-1]
+        state.last_append = fut
+        t.last_append = fut
+
+        def done(f: asyncio.Future[int]) -> None:
+            if f.cancelled() or f.exception() is not None:
+                state.pushed = state.persisted  # not stored: a retry must be accepted
+                return
+            # The sidecar listener has applied the record: its base is known.
+            state.record(seqs, t.base_of(f.result()))
+
+        fut.add_done_callback(done)
+        return fut
+
+    async def _new(self, t: _Txn, appended: asyncio.Future[int], n: int) -> PublishResult:
+        entry_id = await appended
+        faults.hit("buffer.after_txn_data_write")
+        base = t.base_of(entry_id)
+        return PublishResult(-1, [(-1, i) for i in range(base, base + n)])
+
+    async def _mixed(
+        self,
+        t: _Txn,
+        seqs: list[int],
+        fresh: list[int],
+        state: ProducerSequence,
+        waits: asyncio.Future[int] | None,
+        appended: asyncio.Future[int] | None,
+    ) -> PublishResult:
+        if waits is not None:
+            await asyncio.wait([waits])  # re-sent messages still in flight: learn their ids
+        base = -1
+        if appended is not None:
+            entry_id = await appended
+            faults.hit("buffer.after_txn_data_write")
+            base = t.base_of(entry_id)
+        fresh_at = {seqs[i]: n for n, i in enumerate(fresh)}
+        ids: list[Position] = []
+        for s in seqs:
+            if s in fresh_at:
+                ids.append((-1, base + fresh_at[s]))
+                continue
+            where = state.lookup(s)
+            if where is None:
+                raise DuplicateTooOldError(
+                    f"sequence id {s} of this producer is stored already in this "
+                    "transaction, too long ago to answer with its message id"
+                )
+            ids.append((-1, where[0] + where[1]))
+        return PublishResult(-1, ids)
+
+    # -- end on partition -----------------------------------------------------------
+
+    async def end(self, txn: TxnKey, commit: bool) -> None:
+        """End ``txn`` here (EndTxnOnPartition); idempotent, so retry until it returns.
+
+        COMMIT appends the commit marker to the partition ledger, then a
+        TXN_COMMIT record naming it; ABORT appends TXN_ABORT. A transaction
+        that never wrote here gets just its TXN_COMMIT (marker -1) or
+        TXN_ABORT record, so that late writes for it are refused. Raises
+        `TxnConflictError` (changing nothing) if it ended (or is ending) the
+        other way.
+        """
+        _check_key(txn)
+        event = TxnEvent.COMMIT if commit else TxnEvent.ABORT
+        ended = self._ended.get(txn)
+        if ended is not None:
+            transition(txn, ended[0], event)  # raises on a conflict
+            return
+        t = self._txns.get(txn)
+        if t is None:
+            t = self._txns[txn] = _Txn(txn)
+        transition(txn, t.state, event)
+        if t.ending is not None and t.ending is not event:
+            raise TxnConflictError(
+                f"cannot {event.value} transaction {_txn_text(txn)}: "
+                f"its {t.ending.value} has begun on this partition"
+            )
+        t.ending = event  # from now on sends are refused
+        if t.lock is None:
+            t.lock = asyncio.Lock()
+        async with t.lock:  # one END at a time: never two markers
+            if t.state is not TxnState.OPEN:
+                return  # a concurrent or earlier END finished it
+            if t.last_append is not None:
+                await asyncio.wait([t.last_append])  # sends queued before the END
+            if not commit:
+                await self.sidecar.append(_TXN.pack(*txn), meta=entry_meta(TXN_ABORT, 0))
+                return
+            if t.marker < 0 and t.count > 0:
+                marker = await self.partition_ledger.append(
+                    _encode_marker(txn, t.entries), meta=entry_meta(COMMIT_MARKER, t.count)
+                )
+                t.marker = marker  # (the partition listener has set it already)
+                faults.hit("buffer.after_commit_marker")
+            await self.sidecar.append(
+                _COMMIT.pack(txn[0], txn[1], t.marker), meta=entry_meta(TXN_COMMIT, 0)
+            )
+
+    # -- applying records (live and on recovery) ---------------------------------------
+
+    def _on_sidecar(self, _ledger: Ledger, entries: list[Entry]) -> None:
+        records = 0
+        for entry in entries:
+            if entry_kind(entry.meta) != TXN_SNAPSHOT:
+                self._apply(entry)
+                records += 1
+        self._since_snapshot += records
+        if self._since_snapshot >= SNAPSHOT_EVERY:
+            self._write_snapshot()
+
+    def _apply(self, entry: Entry) -> None:
+        """Apply one durable sidecar record to the index."""
+        kind = entry_kind(entry.meta)
+        marker = -1
+        if kind == TXN_DATA:
+            key: TxnKey = _TXN.unpack_from(entry.data)
+            event = TxnEvent.DATA
+        elif kind == TXN_COMMIT:
+            most, least, marker = _COMMIT.unpack_from(entry.data)
+            key, event = (most, least), TxnEvent.COMMIT
+        elif kind == TXN_ABORT:
+            key, event = _TXN.unpack_from(entry.data), TxnEvent.ABORT
+        else:
+            if kind != TXN_SNAPSHOT:
+                log.error(
+                    "%s: sidecar entry %d has unknown kind %d", self.name, entry.entry_id, kind
+                )
+            return
+        t = self._txns.get(key)
+        if t is None:
+            t = self._txns[key] = _Txn(key)
+        try:
+            t.state = transition(key, t.state, event)
+        except TransactionBufferError as exc:  # the checks before appending prevent this
+            log.error("%s: sidecar entry %d ignored: %s", self.name, entry.entry_id, exc)
+            return
+        if event is TxnEvent.DATA:
+            t.entries.append(entry.entry_id)
+            t.starts.append(t.count)
+            t.count += entry_count(entry.meta)
+        else:
+            if marker >= 0:
+                t.marker = marker
+            t.producers = {}  # ended: no more sends to deduplicate
+
+    def _on_partition(self, _ledger: Ledger, entries: list[Entry]) -> None:
+        for entry in entries:
+            if entry_kind(entry.meta) == COMMIT_MARKER:
+                self._on_marker(entry)
+
+    def _on_marker(self, entry: Entry) -> None:
+        """A commit marker is durable in the partition ledger: note it in the index."""
+        key, _ = _decode_marker(entry.data)
+        t = self._txns.get(key)
+        if t is None:
+            if key not in self._ended:
+                log.error(
+                    "%s: commit marker %d of unknown transaction %s",
+                    self.name,
+                    entry.entry_id,
+                    _txn_text(key),
+                )
+            return
+        if t.marker < 0:
+            t.marker = entry.entry_id
+        elif t.marker != entry.entry_id:
+            log.error(
+                "%s: transaction %s has two commit markers, %d and %d",
+                self.name,
+                _txn_text(key),
+                t.marker,
+                entry.entry_id,
+            )
+
+    # -- snapshots and recovery -----------------------------------------------------
+
+    def _snapshot_record(self) -> bytes:
+        """The index as JSON, as of every durable sidecar record and commit marker.
+
+        ``{"v": 1, "covers": last sidecar entry applied, "scan_from": first
+        partition entry whose markers are not applied, "txns": [[most, least,
+        state, marker, count, entries, starts], ...], "ended": [[most, least,
+        state, marker, count], ...]}``. Transactions without a durable record
+        (an END or send still in flight) are left out: their records come after
+        ``covers``.
+        """
+        txns = [
+            [k[0], k[1], t.state.value, t.marker, t.count, t.entries, t.starts]
+            for k, t in self._txns.items()
+            if t.entries or t.state is not TxnState.OPEN
+        ]
+        ended = [[k[0], k[1], s.value, m, c] for k, (s, m, c) in self._ended.items()]
+        record = {
+            "v": _SNAPSHOT_VERSION,
+            "covers": self.sidecar.last_entry_id,
+            "scan_from": self.partition_ledger.last_entry_id + 1,
+            "txns": txns,
+            "ended": ended,
+        }
+        return json.dumps(record, separators=(",", ":")).encode()
+
+    def _write_snapshot(self) -> tuple[asyncio.Future[int], int]:
+        """Queue a snapshot; return its future and the last entry it covers."""
+        covers = self.sidecar.last_entry_id
+        self._since_snapshot = 0
+        fut = self.sidecar.append(self._snapshot_record(), meta=entry_meta(TXN_SNAPSHOT, 0))
+
+        def done(f: asyncio.Future[int]) -> None:
+            if f.cancelled() or f.exception() is not None:
+                log.warning("%s: index snapshot not written", self.name)
+                return
+            self.snapshots_written += 1
+            if self._snapshot is None or f.result() > self._snapshot[0]:
+                self._snapshot = (f.result(), covers)
+
+        fut.add_done_callback(done)
+        return fut, covers
+
+    def _restore(self, record: dict[str, Any]) -> tuple[int, int]:
+        if record.get("v") != _SNAPSHOT_VERSION:
+            raise TransactionBufferError(f"{self.name}: unknown snapshot version {record.get('v')}")
+        for most, least, state, marker, count, entries, starts in record["txns"]:
+            key = (most, least)
+            self._txns[key] = _Txn(key, TxnState(state), entries, starts, count, marker)
+        for most, least, state, marker, count in record["ended"]:
+            self._ended[(most, least)] = (TxnState(state), marker, count)
+        return int(record["covers"]), int(record["scan_from"])
+
+    @classmethod
+    async def load(
+        cls,
+        name: str,
+        partition_ledger: Ledger,
+        sidecar: Ledger,
+        partition_meta: list[tuple[int, int]] | None = None,
+    ) -> TransactionBuffer:
+        """Rebuild the index: latest snapshot, the sidecar records after it, then the
+        partition's commit markers after it; complete interrupted commits.
+
+        ``partition_meta`` is ``partition_ledger.read_meta()`` if the caller
+        has it already.
+        """
+        tb = cls(name, partition_ledger, sidecar)
+        try:
+            await tb._recover(partition_meta)
+        except BaseException:
+            tb.detach()
+            raise
+        return tb
+
+    async def _recover(self, partition_meta: list[tuple[int, int]] | None) -> None:
+        sidecar = self.sidecar
+        metas = await sidecar.read_meta()
+        snapshot = next((e for e, m in reversed(metas) if entry_kind(m) == TXN_SNAPSHOT), None)
+        replay_from, scan_from = sidecar.first_entry_id, self.partition_ledger.first_entry_id
+        if snapshot is not None:
+            (snap,) = await sidecar.read(snapshot, snapshot)
+            covers, scan_from = self._restore(json.loads(snap.data))
+            self._snapshot = (snapshot, covers)
+            replay_from = covers + 1
+        records = 0
+        for start in range(replay_from, sidecar.last_entry_id + 1, _REPLAY_CHUNK):
+            for entry in await sidecar.read(start, start + _REPLAY_CHUNK - 1):
+                if entry_kind(entry.meta) != TXN_SNAPSHOT:
+                    self._apply(entry)
+                    records += 1
+        self._since_snapshot = records
+
+        if partition_meta is None:
+            partition_meta = await self.partition_ledger.read_meta()
+        markers = [
+            e for e, m in partition_meta if e >= scan_from and entry_kind(m) == COMMIT_MARKER
+        ]
+        for entry in await _read_ids(self.partition_ledger, markers):
+            self._on_marker(entry)
+
+        # Sequence state of open transactions, so that re-sends are not stored twice.
+        opened = sorted(
+            e for t in self._txns.values() if t.state is TxnState.OPEN for e in t.entries
+        )
+        for entry in await _read_ids(sidecar, opened):
+            t = self._txns[_TXN.unpack_from(entry.data)]
+            batch = pb.EntryBatch.FromString(entry.data[_TXN.size :])
+            seqs = [m.sequence_id for m in batch.messages]
+            t.producer(batch.producer_name).record(seqs, t.base_of(entry.entry_id))
+
+        # A crash between a commit marker and its TXN_COMMIT record: complete it.
+        interrupted = [t for t in self._txns.values() if t.state is TxnState.OPEN and t.marker >= 0]
+        for t in interrupted:
+            t.ending = TxnEvent.COMMIT
+            log.info(
+                "%s: completing the commit of %s (marker %d)", self.name, _txn_text(t.key), t.marker
+            )
+        await asyncio.gather(
+            *(
+                sidecar.append(
+                    _COMMIT.pack(t.key[0], t.key[1], t.marker), meta=entry_meta(TXN_COMMIT, 0)
+                )
+                for t in interrupted
+            )
+        )
+
+    # -- materialization -----------------------------------------------------------
+
+    async def materialize(self, marker: Entry) -> bytes:
+        """The serialized `EntryBatch` of a commit marker's messages, in send order."""
+        cached = self._cache.get(marker.entry_id)
+        if cached is not None:
+            self._cache.move_to_end(marker.entry_id)
+            return cached
+        key, ids = _decode_marker(marker.data)
+        records = await _read_ids(self.sidecar, ids)
+        head = _TXN.pack(*key)
+        count = 0
+        for record in records:
+            if entry_kind(record.meta) != TXN_DATA or not record.data.startswith(head):
+                raise TransactionBufferError(
+                    f"{self.name}: sidecar entry {record.entry_id} named by commit marker "
+                    f"{marker.entry_id} is not a record of transaction {_txn_text(key)}"
+                )
+            count += entry_count(record.meta)
+        if len(records) != len(ids) or count != entry_count(marker.meta):
+            raise TransactionBufferError(
+                f"{self.name}: the messages of commit marker {marker.entry_id} are gone from "
+                "the sidecar log (swept after the marker was trimmed?)"
+            )
+        data = b"".join(memoryview(r.data)[_TXN.size :] for r in records)
+        self._cache[marker.entry_id] = data
+        self._cache_bytes += len(data)
+        while self._cache and (
+            len(self._cache) > MATERIALIZED_CACHE_ENTRIES
+            or self._cache_bytes > MATERIALIZED_CACHE_BYTES
+        ):
+            _, dropped = self._cache.popitem(last=False)
+            self._cache_bytes -= len(dropped)
+        return data
+
+    # -- retention (PIP-31 §Retention Cursor) ----------------------------------------
+
+    async def sweep(self) -> int:
+        """Trim the sidecar log up to the first entry still needed; return how many went.
+
+        Needed: the records of OPEN transactions and of COMMITTED ones whose
+        marker is still in the partition ledger, plus the latest snapshot and
+        the records after what it covers. Ended transactions no longer
+        needed leave the index for the bounded remembered set, and a fresh
+        snapshot (written when anything changed) lets the log go up to here.
+        """
+        first_marker = self.partition_ledger.first_entry_id
+        forgot = False
+        for key, t in list(self._txns.items()):
+            if t.state is TxnState.OPEN:
+                continue
+            if t.state is TxnState.COMMITTED and t.marker >= first_marker:
+                continue
+            del self._txns[key]
+            self._ended[key] = (t.state, t.marker, t.count)
+            self._ended.move_to_end(key)
+            forgot = True
+        while len(self._ended) > ENDED_TXNS_KEPT:
+            self._ended.popitem(last=False)
+        if forgot or self._snapshot is None or self._snapshot[0] != self.sidecar.last_entry_id:
+            written, covers = self._write_snapshot()
+            await written
+        else:
+            covers = self._snapshot[1]  # nothing happened since the latest snapshot
+        keep = covers + 1
+        for t in self._txns.values():
+            if t.entries:
+                keep = min(keep, t.entries[0])
+        drop = keep - self.sidecar.first_entry_id
+        if drop <= 0:
+            return 0
+        await self.sidecar.trim(keep)
+        return drop

@@ -1,0 +1,261 @@
+"""PIP-31 transactions end to end, against the real broker process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from client import Client, Consumer, Message, errors
+from proto import txnbuf_pb2 as pb
+from tests.conftest import BrokerProcess, RawConnection
+
+pytestmark = pytest.mark.integration
+
+T = pb.BaseCommand
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "consume_transform_produce.py"
+
+
+async def receive_n(consumer: Consumer, n: int, wait: float = 10.0) -> list[Message]:
+    return [await consumer.receive(timeout=wait) for _ in range(n)]
+
+
+async def nothing_more(consumer: Consumer, wait: float = 0.5) -> None:
+    with pytest.raises(errors.OperationTimeoutError):
+        msg = await consumer.receive(timeout=wait)
+        pytest.fail(f"unexpected message {msg.value!r} {msg.message_id}")
+
+
+def admin_json(broker: BrokerProcess, method: str, path: str) -> tuple[int, dict]:  # type: ignore[type-arg]
+    status, body = broker.admin(method, path)
+    return status, json.loads(body)
+
+
+async def seed(client: Client, topic: str, n: int) -> None:
+    producer = await client.create_producer(topic)
+    await asyncio.gather(*(producer.send(b"in-%d" % i) for i in range(n)))
+    await producer.close()
+
+
+async def test_commit_makes_sends_visible_and_acks_final(broker: BrokerProcess) -> None:
+    broker.admin("PUT", "/admin/v1/topics/out", b'{"partitions": 3}')
+    async with Client(broker.url) as client:
+        await seed(client, "in", 10)
+        source = await client.subscribe("in", "copier", initial_position="earliest")
+        sink = await client.subscribe("out", "reader", initial_position="earliest")
+        producer = await client.create_producer("out")
+        inputs = await receive_n(source, 10)
+        txn = await client.new_transaction(timeout=30)
+        ids = [
+            await producer.send(m.value.replace(b"in", b"out"), key=str(i), txn=txn)
+            for i, m in enumerate(inputs)
+        ]
+        assert all(i.entry_id == -1 for i in ids)  # final ids come with the commit
+        for m in inputs:
+            await source.acknowledge(m, txn=txn)
+        await nothing_more(sink)  # read committed: nothing before the commit
+        status, listed = admin_json(broker, "GET", "/admin/v1/transactions?state=OPEN")
+        assert [t["txnid"] for t in listed["transactions"]] == [str(txn.id)]
+        await txn.commit()
+        got = await receive_n(sink, 10)
+        assert sorted(m.value for m in got) == sorted(b"out-%d" % i for i in range(10))
+        assert all(m.message_id.entry_id >= 0 for m in got)
+        status, meta = admin_json(broker, "GET", f"/admin/v1/transactions/{txn.id}")
+        assert status == 200 and meta["status"] in ("COMMITTING", "COMMITTED")
+        assert {p["topic"] for p in meta["partitions"]} == {"out"}
+        assert meta["subscriptions"] == [{"topic": "in", "subscription": "copier"}]
+    # The acked inputs are gone for good, also after a crash.
+    broker.kill()
+    broker.start()
+    async with Client(broker.url) as client:
+        source = await client.subscribe("in", "copier", initial_position="earliest")
+        await nothing_more(source)
+        sink = await client.subscribe("out", "reader", initial_position="earliest")
+        got = await receive_n(sink, 10)  # never acked: redelivered, same ids
+        assert sorted(m.value for m in got) == sorted(b"out-%d" % i for i in range(10))
+
+
+async def test_abort_discards_sends_and_redelivers_inputs(broker: BrokerProcess) -> None:
+    async with Client(broker.url) as client:
+        await seed(client, "in", 5)
+        source = await client.subscribe("in", "copier", initial_position="earliest")
+        sink = await client.subscribe("out", "reader", initial_position="earliest")
+        producer = await client.create_producer("out")
+        inputs = await receive_n(source, 5)
+        async with client.transaction(timeout=30) as txn:
+            await producer.send(b"doomed", txn=txn)
+            await source.acknowledge_cumulative(inputs[-1], txn=txn)
+            await txn.abort()
+        await producer.send(b"plain")
+        assert (await sink.receive(timeout=10)).value == b"plain"
+        await nothing_more(sink)
+        await source.redeliver_unacknowledged()
+        again = await receive_n(source, 5)
+        assert [m.value for m in again] == [m.value for m in inputs]
+        with pytest.raises(errors.InvalidTxnStatusError):
+            await producer.send(b"late", txn=txn)
+
+
+async def test_exception_in_transaction_block_aborts(broker: BrokerProcess) -> None:
+    async with Client(broker.url) as client:
+        sink = await client.subscribe("out", "reader")
+        producer = await client.create_producer("out")
+        with pytest.raises(RuntimeError, match="boom"):
+            async with client.transaction() as txn:
+                await producer.send(b"never", txn=txn)
+                raise RuntimeError("boom")
+        await nothing_more(sink)
+        _, meta = admin_json(broker, "GET", f"/admin/v1/transactions/{txn.id}")
+        assert meta["status"] in ("ABORTING", "ABORTED")
+
+
+async def test_conflicting_acks_abort_the_second_transaction(broker: BrokerProcess) -> None:
+    async with Client(broker.url) as client:
+        await seed(client, "in", 3)
+        c1 = await client.subscribe("in", "shared", "shared", initial_position="earliest")
+        inputs = await receive_n(c1, 3)
+        t1 = await client.new_transaction()
+        t2 = await client.new_transaction()
+        await c1.acknowledge(inputs[0], txn=t1)
+        with pytest.raises(errors.TransactionConflictError):
+            await c1.acknowledge(inputs[0], txn=t2)
+        with pytest.raises(errors.TransactionConflictError):
+            await t2.commit()  # the client aborts a transaction that saw a conflict
+        await c1.acknowledge(inputs[0])  # a plain ack of a PENDING_ACK message: dropped
+        await t1.abort()
+        await c1.redeliver_unacknowledged()
+        again = await receive_n(c1, 3)
+        assert sorted(m.value for m in again) == sorted(m.value for m in inputs)
+
+
+async def test_open_transaction_of_a_dead_client_times_out(broker: BrokerProcess) -> None:
+    async with Client(broker.url) as client:
+        await seed(client, "in", 4)
+    async with Client(broker.url) as client:
+        source = await client.subscribe("in", "copier", initial_position="earliest")
+        producer = await client.create_producer("out")
+        inputs = await receive_n(source, 4)
+        txn = await client.new_transaction(timeout=1.0)
+        await producer.send(b"orphan", txn=txn)
+        for m in inputs:
+            await source.acknowledge(m, txn=txn)
+        # the client goes away without ending the transaction
+    for _ in range(100):
+        _, meta = admin_json(broker, "GET", f"/admin/v1/transactions/{txn.id}")
+        if meta["status"] == "ABORTED":
+            break
+        await asyncio.sleep(0.1)
+    assert meta["status"] == "ABORTED" and meta["timed_out"] is True
+    async with Client(broker.url) as client:
+        source = await client.subscribe("in", "copier", initial_position="earliest")
+        again = await receive_n(source, 4)
+        assert [m.value for m in again] == [m.value for m in inputs]
+        sink = await client.subscribe("out", "reader", initial_position="earliest")
+        await nothing_more(sink)
+
+
+async def test_admin_abort_and_coordinators(broker: BrokerProcess) -> None:
+    async with Client(broker.url) as client:
+        producer = await client.create_producer("out")
+        txn = await client.new_transaction(timeout=60)
+        await producer.send(b"x", txn=txn)
+        status, meta = admin_json(broker, "POST", f"/admin/v1/transactions/{txn.id}/abort")
+        assert status == 200 and meta["status"] in ("ABORTING", "ABORTED")
+        with pytest.raises(errors.InvalidTxnStatusError):
+            await txn.commit()
+    assert broker.admin("GET", "/admin/v1/transactions/(nonsense)")[0] == 400
+    assert broker.admin("GET", "/admin/v1/transactions/(0,12345)")[0] == 404
+    assert broker.admin("GET", "/admin/v1/transactions?state=BOGUS")[0] == 400
+    status, coords = admin_json(broker, "GET", "/admin/v1/coordinators")
+    assert status == 200 and [c["tc_id"] for c in coords["coordinators"]] == [0]
+
+
+async def test_late_transactional_write_is_refused(broker: BrokerProcess) -> None:
+    async with Client(broker.url) as client:
+        producer = await client.create_producer("late")
+        txn = await client.new_transaction()
+        await producer.send(b"in time", txn=txn)
+        await txn.abort()
+    async with RawConnection(broker.url) as raw:
+        await raw.request(
+            T.PRODUCER,
+            "producer",
+            pb.CommandProducer(request_id=1, producer_id=1, topic="late", producer_name="p"),
+        )
+        msg = pb.SingleMessage(payload=b"too late", sequence_id=100)
+        answer = await raw.request(
+            T.SEND,
+            "send",
+            pb.CommandSend(
+                producer_id=1,
+                request_id=2,
+                messages=[msg],
+                transactional=True,
+                txnid_most_bits=txn.id.most_bits,
+                txnid_least_bits=txn.id.least_bits,
+            ),
+        )
+        assert answer.type == T.SEND_ERROR
+        assert answer.send_error.error == pb.INVALID_TXN_STATUS
+        # A transaction that never added this partition may not write to it either.
+        answer = await raw.request(
+            T.NEW_TXN, "new_txn", pb.CommandNewTxn(request_id=3, txn_ttl_ms=10_000)
+        )
+        fresh = answer.new_txn_response
+        answer = await raw.request(
+            T.SEND,
+            "send",
+            pb.CommandSend(
+                producer_id=1,
+                request_id=4,
+                messages=[msg],
+                transactional=True,
+                txnid_most_bits=fresh.txnid_most_bits,
+                txnid_least_bits=fresh.txnid_least_bits,
+            ),
+        )
+        assert answer.send_error.error == pb.INVALID_TXN_STATUS
+        assert "not added" in answer.send_error.message
+
+
+async def test_two_coordinators_share_the_transactions(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log")
+    broker.args = ["--tc-ids", "0,1"]
+    broker.start()
+    try:
+        async with Client(broker.url) as client:
+            sink = await client.subscribe("out", "reader", initial_position="earliest")
+            producer = await client.create_producer("out")
+            txns = [await client.new_transaction() for _ in range(4)]
+            assert sorted(t.id.tcid for t in txns) == [0, 0, 1, 1]
+            for i, txn in enumerate(txns):
+                await producer.send(b"%d" % i, txn=txn)
+                await txn.commit()
+            got = await receive_n(sink, 4)
+            assert sorted(m.value for m in got) == [b"0", b"1", b"2", b"3"]
+        _status, coords = admin_json(broker, "GET", "/admin/v1/coordinators")
+        assert [c["tc_id"] for c in coords["coordinators"]] == [0, 1]
+        assert (tmp_path / "data" / "tc-1.db").exists()
+    finally:
+        broker.stop()
+
+
+async def test_the_consume_transform_produce_example_runs(broker: BrokerProcess) -> None:
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, str(EXAMPLE), "--url", broker.url, "--seed", "250", "--idle", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "done: 250 messages copied" in result.stdout
+    async with Client(broker.url) as client:
+        out = await client.subscribe("ctp-output", "check", initial_position="earliest")
+        got = await receive_n(out, 250)
+        assert sorted(m.value for m in got) == sorted(b"MESSAGE %d" % i for i in range(250))
+        await nothing_more(out)

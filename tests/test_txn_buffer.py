@@ -1,0 +1,664 @@
+"""The transaction buffer (PIP-31 sidecar approach) on a real LedgerStore.
+
+Transactional sends go to the sidecar ledger ``x/{topic}/{index}``; COMMIT
+appends a marker to the partition ledger that materializes into the
+transaction's messages; ABORT leaves them for the sweep. Crash tests make
+`faults.hit` raise at a step, then close and reopen the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+import buffer._txnbuffer as txnbuffer_module
+from buffer import (
+    COMMIT_MARKER,
+    DATA,
+    Partition,
+    PublishResult,
+    SendRejectedError,
+    Topics,
+    TransactionBuffer,
+    TransactionBufferError,
+    TxnConflictError,
+    TxnEndedError,
+    TxnInfo,
+    TxnState,
+    entry_count,
+    entry_kind,
+    entry_meta,
+    sidecar_ledger_name,
+)
+from buffer._txnbuffer import (
+    TXN_ABORT,
+    TXN_COMMIT,
+    TXN_DATA,
+    TXN_SNAPSHOT,
+    TxnEvent,
+    transition,
+)
+from ledger import Entry, LedgerStore, faults
+from proto import txnbuf_pb2 as pb
+
+T1, T2, T3 = (1 << 48 | 1, 7), (1 << 48 | 2, 8), (2 << 48 | 3, 9)
+
+
+class Crash(Exception):
+    """Raised by a patched `faults.hit`: the process 'dies' here."""
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "broker.db"
+
+
+class Stores:
+    """The store a test works on; `reopen` closes it and opens the database again."""
+
+    def __init__(self, db: Path) -> None:
+        self.db = db
+        self.store: LedgerStore | None = None
+
+    async def open(self) -> tuple[LedgerStore, Partition]:
+        self.store = await LedgerStore.open(self.db)
+        topics = await Topics.load(self.store)
+        topic = topics.get("t") or await topics.create("t", 1)
+        return self.store, topic.partitions[0]
+
+    async def reopen(self) -> tuple[LedgerStore, Partition]:
+        await self.close()
+        return await self.open()
+
+    async def close(self) -> None:
+        if self.store is not None:
+            await settle(self.store)
+            await self.store.close()
+            self.store = None
+
+
+@pytest.fixture
+async def stores(db: Path) -> AsyncIterator[Stores]:
+    s = Stores(db)
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+async def settle(store: LedgerStore) -> None:
+    """Wait until fire-and-forget writes (snapshots) are committed (see test_partition)."""
+    barrier = await store.open_ledger("test/barrier")
+    for _ in range(4):
+        await barrier.append(b"")
+    assert not store._pending
+
+
+def msgs(*seqs: int, tag: str = "m") -> list[pb.SingleMessage]:
+    return [pb.SingleMessage(payload=f"{tag}{s}".encode(), sequence_id=s) for s in seqs]
+
+
+def txn_ids(start: int, n: int) -> PublishResult:
+    return PublishResult(-1, [(-1, i) for i in range(start, start + n)])
+
+
+def loaded(part: Partition) -> TransactionBuffer:
+    """The transaction buffer `Partition.load` recovered (it must exist)."""
+    tb = part.transaction_buffer
+    assert tb is not None, "the sidecar log was not loaded"
+    return tb
+
+
+async def sidecar_kinds(tb: TransactionBuffer) -> list[int]:
+    return [entry_kind(m) for _, m in await tb.sidecar.read_meta()]
+
+
+async def markers(part: Partition) -> list[tuple[int, int]]:
+    """(entry id, message count) of every commit marker in the partition ledger."""
+    return [
+        (e, entry_count(m))
+        for e, m in await part.ledger.read_meta()
+        if entry_kind(m) == COMMIT_MARKER
+    ]
+
+
+async def delivered(part: Partition, entry_id: int) -> list[bytes]:
+    """The payloads a consumer gets for partition entry ``entry_id``."""
+    (entry,) = await part.ledger.read(entry_id, entry_id)
+    batch = pb.EntryBatch.FromString(await part.materialize(entry))
+    assert len(batch.messages) == entry_count(entry.meta)
+    return [m.payload for m in batch.messages]
+
+
+@pytest.fixture
+def crash_at(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Steps listed in the yielded list raise `Crash` when hit."""
+    armed: list[str] = []
+    real = faults.hit
+
+    def hit(step: str) -> None:
+        if step in armed:
+            armed.remove(step)
+            raise Crash(step)
+        real(step)
+
+    monkeypatch.setattr(faults, "hit", hit)
+    yield armed
+
+
+# -- the state table -------------------------------------------------------------------
+
+
+def test_transition_table() -> None:
+    O, C, A = TxnState.OPEN, TxnState.COMMITTED, TxnState.ABORTED  # noqa: E741
+    legal = {
+        (O, TxnEvent.DATA): O,
+        (O, TxnEvent.COMMIT): C,
+        (O, TxnEvent.ABORT): A,
+        (C, TxnEvent.COMMIT): C,
+        (A, TxnEvent.ABORT): A,
+    }
+    for state in TxnState:
+        for event in TxnEvent:
+            if (state, event) in legal:
+                assert transition(T1, state, event) is legal[(state, event)]
+            elif event is TxnEvent.DATA:
+                with pytest.raises(TxnEndedError, match="late write"):
+                    transition(T1, state, event)
+            else:
+                with pytest.raises(TxnConflictError, match=state.value):
+                    transition(T1, state, event)
+
+
+# -- creation --------------------------------------------------------------------------
+
+
+async def test_sidecar_is_created_on_first_use_only(stores: Stores) -> None:
+    store, part = await stores.open()
+    await part.publish("p", msgs(0))
+    assert part.transaction_buffer is None
+    assert store.get_ledger(sidecar_ledger_name("t", 0)) is None
+    a, b = await asyncio.gather(part.txn_buffer(), part.txn_buffer())
+    assert a is b is part.transaction_buffer
+    assert await part.txn_buffer() is a
+    assert a.sidecar.name == "x/t/0"
+
+    store, part = await stores.reopen()  # an empty sidecar is loaded again
+    assert part.transaction_buffer is not None
+    assert part.transaction_buffer.transactions() == []
+
+
+async def test_partition_without_sidecar_cannot_materialize_a_marker(stores: Stores) -> None:
+    _, part = await stores.open()
+    marker = Entry(0, entry_meta(COMMIT_MARKER, 1), b"")
+    with pytest.raises(TransactionBufferError, match="no transaction log"):
+        await part.materialize(marker)
+    data = Entry(0, entry_meta(DATA, 1), b"stored")
+    assert await part.materialize(data) == b"stored"
+
+
+# -- publish, commit, materialize ------------------------------------------------------
+
+
+async def test_publish_commit_materialize(stores: Stores) -> None:
+    _, part = await stores.open()
+    tb = await part.txn_buffer()
+    assert await part.publish("plain", msgs(0)) == PublishResult(0, None)
+    assert await tb.publish(T1, "p", msgs(0, 1, tag="a")) == txn_ids(0, 2)
+    assert await tb.publish(T2, "q", msgs(5, tag="b")) == txn_ids(0, 1)
+    assert await tb.publish(T1, "p", msgs(2, tag="a")) == txn_ids(2, 1)
+    assert await tb.publish(T1, "r", msgs(0, 3, tag="c")) == txn_ids(3, 2)  # another producer
+    assert await sidecar_kinds(tb) == [TXN_DATA] * 4
+    # Nothing is visible in the partition before the commit.
+    assert part.ledger.last_entry_id == 0
+    assert tb.open_transactions() == [T1, T2]
+    assert tb.status(T1) == TxnInfo(T1, TxnState.OPEN, 5, -1, (0, 2, 3))
+
+    await tb.end(T1, commit=True)
+    assert await markers(part) == [(1, 5)]
+    assert part.count(1) == 5
+    assert await sidecar_kinds(tb) == [TXN_DATA] * 4 + [TXN_COMMIT]
+    assert tb.status(T1) == TxnInfo(T1, TxnState.COMMITTED, 5, 1, (0, 2, 3))
+    assert tb.open_transactions() == [T2]
+    assert await delivered(part, 1) == [b"a0", b"a1", b"a2", b"c0", b"c3"]
+    # Message i of the transaction is (partition, marker entry id, i): the batch
+    # index of the materialized entry is the index answered at send time.
+    assert await delivered(part, 0) == [b"m0"]  # a DATA entry as stored
+
+    await part.publish("plain", msgs(1))  # entry 2
+    await tb.end(T2, commit=True)
+    assert await markers(part) == [(1, 5), (3, 1)]
+    assert await delivered(part, 3) == [b"b5"]
+    assert part.messages_after((-1, (1 << 31) - 1)) == 1 + 5 + 1 + 1
+
+
+async def test_commit_waits_for_sends_queued_before_it(stores: Stores) -> None:
+    _, part = await stores.open()
+    tb = await part.txn_buffer()
+    first = tb.publish(T1, "p", msgs(0, 1))
+    second = tb.publish(T1, "p", msgs(2))
+    await tb.end(T1, commit=True)  # the sends are still in flight when END arrives
+    assert await first == txn_ids(0, 2)
+    assert await second == txn_ids(2, 1)
+    assert await markers(part) == [(0, 3)]
+    assert await delivered(part, 0) == [b"m0", b"m1", b"m2"]
+
+
+async def test_materialize_reads_sparse_entries_from_disk(
+    db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A tiny tail cache: the reads go to SQLite, in runs of the marker's entries.
+    store = await LedgerStore.open(db, cache_entries=1)
+    try:
+        part = (await (await Topics.load(store)).create("t", 1)).partitions[0]
+        tb = await part.txn_buffer()
+        for i in range(6):
+            await tb.publish(T1, "p", msgs(i))
+            for j in range(6):  # T2's sends keep T1's entries far apart
+                await tb.publish(T2, "q", msgs(6 * i + j))
+        await tb.end(T1, commit=True)
+        monkeypatch.setattr(txnbuffer_module, "MATERIALIZED_CACHE_ENTRIES", 0)
+        assert await delivered(part, 0) == [f"m{i}".encode() for i in range(6)]
+        await tb.end(T2, commit=True)
+        assert await delivered(part, 1) == [f"m{i}".encode() for i in range(36)]
+    finally:
+        await settle(store)
+        await store.close()
+
+
+# -- abort and late writes -------------------------------------------------------------
+
+
+async def test_abort_writes_no_marker_and_refuses_late_writes(stores: Stores) -> None:
+    _, part = await stores.open()
+    tb = await part.txn_buffer()
+    await tb.publish(T1, "p", msgs(0, 1))
+    await tb.end(T1, commit=False)
+    assert part.ledger.last_entry_id == -1
+    assert await sidecar_kinds(tb) == [TXN_DATA, TXN_ABORT]
+    assert tb.status(T1) == TxnInfo(T1, TxnState.ABORTED, 2, -1, (0,))
+    assert tb.open_transactions() == []
+    with pytest.raises(TxnEndedError, match="late write"):
+        tb.publish(T1, "p", msgs(2))
+    with pytest.raises(TxnEndedError):
+        tb.publish(T1, "other", msgs(0))  # any producer
+    await settle(part.ledger.store)
+    assert tb.sidecar.last_entry_id == 1  # nothing stored
+
+
+async def test_late_write_after_commit_and_while_ending(stores: Stores) -> None:
+    _, part = await stores.open()
+    tb = await part.txn_buffer()
+    await tb.publish(T1, "p", msgs(0))
+    ending = asyncio.ensure_future(tb.end(T1, commit=True))
+    await asyncio.sleep(0)  # END has begun, its records are not durable yet
+    assert tb.status(T1) is not None and tb.status(T1).state is TxnState.OPEN  # type: ignore[union-attr]
+    with pytest.raises(TxnEndedError, match="ending"):
+        tb.publish(T1, "p", msgs(1))
+    with pytest.raises(TxnConflictError, match="commit has begun"):
+        await tb.end(T1, commit=False)
+    await ending
+    with pytest.raises(TxnEndedError, match="committed"):
+        tb.publish(T1, "p", msgs(1))
+    assert await markers(part) == [(0, 1)]
+    assert await delivered(part, 0) == [b"m0"]
+
+
+async def test_end_of_a_transaction_that_never_wrote_here(stores: Stores) -> None:
+    _, part = await stores.open()
+    tb = await part.txn_buffer()
+    await tb.end(T1, commit=True)
+    await tb.end(T2, commit=False)
+    assert part.ledger.last_entry_id == -1  # no marker for no messages
+    assert await sidecar_kinds(tb) == [TXN_COMMIT, TXN_ABORT]
+    assert tb.status(T1) == TxnInfo(T1, TxnState.COMMITTED, 0, -1, ())
+    assert tb.status(T2) == TxnInfo(T2, TxnState.ABORTED, 0, -1, ())
+    for txn in (T1, T2):  # the small record makes late writes refusable
+        with pytest.raises(TxnEndedError):
+            tb.publish(txn, "p", msgs(0))
+    _, part = await stores.reopen()
+    tb = await part.txn_buffer()
+    with pytest.raises(TxnEndedError):
+        tb.publish(T1, "p", msgs(0))
+    assert tb.open_transactions() == []
+
+
+# -- idempotent and conflicting ENDs ---------------------------------------------------
+
+
+async def test_end_is_idempotent(stores: Stores) -> None:
+    _, part = await stores.open()
+    tb = await part.txn_buffer()
+    await tb.publish(T1, "p", msgs(0, 1))
+    await tb.publish(T2, "p", msgs(0))
+    # Retries racing each other, and after the first finished: one marker.
+    await asyncio.gather(tb.end(T1, commit=True), tb.end(T1, commit=True))
+    await tb.end(T1, commit=True)
+    await tb.end(T2, commit=False)
+    await tb.end(T2, commit=False)
+    assert await markers(part) == [(0, 2)]
+    assert await sidecar_kinds(tb) == [TXN_DATA, TXN_DATA, TXN_COMMIT, TXN_ABORT]
+
+    _, part = await stores.reopen()
+    tb = await part.txn_buffer()
+    await tb.end(T1, commit=True)
+    await tb.end(T2, commit=False)
+    assert await markers(part) == [(0, 2)]
+    assert await sidecar_kinds(tb) == [TXN_DATA, TXN_DATA, TXN_COMMIT, TXN_ABORT]
+
+
+async def test_conflicting_end_is_refused_and_changes_nothing(stores: Stores) -> None:
+    _, part = await stores.open()
+    tb = await part.txn_buffer()
+    await tb.publish(T1, "p", msgs(0))
+    await tb.publish(T2, "p", msgs(0))
+    await tb.end(T1, commit=True)
+    await tb.end(T2, commit=False)
+    with pytest.raises(TxnConflictError, match="committed"):
+        await tb.end(T1, commit=False)
+    with pytest.raises(TxnConflictError, match="aborted"):
+        await tb.end(T2, commit=True)
+    assert await markers(part) == [(0, 1)]
+    assert await sidecar_kinds(tb) == [TXN_DATA, TXN_DATA, TXN_COMMIT, TXN_ABORT]
+    assert tb.status(T1).state is TxnState.COMMITTED  # type: ignore[union-attr]
+    assert tb.status(T2).state is TxnState.ABORTED  # type: ignore[union-attr]
+
+
+# -- deduplication ---------------------------------------------------------------------
+
+
+async def test_retried_sends_are_stored_once(stores: Stores) -> None:
+    _, part = await stores.open()
+    tb = await part.txn_buffer()
+    assert await tb.publish(T1, "p", msgs(0, 1, 2)) == txn_ids(0, 3)
+    assert await tb.publish(T1, "p", msgs(3)) == txn_ids(3, 1)
+    stored = tb.sidecar.last_entry_id
+    assert await tb.publish(T1, "p", msgs(0, 1, 2)) == txn_ids(0, 3)
+    assert await tb.publish(T1, "p", msgs(1, 3)) == PublishResult(-1, [(-1, 1), (-1, 3)])
+    assert tb.sidecar.last_entry_id == stored
+    # A partly re-sent send stores only its new messages.
+    assert await tb.publish(T1, "p", msgs(2, 3, 4, 5)) == txn_ids(2, 4)
+    assert tb.sidecar.last_entry_id == stored + 1
+    # Another producer, or the same producer in another transaction, is not a duplicate.
+    assert await tb.publish(T1, "q", msgs(0)) == txn_ids(6, 1)
+    assert await tb.publish(T2, "p", msgs(0)) == txn_ids(0, 1)
+    # A re-send while the original is in flight.
+    first = tb.publish(T2, "p", msgs(1, 2))
+    again = tb.publish(T2, "p", msgs(1, 2))
+    assert await first == txn_ids(1, 2)
+    assert await again == txn_ids(1, 2)
+    await tb.end(T1, commit=True)
+    assert await delivered(part, 0) == [b"m0", b"m1", b"m2", b"m3", b"m4", b"m5", b"m0"]
+    assert tb.status(T2).count == 3  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("seqs", [(3, 3), (5, 4), (0, 2, 1)])
+async def test_bad_sends_are_rejected_and_store_nothing(stores: Stores, seqs: tuple[int]) -> None:
+    _, part = await stores.open()
+    tb = await part.txn_buffer()
+    await tb.publish(T1, "p", msgs(0))
+    with pytest.raises(SendRejectedError, match="increase"):
+        tb.publish(T1, "p", msgs(*seqs))
+    with pytest.raises(SendRejectedError, match="at least one"):
+        tb.publish(T1, "p", [])
+    for bad in [(1,), (1, -1), (1 << 64, 0), [1, 2], (1.0, 2)]:
+        with pytest.raises(SendRejectedError, match="transaction id"):
+            tb.publish(bad, "p", msgs(1))  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="transaction id"):
+            await tb.end(bad, commit=True)  # type: ignore[arg-type]
+    await settle(part.ledger.store)
+    assert tb.sidecar.last_entry_id == 0
+    assert await tb.publish(T1, "p", msgs(1)) == txn_ids(1, 1)
+
+
+async def test_a_failed_append_can_be_retried(stores: Stores) -> None:
+    store, part = await stores.open()
+    tb = await part.txn_buffer()
+    await tb.publish(T1, "p", msgs(0))
+    await store._writer.execute(
+        "CREATE TRIGGER fail BEFORE INSERT ON entries BEGIN SELECT RAISE(ABORT, 'disk full'); END"
+    )
+    with pytest.raises(Exception, match="disk full"):
+        await tb.publish(T1, "p", msgs(1, 2))
+    await store._writer.execute("DROP TRIGGER fail")
+    assert await tb.publish(T1, "p", msgs(1, 2)) == txn_ids(1, 2)
+    await tb.end(T1, commit=True)
+    assert await delivered(part, 0) == [b"m0", b"m1", b"m2"]
+
+
+# -- crashes and recovery --------------------------------------------------------------
+
+
+async def test_crash_between_marker_and_commit_record(stores: Stores, crash_at: list[str]) -> None:
+    _, part = await stores.open()
+    tb = await part.txn_buffer()
+    await tb.publish(T1, "p", msgs(0, 1))
+    await tb.publish(T2, "p", msgs(0))
+    crash_at.append("buffer.after_commit_marker")
+    with pytest.raises(Crash):
+        await tb.end(T1, commit=True)
+    assert await markers(part) == [(0, 2)]
+    assert await sidecar_kinds(tb) == [TXN_DATA, TXN_DATA]  # no TXN_COMMIT yet
+
+    _, part = await stores.reopen()
+    tb = loaded(part)
+    # Recovery found the marker and completed the sidecar record.
+    assert tb.status(T1) == TxnInfo(T1, TxnState.COMMITTED, 2, 0, (0,))
+    assert await sidecar_kinds(tb) == [TXN_DATA, TXN_DATA, TXN_COMMIT]
+    assert tb.open_transactions() == [T2]
+    await tb.end(T1, commit=True)  # the coordinator's retry
+    assert await markers(part) == [(0, 2)]
+    assert await delivered(part, 0) == [b"m0", b"m1"]
+    with pytest.raises(TxnEndedError):
+        tb.publish(T1, "p", msgs(2))
+
+
+async def test_crash_between_marker_and_commit_record_after_a_snapshot(
+    stores: Stores, crash_at: list[str]
+) -> None:
+    # The snapshot is written after the marker, so recovery does not scan the
+    # partition for it: the snapshot itself must know the marker.
+    _, part = await stores.open()
+    tb = await part.txn_buffer()
+    await tb.publish(T1, "p", msgs(0))
+    crash_at.append("buffer.after_commit_marker")
+    with pytest.raises(Crash):
+        await tb.end(T1, commit=True)
+    await tb.sweep()  # writes a snapshot
+    assert await sidecar_kinds(tb) == [TXN_DATA, TXN_SNAPSHOT]
+
+    _, part = await stores.reopen()
+    tb = loaded(part)
+    assert tb.status(T1) == TxnInfo(T1, TxnState.COMMITTED, 1, 0, (0,))
+    await tb.end(T1, commit=True)
+    assert await markers(part) == [(0, 1)]
+
+
+async def test_retry_after_a_failed_commit_record_adds_no_marker(
+    stores: Stores, crash_at: list[str]
+) -> None:
+    # The same, without a restart: the coordinator retries on the live broker.
+    _, part = await stores.open()
+    tb = await part.txn_buffer()
+    await tb.publish(T1, "p", msgs(0))
+    crash_at.append("buffer.after_commit_marker")
+    with pytest.raises(Crash):
+        await tb.end(T1, commit=True)
+    await tb.end(T1, commit=True)
+    assert await markers(part) == [(0, 1)]
+    assert await sidecar_kinds(tb) == [TXN_DATA, TXN_COMMIT]
+    assert tb.status(T1) == TxnInfo(T1, TxnState.COMMITTED, 1, 0, (0,))
+
+
+async def test_crash_after_data_write_then_retry(stores: Stores, crash_at: list[str]) -> None:
+    _, part = await stores.open()
+    tb = await part.txn_buffer()
+    await tb.publish(T1, "p", msgs(0))
+    crash_at.append("buffer.after_txn_data_write")
+    with pytest.raises(Crash):
+        await tb.publish(T1, "p", msgs(1, 2))  # stored, never answered
+
+    _, part = await stores.reopen()
+    tb = loaded(part)
+    assert tb.open_transactions() == [T1]
+    # The producer reconnects and re-sends: original ids, stored once.
+    assert await tb.publish(T1, "p", msgs(1, 2)) == txn_ids(1, 2)
+    assert await tb.publish(T1, "p", msgs(2, 3)) == txn_ids(2, 2)
+    await tb.end(T1, commit=True)
+    assert await delivered(part, 0) == [b"m0", b"m1", b"m2", b"m3"]
+
+
+@pytest.fixture
+def small_snapshots(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(txnbuffer_module, "SNAPSHOT_EVERY", 4)
+
+
+@pytest.mark.usefixtures("small_snapshots")
+async def test_recovery_from_snapshot_and_tail_equals_live_index(
+    stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, part = await stores.open()
+    tb = await part.txn_buffer()
+    txns = [(1 << 48 | i, i) for i in range(12)]
+    for i, txn in enumerate(txns):
+        await tb.publish(txn, f"p{i % 3}", msgs(i, i + 1))
+        if i % 3 == 0:
+            await tb.end(txn, commit=True)
+        elif i % 3 == 1:
+            await tb.end(txn, commit=False)
+    await tb.publish(txns[2], "p2", msgs(100))  # an open one, after snapshots
+    await settle(part.ledger.store)
+    live = tb.transactions()
+    assert tb.snapshots_written >= 3
+    assert len(tb.open_transactions()) == 4
+    records = sum(k != TXN_SNAPSHOT for k in await sidecar_kinds(tb))
+
+    applied: list[int] = []
+    real_apply = TransactionBuffer._apply
+
+    def counting(self: TransactionBuffer, entry: Entry) -> None:
+        applied.append(entry.entry_id)
+        real_apply(self, entry)
+
+    monkeypatch.setattr(TransactionBuffer, "_apply", counting)
+    _, part = await stores.reopen()
+    tb = loaded(part)
+    assert tb.transactions() == live
+    assert 0 < len(applied) < records / 2  # the tail after the snapshot, not the history
+    # Recovered sequence state: re-sends of open transactions are answered.
+    assert await tb.publish(txns[2], "p2", msgs(2, 3, 100)) == txn_ids(0, 3)
+    assert await tb.publish(txns[5], "p2", msgs(5, 6, 7)) == txn_ids(0, 3)  # 7 is new
+    await tb.end(txns[2], commit=True)
+    marker = part.ledger.last_entry_id
+    assert await delivered(part, marker) == [b"m2", b"m3", b"m100"]
+    assert await delivered(part, 0) == [b"m0", b"m1"]  # committed before the restart
+
+
+# -- sweep / retention -----------------------------------------------------------------
+
+
+async def test_sweep_keeps_what_is_needed(stores: Stores) -> None:
+    _, part = await stores.open()
+    tb = await part.txn_buffer()
+    aborted, committed, still_open = T1, T2, T3
+    await tb.publish(aborted, "p", msgs(0))  # sidecar 0
+    await tb.publish(committed, "p", msgs(0, 1))  # 1
+    await tb.publish(still_open, "p", msgs(0))  # 2
+    await tb.publish(aborted, "p", msgs(1))  # 3
+    await tb.end(aborted, commit=False)  # 4
+    await tb.end(committed, commit=True)  # 5; marker at partition entry 0
+    await part.publish("plain", msgs(0))  # partition entry 1
+
+    # The aborted transaction's first entry goes; the committed one's marker is
+    # still in the partition, so its entries stay (and so does all after them).
+    assert await tb.sweep() == 1
+    assert tb.sidecar.first_entry_id == 1
+    assert tb.status(aborted) == TxnInfo(aborted, TxnState.ABORTED, 2, -1, ())  # forgotten
+    assert await delivered(part, 0) == [b"m0", b"m1"]
+
+    # The subscriptions acknowledged the marker: the partition is trimmed past it.
+    await part.ledger.trim(1)
+    part.trimmed(1)
+    assert await tb.sweep() == 1  # up to the open transaction's entry
+    assert tb.sidecar.first_entry_id == 2
+    assert tb.status(committed) == TxnInfo(committed, TxnState.COMMITTED, 2, 0, ())
+    assert tb.open_transactions() == [still_open]
+
+    await tb.end(still_open, commit=False)
+    trimmed = await tb.sweep()
+    assert trimmed > 0
+    kinds = await sidecar_kinds(tb)
+    assert TXN_DATA not in kinds and kinds[0] == TXN_SNAPSHOT  # only the latest snapshot
+    assert await tb.sweep() == 0  # nothing new: no new snapshot either
+    assert await sidecar_kinds(tb) == kinds
+
+    # Late writes and ENDs of swept transactions are still answered, also after a restart.
+    for _ in range(2):
+        for txn in (aborted, committed, still_open):
+            with pytest.raises(TxnEndedError):
+                tb.publish(txn, "p", msgs(9))
+        await tb.end(committed, commit=True)
+        with pytest.raises(TxnConflictError):
+            await tb.end(aborted, commit=True)
+        _, part = await stores.reopen()
+        tb = loaded(part)
+        assert tb.status(committed) == TxnInfo(committed, TxnState.COMMITTED, 2, 0, ())
+    assert part.ledger.last_entry_id == 1  # no second marker
+
+
+async def test_sweep_never_drops_an_open_or_visible_transaction(stores: Stores) -> None:
+    _, part = await stores.open()
+    tb = await part.txn_buffer()
+    await tb.publish(T1, "p", msgs(0))  # sidecar 0: open throughout
+    for i in range(5):
+        txn = (5, i)
+        await tb.publish(txn, "p", msgs(i))
+        await tb.end(txn, commit=i % 2 == 0)
+    assert await tb.sweep() == 0
+    assert tb.sidecar.first_entry_id == 0
+    await tb.end(T1, commit=True)
+    await tb.sweep()
+    # Every committed transaction is still readable through its marker.
+    for entry_id, count in await markers(part):
+        assert len(await delivered(part, entry_id)) == count
+    assert len(await markers(part)) == 4
+
+
+async def test_materializing_a_swept_marker_is_a_clear_error(
+    stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(txnbuffer_module, "MATERIALIZED_CACHE_ENTRIES", 0)
+    _, part = await stores.open()
+    tb = await part.txn_buffer()
+    await tb.publish(T1, "p", msgs(0))
+    await tb.end(T1, commit=True)
+    (marker,) = await part.ledger.read(0, 0)
+    await part.ledger.trim(1)
+    part.trimmed(1)
+    await tb.sweep()
+    with pytest.raises(TransactionBufferError, match="gone"):
+        await part.materialize(marker)
+
+
+@pytest.mark.usefixtures("small_snapshots")
+async def test_bounded_memory_of_swept_transactions(
+    stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(txnbuffer_module, "ENDED_TXNS_KEPT", 3)
+    _, part = await stores.open()
+    tb = await part.txn_buffer()
+    txns = [(9, i) for i in range(5)]
+    for txn in txns:
+        await tb.publish(txn, "p", msgs(0))
+        await tb.end(txn, commit=False)
+    await tb.sweep()
+    assert [tb.status(t) is not None for t in txns] == [False, False, True, True, True]
+    with pytest.raises(TxnEndedError):
+        tb.publish(txns[2], "p", msgs(1))
+    _, part = await stores.reopen()
+    tb = loaded(part)
+    assert [tb.status(t) is not None for t in txns] == [False, False, True, True, True]
+    assert tb.stats()["ended_remembered"] == 3

@@ -1,0 +1,153 @@
+"""Transactions under SIGKILL at chosen steps (TXNBUF_FAULT, see ledger/_faults.py).
+
+Each test arms one step, runs a consume-transform-produce transaction over
+two output partitions and one input subscription, lets the broker die at
+that step, restarts it without the fault and checks DESIGN.md's invariants:
+the transaction is applied entirely or not at all (sends visible to a
+read-committed consumer exactly once, inputs never redelivered - or no
+send visible and every input redelivered), and a decision once logged is
+carried out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+
+import pytest
+
+from client import Client, errors
+from tests.conftest import BrokerProcess
+
+pytestmark = [pytest.mark.integration, pytest.mark.crash]
+
+N_INPUTS = 6
+
+
+async def setup_topics(broker: BrokerProcess) -> None:
+    status, _ = broker.admin("PUT", "/admin/v1/topics/out", b'{"partitions": 2}')
+    assert status == 200
+    async with Client(broker.url) as client:
+        # Create the subscriptions first so they see everything.
+        await (await client.subscribe("out", "reader", initial_position="earliest")).close()
+        await (await client.subscribe("in", "copier", initial_position="earliest")).close()
+        producer = await client.create_producer("in")
+        for i in range(N_INPUTS):
+            await producer.send(b"in-%d" % i)
+
+
+async def run_copy(broker: BrokerProcess) -> BaseException | None:
+    """Copy every input to both output partitions in one transaction; commit."""
+    async with Client(broker.url, operation_timeout=20.0) as client:
+        source = await client.subscribe("in", "copier", initial_position="earliest")
+        producer = await client.create_producer("out", producer_name="copier")
+        inputs = [await source.receive(timeout=10) for _ in range(N_INPUTS)]
+        try:
+            txn = await client.new_transaction(timeout=120)
+            for i, m in enumerate(inputs):
+                await producer.send(m.value.replace(b"in", b"out"), key=f"k{i}", txn=txn)
+            for m in inputs:
+                await source.acknowledge(m, txn=txn)
+            await txn.commit()
+        except errors.TxnbufError as exc:
+            return exc
+    return None
+
+
+async def outcome(broker: BrokerProcess) -> tuple[list[bytes], list[bytes]]:
+    """(outputs a read-committed consumer sees, inputs still to be consumed)."""
+    async with Client(broker.url) as client:
+        sink = await client.subscribe("out", "reader", initial_position="earliest")
+        source = await client.subscribe("in", "copier", initial_position="earliest")
+        outs, ins = [], []
+        for consumer, into in ((sink, outs), (source, ins)):
+            while True:
+                try:
+                    into.append((await consumer.receive(timeout=2.0)).value)
+                except errors.OperationTimeoutError:
+                    break
+    return outs, ins
+
+
+def assert_all_or_nothing(outs: list[bytes], ins: list[bytes]) -> str:
+    expected_out = Counter(b"out-%d" % i for i in range(N_INPUTS))
+    expected_in = Counter(b"in-%d" % i for i in range(N_INPUTS))
+    if Counter(outs) == expected_out:
+        assert ins == [], f"committed, but inputs come again: {ins}"
+        return "committed"
+    assert outs == [], f"partial or duplicated outputs: {sorted(outs)}"
+    assert Counter(ins) == expected_in, f"aborted, but inputs are missing: {sorted(ins)}"
+    return "aborted"
+
+
+async def wait_ended(broker: BrokerProcess) -> None:
+    for _ in range(100):
+        busy = [
+            t
+            for state in ("COMMITTING", "ABORTING")
+            for t in json.loads(broker.admin("GET", f"/admin/v1/transactions?state={state}")[1])[
+                "transactions"
+            ]
+        ]
+        if not busy:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("transactions did not finish after the restart")
+
+
+async def abort_open_transactions(broker: BrokerProcess) -> None:
+    """What an operator does for a client that gave up: abort what it left open."""
+    status, body = broker.admin("GET", "/admin/v1/transactions?state=OPEN")
+    assert status == 200
+    for txn in json.loads(body)["transactions"]:
+        status, _ = broker.admin("POST", f"/admin/v1/transactions/{txn['txnid']}/abort")
+        assert status == 200
+
+
+async def crash_at(broker: BrokerProcess, step: str) -> tuple[str, BaseException | None]:
+    await setup_topics(broker)
+    broker.stop()
+    broker.env["TXNBUF_FAULT"] = step
+    broker.start()
+    copy = asyncio.create_task(run_copy(broker))
+    assert broker.proc is not None
+    await asyncio.to_thread(broker.proc.wait, 30)  # the fault killed it
+    assert f"SIGKILL at {step.split('@')[0]}" in broker.log()
+    broker.env.pop("TXNBUF_FAULT")
+    broker.start()  # the client reconnects and carries on, or gives up
+    error = await copy
+    if error is not None:
+        await abort_open_transactions(broker)
+    await wait_ended(broker)
+    result = assert_all_or_nothing(*await outcome(broker))
+    return result, error
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        "tc.after_decision_logged",  # COMMITTING logged, no marker yet
+        "buffer.after_commit_marker",  # marker on the partition, no sidecar record
+        "tc.after_partition_end@1",  # one partition committed, the other not
+        "tc.after_subscription_end",  # acks committed, COMMITTED not logged
+    ],
+)
+async def test_a_logged_commit_survives_a_crash_at(broker: BrokerProcess, step: str) -> None:
+    result, _ = await crash_at(broker, step)
+    assert result == "committed"
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        "buffer.after_txn_data_write",  # during a transactional send
+        "subscriptions.after_pending_ack_write",  # during a transactional ack
+    ],
+)
+async def test_a_crash_inside_an_open_transaction_is_all_or_nothing(
+    broker: BrokerProcess, step: str
+) -> None:
+    # The client may ride through the restart (and commit) or fail (and the
+    # transaction times out or is aborted); either way: all or nothing.
+    await crash_at(broker, step)
