@@ -6,7 +6,8 @@ and transactional vs plain produce.
 Starts `txnbuf serve` as a subprocess (fresh data directory) and prints, side
 by side:
 
-1. consume-transform-produce: 1 and 4 workers on a shared subscription of
+1. consume-transform-produce: 1, 4 and 16 workers (asyncio tasks of one
+   client process, each a sequential loop) on a shared subscription of
    a seeded input topic; each transaction takes 100 inputs, sends 100
    outputs and acknowledges the 100 inputs in the transaction, then commits.
    msgs/s (inputs copied per second) and p50/p99 commit latency.
@@ -128,8 +129,10 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--per-txn", type=int, default=100)
     parser.add_argument("--size", type=int, default=100)
-    parser.add_argument("--inflight", type=int, default=16, help="open transactions (produce)")
+    parser.add_argument("--inflight", type=int, default=64, help="open transactions (produce)")
     parser.add_argument("--url", help="use this running broker instead of a new one")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--no-produce", action="store_true", help="skip the produce comparison")
     args = parser.parse_args()
     try:
         import uvloop
@@ -144,16 +147,18 @@ def main() -> None:
         url = args.url or broker.url  # type: ignore[union-attr]
         try:
             with asyncio.Runner(loop_factory=loop_factory) as runner:
-                for workers in (1, 4):
+                for workers in args.workers:
                     print(f"consume-transform-produce, {workers} worker(s) ...", file=sys.stderr)
                     rate, lat = runner.run(
                         ctp(url, workers, args.messages, args.per_txn, args.size)
                     )
                     rows.append((workers, rate, statistics.median(lat) * 1000, pct(lat, 0.99)))
-                print("produce, plain vs transactional ...", file=sys.stderr)
-                plain, txn = runner.run(
-                    produce(url, args.messages, args.per_txn, args.size, args.inflight)
-                )
+                plain = txn = 0.0
+                if not args.no_produce:
+                    print("produce, plain vs transactional ...", file=sys.stderr)
+                    plain, txn = runner.run(
+                        produce(url, args.messages, args.per_txn, args.size, args.inflight)
+                    )
         finally:
             if broker is not None:
                 broker.stop()
@@ -164,6 +169,8 @@ def main() -> None:
     for workers, rate, p50, p99 in rows:
         print(f"{workers:>7} {rate:>9,.0f} {p50:>14.1f} {p99:>14.1f}")
     print("peers here: PostgreSQL SKIP LOCKED 27k / 44k, Redis Streams MULTI/EXEC 23k / 42k")
+    if args.no_produce:
+        return
     print()
     print(f"produce {args.messages} x {args.size} B: plain {plain:,.0f} msgs/s, "
           f"transactional ({args.per_txn}/txn, {args.inflight} open) {txn:,.0f} msgs/s, "

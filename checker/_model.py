@@ -1,0 +1,160 @@
+"""The checker's view of a history: client operations, writers, readers and
+the version order of every key (shared by `checker._check` and `checker._cycles`)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from .history import CLIENT_FS, FINAL_READS, History, Op, Process, parse_offset
+
+Offset = tuple[int, int]
+KV = tuple[str, int]
+
+
+@dataclass(slots=True, eq=False)
+class ClientOp:
+    """One client operation (invoke + completion).
+
+    ``id`` names it in anomaly reports: the index of its completion line, or
+    of its invoke when it never completed. ``type`` is ok / fail / info (an
+    invoke never completed counts as info). ``sends`` are ``(key, value,
+    offset or None)`` in order; ``reads`` map each key to the ``(offset,
+    value)`` pairs received, in order, over all the op's polls.
+    """
+
+    id: int
+    invoke_index: int
+    complete_index: int | None
+    process: Process
+    type: str
+    f: str
+    sends: list[tuple[str, int, Offset | None]]
+    reads: dict[str, list[tuple[Offset, int]]]
+
+
+@dataclass(slots=True)
+class KeyOrder:
+    """The version order of one key: every offset known to hold a value.
+
+    Offsets come from every read and from the sends (with a known offset) of
+    operations that must have committed. ``offsets`` is sorted; the dense
+    *index* of an offset is its position there (gaps in offsets, e.g. commit
+    markers, are ignored, as in Jepsen). ``values_at[i]`` holds every value seen
+    at ``offsets[i]`` (more than one is an inconsistent offset);
+    ``first_index`` / ``last_index`` give each value's lowest and highest index
+    (they differ for a duplicate).
+    """
+
+    offsets: list[Offset] = field(default_factory=list)
+    rank: dict[Offset, int] = field(default_factory=dict)
+    values_at: list[list[int]] = field(default_factory=list)
+    first_index: dict[int, int] = field(default_factory=dict)
+    last_index: dict[int, int] = field(default_factory=dict)
+
+    def index_of(self, value: int, offset: Offset | None) -> int | None:
+        """The index of ``value`` sent or read at ``offset`` (or, unknown, its first index)."""
+        if offset is not None:
+            return self.rank.get(offset)
+        return self.first_index.get(value)
+
+
+class Model:
+    """Indexes over a validated history, built once in O(size of history)."""
+
+    def __init__(self, history: History) -> None:
+        self.history = history
+        self.ops: list[ClientOp] = []
+        self.final_reads_complete = False
+        self.non_client: dict[str, int] = defaultdict(int)
+        for inv, comp in history.pairs():
+            if inv.f == FINAL_READS:
+                if comp is not None:
+                    self.final_reads_complete = comp.type == "ok"
+                continue
+            if inv.f not in CLIENT_FS:
+                self.non_client[inv.f] += 1
+                continue
+            self.ops.append(_client_op(inv, comp))
+        # Completion order (never-completed ops last): the order a process did things in.
+        self.ops.sort(key=lambda op: op.complete_index if op.complete_index is not None else 1 << 62)
+        self.by_id = {op.id: op for op in self.ops}
+
+        self.writer_of: dict[KV, ClientOp] = {}
+        self.readers_of: dict[KV, list[ClientOp]] = defaultdict(list)
+        for op in self.ops:
+            for key, value, _ in op.sends:
+                self.writer_of[(key, value)] = op
+            for key, pairs in op.reads.items():
+                seen: set[int] = set()
+                for _, value in pairs:
+                    if value not in seen:
+                        seen.add(value)
+                        self.readers_of[(key, value)].append(op)
+
+        # Jepsen's must-have-committed?: ok, or info and some value it sent was read.
+        self.committed: set[int] = set()
+        for op in self.ops:
+            if op.type == "ok" or (
+                op.type == "info" and any((k, v) in self.readers_of for k, v, _ in op.sends)
+            ):
+                self.committed.add(op.id)
+
+        at: dict[str, dict[Offset, list[int]]] = defaultdict(dict)
+        for op in self.ops:
+            if op.id in self.committed:
+                for key, value, offset in op.sends:
+                    if offset is not None:
+                        _add(at[key], offset, value)
+            for key, pairs in op.reads.items():
+                for offset, value in pairs:
+                    _add(at[key], offset, value)
+        self.orders: dict[str, KeyOrder] = {}
+        for key, by_offset in at.items():
+            order = KeyOrder()
+            for i, offset in enumerate(sorted(by_offset)):
+                values = by_offset[offset]
+                order.offsets.append(offset)
+                order.rank[offset] = i
+                order.values_at.append(values)
+                for value in values:
+                    order.first_index.setdefault(value, i)
+                    order.last_index[value] = i
+            self.orders[key] = order
+
+    def writer_id(self, key: str, value: int) -> int | None:
+        op = self.writer_of.get((key, value))
+        return None if op is None else op.id
+
+
+def _add(by_offset: dict[Offset, list[int]], offset: Offset, value: int) -> None:
+    values = by_offset.get(offset)
+    if values is None:
+        by_offset[offset] = [value]
+    elif value not in values:
+        values.append(value)
+        values.sort()
+
+
+def _client_op(inv: Op, comp: Op | None) -> ClientOp:
+    value = comp.value if comp is not None else inv.value
+    sends: list[tuple[str, int, Offset | None]] = []
+    reads: dict[str, list[tuple[Offset, int]]] = {}
+    if isinstance(value, list):
+        for mop in value:
+            if mop[0] == "send":
+                raw = mop[2]
+                if isinstance(raw, list):
+                    sends.append((mop[1], raw[1], parse_offset(raw[0])))
+                else:
+                    sends.append((mop[1], raw, None))
+            elif len(mop) == 2:
+                for key, pairs in mop[1].items():
+                    got = reads.setdefault(key, [])
+                    for raw_offset, v in pairs:
+                        offset = parse_offset(raw_offset)
+                        assert offset is not None
+                        got.append((offset, v))
+    if comp is None:
+        return ClientOp(inv.index, inv.index, None, inv.process, "info", inv.f, sends, reads)
+    return ClientOp(comp.index, inv.index, comp.index, comp.process, comp.type, comp.f, sends, reads)
