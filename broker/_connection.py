@@ -383,6 +383,12 @@ class Connection:
                 raise ValueError(f"unknown subscription type {req.sub_type}")
             if req.consumer_id in self.consumers:
                 raise ValueError(f"consumer id {req.consumer_id} is in use on this connection")
+            if req.read_uncommitted:
+                raise BrokerError(
+                    "NOT_ALLOWED",
+                    "read_uncommitted isolation is not implemented yet; "
+                    "subscriptions read committed messages only",
+                )
             topic = await self.broker.topics.get_or_create(topic_name)
             consumer = Consumer(
                 consumer_id=req.consumer_id,

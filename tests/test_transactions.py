@@ -259,3 +259,15 @@ async def test_the_consume_transform_produce_example_runs(broker: BrokerProcess)
         got = await receive_n(out, 250)
         assert sorted(m.value for m in got) == sorted(b"MESSAGE %d" % i for i in range(250))
         await nothing_more(out)
+
+
+async def test_read_uncommitted_is_refused_clearly(broker: BrokerProcess) -> None:
+    async with Client(broker.url) as client:
+        with pytest.raises(errors.NotAllowedError, match="read_uncommitted"):
+            await client.subscribe("t", "dirty", read_uncommitted=True)
+        clean = await client.subscribe("t", "clean")  # the connection is fine
+        producer = await client.create_producer("t")
+        await producer.send(b"x")
+        assert (await clean.receive(timeout=5)).value == b"x"
+    _, stats = admin_json(broker, "GET", "/admin/v1/topics/t/stats")
+    assert list(stats["partitions"][0]["subscriptions"]) == ["clean"]
