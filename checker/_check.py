@@ -23,7 +23,7 @@ from typing import Any, Final
 
 from ._cycles import find_cycles
 from ._model import ClientOp, Model, Offset
-from .history import History
+from .history import History, gc_paused
 
 __all__ = ["CLASSES", "DEFAULT_INFORMATIONAL", "Result", "check"]
 
@@ -149,6 +149,11 @@ def check(
     unknown = informational - CLASSES.keys()
     if unknown:
         raise ValueError(f"unknown anomaly classes: {sorted(unknown)}")
+    with gc_paused():
+        return _check(history, informational, cycles)
+
+
+def _check(history: History, informational: frozenset[str], cycles: bool) -> Result:
     history.validate()
     model = Model(history)
     found = _Found()

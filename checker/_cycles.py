@@ -65,8 +65,8 @@ from ._model import ClientOp, Model
 Edge = tuple[int, int]
 Example = dict[str, Any]
 
-# How many rw edges of one component G-single tries, and how many nodes one
-# breadth-first search may visit, before giving up on that component.
+# How many rw edges of one component G-single tries, and how many nodes the
+# breadth-first searches for one component may visit, before giving up on it.
 GSINGLE_TRIES = 64
 BFS_BUDGET = 200_000
 
@@ -309,35 +309,36 @@ def find_cycles(model: Model) -> dict[str, list[Example]]:
         steps = _steps(explainer, best, [["wr", "process", "realtime"]] * len(best))
         found["G1c"].append(_example("G1c", best, steps))
 
-    # G-single: add ww (the non-rw graph N), then the edges that are rw only.
+    # G-single: add ww (giving the non-rw graph), then the edges that are rw only.
     graph.add_edges_from(graphs.ww)
     rw_only = {e for e in graphs.rw if not graph.has_edge(*e)}
     if rw_only:
-        n_comp: dict[int, int] = {}
-        for i, comp in enumerate(_components(graph)):
-            for node in comp:
-                n_comp[node] = i
         graph.add_edges_from(rw_only)
 
         def skip(u: int, v: int) -> bool:
             return (u, v) in rw_only
 
-        f_comp: dict[int, int] = {}
+        comp_of: dict[int, int] = {}
         comps = _components(graph)
         for i, comp in enumerate(comps):
             for node in comp:
-                f_comp[node] = i
+                comp_of[node] = i
         by_comp: dict[int, list[Edge]] = {}
-        for a, b in rw_only:
-            i = f_comp.get(a, -1)
-            if i >= 0 and f_comp.get(b) == i:
+        for a, b in sorted(rw_only):
+            i = comp_of.get(a, -1)
+            if i >= 0 and comp_of.get(b) == i:
                 by_comp.setdefault(i, []).append((a, b))
         for i, candidates in sorted(by_comp.items()):
             comp = comps[i]
-            # Both ends in one component of N: the path back surely exists.
-            candidates.sort(key=lambda e: (n_comp.get(e[0], -1) != n_comp.get(e[1], -2), e))
+            # Try first the rw edges whose writer completed (ok) shortly before the
+            # reader was invoked: a realtime path closes those, and a short one.
+            candidates.sort(key=lambda e: _closeness(model, e))
+            budget = BFS_BUDGET
             for a, b in candidates[:GSINGLE_TRIES]:
-                back = _bfs_path(graph.succ, b, a, comp, skip)
+                if budget <= 0:
+                    break
+                back = _bfs_path(graph.succ, b, a, comp, skip, budget)
+                budget -= BFS_BUDGET if back is None else len(back)
                 if back is None:
                     continue
                 cycle = [a, *back[:-1]]
@@ -346,6 +347,14 @@ def find_cycles(model: Model) -> dict[str, list[Example]]:
                 found["G-single"].append(_example("G-single", cycle, steps))
                 break
     return found
+
+
+def _closeness(model: Model, edge: Edge) -> tuple[int, int]:
+    reader, writer = model.by_id[edge[0]], model.by_id[edge[1]]
+    done = writer.complete_index
+    if writer.type == "ok" and done is not None and done < reader.invoke_index:
+        return (0, reader.invoke_index - done)
+    return (1, 0)
 
 
 def _edges_within(graph: Any, edges: set[Edge], comp: set[int], limit: int) -> list[Edge]:

@@ -81,34 +81,33 @@ class Model:
         self.by_id = {op.id: op for op in self.ops}
 
         self.writer_of: dict[KV, ClientOp] = {}
-        self.readers_of: dict[KV, list[ClientOp]] = defaultdict(list)
+        readers: dict[KV, list[ClientOp]] = {}
+        at: dict[str, dict[Offset, list[int]]] = defaultdict(dict)
         for op in self.ops:
             for key, value, _ in op.sends:
                 self.writer_of[(key, value)] = op
             for key, pairs in op.reads.items():
-                seen: set[int] = set()
-                for _, value in pairs:
-                    if value not in seen:
-                        seen.add(value)
-                        self.readers_of[(key, value)].append(op)
+                by_offset = at[key]
+                for offset, value in pairs:
+                    _add(by_offset, offset, value)
+                    got = readers.get((key, value))
+                    if got is None:
+                        readers[(key, value)] = [op]
+                    elif got[-1] is not op:
+                        got.append(op)
+        self.readers_of = readers
 
         # Jepsen's must-have-committed?: ok, or info and some value it sent was read.
         self.committed: set[int] = set()
         for op in self.ops:
             if op.type == "ok" or (
-                op.type == "info" and any((k, v) in self.readers_of for k, v, _ in op.sends)
+                op.type == "info" and any((k, v) in readers for k, v, _ in op.sends)
             ):
                 self.committed.add(op.id)
-
-        at: dict[str, dict[Offset, list[int]]] = defaultdict(dict)
-        for op in self.ops:
-            if op.id in self.committed:
                 for key, value, offset in op.sends:
                     if offset is not None:
                         _add(at[key], offset, value)
-            for key, pairs in op.reads.items():
-                for offset, value in pairs:
-                    _add(at[key], offset, value)
+
         self.orders: dict[str, KeyOrder] = {}
         for key, by_offset in at.items():
             order = KeyOrder()
@@ -151,10 +150,8 @@ def _client_op(inv: Op, comp: Op | None) -> ClientOp:
             elif len(mop) == 2:
                 for key, pairs in mop[1].items():
                     got = reads.setdefault(key, [])
-                    for raw_offset, v in pairs:
-                        offset = parse_offset(raw_offset)
-                        assert offset is not None
-                        got.append((offset, v))
+                    # Validated: every read has a known [entry_id, batch_index].
+                    got.extend(((o[0], o[1]), v) for o, v in pairs)
     if comp is None:
         return ClientOp(inv.index, inv.index, None, inv.process, "info", inv.f, sends, reads)
     return ClientOp(comp.index, inv.index, comp.index, comp.process, comp.type, comp.f, sends, reads)

@@ -51,12 +51,14 @@ while the workload runs.
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import os
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Final
@@ -123,6 +125,19 @@ class Op:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Op:
         """An op from a parsed line; raises `HistoryError` if a field is missing or mistyped."""
+        index, time_, process, type_, f = (d.get(name) for name in _FIELDS[:5])
+        if (
+            type(index) is int
+            and type(time_) is int
+            and (type(process) is int or type(process) is str)
+            and type(type_) is str
+            and type_ in TYPES
+            and type(f) is str
+        ):
+            if len(d) == 6 and "value" in d:
+                return cls(index, time_, process, type_, f, d["value"])
+            extra = {k: v for k, v in d.items() if k not in _FIELDS}
+            return cls(index, time_, process, type_, f, d.get("value"), extra)
         problems = []
         where = f"line with index {d.get('index')!r}"
         for name in ("index", "time"):
@@ -131,18 +146,15 @@ class Op:
         process = d.get("process")
         if not (_is_int(process) or isinstance(process, str)):
             problems.append(f"{where}: 'process' must be an int or a string")
-        if d.get("type") not in TYPES:
+        if not isinstance(type_, str) or type_ not in TYPES:
             problems.append(f"{where}: 'type' must be one of {sorted(TYPES)}")
         if not isinstance(d.get("f"), str):
             problems.append(f"{where}: 'f' must be a string")
-        if problems:
-            raise HistoryError(problems)
-        extra = {k: v for k, v in d.items() if k not in _FIELDS}
-        return cls(d["index"], d["time"], process, d["type"], d["f"], d.get("value"), extra)  # type: ignore[arg-type]
+        raise HistoryError(problems or [f"{where}: malformed line"])
 
 
 def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+    return type(x) is int
 
 
 def parse_offset(raw: Any) -> tuple[int, int] | None:
@@ -152,16 +164,25 @@ def parse_offset(raw: Any) -> tuple[int, int] | None:
     """
     if raw is None:
         return None
-    if (
-        isinstance(raw, list | tuple)
-        and len(raw) == 2
-        and _is_int(raw[0])
-        and _is_int(raw[1])
-    ):
-        if raw[0] < 0:
-            return None
-        return (raw[0], raw[1])
+    if type(raw) in (list, tuple) and len(raw) == 2:
+        entry, batch = raw
+        if type(entry) is int and type(batch) is int:
+            return None if entry < 0 else (entry, batch)
     raise ValueError(f"offset must be null or [entry_id, batch_index], not {raw!r}")
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector: parsing and checking allocate
+    millions of small acyclic objects, and the collections they trigger cost
+    a third of the time on large histories."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class History:
@@ -190,6 +211,12 @@ class History:
 
     @classmethod
     def read(cls, stream: IO[str]) -> History:
+        """Parse a JSONL stream."""
+        with gc_paused():
+            return cls._read(stream)
+
+    @classmethod
+    def _read(cls, stream: IO[str]) -> History:
         ops = []
         for lineno, line in enumerate(stream, 1):
             if not line.strip():

@@ -144,14 +144,22 @@ class TransactionCoordinator:
         self._records_since_snapshot = 0
         self._last_applied = -1  # entry id of the last record applied
         self._closed = False
+        self._owns_store = False
 
     @classmethod
     async def open(
-        cls, tcid: int, data_dir: str | Path, participant: Participant
+        cls, tcid: int, where: str | Path | LedgerStore, participant: Participant
     ) -> TransactionCoordinator:
-        store = await LedgerStore.open(Path(data_dir) / f"tc-{tcid}.db")
-        ledger = await store.open_ledger("txnlog")
+        """Open coordinator ``tcid``: its log is the ledger ``tc/<tcid>`` in
+        ``where`` (a `LedgerStore` shared with others, or a directory in which
+        it gets a database of its own, ``tc-<tcid>.db``)."""
+        if isinstance(where, LedgerStore):
+            store, owned = where, False
+        else:
+            store, owned = await LedgerStore.open(Path(where) / f"tc-{tcid}.db"), True
+        ledger = await store.open_ledger(f"tc/{tcid}")
         tc = cls(tcid, store, ledger, participant)
+        tc._owns_store = owned
         await tc._recover()
         return tc
 
@@ -164,7 +172,8 @@ class TransactionCoordinator:
                 await task
             except asyncio.CancelledError:
                 pass
-        await self.store.close()
+        if self._owns_store:
+            await self.store.close()
 
     # -- queries ------------------------------------------------------------------
 
