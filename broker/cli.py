@@ -82,7 +82,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="transaction coordinators to run here, comma-separated TCIDs (0)",
     )
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (INFO)")
+    from checker._cli import add_check_parser, run_check
+
+    add_check_parser(commands)
     args = parser.parse_args(argv)
+    if args.command == "check":
+        return run_check(args)
     logging.basicConfig(
         level=args.log_level.upper(),
         stream=sys.stderr,

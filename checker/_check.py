@@ -17,6 +17,7 @@ committed data whether or not its own transaction commits).
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -58,6 +59,7 @@ DEFAULT_INFORMATIONAL: Final = frozenset({"G0", "G-single"})
 # Examples kept per class (counts are always complete).
 MAX_EXAMPLES = 1000
 SKIPPED_SHOWN = 16
+READERS_SHOWN = 10
 
 
 @dataclass
@@ -270,11 +272,14 @@ def _aborted_and_garbage_reads(model: Model, found: _Found) -> None:
     Jepsen ``g1a-cases``: an *aborted read* is a read of a value whose writer
     failed (``fail`` means the transaction or send certainly did not happen).
     Jepsen throws when a read value has no writer at all; we report it as a
-    *garbage read*. One example per (key, value), naming the readers.
+    *garbage read*. One example per (key, value), naming the readers (the
+    first ``READERS_SHOWN``).
     """
     for (key, value), readers in sorted(model.readers_of.items()):
         writer = model.writer_of.get((key, value))
-        ids = [r.id for r in readers]
+        if writer is not None and writer.type != "fail":
+            continue
+        ids = [r.id for r in readers[:READERS_SHOWN]]
         if writer is None:
             found.add("garbage-read", {"key": key, "value": value, "readers": ids})
         elif writer.type == "fail":
@@ -464,7 +469,7 @@ def _send_order(model: Model, found: _Found) -> None:
             index = None if order is None else order.index_of(value, offset)
             per_key[key].append((value, offset, index))
         for key, sends in per_key.items():
-            for (v1, _, i1), (v2, _, i2) in zip(sends, sends[1:], strict=False):
+            for (v1, _, i1), (v2, _, i2) in itertools.pairwise(sends):
                 if i1 is not None and i2 is not None and i2 <= i1:
                     found.add(
                         "int-nonmonotonic-send",

@@ -77,7 +77,7 @@ class Model:
                 continue
             self.ops.append(_client_op(inv, comp))
         # Completion order (never-completed ops last): the order a process did things in.
-        self.ops.sort(key=lambda op: op.complete_index if op.complete_index is not None else 1 << 62)
+        self.ops.sort(key=_completion_order)
         self.by_id = {op.id: op for op in self.ops}
 
         self.writer_of: dict[KV, ClientOp] = {}
@@ -104,9 +104,9 @@ class Model:
                 op.type == "info" and any((k, v) in readers for k, v, _ in op.sends)
             ):
                 self.committed.add(op.id)
-                for key, value, offset in op.sends:
-                    if offset is not None:
-                        _add(at[key], offset, value)
+                for key, value, sent_at in op.sends:
+                    if sent_at is not None:
+                        _add(at[key], sent_at, value)
 
         self.orders: dict[str, KeyOrder] = {}
         for key, by_offset in at.items():
@@ -126,6 +126,10 @@ class Model:
         return None if op is None else op.id
 
 
+def _completion_order(op: ClientOp) -> int:
+    return op.complete_index if op.complete_index is not None else 1 << 62
+
+
 def _add(by_offset: dict[Offset, list[int]], offset: Offset, value: int) -> None:
     values = by_offset.get(offset)
     if values is None:
@@ -136,7 +140,8 @@ def _add(by_offset: dict[Offset, list[int]], offset: Offset, value: int) -> None
 
 
 def _client_op(inv: Op, comp: Op | None) -> ClientOp:
-    value = comp.value if comp is not None else inv.value
+    # A fail / info completion may leave its value out: it sent what it invoked.
+    value = comp.value if comp is not None and isinstance(comp.value, list) else inv.value
     sends: list[tuple[str, int, Offset | None]] = []
     reads: dict[str, list[tuple[Offset, int]]] = {}
     if isinstance(value, list):
@@ -154,4 +159,6 @@ def _client_op(inv: Op, comp: Op | None) -> ClientOp:
                     got.extend(((o[0], o[1]), v) for o, v in pairs)
     if comp is None:
         return ClientOp(inv.index, inv.index, None, inv.process, "info", inv.f, sends, reads)
-    return ClientOp(comp.index, inv.index, comp.index, comp.process, comp.type, comp.f, sends, reads)
+    return ClientOp(
+        comp.index, inv.index, comp.index, comp.process, comp.type, comp.f, sends, reads
+    )

@@ -35,8 +35,17 @@ checker, which reads them)::
   batch_index]``, compared as a tuple; ``null`` when unknown (a transactional
   send is answered with entry id -1: record ``null``; any offset with a
   negative entry id is read as unknown). Reads always carry offsets. A
-  ``fail`` / ``info`` completion may repeat the invoke's value or carry what
-  was learnt (the polls done before the abort, say).
+  ``fail`` / ``info`` completion may repeat the invoke's value, carry what was
+  learnt (the polls done before the abort, say), or be ``null`` (it sent what
+  it invoked; nothing is known of its polls).
+* A process is one consumer that keeps its position: each poll of a key
+  must continue right after what that process's last ``ok`` operation read
+  of it (else poll-skip / nonmonotonic-poll). So a process consumes its keys
+  alone (no sharing a subscription with other processes); after an aborted
+  transaction it resumes from its last committed position (txnbuf
+  redelivers what the transaction acknowledged, or the client seeks back);
+  whenever the workload cannot promise that -- a new consumer, a crash --
+  it continues under a new process id.
 * Any other ``f`` (a nemesis event, say) is carried along and ignored by the
   checker, with one exception: ``"final-reads-complete"``. The workload
   records it (`Recorder.final_reads`) after its final read phase: ``ok`` if
@@ -300,13 +309,19 @@ class History:
         well formed, completions send what their invoke sent, and no value is
         sent twice to one key.
         """
+        with gc_paused():
+            problems = self._problems()
+        if problems:
+            raise HistoryError(problems)
+
+    def _problems(self) -> list[str]:
         problems: list[str] = []
         open_by_process: dict[Process, Op] = {}
         crashed: dict[Process, int] = {}
         sent: dict[tuple[str, int], int] = {}
         last_time: int | None = None
         for position, op in enumerate(self.ops):
-            where = f"op {op.index} (process {op.process!r})"
+            where = _Where(op)
             if op.index != position:
                 problems.append(f"{where}: index {op.index} at position {position}")
             if last_time is not None and op.time < last_time:
@@ -340,9 +355,11 @@ class History:
                 problems.append(f"{where}: {op.type} completion without an open invoke")
                 continue
             if inv.f != op.f:
-                problems.append(f"{where}: completes invoke {inv.index} of f {inv.f!r} with f {op.f!r}")
+                problems.append(
+                    f"{where}: completes invoke {inv.index} of f {inv.f!r} with f {op.f!r}"
+                )
                 continue
-            if op.f in CLIENT_FS:
+            if op.f in CLIENT_FS and not (op.value is None and op.type != "ok"):
                 mop_problems = _check_mops(op, where, invoke=False)
                 problems.extend(mop_problems)
                 if not mop_problems and _invoke_sends(inv) != _completion_sends(op):
@@ -350,18 +367,42 @@ class History:
                         f"{where}: sends {_completion_sends(op)} differ from invoke"
                         f" {inv.index}'s {_invoke_sends(inv)}"
                     )
-                if op.type == "info":
-                    crashed[op.process] = op.index
-        if problems:
-            raise HistoryError(problems)
+            if op.f in CLIENT_FS and op.type == "info":
+                crashed[op.process] = op.index
+        return problems
 
 
-def _check_mops(op: Op, where: str, *, invoke: bool) -> list[str]:
+class _Where:
+    """Names an op in a problem; formatted only when there is a problem."""
+
+    __slots__ = ("op",)
+
+    def __init__(self, op: Op) -> None:
+        self.op = op
+
+    def __str__(self) -> str:
+        return f"op {self.op.index} (process {self.op.process!r})"
+
+
+def _read_ok(pair: Any) -> bool:
+    if type(pair) is list and len(pair) == 2 and type(pair[1]) is int:
+        offset = pair[0]
+        return (
+            type(offset) is list
+            and len(offset) == 2
+            and type(offset[0]) is int
+            and type(offset[1]) is int
+            and offset[0] >= 0
+        )
+    return False
+
+
+def _check_mops(op: Op, where: _Where, *, invoke: bool) -> list[str]:
     if not isinstance(op.value, list):
         return [f"{where}: value of a {op.f!r} op must be a list of micro-ops"]
     problems = []
     for i, mop in enumerate(op.value):
-        at = f"{where} micro-op {i}"
+        at = _At(where, i)
         if not isinstance(mop, list) or not mop or mop[0] not in ("send", "poll"):
             problems.append(f"{at}: must be ['send', key, value] or ['poll', ...], not {mop!r}")
             continue
@@ -397,18 +438,22 @@ def _check_mops(op: Op, where: str, *, invoke: bool) -> list[str]:
                     problems.append(f"{at}: reads of {key!r} must be a list")
                     continue
                 for pair in pairs:
-                    ok = isinstance(pair, list) and len(pair) == 2 and _is_int(pair[1])
-                    if ok:
-                        try:
-                            ok = parse_offset(pair[0]) is not None
-                        except ValueError:
-                            ok = False
-                    if not ok:
+                    if not _read_ok(pair):
                         problems.append(
                             f"{at}: read of {key!r} must be [[entry_id, batch_index], value]"
                             f" with a known offset, not {pair!r}"
                         )
     return problems
+
+
+class _At:
+    __slots__ = ("i", "where")
+
+    def __init__(self, where: _Where, i: int) -> None:
+        self.where, self.i = where, i
+
+    def __str__(self) -> str:
+        return f"{self.where} micro-op {self.i}"
 
 
 def _invoke_sends(op: Op) -> list[tuple[str, int]]:
@@ -447,7 +492,8 @@ class Recorder:
         rec.close()
 
     ``sink`` is a path (opened for writing, closed by `close`) or an open
-    text stream (left open). ``time`` is nanoseconds from the recorder's
+    text stream (left open). Values must be JSON-serializable (tuples become
+    lists); the returned ops hold the values as written. ``time`` is nanoseconds from the recorder's
     creation on a monotonic clock. Calls are serialized by a lock, so threads
     and the tasks of one event loop may share a recorder; each call writes
     and flushes its line before returning. The recorder refuses what
@@ -458,7 +504,7 @@ class Recorder:
 
     def __init__(self, sink: str | os.PathLike[str] | IO[str], *, keep: bool = True) -> None:
         if isinstance(sink, str | os.PathLike):
-            self._stream: IO[str] = open(sink, "w", encoding="utf-8")  # noqa: SIM115
+            self._stream: IO[str] = open(sink, "w", encoding="utf-8")
             self._owned = True
         else:
             self._stream = sink
@@ -473,9 +519,11 @@ class Recorder:
     def _write(self, process: Process, type_: str, f: str, value: Any, extra: dict[str, Any]) -> Op:
         # Called with the lock held.
         now = max(time.monotonic_ns() - self._start, self._last_time)
-        op = Op(self._next_index, now, process, type_, f, value, extra)
-        self._stream.write(op.to_json() + "\n")
+        line = Op(self._next_index, now, process, type_, f, value, extra).to_json()
+        self._stream.write(line + "\n")
         self._stream.flush()
+        # Keep what the file says (lists, not the caller's tuples or objects).
+        op = Op.from_dict(json.loads(line))
         self._last_time = now
         self._next_index += 1
         if self._ops is not None:

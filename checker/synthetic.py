@@ -13,7 +13,9 @@ fresh consumers read every partition to its end and the final read phase is
 marked complete.
 
 With ``async_markers`` a transaction's markers are written after the client
-was answered, one partition per step (as txnbuf's coordinator does). Then
+was answered, one partition after another a few steps apart (as txnbuf's
+coordinator does: it logs the decision, answers, then ends the transaction on
+each partition in turn). Then
 concurrent transactions interleave (G0), and a process's next send can land
 before its previous transaction's messages (nonmonotonic-send).
 """
@@ -55,12 +57,16 @@ class _Broker:
         self.logs[key].extend(zip(offsets, values, strict=True))
         return offsets
 
-    def commit(self, buffered: dict[str, list[int]], step: int, delayed: bool) -> None:
-        for i, (key, values) in enumerate(buffered.items()):
-            if delayed:
-                self.markers.append((step + 1 + i, key, values))
-            else:
+    def commit(self, buffered: dict[str, list[int]], step: int, rng: random.Random | None) -> None:
+        """Append a transaction's batches now, or (given ``rng``) one partition at a
+        time over the next steps, like a coordinator that answered already."""
+        due = step
+        for key, values in buffered.items():
+            if rng is None:
                 self.append(key, values)
+            else:
+                due += rng.randint(1, 4)
+                self.markers.append((due, key, values))
 
     def tick(self, step: int) -> None:
         due = [m for m in self.markers if m[0] <= step]
@@ -142,7 +148,7 @@ def synthetic_history(
         # Every micro-op done: end the operation.
         if slot.crash:
             if op.f == "txn" and rng.random() < 0.5:
-                broker.commit(slot.buffered, step, async_markers)
+                broker.commit(slot.buffered, step, rng if async_markers else None)
             rec.complete(op, "info", op.value)
             slot.process, next_process = next_process, next_process + 1
             slot.position = dict(slot.committed)
@@ -151,7 +157,7 @@ def synthetic_history(
             slot.position = dict(slot.committed)
         else:
             if op.f == "txn":
-                broker.commit(slot.buffered, step, async_markers)
+                broker.commit(slot.buffered, step, rng if async_markers else None)
             rec.complete(op, "ok", slot.done)
             slot.committed = dict(slot.position)
         slot.op = None

@@ -68,6 +68,15 @@ class Client:
     ) -> None:
         await self.close()
 
+    @property
+    def connections(self) -> int:
+        """How many times this client has connected (1 + reconnects so far).
+
+        A consumer that sees this change knows its unacknowledged messages
+        may come again (the broker redelivers them after a reconnect).
+        """
+        return self._conn.gen
+
     async def connect(self) -> None:
         """Connect now (retrying until ``operation_timeout``, then raising
         ``BrokerConnectionError``). Idempotent."""

@@ -9,10 +9,16 @@ written every `SNAPSHOT_EVERY` records and the log trimmed before it, so
 recovery time does not grow with history.
 
 Ending a transaction (§CommandEndTxn): log COMMITTING / ABORTING (the
-decision), answer, then tell every registered partition and subscription
-through the `Participant` interface, retrying each until it answers, then log
-COMMITTED / ABORTED. On start, every COMMITTING / ABORTING transaction is
-finished; OPEN ones past their timeout are aborted (a sorted deadline index).
+decision), tell every registered partition and subscription through the
+`Participant` interface, retrying each until it answers, then log
+COMMITTED / ABORTED. END is answered once every participant has applied the
+decision (or after `END_WAIT`, the decision being durable anyway): PIP-31
+answers as soon as the decision is logged, but then a client's next send
+could land in a partition before the commit marker of the transaction it
+just committed (Jepsen's nonmonotonic-send), and a consumer would not see
+committed messages right after `commit()` returns. On start, every
+COMMITTING / ABORTING transaction is finished; OPEN ones past their timeout
+are aborted (a sorted deadline index).
 
 The coordinator reaches partitions and subscriptions only through
 `Participant`, which the broker implements (in process today; over the wire
@@ -55,6 +61,7 @@ ENDED_IN_SNAPSHOT = 1000  # of which the newest survive a restart
 DEFAULT_TIMEOUT_MS = 60_000
 MAX_TIMEOUT_MS = 3_600_000
 RETRY_MAX_S = 2.0
+END_WAIT = 5.0  # seconds END waits for the participants to apply the decision
 _RECORD, _SNAPSHOT = 0, 1  # ledger meta of the two entry kinds
 
 
@@ -141,6 +148,8 @@ class TransactionCoordinator:
         self._deadlines: SortedList = SortedList()  # (deadline_ms, txnid) of OPEN ones
         self._deadline_changed = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
+        # Decided transactions whose participants have not all answered yet.
+        self._applied: dict[TxnID, asyncio.Future[None]] = {}
         self._records_since_snapshot = 0
         self._last_applied = -1  # entry id of the last record applied
         self._closed = False
@@ -277,11 +286,27 @@ class TransactionCoordinator:
         event = TxnEvent.COMMIT if commit else TxnEvent.ABORT
         if meta.status is not TxnStatus.OPEN:
             if self._same_outcome(meta, commit):
+                await self._wait_applied(txnid)
                 return
             if commit and meta.timed_out:
                 raise TxnTimeoutError(meta.status, "commit (it timed out and was aborted)")
             raise InvalidTxnStatusError(meta.status, event)
         await self._decide(meta, event)
+        await self._wait_applied(txnid)
+
+    async def _wait_applied(self, txnid: TxnID) -> None:
+        """Wait (at most `END_WAIT` seconds) until every participant applied the
+        decision, so that when END returns the transaction's messages are in
+        their partitions (a later send of the same client lands after them)
+        and its acknowledgements are final. The decision is durable already:
+        past the wait, END answers anyway and the participants follow."""
+        applied = self._applied.get(txnid)
+        if applied is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(applied), END_WAIT)
+        except TimeoutError:
+            log.warning("coordinator %d: %s not applied everywhere yet", self.tcid, txnid)
 
     @staticmethod
     def _same_outcome(meta: TxnMeta, commit: bool) -> bool:
@@ -301,7 +326,7 @@ class TransactionCoordinator:
                 return
             raise InvalidTxnStatusError(meta.status, event)
         faults.hit("tc.after_decision_logged")
-        self._spawn(self._finish(meta))
+        self._start_finish(meta)
 
     # -- finishing ------------------------------------------------------------------
 
@@ -312,6 +337,11 @@ class TransactionCoordinator:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _start_finish(self, meta: TxnMeta) -> None:
+        if meta.txnid not in self._applied:
+            self._applied[meta.txnid] = asyncio.get_running_loop().create_future()
+        self._spawn(self._finish(meta))
 
     async def _finish(self, meta: TxnMeta) -> None:
         """Tell every participant (retrying each until it answers), then log the end."""
@@ -332,10 +362,14 @@ class TransactionCoordinator:
                 f"end {meta.txnid} on subscription {topic}/{sub}",
             )
             faults.hit("tc.after_subscription_end")
+        applied = self._applied.get(meta.txnid)
+        if applied is not None and not applied.done():
+            applied.set_result(None)
         rec = self._record(Op.UPDATE, meta.txnid)
         rec.expected_status = meta.status.value  # type: ignore[assignment]
         rec.new_status = transition(meta.status, TxnEvent.FINISH).value  # type: ignore[assignment]
         await self._until_done(lambda: self._persist(rec), f"log the end of {meta.txnid}")
+        self._applied.pop(meta.txnid, None)
 
     async def _until_done(self, attempt: Any, what: str) -> None:
         delay = 0.05
@@ -504,5 +538,5 @@ class TransactionCoordinator:
             time.perf_counter() - t0,
         )
         for meta in unfinished:
-            self._spawn(self._finish(meta))
+            self._start_finish(meta)
         self._spawn(self._expire_loop())

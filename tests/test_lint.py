@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ["proto", "ledger", "tc", "buffer", "subscriptions", "client", "broker"]
+PACKAGES = ["proto", "ledger", "tc", "buffer", "subscriptions", "client", "broker", "checker"]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

@@ -1,0 +1,95 @@
+"""``txnbuf check``: run the queue workload under faults, then check the history.
+
+    txnbuf check [--duration 60] [--faults kill,pause] [--seed N] [--clients 4]
+                 [--topics 3] [--history PATH] [--workdir DIR]
+
+Prints a progress bar while it runs, then the summary table (ops,
+ok/fail/info, each anomaly class and its count), the seed and the fault
+schedule (to replay a failure: the same seed gives the same schedule), and
+exits 1 if the checker found any anomaly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from ._check import check
+from ._workload import WorkloadConfig, run_workload
+from .history import History, Recorder
+
+__all__ = ["add_check_parser", "run_check"]
+
+FAULTS = ("kill", "pause")
+
+
+def add_check_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = commands.add_parser("check", help="run the Jepsen-style queue workload and check it")
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of workload (60)")
+    p.add_argument("--faults", default="kill,pause", help="kill,pause or none (kill,pause)")
+    p.add_argument("--seed", type=int, default=None, help="seed (random if not given)")
+    p.add_argument("--clients", type=int, default=4, help="concurrent clients (4)")
+    p.add_argument("--topics", type=int, default=3, help="keys: single-partition topics (3)")
+    p.add_argument("--history", help="write the history here (default: in the work dir)")
+    p.add_argument("--workdir", help="broker data and logs (default: a temporary dir)")
+
+
+def _faults(text: str) -> tuple[str, ...]:
+    if text in ("", "none"):
+        return ()
+    faults = tuple(f.strip() for f in text.split(","))
+    unknown = [f for f in faults if f not in FAULTS]
+    if unknown:
+        raise SystemExit(f"txnbuf check: unknown fault(s) {unknown}; choose from {FAULTS}")
+    return faults
+
+
+def run_check(args: argparse.Namespace) -> int:
+    import random
+
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
+    cfg = WorkloadConfig(
+        duration=args.duration,
+        clients=args.clients,
+        topics=args.topics,
+        seed=seed,
+        faults=_faults(args.faults),
+        progress=lambda line: print("\r" + line, end="", file=sys.stderr, flush=True),
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(args.workdir or tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        history_path = Path(args.history) if args.history else workdir / "history.jsonl"
+        history_path.parent.mkdir(parents=True, exist_ok=True)
+        print(f"txnbuf check: seed {seed}, {cfg.duration:.0f}s, {cfg.clients} clients, "
+              f"faults {','.join(cfg.faults) or 'none'}; history {history_path}",
+              file=sys.stderr)  # fmt: skip
+        with Recorder(history_path) as rec:
+            stats = asyncio.run(run_workload(cfg, workdir, rec))
+        print(file=sys.stderr)
+        result = check(History.load(history_path))
+        print(result.summary_table())
+        print(
+            f"client crashes {stats['client_crashes']}, broker kills {stats['kills']}, "
+            f"pauses {stats['pauses']}, final reads complete: {stats['final_reads_complete']}"
+        )
+        print(f"seed {seed}; fault schedule {json.dumps(stats['fault_schedule'])}")
+        if not result.valid:
+            print("ANOMALIES FOUND; history kept at", history_path, file=sys.stderr)
+            if not args.history and not args.workdir:
+                keep = Path(f"txnbuf-check-{seed}.jsonl")
+                keep.write_text(history_path.read_text())
+                print(f"copied to {keep}", file=sys.stderr)
+            return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="txnbuf")
+    add_check_parser(parser.add_subparsers(dest="command", required=True))
+    return run_check(parser.parse_args(argv))

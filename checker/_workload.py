@@ -1,0 +1,561 @@
+"""The queue workload: concurrent transactional clients against a real broker,
+with faults, recorded as a history for `checker.check`.
+
+After Jepsen's Kafka queue workload. Keys are single-partition topics
+(``"q0/0"`` ...), so a key is a partition. ``clients`` logical workers each
+hold one client connection, one producer and, per topic, a consumer on an
+exclusive subscription of their own (``w<n>``). A worker loops:
+
+* a transaction of 1-4 micro-ops, each a ``send`` of the key's next unique
+  value or a ``poll`` (receive a few messages from one topic, acknowledged in
+  the transaction); about 10% are aborted on purpose; sometimes with a short
+  delay inside; now and then a plain send or poll outside any transaction;
+* outcomes: ``ok`` after a commit, ``fail`` when the transaction certainly
+  aborted (on purpose, a conflict, a timeout), ``info`` when unknown.
+
+Crashes: after a broker fault every worker becomes a new process (Jepsen's
+convention: its consumers may legitimately see unacknowledged messages
+again), and every ~`CLIENT_CRASH_EVERY` seconds one worker drops its client
+in the middle of a transaction (its op is ``info``; the broker times the
+transaction out).
+
+Faults (`Nemesis`): SIGKILL of the broker (restarted after a moment) and
+SIGSTOP / SIGCONT, at seeded random times with quiet periods, recorded in
+the history as ``nemesis`` ops. Everything random comes from ``seed``.
+
+The final phase stops the faults, then fresh subscriptions read every topic
+from the start until every acknowledged send has been seen (or a time limit
+passes), and records whether that completed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from client import Client, Consumer, Producer, errors
+
+from .history import Recorder
+
+__all__ = ["BrokerUnderTest", "Nemesis", "WorkloadConfig", "run_workload"]
+
+CLIENT_CRASH_EVERY = 30.0  # seconds between deliberate client crashes
+TXN_TIMEOUT = 10.0  # seconds; a dropped client's transaction aborts after this
+ABORT_P = 0.1
+OUTSIDE_TXN_P = 0.1
+DELAY_P = 0.1
+
+
+@dataclass
+class WorkloadConfig:
+    duration: float = 60.0
+    clients: int = 4
+    topics: int = 3
+    seed: int = 0
+    faults: tuple[str, ...] = ("kill", "pause")
+    fault_interval: tuple[float, float] = (3.0, 8.0)  # random wait between faults
+    quiet: float = 2.0  # no new fault this long after one ends
+    final_read_timeout: float = 60.0
+    progress: Callable[[str], None] | None = None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class BrokerUnderTest:
+    """`txnbuf serve` as a subprocess that the nemesis kills and pauses."""
+
+    def __init__(self, data_dir: Path, log_path: Path) -> None:
+        self.data_dir = data_dir
+        self.log_path = log_path
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 30.0) -> None:
+        with open(self.log_path, "ab") as log:
+            cmd = [sys.executable, "-m", "broker", "serve", "--data-dir", str(self.data_dir),
+                   "--port", str(self.port), "--log-level", "WARNING"]  # fmt: skip
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"broker exited with {self.proc.returncode}; see {self.log_path}"
+                )
+            try:
+                with urllib.request.urlopen(self.url + "/admin/v1/health", timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"broker did not answer within {timeout}s; see {self.log_path}")
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+class Nemesis:
+    """Injects the configured faults at seeded random times."""
+
+    def __init__(self, broker: BrokerUnderTest, rec: Recorder, cfg: WorkloadConfig) -> None:
+        self.broker = broker
+        self.rec = rec
+        self.cfg = cfg
+        self.rng = random.Random(cfg.seed * 7919 + 1)
+        self.kills = 0
+        self.pauses = 0
+        self.epoch = 0  # bumped after every kill: clients must start over
+        self.schedule: list[tuple[float, str]] = []
+
+    async def run(self, until: float) -> None:
+        if not self.cfg.faults:
+            return
+        while True:
+            wait = self.rng.uniform(*self.cfg.fault_interval)
+            if time.monotonic() + wait >= until:
+                return
+            await asyncio.sleep(wait)
+            fault = self.rng.choice(self.cfg.faults)
+            self.schedule.append((round(time.monotonic(), 3), fault))
+            op = self.rec.invoke("nemesis", fault)
+            if fault == "kill":
+                await asyncio.to_thread(self.broker.kill)
+                await asyncio.sleep(self.rng.uniform(0.2, 1.0))
+                await asyncio.to_thread(self.broker.start)
+                self.kills += 1
+                self.epoch += 1
+            elif fault == "pause":
+                self.broker.signal(signal.SIGSTOP)
+                await asyncio.sleep(self.rng.uniform(0.5, 2.0))
+                self.broker.signal(signal.SIGCONT)
+                self.pauses += 1
+            self.rec.complete(op, "ok")
+            await asyncio.sleep(self.cfg.quiet)
+
+
+def _outcome_of(exc: BaseException) -> str:
+    """``fail`` if the transaction certainly did not commit, else ``info``."""
+    if isinstance(
+        exc,
+        (
+            errors.TransactionConflictError,
+            errors.TransactionTimeoutError,
+            errors.InvalidTxnStatusError,
+            errors.TransactionNotFoundError,
+        ),
+    ):
+        return "fail"
+    return "info"
+
+
+@dataclass
+class _Stats:
+    ops: int = 0
+    ok: int = 0
+    fail: int = 0
+    info: int = 0
+    client_crashes: int = 0
+    acked_sends: dict[str, set[int]] = field(default_factory=dict)
+
+
+class _Worker:
+    def __init__(self, n: int, shared: _Shared, rng: random.Random) -> None:
+        self.n = n
+        self.shared = shared
+        self.rng = rng
+        self.process = n
+        self.client: Client | None = None
+        self.producers: dict[str, Producer] = {}
+        self.consumers: dict[str, Consumer] = {}
+        self.epoch = -1
+        self.connections = 0
+        # A transaction whose outcome this worker does not know, and whether
+        # it was left open on purpose (a client crash: the timeout ends it).
+        self.doubtful: tuple[str, bool] | None = None
+
+    async def connect(self) -> None:
+        shared = self.shared
+        if self.doubtful is not None:
+            # Like a restarted Kafka producer fencing its predecessor: end the
+            # previous instance's transaction before reading again, so that
+            # its PENDING_ACK messages are not skipped over and redelivered
+            # out of order. A deliberately dropped one is left to its timeout.
+            txnid, dropped = self.doubtful
+            await asyncio.to_thread(shared.end_transaction, txnid, not dropped)
+            self.doubtful = None
+        self.client = Client(shared.url, operation_timeout=8.0)
+        await self.client.connect()
+        for topic in shared.topics:
+            self.consumers[topic] = await self.client.subscribe(
+                topic, f"w{self.n}", initial_position="earliest", receiver_queue_size=50
+            )
+        self.producers = {}
+        producer = await self.client.create_producer(shared.topics[0])
+        self.producers[shared.topics[0]] = producer
+        for topic in shared.topics[1:]:
+            self.producers[topic] = await self.client.create_producer(topic)
+        self.epoch = shared.nemesis.epoch
+        self.connections = self.client.connections
+
+    async def drop(self) -> None:
+        """Forget this client (a crash, or a fault that broke its session)."""
+        client, self.client = self.client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.close(), 5)
+        self.process = self.shared.new_process()
+
+    async def run(self, until: float) -> None:
+        shared = self.shared
+        while time.monotonic() < until:
+            if self.client is not None and self.epoch != shared.nemesis.epoch:
+                await self.drop()  # the broker restarted: start over as a new process
+            if self.client is None:
+                try:
+                    await self.connect()
+                except errors.TxnbufError:
+                    await self.drop()
+                    await asyncio.sleep(0.5)
+                    continue
+            try:
+                if self.rng.random() < OUTSIDE_TXN_P:
+                    await self.plain_op()
+                else:
+                    await self.txn_op()
+            except _Crash:
+                await self.drop()
+
+    def _plan(self) -> list[list[Any]]:
+        mops: list[list[Any]] = []
+        for _ in range(self.rng.randint(1, 4)):
+            topic = self.rng.choice(self.shared.topics)
+            if self.rng.random() < 0.5:
+                mops.append(["send", f"{topic}/0", self.shared.next_value(topic)])
+            else:
+                mops.append(["poll"])
+        return mops
+
+    async def _poll(self, txn: Any) -> dict[str, list[list[Any]]]:
+        topic = self.rng.choice(self.shared.topics)
+        consumer = self.consumers[topic]
+        got = []
+        for _ in range(self.rng.randint(1, 5)):
+            try:
+                got.append(await consumer.receive(timeout=0.05))
+            except errors.OperationTimeoutError:
+                break
+        if self.client is not None and self.client.connections != self.connections:
+            raise _Reconnected  # some of these may be redeliveries: not a clean read
+        if got:
+            await consumer.acknowledge(got, txn=txn)
+        return {
+            f"{topic}/0": [
+                [[m.message_id.entry_id, m.message_id.batch_index], int(m.value)] for m in got
+            ]
+        }
+
+    async def txn_op(self) -> None:
+        assert self.client is not None
+        shared = self.shared
+        mops = self._plan()
+        op = shared.rec.invoke(self.process, "txn", mops, worker=self.n)
+        done: list[list[Any]] = []
+        crash_now = shared.take_crash()
+        txn = None
+        try:
+            txn = await self.client.new_transaction(timeout=TXN_TIMEOUT)
+            self.doubtful = (str(txn.id), False)
+            for mop in mops:
+                if mop[0] == "send":
+                    topic = mop[1].split("/")[0]
+                    mid = await self.producers[topic].send(b"%d" % mop[2], txn=txn)
+                    offset = None if mid.entry_id < 0 else [mid.entry_id, mid.batch_index]
+                    done.append(["send", mop[1], [offset, mop[2]]])
+                else:
+                    done.append(["poll", await self._poll(txn)])
+                if self.rng.random() < DELAY_P:
+                    await asyncio.sleep(self.rng.uniform(0.01, 0.2))
+            if crash_now:
+                shared.rec.complete(op, "info", done + mops[len(done) :], crash=True)
+                shared.stats.client_crashes += 1
+                self.doubtful = (str(txn.id), True)
+                raise _Crash
+            if self.rng.random() < ABORT_P:
+                await txn.abort()
+                self._finish(op, "fail", done, mops)
+                self._after_failure(done)
+                return
+            await txn.commit()
+            if self.client.connections != self.connections:
+                # It committed, but its polls may have straddled a reconnect
+                # (redelivered messages): record what happened, then start over.
+                self._finish(op, "ok", done, mops)
+                raise _Crash
+        except _Crash:
+            raise
+        except _Reconnected:
+            assert txn is not None
+            try:
+                await txn.abort()
+            except errors.TxnbufError:
+                self._finish(op, "info", done, mops, error="reconnected mid-transaction")
+                raise _Crash from None
+            self._finish(op, "fail", done, mops, error="reconnected mid-transaction; aborted")
+            raise _Crash from None  # (doubtful stays set: connect() makes sure it ended)
+        except errors.TxnbufError as exc:
+            outcome = _outcome_of(exc)
+            self._finish(op, outcome, done, mops, error=f"{type(exc).__name__}: {exc}")
+            if outcome == "info":
+                raise _Crash from exc
+            self._after_failure(done)
+            return
+        self._finish(op, "ok", done, mops)
+
+    def _after_failure(self, done: list[list[Any]]) -> None:
+        """A transaction that polled did not commit: its acks are undone, so
+        those messages come again, after ones already prefetched. Resume from
+        the last committed position with a fresh consumer (Jepsen: a new
+        process), once the abort is applied everywhere (`connect`)."""
+        if any(m[0] == "poll" for m in done):
+            raise _Crash
+        self.doubtful = None
+
+    def _finish(
+        self, op: Any, outcome: str, done: list[list[Any]], mops: list[list[Any]], **extra: Any
+    ) -> None:
+        shared = self.shared
+        if outcome == "ok" and op.f == "txn":
+            self.doubtful = None
+        value = done + mops[len(done) :]
+        shared.rec.complete(op, outcome, value, **extra)
+        shared.stats.ops += 1
+        setattr(shared.stats, outcome, getattr(shared.stats, outcome) + 1)
+        if outcome == "ok":
+            for mop in done:
+                if mop[0] == "send":
+                    shared.stats.acked_sends.setdefault(mop[1], set()).add(mop[2][1])
+
+    async def plain_op(self) -> None:
+        assert self.client is not None
+        shared = self.shared
+        topic = self.rng.choice(shared.topics)
+        key = f"{topic}/0"
+        if self.rng.random() < 0.5:
+            value = shared.next_value(topic)
+            op = shared.rec.invoke(self.process, "send", [["send", key, value]])
+            try:
+                mid = await self.producers[topic].send(b"%d" % value)
+            except errors.TxnbufError as exc:
+                self._finish(op, "info", [], [["send", key, value]], error=str(exc))
+                raise _Crash from exc
+            self._finish(op, "ok", [["send", key, [[mid.entry_id, mid.batch_index], value]]], [])
+        else:
+            op = shared.rec.invoke(self.process, "poll", [["poll"]])
+            consumer = self.consumers[topic]
+            got = []
+            try:
+                for _ in range(self.rng.randint(1, 5)):
+                    try:
+                        got.append(await consumer.receive(timeout=0.05))
+                    except errors.OperationTimeoutError:
+                        break
+                if self.client.connections != self.connections:
+                    self._finish(op, "info", [], [["poll"]], error="reconnected mid-poll")
+                    raise _Crash
+                if got:
+                    await consumer.acknowledge(got)
+            except errors.TxnbufError as exc:
+                self._finish(op, "info", [], [["poll"]], error=str(exc))
+                raise _Crash from exc
+            read = [[[m.message_id.entry_id, m.message_id.batch_index], int(m.value)] for m in got]
+            self._finish(op, "ok", [["poll", {key: read}]], [])
+        if self.client.connections != self.connections:
+            raise _Crash  # redelivery may follow a reconnect: go on as a new process
+
+
+class _Crash(Exception):
+    """This worker's client is gone (or its outcome unknown): start over."""
+
+
+class _Reconnected(Exception):
+    """The client reconnected during a poll: messages may come again."""
+
+
+class _Shared:
+    def __init__(
+        self, url: str, rec: Recorder, nemesis: Nemesis, cfg: WorkloadConfig, topics: list[str]
+    ) -> None:
+        self.url = url
+        self.rec = rec
+        self.nemesis = nemesis
+        self.cfg = cfg
+        self.topics = topics
+        self.stats = _Stats()
+        self._values: dict[str, int] = {}
+        self._next_process = cfg.clients
+        self._crash_due = time.monotonic() + CLIENT_CRASH_EVERY
+
+    def end_transaction(self, txnid: str, abort: bool) -> None:
+        """Make sure ``txnid`` has ended: abort it (admin API), or wait for its
+        timeout. Blocking: run it in a thread."""
+        url = f"{self.url}/admin/v1/transactions/{txnid}"
+        deadline = time.monotonic() + TXN_TIMEOUT + 20
+        while time.monotonic() < deadline:
+            try:
+                if abort:
+                    req = urllib.request.Request(url + "/abort", method="POST")
+                    with urllib.request.urlopen(req, timeout=10):
+                        return  # aborted, and applied by every participant
+                with urllib.request.urlopen(url, timeout=10) as r:
+                    if json.loads(r.read())["status"] in ("COMMITTED", "ABORTED"):
+                        return
+            except urllib.error.HTTPError as exc:
+                if exc.code in (404, 409):  # unknown (never opened) or ended already
+                    return
+            except OSError:
+                pass  # the broker is restarting
+            time.sleep(0.2)
+
+    def next_value(self, topic: str) -> int:
+        value = self._values.get(topic, 0)
+        self._values[topic] = value + 1
+        return value
+
+    def new_process(self) -> int:
+        self._next_process += 1
+        return self._next_process
+
+    def take_crash(self) -> bool:
+        if time.monotonic() >= self._crash_due:
+            self._crash_due = time.monotonic() + CLIENT_CRASH_EVERY
+            return True
+        return False
+
+
+async def _final_reads(shared: _Shared, deadline: float) -> bool:
+    """Fresh subscriptions read every topic from the start; True if they saw
+    every acknowledged send."""
+    rec = shared.rec
+    wanted = {key: set(values) for key, values in shared.stats.acked_sends.items()}
+    seen: dict[str, set[int]] = {}
+    async with Client(shared.url, operation_timeout=30.0) as client:
+        for i, topic in enumerate(shared.topics):
+            key = f"{topic}/0"
+            consumer = await client.subscribe(topic, f"final-{i}", initial_position="earliest")
+            process = f"final-{i}"
+            while not wanted.get(key, set()) <= seen.get(key, set()):
+                if time.monotonic() > deadline:
+                    return False
+                op = rec.invoke(process, "poll", [["poll"]])
+                got = []
+                try:
+                    got.append(await consumer.receive(timeout=2.0))
+                    while len(got) < 500:
+                        got.append(await consumer.receive(timeout=0.05))
+                except errors.OperationTimeoutError:
+                    pass
+                values = [int(m.value) for m in got]
+                read = [
+                    [[m.message_id.entry_id, m.message_id.batch_index], v]
+                    for m, v in zip(got, values, strict=True)
+                ]
+                rec.complete(op, "ok", [["poll", {key: read}]])
+                seen.setdefault(key, set()).update(values)
+                if got:
+                    await consumer.acknowledge(got)
+    return True
+
+
+async def run_workload(cfg: WorkloadConfig, workdir: Path, rec: Recorder) -> dict[str, Any]:
+    """Run the workload against a fresh broker in ``workdir``; returns stats."""
+    await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
+    broker = BrokerUnderTest(workdir / "data", workdir / "broker.log")
+    await asyncio.to_thread(broker.start)
+    topics = [f"q{i}" for i in range(cfg.topics)]
+    # The final readers' subscriptions exist from the start: they hold back
+    # retention, so the final phase can read every message ever committed.
+    async with Client(broker.url) as client:
+        for i, topic in enumerate(topics):
+            consumer = await client.subscribe(topic, f"final-{i}", initial_position="earliest")
+            await consumer.close()
+    nemesis = Nemesis(broker, rec, cfg)
+    shared = _Shared(broker.url, rec, nemesis, cfg, topics)
+    rng = random.Random(cfg.seed)
+    start = time.monotonic()
+    until = start + cfg.duration
+    try:
+        workers = [_Worker(n, shared, random.Random(rng.random())) for n in range(cfg.clients)]
+        tasks = [asyncio.create_task(w.run(until)) for w in workers]
+        faults = asyncio.create_task(nemesis.run(until - 3.0))
+        progress = asyncio.create_task(_progress(shared, start, until))
+        await asyncio.gather(*tasks, faults)
+        progress.cancel()
+        for w in workers:
+            if w.client is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(w.client.close(), 5)
+        broker.signal(signal.SIGCONT)
+        complete = await _final_reads(shared, time.monotonic() + cfg.final_read_timeout)
+        rec.final_reads(complete)
+    finally:
+        await asyncio.to_thread(broker.stop)
+    s = shared.stats
+    return {
+        "ops": s.ops,
+        "ok": s.ok,
+        "fail": s.fail,
+        "info": s.info,
+        "client_crashes": s.client_crashes,
+        "kills": nemesis.kills,
+        "pauses": nemesis.pauses,
+        "final_reads_complete": complete,
+        "fault_schedule": nemesis.schedule,
+        "seed": cfg.seed,
+    }
+
+
+async def _progress(shared: _Shared, start: float, until: float) -> None:
+    report = shared.cfg.progress
+    if report is None:
+        return
+    total = until - start
+    while True:
+        done = min(1.0, (time.monotonic() - start) / total)
+        bar = "#" * int(done * 30)
+        s = shared.stats
+        report(
+            f"[{bar:<30}] {done:4.0%} ops {s.ops} ok {s.ok} fail {s.fail} info {s.info} "
+            f"kills {shared.nemesis.kills} pauses {shared.nemesis.pauses}"
+        )
+        await asyncio.sleep(1.0)
