@@ -314,7 +314,7 @@ class _Worker:
             if self.rng.random() < ABORT_P:
                 await txn.abort()
                 self._finish(op, "fail", done, mops)
-                self._after_failure(done)
+                self._after_failure(mops)
                 return
             await txn.commit()
             if self.client.connections != self.connections:
@@ -338,16 +338,17 @@ class _Worker:
             self._finish(op, outcome, done, mops, error=f"{type(exc).__name__}: {exc}")
             if outcome == "info":
                 raise _Crash from exc
-            self._after_failure(done)
+            self._after_failure(mops)
             return
         self._finish(op, "ok", done, mops)
 
-    def _after_failure(self, done: list[list[Any]]) -> None:
-        """A transaction that polled did not commit: its acks are undone, so
-        those messages come again, after ones already prefetched. Resume from
-        the last committed position with a fresh consumer (Jepsen: a new
-        process), once the abort is applied everywhere (`connect`)."""
-        if any(m[0] == "poll" for m in done):
+    def _after_failure(self, mops: list[list[Any]]) -> None:
+        """A transaction that polled (or tried to: an ack may be stored though
+        its answer was an error) did not commit: its acks are undone, so those
+        messages come again, after ones already prefetched. Resume from the
+        last committed position with a fresh consumer (Jepsen: a new process),
+        once the abort is applied everywhere (`connect`)."""
+        if any(m[0] == "poll" for m in mops):
             raise _Crash
         self.doubtful = None
 
