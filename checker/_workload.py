@@ -203,6 +203,7 @@ class _Worker:
         # A transaction whose outcome this worker does not know, and whether
         # it was left open on purpose (a client crash: the timeout ends it).
         self.doubtful: tuple[str, bool] | None = None
+        self._txnid: str | None = None
 
     async def connect(self) -> None:
         shared = self.shared
@@ -296,6 +297,7 @@ class _Worker:
         try:
             txn = await self.client.new_transaction(timeout=TXN_TIMEOUT)
             self.doubtful = (str(txn.id), False)
+            self._txnid = str(txn.id)
             for mop in mops:
                 if mop[0] == "send":
                     topic = mop[1].split("/")[0]
@@ -359,6 +361,8 @@ class _Worker:
         if outcome == "ok" and op.f == "txn":
             self.doubtful = None
         value = done + mops[len(done) :]
+        if op.f == "txn" and self._txnid is not None:
+            extra["txn"] = self._txnid
         shared.rec.complete(op, outcome, value, **extra)
         shared.stats.ops += 1
         setattr(shared.stats, outcome, getattr(shared.stats, outcome) + 1)
