@@ -549,6 +549,10 @@ class PartitionSubscription:
                     # Resolve a commit marker into its messages (one dispatch
                     # task per subscription: nothing else moves read_entry).
                     entry = Entry(entry.entry_id, entry.meta, await part.materialize(entry))
+                    if self.redeliver:
+                        # While we waited, a consumer left (or an abort landed):
+                        # its messages go first, before anything newer.
+                        break
                 if cursor.all_pending(entry.entry_id):
                     indexes: list[int] = []  # all of them
                 else:

@@ -1,0 +1,72 @@
+"""Dispatch order when a consumer changes while a commit marker is materialized.
+
+Found by `txnbuf check` under broker kills: a dispatch step that awaited a
+commit marker's materialization went on delivering newer entries to a
+consumer that had joined meanwhile, ahead of the messages the consumer that
+left had to have redelivered. An exclusive consumer then saw offsets go
+backwards within one session (Jepsen: int-nonmonotonic-poll).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from buffer import Topics
+from ledger import Entry, LedgerStore
+from proto import txnbuf_pb2 as pb
+from subscriptions import Consumer, PartitionSubscription, SubType
+
+
+def consumer(name: str, got: list[tuple[str, int]]) -> Consumer:
+    def push(c: Consumer, entries: list[pb.DeliveredEntry]) -> None:
+        got.extend((c.name, e.entry_id) for e in entries)
+
+    return Consumer(1, name, "t", "s", SubType.EXCLUSIVE, push)
+
+
+async def test_redeliveries_go_first_even_if_the_consumer_changes_mid_step(
+    tmp_path: Path,
+) -> None:
+    store = await LedgerStore.open(tmp_path / "b.db")
+    try:
+        topics = await Topics.load(store)
+        part = (await topics.create("t", 1)).partitions[0]
+        await part.publish("p", [pb.SingleMessage(payload=b"plain", sequence_id=0)])  # entry 0
+        buffer = await part.txn_buffer()
+        for n in range(3):  # entries 1..3: commit markers
+            txn = (0, n)
+            await buffer.publish(txn, "p", [pb.SingleMessage(payload=b"t%d" % n, sequence_id=1)])
+            await buffer.end(txn, True)
+        assert part.ledger.last_entry_id == 3
+
+        gate, entered = asyncio.Event(), asyncio.Event()
+        real = part.materialize
+
+        async def slow_materialize(entry: Entry) -> bytes:
+            entered.set()
+            await gate.wait()
+            return await real(entry)
+
+        part.materialize = slow_materialize  # type: ignore[method-assign]
+        sub = await PartitionSubscription.create(part, "s", earliest=True)
+        sub.start()
+        got: list[tuple[str, int]] = []
+        a, b = consumer("a", got), consumer("b", got)
+        sub.add_consumer(a)
+        a.add_permits(100)
+        # Entry 0 goes to a; the step then waits on marker 1.
+        await asyncio.wait_for(entered.wait(), 5)
+        assert sub.pending == {(0, 0): a}
+        sub.remove_consumer(a)  # entry 0 is to be redelivered
+        sub.add_consumer(b)
+        b.add_permits(100)
+        gate.set()
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if len([g for g in got if g[0] == "b"]) == 4:
+                break
+        assert [e for who, e in got if who == "b"] == [0, 1, 2, 3]
+        await sub.close()
+    finally:
+        await store.close()
