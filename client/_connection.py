@@ -154,6 +154,23 @@ class ConsumerHandler(Handler, Protocol):
     def on_active_change(self, is_active: bool) -> None: ...
 
 
+class BusyClock:
+    """How long the re-creation of a producer or consumer has been refused as
+    busy: the broker may still hold the one of the dead socket for a while."""
+
+    def __init__(self) -> None:
+        self._since: float | None = None
+
+    def still_waiting(self, now: float, limit: float) -> bool:
+        """True while the refusals have lasted less than ``limit`` seconds."""
+        if self._since is None:
+            self._since = now
+        return now - self._since < limit
+
+    def reset(self) -> None:
+        self._since = None
+
+
 class Link:
     """One WebSocket of a connection, and the task that writes to it in order."""
 

@@ -50,7 +50,7 @@ from typing import Any
 
 from proto import txnbuf_pb2 as pb
 
-from ._connection import Command, Connection, Link, Type, command, fail_all
+from ._connection import BusyClock, Command, Connection, Link, Type, command, fail_all
 from ._message import Message, MessageId, decode_entry
 from ._txn import Transaction, TxnID, check_txn, registration_error
 from .errors import (
@@ -185,7 +185,7 @@ class Consumer:
         self._closing = False
         self._closed = False
         self._reason: TxnbufError | None = None
-        self._busy_since: float | None = None
+        self._busy = BusyClock()
 
     def __repr__(self) -> str:
         return (
@@ -259,10 +259,7 @@ class Consumer:
             )
         except ConsumerBusyError as exc:
             # The broker may still hold the consumer of the dead socket.
-            now = self._loop.time()
-            if self._busy_since is None:
-                self._busy_since = now
-            if now - self._busy_since < self._conn.operation_timeout:
+            if self._busy.still_waiting(self._loop.time(), self._conn.operation_timeout):
                 raise
             self._fail(exc)
             return
@@ -271,7 +268,7 @@ class Consumer:
                 raise
             self._fail(exc)
             return
-        self._busy_since = None
+        self._busy.reset()
         if self._closed:  # closed while we were re-subscribing
             link.write(self._close_command(self._conn.next_request_id()).SerializeToString())
             return

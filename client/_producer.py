@@ -62,7 +62,7 @@ from functools import partial
 
 from proto import txnbuf_pb2 as pb
 
-from ._connection import Command, Connection, Link, Type, command, fail_all, wait_until
+from ._connection import BusyClock, Command, Connection, Link, Type, command, fail_all, wait_until
 from ._message import MessageId
 from ._txn import Transaction, TxnID, check_txn, registration_error
 from .errors import (
@@ -207,7 +207,7 @@ class Producer:
         self._closing = False
         self._closed = False
         self._reason: TxnbufError | None = None
-        self._busy_since: float | None = None
+        self._busy = BusyClock()
 
     def __repr__(self) -> str:
         return f"<Producer {self.name!r} topic={self.topic!r} id={self.producer_id}>"
@@ -284,10 +284,7 @@ class Producer:
             )
         except ProducerBusyError as exc:
             # The broker may still hold the producer of the dead socket.
-            now = self._loop.time()
-            if self._busy_since is None:
-                self._busy_since = now
-            if now - self._busy_since < self._conn.operation_timeout:
+            if self._busy.still_waiting(self._loop.time(), self._conn.operation_timeout):
                 raise
             self._fail(exc)
             return
@@ -296,7 +293,7 @@ class Producer:
                 raise
             self._fail(exc)
             return
-        self._busy_since = None
+        self._busy.reset()
         if self._closed:  # closed while we were re-creating it
             link.write(self._close_command(self._conn.next_request_id()).SerializeToString())
             return
