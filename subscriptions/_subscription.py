@@ -536,6 +536,10 @@ class PartitionSubscription:
         if self.read_entry > ledger.last_entry_id:
             return False
         entries = await ledger.read(self.read_entry, self.read_entry + READ_BATCH - 1)
+        if self.redeliver:
+            # While we read, a consumer left (or an abort landed): its
+            # messages go first, before anything newer.
+            return True
         out = _Out()
         cursor = self.cursor
         for entry in entries:
@@ -569,26 +573,40 @@ class PartitionSubscription:
         return bool(entries)
 
     async def _dispatch_redeliveries(self) -> bool:
-        by_entry: dict[int, list[int]] = {}
+        """Redeliver the lowest positions of the redelivery set, in order.
+
+        Two phases. Fetch (awaits): read, and materialize, the entries of
+        the positions the consumers' permits cover. Deliver (no awaits):
+        walk the redelivery set *as it is now* from its lowest position and
+        send what was fetched, stopping at the first position not fetched.
+        While the fetch awaited, a consumer may have left or an abort landed,
+        putting lower positions in the set; they must still go first (a
+        consumer must never get a newer message before an older one that is
+        due again: Jepsen's nonmonotonic-poll).
+        """
+        wanted: list[int] = []
         budget = sum(max(c.permits, 0) for c in self.consumers)
-        for entry_id, index in self.redeliver:
-            if budget <= 0 and entry_id not in by_entry:
-                break
-            by_entry.setdefault(entry_id, []).append(index)
+        for entry_id, _index in self.redeliver:
+            if not wanted or wanted[-1] != entry_id:
+                if budget <= 0:
+                    break
+                wanted.append(entry_id)
             budget -= 1
-        ledger = self.partition.ledger
+        fetched = await self._fetch(wanted)
         out = _Out()
-        for entry_id, indexes in by_entry.items():
-            entries = await ledger.read(entry_id, entry_id)
+        delivered = False
+        while self.redeliver:
+            entry_id = self.redeliver[0][0]
+            if entry_id not in fetched:
+                break
+            entry = fetched.pop(entry_id)
+            indexes = [i for e, i in self.redeliver.irange((entry_id, 0), (entry_id, WHOLE_ENTRY))]
             still = self._still_to_redeliver(entry_id, indexes)
-            if not entries:  # trimmed: those messages were all acknowledged
+            if entry is None:  # trimmed: those messages were all acknowledged
                 for i in still:
                     self.redeliver.discard((entry_id, i))
+                delivered = True
                 continue
-            entry = entries[0]
-            if entry_kind(entry.meta) != DATA:
-                entry = Entry(entry_id, entry.meta, await self.partition.materialize(entry))
-                still = self._still_to_redeliver(entry_id, indexes)
             if not still:
                 continue
             consumer = self._pick()
@@ -598,8 +616,30 @@ class PartitionSubscription:
             for i in still:
                 self.redeliver.discard((entry_id, i))
             self._deliver(consumer, out, entry, still, entry_count(entry.meta), count)
+            delivered = True
         out.flush()
-        return bool(by_entry)
+        # Go on if something went out, or if lower positions came in meanwhile.
+        return delivered or bool(self.redeliver and self.redeliver[0][0] not in wanted)
+
+    async def _fetch(self, entry_ids: list[int]) -> dict[int, Entry | None]:
+        """The entries ``entry_ids`` (sorted) ready to deliver, markers
+        materialized; None for one that was trimmed."""
+        ledger = self.partition.ledger
+        fetched: dict[int, Entry | None] = {}
+        i = 0
+        while i < len(entry_ids):
+            # One read per run of nearby ids.
+            j = i
+            while j + 1 < len(entry_ids) and entry_ids[j + 1] - entry_ids[i] < READ_BATCH:
+                j += 1
+            found = {e.entry_id: e for e in await ledger.read(entry_ids[i], entry_ids[j])}
+            for entry_id in entry_ids[i : j + 1]:
+                entry = found.get(entry_id)
+                if entry is not None and entry_kind(entry.meta) != DATA:
+                    entry = Entry(entry_id, entry.meta, await self.partition.materialize(entry))
+                fetched[entry_id] = entry
+            i = j + 1
+        return fetched
 
     def _still_to_redeliver(self, entry_id: int, indexes: list[int]) -> list[int]:
         """Those of ``indexes`` still to redeliver now: in the set and PENDING.

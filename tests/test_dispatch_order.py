@@ -1,10 +1,14 @@
-"""Dispatch order when a consumer changes while a commit marker is materialized.
+"""Dispatch order when a consumer changes while dispatch awaits a read.
 
-Found by `txnbuf check` under broker kills: a dispatch step that awaited a
-commit marker's materialization went on delivering newer entries to a
-consumer that had joined meanwhile, ahead of the messages the consumer that
-left had to have redelivered. An exclusive consumer then saw offsets go
-backwards within one session (Jepsen: int-nonmonotonic-poll).
+Both found by `txnbuf check` under broker kills. (1) A dispatch step that
+awaited a commit marker's materialization went on delivering newer entries
+to a consumer that had joined meanwhile, ahead of the messages the consumer
+that left had to have redelivered. (2) The same inside a redelivery step:
+it read entry after entry, and a consumer that joined during one of those
+reads got the rest of the step's (newer) entries before the ones its
+predecessor had just given back. An exclusive consumer then saw offsets go
+backwards within one session (Jepsen: nonmonotonic-poll), and acked a newer
+message before an older one, which a later session saw as a skip.
 """
 
 from __future__ import annotations
@@ -67,6 +71,61 @@ async def test_redeliveries_go_first_even_if_the_consumer_changes_mid_step(
             if len([g for g in got if g[0] == "b"]) == 4:
                 break
         assert [e for who, e in got if who == "b"] == [0, 1, 2, 3]
+        await sub.close()
+    finally:
+        await store.close()
+
+
+async def test_a_redelivery_step_keeps_order_when_the_consumer_changes_mid_step(
+    tmp_path: Path,
+) -> None:
+    store = await LedgerStore.open(tmp_path / "b.db")
+    try:
+        topics = await Topics.load(store)
+        part = (await topics.create("t", 1)).partitions[0]
+        await part.publish("p", [pb.SingleMessage(payload=b"plain", sequence_id=0)])  # entry 0
+        buffer = await part.txn_buffer()
+        for n in range(3):  # entries 1..3: commit markers
+            txn = (0, n)
+            await buffer.publish(txn, "p", [pb.SingleMessage(payload=b"t%d" % n, sequence_id=1)])
+            await buffer.end(txn, True)
+        sub = await PartitionSubscription.create(part, "s", earliest=True)
+        sub.start()
+        got: list[tuple[str, int]] = []
+        a, b, c = consumer("a", got), consumer("b", got), consumer("c", got)
+        sub.add_consumer(a)
+        a.add_permits(100)
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if len(got) == 4:
+                break
+        assert [e for who, e in got if who == "a"] == [0, 1, 2, 3]
+
+        gate, entered = asyncio.Event(), asyncio.Event()
+        real = part.materialize
+
+        async def slow_materialize(entry: Entry) -> bytes:
+            entered.set()
+            await gate.wait()
+            return await real(entry)
+
+        part.materialize = slow_materialize  # type: ignore[method-assign]
+        sub.remove_consumer(a)  # all four are to be redelivered
+        sub.add_consumer(b)
+        b.add_permits(100)
+        # The redelivery step for b waits on marker 1 (entry 0 needs no wait).
+        await asyncio.wait_for(entered.wait(), 5)
+        sub.remove_consumer(b)
+        sub.add_consumer(c)
+        c.add_permits(100)
+        gate.set()
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if len([g for g in got if g[0] == "c"]) >= 4:
+                break
+        await asyncio.sleep(0.05)
+        # c gets everything in order, whatever b got before it left.
+        assert [e for who, e in got if who == "c"] == [0, 1, 2, 3], got
         await sub.close()
     finally:
         await store.close()
