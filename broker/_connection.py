@@ -86,6 +86,9 @@ class Connection:
         self._out_ready = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        # Transactional sends waiting, in order, for their partition's
+        # registration with the coordinator: (txn, topic, partition) -> frames.
+        self._held_sends: dict[tuple[TxnID, str, int], list[pb.BaseCommand]] = {}
         self._handlers: dict[int, Callable[[pb.BaseCommand], None]] = {
             T.CONNECT: self._on_connect,
             T.PARTITIONED_METADATA: self._on_partitioned_metadata,
@@ -338,11 +341,23 @@ class Connection:
         try:
             if req.transactional:
                 txnid = TxnID(req.txnid_most_bits, req.txnid_least_bits)
+                topic = producer.topic.name
+                held = self._held_sends.get((txnid, topic, req.partition))
+                if held is not None:
+                    held.append(cmd)  # behind earlier sends of the transaction
+                    return
                 # KIP-890's defense: only a transaction the coordinator knows
-                # as OPEN with this partition added may write here.
-                self.broker.coordinator(txnid).verify_partition(
-                    txnid, producer.topic.name, req.partition
+                # as OPEN with this partition added may write here. A client
+                # pipelines the registration just before its first send: if
+                # it is still being logged, the send waits for it.
+                waiting = self.broker.coordinator(txnid).partition_registration(
+                    txnid, topic, req.partition
                 )
+                if waiting is not None:
+                    key = (txnid, topic, req.partition)
+                    self._held_sends[key] = [cmd]
+                    waiting.add_done_callback(lambda _f: self._release_sends(key))
+                    return
                 pending = self.broker.publish_txn(
                     partition, txn_key(txnid), producer.name, req.messages
                 )
@@ -372,6 +387,12 @@ class Connection:
             self.send(command(T.SEND_RECEIPT, "send_receipt", ack))
 
         self._spawn(receipt())
+
+    def _release_sends(self, key: tuple[TxnID, str, int]) -> None:
+        """The registration the sends of ``key`` waited for is logged (or
+        failed): handle them in order (each is checked again)."""
+        for cmd in self._held_sends.pop(key, []):
+            self._on_send(cmd)
 
     def _on_subscribe(self, cmd: pb.BaseCommand) -> None:
         req = cmd.subscribe
@@ -448,9 +469,14 @@ class Connection:
                 key = None
                 if req.transactional:
                     txnid = TxnID(req.txnid_most_bits, req.txnid_least_bits)
-                    self.broker.coordinator(txnid).verify_subscription(
+                    tc = self.broker.coordinator(txnid)
+                    # As for sends: wait for a registration still being logged.
+                    waiting = tc.subscription_registration(
                         txnid, consumer.topic, consumer.subscription
                     )
+                    if waiting is not None:
+                        await asyncio.wait([waiting])
+                        tc.verify_subscription(txnid, consumer.topic, consumer.subscription)
                     key = txn_key(txnid)
                 await self.broker.subscriptions.ack(consumer, ids, cumulative, key)
             except Exception as exc:
@@ -528,9 +554,10 @@ class Connection:
         self._answer(req.request_id, work(), "new transaction")
 
     def _on_add_partition(self, cmd: pb.BaseCommand) -> None:
+        # The registration is logged starting now, before the next frame is
+        # read: a send right behind it then waits for it (see `_on_send`).
         req = cmd.add_partition_to_txn
-
-        async def work() -> None:
+        try:
             txnid = TxnID(req.txnid_most_bits, req.txnid_least_bits)
             tc = self.broker.coordinator(txnid)
             parts = []
@@ -541,14 +568,14 @@ class Connection:
                 parts.append((ref.topic, ref.partition))
             if not parts:
                 raise ValueError("name at least one partition")
-            await tc.add_partitions(txnid, parts)
-
-        self._txn_answer(req, work(), "add partition to transaction")
+            work: Awaitable[None] = tc.add_partitions(txnid, parts)
+        except Exception as exc:
+            work = _raise(exc)
+        self._txn_answer(req, work, "add partition to transaction")
 
     def _on_add_subscription(self, cmd: pb.BaseCommand) -> None:
-        req = cmd.add_subscription_to_txn
-
-        async def work() -> None:
+        req = cmd.add_subscription_to_txn  # started at once, as `_on_add_partition`
+        try:
             txnid = TxnID(req.txnid_most_bits, req.txnid_least_bits)
             tc = self.broker.coordinator(txnid)
             subs = [
@@ -557,9 +584,10 @@ class Connection:
             ]
             if not subs:
                 raise ValueError("name at least one subscription")
-            await tc.add_subscriptions(txnid, subs)
-
-        self._txn_answer(req, work(), "add subscription to transaction")
+            work: Awaitable[None] = tc.add_subscriptions(txnid, subs)
+        except Exception as exc:
+            work = _raise(exc)
+        self._txn_answer(req, work, "add subscription to transaction")
 
     def _on_end_txn(self, cmd: pb.BaseCommand) -> None:
         req = cmd.end_txn
@@ -588,6 +616,10 @@ class Connection:
             req.txn_action == pb.COMMIT,
         )
         self._txn_answer(req, work, "end transaction on subscription")
+
+
+async def _raise(exc: Exception) -> None:
+    raise exc
 
 
 def _request_id(cmd: pb.BaseCommand) -> int:

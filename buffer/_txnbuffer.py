@@ -36,9 +36,10 @@ replays the latest snapshot's tail and the partition's markers after it
 through the same two functions. Persist, then act: a record changes the
 index only once it is durable.
 
-Crash safety of COMMIT: the marker is appended first, then TXN_COMMIT. A
-crash in between leaves a durable marker that recovery finds (it scans the
-partition's COMMIT_MARKER entries after the snapshot's ``scan_from`` using
+Crash safety of COMMIT: the marker is appended first, then TXN_COMMIT (and
+`end` answers as soon as the marker is durable). A crash in between leaves
+a durable marker that recovery finds (it scans the partition's
+COMMIT_MARKER entries after the snapshot's ``scan_from`` using
 ledger meta, reading only the markers) and completes with the TXN_COMMIT
 record, so a retried COMMIT never appends a second marker. Crash hooks
 (`ledger.faults`): ``buffer.after_txn_data_write`` (a send is durable, not yet
@@ -60,6 +61,7 @@ import asyncio
 import bisect
 import collections
 import enum
+import functools
 import itertools
 import json
 import logging
@@ -245,6 +247,7 @@ class _Txn:
     ending: TxnEvent | None = None  # an END has begun: sends are refused
     last_append: asyncio.Future[int] | None = None
     lock: asyncio.Lock | None = None
+    end_record: asyncio.Future[int] | None = None  # TXN_COMMIT appended, not durable yet
 
     def base_of(self, entry_id: int) -> int:
         """Batch index of the first message of the TXN_DATA record ``entry_id``."""
@@ -476,7 +479,9 @@ class TransactionBuffer:
         """End ``txn`` here (EndTxnOnPartition); idempotent, so retry until it returns.
 
         COMMIT appends the commit marker to the partition ledger, then a
-        TXN_COMMIT record naming it; ABORT appends TXN_ABORT. A transaction
+        TXN_COMMIT record naming it, and returns once the marker is durable
+        (the record follows; recovery completes it from the marker); ABORT
+        appends TXN_ABORT and returns once it is durable. A transaction
         that never wrote here gets just its TXN_COMMIT (marker -1) or
         TXN_ABORT record, so that late writes for it are refused. Raises
         `TxnConflictError` (changing nothing) if it ended (or is ending) the
@@ -503,6 +508,9 @@ class TransactionBuffer:
         async with t.lock:  # one END at a time: never two markers
             if t.state is not TxnState.OPEN:
                 return  # a concurrent or earlier END finished it
+            if t.end_record is not None:  # an earlier COMMIT answered at its marker
+                await asyncio.shield(t.end_record)
+                return
             if t.last_append is not None:
                 await asyncio.wait([t.last_append])  # sends queued before the END
             if not commit:
@@ -514,8 +522,29 @@ class TransactionBuffer:
                 )
                 t.marker = marker  # (the partition listener has set it already)
                 faults.hit("buffer.after_commit_marker")
-            await self.sidecar.append(
+            record = self.sidecar.append(
                 _COMMIT.pack(txn[0], txn[1], t.marker), meta=entry_meta(TXN_COMMIT, 0)
+            )
+            if t.marker < 0:
+                await record  # nothing else records the commit here
+                return
+            # The durable marker is the commit here (recovery completes a
+            # missing TXN_COMMIT from it), so answer now: one fsync, not two.
+            t.end_record = record
+            record.add_done_callback(functools.partial(self._end_record_done, t))
+
+    async def settled(self) -> None:
+        """Wait until the TXN_COMMIT records of the commits answered so far are durable."""
+        pending = [t.end_record for t in self._txns.values() if t.end_record is not None]
+        if pending:
+            await asyncio.wait(pending)
+
+    def _end_record_done(self, t: _Txn, record: asyncio.Future[int]) -> None:
+        t.end_record = None
+        if not record.cancelled() and record.exception() is not None:
+            # Recovery would complete it from the marker; a retried END writes it again.
+            log.error(
+                "%s: TXN_COMMIT of %s failed: %s", self.name, _txn_text(t.key), record.exception()
             )
 
     # -- applying records (live and on recovery) ---------------------------------------

@@ -29,8 +29,8 @@ Decisions written down here:
 * Transactional acks (``acknowledge(..., txn=txn)``): concurrent acks of
   one transaction share a frame, never with plain acks or another
   transaction's; the ACK carries the TxnID and ``transactional=true``. Like
-  a transactional send, the frame is written only once the subscription is
-  registered with the coordinator (see ``client._txn``). A
+  a transactional send, the frame follows the subscription's registration
+  with the coordinator (see ``client._txn``). A
   TRANSACTION_CONFLICT answer (another transaction holds the message)
   raises ``TransactionConflictError`` and makes the transaction's
   ``commit()`` abort it. Transactional acks are re-sent after a reconnect
@@ -91,6 +91,7 @@ class _AckFrame:
     deadline: float
     txn: Transaction | None = None
     held: bool = False  # waits for the subscription's registration with the coordinator
+    registration: asyncio.Future[None] | None = None  # the subscription's, in a transaction
 
 
 def message_id_of(message: Message | MessageId) -> MessageId:
@@ -275,9 +276,16 @@ class Consumer:
         self._gen = link.gen
         self._queue.clear()
         self._taken = 0
-        for frame in self._inflight.values():
-            if not frame.held:  # a held frame goes out once registered
-                link.write(frame.data)
+        for request_id, frame in self._inflight.items():
+            if frame.held:
+                continue  # it goes out once registered
+            registration = frame.registration
+            if registration is not None and not registration.done():
+                # Its registration is retried on this link after this: hold it.
+                frame.held = True
+                registration.add_done_callback(partial(self._registered, request_id))
+                continue
+            link.write(frame.data)
         link.write(self._flow_command(self.receiver_queue_size))
 
     # --- receiving -------------------------------------------------------------
@@ -466,8 +474,12 @@ class Consumer:
             if self._conn.is_current(self._gen):
                 self._conn.write(data)
             return
-        frame.held = True
         registration = txn._subscription_registered(self.topic, self.subscription)
+        frame.registration = registration
+        if self._conn.is_current(self._gen) and txn._may_follow(registration, self._conn.link):
+            self._conn.write(data)  # right behind its registration (see client._txn)
+            return
+        frame.held = True
         registration.add_done_callback(partial(self._registered, request_id))
 
     def _registered(self, request_id: int, registration: asyncio.Future[None]) -> None:
@@ -484,15 +496,32 @@ class Consumer:
             self._conn.write(frame.data)
 
     def on_ack_response(self, response: pb.CommandAckResponse) -> None:
-        frame = self._inflight.pop(response.request_id, None)
+        frame = self._inflight.get(response.request_id)
         if frame is None:
             return
         if not response.HasField("error"):
+            del self._inflight[response.request_id]
             for future in frame.futures:
                 if not future.done():
                     future.set_result(None)
             return
         exc = from_wire(response.error, response.message)
+        registration = frame.registration
+        if registration is not None and not registration.done():
+            # Written right behind its registration: wait to see if that was refused.
+            registration.add_done_callback(lambda _r: self._ack_refused(response.request_id, exc))
+            return
+        self._ack_refused(response.request_id, exc)
+
+    def _ack_refused(self, request_id: int, exc: TxnbufError) -> None:
+        frame = self._inflight.pop(request_id, None)
+        if frame is None:
+            return
+        if frame.registration is not None and frame.registration.done():
+            cause = registration_error(frame.registration)
+            if cause is not None:  # the ack was refused for want of it
+                fail_all(frame.futures, cause)
+                return
         if len(frame.ids) > 1 and not exc.retriable:
             # Find the guilty ids: acks are idempotent, so ask again one by one.
             for mid, future in zip(frame.ids, frame.futures, strict=True):

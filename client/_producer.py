@@ -37,13 +37,14 @@ Decisions written down here:
   partition: a SEND frame never mixes transactions, nor transactional and
   plain messages. It carries the TxnID and ``transactional=true`` and uses
   the producer's sequence ids (the broker deduplicates transactional sends
-  by (TxnID, producer name, sequence id)). The frame is built when the
-  batch is, but written only once the partition is registered with the
-  coordinator (see ``client._txn``), so it may reach the broker after
-  later plain sends of this producer; within one transaction and partition
-  the order is kept. Its receipt must list ``message_ids``: a transactional
-  message's id is ``MessageId(partition, -1, batch_index)``, where -1 stands
-  for the commit marker's entry id, known only at commit, and
+  by (TxnID, producer name, sequence id)). The frame is written right behind the
+  partition's registration with the coordinator, or, if it cannot follow
+  it on the same link, once that is answered (see ``client._txn``), so it
+  may reach the broker after later plain sends of this producer; within one
+  transaction and partition the order is kept. Its receipt must list
+  ``message_ids``: a transactional message's id is
+  ``MessageId(partition, -1, batch_index)``, where -1 stands for the
+  commit marker's entry id, known only at commit, and
   ``batch_index`` is the message's place in the transaction on that
   partition. Cancelling an awaited transactional ``send`` (or the future
   ``send_nowait`` returned) does not stop the send: the transaction still
@@ -116,6 +117,7 @@ class _Frame:
     transactional: bool = False
     held: bool = False  # waits for the partition's registration with the coordinator
     tracker: asyncio.Future[None] | None = None  # the transaction's view of this frame
+    registration: asyncio.Future[None] | None = None  # the partition's, in a transaction
 
 
 def _settle(tracker: asyncio.Future[None] | None, futures: list[asyncio.Future[MessageId]]) -> None:
@@ -298,9 +300,16 @@ class Producer:
             link.write(self._close_command(self._conn.next_request_id()).SerializeToString())
             return
         self._created(reply.producer_success, self.partitions, link.gen)
-        for frame in self._inflight.values():
-            if not frame.held:  # a held frame goes out once registered
-                link.write(frame.data)
+        for request_id, frame in self._inflight.items():
+            if frame.held:
+                continue  # it goes out once registered
+            registration = frame.registration
+            if registration is not None and not registration.done():
+                # Its registration is retried on this link after this: hold it.
+                frame.held = True
+                registration.add_done_callback(partial(self._registered, request_id))
+                continue
+            link.write(frame.data)
 
     # --- sending -------------------------------------------------------------
 
@@ -462,8 +471,12 @@ class Producer:
             if self._conn.is_current(self._gen):
                 self._conn.write(data)
             return
-        frame.transactional = frame.held = True
-        registration = txn._partition_registered(self.topic, partition)
+        frame.transactional = True
+        registration = frame.registration = txn._partition_registered(self.topic, partition)
+        if self._conn.is_current(self._gen) and txn._may_follow(registration, self._conn.link):
+            self._conn.write(data)  # right behind its registration (see client._txn)
+            return
+        frame.held = True
         registration.add_done_callback(partial(self._registered, request_id))
 
     def _registered(self, request_id: int, registration: asyncio.Future[None]) -> None:
@@ -508,7 +521,21 @@ class Producer:
         self._released(len(futures))
 
     def on_send_error(self, error: pb.CommandSendError) -> None:
-        self.fail_request(error.request_id, from_wire(error.error, error.message))
+        exc = from_wire(error.error, error.message)
+        frame = self._inflight.get(error.request_id)
+        registration = None if frame is None else frame.registration
+        if registration is None:
+            self.fail_request(error.request_id, exc)
+            return
+
+        # Written right behind its registration: if that was refused, it is the cause.
+        def settled(done: asyncio.Future[None]) -> None:
+            self.fail_request(error.request_id, registration_error(done) or exc)
+
+        if registration.done():
+            settled(registration)
+        else:
+            registration.add_done_callback(settled)
 
     def fail_request(self, request_id: int, exc: TxnbufError) -> bool:
         frame = self._inflight.pop(request_id, None)

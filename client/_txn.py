@@ -12,12 +12,18 @@ Decisions written down here:
 * Registration: the first transactional send to a partition (topic,
   partition index) starts one ADD_PARTITION_TO_TXN; the first transactional
   ack on a subscription (topic, subscription) one ADD_SUBSCRIPTION_TO_TXN.
-  Each is a future per (transaction, partition / subscription) that every
-  later frame of the transaction there waits on: SEND and ACK frames of the
-  transaction are built at once but written only after that future has
-  succeeded (in the order they were built: every one is released through
-  the future's done-callbacks, which run first in, first out). A refused
-  registration fails those frames with its error. Registrations are
+  Each is a future per (transaction, partition / subscription). Pipelined:
+  the ADD frame is written at once, and the transaction's SEND and ACK
+  frames there go right behind it on the same link, without waiting for
+  its answer; the broker reads frames in order and holds a send or ack
+  whose registration is still being logged until it is durable (so the
+  coordinator always knows a participant before it holds data of the
+  transaction). Frames that cannot follow their ADD on the same link (no
+  link when it was written, or a reconnect before it was answered) are
+  held and written once the future has succeeded (in the order they were
+  built: done-callbacks run first in, first out). A refused registration
+  fails those frames with its error, and ``commit()`` reports it rather
+  than the refusals of the frames that followed it. Registrations are
   control requests, retried across reconnects (ADD_* is idempotent on the
   coordinator).
 * ``commit()`` waits until every send and ack of the transaction is
@@ -62,6 +68,7 @@ from proto import txnbuf_pb2 as pb
 
 from ._connection import Command, Type, command, copy_error, wait_until
 from .errors import (
+    ConnectionLostError,
     InvalidInputError,
     InvalidTxnStatusError,
     OperationTimeoutError,
@@ -71,7 +78,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from ._connection import Connection
+    from ._connection import Connection, Link
 
 log = logging.getLogger("client")
 
@@ -207,6 +214,7 @@ class Transaction:
         self._ending = False  # a commit() or abort() is running
         self._partitions: dict[tuple[str, int], asyncio.Future[None]] = {}
         self._subscriptions: dict[tuple[str, str], asyncio.Future[None]] = {}
+        self._written_on: dict[asyncio.Future[None], Link] = {}  # registration -> its link
         self._tasks: set[asyncio.Task[None]] = set()
         self._pending_ops = 0
         self._settled = asyncio.Event()
@@ -281,16 +289,42 @@ class Transaction:
             return cmd
 
         future: asyncio.Future[None] = self._loop.create_future()
-        task = self._loop.create_task(self._run_registration(future, build, what))
+        link = self._conn.ready_link()
+        sent = None
+        if link is not None:  # written now: the frames of the transaction may follow it
+            sent = self._conn.begin_request(link, build)
+            self._written_on[future] = link
+        task = self._loop.create_task(self._run_registration(future, build, what, sent))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return future
 
+    def _may_follow(self, registration: asyncio.Future[None], link: Link | None) -> bool:
+        """May a frame that needs ``registration`` be written on ``link`` now?
+        Yes once it succeeded, or while it is pending and was written on
+        ``link`` (the broker reads them in order)."""
+        if registration.done():
+            return registration_error(registration) is None
+        return link is not None and self._written_on.get(registration) is link
+
     async def _run_registration(
-        self, future: asyncio.Future[None], build: Callable[[int], Command], what: str
+        self,
+        future: asyncio.Future[None],
+        build: Callable[[int], Command],
+        what: str,
+        sent: tuple[int, asyncio.Future[Command]] | None,
     ) -> None:
+        conn = self._conn
+        deadline = conn.deadline()
         try:
-            await self._conn.request(build, Type.TXN_RESPONSE, what, link_bound=False)
+            try:
+                if sent is None:
+                    raise ConnectionLostError(f"{what}: not connected")
+                await conn.finish_request(sent, Type.TXN_RESPONSE, what, deadline)
+            except TxnbufError as exc:
+                if not exc.retriable or isinstance(exc, OperationTimeoutError):
+                    raise
+                await conn.request(build, Type.TXN_RESPONSE, what, deadline, link_bound=False)
         except TxnbufError as exc:
             future.set_exception(exc)
             future.exception()  # read by the frames waiting on it, not by a task
@@ -332,6 +366,7 @@ class Transaction:
             if error is None:
                 await self._end(TxnEvent.COMMIT)
                 return
+            error = await self._registration_failure() or error
             self._state = transition(self._state, TxnEvent.ABORT, self.id)
             try:
                 await self._end(TxnEvent.ABORT)
@@ -340,6 +375,20 @@ class Transaction:
             raise copy_error(error)
         finally:
             self._ending = False
+
+    async def _registration_failure(self) -> TxnbufError | None:
+        """The error of a refused registration, if one was: the frames written
+        behind it were refused for want of it, so it is the cause to report."""
+        registrations = [*self._partitions.values(), *self._subscriptions.values()]
+        pending = [r for r in registrations if not r.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=self._conn.operation_timeout)
+        for registration in registrations:
+            if registration.done():
+                error = registration_error(registration)
+                if error is not None:
+                    return error
+        return None
 
     async def abort(self) -> None:
         """Abort the transaction now (sends and acks in flight are

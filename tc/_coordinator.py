@@ -96,6 +96,12 @@ class TxnMeta:
     partitions: list[tuple[str, int]] = field(default_factory=list)
     subscriptions: list[tuple[str, str]] = field(default_factory=list)
     timed_out: bool = False
+    # Registrations logged but not durable yet: participant -> the log write's
+    # outcome. A send or ack that follows its registration on the same
+    # connection waits for it (`partition_registration`).
+    adding: dict[tuple[str, int] | tuple[str, str], asyncio.Future[bool]] = field(
+        default_factory=dict
+    )
 
     @property
     def deadline_ms(self) -> int:
@@ -247,33 +253,98 @@ class TransactionCoordinator:
         ))  # fmt: skip
         return txnid
 
-    async def add_partitions(self, txnid: TxnID, partitions: list[tuple[str, int]]) -> None:
-        """§CommandAddPartitionToTxn: TxnNotFound, or invalid status unless OPEN."""
+    def partition_registration(
+        self, txnid: TxnID, topic: str, partition: int
+    ) -> asyncio.Future[bool] | None:
+        """Before a transactional write: None if the partition is registered,
+        the registration's log write if it is still in flight (wait for it,
+        then `verify_partition`); raises like `verify_partition` otherwise."""
+        pending = self._pending(txnid, (topic, partition))
+        if pending is None:
+            self.verify_partition(txnid, topic, partition)
+        return pending
+
+    def subscription_registration(
+        self, txnid: TxnID, topic: str, subscription: str
+    ) -> asyncio.Future[bool] | None:
+        """`partition_registration` for a transactional acknowledgement."""
+        pending = self._pending(txnid, (topic, subscription))
+        if pending is None:
+            self.verify_subscription(txnid, topic, subscription)
+        return pending
+
+    def _pending(self, txnid: TxnID, key: Any) -> asyncio.Future[bool] | None:
+        meta = self.get(txnid)
+        if meta is None or meta.status is not TxnStatus.OPEN:
+            return None
+        return meta.adding.get(key)
+
+    def add_partitions(
+        self, txnid: TxnID, partitions: list[tuple[str, int]]
+    ) -> asyncio.Future[None]:
+        """§CommandAddPartitionToTxn: TxnNotFound, or invalid status unless OPEN.
+
+        The log write starts now, before this returns, so that a send that
+        follows on the same connection finds the registration in flight and
+        waits for it (`partition_registration`) instead of being refused;
+        await the result for durability. Refusals raise at once.
+        """
         meta = self._live(txnid)
         if meta.status is not TxnStatus.OPEN:
             raise self._status_error(meta, "add partitions to")
-        new = [p for p in dict.fromkeys(partitions) if p not in meta.partitions]
-        if not new:
-            return
         rec = self._record(Op.ADD_PARTITION, txnid)
+        keys = list(dict.fromkeys(partitions))
+        new = [p for p in keys if p not in meta.partitions and p not in meta.adding]
         for topic, index in new:
             rec.partitions.add(topic=topic, partition=index)
-        if not await self._persist(rec):
-            raise self._status_error(meta, "add partitions to")
+        return self._register(meta, rec, keys, new, "add partitions to")
 
-    async def add_subscriptions(self, txnid: TxnID, subscriptions: list[tuple[str, str]]) -> None:
+    def add_subscriptions(
+        self, txnid: TxnID, subscriptions: list[tuple[str, str]]
+    ) -> asyncio.Future[None]:
         """§CommandAddSubscriptionToTxn: as `add_partitions`."""
         meta = self._live(txnid)
         if meta.status is not TxnStatus.OPEN:
             raise self._status_error(meta, "add subscriptions to")
-        new = [s for s in dict.fromkeys(subscriptions) if s not in meta.subscriptions]
-        if not new:
-            return
         rec = self._record(Op.ADD_SUBSCRIPTION, txnid)
+        keys = list(dict.fromkeys(subscriptions))
+        new = [s for s in keys if s not in meta.subscriptions and s not in meta.adding]
         for topic, sub in new:
             rec.subscriptions.add(topic=topic, subscription=sub)
-        if not await self._persist(rec):
-            raise self._status_error(meta, "add subscriptions to")
+        return self._register(meta, rec, keys, new, "add subscriptions to")
+
+    def _register(
+        self,
+        meta: TxnMeta,
+        rec: pb.TransactionMetadataEntry,
+        keys: list[Any],
+        new: list[Any],
+        what: str,
+    ) -> asyncio.Future[None]:
+        """Log ``rec`` (registering ``new``) unless empty; the result is done
+        when every one of ``keys`` is durably registered."""
+        waits = {meta.adding[k] for k in keys if k in meta.adding}
+        if new:
+            written = self._persist_now(rec)
+            for key in new:
+                meta.adding[key] = written
+
+            def settled(f: asyncio.Future[bool], keys: list[Any] = new) -> None:
+                if not f.cancelled():
+                    f.exception()  # (the waiters get it)
+                for key in keys:
+                    if meta.adding.get(key) is written:
+                        del meta.adding[key]
+
+            written.add_done_callback(settled)
+            waits.add(written)
+
+        async def wait() -> None:
+            for written in waits:
+                if not await asyncio.shield(written):
+                    raise self._status_error(meta, what)
+
+        return asyncio.ensure_future(wait())
 
     async def end_txn(self, txnid: TxnID, commit: bool) -> None:
         """§CommandEndTxn: log the decision, answer, then finish in the background.
@@ -344,24 +415,28 @@ class TransactionCoordinator:
         self._spawn(self._finish(meta))
 
     async def _finish(self, meta: TxnMeta) -> None:
-        """Tell every participant (retrying each until it answers), then log the end."""
+        """Tell every participant, all at once (retrying each until it
+        answers), then log the end."""
         commit = meta.status is TxnStatus.COMMITTING
-        for topic, index in meta.partitions:
+
+        async def partition(topic: str, index: int) -> None:
             await self._until_done(
-                lambda t=topic, i=index: self._participant.end_txn_on_partition(
-                    t, i, meta.txnid, commit
-                ),
+                lambda: self._participant.end_txn_on_partition(topic, index, meta.txnid, commit),
                 f"end {meta.txnid} on partition {topic}/{index}",
             )
             faults.hit("tc.after_partition_end")
-        for topic, sub in meta.subscriptions:
+
+        async def subscription(topic: str, sub: str) -> None:
             await self._until_done(
-                lambda t=topic, s=sub: self._participant.end_txn_on_subscription(
-                    t, s, meta.txnid, commit
-                ),
+                lambda: self._participant.end_txn_on_subscription(topic, sub, meta.txnid, commit),
                 f"end {meta.txnid} on subscription {topic}/{sub}",
             )
             faults.hit("tc.after_subscription_end")
+
+        await asyncio.gather(
+            *(partition(t, i) for t, i in meta.partitions),
+            *(subscription(t, s) for t, s in meta.subscriptions),
+        )
         applied = self._applied.get(meta.txnid)
         if applied is not None and not applied.done():
             applied.set_result(None)
@@ -420,14 +495,33 @@ class TransactionCoordinator:
 
     async def _persist(self, rec: pb.TransactionMetadataEntry) -> bool:
         """Append ``rec`` durably, then apply it; False if it no longer applies."""
-        entry_id = await self._ledger.append(rec.SerializeToString(), meta=_RECORD)
-        applied = self._apply(rec)
-        self._last_applied = max(self._last_applied, entry_id)
-        self._records_since_snapshot += 1
-        if self._records_since_snapshot >= SNAPSHOT_EVERY:
-            self._records_since_snapshot = 0
-            self._write_snapshot()
-        return applied
+        return await self._persist_now(rec)
+
+    def _persist_now(self, rec: pb.TransactionMetadataEntry) -> asyncio.Future[bool]:
+        """Queue ``rec`` now; the result, once it is durable and applied, is
+        False if it no longer applies. Records are applied in log order (in
+        the append's done callback, so a waiter that gives up cannot leave a
+        durable record unapplied)."""
+        outcome: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+        def durable(appended: asyncio.Future[int]) -> None:
+            if appended.cancelled():
+                outcome.cancel()
+                return
+            error = appended.exception()
+            if error is not None:
+                outcome.set_exception(error)
+                return
+            applied = self._apply(rec)
+            self._last_applied = max(self._last_applied, appended.result())
+            self._records_since_snapshot += 1
+            if self._records_since_snapshot >= SNAPSHOT_EVERY:
+                self._records_since_snapshot = 0
+                self._write_snapshot()
+            outcome.set_result(applied)
+
+        self._ledger.append(rec.SerializeToString(), meta=_RECORD).add_done_callback(durable)
+        return outcome
 
     def _apply(self, rec: pb.TransactionMetadataEntry) -> bool:
         """Apply one log record to the map (live and in recovery). False: ignored

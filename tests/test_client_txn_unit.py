@@ -188,7 +188,7 @@ async def test_new_transaction_refused_or_bad_timeout(fake: FakeBroker, cli: Cli
 # --- registration ---------------------------------------------------------------
 
 
-async def test_partition_is_registered_once_and_before_the_first_send(
+async def test_partition_is_registered_once_right_before_the_first_send(
     fake: FakeBroker, cli: Client
 ) -> None:
     fake.partitions["t"] = 2
@@ -197,12 +197,12 @@ async def test_partition_is_registered_once_and_before_the_first_send(
     fake.hold = {T.ADD_PARTITION_TO_TXN}
     keys = [key_for(0, 2), key_for(1, 2)]
     futures = [producer.send_nowait(b"%d" % i, key=keys[i % 2], txn=txn) for i in range(6)]
-    await until(lambda: len(fake.of_type(T.ADD_PARTITION_TO_TXN)) == 2)
-    await asyncio.sleep(0.05)
-    assert not fake.sends() and not any(f.done() for f in futures)  # held until registered
+    # Pipelined: the sends go right behind their registrations, unanswered
+    # as those are (the broker reads frames in order; see client._txn).
+    ids = await asyncio.wait_for(asyncio.gather(*futures), 5)
+    assert len(fake.of_type(T.ADD_PARTITION_TO_TXN)) == 2 and len(fake.held) == 2
     fake.hold = set()
     await fake.release()
-    ids = await asyncio.gather(*futures)
     assert sorted(ids) == [MessageId(p, -1, i) for p in (0, 1) for i in range(3)]
     adds = [cmd.add_partition_to_txn for cmd in fake.of_type(T.ADD_PARTITION_TO_TXN)]
     assert sorted((a.partitions[0].topic, a.partitions[0].partition) for a in adds) == [
@@ -227,7 +227,7 @@ async def test_partition_is_registered_once_and_before_the_first_send(
     assert len(fake.of_type(T.ADD_PARTITION_TO_TXN)) == 3
 
 
-async def test_subscription_is_registered_once_and_before_the_first_ack(
+async def test_subscription_is_registered_once_right_before_the_first_ack(
     fake: FakeBroker, cli: Client
 ) -> None:
     producer = await cli.create_producer("t")
@@ -240,12 +240,10 @@ async def test_subscription_is_registered_once_and_before_the_first_ack(
     acks = asyncio.gather(
         consumer.acknowledge(msgs[0], txn=txn), consumer.acknowledge_cumulative(msgs[1], txn=txn)
     )
-    await until(lambda: len(fake.of_type(T.ADD_SUBSCRIPTION_TO_TXN)) == 1)
-    await asyncio.sleep(0.05)
-    assert not fake.of_type(T.ACK) and not acks.done()
+    await asyncio.wait_for(acks, 5)  # right behind the registration, unanswered as it is
+    assert len(fake.of_type(T.ADD_SUBSCRIPTION_TO_TXN)) == 1 and len(fake.held) == 1
     fake.hold = set()
     await fake.release()
-    await acks
     await consumer.acknowledge(msgs[2], txn=txn)
     (add,) = [cmd.add_subscription_to_txn for cmd in fake.of_type(T.ADD_SUBSCRIPTION_TO_TXN)]
     assert [(r.topic, r.subscription) for r in add.subscriptions] == [("t", "s")]
@@ -268,8 +266,8 @@ async def test_refused_registration_fails_the_sends_and_the_commit(
     results = await asyncio.gather(
         producer.send(b"a", txn=txn), producer.send(b"b", txn=txn), return_exceptions=True
     )
-    assert all(isinstance(r, errors.TransactionTimeoutError) for r in results)
-    assert not fake.sends() and producer.pending == 0
+    assert all(isinstance(r, errors.TransactionTimeoutError) for r in results), results
+    assert producer.pending == 0 and not fake.txn(txn.id).buffers["t", 0]
     with pytest.raises(errors.TransactionTimeoutError):
         await txn.commit()
     assert end_actions(fake) == [pb.ABORT] and txn.state is TxnState.ABORTED
@@ -619,15 +617,21 @@ async def test_registration_in_flight_is_resent_after_reconnect(
     producer = await cli.create_producer("t")
     txn = await cli.new_transaction()
     fake.hold = {T.ADD_PARTITION_TO_TXN}  # registered, but the answer is lost
+    fake.store_without_receipt = True  # and so is the send's, right behind it
     pending = producer.send_nowait(b"x", txn=txn)
-    await until(lambda: len(fake.of_type(T.ADD_PARTITION_TO_TXN)) == 1)
+    await until(lambda: len(fake.sends()) == 1)
     fake.hold = set()
+    fake.store_without_receipt = False
     await fake.drop_connections()
     assert await asyncio.wait_for(pending, 5) == MessageId(0, -1, 0)
     assert len(fake.of_type(T.ADD_PARTITION_TO_TXN)) == 2
+    # On the new link the send waits for the registration's answer.
     last_add = max(i for i, c in enumerate(fake.received) if c.type == T.ADD_PARTITION_TO_TXN)
-    assert index_of_first(fake, lambda c: c.type == T.SEND) > last_add
-    assert len(fake.sends()) == 1
+    last_send = max(i for i, c in enumerate(fake.received) if c.type == T.SEND)
+    assert last_send > last_add
+    assert len(fake.sends()) == 2
+    await txn.commit()
+    assert fake.stored("t") == [b"x"]  # stored once
 
 
 async def test_txn_ack_in_flight_is_resent_after_reconnect(fake: FakeBroker, cli: Client) -> None:

@@ -67,6 +67,8 @@ class FakeTxn:
         default_factory=lambda: defaultdict(list)
     )
     seen: dict[tuple[str, int, str, int], int] = field(default_factory=dict)  # -> index
+    # A refused ADD_*: the broker refuses the sends / acks behind it alike.
+    refused: dict[tuple[str, int] | tuple[str, str], int] = field(default_factory=dict)
 
 
 @dataclass
@@ -315,6 +317,10 @@ class FakeBroker:
                 error = pb.TRANSACTION_NOT_FOUND
             if error is None and txn is not None:
                 error = self._apply_txn_command(kind, req, txn)
+            elif txn is not None and kind == T.ADD_PARTITION_TO_TXN:
+                txn.refused.update(((p.topic, p.partition), error) for p in req.partitions)
+            elif txn is not None and kind == T.ADD_SUBSCRIPTION_TO_TXN:
+                txn.refused.update(((r.topic, r.subscription), error) for r in req.subscriptions)
             fields = dict(
                 request_id=req.request_id, txnid_most_bits=key[0], txnid_least_bits=key[1]
             )
@@ -429,6 +435,8 @@ class FakeBroker:
             error = pb.TRANSACTION_NOT_FOUND
         elif txn.status != "OPEN":
             error = pb.INVALID_TXN_STATUS
+        elif (topic, send.partition) in txn.refused:
+            error = txn.refused[topic, send.partition]
         elif (topic, send.partition) not in txn.partitions:
             self.violations.append(f"SEND to {topic}:{send.partition} before ADD_PARTITION")
             error = pb.NOT_ALLOWED
@@ -539,6 +547,8 @@ class FakeBroker:
             return pb.TRANSACTION_NOT_FOUND
         if txn.status != "OPEN":
             return pb.INVALID_TXN_STATUS
+        if (topic, name) in txn.refused:
+            return txn.refused[topic, name]
         if (topic, name) not in txn.subscriptions:
             self.violations.append(f"ACK on {topic}/{name} before ADD_SUBSCRIPTION")
             return pb.NOT_ALLOWED

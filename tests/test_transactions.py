@@ -222,6 +222,122 @@ async def test_late_transactional_write_is_refused(broker: BrokerProcess) -> Non
         assert "not added" in answer.send_error.message
 
 
+async def test_a_send_and_an_ack_right_behind_their_registration_wait_for_it(
+    broker: BrokerProcess,
+) -> None:
+    """Pipelined registration on the wire: ADD then SEND (or ACK) without
+    waiting for the ADD's answer. The broker holds the send until the
+    registration is logged; a send behind a refused one is refused."""
+    async with Client(broker.url) as client:
+        producer = await client.create_producer("piped-in")
+        await producer.send(b"input")
+    async with RawConnection(broker.url) as raw:
+        await raw.request(
+            T.PRODUCER,
+            "producer",
+            pb.CommandProducer(request_id=1, producer_id=1, topic="piped", producer_name="p"),
+        )
+        await raw.request(
+            T.SUBSCRIBE,
+            "subscribe",
+            pb.CommandSubscribe(
+                request_id=2,
+                consumer_id=1,
+                topic="piped-in",
+                subscription="s",
+                initial_position=pb.CommandSubscribe.EARLIEST,
+            ),
+        )
+        await raw.send(T.FLOW, "flow", pb.CommandFlow(consumer_id=1, permits=10))
+        delivered = await raw.receive()
+        assert delivered.type == T.MESSAGE
+        entry_id = delivered.message.entries[0].entry_id
+        answer = await raw.request(
+            T.NEW_TXN, "new_txn", pb.CommandNewTxn(request_id=3, txn_ttl_ms=10_000)
+        )
+        most = answer.new_txn_response.txnid_most_bits
+        least = answer.new_txn_response.txnid_least_bits
+        ids = dict(txnid_most_bits=most, txnid_least_bits=least)
+        # Four frames back to back, no answers awaited in between.
+        await raw.send(
+            T.ADD_PARTITION_TO_TXN,
+            "add_partition_to_txn",
+            pb.CommandAddPartitionToTxn(
+                request_id=4, partitions=[pb.PartitionRef(topic="piped", partition=0)], **ids
+            ),
+        )
+        msg = pb.SingleMessage(payload=b"output", sequence_id=0)
+        await raw.send(
+            T.SEND,
+            "send",
+            pb.CommandSend(producer_id=1, request_id=5, messages=[msg], transactional=True, **ids),
+        )
+        await raw.send(
+            T.ADD_SUBSCRIPTION_TO_TXN,
+            "add_subscription_to_txn",
+            pb.CommandAddSubscriptionToTxn(
+                request_id=6,
+                subscriptions=[pb.SubscriptionRef(topic="piped-in", subscription="s")],
+                **ids,
+            ),
+        )
+        await raw.send(
+            T.ACK,
+            "ack",
+            pb.CommandAck(
+                consumer_id=1,
+                request_id=7,
+                ack_type=pb.CommandAck.INDIVIDUAL,
+                message_ids=[pb.MessageIdData(partition=0, entry_id=entry_id, batch_index=0)],
+                transactional=True,
+                **ids,
+            ),
+        )
+        answers = {}
+        for _ in range(4):
+            cmd = await raw.receive()
+            body = getattr(cmd, cmd.WhichOneof("command"))
+            answers[body.request_id] = cmd
+        assert answers[5].type == T.SEND_RECEIPT, answers[5]
+        assert answers[7].type == T.ACK_RESPONSE and not answers[7].ack_response.HasField("error")
+        for rid in (4, 6):
+            assert answers[rid].type == T.TXN_RESPONSE
+            assert not answers[rid].txn_response.HasField("error")
+        answer = await raw.request(
+            T.END_TXN, "end_txn", pb.CommandEndTxn(request_id=8, txn_action=pb.COMMIT, **ids)
+        )
+        assert not answer.txn_response.HasField("error")
+        # Behind a refused registration (an ended transaction), the send is refused.
+        await raw.send(
+            T.ADD_PARTITION_TO_TXN,
+            "add_partition_to_txn",
+            pb.CommandAddPartitionToTxn(
+                request_id=9, partitions=[pb.PartitionRef(topic="piped", partition=0)], **ids
+            ),
+        )
+        await raw.send(
+            T.SEND,
+            "send",
+            pb.CommandSend(
+                producer_id=1,
+                request_id=10,
+                messages=[pb.SingleMessage(payload=b"late", sequence_id=1)],
+                transactional=True,
+                **ids,
+            ),
+        )
+        late = {}
+        for _ in range(2):
+            cmd = await raw.receive()
+            late[getattr(cmd, cmd.WhichOneof("command")).request_id] = cmd
+        assert late[9].txn_response.error == pb.INVALID_TXN_STATUS
+        assert late[10].type == T.SEND_ERROR
+        assert late[10].send_error.error == pb.INVALID_TXN_STATUS
+    async with Client(broker.url) as client:
+        reader = await client.subscribe("piped", "r", initial_position="earliest")
+        assert [m.value for m in await receive_n(reader, 1)] == [b"output"]
+
+
 async def test_two_coordinators_share_the_transactions(tmp_path) -> None:  # type: ignore[no-untyped-def]
     broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log")
     broker.args = ["--tc-ids", "0,1"]

@@ -220,6 +220,7 @@ async def test_publish_commit_materialize(stores: Stores) -> None:
     await tb.end(T1, commit=True)
     assert await markers(part) == [(1, 5)]
     assert part.count(1) == 5
+    await tb.settled()  # END answers at the durable marker; its TXN_COMMIT follows
     assert await sidecar_kinds(tb) == [TXN_DATA] * 4 + [TXN_COMMIT]
     assert tb.status(T1) == TxnInfo(T1, TxnState.COMMITTED, 5, 1, (0, 2, 3))
     assert tb.open_transactions() == [T2]
@@ -301,6 +302,7 @@ async def test_late_write_after_commit_and_while_ending(stores: Stores) -> None:
     with pytest.raises(TxnConflictError, match="commit has begun"):
         await tb.end(T1, commit=False)
     await ending
+    await tb.settled()
     with pytest.raises(TxnEndedError, match="committed"):
         tb.publish(T1, "p", msgs(1))
     assert await markers(part) == [(0, 1)]
@@ -488,6 +490,7 @@ async def test_retry_after_a_failed_commit_record_adds_no_marker(
     with pytest.raises(Crash):
         await tb.end(T1, commit=True)
     await tb.end(T1, commit=True)
+    await tb.settled()
     assert await markers(part) == [(0, 1)]
     assert await sidecar_kinds(tb) == [TXN_DATA, TXN_COMMIT]
     assert tb.status(T1) == TxnInfo(T1, TxnState.COMMITTED, 1, 0, (0,))
