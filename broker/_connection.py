@@ -404,12 +404,6 @@ class Connection:
                 raise ValueError(f"unknown subscription type {req.sub_type}")
             if req.consumer_id in self.consumers:
                 raise ValueError(f"consumer id {req.consumer_id} is in use on this connection")
-            if req.read_uncommitted:
-                raise BrokerError(
-                    "NOT_ALLOWED",
-                    "read_uncommitted isolation is not implemented yet; "
-                    "subscriptions read committed messages only",
-                )
             topic = await self.broker.topics.get_or_create(topic_name)
             consumer = Consumer(
                 consumer_id=req.consumer_id,
@@ -419,6 +413,7 @@ class Connection:
                 sub_type=_SUB_TYPES[req.sub_type],
                 push=self._push,
                 on_active_change=self._active_change,
+                read_uncommitted=req.read_uncommitted,
             )
             earliest = req.initial_position == pb.CommandSubscribe.EARLIEST
             await self.broker.subscriptions.subscribe(topic, sub_name, consumer, earliest)

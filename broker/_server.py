@@ -90,7 +90,7 @@ class Broker:
                     if buffer is None:
                         continue
                     try:
-                        await buffer.sweep()
+                        await buffer.sweep(self.subscriptions.uncommitted_floor(name, part.index))
                     except Exception:
                         log.exception("sweeping the transaction buffer of %s failed", part.name)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from buffer._dedup import DedupState, ProducerSequence
 from buffer._entries import (
@@ -67,7 +67,9 @@ class Partition:
         self._counts_base = ledger.first_entry_id  # entry id of _counts[0]
         self._since_snapshot = 0
         self.messages_in = 0  # messages stored since start, for stats
+        self._markers: set[int] = set()  # entry ids of the commit markers stored
         self._txn_buffer: TransactionBuffer | None = None
+        self._buffer_watchers: list[Callable[[TransactionBuffer], None]] = []
         ledger.add_listener(self._on_entries)
 
     def __repr__(self) -> str:
@@ -86,6 +88,7 @@ class Partition:
         if meta:
             part._counts_base = meta[0][0]
             part._counts = [entry_count(m) for _, m in meta]
+            part._markers = {e for e, m in meta if entry_kind(m) == COMMIT_MARKER}
             # Entry ids are contiguous; ids missing in meta were trimmed.
             if meta[-1][0] - meta[0][0] + 1 != len(meta):
                 raise RuntimeError(f"{ledger.name}: entry ids are not contiguous")
@@ -111,7 +114,21 @@ class Partition:
         sidecar = await self.ledger.store.open_ledger(sidecar_ledger_name(self.topic, self.index))
         if self._txn_buffer is None:  # not created by a concurrent caller meanwhile
             self._txn_buffer = TransactionBuffer(self.name, self.ledger, sidecar)
+            for watcher in self._buffer_watchers:
+                watcher(self._txn_buffer)
         return self._txn_buffer
+
+    def watch_txn_buffer(self, callback: Callable[[TransactionBuffer], None]) -> None:
+        """Call ``callback(buffer)`` when the transaction buffer is created
+        (at once if it exists)."""
+        if self._txn_buffer is not None:
+            callback(self._txn_buffer)
+        else:
+            self._buffer_watchers.append(callback)
+
+    def unwatch_txn_buffer(self, callback: Callable[[TransactionBuffer], None]) -> None:
+        if callback in self._buffer_watchers:
+            self._buffer_watchers.remove(callback)
 
     # -- entry sizes ----------------------------------------------------------
 
@@ -120,6 +137,8 @@ class Partition:
             n = e.meta & COUNT_MASK
             self._counts.append(n)
             self.messages_in += n
+            if entry_kind(e.meta) == COMMIT_MARKER:
+                self._markers.add(e.entry_id)
 
     def count(self, entry_id: int) -> int:
         """Number of messages in entry ``entry_id`` (0 if trimmed or unknown)."""
@@ -127,6 +146,10 @@ class Partition:
         if 0 <= i < len(self._counts):
             return self._counts[i]
         return 0
+
+    def is_marker(self, entry_id: int) -> bool:
+        """Is entry ``entry_id`` a commit marker (stored, not trimmed)?"""
+        return entry_id in self._markers
 
     def exists(self, pos: Position) -> bool:
         """Is there a message at ``pos`` (stored now or trimmed earlier)?"""
@@ -153,6 +176,7 @@ class Partition:
         if drop > 0:
             del self._counts[:drop]
             self._counts_base = before
+            self._markers = {e for e in self._markers if e >= before}
 
     async def materialize(self, entry: Entry) -> bytes:
         """The serialized `EntryBatch` to deliver for a partition entry.

@@ -533,6 +533,14 @@ class TransactionBuffer:
             t.end_record = record
             record.add_done_callback(functools.partial(self._end_record_done, t))
 
+    @staticmethod
+    def uncommitted_batch(entry: Entry) -> bytes | None:
+        """The serialized `EntryBatch` of a sidecar TXN_DATA record (None for
+        any other record), for read_uncommitted subscriptions."""
+        if entry_kind(entry.meta) != TXN_DATA:
+            return None
+        return entry.data[_TXN.size :]
+
     async def settled(self) -> None:
         """Wait until the TXN_COMMIT records of the commits answered so far are durable."""
         pending = [t.end_record for t in self._txns.values() if t.end_record is not None]
@@ -788,12 +796,13 @@ class TransactionBuffer:
 
     # -- retention (PIP-31 §Retention Cursor) ----------------------------------------
 
-    async def sweep(self) -> int:
+    async def sweep(self, keep_from: int | None = None) -> int:
         """Trim the sidecar log up to the first entry still needed; return how many went.
 
         Needed: the records of OPEN transactions and of COMMITTED ones whose
         marker is still in the partition ledger, plus the latest snapshot and
-        the records after what it covers. Ended transactions no longer
+        the records after what it covers, and everything from ``keep_from``
+        on (what read_uncommitted subscriptions have not acknowledged). Ended transactions no longer
         needed leave the index for the bounded remembered set, and a fresh
         snapshot (written when anything changed) lets the log go up to here.
         """
@@ -816,6 +825,8 @@ class TransactionBuffer:
         else:
             covers = self._snapshot[1]  # nothing happened since the latest snapshot
         keep = covers + 1
+        if keep_from is not None:
+            keep = min(keep, keep_from)
         for t in self._txns.values():
             if t.entries:
                 keep = min(keep, t.entries[0])

@@ -83,7 +83,9 @@ class Subscriptions:
                     sub.check_can_add(consumer)
             for part, sub in zip(topic.partitions, existing, strict=True):
                 if sub is None:
-                    sub = await PartitionSubscription.create(part, name, earliest)
+                    sub = await PartitionSubscription.create(
+                        part, name, earliest, consumer.read_uncommitted
+                    )
                     self._subs[(topic.name, part.index, name)] = sub
                     sub.start()
             self._order += 1
@@ -103,7 +105,9 @@ class Subscriptions:
                 for part in topic.partitions:
                     if (topic.name, part.index, name) in self._subs:
                         continue
-                    sub = await PartitionSubscription.create(part, name, earliest=True)
+                    sub = await PartitionSubscription.create(
+                        part, name, earliest=True, read_uncommitted=subs[0].read_uncommitted
+                    )
                     self._subs[(topic.name, part.index, name)] = sub
                     sub.start()
                     for consumer in consumers:
@@ -147,7 +151,7 @@ class Subscriptions:
         subs = {s.partition.index: s for s in consumer.subscriptions}
         for mid in ids:
             sub = subs.get(mid.partition)
-            if sub is None or not sub.partition.exists(mid.position):
+            if sub is None or not sub.knows(mid.position):
                 raise SubscriptionError(
                     "UNKNOWN_MESSAGE_ID",
                     f"no message {mid} on topic {consumer.topic!r} (subscription "
@@ -168,6 +172,16 @@ class Subscriptions:
         """
         subs = [s for (t, _, name), s in self._subs.items() if t == topic and name == subscription]
         await asyncio.gather(*(sub.end_txn(txn, commit) for sub in subs))
+
+    def uncommitted_floor(self, topic: str, index: int) -> int | None:
+        """The first sidecar entry of a partition that a read_uncommitted
+        subscription still needs (None if it has none): its sweep keeps it."""
+        floors = [
+            f
+            for (t, i, _), sub in self._subs.items()
+            if t == topic and i == index and (f := sub.uncommitted_floor()) is not None
+        ]
+        return min(floors) if floors else None
 
     # -- retention ------------------------------------------------------------------
 
@@ -203,6 +217,7 @@ class Subscriptions:
                     "consumers": len(sub.consumers),
                     "unacked": len(sub.pending),
                     "pending_ack": len(sub.cursor.pending_ack),
+                    "read_uncommitted": sub.read_uncommitted,
                     "mark_delete": list(sub.cursor.mark_delete),
                 }
         return out

@@ -24,6 +24,13 @@ ledger is replayed, and its caller gets the conflict.
 Types: exclusive (one consumer), failover (many, one active per partition:
 ``sorted consumers[partition % n]``), shared (round robin over consumers
 with permits).
+
+Isolation: read committed by default. A subscription created with
+``read_uncommitted`` also delivers the messages of transactional sends as
+soon as they are in the transaction buffer (open, later committed or later
+aborted transactions alike) and skips commit markers (see
+`subscriptions._uncommitted` for their ids and acks); no order is promised
+between those and the partition's own messages.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from dataclasses import dataclass, field
 
 from sortedcontainers import SortedSet
 
-from buffer import DATA, Partition, Position, entry_count, entry_kind
+from buffer import DATA, Partition, Position, TransactionBuffer, entry_count, entry_kind
 from ledger import Entry, Ledger, faults
 from proto import txnbuf_pb2 as pb
 from subscriptions._cursor import (
@@ -54,9 +61,18 @@ from subscriptions._cursor import (
     Cursor,
     TxnKey,
     check_txn_key,
+    decode_record,
+    encode_record,
     txn_text,
 )
 from subscriptions._state import InvalidAckTransition, MsgState
+from subscriptions._uncommitted import SNAPSHOT as U_SNAPSHOT
+from subscriptions._uncommitted import (
+    UNCOMMITTED_ACK,
+    UncommittedCursor,
+    from_wire,
+    to_wire,
+)
 
 __all__ = ["Consumer", "PartitionSubscription", "SubType", "SubscriptionError"]
 
@@ -101,6 +117,7 @@ class Consumer:
     permits: int = 0
     subscriptions: list[PartitionSubscription] = field(default_factory=list)
     order: int = 0  # connect order, breaks ties between equal names
+    read_uncommitted: bool = False  # wants a read_uncommitted subscription
 
     def add_permits(self, n: int) -> None:
         self.permits += n
@@ -112,12 +129,26 @@ class PartitionSubscription:
     """Create with `PartitionSubscription.load`."""
 
     def __init__(
-        self, partition: Partition, name: str, cursor_ledger: Ledger, cursor: Cursor
+        self,
+        partition: Partition,
+        name: str,
+        cursor_ledger: Ledger,
+        cursor: Cursor,
+        uncommitted: tuple[Ledger, UncommittedCursor] | None = None,
     ) -> None:
         self.partition = partition
         self.name = name
         self.cursor = cursor
         self._ledger = cursor_ledger
+        # read_uncommitted: the ledger and cursor of what it acked of the sidecar.
+        self._uledger: Ledger | None = uncommitted[0] if uncommitted else None
+        self.uncommitted: UncommittedCursor | None = uncommitted[1] if uncommitted else None
+        self._count: Callable[[int], int] = (
+            _count_without_markers(partition) if uncommitted else partition.count
+        )
+        self.read_sidecar = self.uncommitted.mark_delete + 1 if self.uncommitted else 0
+        self._uncommitted_since_snapshot = 0
+        self._buffer: TransactionBuffer | None = None
         self.consumers: list[Consumer] = []
         self.pending: dict[Position, Consumer] = {}
         self.redeliver: SortedSet = SortedSet()
@@ -134,6 +165,8 @@ class PartitionSubscription:
         self._closed = False
         self._task: asyncio.Task[None] | None = None
         partition.ledger.add_listener(self._on_entries)
+        if self.uncommitted is not None:
+            partition.watch_txn_buffer(self._on_buffer)
 
     def __repr__(self) -> str:
         return f"PartitionSubscription({self.partition.name!r}, {self.name!r})"
@@ -142,22 +175,53 @@ class PartitionSubscription:
     def ledger_name(topic: str, index: int, name: str) -> str:
         return f"c/{topic}/{index}/{name}"
 
+    @staticmethod
+    def uncommitted_ledger_name(topic: str, index: int, name: str) -> str:
+        return f"u/{topic}/{index}/{name}"
+
+    @property
+    def read_uncommitted(self) -> bool:
+        return self.uncommitted is not None
+
     @classmethod
-    async def create(cls, partition: Partition, name: str, earliest: bool) -> PartitionSubscription:
+    async def create(
+        cls, partition: Partition, name: str, earliest: bool, read_uncommitted: bool = False
+    ) -> PartitionSubscription:
         """A new subscription at the earliest or latest position (durably)."""
-        ledger = await partition.ledger.store.open_ledger(
-            cls.ledger_name(partition.topic, partition.index, name)
-        )
+        store = partition.ledger.store
+        uncommitted = None
+        if read_uncommitted:  # its ledger first: the cursor ledger makes it exist
+            uledger = await store.open_ledger(
+                cls.uncommitted_ledger_name(partition.topic, partition.index, name)
+            )
+            buffer = partition.transaction_buffer
+            start = -1
+            if buffer is not None:
+                sidecar = buffer.sidecar
+                start = sidecar.first_entry_id - 1 if earliest else sidecar.last_entry_id
+            ucursor = UncommittedCursor(start)
+            await uledger.append(ucursor.snapshot(), meta=U_SNAPSHOT)
+            uncommitted = (uledger, ucursor)
+        ledger = await store.open_ledger(cls.ledger_name(partition.topic, partition.index, name))
         if earliest:
             cursor = Cursor((partition.ledger.first_entry_id - 1, WHOLE_ENTRY))
         else:
             cursor = Cursor((partition.ledger.last_entry_id, WHOLE_ENTRY))
         await ledger.append(cursor.snapshot(), meta=SNAPSHOT)
-        return cls(partition, name, ledger, cursor)
+        return cls(partition, name, ledger, cursor, uncommitted)
 
     @classmethod
     async def load(cls, partition: Partition, name: str, ledger: Ledger) -> PartitionSubscription:
-        """Rebuild a subscription from its cursor ledger: snapshot, then records."""
+        """Rebuild a subscription from its cursor ledger: snapshot, then records
+        (and, for a read_uncommitted one, its ledger of sidecar acks)."""
+        uledger = partition.ledger.store.get_ledger(
+            cls.uncommitted_ledger_name(partition.topic, partition.index, name)
+        )
+        uncommitted = None
+        count: Callable[[int], int] = partition.count
+        if uledger is not None:
+            uncommitted = (uledger, await _load_uncommitted(uledger))
+            count = _count_without_markers(partition)
         entries = await ledger.read(ledger.first_entry_id, ledger.last_entry_id)
         if not entries or entries[0].meta != SNAPSHOT:
             raise RuntimeError(f"cursor ledger {ledger.name} does not start with a snapshot")
@@ -175,13 +239,13 @@ class PartitionSubscription:
                     f"cursor ledger {ledger.name}, entry {entry.entry_id}: {exc}"
                 ) from exc
             try:
-                cursor.apply(record.kind, record.positions, partition.count, last, record.txn)
+                cursor.apply(record.kind, record.positions, count, last, record.txn)
             except InvalidAckTransition as exc:
                 # Refused when it was applied live too: it changes nothing.
                 log.info("%s: record %d refused on replay: %s", ledger.name, entry.entry_id, exc)
             if record.kind in (TXN_COMMIT, TXN_ABORT) and record.txn is not None:
                 ended.append(record.txn)
-        sub = cls(partition, name, ledger, cursor)
+        sub = cls(partition, name, ledger, cursor, uncommitted)
         sub._records_since_snapshot = len(entries) - 1
         for txn in ended:
             sub._remember_ended(txn)
@@ -196,6 +260,9 @@ class PartitionSubscription:
     async def close(self) -> None:
         self._closed = True
         self.partition.ledger.remove_listener(self._on_entries)
+        self.partition.unwatch_txn_buffer(self._on_buffer)
+        if self._buffer is not None:
+            self._buffer.sidecar.remove_listener(self._on_entries)
         self._wake.set()
         if self._task is not None:
             self._task.cancel()
@@ -211,6 +278,13 @@ class PartitionSubscription:
         if self.consumers:
             self._wake.set()
 
+    def _on_buffer(self, buffer: TransactionBuffer) -> None:
+        """The partition has a transaction buffer: read its sidecar too."""
+        if self._buffer is None and not self._closed:
+            self._buffer = buffer
+            buffer.sidecar.add_listener(self._on_entries)
+            self.wake()
+
     # -- consumers ----------------------------------------------------------------
 
     @property
@@ -219,6 +293,13 @@ class PartitionSubscription:
 
     def check_can_add(self, consumer: Consumer) -> None:
         """Raise `SubscriptionError` if ``consumer`` may not join (changes nothing)."""
+        if consumer.read_uncommitted != self.read_uncommitted:
+            have = "read_uncommitted" if self.read_uncommitted else "read committed"
+            raise SubscriptionError(
+                "NOT_ALLOWED",
+                f"subscription {self.name!r} is {have}; its isolation level is fixed "
+                "when it is created",
+            )
         current = self.sub_type
         if current is None:
             return
@@ -282,7 +363,7 @@ class PartitionSubscription:
         """
         for pos in positions:
             del self.pending[pos]
-            if self.cursor.state(pos) is not PENDING:
+            if self.state(pos) is not PENDING:
                 continue
             self.redeliver.add(pos)
             self.redelivery_counts[pos] = self.redelivery_counts.get(pos, 0) + 1
@@ -312,6 +393,20 @@ class PartitionSubscription:
         """
         if not positions:
             raise SubscriptionError("INVALID_ARGUMENT", "an acknowledgement needs positions")
+        uncommitted = [p for p in positions if p[0] < -1]
+        if uncommitted:
+            if cumulative or txn is not None:
+                raise SubscriptionError(
+                    "NOT_ALLOWED",
+                    "a message read uncommitted (from the transaction buffer) takes only a "
+                    "plain individual acknowledgement",
+                )
+            committed = [p for p in positions if p[0] >= -1]
+            if committed:
+                await asyncio.gather(self.ack(committed, False), self._ack_uncommitted(uncommitted))
+            else:
+                await self._ack_uncommitted(uncommitted)
+            return
         if cumulative and self.sub_type is SubType.SHARED:
             raise SubscriptionError(
                 "NOT_ALLOWED", "cumulative acknowledgement is not allowed on a shared subscription"
@@ -329,7 +424,7 @@ class PartitionSubscription:
                     f"transaction {txn_text(txn)} has already ended on subscription "
                     f"{self.name!r} of {self.partition.name}",
                 )
-            count = self.partition.count
+            count = self._count
             wanted = (
                 self.cursor.expand_cumulative(max(positions), count) if cumulative else positions
             )
@@ -429,7 +524,7 @@ class PartitionSubscription:
         kind = record.kind
         cursor = self.cursor
         changed = cursor.apply(
-            kind, record.positions, part.count, part.ledger.last_entry_id, record.txn
+            kind, record.positions, self._count, part.ledger.last_entry_id, record.txn
         )
         if kind == TXN_ABORT:
             # PENDING again: deliver them again. Those dispatch has not read
@@ -469,7 +564,11 @@ class PartitionSubscription:
         for record in self._inflight:
             try:
                 state.apply(
-                    record.kind, record.positions, part.count, part.ledger.last_entry_id, record.txn
+                    record.kind,
+                    record.positions,
+                    self._count,
+                    part.ledger.last_entry_id,
+                    record.txn,
                 )
             except InvalidAckTransition:
                 pass  # refused, as it will be when applied: it changes nothing
@@ -484,6 +583,109 @@ class PartitionSubscription:
     async def delete(self) -> None:
         await self.close()
         await self._ledger.store.delete_ledger(self._ledger.name)
+        if self._uledger is not None:
+            await self._uledger.store.delete_ledger(self._uledger.name)
+
+    # -- read_uncommitted -------------------------------------------------------------
+
+    def state(self, pos: Position) -> MsgState:
+        """The state of a message, committed or (entry id below -1) read uncommitted."""
+        if pos[0] < -1:
+            if self.uncommitted is None:
+                return MsgState.DELETED  # no such message here
+            return self.uncommitted.state(from_wire(pos))
+        return self.cursor.state(pos)
+
+    def knows(self, pos: Position) -> bool:
+        """Is there a message at ``pos`` here (for an ack to name)?"""
+        if pos[0] >= -1:
+            return self.partition.exists(pos)
+        if self.uncommitted is None:
+            return False
+        sidecar_pos = from_wire(pos)
+        return (
+            pos in self.pending
+            or pos in self.redeliver
+            or self.uncommitted.state(sidecar_pos) is MsgState.DELETED
+        )
+
+    def uncommitted_floor(self) -> int | None:
+        """The first sidecar entry this subscription still needs (None: not read_uncommitted)."""
+        return None if self.uncommitted is None else self.uncommitted.mark_delete + 1
+
+    async def _ack_uncommitted(self, positions: list[Position]) -> None:
+        """Acknowledge messages read uncommitted, durably (persist, then act)."""
+        assert self.uncommitted is not None and self._uledger is not None
+        sidecar = [from_wire(p) for p in positions]
+        appended = self._uledger.append(encode_record(sidecar), meta=UNCOMMITTED_ACK)
+        outcome: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def durable(f: asyncio.Future[int]) -> None:
+            if f.cancelled() or f.exception() is not None:
+                if not outcome.done():
+                    outcome.set_exception(f.exception() or asyncio.CancelledError())
+                return
+            assert self.uncommitted is not None
+            self.uncommitted.ack(sidecar)
+            for pos in positions:
+                self.pending.pop(pos, None)
+                self.redeliver.discard(pos)
+                self.redelivery_counts.pop(pos, None)
+            self._uncommitted_since_snapshot += 1
+            if self._uncommitted_since_snapshot >= SNAPSHOT_EVERY:
+                self._uncommitted_since_snapshot = 0
+                self._write_uncommitted_snapshot()
+            if not outcome.done():
+                outcome.set_result(None)
+
+        appended.add_done_callback(durable)
+        await outcome
+
+    def _write_uncommitted_snapshot(self) -> None:
+        assert self.uncommitted is not None and self._uledger is not None
+        ledger = self._uledger
+        fut = ledger.append(self.uncommitted.snapshot(), meta=U_SNAPSHOT)
+
+        def trim(_f: object) -> None:
+            if not fut.cancelled() and fut.exception() is None:
+                ledger.trim(fut.result())
+
+        fut.add_done_callback(trim)
+
+    async def _dispatch_uncommitted(self) -> bool:
+        """Deliver the next sidecar records (read_uncommitted); False if none."""
+        buffer, ucursor = self._buffer, self.uncommitted
+        if buffer is None or ucursor is None:
+            return False
+        sidecar = buffer.sidecar
+        if self.read_sidecar < sidecar.first_entry_id:  # reclaimed by a sweep
+            ucursor.skip_to(sidecar.first_entry_id - 1)
+            self.read_sidecar = sidecar.first_entry_id
+        if self.read_sidecar > sidecar.last_entry_id:
+            return False
+        entries = await sidecar.read(self.read_sidecar, self.read_sidecar + READ_BATCH - 1)
+        if self.redeliver:
+            return True  # a consumer left meanwhile: its messages first
+        out = _Out()
+        for entry in entries:
+            if entry.entry_id < self.read_sidecar:
+                continue  # a concurrent step already sent it
+            batch = buffer.uncommitted_batch(entry)
+            n = entry_count(entry.meta) if batch is not None else 0
+            ucursor.note(entry.entry_id, n)
+            if batch is not None:
+                indexes = [
+                    i for i in range(n) if ucursor.state((entry.entry_id, i)) is MsgState.PENDING
+                ]
+                if indexes:
+                    consumer = self._pick()
+                    if consumer is None:
+                        break
+                    wire = Entry(to_wire((entry.entry_id, 0))[0], entry.meta, batch)
+                    self._deliver(consumer, out, wire, [] if len(indexes) == n else indexes, n, 0)
+            self.read_sidecar = entry.entry_id + 1
+        out.flush()
+        return bool(entries)
 
     # -- stats ----------------------------------------------------------------------
 
@@ -530,6 +732,14 @@ class PartitionSubscription:
             return False
         if self.redeliver:
             return await self._dispatch_redeliveries()
+        moved = False
+        if self.uncommitted is not None:
+            moved = await self._dispatch_uncommitted()
+            if self.redeliver or self._pick() is None:
+                return moved
+        return await self._dispatch_partition() or moved
+
+    async def _dispatch_partition(self) -> bool:
         part = self.partition
         ledger = part.ledger
         self.read_entry = max(self.read_entry, ledger.first_entry_id)
@@ -546,6 +756,8 @@ class PartitionSubscription:
             if entry.entry_id < self.read_entry:
                 continue  # a concurrent step already sent it
             n = entry_count(entry.meta)
+            if n > 0 and self.uncommitted is not None and entry_kind(entry.meta) != DATA:
+                n = 0  # a commit marker: read uncommitted, its messages went already
             if n > 0:
                 if self._pick() is None:
                     break
@@ -626,6 +838,11 @@ class PartitionSubscription:
         materialized; None for one that was trimmed."""
         ledger = self.partition.ledger
         fetched: dict[int, Entry | None] = {}
+        uncommitted = [e for e in entry_ids if e < -1]
+        if uncommitted:
+            entry_ids = [e for e in entry_ids if e >= -1]
+            for wire_id in uncommitted:
+                fetched[wire_id] = await self._fetch_uncommitted(wire_id)
         i = 0
         while i < len(entry_ids):
             # One read per run of nearby ids.
@@ -641,6 +858,17 @@ class PartitionSubscription:
             i = j + 1
         return fetched
 
+    async def _fetch_uncommitted(self, wire_id: int) -> Entry | None:
+        """A sidecar TXN_DATA record to redeliver, by its wire entry id (None if gone)."""
+        if self._buffer is None:
+            return None
+        sidecar_id = from_wire((wire_id, 0))[0]
+        found = await self._buffer.sidecar.read(sidecar_id, sidecar_id)
+        batch = self._buffer.uncommitted_batch(found[0]) if found else None
+        if batch is None:
+            return None
+        return Entry(wire_id, found[0].meta, batch)
+
     def _still_to_redeliver(self, entry_id: int, indexes: list[int]) -> list[int]:
         """Those of ``indexes`` still to redeliver now: in the set and PENDING.
 
@@ -648,12 +876,11 @@ class PartitionSubscription:
         it; the state check keeps a DELETED or PENDING_ACK message from ever
         going out even if one got in.
         """
-        cursor = self.cursor
         still = []
         for i in indexes:
             pos = (entry_id, i)
             if pos in self.redeliver:
-                if cursor.state(pos) is PENDING:
+                if self.state(pos) is PENDING:
                     still.append(i)
                 else:
                     self.redeliver.discard(pos)
@@ -704,3 +931,26 @@ class _Out:
             consumer.push(consumer, batch)
         self._batches.clear()
         self._bytes.clear()
+
+
+def _count_without_markers(partition: Partition) -> Callable[[int], int]:
+    """Entry sizes as a read_uncommitted cursor sees them: commit markers hold
+    nothing (their messages were read from the transaction buffer)."""
+
+    def count(entry_id: int) -> int:
+        return 0 if partition.is_marker(entry_id) else partition.count(entry_id)
+
+    return count
+
+
+async def _load_uncommitted(ledger: Ledger) -> UncommittedCursor:
+    """Rebuild what a read_uncommitted subscription acked of the sidecar."""
+    cursor = UncommittedCursor()
+    for entry in await ledger.read(ledger.first_entry_id, ledger.last_entry_id):
+        if entry.meta == U_SNAPSHOT:
+            cursor = UncommittedCursor.from_snapshot(entry.data)
+        elif entry.meta == UNCOMMITTED_ACK:
+            cursor.ack(decode_record(entry.data))
+        else:
+            raise RuntimeError(f"{ledger.name}, entry {entry.entry_id}: unknown kind {entry.meta}")
+    return cursor

@@ -377,13 +377,16 @@ async def test_the_consume_transform_produce_example_runs(broker: BrokerProcess)
         await nothing_more(out)
 
 
-async def test_read_uncommitted_is_refused_clearly(broker: BrokerProcess) -> None:
+async def test_isolation_level_mismatch_is_refused_clearly(broker: BrokerProcess) -> None:
     async with Client(broker.url) as client:
-        with pytest.raises(errors.NotAllowedError, match="read_uncommitted"):
-            await client.subscribe("t", "dirty", read_uncommitted=True)
+        await client.subscribe("t", "dirty", read_uncommitted=True)
+        with pytest.raises(errors.NotAllowedError, match="read_uncommitted; its isolation"):
+            await client.subscribe("t", "dirty", "shared")
         clean = await client.subscribe("t", "clean")  # the connection is fine
         producer = await client.create_producer("t")
         await producer.send(b"x")
         assert (await clean.receive(timeout=5)).value == b"x"
     _, stats = admin_json(broker, "GET", "/admin/v1/topics/t/stats")
-    assert list(stats["partitions"][0]["subscriptions"]) == ["clean"]
+    subs = stats["partitions"][0]["subscriptions"]
+    assert sorted(subs) == ["clean", "dirty"]
+    assert subs["dirty"]["read_uncommitted"] and not subs["clean"]["read_uncommitted"]
