@@ -265,8 +265,21 @@ class Cursor:
         mine = sorted(self.txn_acks.get(txn, ()))
         return self._plan(self._states(mine), _EVENTS[kind], txn)
 
-    def _states(self, positions: Iterable[Position]) -> Iterator[Change]:
-        return ((pos, self.state(pos)) for pos in positions)
+    def _states(self, positions: Iterable[Position]) -> list[Change]:
+        """Each position with its state (`state`, inlined: this is the hot path)."""
+        md, acked, locked = self.mark_delete, self.acked, self.pending_ack
+        deleted, pending_ack, pending = (
+            MsgState.DELETED,
+            MsgState.PENDING_ACK,
+            MsgState.PENDING,
+        )
+        return [
+            (
+                pos,
+                deleted if pos <= md or pos in acked else pending_ack if pos in locked else pending,
+            )
+            for pos in positions
+        ]
 
     def _plan_cumulative(self, bound: Position, count: Callable[[int], int]) -> list[Change]:
         """`plan` of a cumulative ack past mark-delete: the hot path.
@@ -330,13 +343,22 @@ class Cursor:
         """
         positions = list(positions)
         changes = self.plan(kind, positions, count, txn)
+        changed = [pos for pos, _ in changes]
         if kind == CUMULATIVE and changes:
             self._delete_through(max(positions), changes)
+        elif kind == TXN_ACK and changes:
+            assert txn is not None  # plan() refuses a TXN_ACK without one
+            for pos in changed:  # every one was PENDING (the table allows nothing else)
+                self._lock(pos, txn)
+        elif kind == TXN_COMMIT and changes:
+            # Every one was PENDING_ACK, held by txn: unlock them all, delete them all.
+            self._unlock_all(changed)
+            self.acked.update(changed)
         else:
             for pos, after in changes:
                 self._set(pos, after, txn)
         self._advance(count, last)
-        return [pos for pos, _ in changes]
+        return changed
 
     def _set(self, pos: Position, after: MsgState, txn: TxnKey | None) -> None:
         if pos in self.pending_ack:
@@ -364,6 +386,24 @@ class Cursor:
             self._locked_entries[pos[0]] = left
         else:
             del self._locked_entries[pos[0]]
+
+    def _unlock_all(self, positions: list[Position]) -> None:
+        """`_unlock` of many positions at once."""
+        pending_ack, txn_acks, locked = self.pending_ack, self.txn_acks, self._locked_entries
+        per_entry: dict[int, int] = {}
+        for pos in positions:
+            txn = pending_ack.pop(pos)
+            mine = txn_acks[txn]
+            mine.discard(pos)
+            if not mine:
+                del txn_acks[txn]
+            per_entry[pos[0]] = per_entry.get(pos[0], 0) + 1
+        for entry_id, n in per_entry.items():
+            left = locked[entry_id] - n
+            if left:
+                locked[entry_id] = left
+            else:
+                del locked[entry_id]
 
     def _delete_through(self, bound: Position, changes: list[Change]) -> None:
         """A cumulative ack up to ``bound`` whose PENDING messages are ``changes``.
@@ -413,8 +453,14 @@ class Cursor:
                 nxt = (entry_id, index + 1)
             if not acked or acked[0] != nxt:
                 break
-            acked.pop(0)
-            entry_id, index = nxt
+            # Consume the run of consecutive acked messages of this entry at once.
+            n = count(entry_id) if index != WHOLE_ENTRY else count(nxt[0])
+            end = acked.bisect_left((nxt[0], n))
+            run = 1
+            while run < end and acked[run] == (nxt[0], nxt[1] + run):
+                run += 1
+            del acked[:run]
+            entry_id, index = nxt[0], nxt[1] + run - 1
         self.mark_delete = (entry_id, index)
 
     # -- records ----------------------------------------------------------------
