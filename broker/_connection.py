@@ -459,7 +459,9 @@ class Connection:
             try:
                 if consumer is None:
                     raise LookupError(f"no consumer {req.consumer_id} on this connection")
-                ids = [MessageId(m.partition, m.entry_id, m.batch_index) for m in req.message_ids]
+                by_part: dict[int, list[tuple[int, int]]] = {}
+                for m in req.message_ids:
+                    by_part.setdefault(m.partition, []).append((m.entry_id, m.batch_index))
                 cumulative = req.ack_type == pb.CommandAck.CUMULATIVE
                 key = None
                 if req.transactional:
@@ -473,7 +475,7 @@ class Connection:
                         await asyncio.wait([waiting])
                         tc.verify_subscription(txnid, consumer.topic, consumer.subscription)
                     key = txn_key(txnid)
-                await self.broker.subscriptions.ack(consumer, ids, cumulative, key)
+                await self.broker.subscriptions.ack_positions(consumer, by_part, cumulative, key)
             except Exception as exc:
                 resp.error = error_code(exc)
                 resp.message = error_text(exc)

@@ -145,19 +145,32 @@ class Subscriptions:
         concurrently: on TRANSACTION_CONFLICT another partition may hold
         locks of ``txn`` already, which the client's abort releases.
         """
-        if not ids:
-            raise SubscriptionError("INVALID_ARGUMENT", "an acknowledgement needs message ids")
         by_part: dict[int, list[Position]] = {}
-        subs = {s.partition.index: s for s in consumer.subscriptions}
         for mid in ids:
-            sub = subs.get(mid.partition)
-            if sub is None or not sub.knows(mid.position):
-                raise SubscriptionError(
-                    "UNKNOWN_MESSAGE_ID",
-                    f"no message {mid} on topic {consumer.topic!r} (subscription "
-                    f"{consumer.subscription!r})",
-                )
-            by_part.setdefault(mid.partition, []).append(mid.position)
+            by_part.setdefault(mid.partition, []).append((mid.entry_id, mid.batch_index))
+        await self.ack_positions(consumer, by_part, cumulative, txn)
+
+    async def ack_positions(
+        self,
+        consumer: Consumer,
+        by_part: dict[int, list[Position]],
+        cumulative: bool,
+        txn: TxnKey | None = None,
+    ) -> None:
+        """`ack` of positions grouped by partition (what the wire gives)."""
+        if not by_part or not any(by_part.values()):
+            raise SubscriptionError("INVALID_ARGUMENT", "an acknowledgement needs message ids")
+        subs = {s.partition.index: s for s in consumer.subscriptions}
+        for partition, positions in by_part.items():
+            sub = subs.get(partition)
+            knows = sub.knows if sub is not None else None
+            for pos in positions:
+                if knows is None or not knows(pos):
+                    raise SubscriptionError(
+                        "UNKNOWN_MESSAGE_ID",
+                        f"no message {partition}:{pos[0]}:{pos[1]} on topic {consumer.topic!r} "
+                        f"(subscription {consumer.subscription!r})",
+                    )
         if cumulative and len(by_part) > 1:
             raise SubscriptionError(
                 "INVALID_ARGUMENT", "a cumulative acknowledgement names one partition"
