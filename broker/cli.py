@@ -3,12 +3,20 @@
 ``txnbuf serve`` with no arguments runs one broker on 127.0.0.1:6650 with its
 data in ./txnbuf-data. SIGTERM and SIGINT stop it cleanly: connections are
 closed, queued writes finish, the database is closed.
+
+Garbage collection: once recovered, the broker freezes what it loaded (never
+scanned again) and runs the young generation every `GC_GEN0_THRESHOLD`
+allocations instead of Python's 700: the broker allocates many short-lived
+objects per message, and the default made collection about a tenth of its
+main thread's time under transactional load (py-spy). Reference counting
+still frees almost everything at once; only cycles wait a little longer.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -22,10 +30,15 @@ __all__ = ["main", "serve"]
 
 log = logging.getLogger("txnbuf")
 
+GC_GEN0_THRESHOLD = 20_000
+
 
 async def serve(data_dir: str, host: str, port: int, tc_ids: tuple[int, ...] = (0,)) -> None:
     """Run a broker until SIGTERM or SIGINT."""
     broker = await Broker.open(data_dir, url=f"http://{host}:{port}", tc_ids=tc_ids)
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
     runner = web.AppRunner(make_app(broker), access_log=None, handle_signals=False)
     await runner.setup()
     try:

@@ -433,10 +433,14 @@ class TransactionCoordinator:
             )
             faults.hit("tc.after_subscription_end")
 
-        await asyncio.gather(
+        ends = [
             *(partition(t, i) for t, i in meta.partitions),
             *(subscription(t, s) for t, s in meta.subscriptions),
-        )
+        ]
+        if len(ends) == 1:
+            await ends[0]  # (no task for a lone participant)
+        else:
+            await asyncio.gather(*ends)
         applied = self._applied.get(meta.txnid)
         if applied is not None and not applied.done():
             applied.set_result(None)
