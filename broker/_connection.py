@@ -379,11 +379,18 @@ class Connection:
                 partition=req.partition,
                 entry_id=result.entry_id,
             )
-            if result.ids is not None:
-                for entry_id, index in result.ids:
-                    ack.message_ids.add(
-                        partition=req.partition, entry_id=entry_id, batch_index=index
-                    )
+            ids = result.ids
+            if ids is not None:
+                first = ids[0][1] if ids else 0
+                if req.transactional and all(
+                    e == -1 and i == first + k for k, (e, i) in enumerate(ids)
+                ):
+                    ack.first_batch_index = first  # the usual case, in one field
+                else:
+                    for entry_id, index in ids:
+                        ack.message_ids.add(
+                            partition=req.partition, entry_id=entry_id, batch_index=index
+                        )
             self.send(command(T.SEND_RECEIPT, "send_receipt", ack))
 
         self._spawn(receipt())

@@ -77,6 +77,18 @@ PROTOCOL_VERSION = 1
 DEFAULT_MAX_MESSAGE_SIZE = 5 * 1024 * 1024
 BACKOFF_MIN = 0.05
 BACKOFF_MAX = 2.0
+# The types of the answers to control requests (``Connection.request``).
+ANSWERS = frozenset(
+    {
+        Type.SUCCESS,
+        Type.ERROR,
+        Type.PRODUCER_SUCCESS,
+        Type.PARTITIONED_METADATA_RESPONSE,
+        Type.LOOKUP_RESPONSE,
+        Type.NEW_TXN_RESPONSE,
+        Type.TXN_RESPONSE,
+    }
+)
 # Answers that report a refusal in an ``error`` field of their own (the
 # others are refused with an ERROR frame), by type: the oneof field.
 ANSWERS_WITH_ERROR = {
@@ -386,7 +398,7 @@ class Connection:
             reply = await wait_until(future, deadline, what)
         finally:
             self._requests.pop(request_id, None)
-        if reply.type == Type.ERROR:
+        if reply.type == Command.ERROR:  # (see _dispatch: not Type.ERROR)
             raise from_wire(reply.error.error, reply.error.message)
         if reply.type != expect:
             raise ProtocolError(
@@ -520,10 +532,11 @@ class Connection:
 
     async def _read(self, link: Link) -> None:
         ws = link.ws
+        binary = aiohttp.WSMsgType.BINARY
         try:
             while True:
                 msg = await ws.receive()
-                if msg.type == aiohttp.WSMsgType.BINARY:
+                if msg.type == binary:
                     try:
                         with decoding("frame"):
                             cmd = Command.FromString(msg.data)
@@ -543,42 +556,38 @@ class Connection:
             self._lost(link)
 
     def _dispatch(self, cmd: Command) -> None:
+        # Command.X, not Type.X: the enum wrapper's attributes cost a Python
+        # call each (a microsecond), the message class's are plain ints.
         kind = cmd.type
-        if kind == Type.SEND_RECEIPT:
+        if kind == Command.SEND_RECEIPT:
             receipt = cmd.send_receipt
             producer = self.producers.get(receipt.producer_id)
             if producer is not None:
                 producer.on_receipt(receipt)
-        elif kind == Type.MESSAGE:
-            consumer = self.consumers.get(cmd.message.consumer_id)
+        elif kind == Command.MESSAGE:
+            message = cmd.message
+            consumer = self.consumers.get(message.consumer_id)
             if consumer is not None:
-                consumer.on_message(cmd.message)
-        elif kind == Type.ACK_RESPONSE:
-            consumer = self.consumers.get(cmd.ack_response.consumer_id)
+                consumer.on_message(message)
+        elif kind == Command.ACK_RESPONSE:
+            response = cmd.ack_response
+            consumer = self.consumers.get(response.consumer_id)
             if consumer is not None:
-                consumer.on_ack_response(cmd.ack_response)
-        elif kind == Type.SEND_ERROR:
+                consumer.on_ack_response(response)
+        elif kind == Command.SEND_ERROR:
             producer = self.producers.get(cmd.send_error.producer_id)
             if producer is not None:
                 producer.on_send_error(cmd.send_error)
-        elif kind in (
-            Type.SUCCESS,
-            Type.ERROR,
-            Type.PRODUCER_SUCCESS,
-            Type.PARTITIONED_METADATA_RESPONSE,
-            Type.LOOKUP_RESPONSE,
-            Type.NEW_TXN_RESPONSE,
-            Type.TXN_RESPONSE,
-        ):
+        elif kind in ANSWERS:
             self._on_answer(cmd)
-        elif kind == Type.ACTIVE_CONSUMER_CHANGE:
+        elif kind == Command.ACTIVE_CONSUMER_CHANGE:
             change = cmd.active_consumer_change
             consumer = self.consumers.get(change.consumer_id)
             if consumer is not None:
                 consumer.on_active_change(change.is_active)
-        elif kind == Type.PING:
+        elif kind == Command.PING:
             self.write(command(Type.PONG, "pong").SerializeToString())
-        elif kind != Type.PONG:
+        elif kind != Command.PONG:
             log.warning("ignoring an unexpected %s frame", Type.Name(kind))
 
     def _on_answer(self, cmd: Command) -> None:

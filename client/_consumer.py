@@ -8,9 +8,11 @@ Decisions written down here:
   again in one FLOW.
 * Acks: concurrent ``acknowledge`` calls share one ACK frame, framed at the
   next event-loop turn (at most 10,000 ids a frame); each call returns when
-  the broker has answered (the ack is durable). If the broker refuses a
-  frame of several ids with a non-retriable error, each id is re-sent alone
-  so only the guilty call fails. ``acknowledge_cumulative`` sends its own
+  the broker has answered (the ack is durable). A call has one future,
+  shared by its ids (one per id would cost a callback per id). If the broker
+  refuses a frame of several ids with a non-retriable error, each id is
+  re-sent alone so only the guilty call fails (a call of several ids fails
+  if one of them does). ``acknowledge_cumulative`` sends its own
   frame. Acks unanswered after ``operation_timeout`` fail with
   ``OperationTimeoutError``.
 * ``negative_acknowledge`` sends REDELIVER_UNACKNOWLEDGED at once and does
@@ -42,7 +44,7 @@ Decisions written down here:
 from __future__ import annotations
 
 import asyncio
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -67,6 +69,7 @@ from .errors import (
 SubType = pb.CommandSubscribe.SubType
 InitialPosition = pb.CommandSubscribe.InitialPosition
 AckType = pb.CommandAck.AckType
+INDIVIDUAL = AckType.INDIVIDUAL  # (a protobuf enum's attributes are slow to look up)
 
 SUBSCRIPTION_TYPES = {
     "exclusive": SubType.EXCLUSIVE,
@@ -86,7 +89,7 @@ class _AckFrame:
 
     ack_type: AckType
     ids: list[MessageId]
-    futures: list[asyncio.Future[None]]
+    futures: list[asyncio.Future[None]]  # one per id: its call's (the ids of a call share it)
     data: bytes
     deadline: float
     txn: Transaction | None = None
@@ -111,7 +114,7 @@ def build_ack(
     txn_id: TxnID | None = None,
 ) -> Command:
     cmd = command(
-        Type.ACK, "ack", consumer_id=consumer_id, request_id=request_id, ack_type=ack_type
+        Command.ACK, "ack", consumer_id=consumer_id, request_id=request_id, ack_type=ack_type
     )
     if txn_id is not None:
         cmd.ack.txnid_most_bits, cmd.ack.txnid_least_bits = txn_id
@@ -212,7 +215,7 @@ class Consumer:
 
     def _flow_command(self, permits: int) -> bytes:
         return command(
-            Type.FLOW, "flow", consumer_id=self.consumer_id, permits=permits
+            Command.FLOW, "flow", consumer_id=self.consumer_id, permits=permits
         ).SerializeToString()
 
     async def _subscribe(self) -> None:
@@ -373,24 +376,22 @@ class Consumer:
             if not mids:
                 return
         self._check_ack(txn)
-        create = self._loop.create_future
-        new: list[asyncio.Future[None]] = [create() for _ in mids]
+        future: asyncio.Future[None] = self._loop.create_future()
         pending = self._acks.get(txn)
         if pending is None:
             pending = self._acks[txn] = ([], [])
         ids, futures = pending
         ids.extend(mids)
-        futures.extend(new)
+        futures.extend([future] * len(mids))
         if len(ids) >= MAX_ACKS_PER_FRAME:
             del self._acks[txn]
-            self._send_ack(AckType.INDIVIDUAL, ids, futures, txn)
+            self._send_ack(INDIVIDUAL, ids, futures, txn)
         elif not self._ack_flush_scheduled:
             self._ack_flush_scheduled = True
             self._loop.call_soon(self._flush_acks)
-        done: asyncio.Future[Any] = new[0] if len(new) == 1 else asyncio.gather(*new)
         if txn is not None:
-            txn._track(done)
-        await _answer(done, txn)
+            txn._track(future)
+        await _answer(future, txn)
 
     async def acknowledge_cumulative(
         self, message: Message | MessageId, *, txn: Transaction | None = None
@@ -454,7 +455,7 @@ class Consumer:
             return
         acks, self._acks = self._acks, {}
         for txn, (ids, futures) in acks.items():
-            self._send_ack(AckType.INDIVIDUAL, ids, futures, txn)
+            self._send_ack(INDIVIDUAL, ids, futures, txn)
 
     def _send_ack(
         self,
@@ -524,11 +525,26 @@ class Consumer:
                 return
         if len(frame.ids) > 1 and not exc.retriable:
             # Find the guilty ids: acks are idempotent, so ask again one by one.
-            for mid, future in zip(frame.ids, frame.futures, strict=True):
-                if not future.done():
-                    self._send_ack(frame.ack_type, [mid], [future], frame.txn)
+            self._resend_alone(frame)
             return
         fail_all(frame.futures, exc)
+
+    def _resend_alone(self, frame: _AckFrame) -> None:
+        """Re-send each id of a refused frame in a frame of its own. A call
+        of several ids gets one future per id, and fails if one of them does."""
+        ids_per_call = Counter(frame.futures)
+        parts: dict[asyncio.Future[None], list[asyncio.Future[None]]] = {}
+        for mid, call in zip(frame.ids, frame.futures, strict=True):
+            if call.done():
+                continue
+            if ids_per_call[call] == 1:
+                self._send_ack(frame.ack_type, [mid], [call], frame.txn)
+                continue
+            part: asyncio.Future[None] = self._loop.create_future()
+            parts.setdefault(call, []).append(part)
+            self._send_ack(frame.ack_type, [mid], [part], frame.txn)
+        for call, its_parts in parts.items():
+            asyncio.gather(*its_parts).add_done_callback(partial(_settle_call, call))
 
     def fail_request(self, request_id: int, exc: TxnbufError) -> bool:
         frame = self._inflight.pop(request_id, None)
@@ -614,6 +630,20 @@ async def _answer(future: asyncio.Future[Any], txn: Transaction | None) -> None:
     """Wait for an ack's answer. A transactional one is shielded: cancelling
     the caller leaves the ack to the transaction, which waits for it."""
     await (future if txn is None else asyncio.shield(future))
+
+
+def _settle_call(call: asyncio.Future[None], parts: asyncio.Future[list[None]]) -> None:
+    """Settle an ack call like the gathered acks of its ids (re-sent alone)."""
+    if call.done():
+        return
+    if parts.cancelled():
+        call.cancel()
+        return
+    exc = parts.exception()
+    if exc is None:
+        call.set_result(None)
+    else:
+        call.set_exception(exc)
 
 
 def _time_out(waiter: asyncio.Future[Message], timeout: float) -> None:

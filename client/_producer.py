@@ -42,7 +42,8 @@ Decisions written down here:
   it on the same link, once that is answered (see ``client._txn``), so it
   may reach the broker after later plain sends of this producer; within one
   transaction and partition the order is kept. Its receipt must list
-  ``message_ids``: a transactional message's id is
+  ``message_ids`` (or give ``first_batch_index`` when the places are
+  consecutive): a transactional message's id is
   ``MessageId(partition, -1, batch_index)``, where -1 stands for the
   commit marker's entry id, known only at commit, and
   ``batch_index`` is the message's place in the transaction on that
@@ -64,7 +65,7 @@ from functools import partial
 from proto import txnbuf_pb2 as pb
 
 from ._connection import BusyClock, Command, Connection, Link, Type, command, fail_all, wait_until
-from ._message import MessageId
+from ._message import MessageId, new_message_id
 from ._txn import Transaction, TxnID, check_txn, registration_error
 from .errors import (
     ConnectionLostError,
@@ -131,6 +132,15 @@ def _settle(tracker: asyncio.Future[None] | None, futures: list[asyncio.Future[M
     tracker.set_result(None)
 
 
+def _resolve(
+    futures: list[asyncio.Future[MessageId]], partition: int, entry_id: int, first_index: int
+) -> None:
+    """Answer message i of a frame with ``(partition, entry_id, first_index + i)``."""
+    for index, future in enumerate(futures, first_index):
+        if not future.done():
+            future.set_result(new_message_id((partition, entry_id, index)))
+
+
 def partition_for_key(key: str, partitions: int) -> int:
     """The partition of a keyed message: ``crc32(key) % partitions``."""
     return zlib.crc32(key.encode()) % partitions
@@ -146,7 +156,7 @@ def build_send(
 ) -> Command:
     """The SEND frame for one batch (every message stamped ``now_ms``), in
     transaction ``txn_id`` if given."""
-    cmd = Command(type=Type.SEND)
+    cmd = Command(type=Command.SEND)  # (Command.SEND: Type.SEND is a slow lookup)
     send = cmd.send
     send.producer_id = producer_id
     send.request_id = request_id
@@ -499,24 +509,25 @@ class Producer:
         if frame is None:
             return  # timed out already, or a late duplicate
         futures = frame.futures
-        ids = receipt.message_ids
-        if not ids and frame.transactional:
-            fail_all(futures, ProtocolError("the receipt of a transactional send has no ids"))
-        elif not ids:
-            partition = receipt.partition
-            entry_id = receipt.entry_id
-            for index, future in enumerate(futures):
-                if not future.done():
-                    future.set_result(MessageId(partition, entry_id, index))
-        else:
+        if receipt.HasField("first_batch_index"):
+            # A transaction's consecutive places: message i is (partition, -1, first + i).
+            _resolve(futures, receipt.partition, -1, receipt.first_batch_index)
+        elif receipt.message_ids:
+            ids = receipt.message_ids
             for future, data in zip(futures, ids, strict=False):
                 if not future.done():
-                    future.set_result(MessageId(data.partition, data.entry_id, data.batch_index))
+                    future.set_result(
+                        new_message_id((data.partition, data.entry_id, data.batch_index))
+                    )
             if len(ids) < len(futures):
                 fail_all(
                     futures[len(ids) :],
                     ProtocolError(f"receipt has {len(ids)} ids for {len(futures)} messages"),
                 )
+        elif frame.transactional:
+            fail_all(futures, ProtocolError("the receipt of a transactional send has no ids"))
+        else:
+            _resolve(futures, receipt.partition, receipt.entry_id, 0)
         _settle(frame.tracker, futures)
         self._released(len(futures))
 

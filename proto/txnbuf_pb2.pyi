@@ -228,18 +228,20 @@ class CommandSend(_message.Message):
     def __init__(self, producer_id: _Optional[int] = ..., request_id: _Optional[int] = ..., partition: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[SingleMessage, _Mapping]]] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., transactional: _Optional[bool] = ...) -> None: ...
 
 class CommandSendReceipt(_message.Message):
-    __slots__ = ("producer_id", "request_id", "partition", "entry_id", "message_ids")
+    __slots__ = ("producer_id", "request_id", "partition", "entry_id", "message_ids", "first_batch_index")
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_IDS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
     producer_id: int
     request_id: int
     partition: int
     entry_id: int
     message_ids: _containers.RepeatedCompositeFieldContainer[MessageIdData]
-    def __init__(self, producer_id: _Optional[int] = ..., request_id: _Optional[int] = ..., partition: _Optional[int] = ..., entry_id: _Optional[int] = ..., message_ids: _Optional[_Iterable[_Union[MessageIdData, _Mapping]]] = ...) -> None: ...
+    first_batch_index: int
+    def __init__(self, producer_id: _Optional[int] = ..., request_id: _Optional[int] = ..., partition: _Optional[int] = ..., entry_id: _Optional[int] = ..., message_ids: _Optional[_Iterable[_Union[MessageIdData, _Mapping]]] = ..., first_batch_index: _Optional[int] = ...) -> None: ...
 
 class CommandSendError(_message.Message):
     __slots__ = ("producer_id", "request_id", "error", "message")
