@@ -10,7 +10,9 @@ by side:
    client process, each a sequential loop) on a shared subscription of
    a seeded input topic; each transaction takes 100 inputs, sends 100
    outputs and acknowledges the 100 inputs in the transaction, then commits.
-   msgs/s (inputs copied per second) and p50/p99 commit latency.
+   msgs/s (inputs copied per second), p50/p99 commit latency, and the CPU
+   the client and the broker process spent per message copied (seeding the
+   input topic not counted; the broker's only when this run started it).
 2. produce: the same number of messages sent plainly (pipelined) and in
    transactions of 100 (``--inflight`` transactions open at once, each
    committed when its sends are queued), msgs/s of each and the ratio.
@@ -33,6 +35,15 @@ import time
 from bench.throughput import BrokerProcess
 from client import Client, Consumer, Message, Producer, errors
 
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu(pid: int) -> float:
+    """Seconds of CPU (user + system) process ``pid`` has used so far."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
 
 async def take(consumer: Consumer, n: int) -> list[Message]:
     batch = [await consumer.receive(timeout=10)]
@@ -45,16 +56,17 @@ async def take(consumer: Consumer, n: int) -> list[Message]:
 
 
 async def ctp(
-    url: str, workers: int, total: int, per_txn: int, size: int
-) -> tuple[float, list[float]]:
+    url: str, workers: int, total: int, per_txn: int, size: int, broker_pid: int | None = None
+) -> tuple[float, list[float], float, float | None]:
+    """msgs/s, commit latencies, and client and broker CPU microseconds per message."""
     tag = f"{os.getpid()}-{workers}"
     src, dst = f"ctp-in-{tag}", f"ctp-out-{tag}"
     payload = os.urandom(size)
     async with Client(url) as client:
         # Entries of per_txn messages, so a shared subscription spreads them.
         seeder = await client.create_producer(src, batching_max_messages=per_txn)
-        for start in range(0, total, 5000):
-            futs = [seeder.send_nowait(payload) for _ in range(min(5000, total - start))]
+        for first in range(0, total, 5000):
+            futs = [seeder.send_nowait(payload) for _ in range(min(5000, total - first))]
             await asyncio.gather(*futs)
         latencies: list[float] = []
         done = 0
@@ -79,15 +91,19 @@ async def ctp(
                 latencies.append(time.perf_counter() - t0)
                 done += len(batch)
 
+        cpu0 = time.process_time()
+        broker0 = process_cpu(broker_pid) if broker_pid else 0.0
         start = time.perf_counter()
         tasks = [asyncio.create_task(worker()) for _ in range(workers)]
         while done < total:  # noqa: ASYNC110 - workers share a counter; polling is simplest
             await asyncio.sleep(0.01)
         elapsed = time.perf_counter() - start
+        client_us = (time.process_time() - cpu0) * 1e6 / done
+        broker_us = (process_cpu(broker_pid) - broker0) * 1e6 / done if broker_pid else None
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    return done / elapsed, latencies
+    return done / elapsed, latencies, client_us, broker_us
 
 
 async def produce(
@@ -149,10 +165,12 @@ def main() -> None:
             with asyncio.Runner(loop_factory=loop_factory) as runner:
                 for workers in args.workers:
                     print(f"consume-transform-produce, {workers} worker(s) ...", file=sys.stderr)
-                    rate, lat = runner.run(
-                        ctp(url, workers, args.messages, args.per_txn, args.size)
+                    pid = broker.proc.pid if broker is not None else None
+                    rate, lat, client_us, broker_us = runner.run(
+                        ctp(url, workers, args.messages, args.per_txn, args.size, pid)
                     )
-                    rows.append((workers, rate, statistics.median(lat) * 1000, pct(lat, 0.99)))
+                    p50, p99 = statistics.median(lat) * 1000, pct(lat, 0.99)
+                    rows.append((workers, rate, p50, p99, client_us, broker_us))
                 plain = txn = 0.0
                 if not args.no_produce:
                     print("produce, plain vs transactional ...", file=sys.stderr)
@@ -165,9 +183,15 @@ def main() -> None:
 
     print()
     print(f"consume-transform-produce, {args.per_txn} msgs/txn, {args.size} B messages")
-    print(f"{'workers':>7} {'msgs/s':>9} {'commit p50 ms':>14} {'commit p99 ms':>14}")
-    for workers, rate, p50, p99 in rows:
-        print(f"{workers:>7} {rate:>9,.0f} {p50:>14.1f} {p99:>14.1f}")
+    print(
+        f"{'workers':>7} {'msgs/s':>9} {'commit p50 ms':>14} {'commit p99 ms':>14}"
+        f" {'client us/msg':>14} {'broker us/msg':>14}"
+    )
+    for workers, rate, p50, p99, client_us, broker_us in rows:
+        broker_cpu = f"{broker_us:>14.1f}" if broker_us is not None else f"{'-':>14}"
+        print(
+            f"{workers:>7} {rate:>9,.0f} {p50:>14.1f} {p99:>14.1f} {client_us:>14.1f} {broker_cpu}"
+        )
     print("peers here: PostgreSQL SKIP LOCKED 27k / 44k, Redis Streams MULTI/EXEC 23k / 42k")
     if args.no_produce:
         return

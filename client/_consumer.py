@@ -54,7 +54,13 @@ from proto import txnbuf_pb2 as pb
 
 from ._connection import BusyClock, Command, Connection, Link, Type, command, fail_all
 from ._message import Message, MessageId, decode_entry
-from ._txn import Transaction, TxnID, check_txn, registration_error
+from ._txn import (
+    Transaction,
+    TxnID,
+    check_txn,
+    registration_error,
+    resend_after_reconnect,
+)
 from .errors import (
     ConnectionLostError,
     ConsumerBusyError,
@@ -279,16 +285,7 @@ class Consumer:
         self._gen = link.gen
         self._queue.clear()
         self._taken = 0
-        for request_id, frame in self._inflight.items():
-            if frame.held:
-                continue  # it goes out once registered
-            registration = frame.registration
-            if registration is not None and not registration.done():
-                # Its registration is retried on this link after this: hold it.
-                frame.held = True
-                registration.add_done_callback(partial(self._registered, request_id))
-                continue
-            link.write(frame.data)
+        resend_after_reconnect(link, self._inflight, self._registered)
         link.write(self._flow_command(self.receiver_queue_size))
 
     # --- receiving -------------------------------------------------------------

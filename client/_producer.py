@@ -66,7 +66,13 @@ from proto import txnbuf_pb2 as pb
 
 from ._connection import BusyClock, Command, Connection, Link, Type, command, fail_all, wait_until
 from ._message import MessageId, new_message_id
-from ._txn import Transaction, TxnID, check_txn, registration_error
+from ._txn import (
+    Transaction,
+    TxnID,
+    check_txn,
+    registration_error,
+    resend_after_reconnect,
+)
 from .errors import (
     ConnectionLostError,
     InvalidInputError,
@@ -310,16 +316,7 @@ class Producer:
             link.write(self._close_command(self._conn.next_request_id()).SerializeToString())
             return
         self._created(reply.producer_success, self.partitions, link.gen)
-        for request_id, frame in self._inflight.items():
-            if frame.held:
-                continue  # it goes out once registered
-            registration = frame.registration
-            if registration is not None and not registration.done():
-                # Its registration is retried on this link after this: hold it.
-                frame.held = True
-                registration.add_done_callback(partial(self._registered, request_id))
-                continue
-            link.write(frame.data)
+        resend_after_reconnect(link, self._inflight, self._registered)
 
     # --- sending -------------------------------------------------------------
 

@@ -61,8 +61,9 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from proto import txnbuf_pb2 as pb
 
@@ -193,6 +194,35 @@ def check_txn(txn: Transaction, conn: Connection) -> None:
         raise InvalidTxnStatusError(
             f"transaction {txn.id} is {txn._state.value}: no more sends or acks"
         )
+
+
+class _TxnFrame(Protocol):
+    """What `resend_after_reconnect` needs of a producer's or consumer's frame."""
+
+    data: bytes
+    held: bool
+    registration: asyncio.Future[None] | None
+
+
+def resend_after_reconnect(
+    link: Link,
+    frames: Mapping[int, _TxnFrame],
+    registered: Callable[[int, asyncio.Future[None]], None],
+) -> None:
+    """Re-send the frames still awaiting an answer on a new ``link``, in
+    order. A frame held for its registration stays held; one that was written
+    right behind a registration not answered yet is held now (the
+    registration is retried on this link after this), and ``registered(request
+    id, registration)`` writes it once it is answered."""
+    for request_id, frame in frames.items():
+        if frame.held:
+            continue  # it goes out once registered
+        registration = frame.registration
+        if registration is not None and not registration.done():
+            frame.held = True
+            registration.add_done_callback(partial(registered, request_id))
+            continue
+        link.write(frame.data)
 
 
 class Transaction:
