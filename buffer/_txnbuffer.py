@@ -49,8 +49,9 @@ TXN_COMMIT record not yet written).
 Late writes: a send for a transaction that has ended here (or whose end has
 begun) is refused with `TxnEndedError`. The index keeps every transaction
 until `sweep` finds it ended and no longer needed; after that it is
-remembered in a bounded set (the last `ENDED_TXNS_KEPT`, kept in snapshots
-too), so late writes and retried ENDs stay answered correctly. Older ones
+remembered in a bounded set (the last `ENDED_TXNS_KEPT`, the newest
+`ENDED_IN_SNAPSHOT` of them kept in snapshots too), so late writes and
+retried ENDs stay answered correctly. Older ones
 are forgotten: the broker's check that the coordinator knows the transaction
 as OPEN (KIP-890 §Ensure Ongoing Transaction) covers them.
 """
@@ -85,6 +86,7 @@ from ledger import Entry, Ledger, faults
 from proto import txnbuf_pb2 as pb
 
 __all__ = [
+    "ENDED_IN_SNAPSHOT",
     "ENDED_TXNS_KEPT",
     "SNAPSHOT_EVERY",
     "TXN_ABORT",
@@ -113,8 +115,12 @@ TXN_DATA, TXN_COMMIT, TXN_ABORT, TXN_SNAPSHOT = 1, 2, 3, 4
 
 # Write an index snapshot after this many sidecar records.
 SNAPSHOT_EVERY = 1000
-# How many swept (forgotten) ended transactions are still remembered.
+# How many swept (forgotten) ended transactions are still remembered, and
+# how many of the newest of them a snapshot keeps (it is JSON written every
+# SNAPSHOT_EVERY records: all 10,000 made it a tenth of the broker's main
+# thread with small transactions).
 ENDED_TXNS_KEPT = 10_000
+ENDED_IN_SNAPSHOT = 1_000
 # Recently materialized commit markers kept in memory.
 MATERIALIZED_CACHE_ENTRIES = 64
 MATERIALIZED_CACHE_BYTES = 8 << 20
@@ -648,7 +654,8 @@ class TransactionBuffer:
             for k, t in self._txns.items()
             if t.entries or t.state is not TxnState.OPEN
         ]
-        ended = [[k[0], k[1], s.value, m, c] for k, (s, m, c) in self._ended.items()]
+        newest = itertools.islice(reversed(self._ended.items()), ENDED_IN_SNAPSHOT)
+        ended = [[k[0], k[1], s.value, m, c] for k, (s, m, c) in newest][::-1]
         record = {
             "v": _SNAPSHOT_VERSION,
             "covers": self.sidecar.last_entry_id,

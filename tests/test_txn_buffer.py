@@ -665,3 +665,25 @@ async def test_bounded_memory_of_swept_transactions(
     tb = loaded(part)
     assert [tb.status(t) is not None for t in txns] == [False, False, True, True, True]
     assert tb.stats()["ended_remembered"] == 3
+
+
+@pytest.mark.usefixtures("small_snapshots")
+async def test_a_snapshot_keeps_only_the_newest_swept_transactions(
+    stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(txnbuffer_module, "ENDED_IN_SNAPSHOT", 2)
+    _, part = await stores.open()
+    tb = await part.txn_buffer()
+    txns = [(9, i) for i in range(5)]
+    for txn in txns:
+        await tb.publish(txn, "p", msgs(0))
+        await tb.end(txn, commit=False)
+    await tb.sweep()
+    assert tb.stats()["ended_remembered"] == 5  # in memory: up to ENDED_TXNS_KEPT
+    _, part = await stores.reopen()
+    tb = loaded(part)
+    # After a restart the newest two are remembered (the coordinator's
+    # KIP-890 check refuses late writes of the others).
+    assert [tb.status(t) is not None for t in txns] == [False, False, False, True, True]
+    with pytest.raises(TxnEndedError):
+        tb.publish(txns[4], "p", msgs(1))
