@@ -60,7 +60,6 @@ import zlib
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import partial
 
 from proto import txnbuf_pb2 as pb
 
@@ -71,7 +70,9 @@ from ._txn import (
     TxnID,
     check_txn,
     registration_error,
+    release_held,
     resend_after_reconnect,
+    write_behind_registration,
 )
 from .errors import (
     ConnectionLostError,
@@ -479,25 +480,15 @@ class Producer:
                 self._conn.write(data)
             return
         frame.transactional = True
-        registration = frame.registration = txn._partition_registered(self.topic, partition)
-        if self._conn.is_current(self._gen) and txn._may_follow(registration, self._conn.link):
-            self._conn.write(data)  # right behind its registration (see client._txn)
-            return
-        frame.held = True
-        registration.add_done_callback(partial(self._registered, request_id))
+        registration = txn._partition_registered(self.topic, partition)
+        write_behind_registration(
+            self._conn, self._gen, txn, registration, request_id, frame, self._registered
+        )
 
     def _registered(self, request_id: int, registration: asyncio.Future[None]) -> None:
         """The partition of a held frame is registered (or refused)."""
         frame = self._inflight.get(request_id)
-        if frame is None:
-            return  # failed or timed out meanwhile
-        error = registration_error(registration)
-        if error is not None:
-            self.fail_request(request_id, error)
-            return
-        frame.held = False
-        if self._conn.is_current(self._gen):
-            self._conn.write(frame.data)
+        release_held(self._conn, self._gen, frame, request_id, registration, self.fail_request)
 
     # --- answers -------------------------------------------------------------
 

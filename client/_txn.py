@@ -204,6 +204,49 @@ class _TxnFrame(Protocol):
     registration: asyncio.Future[None] | None
 
 
+def write_behind_registration(
+    conn: Connection,
+    gen: int,
+    txn: Transaction,
+    registration: asyncio.Future[None],
+    request_id: int,
+    frame: _TxnFrame,
+    registered: Callable[[int, asyncio.Future[None]], None],
+) -> None:
+    """Write a new transactional frame of the link of generation ``gen``
+    right behind its ``registration`` if it may follow it there; else hold
+    it, and ``registered(request_id, registration)`` writes it once the
+    registration is answered (`release_held`)."""
+    frame.registration = registration
+    if conn.is_current(gen) and txn._may_follow(registration, conn.link):
+        conn.write(frame.data)
+        return
+    frame.held = True
+    registration.add_done_callback(partial(registered, request_id))
+
+
+def release_held(
+    conn: Connection,
+    gen: int,
+    frame: _TxnFrame | None,
+    request_id: int,
+    registration: asyncio.Future[None],
+    fail_request: Callable[[int, TxnbufError], bool],
+) -> None:
+    """A held frame's registration is answered: write the frame, or fail it
+    with the registration's error. ``frame`` None: it failed or timed out
+    meanwhile."""
+    if frame is None:
+        return
+    error = registration_error(registration)
+    if error is not None:
+        fail_request(request_id, error)
+        return
+    frame.held = False
+    if conn.is_current(gen):
+        conn.write(frame.data)
+
+
 def resend_after_reconnect(
     link: Link,
     frames: Mapping[int, _TxnFrame],
