@@ -289,40 +289,35 @@ class TransactionCoordinator:
         waits for it (`partition_registration`) instead of being refused;
         await the result for durability. Refusals raise at once.
         """
-        meta = self._live(txnid)
-        if meta.status is not TxnStatus.OPEN:
-            raise self._status_error(meta, "add partitions to")
-        rec = self._record(Op.ADD_PARTITION, txnid)
-        keys = list(dict.fromkeys(partitions))
-        new = [p for p in keys if p not in meta.partitions and p not in meta.adding]
-        for topic, index in new:
-            rec.partitions.add(topic=topic, partition=index)
-        return self._register(meta, rec, keys, new, "add partitions to")
+        return self._register(txnid, Op.ADD_PARTITION, partitions, "add partitions to")
 
     def add_subscriptions(
         self, txnid: TxnID, subscriptions: list[tuple[str, str]]
     ) -> asyncio.Future[None]:
         """§CommandAddSubscriptionToTxn: as `add_partitions`."""
-        meta = self._live(txnid)
-        if meta.status is not TxnStatus.OPEN:
-            raise self._status_error(meta, "add subscriptions to")
-        rec = self._record(Op.ADD_SUBSCRIPTION, txnid)
-        keys = list(dict.fromkeys(subscriptions))
-        new = [s for s in keys if s not in meta.subscriptions and s not in meta.adding]
-        for topic, sub in new:
-            rec.subscriptions.add(topic=topic, subscription=sub)
-        return self._register(meta, rec, keys, new, "add subscriptions to")
+        return self._register(txnid, Op.ADD_SUBSCRIPTION, subscriptions, "add subscriptions to")
 
     def _register(
-        self,
-        meta: TxnMeta,
-        rec: pb.TransactionMetadataEntry,
-        keys: list[Any],
-        new: list[Any],
-        what: str,
+        self, txnid: TxnID, op: Any, wanted: list[Any], what: str
     ) -> asyncio.Future[None]:
-        """Log ``rec`` (registering ``new``) unless empty; the result is done
-        when every one of ``keys`` is durably registered."""
+        """Log an ADD_PARTITION / ADD_SUBSCRIPTION record of the participants
+        of ``wanted`` neither registered nor being registered (none: no
+        record); the result is done when every one of ``wanted`` is durably
+        registered."""
+        meta = self._live(txnid)
+        if meta.status is not TxnStatus.OPEN:
+            raise self._status_error(meta, what)
+        rec = self._record(op, txnid)
+        registered: list[Any]
+        refs: Any
+        if op == Op.ADD_PARTITION:
+            registered, refs, field = meta.partitions, rec.partitions, "partition"
+        else:
+            registered, refs, field = meta.subscriptions, rec.subscriptions, "subscription"
+        keys = list(dict.fromkeys(wanted))
+        new = [k for k in keys if k not in registered and k not in meta.adding]
+        for topic, name in new:
+            refs.add(topic=topic, **{field: name})
         waits = {meta.adding[k] for k in keys if k in meta.adding}
         if new:
             written = self._persist_now(rec)
