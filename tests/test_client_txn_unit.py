@@ -695,12 +695,8 @@ async def test_read_uncommitted_is_passed_to_subscribe(fake: FakeBroker, cli: Cl
 # --- receipts with first_batch_index -----------------------------------------------
 
 
-async def test_first_batch_index_answers_every_message(fake: FakeBroker, cli: Client) -> None:
-    producer = await cli.create_producer("t")
-    txn = await cli.new_transaction()
-    fake.ignore_sends = True
-    futures = [producer.send_nowait(b"%d" % i, txn=txn) for i in range(3)]
-    await until(lambda: len(fake.sends()) == 1)
+async def answer_with_first_batch_index(fake: FakeBroker, producer: Any, first: int) -> None:
+    """Answer the (only) SEND with a receipt that gives ``first_batch_index``."""
     await fake.push(
         frame(
             T.SEND_RECEIPT,
@@ -709,9 +705,18 @@ async def test_first_batch_index_answers_every_message(fake: FakeBroker, cli: Cl
             request_id=fake.sends()[0].request_id,
             partition=0,
             entry_id=-1,
-            first_batch_index=5,
+            first_batch_index=first,
         )
     )
+
+
+async def test_first_batch_index_answers_every_message(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t")
+    txn = await cli.new_transaction()
+    fake.ignore_sends = True
+    futures = [producer.send_nowait(b"%d" % i, txn=txn) for i in range(3)]
+    await until(lambda: len(fake.sends()) == 1)
+    await answer_with_first_batch_index(fake, producer, 5)
     assert [await f for f in futures] == [MessageId(0, -1, 5 + i) for i in range(3)]
     assert producer.pending == 0
 
@@ -722,16 +727,6 @@ async def test_first_batch_index_zero_is_not_a_missing_id(fake: FakeBroker, cli:
     fake.ignore_sends = True
     future = producer.send_nowait(b"x", txn=txn)
     await until(lambda: len(fake.sends()) == 1)
-    await fake.push(
-        frame(
-            T.SEND_RECEIPT,
-            "send_receipt",
-            producer_id=producer.producer_id,
-            request_id=fake.sends()[0].request_id,
-            partition=0,
-            entry_id=-1,
-            first_batch_index=0,
-        )
-    )
+    await answer_with_first_batch_index(fake, producer, 0)
     assert await future == MessageId(0, -1, 0)
     assert type(await future) is MessageId

@@ -1331,11 +1331,16 @@ def test_messages_compare_by_value_and_hash() -> None:
 # --- acknowledging lists: one future per call ---------------------------------------
 
 
-async def test_list_ack_is_one_frame(fake: FakeBroker, cli: Client) -> None:
+async def received(cli: Client, n: int) -> tuple[Any, list[Message]]:
+    """A consumer on t/s and the ``n`` messages it received after ``n`` sends."""
     producer = await cli.create_producer("t")
     consumer = await cli.subscribe("t", "s")
-    await asyncio.gather(*(producer.send(b"%d" % i) for i in range(5)))
-    msgs = [await consumer.receive(timeout=5) for _ in range(5)]
+    await asyncio.gather(*(producer.send(b"%d" % i) for i in range(n)))
+    return consumer, [await consumer.receive(timeout=5) for _ in range(n)]
+
+
+async def test_list_ack_is_one_frame(fake: FakeBroker, cli: Client) -> None:
+    consumer, msgs = await received(cli, 5)
     await consumer.acknowledge(msgs)
     (ack,) = fake.of_type(T.ACK)
     sent = [MessageId(m.partition, m.entry_id, m.batch_index) for m in ack.ack.message_ids]
@@ -1344,10 +1349,7 @@ async def test_list_ack_is_one_frame(fake: FakeBroker, cli: Client) -> None:
 
 
 async def test_bad_id_fails_only_the_list_it_is_in(fake: FakeBroker, cli: Client) -> None:
-    producer = await cli.create_producer("t")
-    consumer = await cli.subscribe("t", "s")
-    await asyncio.gather(*(producer.send(b"%d" % i) for i in range(5)))
-    msgs = [await consumer.receive(timeout=5) for _ in range(5)]
+    consumer, msgs = await received(cli, 5)
     bogus = MessageId(0, 99, 0)
     results = await asyncio.gather(
         consumer.acknowledge(msgs[:2]),
@@ -1365,10 +1367,7 @@ async def test_bad_id_fails_only_the_list_it_is_in(fake: FakeBroker, cli: Client
 
 
 async def test_list_ack_split_succeeds_when_all_ids_are_good(fake: FakeBroker, cli: Client) -> None:
-    producer = await cli.create_producer("t")
-    consumer = await cli.subscribe("t", "s")
-    await asyncio.gather(*(producer.send(b"%d" % i) for i in range(4)))
-    msgs = [await consumer.receive(timeout=5) for _ in range(4)]
+    consumer, msgs = await received(cli, 4)
     bogus = MessageId(0, 99, 0)
     good, bad = await asyncio.gather(
         consumer.acknowledge(msgs), consumer.acknowledge(bogus), return_exceptions=True
@@ -1379,10 +1378,7 @@ async def test_list_ack_split_succeeds_when_all_ids_are_good(fake: FakeBroker, c
 
 
 async def test_cancelled_list_ack_still_goes_out(fake: FakeBroker, cli: Client) -> None:
-    producer = await cli.create_producer("t")
-    consumer = await cli.subscribe("t", "s")
-    await asyncio.gather(*(producer.send(b"%d" % i) for i in range(3)))
-    msgs = [await consumer.receive(timeout=5) for _ in range(3)]
+    consumer, msgs = await received(cli, 3)
     task = asyncio.create_task(consumer.acknowledge(msgs))
     await asyncio.sleep(0)
     task.cancel()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from buffer import Topics
+from buffer import Partition, Topics
 from ledger import Entry, LedgerStore
 from proto import txnbuf_pb2 as pb
 from subscriptions import Consumer, PartitionSubscription, SubType
@@ -29,30 +29,43 @@ def consumer(name: str, got: list[tuple[str, int]]) -> Consumer:
     return Consumer(1, name, "t", "s", SubType.EXCLUSIVE, push)
 
 
+async def plain_then_markers(store: LedgerStore) -> Partition:
+    """Partition t-0 holding a plain entry (0), then three commit markers (1..3)."""
+    topics = await Topics.load(store)
+    part = (await topics.create("t", 1)).partitions[0]
+    await part.publish("p", [pb.SingleMessage(payload=b"plain", sequence_id=0)])
+    buffer = await part.txn_buffer()
+    for n in range(3):
+        txn = (0, n)
+        await buffer.publish(txn, "p", [pb.SingleMessage(payload=b"t%d" % n, sequence_id=1)])
+        await buffer.end(txn, True)
+    return part
+
+
+def slow_materialize(part: Partition) -> tuple[asyncio.Event, asyncio.Event]:
+    """Make ``part`` materialize a marker only once the returned gate is set;
+    the second event is set when a materialization is waiting."""
+    gate, entered = asyncio.Event(), asyncio.Event()
+    real = part.materialize
+
+    async def slow(entry: Entry) -> bytes:
+        entered.set()
+        await gate.wait()
+        return await real(entry)
+
+    part.materialize = slow  # type: ignore[method-assign]
+    return gate, entered
+
+
 async def test_redeliveries_go_first_even_if_the_consumer_changes_mid_step(
     tmp_path: Path,
 ) -> None:
     store = await LedgerStore.open(tmp_path / "b.db")
     try:
-        topics = await Topics.load(store)
-        part = (await topics.create("t", 1)).partitions[0]
-        await part.publish("p", [pb.SingleMessage(payload=b"plain", sequence_id=0)])  # entry 0
-        buffer = await part.txn_buffer()
-        for n in range(3):  # entries 1..3: commit markers
-            txn = (0, n)
-            await buffer.publish(txn, "p", [pb.SingleMessage(payload=b"t%d" % n, sequence_id=1)])
-            await buffer.end(txn, True)
+        part = await plain_then_markers(store)
         assert part.ledger.last_entry_id == 3
 
-        gate, entered = asyncio.Event(), asyncio.Event()
-        real = part.materialize
-
-        async def slow_materialize(entry: Entry) -> bytes:
-            entered.set()
-            await gate.wait()
-            return await real(entry)
-
-        part.materialize = slow_materialize  # type: ignore[method-assign]
+        gate, entered = slow_materialize(part)
         sub = await PartitionSubscription.create(part, "s", earliest=True)
         sub.start()
         got: list[tuple[str, int]] = []
@@ -81,14 +94,7 @@ async def test_a_redelivery_step_keeps_order_when_the_consumer_changes_mid_step(
 ) -> None:
     store = await LedgerStore.open(tmp_path / "b.db")
     try:
-        topics = await Topics.load(store)
-        part = (await topics.create("t", 1)).partitions[0]
-        await part.publish("p", [pb.SingleMessage(payload=b"plain", sequence_id=0)])  # entry 0
-        buffer = await part.txn_buffer()
-        for n in range(3):  # entries 1..3: commit markers
-            txn = (0, n)
-            await buffer.publish(txn, "p", [pb.SingleMessage(payload=b"t%d" % n, sequence_id=1)])
-            await buffer.end(txn, True)
+        part = await plain_then_markers(store)
         sub = await PartitionSubscription.create(part, "s", earliest=True)
         sub.start()
         got: list[tuple[str, int]] = []
@@ -101,15 +107,7 @@ async def test_a_redelivery_step_keeps_order_when_the_consumer_changes_mid_step(
                 break
         assert [e for who, e in got if who == "a"] == [0, 1, 2, 3]
 
-        gate, entered = asyncio.Event(), asyncio.Event()
-        real = part.materialize
-
-        async def slow_materialize(entry: Entry) -> bytes:
-            entered.set()
-            await gate.wait()
-            return await real(entry)
-
-        part.materialize = slow_materialize  # type: ignore[method-assign]
+        gate, entered = slow_materialize(part)
         sub.remove_consumer(a)  # all four are to be redelivered
         sub.add_consumer(b)
         b.add_permits(100)

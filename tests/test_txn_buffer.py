@@ -646,6 +646,16 @@ async def test_materializing_a_swept_marker_is_a_clear_error(
         await part.materialize(marker)
 
 
+async def five_aborted_and_swept(tb: TransactionBuffer) -> list[tuple[int, int]]:
+    """Five transactions that wrote to ``tb`` and aborted, then a sweep."""
+    txns = [(9, i) for i in range(5)]
+    for txn in txns:
+        await tb.publish(txn, "p", msgs(0))
+        await tb.end(txn, commit=False)
+    await tb.sweep()
+    return txns
+
+
 @pytest.mark.usefixtures("small_snapshots")
 async def test_bounded_memory_of_swept_transactions(
     stores: Stores, monkeypatch: pytest.MonkeyPatch
@@ -653,11 +663,7 @@ async def test_bounded_memory_of_swept_transactions(
     monkeypatch.setattr(txnbuffer_module, "ENDED_TXNS_KEPT", 3)
     _, part = await stores.open()
     tb = await part.txn_buffer()
-    txns = [(9, i) for i in range(5)]
-    for txn in txns:
-        await tb.publish(txn, "p", msgs(0))
-        await tb.end(txn, commit=False)
-    await tb.sweep()
+    txns = await five_aborted_and_swept(tb)
     assert [tb.status(t) is not None for t in txns] == [False, False, True, True, True]
     with pytest.raises(TxnEndedError):
         tb.publish(txns[2], "p", msgs(1))
@@ -674,11 +680,7 @@ async def test_a_snapshot_keeps_only_the_newest_swept_transactions(
     monkeypatch.setattr(txnbuffer_module, "ENDED_IN_SNAPSHOT", 2)
     _, part = await stores.open()
     tb = await part.txn_buffer()
-    txns = [(9, i) for i in range(5)]
-    for txn in txns:
-        await tb.publish(txn, "p", msgs(0))
-        await tb.end(txn, commit=False)
-    await tb.sweep()
+    txns = await five_aborted_and_swept(tb)
     assert tb.stats()["ended_remembered"] == 5  # in memory: up to ENDED_TXNS_KEPT
     _, part = await stores.reopen()
     tb = loaded(part)
