@@ -834,40 +834,25 @@ class PartitionSubscription:
         return delivered or bool(self.redeliver and self.redeliver[0][0] not in wanted)
 
     async def _fetch(self, entry_ids: list[int]) -> dict[int, Entry | None]:
-        """The entries ``entry_ids`` (sorted) ready to deliver, markers
-        materialized; None for one that was trimmed."""
-        ledger = self.partition.ledger
-        fetched: dict[int, Entry | None] = {}
-        uncommitted = [e for e in entry_ids if e < -1]
-        if uncommitted:
-            entry_ids = [e for e in entry_ids if e >= -1]
-            for wire_id in uncommitted:
-                fetched[wire_id] = await self._fetch_uncommitted(wire_id)
-        i = 0
-        while i < len(entry_ids):
-            # One read per run of nearby ids.
-            j = i
-            while j + 1 < len(entry_ids) and entry_ids[j + 1] - entry_ids[i] < READ_BATCH:
-                j += 1
-            found = {e.entry_id: e for e in await ledger.read(entry_ids[i], entry_ids[j])}
-            for entry_id in entry_ids[i : j + 1]:
-                entry = found.get(entry_id)
-                if entry is not None and entry_kind(entry.meta) != DATA:
-                    entry = Entry(entry_id, entry.meta, await self.partition.materialize(entry))
-                fetched[entry_id] = entry
-            i = j + 1
+        """The entries ``entry_ids`` (wire ids, sorted) ready to deliver:
+        markers materialized, sidecar records (ids below -1) as their batch;
+        None for one that is gone (trimmed or swept)."""
+        part = self.partition
+        fetched: dict[int, Entry | None] = dict.fromkeys(entry_ids)
+        committed = [e for e in entry_ids if e >= -1]
+        for entry in (await _read_runs(part.ledger, committed)).values():
+            if entry_kind(entry.meta) != DATA:
+                entry = Entry(entry.entry_id, entry.meta, await part.materialize(entry))
+            fetched[entry.entry_id] = entry
+        buffer = self._buffer
+        sidecar_ids = sorted(from_wire((e, 0))[0] for e in entry_ids if e < -1)
+        if buffer is not None and sidecar_ids:
+            for entry in (await _read_runs(buffer.sidecar, sidecar_ids)).values():
+                batch = buffer.uncommitted_batch(entry)
+                if batch is not None:
+                    wire_id = to_wire((entry.entry_id, 0))[0]
+                    fetched[wire_id] = Entry(wire_id, entry.meta, batch)
         return fetched
-
-    async def _fetch_uncommitted(self, wire_id: int) -> Entry | None:
-        """A sidecar TXN_DATA record to redeliver, by its wire entry id (None if gone)."""
-        if self._buffer is None:
-            return None
-        sidecar_id = from_wire((wire_id, 0))[0]
-        found = await self._buffer.sidecar.read(sidecar_id, sidecar_id)
-        batch = self._buffer.uncommitted_batch(found[0]) if found else None
-        if batch is None:
-            return None
-        return Entry(wire_id, found[0].meta, batch)
 
     def _still_to_redeliver(self, entry_id: int, indexes: list[int]) -> list[int]:
         """Those of ``indexes`` still to redeliver now: in the set and PENDING.
@@ -941,6 +926,22 @@ def _count_without_markers(partition: Partition) -> Callable[[int], int]:
         return 0 if partition.is_marker(entry_id) else partition.count(entry_id)
 
     return count
+
+
+async def _read_runs(ledger: Ledger, entry_ids: list[int]) -> dict[int, Entry]:
+    """The entries ``entry_ids`` (sorted) that exist, one read per run of nearby ids."""
+    found: dict[int, Entry] = {}
+    i = 0
+    while i < len(entry_ids):
+        j = i
+        while j + 1 < len(entry_ids) and entry_ids[j + 1] - entry_ids[i] < READ_BATCH:
+            j += 1
+        wanted = set(entry_ids[i : j + 1])
+        for entry in await ledger.read(entry_ids[i], entry_ids[j]):
+            if entry.entry_id in wanted:
+                found[entry.entry_id] = entry
+        i = j + 1
+    return found
 
 
 async def _load_uncommitted(ledger: Ledger) -> UncommittedCursor:
