@@ -572,13 +572,7 @@ class PartitionSubscription:
                 )
             except InvalidAckTransition:
                 pass  # refused, as it will be when applied: it changes nothing
-        fut = self._ledger.append(state.snapshot(), meta=SNAPSHOT)
-
-        def trim(_f: object) -> None:
-            if not fut.cancelled() and fut.exception() is None:
-                self._ledger.trim(fut.result())
-
-        fut.add_done_callback(trim)
+        _snapshot_then_trim(self._ledger, state.snapshot(), SNAPSHOT)
 
     async def delete(self) -> None:
         await self.close()
@@ -643,14 +637,7 @@ class PartitionSubscription:
 
     def _write_uncommitted_snapshot(self) -> None:
         assert self.uncommitted is not None and self._uledger is not None
-        ledger = self._uledger
-        fut = ledger.append(self.uncommitted.snapshot(), meta=U_SNAPSHOT)
-
-        def trim(_f: object) -> None:
-            if not fut.cancelled() and fut.exception() is None:
-                ledger.trim(fut.result())
-
-        fut.add_done_callback(trim)
+        _snapshot_then_trim(self._uledger, self.uncommitted.snapshot(), U_SNAPSHOT)
 
     async def _dispatch_uncommitted(self) -> bool:
         """Deliver the next sidecar records (read_uncommitted); False if none."""
@@ -926,6 +913,17 @@ def _count_without_markers(partition: Partition) -> Callable[[int], int]:
         return 0 if partition.is_marker(entry_id) else partition.count(entry_id)
 
     return count
+
+
+def _snapshot_then_trim(ledger: Ledger, snapshot: bytes, meta: int) -> None:
+    """Append ``snapshot``; once it is durable, trim every record before it."""
+    fut = ledger.append(snapshot, meta=meta)
+
+    def trim(_f: object) -> None:
+        if not fut.cancelled() and fut.exception() is None:
+            ledger.trim(fut.result())
+
+    fut.add_done_callback(trim)
 
 
 async def _read_runs(ledger: Ledger, entry_ids: list[int]) -> dict[int, Entry]:
