@@ -7,9 +7,16 @@ trims that arrive while the previous commit is in flight and commits them
 as one SQLite transaction: one fsync (WAL, ``synchronous=FULL``) for all of
 them. A future resolves only after its commit is on disk.
 
+Append order is durability order, across all the ledgers of a store: an
+append made after another (in the event loop's order) is committed in the
+same SQLite transaction or a later one, and never without it, because a
+failed commit stops the store (fail-stop: every later write is refused until
+it is reopened). The coordinator relies on this to let participants write
+right behind its log records when they share a store (see `tc`).
+
 Each aiosqlite call is a hop to its thread and back (~80-100 us), so a whole
 group commit runs as one function on the writer connection's thread (see
-`_WriterThread.commit`). Reads that miss the in-memory tail cache go to a
+`_commit`). Reads that miss the in-memory tail cache go to a
 second, read-only connection, so catching-up readers never queue behind a
 commit.
 
@@ -243,6 +250,9 @@ class LedgerStore:
         self._pending: list[_Append | _Trim] = []
         self._wakeup = asyncio.Event()
         self._closed = False
+        # Set by a group commit that failed: the store then refuses every
+        # write (fail-stop), see `_commit_batch`.
+        self._failed: LedgerError | None = None
         self._task = asyncio.get_running_loop().create_task(self._write_loop())
         self.commits = 0  # group commits done, for stats and benchmarks
         self.appends = 0
@@ -338,6 +348,8 @@ class LedgerStore:
     def _check_open(self) -> None:
         if self._closed:
             raise LedgerError(f"ledger store {self.path} is closed")
+        if self._failed is not None:
+            raise self._failed
 
     def _append(self, ledger: Ledger, data: bytes, meta: int) -> asyncio.Future[int]:
         self._check_open()
@@ -384,13 +396,25 @@ class LedgerStore:
         try:
             await _on_thread(self._writer, _commit, rows, head_rows)
         except Exception as exc:
+            # Fail-stop: once a commit failed, nothing more is written. Callers
+            # rely on append order meaning durability order (an entry appended
+            # after another is durable only if that one is: the coordinator
+            # lets participants write right behind its log records), which a
+            # later commit succeeding after a failed one would break; and
+            # after a failed fsync what is on disk is unknown (PostgreSQL
+            # learned this the hard way). The broker has to be restarted.
             for ledger, nxt in start_next.items():
                 ledger._next = nxt
-            error = LedgerError(f"group commit to {self.path} failed: {exc}")
-            log.error("%s", error)
-            for op in batch:
+            error = LedgerError(
+                f"group commit to {self.path} failed: {exc}; the store refuses writes "
+                "until it is reopened"
+            )
+            self._failed = error
+            log.critical("%s", error)
+            for op in (*batch, *self._pending):
                 if not op.future.done():
                     op.future.set_exception(error)
+            self._pending = []
             return
         self.commits += 1
         self.appends += len(rows)

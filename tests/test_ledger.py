@@ -454,6 +454,46 @@ async def test_closed_store_refuses_work(db: Path) -> None:
         await ledger.read(0, 2)  # needs the disk
 
 
+async def test_a_failed_commit_stops_the_store(
+    db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Append order is durability order: after a failed commit nothing later
+    may land without it, so the store refuses every write until reopened."""
+    import ledger._store as store_module
+
+    store = await LedgerStore.open(db)
+    ledger = await store.open_ledger("a")
+    await fill(ledger, 2)
+    real_commit = store_module._commit
+
+    def broken(*args: object) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(store_module, "_commit", broken)
+    first = ledger.append(b"lost")
+    await asyncio.sleep(0)  # the writer takes the first one alone
+    second = ledger.append(b"queued behind it")
+    with pytest.raises(LedgerError, match="disk I/O error"):
+        await first
+    with pytest.raises(LedgerError, match="refuses writes"):
+        await second
+    monkeypatch.setattr(store_module, "_commit", real_commit)
+    with pytest.raises(LedgerError, match="refuses writes"):
+        ledger.append(b"later")
+    with pytest.raises(LedgerError, match="refuses writes"):
+        ledger.trim(1)
+    assert ledger.last_entry_id == 1
+    await store.close()
+    reopened = await LedgerStore.open(db)
+    again = await reopened.open_ledger("a")
+    assert [e.data for e in await again.read(0, again.last_entry_id)] == [
+        payload(0),
+        payload(1),
+    ]
+    assert await again.append(b"after reopening") == 2
+    await reopened.close()
+
+
 # -- crash ---------------------------------------------------------------------
 
 CRASH_WRITER = r"""
