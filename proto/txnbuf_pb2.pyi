@@ -522,17 +522,19 @@ class CommandEndTxnOnSubscription(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., subscription: _Optional[_Union[SubscriptionRef, _Mapping]] = ..., txn_action: _Optional[_Union[TxnAction, str]] = ...) -> None: ...
 
 class TransactionMetadataEntry(_message.Message):
-    __slots__ = ("metadata_op", "txnid_most_bits", "txnid_least_bits", "expected_status", "new_status", "partitions", "subscriptions", "txn_timeout_ms", "txn_start_time", "txn_last_modification_time", "timed_out")
+    __slots__ = ("metadata_op", "txnid_most_bits", "txnid_least_bits", "expected_status", "new_status", "partitions", "subscriptions", "txn_timeout_ms", "txn_start_time", "txn_last_modification_time", "timed_out", "id_bound")
     class TransactionMetadataOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         NEW: _ClassVar[TransactionMetadataEntry.TransactionMetadataOp]
         ADD_PARTITION: _ClassVar[TransactionMetadataEntry.TransactionMetadataOp]
         ADD_SUBSCRIPTION: _ClassVar[TransactionMetadataEntry.TransactionMetadataOp]
         UPDATE: _ClassVar[TransactionMetadataEntry.TransactionMetadataOp]
+        RESERVE_IDS: _ClassVar[TransactionMetadataEntry.TransactionMetadataOp]
     NEW: TransactionMetadataEntry.TransactionMetadataOp
     ADD_PARTITION: TransactionMetadataEntry.TransactionMetadataOp
     ADD_SUBSCRIPTION: TransactionMetadataEntry.TransactionMetadataOp
     UPDATE: TransactionMetadataEntry.TransactionMetadataOp
+    RESERVE_IDS: TransactionMetadataEntry.TransactionMetadataOp
     METADATA_OP_FIELD_NUMBER: _ClassVar[int]
     TXNID_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
     TXNID_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
@@ -544,6 +546,7 @@ class TransactionMetadataEntry(_message.Message):
     TXN_START_TIME_FIELD_NUMBER: _ClassVar[int]
     TXN_LAST_MODIFICATION_TIME_FIELD_NUMBER: _ClassVar[int]
     TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
+    ID_BOUND_FIELD_NUMBER: _ClassVar[int]
     metadata_op: TransactionMetadataEntry.TransactionMetadataOp
     txnid_most_bits: int
     txnid_least_bits: int
@@ -555,7 +558,8 @@ class TransactionMetadataEntry(_message.Message):
     txn_start_time: int
     txn_last_modification_time: int
     timed_out: bool
-    def __init__(self, metadata_op: _Optional[_Union[TransactionMetadataEntry.TransactionMetadataOp, str]] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., expected_status: _Optional[_Union[TxnStatusValue, str]] = ..., new_status: _Optional[_Union[TxnStatusValue, str]] = ..., partitions: _Optional[_Iterable[_Union[PartitionRef, _Mapping]]] = ..., subscriptions: _Optional[_Iterable[_Union[SubscriptionRef, _Mapping]]] = ..., txn_timeout_ms: _Optional[int] = ..., txn_start_time: _Optional[int] = ..., txn_last_modification_time: _Optional[int] = ..., timed_out: _Optional[bool] = ...) -> None: ...
+    id_bound: int
+    def __init__(self, metadata_op: _Optional[_Union[TransactionMetadataEntry.TransactionMetadataOp, str]] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., expected_status: _Optional[_Union[TxnStatusValue, str]] = ..., new_status: _Optional[_Union[TxnStatusValue, str]] = ..., partitions: _Optional[_Iterable[_Union[PartitionRef, _Mapping]]] = ..., subscriptions: _Optional[_Iterable[_Union[SubscriptionRef, _Mapping]]] = ..., txn_timeout_ms: _Optional[int] = ..., txn_start_time: _Optional[int] = ..., txn_last_modification_time: _Optional[int] = ..., timed_out: _Optional[bool] = ..., id_bound: _Optional[int] = ...) -> None: ...
 
 class BaseCommand(_message.Message):
     __slots__ = ("type", "connect", "connected", "partitioned_metadata", "partitioned_metadata_response", "lookup", "lookup_response", "producer", "producer_success", "close_producer", "send", "send_receipt", "send_error", "subscribe", "flow", "message", "ack", "ack_response", "redeliver_unacknowledged", "close_consumer", "active_consumer_change", "success", "error", "ping", "pong", "new_txn", "new_txn_response", "add_partition_to_txn", "add_subscription_to_txn", "end_txn", "txn_response", "end_txn_on_partition", "end_txn_on_subscription")

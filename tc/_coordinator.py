@@ -1,12 +1,30 @@
 """A transaction coordinator (PIP-31 §Transaction Coordinator).
 
-Each coordinator has an id (TCID) and its own log: a ledger of
+Each coordinator has an id (TCID) and its own log: a ledger ``tc/<id>`` of
 `TransactionMetadataEntry` records (NEW / ADD_PARTITION / ADD_SUBSCRIPTION /
-UPDATE) in its own SQLite file, ``tc-<id>.db``. Every request is persisted,
-then applied to the in-memory map, then answered; recovery replays the log
+UPDATE / RESERVE_IDS). Every request is logged and applied to the in-memory
+map, and answered once its record is durable; recovery replays the log
 through the same `_apply`. A snapshot (the live map and the id counter) is
 written every `SNAPSHOT_EVERY` records and the log trimmed before it, so
 recovery time does not grow with history.
+
+Where the log lives decides when a record is applied:
+
+- In a store of its own (a SQLite file ``tc-<id>.db``, or any store its
+  participants do not write to), a record is applied once it is durable, and
+  a participant writes for a transaction only after the coordinator's record
+  that allows it is durable: a send or ack waits for its registration, the
+  commit markers for the COMMITTING record.
+- In the store its participants write to (``participants_share_store``, what
+  the broker does), append order is durability order (`ledger`), so a record
+  is applied as it is appended and the participants write right behind it:
+  a send or ack lands in the same group commit as its registration, the
+  commit markers in the same one as the COMMITTING record, and a whole
+  transaction costs two fsyncs in a row instead of five. NEW is answered
+  before its record is durable: a crash may forget a transaction that has
+  no participant yet (its client gets TxnNotFound and starts again), never
+  one with data; ids are reserved in blocks (RESERVE_IDS, logged ahead of
+  use), so an id handed out before a crash is never handed out again.
 
 Ending a transaction (§CommandEndTxn): log COMMITTING / ABORTING (the
 decision), tell every registered partition and subscription through the
@@ -62,6 +80,7 @@ DEFAULT_TIMEOUT_MS = 60_000
 MAX_TIMEOUT_MS = 3_600_000
 RETRY_MAX_S = 2.0
 END_WAIT = 5.0  # seconds END waits for the participants to apply the decision
+ID_BLOCK = 10_000  # ids reserved by one RESERVE_IDS record (the most a restart skips)
 _RECORD, _SNAPSHOT = 0, 1  # ledger meta of the two entry kinds
 
 
@@ -138,16 +157,32 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _retrieve(f: asyncio.Future[Any]) -> None:
+    """Done callback of a write nobody awaits: mark its error seen (a failed
+    write stops the store, which reports it)."""
+    if not f.cancelled():
+        f.exception()
+
+
 class TransactionCoordinator:
     """Create with `TransactionCoordinator.open`; `close` stops its tasks."""
 
     def __init__(
-        self, tcid: int, store: LedgerStore, ledger: Ledger, participant: Participant
+        self,
+        tcid: int,
+        store: LedgerStore,
+        ledger: Ledger,
+        participant: Participant,
+        eager: bool = False,
     ) -> None:
         self.tcid = tcid
         self.store = store
         self._ledger = ledger
         self._participant = participant
+        # Apply records as they are appended (the participants share the store).
+        self._eager = eager
+        self._id_bound = 0  # counters below it are reserved durably (eager mode)
+        self._reserving: asyncio.Future[int] | None = None
         self._txns: dict[TxnID, TxnMeta] = {}
         self._ended: collections.OrderedDict[TxnID, TxnMeta] = collections.OrderedDict()
         self._next_counter = 0
@@ -163,17 +198,29 @@ class TransactionCoordinator:
 
     @classmethod
     async def open(
-        cls, tcid: int, where: str | Path | LedgerStore, participant: Participant
+        cls,
+        tcid: int,
+        where: str | Path | LedgerStore,
+        participant: Participant,
+        *,
+        participants_share_store: bool = False,
     ) -> TransactionCoordinator:
         """Open coordinator ``tcid``: its log is the ledger ``tc/<tcid>`` in
         ``where`` (a `LedgerStore` shared with others, or a directory in which
-        it gets a database of its own, ``tc-<tcid>.db``)."""
+        it gets a database of its own, ``tc-<tcid>.db``).
+
+        ``participants_share_store``: ``where`` is the store in which the
+        participant keeps every partition and subscription it ends
+        transactions on, so records are applied as they are appended (see
+        the module docstring)."""
         if isinstance(where, LedgerStore):
             store, owned = where, False
+        elif participants_share_store:
+            raise ValueError("participants_share_store needs the participants' LedgerStore")
         else:
             store, owned = await LedgerStore.open(Path(where) / f"tc-{tcid}.db"), True
         ledger = await store.open_ledger(f"tc/{tcid}")
-        tc = cls(tcid, store, ledger, participant)
+        tc = cls(tcid, store, ledger, participant, eager=participants_share_store)
         tc._owns_store = owned
         await tc._recover()
         return tc
@@ -239,10 +286,12 @@ class TransactionCoordinator:
             raise ValueError(
                 f"transaction timeout must be 0..{MAX_TIMEOUT_MS} ms, got {timeout_ms}"
             )
+        if self._eager:
+            await self._reserve_ids()
         txnid = TxnID.of(self.tcid, self._next_counter)
         self._next_counter += 1
         now = _now_ms()
-        await self._persist(Op(
+        logged = self._persist_now(Op(
             metadata_op=Op.NEW,
             txnid_most_bits=txnid.most_bits,
             txnid_least_bits=txnid.least_bits,
@@ -251,7 +300,33 @@ class TransactionCoordinator:
             txn_start_time=now,
             txn_last_modification_time=now,
         ))  # fmt: skip
+        if self._eager:
+            # OPEN already: the registration that follows is logged behind it.
+            logged.add_done_callback(_retrieve)
+        else:
+            await logged
         return txnid
+
+    async def _reserve_ids(self) -> None:
+        """Make sure the next id is below a durably reserved bound (eager
+        mode), reserving the next block ahead of need."""
+        while True:
+            if self._reserving is None and self._next_counter + ID_BLOCK // 2 >= self._id_bound:
+                bound = max(self._id_bound, self._next_counter) + ID_BLOCK
+                rec = Op(metadata_op=Op.RESERVE_IDS, id_bound=bound)
+                reserving = self._ledger.append(rec.SerializeToString(), meta=_RECORD)
+                self._reserving = reserving
+
+                def reserved(f: asyncio.Future[int], rec: Any = rec) -> None:
+                    self._reserving = None
+                    if not f.cancelled() and f.exception() is None:
+                        self._apply(rec)
+
+                reserving.add_done_callback(reserved)
+            if self._next_counter < self._id_bound:
+                return
+            assert self._reserving is not None
+            await asyncio.shield(self._reserving)
 
     def partition_registration(
         self, txnid: TxnID, topic: str, partition: int
@@ -320,19 +395,20 @@ class TransactionCoordinator:
             refs.add(topic=topic, **{field: name})
         waits = {meta.adding[k] for k in keys if k in meta.adding}
         if new:
-            written = self._persist_now(rec)
-            for key in new:
-                meta.adding[key] = written
-
-            def settled(f: asyncio.Future[bool], keys: list[Any] = new) -> None:
-                if not f.cancelled():
-                    f.exception()  # (the waiters get it)
-                for key in keys:
-                    if meta.adding.get(key) is written:
-                        del meta.adding[key]
-
-            written.add_done_callback(settled)
+            written = self._persist_now(rec)  # eager: registered from now on
             waits.add(written)
+            if not self._eager:
+                for key in new:
+                    meta.adding[key] = written
+
+                def settled(f: asyncio.Future[bool], keys: list[Any] = new) -> None:
+                    if not f.cancelled():
+                        f.exception()  # (the waiters get it)
+                    for key in keys:
+                        if meta.adding.get(key) is written:
+                            del meta.adding[key]
+
+                written.add_done_callback(settled)
 
         async def wait() -> None:
             for written in waits:
@@ -386,6 +462,15 @@ class TransactionCoordinator:
         rec.expected_status = meta.status.value  # type: ignore[assignment]
         rec.new_status = new.value  # type: ignore[assignment]
         rec.timed_out = event is TxnEvent.TIMEOUT
+        if self._eager:
+            # Applied as appended (the status checked just now is current):
+            # the participants' markers and acks land behind the decision,
+            # in its group commit or a later one.
+            logged = self._persist_now(rec)
+            self._start_finish(meta)
+            await logged
+            faults.hit("tc.after_decision_logged")  # the markers may be durable too
+            return
         if not await self._persist(rec):
             # Another END won the race; it decided the same outcome or not.
             if self._same_outcome(meta, event is TxnEvent.COMMIT):
@@ -498,10 +583,13 @@ class TransactionCoordinator:
 
     def _persist_now(self, rec: pb.TransactionMetadataEntry) -> asyncio.Future[bool]:
         """Queue ``rec`` now; the result, once it is durable and applied, is
-        False if it no longer applies. Records are applied in log order (in
-        the append's done callback, so a waiter that gives up cannot leave a
-        durable record unapplied)."""
+        False if it no longer applies. Records are applied in log order: as
+        they are appended in eager mode, otherwise in the append's done
+        callback (so that a waiter that gives up cannot leave a durable
+        record unapplied)."""
         outcome: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        appended = self._ledger.append(rec.SerializeToString(), meta=_RECORD)
+        applied_now = self._apply(rec) if self._eager else False
 
         def durable(appended: asyncio.Future[int]) -> None:
             if appended.cancelled():
@@ -509,24 +597,29 @@ class TransactionCoordinator:
                 return
             error = appended.exception()
             if error is not None:
-                outcome.set_exception(error)
+                if not outcome.done():
+                    outcome.set_exception(error)
                 return
-            applied = self._apply(rec)
+            applied = applied_now if self._eager else self._apply(rec)
             self._last_applied = max(self._last_applied, appended.result())
             self._records_since_snapshot += 1
             if self._records_since_snapshot >= SNAPSHOT_EVERY:
                 self._records_since_snapshot = 0
                 self._write_snapshot()
-            outcome.set_result(applied)
+            if not outcome.done():  # (a waiter that gave up cancelled it)
+                outcome.set_result(applied)
 
-        self._ledger.append(rec.SerializeToString(), meta=_RECORD).add_done_callback(durable)
+        appended.add_done_callback(durable)
         return outcome
 
     def _apply(self, rec: pb.TransactionMetadataEntry) -> bool:
         """Apply one log record to the map (live and in recovery). False: ignored
         because the transaction is no longer in the status the record expects."""
-        txnid = TxnID(rec.txnid_most_bits, rec.txnid_least_bits)
         op = rec.metadata_op
+        if op == Op.RESERVE_IDS:
+            self._id_bound = max(self._id_bound, rec.id_bound)
+            return True
+        txnid = TxnID(rec.txnid_most_bits, rec.txnid_least_bits)
         if op == Op.NEW:
             meta = TxnMeta(
                 txnid=txnid,
@@ -579,12 +672,15 @@ class TransactionCoordinator:
 
         Records queued but not yet applied may land before the snapshot
         entry: recovery replays everything after ``covers`` (the last applied
-        record), so they are never lost.
+        record), so they are never lost. In eager mode everything appended
+        before the snapshot is applied: it covers every entry before its own
+        (``covers`` null).
         """
-        covers = self._last_applied
+        covers = None if self._eager else self._last_applied
         snap = {
             "covers": covers,
             "next_counter": self._next_counter,
+            "id_bound": self._id_bound,
             "txns": [m.to_json() for m in self._txns.values()],
             "ended": [m.to_json() for m in list(self._ended.values())[-ENDED_IN_SNAPSHOT:]],
         }
@@ -592,7 +688,7 @@ class TransactionCoordinator:
 
         def trim(_f: object) -> None:
             if not fut.cancelled() and fut.exception() is None:
-                self._ledger.trim(covers + 1)
+                self._ledger.trim(fut.result() if covers is None else covers + 1)
 
         fut.add_done_callback(trim)
 
@@ -606,6 +702,7 @@ class TransactionCoordinator:
             (snap_entry,) = await ledger.read(snapshots[-1], snapshots[-1])
             snap = json.loads(snap_entry.data)
             self._next_counter = int(snap["next_counter"])
+            self._id_bound = int(snap.get("id_bound", 0))
             for d in snap["txns"]:
                 meta = TxnMeta.from_json(d)
                 self._txns[meta.txnid] = meta
@@ -613,7 +710,8 @@ class TransactionCoordinator:
                     self._deadlines.add((meta.deadline_ms, meta.txnid))
             for d in snap["ended"]:
                 self._remember_ended(TxnMeta.from_json(d))
-            start = int(snap["covers"]) + 1
+            covers = snap["covers"]
+            start = snapshots[-1] + 1 if covers is None else int(covers) + 1
         replayed = 0
         for entry in await ledger.read(start, ledger.last_entry_id):
             if entry.meta == _RECORD:
@@ -621,6 +719,9 @@ class TransactionCoordinator:
                 replayed += 1
         self._last_applied = ledger.last_entry_id
         self._records_since_snapshot = replayed
+        # Ids below the reserved bound may have been handed out before the
+        # crash without a durable NEW record: never again.
+        self._next_counter = max(self._next_counter, self._id_bound)
         unfinished = [m for m in self._txns.values() if m.status is not TxnStatus.OPEN]
         log.info(
             "coordinator %d recovered %d transactions (%d to finish) from %d records in %.2fs",

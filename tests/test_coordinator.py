@@ -2,16 +2,24 @@
 
 The participant here is a recorder (a unit test of the coordinator); the
 real broker participant is exercised by the integration and crash tests.
+Every request test runs twice: with the log in a file of its own (records
+applied once durable) and in a store shared with the participants (records
+applied as appended, what the broker does).
 """
 
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 import tc._coordinator as coordinator_module
+from ledger import Ledger, LedgerStore
 from tc import (
     TRANSITIONS,
     InvalidTxnStatusError,
@@ -53,6 +61,34 @@ class Recorder:
         await self._call("subscription", topic, subscription, txnid, commit)
 
 
+class Opener:
+    """Opens coordinators on ``tmp_path`` in one of the two log layouts; closing
+    a coordinator closes its store too (a restart reopens both)."""
+
+    def __init__(self, path: Path, shared: bool) -> None:
+        self.path = path
+        self.shared = shared
+
+    async def __call__(self, tcid: int, participant: Recorder) -> TransactionCoordinator:
+        if not self.shared:
+            return await TransactionCoordinator.open(tcid, self.path, participant)
+        store = await LedgerStore.open(self.path / "broker.db")
+        tc = await TransactionCoordinator.open(
+            tcid, store, participant, participants_share_store=True
+        )
+        tc._owns_store = True
+        return tc
+
+    def counter_after_restart(self, issued: int) -> int:
+        """The first counter a reopened coordinator hands out after ``issued`` ids."""
+        return max(issued, coordinator_module.ID_BLOCK) if self.shared else issued
+
+
+@pytest.fixture(params=["own-file", "shared-store"])
+def open_tc(request: pytest.FixtureRequest, tmp_path: Path) -> Opener:
+    return Opener(tmp_path, request.param == "shared-store")
+
+
 async def wait_status(tc: TransactionCoordinator, txnid: TxnID, status: TxnStatus) -> None:
     for _ in range(200):
         meta = tc.get(txnid)
@@ -90,24 +126,24 @@ def test_logged_updates_are_checked_against_the_table() -> None:
 # -- requests ----------------------------------------------------------------------
 
 
-async def test_ids_carry_the_tcid_and_the_counter_survives_restart(tmp_path: Path) -> None:
-    tc = await TransactionCoordinator.open(7, tmp_path, Recorder())
+async def test_ids_carry_the_tcid_and_the_counter_survives_restart(open_tc: Opener) -> None:
+    tc = await open_tc(7, Recorder())
     ids = [await tc.new_txn() for _ in range(3)]
     await tc.close()
     assert [i.tcid for i in ids] == [7, 7, 7]
     assert [i.counter for i in ids] == [0, 1, 2]
-    tc = await TransactionCoordinator.open(7, tmp_path, Recorder())
+    tc = await open_tc(7, Recorder())
     try:
         again = await tc.new_txn()
-        assert again.counter == 3 and again not in ids
+        assert again.counter == open_tc.counter_after_restart(3) and again not in ids
         assert tc.get(ids[1]) is not None and tc.get(ids[1]).status is TxnStatus.OPEN  # type: ignore[union-attr]
     finally:
         await tc.close()
 
 
-async def test_commit_tells_every_participant_then_logs_committed(tmp_path: Path) -> None:
+async def test_commit_tells_every_participant_then_logs_committed(open_tc: Opener) -> None:
     rec = Recorder()
-    tc = await TransactionCoordinator.open(0, tmp_path, rec)
+    tc = await open_tc(0, rec)
     try:
         txn = await tc.new_txn()
         await tc.add_partitions(txn, [("out", 0), ("out", 1), ("out", 0)])
@@ -135,8 +171,8 @@ async def test_commit_tells_every_participant_then_logs_committed(tmp_path: Path
         await tc.close()
 
 
-async def test_unknown_transactions_are_not_found(tmp_path: Path) -> None:
-    tc = await TransactionCoordinator.open(1, tmp_path, Recorder())
+async def test_unknown_transactions_are_not_found(open_tc: Opener) -> None:
+    tc = await open_tc(1, Recorder())
     try:
         for ghost in (TxnID.of(1, 99), TxnID.of(2, 0)):
             with pytest.raises(TxnNotFoundError):
@@ -151,23 +187,24 @@ async def test_unknown_transactions_are_not_found(tmp_path: Path) -> None:
         await tc.close()
 
 
-async def test_failing_participants_are_retried_until_they_answer(tmp_path: Path) -> None:
+async def test_failing_participants_are_retried_until_they_answer(open_tc: Opener) -> None:
     rec = Recorder(failures=3)
-    tc = await TransactionCoordinator.open(0, tmp_path, rec)
+    tc = await open_tc(0, rec)
     try:
         txn = await tc.new_txn()
         await tc.add_partitions(txn, [("t", 0)])
         await tc.end_txn(txn, commit=False)
-        assert tc.get(txn).status is TxnStatus.ABORTING  # type: ignore[union-attr]
+        # (ABORTED logged already when the log is applied as appended)
+        assert tc.get(txn).status in (TxnStatus.ABORTING, TxnStatus.ABORTED)  # type: ignore[union-attr]
         await wait_status(tc, txn, TxnStatus.ABORTED)
         assert rec.calls == [("partition", "t", 0, txn, False)]
     finally:
         await tc.close()
 
 
-async def test_timeout_aborts_and_a_later_commit_says_timeout(tmp_path: Path) -> None:
+async def test_timeout_aborts_and_a_later_commit_says_timeout(open_tc: Opener) -> None:
     rec = Recorder()
-    tc = await TransactionCoordinator.open(0, tmp_path, rec)
+    tc = await open_tc(0, rec)
     try:
         txn = await tc.new_txn(timeout_ms=150)
         await tc.add_subscriptions(txn, [("in", "s")])
@@ -182,15 +219,15 @@ async def test_timeout_aborts_and_a_later_commit_says_timeout(tmp_path: Path) ->
         await tc.close()
 
 
-async def test_a_decided_transaction_is_finished_after_restart(tmp_path: Path) -> None:
-    tc = await TransactionCoordinator.open(0, tmp_path, Recorder(block=True))
+async def test_a_decided_transaction_is_finished_after_restart(open_tc: Opener) -> None:
+    tc = await open_tc(0, Recorder(block=True))
     txn = await tc.new_txn()
     await tc.add_partitions(txn, [("t", 0), ("t", 1)])
     await tc.end_txn(txn, commit=True)
     assert tc.get(txn).status is TxnStatus.COMMITTING  # type: ignore[union-attr]
     await tc.close()  # "crash" while the participants never answered
     rec = Recorder()
-    tc = await TransactionCoordinator.open(0, tmp_path, rec)
+    tc = await open_tc(0, rec)
     try:
         await wait_status(tc, txn, TxnStatus.COMMITTED)
         assert [c[:3] for c in rec.calls] == [("partition", "t", 0), ("partition", "t", 1)]
@@ -200,15 +237,15 @@ async def test_a_decided_transaction_is_finished_after_restart(tmp_path: Path) -
 
 
 async def test_open_transaction_past_its_timeout_is_aborted_after_restart(
-    tmp_path: Path,
+    open_tc: Opener,
 ) -> None:
-    tc = await TransactionCoordinator.open(0, tmp_path, Recorder())
+    tc = await open_tc(0, Recorder())
     txn = await tc.new_txn(timeout_ms=200)
     await tc.add_partitions(txn, [("t", 0)])
     await tc.close()
     await asyncio.sleep(0.3)
     rec = Recorder()
-    tc = await TransactionCoordinator.open(0, tmp_path, rec)
+    tc = await open_tc(0, rec)
     try:
         await wait_status(tc, txn, TxnStatus.ABORTED)
         assert rec.calls == [("partition", "t", 0, txn, False)]
@@ -217,10 +254,10 @@ async def test_open_transaction_past_its_timeout_is_aborted_after_restart(
 
 
 async def test_snapshots_bound_the_log_and_recover_the_same_state(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    open_tc: Opener, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(coordinator_module, "SNAPSHOT_EVERY", 20)
-    tc = await TransactionCoordinator.open(3, tmp_path, Recorder())
+    tc = await open_tc(3, Recorder())
     ended, open_ = [], []
     for i in range(60):
         txn = await tc.new_txn()
@@ -238,19 +275,19 @@ async def test_snapshots_bound_the_log_and_recover_the_same_state(
     ledger = tc._ledger
     assert ledger.entry_count < 60  # trimmed behind snapshots
     await tc.close()
-    tc = await TransactionCoordinator.open(3, tmp_path, Recorder())
+    tc = await open_tc(3, Recorder())
     try:
         after = {m.txnid: (m.status, m.partitions) for m in tc.transactions()}
         assert {t: after[t] for t in open_} == {t: before[t] for t in open_}
         assert {t: after[t][0] for t in ended} == {t: before[t][0] for t in ended}
-        assert (await tc.new_txn()).counter == 60
+        assert (await tc.new_txn()).counter == open_tc.counter_after_restart(60)
     finally:
         await tc.close()
 
 
-async def test_racing_ends_decide_once(tmp_path: Path) -> None:
+async def test_racing_ends_decide_once(open_tc: Opener) -> None:
     rec = Recorder()
-    tc = await TransactionCoordinator.open(0, tmp_path, rec)
+    tc = await open_tc(0, rec)
     try:
         txn = await tc.new_txn()
         await tc.add_partitions(txn, [("t", 0)])
@@ -261,5 +298,126 @@ async def test_racing_ends_decide_once(tmp_path: Path) -> None:
         assert isinstance(results[1], InvalidTxnStatusError)
         await wait_status(tc, txn, TxnStatus.COMMITTED)
         assert rec.calls == [("partition", "t", 0, txn, True)]
+    finally:
+        await tc.close()
+
+
+# -- a log shared with the participants ------------------------------------------
+
+
+class Writer(Recorder):
+    """A participant that writes its end of a transaction to the coordinator's
+    store, as the broker does, and notes how far the coordinator's log was
+    durable when it was asked and when its own write was."""
+
+    def __init__(self, tc_ledger: Callable[[], Ledger], store: Callable[[], LedgerStore]) -> None:
+        super().__init__()
+        self.tc_ledger = tc_ledger
+        self.store = store
+        self.seen: list[tuple[int, int]] = []  # (log durable when asked, when written)
+
+    async def end_txn_on_partition(
+        self, topic: str, partition: int, txnid: TxnID, commit: bool
+    ) -> None:
+        asked = self.tc_ledger().last_entry_id
+        mine = await self.store().open_ledger(f"marker/{topic}/{partition}")
+        await mine.append(b"commit" if commit else b"abort")
+        self.seen.append((asked, self.tc_ledger().last_entry_id))
+
+
+async def test_participants_write_behind_the_decision_without_waiting_for_it(
+    open_tc: Opener,
+) -> None:
+    tc: TransactionCoordinator | None = None
+    writer = Writer(lambda: tc._ledger, lambda: tc.store)  # type: ignore[union-attr]
+    tc = await open_tc(0, writer)
+    try:
+        txn = await tc.new_txn()
+        await tc.add_partitions(txn, [("t", 0)])
+        await tc.add_partitions(txn, [("t", 0)])  # (durable: NEW and ADD_PARTITION)
+        before = tc._ledger.last_entry_id
+        await tc.end_txn(txn, commit=True)
+        ((asked, written),) = writer.seen
+        # The participant's write is never durable before the decision...
+        assert written > before
+        # ...and only a coordinator sharing the store lets it write before
+        # the decision is durable (they then share a group commit).
+        assert asked == (before if open_tc.shared else before + 1)
+    finally:
+        await tc.close()
+
+
+async def test_a_shared_store_registers_at_once(open_tc: Opener) -> None:
+    tc = await open_tc(0, Recorder())
+    try:
+        txn = await tc.new_txn()
+        durable = tc.add_partitions(txn, [("t", 0)])
+        waiting = tc.partition_registration(txn, "t", 0)
+        if open_tc.shared:
+            assert waiting is None  # a send right behind it is taken at once
+            tc.verify_partition(txn, "t", 0)
+        else:
+            assert waiting is not None  # a send waits for the log write
+        await durable
+        assert tc.partition_registration(txn, "t", 0) is None
+    finally:
+        await tc.close()
+
+
+async def test_a_shared_store_reserves_ids_ahead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(coordinator_module, "ID_BLOCK", 8)
+    opener = Opener(tmp_path, shared=True)
+    tc = await opener(0, Recorder())
+    ids = await asyncio.gather(*(tc.new_txn() for _ in range(30)))
+    assert sorted(i.counter for i in ids) == list(range(30))
+    await tc.close()
+    tc = await opener(0, Recorder())
+    try:
+        assert (await tc.new_txn()).counter >= 30
+    finally:
+        await tc.close()
+
+
+KILLED_AFTER_NEW = r"""
+import asyncio, os, signal, sys
+from ledger import LedgerStore
+from tc import TransactionCoordinator
+
+class Nobody:
+    async def end_txn_on_partition(self, *args): pass
+    async def end_txn_on_subscription(self, *args): pass
+
+async def main():
+    store = await LedgerStore.open(sys.argv[1])
+    tc = await TransactionCoordinator.open(0, store, Nobody(), participants_share_store=True)
+    for _ in range(int(sys.argv[2])):
+        print((await tc.new_txn()).counter, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # NEW records perhaps not durable yet
+
+asyncio.run(main())
+"""
+
+
+async def test_ids_answered_before_a_crash_are_never_reissued(tmp_path: Path) -> None:
+    """NEW is answered before its record is durable (shared store): after a
+    SIGKILL right behind it, the restarted coordinator hands out new ids."""
+    issued: set[int] = set()
+    for run in range(3):
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-c", KILLED_AFTER_NEW, str(tmp_path / "broker.db"), "50"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == -signal.SIGKILL, done.stderr
+        counters = {int(line) for line in done.stdout.split()}
+        assert len(counters) == 50 and not counters & issued, run
+        issued |= counters
+    tc = await Opener(tmp_path, shared=True)(0, Recorder())
+    try:
+        assert (await tc.new_txn()).counter not in issued
     finally:
         await tc.close()

@@ -454,9 +454,7 @@ async def test_closed_store_refuses_work(db: Path) -> None:
         await ledger.read(0, 2)  # needs the disk
 
 
-async def test_a_failed_commit_stops_the_store(
-    db: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_failed_commit_stops_the_store(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Append order is durability order: after a failed commit nothing later
     may land without it, so the store refuses every write until reopened."""
     import ledger._store as store_module

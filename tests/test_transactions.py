@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -355,9 +357,12 @@ async def test_two_coordinators_share_the_transactions(tmp_path) -> None:  # typ
             assert sorted(m.value for m in got) == [b"0", b"1", b"2", b"3"]
         _status, coords = admin_json(broker, "GET", "/admin/v1/coordinators")
         assert [c["tc_id"] for c in coords["coordinators"]] == [0, 1]
-        assert (tmp_path / "data" / "tc-1.db").exists()
     finally:
         broker.stop()
+    # Each has a log of its own: a ledger in the broker's store.
+    with contextlib.closing(sqlite3.connect(tmp_path / "data" / "broker.db")) as db:
+        names = {name for (name,) in db.execute("SELECT name FROM ledgers")}
+    assert {"tc/0", "tc/1"} <= names
 
 
 async def test_the_consume_transform_produce_example_runs(broker: BrokerProcess) -> None:
