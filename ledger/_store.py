@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import sqlite3
 from collections.abc import Callable
@@ -107,16 +108,41 @@ class _Trim:
     future: asyncio.Future[None]
 
 
+@functools.lru_cache(maxsize=512)
+def _insert_sql(rows: int) -> str:
+    return "INSERT INTO entries(id, meta, data) VALUES " + ",".join(["(?,?,?)"] * rows)
+
+
+def _insert(raw: sqlite3.Connection, rows: list[tuple[int, int, bytes]]) -> None:
+    """Insert ``rows`` with as few statements as SQLite's variable limit allows."""
+    per = raw.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // 3
+    for i in range(0, len(rows), per):
+        chunk = rows[i : i + per]
+        raw.execute(_insert_sql(len(chunk)), [x for row in chunk for x in row])
+
+
 def _commit(
     raw: sqlite3.Connection,
     rows: list[tuple[int, int, bytes]],
     heads: list[tuple[int, int, int]],
 ) -> None:
-    """One group commit, run on the writer thread: inserts, trims, one COMMIT."""
+    """One group commit, run on the writer thread: inserts, trims, one COMMIT.
+
+    The sqlite3 module lets go of the GIL around every step of a statement
+    (every row of an ``executemany``) and must take it back after each; while
+    the event loop's thread is busy that wait can reach the interpreter's
+    switch interval, every time. So the rows go in as one multi-row INSERT,
+    and a commit of appends alone is that one statement in autocommit mode:
+    its own transaction, one step, one fsync.
+    """
+    if not heads and len(rows) <= raw.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // 3:
+        if rows:
+            raw.execute(_insert_sql(len(rows)), [x for row in rows for x in row])
+        return
     raw.execute("BEGIN IMMEDIATE")
     try:
         if rows:
-            raw.executemany("INSERT INTO entries(id, meta, data) VALUES (?, ?, ?)", rows)
+            _insert(raw, rows)
         for ledger_id, first, nxt in heads:
             raw.execute(
                 "DELETE FROM entries WHERE id >= ? AND id < ?",

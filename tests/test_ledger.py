@@ -454,6 +454,27 @@ async def test_closed_store_refuses_work(db: Path) -> None:
         await ledger.read(0, 2)  # needs the disk
 
 
+async def test_group_commits_larger_than_one_statement(db: Path) -> None:
+    """Rows go in as multi-row INSERTs of at most SQLite's variable limit."""
+    store = await LedgerStore.open(db)
+    writer = store._writer
+    await writer._execute(writer._conn.setlimit, sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 30)
+    ledger = await store.open_ledger("a")
+    await fill(ledger, 4)
+    alone = await fill(ledger, 25)  # one commit, no trim: 3 statements, 10 rows each at most
+    assert alone == list(range(4, 29))
+    ledger.trim(2)
+    with_trim = await fill(ledger, 25)  # the same, inside BEGIN ... COMMIT with the trim
+    assert with_trim == list(range(29, 54))
+    await store.close()
+    store = await LedgerStore.open(db)
+    again = await store.open_ledger("a")
+    assert (again.first_entry_id, again.last_entry_id) == (2, 53)
+    entries = await again.read(2, 53)
+    assert [e.data for e in entries] == [payload(i) for i in (2, 3, *range(25), *range(25))]
+    await store.close()
+
+
 async def test_a_failed_commit_stops_the_store(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Append order is durability order: after a failed commit nothing later
     may land without it, so the store refuses every write until reopened."""
