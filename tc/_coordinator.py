@@ -182,7 +182,7 @@ class TransactionCoordinator:
         # Apply records as they are appended (the participants share the store).
         self._eager = eager
         self._id_bound = 0  # counters below it are reserved durably (eager mode)
-        self._reserving: asyncio.Future[int] | None = None
+        self._reserving: asyncio.Future[None] | None = None
         self._txns: dict[TxnID, TxnMeta] = {}
         self._ended: collections.OrderedDict[TxnID, TxnMeta] = collections.OrderedDict()
         self._next_counter = 0
@@ -312,21 +312,31 @@ class TransactionCoordinator:
         mode), reserving the next block ahead of need."""
         while True:
             if self._reserving is None and self._next_counter + ID_BLOCK // 2 >= self._id_bound:
-                bound = max(self._id_bound, self._next_counter) + ID_BLOCK
-                rec = Op(metadata_op=Op.RESERVE_IDS, id_bound=bound)
-                reserving = self._ledger.append(rec.SerializeToString(), meta=_RECORD)
-                self._reserving = reserving
-
-                def reserved(f: asyncio.Future[int], rec: Any = rec) -> None:
-                    self._reserving = None
-                    if not f.cancelled() and f.exception() is None:
-                        self._apply(rec)
-
-                reserving.add_done_callback(reserved)
+                self._reserving = self._reserve(max(self._id_bound, self._next_counter) + ID_BLOCK)
             if self._next_counter < self._id_bound:
                 return
             assert self._reserving is not None
             await asyncio.shield(self._reserving)
+
+    def _reserve(self, bound: int) -> asyncio.Future[None]:
+        """Log RESERVE_IDS up to ``bound``; the result is done once the bound
+        is durable and in force (so a waiter always finds it moved)."""
+        rec = Op(metadata_op=Op.RESERVE_IDS, id_bound=bound)
+        in_force: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def durable(appended: asyncio.Future[int]) -> None:
+            self._reserving = None
+            if appended.cancelled():
+                in_force.cancel()
+            elif (error := appended.exception()) is not None:
+                in_force.set_exception(error)
+            else:
+                self._apply(rec)
+                in_force.set_result(None)
+
+        self._ledger.append(rec.SerializeToString(), meta=_RECORD).add_done_callback(durable)
+        in_force.add_done_callback(_retrieve)  # (its waiters, if any, get the error)
+        return in_force
 
     def partition_registration(
         self, txnid: TxnID, topic: str, partition: int

@@ -370,12 +370,14 @@ async def test_a_shared_store_reserves_ids_ahead(
     monkeypatch.setattr(coordinator_module, "ID_BLOCK", 8)
     opener = Opener(tmp_path, shared=True)
     tc = await opener(0, Recorder())
-    ids = await asyncio.gather(*(tc.new_txn() for _ in range(30)))
-    assert sorted(i.counter for i in ids) == list(range(30))
+    ids = []
+    for _ in range(5):  # many waiting on one reservation, in rounds
+        ids += await asyncio.wait_for(asyncio.gather(*(tc.new_txn() for _ in range(64))), 10)
+    assert sorted(i.counter for i in ids) == list(range(320))
     await tc.close()
     tc = await opener(0, Recorder())
     try:
-        assert (await tc.new_txn()).counter >= 30
+        assert (await tc.new_txn()).counter >= 320
     finally:
         await tc.close()
 
