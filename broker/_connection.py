@@ -4,7 +4,10 @@ The read loop decodes each frame and hands it to the handler of its type.
 Work that must keep the order of frames (queueing a send's append, granting
 permits) happens in the read loop; work that waits (durable acks, receipts,
 topic creation) runs in tasks, so one slow request never stalls the others.
-Answers go through one writer task, in order.
+Answers go through one writer task, in order; to a client that speaks
+protocol version 2, the answers ready at once go as one BATCH frame (one
+write, one wake-up on each side), and a BATCH from the client is handled
+command by command.
 
 Bad input (an undecodable frame, an unknown command, an illegal name, a send
 on a closed producer, an ack of an unknown message) is answered with an
@@ -32,6 +35,7 @@ from buffer import (
     check_subscription_name,
     check_topic_name,
 )
+from proto import batch_frame
 from proto import txnbuf_pb2 as pb
 from subscriptions import Consumer, SubType
 from tc import TxnID
@@ -49,7 +53,8 @@ __all__ = ["Connection"]
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: BATCH frames
+BATCH_MAX_BYTES = 1 << 20  # frames joined into one BATCH at most; a bigger one goes alone
 SERVER_VERSION = "txnbuf/0.1.0"
 MAX_MESSAGE_SIZE = 5 << 20  # bytes in one frame the client may send
 
@@ -86,6 +91,7 @@ class Connection:
         self._out_ready = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._batches = False  # the client reads BATCH frames (protocol version 2)
         # Transactional sends waiting, in order, for their partition's
         # registration with the coordinator: (txn, topic, partition) -> frames.
         self._held_sends: dict[tuple[TxnID, str, int], list[pb.BaseCommand]] = {}
@@ -109,6 +115,7 @@ class Connection:
             T.END_TXN: self._on_end_txn,
             T.END_TXN_ON_PARTITION: self._on_end_txn_on_partition,
             T.END_TXN_ON_SUBSCRIPTION: self._on_end_txn_on_subscription,
+            T.BATCH: self._on_batch,
         }
 
     # -- the loops ------------------------------------------------------------------
@@ -138,13 +145,27 @@ class Connection:
                     self._out.clear()
                     break
                 try:
-                    await self.ws.send_bytes(self._out.popleft())
+                    await self.ws.send_bytes(self._next_frame())
                 except (ConnectionError, RuntimeError) as exc:
                     log.info("connection %s: write failed: %s", self.peer, exc)
                     self._out.clear()
                     break
             if self._closed:
                 return
+
+    def _next_frame(self) -> bytes:
+        """The next frame to write: the first queued, or, for a client that
+        reads batches, a BATCH of those queued (up to `BATCH_MAX_BYTES`)."""
+        out = self._out
+        frame = out.popleft()
+        if not self._batches or not out or len(frame) + len(out[0]) > BATCH_MAX_BYTES:
+            return frame
+        frames, size = [frame], len(frame)
+        while out and size + len(out[0]) <= BATCH_MAX_BYTES:
+            frame = out.popleft()
+            frames.append(frame)
+            size += len(frame)
+        return batch_frame(frames)
 
     def send(self, cmd: pb.BaseCommand) -> None:
         if self._closed:
@@ -180,6 +201,16 @@ class Connection:
         except DecodeError:
             self._error(0, pb.MALFORMED_FRAME, "frame is not a valid BaseCommand")
             return
+        self._handle(cmd)
+
+    def _on_batch(self, cmd: pb.BaseCommand) -> None:
+        for inner in cmd.batch.commands:
+            if inner.type == T.BATCH:
+                self._error(0, pb.MALFORMED_FRAME, "a BATCH may not hold a BATCH")
+            else:
+                self._handle(inner)
+
+    def _handle(self, cmd: pb.BaseCommand) -> None:
         handler = self._handlers.get(cmd.type)
         body = cmd.WhichOneof("command")
         if handler is None or body is None or _BODY_TYPE.get(body) != cmd.type:
@@ -226,6 +257,7 @@ class Connection:
     # -- handlers -------------------------------------------------------------------
 
     def _on_connect(self, cmd: pb.BaseCommand) -> None:
+        self._batches = cmd.connect.protocol_version >= 2
         self.send(
             command(
                 T.CONNECTED,

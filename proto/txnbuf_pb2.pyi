@@ -561,8 +561,14 @@ class TransactionMetadataEntry(_message.Message):
     id_bound: int
     def __init__(self, metadata_op: _Optional[_Union[TransactionMetadataEntry.TransactionMetadataOp, str]] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., expected_status: _Optional[_Union[TxnStatusValue, str]] = ..., new_status: _Optional[_Union[TxnStatusValue, str]] = ..., partitions: _Optional[_Iterable[_Union[PartitionRef, _Mapping]]] = ..., subscriptions: _Optional[_Iterable[_Union[SubscriptionRef, _Mapping]]] = ..., txn_timeout_ms: _Optional[int] = ..., txn_start_time: _Optional[int] = ..., txn_last_modification_time: _Optional[int] = ..., timed_out: _Optional[bool] = ..., id_bound: _Optional[int] = ...) -> None: ...
 
+class CommandBatch(_message.Message):
+    __slots__ = ("commands",)
+    COMMANDS_FIELD_NUMBER: _ClassVar[int]
+    commands: _containers.RepeatedCompositeFieldContainer[BaseCommand]
+    def __init__(self, commands: _Optional[_Iterable[_Union[BaseCommand, _Mapping]]] = ...) -> None: ...
+
 class BaseCommand(_message.Message):
-    __slots__ = ("type", "connect", "connected", "partitioned_metadata", "partitioned_metadata_response", "lookup", "lookup_response", "producer", "producer_success", "close_producer", "send", "send_receipt", "send_error", "subscribe", "flow", "message", "ack", "ack_response", "redeliver_unacknowledged", "close_consumer", "active_consumer_change", "success", "error", "ping", "pong", "new_txn", "new_txn_response", "add_partition_to_txn", "add_subscription_to_txn", "end_txn", "txn_response", "end_txn_on_partition", "end_txn_on_subscription")
+    __slots__ = ("type", "connect", "connected", "partitioned_metadata", "partitioned_metadata_response", "lookup", "lookup_response", "producer", "producer_success", "close_producer", "send", "send_receipt", "send_error", "subscribe", "flow", "message", "ack", "ack_response", "redeliver_unacknowledged", "close_consumer", "active_consumer_change", "success", "error", "ping", "pong", "new_txn", "new_txn_response", "add_partition_to_txn", "add_subscription_to_txn", "end_txn", "txn_response", "end_txn_on_partition", "end_txn_on_subscription", "batch")
     class Type(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         TYPE_UNSPECIFIED: _ClassVar[BaseCommand.Type]
@@ -598,6 +604,7 @@ class BaseCommand(_message.Message):
         TXN_RESPONSE: _ClassVar[BaseCommand.Type]
         END_TXN_ON_PARTITION: _ClassVar[BaseCommand.Type]
         END_TXN_ON_SUBSCRIPTION: _ClassVar[BaseCommand.Type]
+        BATCH: _ClassVar[BaseCommand.Type]
     TYPE_UNSPECIFIED: BaseCommand.Type
     CONNECT: BaseCommand.Type
     CONNECTED: BaseCommand.Type
@@ -631,6 +638,7 @@ class BaseCommand(_message.Message):
     TXN_RESPONSE: BaseCommand.Type
     END_TXN_ON_PARTITION: BaseCommand.Type
     END_TXN_ON_SUBSCRIPTION: BaseCommand.Type
+    BATCH: BaseCommand.Type
     TYPE_FIELD_NUMBER: _ClassVar[int]
     CONNECT_FIELD_NUMBER: _ClassVar[int]
     CONNECTED_FIELD_NUMBER: _ClassVar[int]
@@ -664,6 +672,7 @@ class BaseCommand(_message.Message):
     TXN_RESPONSE_FIELD_NUMBER: _ClassVar[int]
     END_TXN_ON_PARTITION_FIELD_NUMBER: _ClassVar[int]
     END_TXN_ON_SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     type: BaseCommand.Type
     connect: CommandConnect
     connected: CommandConnected
@@ -697,4 +706,5 @@ class BaseCommand(_message.Message):
     txn_response: CommandTxnResponse
     end_txn_on_partition: CommandEndTxnOnPartition
     end_txn_on_subscription: CommandEndTxnOnSubscription
-    def __init__(self, type: _Optional[_Union[BaseCommand.Type, str]] = ..., connect: _Optional[_Union[CommandConnect, _Mapping]] = ..., connected: _Optional[_Union[CommandConnected, _Mapping]] = ..., partitioned_metadata: _Optional[_Union[CommandPartitionedMetadata, _Mapping]] = ..., partitioned_metadata_response: _Optional[_Union[CommandPartitionedMetadataResponse, _Mapping]] = ..., lookup: _Optional[_Union[CommandLookupTopic, _Mapping]] = ..., lookup_response: _Optional[_Union[CommandLookupTopicResponse, _Mapping]] = ..., producer: _Optional[_Union[CommandProducer, _Mapping]] = ..., producer_success: _Optional[_Union[CommandProducerSuccess, _Mapping]] = ..., close_producer: _Optional[_Union[CommandCloseProducer, _Mapping]] = ..., send: _Optional[_Union[CommandSend, _Mapping]] = ..., send_receipt: _Optional[_Union[CommandSendReceipt, _Mapping]] = ..., send_error: _Optional[_Union[CommandSendError, _Mapping]] = ..., subscribe: _Optional[_Union[CommandSubscribe, _Mapping]] = ..., flow: _Optional[_Union[CommandFlow, _Mapping]] = ..., message: _Optional[_Union[CommandMessage, _Mapping]] = ..., ack: _Optional[_Union[CommandAck, _Mapping]] = ..., ack_response: _Optional[_Union[CommandAckResponse, _Mapping]] = ..., redeliver_unacknowledged: _Optional[_Union[CommandRedeliverUnacknowledged, _Mapping]] = ..., close_consumer: _Optional[_Union[CommandCloseConsumer, _Mapping]] = ..., active_consumer_change: _Optional[_Union[CommandActiveConsumerChange, _Mapping]] = ..., success: _Optional[_Union[CommandSuccess, _Mapping]] = ..., error: _Optional[_Union[CommandError, _Mapping]] = ..., ping: _Optional[_Union[CommandPing, _Mapping]] = ..., pong: _Optional[_Union[CommandPong, _Mapping]] = ..., new_txn: _Optional[_Union[CommandNewTxn, _Mapping]] = ..., new_txn_response: _Optional[_Union[CommandNewTxnResponse, _Mapping]] = ..., add_partition_to_txn: _Optional[_Union[CommandAddPartitionToTxn, _Mapping]] = ..., add_subscription_to_txn: _Optional[_Union[CommandAddSubscriptionToTxn, _Mapping]] = ..., end_txn: _Optional[_Union[CommandEndTxn, _Mapping]] = ..., txn_response: _Optional[_Union[CommandTxnResponse, _Mapping]] = ..., end_txn_on_partition: _Optional[_Union[CommandEndTxnOnPartition, _Mapping]] = ..., end_txn_on_subscription: _Optional[_Union[CommandEndTxnOnSubscription, _Mapping]] = ...) -> None: ...
+    batch: CommandBatch
+    def __init__(self, type: _Optional[_Union[BaseCommand.Type, str]] = ..., connect: _Optional[_Union[CommandConnect, _Mapping]] = ..., connected: _Optional[_Union[CommandConnected, _Mapping]] = ..., partitioned_metadata: _Optional[_Union[CommandPartitionedMetadata, _Mapping]] = ..., partitioned_metadata_response: _Optional[_Union[CommandPartitionedMetadataResponse, _Mapping]] = ..., lookup: _Optional[_Union[CommandLookupTopic, _Mapping]] = ..., lookup_response: _Optional[_Union[CommandLookupTopicResponse, _Mapping]] = ..., producer: _Optional[_Union[CommandProducer, _Mapping]] = ..., producer_success: _Optional[_Union[CommandProducerSuccess, _Mapping]] = ..., close_producer: _Optional[_Union[CommandCloseProducer, _Mapping]] = ..., send: _Optional[_Union[CommandSend, _Mapping]] = ..., send_receipt: _Optional[_Union[CommandSendReceipt, _Mapping]] = ..., send_error: _Optional[_Union[CommandSendError, _Mapping]] = ..., subscribe: _Optional[_Union[CommandSubscribe, _Mapping]] = ..., flow: _Optional[_Union[CommandFlow, _Mapping]] = ..., message: _Optional[_Union[CommandMessage, _Mapping]] = ..., ack: _Optional[_Union[CommandAck, _Mapping]] = ..., ack_response: _Optional[_Union[CommandAckResponse, _Mapping]] = ..., redeliver_unacknowledged: _Optional[_Union[CommandRedeliverUnacknowledged, _Mapping]] = ..., close_consumer: _Optional[_Union[CommandCloseConsumer, _Mapping]] = ..., active_consumer_change: _Optional[_Union[CommandActiveConsumerChange, _Mapping]] = ..., success: _Optional[_Union[CommandSuccess, _Mapping]] = ..., error: _Optional[_Union[CommandError, _Mapping]] = ..., ping: _Optional[_Union[CommandPing, _Mapping]] = ..., pong: _Optional[_Union[CommandPong, _Mapping]] = ..., new_txn: _Optional[_Union[CommandNewTxn, _Mapping]] = ..., new_txn_response: _Optional[_Union[CommandNewTxnResponse, _Mapping]] = ..., add_partition_to_txn: _Optional[_Union[CommandAddPartitionToTxn, _Mapping]] = ..., add_subscription_to_txn: _Optional[_Union[CommandAddSubscriptionToTxn, _Mapping]] = ..., end_txn: _Optional[_Union[CommandEndTxn, _Mapping]] = ..., txn_response: _Optional[_Union[CommandTxnResponse, _Mapping]] = ..., end_txn_on_partition: _Optional[_Union[CommandEndTxnOnPartition, _Mapping]] = ..., end_txn_on_subscription: _Optional[_Union[CommandEndTxnOnSubscription, _Mapping]] = ..., batch: _Optional[_Union[CommandBatch, _Mapping]] = ...) -> None: ...

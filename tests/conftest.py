@@ -130,14 +130,17 @@ def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
 class RawConnection:
     """A bare WebSocket speaking BaseCommand frames, for protocol-level tests."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, protocol_version: int = 1) -> None:
         self.url = url
+        self.protocol_version = protocol_version  # 2: the broker may answer in BATCH frames
 
     async def __aenter__(self) -> RawConnection:
         self._session = aiohttp.ClientSession()
         self.ws = await self._session.ws_connect(self.url + "/ws")
         connected = await self.request(
-            pb.BaseCommand.CONNECT, "connect", pb.CommandConnect(protocol_version=1)
+            pb.BaseCommand.CONNECT,
+            "connect",
+            pb.CommandConnect(protocol_version=self.protocol_version),
         )
         assert connected.type == pb.BaseCommand.CONNECTED
         return self

@@ -395,3 +395,42 @@ async def test_isolation_level_mismatch_is_refused_clearly(broker: BrokerProcess
     subs = stats["partitions"][0]["subscriptions"]
     assert sorted(subs) == ["clean", "dirty"]
     assert subs["dirty"]["read_uncommitted"] and not subs["clean"]["read_uncommitted"]
+
+
+async def test_batches_are_handled_in_order_and_answers_batched(broker: BrokerProcess) -> None:
+    """Protocol version 2: a BATCH frame is handled command by command, and
+    answers ready at once come back as one BATCH."""
+
+    def frame(kind: int, field: str, body: object) -> pb.BaseCommand:
+        cmd = pb.BaseCommand(type=kind)  # type: ignore[arg-type]
+        getattr(cmd, field).CopyFrom(body)
+        return cmd
+
+    T = pb.BaseCommand
+    async with RawConnection(broker.url, protocol_version=2) as conn:
+        created = await conn.request(
+            T.PRODUCER,
+            "producer",
+            pb.CommandProducer(topic="batched", producer_id=1, request_id=1, producer_name="p"),
+        )
+        assert created.type == T.PRODUCER_SUCCESS
+        batch = pb.BaseCommand(type=T.BATCH)
+        for i in range(3):
+            send = pb.CommandSend(producer_id=1, request_id=10 + i, partition=0)
+            send.messages.add(payload=b"%d" % i, sequence_id=i)
+            batch.batch.commands.append(frame(T.SEND, "send", send))
+        batch.batch.commands.append(frame(T.BATCH, "batch", pb.CommandBatch()))  # refused
+        await conn.send_raw(batch.SerializeToString())
+        answers: list[pb.BaseCommand] = []
+        frames = 0
+        while len(answers) < 4:
+            got = await conn.receive()
+            frames += 1
+            answers.extend(got.batch.commands if got.type == T.BATCH else [got])
+    errors = [a for a in answers if a.type == T.ERROR]
+    assert len(errors) == 1 and "BATCH may not hold a BATCH" in errors[0].error.message
+    receipts = sorted((a.send_receipt for a in answers if a.type == T.SEND_RECEIPT),
+                      key=lambda r: r.request_id)  # fmt: skip
+    assert [r.request_id for r in receipts] == [10, 11, 12]
+    assert [r.entry_id for r in receipts] == [0, 1, 2]  # stored in the order sent
+    assert frames < len(answers)  # the receipts of one group commit share a frame
