@@ -262,8 +262,13 @@ class Cursor:
             # A transaction re-sending its ack of a message it holds: a retry, not a conflict.
             wanted = [p for p in dict.fromkeys(positions) if self.pending_ack.get(p) != txn]
             return self._plan(self._states(wanted), AckEvent.TXN_ACK, txn)
-        mine = sorted(self.txn_acks.get(txn, ()))
-        return self._plan(self._states(mine), _EVENTS[kind], txn)
+        mine = self.txn_acks.get(txn)
+        if not mine:
+            return []
+        # Every position a transaction holds is PENDING_ACK (`_lock` and
+        # `_unlock` keep txn_acks and pending_ack together): ask the table once.
+        after = self._ask(next(iter(mine)), MsgState.PENDING_ACK, _EVENTS[kind], txn)
+        return [(pos, after) for pos in sorted(mine)]
 
     def _states(self, positions: Iterable[Position]) -> list[Change]:
         """Each position with its state (`state`, inlined: this is the hot path)."""
