@@ -9,7 +9,7 @@ import uuid
 from collections.abc import AsyncIterator
 from types import TracebackType
 
-from ._connection import Connection, Type, command
+from ._connection import Command, Connection, command
 from ._consumer import Consumer
 from ._producer import Producer
 from ._txn import Transaction, TxnID, TxnState
@@ -183,9 +183,9 @@ class Client:
         self._next_tc += 1
         reply = await self._conn.request(
             lambda request_id: command(
-                Type.NEW_TXN, "new_txn", request_id=request_id, txn_ttl_ms=ttl_ms, tc_id=tc_id
+                Command.NEW_TXN, "new_txn", request_id=request_id, txn_ttl_ms=ttl_ms, tc_id=tc_id
             ),
-            Type.NEW_TXN_RESPONSE,
+            Command.NEW_TXN_RESPONSE,
             f"new transaction on coordinator {tc_id}",
             link_bound=False,
         )

@@ -120,6 +120,26 @@ async def wait_until(awaitable: Awaitable[T], deadline: float, what: str) -> T:
         raise OperationTimeoutError(f"{what} timed out") from None
 
 
+async def wait_future_until(future: asyncio.Future[T], deadline: float, what: str) -> T:
+    """``wait_until`` for a future that only the caller awaits (the answer to
+    a request): at ``deadline`` the future itself fails with
+    ``OperationTimeoutError``. One timer, not ``asyncio.timeout``'s context
+    manager and task bookkeeping, which cost several microseconds; this
+    runs for every control request, several per transaction."""
+    timer = future.get_loop().call_at(deadline, _time_out, future, what)
+    try:
+        return await future
+    finally:
+        timer.cancel()
+        if future.done() and not future.cancelled():
+            future.exception()  # seen, even if this task was cancelled meanwhile
+
+
+def _time_out(future: asyncio.Future[Any], what: str) -> None:
+    if not future.done():
+        future.set_exception(OperationTimeoutError(f"{what} timed out"))
+
+
 def copy_error(exc: TxnbufError) -> TxnbufError:
     """A fresh copy of ``exc`` to raise once more (one exception object raised
     in many places would collect all their tracebacks)."""
@@ -395,7 +415,7 @@ class Connection:
         """The answer to a request written by `begin_request` (raised if an error)."""
         request_id, future = sent
         try:
-            reply = await wait_until(future, deadline, what)
+            reply = await wait_future_until(future, deadline, what)
         finally:
             self._requests.pop(request_id, None)
         if reply.type == Command.ERROR:  # (see _dispatch: not Type.ERROR)

@@ -107,6 +107,10 @@ class _AckFrame:
 
 def message_id_of(message: Message | MessageId) -> MessageId:
     """The id of a Message, or the MessageId itself."""
+    if type(message) is Message:
+        # First, and the field read directly: an ack passes here once per id,
+        # and a failing isinstance or the property costs more than the rest.
+        return message._id
     if isinstance(message, MessageId):
         return message
     if isinstance(message, Message):
@@ -128,8 +132,12 @@ def build_ack(
         cmd.ack.txnid_most_bits, cmd.ack.txnid_least_bits = txn_id
         cmd.ack.transactional = True
     add = cmd.ack.message_ids.add
-    for mid in ids:
-        add(partition=mid.partition, entry_id=mid.entry_id, batch_index=mid.batch_index)
+    for partition, entry_id, batch_index in ids:
+        # Field by field, not add(**fields): cheaper in upb (see build_send).
+        data = add()
+        data.partition = partition
+        data.entry_id = entry_id
+        data.batch_index = batch_index
     return cmd
 
 

@@ -67,7 +67,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from proto import txnbuf_pb2 as pb
 
-from ._connection import Command, Type, command, copy_error, wait_until
+from ._connection import Command, Type, command, copy_error, wait_future_until
 from .errors import (
     ConnectionLostError,
     InvalidInputError,
@@ -293,8 +293,8 @@ class Transaction:
         self._written_on: dict[asyncio.Future[None], Link] = {}  # registration -> its link
         self._tasks: set[asyncio.Task[None]] = set()
         self._pending_ops = 0
-        self._settled = asyncio.Event()
-        self._settled.set()
+        # What commit() waits on while sends or acks are unanswered.
+        self._settled: asyncio.Future[None] | None = None
         self._error: TxnbufError | None = None
 
     def __repr__(self) -> str:
@@ -310,7 +310,6 @@ class Transaction:
         """Count a send or ack of the transaction until ``future`` is done;
         a failure makes ``commit()`` abort."""
         self._pending_ops += 1
-        self._settled.clear()
         future.add_done_callback(self._op_done)
 
     def _op_done(self, future: asyncio.Future[Any]) -> None:
@@ -323,17 +322,20 @@ class Transaction:
             error = future.exception()
         if error is not None and self._error is None:
             self._error = error if isinstance(error, TxnbufError) else TxnbufError(repr(error))
-        if not self._pending_ops:
-            self._settled.set()
+        settled = self._settled
+        if not self._pending_ops and settled is not None and not settled.done():
+            settled.set_result(None)
 
     def _partition_registered(self, topic: str, partition: int) -> asyncio.Future[None]:
         """The future of this partition's ADD_PARTITION_TO_TXN (started on
         the first call)."""
         future = self._partitions.get((topic, partition))
         if future is None:
+            # Command.X, not Type.X, here and below: a plain int, where the
+            # enum wrapper's attribute costs a Python call (once per transaction).
             future = self._partitions[topic, partition] = self._register(
                 f"add partition {topic!r}:{partition} to transaction {self.id}",
-                Type.ADD_PARTITION_TO_TXN,
+                Command.ADD_PARTITION_TO_TXN,
                 "add_partition_to_txn",
                 lambda cmd: cmd.add_partition_to_txn.partitions.add(
                     topic=topic, partition=partition
@@ -348,7 +350,7 @@ class Transaction:
         if future is None:
             future = self._subscriptions[topic, subscription] = self._register(
                 f"add subscription {subscription!r} on {topic!r} to transaction {self.id}",
-                Type.ADD_SUBSCRIPTION_TO_TXN,
+                Command.ADD_SUBSCRIPTION_TO_TXN,
                 "add_subscription_to_txn",
                 lambda cmd: cmd.add_subscription_to_txn.subscriptions.add(
                     topic=topic, subscription=subscription
@@ -396,11 +398,11 @@ class Transaction:
             try:
                 if sent is None:
                     raise ConnectionLostError(f"{what}: not connected")
-                await conn.finish_request(sent, Type.TXN_RESPONSE, what, deadline)
+                await conn.finish_request(sent, Command.TXN_RESPONSE, what, deadline)
             except TxnbufError as exc:
                 if not exc.retriable or isinstance(exc, OperationTimeoutError):
                     raise
-                await conn.request(build, Type.TXN_RESPONSE, what, deadline, link_bound=False)
+                await conn.request(build, Command.TXN_RESPONSE, what, deadline, link_bound=False)
         except TxnbufError as exc:
             future.set_exception(exc)
             future.exception()  # read by the frames waiting on it, not by a task
@@ -433,8 +435,9 @@ class Transaction:
         self._begin(TxnEvent.COMMIT)
         try:
             if self._pending_ops:
-                await wait_until(
-                    self._settled.wait(),
+                self._settled = self._loop.create_future()
+                await wait_future_until(
+                    self._settled,
                     self._loop.time() + 2 * self._conn.operation_timeout,
                     f"commit of transaction {self.id} (waiting for its sends and acks)",
                 )
@@ -504,9 +507,9 @@ class Transaction:
         try:
             await self._conn.request(
                 lambda request_id: self._command(
-                    Type.END_TXN, "end_txn", request_id, txn_action=action
+                    Command.END_TXN, "end_txn", request_id, txn_action=action
                 ),
-                Type.TXN_RESPONSE,
+                Command.TXN_RESPONSE,
                 f"{event.value} transaction {self.id}",
                 link_bound=False,
             )

@@ -710,6 +710,30 @@ async def answer_with_first_batch_index(fake: FakeBroker, producer: Any, first: 
     )
 
 
+async def test_receipt_with_too_few_ids_makes_commit_abort(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t")
+    txn = await cli.new_transaction()
+    fake.ignore_sends = True
+    futures = [producer.send_nowait(b"%d" % i, txn=txn) for i in range(2)]
+    await until(lambda: len(fake.sends()) == 1)
+    await fake.push(
+        frame(
+            T.SEND_RECEIPT,
+            "send_receipt",
+            producer_id=producer.producer_id,
+            request_id=fake.sends()[0].request_id,
+            partition=0,
+            message_ids=[pb.MessageIdData(partition=0, entry_id=-1, batch_index=0)],
+        )
+    )
+    assert await futures[0] == MessageId(0, -1, 0)
+    with pytest.raises(errors.ProtocolError, match="1 ids for 2 messages"):
+        await futures[1]
+    with pytest.raises(errors.ProtocolError, match="1 ids for 2 messages"):
+        await txn.commit()
+    assert end_actions(fake) == [pb.ABORT] and producer.pending == 0
+
+
 async def test_first_batch_index_answers_every_message(fake: FakeBroker, cli: Client) -> None:
     producer = await cli.create_producer("t")
     txn = await cli.new_transaction()
