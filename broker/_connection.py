@@ -54,7 +54,7 @@ __all__ = ["Connection"]
 log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 2  # 2: BATCH frames
-BATCH_MAX_BYTES = 1 << 20  # frames joined into one BATCH at most; a bigger one goes alone
+BATCH_MAX_BYTES = 1 << 16  # frames joined into one BATCH at most; a bigger one goes alone
 SERVER_VERSION = "txnbuf/0.1.0"
 MAX_MESSAGE_SIZE = 5 << 20  # bytes in one frame the client may send
 

@@ -72,7 +72,11 @@ Command = pb.BaseCommand
 Type = pb.BaseCommand.Type
 
 CLIENT_VERSION = "txnbuf-python/0.1.0"
-PROTOCOL_VERSION = 1
+# 2: the client reads BATCH frames (several commands in one WebSocket message).
+# It writes one command per message: joining its own frames measured 15-20%
+# slower at 4 and 16 consume-transform-produce workers (bench.txn), though
+# each side then spent less CPU per message.
+PROTOCOL_VERSION = 2
 # Used until the broker's CONNECTED says otherwise.
 DEFAULT_MAX_MESSAGE_SIZE = 5 * 1024 * 1024
 BACKOFF_MIN = 0.05
@@ -560,9 +564,14 @@ class Connection:
                     try:
                         with decoding("frame"):
                             cmd = Command.FromString(msg.data)
-                        self._dispatch(cmd)
                     except Exception:
-                        log.exception("failed to handle a frame from the broker")
+                        log.exception("failed to decode a frame from the broker")
+                        continue
+                    for one in cmd.batch.commands if cmd.type == Command.BATCH else (cmd,):
+                        try:
+                            self._dispatch(one)
+                        except Exception:
+                            log.exception("failed to handle a frame from the broker")
                 elif msg.type in (
                     aiohttp.WSMsgType.CLOSE,
                     aiohttp.WSMsgType.CLOSING,

@@ -1385,3 +1385,35 @@ async def test_cancelled_list_ack_still_goes_out(fake: FakeBroker, cli: Client) 
     with pytest.raises(asyncio.CancelledError):
         await task
     await until(lambda: not fake.subs["t", "s"].unacked)
+
+
+async def test_a_batch_from_the_broker_is_handled_command_by_command() -> None:
+    """Protocol version 2: each command of a BATCH is dispatched, in order,
+    and one that fails to be handled does not stop the others."""
+    from client._connection import Connection, Link
+    from proto import batch_frame
+
+    class Socket:
+        def __init__(self, frames: list[bytes]) -> None:
+            self.frames = frames
+
+        async def receive(self) -> Any:
+            if self.frames:
+                return type("Msg", (), {"type": WSMsgType.BINARY, "data": self.frames.pop(0)})
+            return type("Msg", (), {"type": WSMsgType.CLOSED, "data": b""})
+
+    ping = pb.BaseCommand(type=pb.BaseCommand.PING, ping=pb.CommandPing())
+    pong = pb.BaseCommand(type=pb.BaseCommand.PONG, pong=pb.CommandPong())
+    conn = Connection("http://127.0.0.1:1", operation_timeout=1.0)
+    seen: list[int] = []
+
+    def dispatch(cmd: pb.BaseCommand) -> None:
+        seen.append(cmd.type)
+        if len(seen) == 1:
+            raise RuntimeError("a handler failed")
+
+    conn._dispatch = dispatch  # type: ignore[method-assign]
+    frames = [batch_frame([ping.SerializeToString(), pong.SerializeToString()]),
+              ping.SerializeToString()]  # fmt: skip
+    await conn._read(Link(Socket(frames), 1))  # type: ignore[arg-type]
+    assert seen == [pb.BaseCommand.PING, pb.BaseCommand.PONG, pb.BaseCommand.PING]
