@@ -3,7 +3,8 @@
 Each coordinator has an id (TCID) and its own log: a ledger ``tc/<id>`` of
 `TransactionMetadataEntry` records (NEW / ADD_PARTITION / ADD_SUBSCRIPTION /
 UPDATE / RESERVE_IDS). Every request is logged and applied to the in-memory
-map, and answered once its record is durable; recovery replays the log
+map, and answered once its record is durable (NEW excepted, see below);
+recovery replays the log
 through the same `_apply`. A snapshot (the live map and the id counter) is
 written every `SNAPSHOT_EVERY` records and the log trimmed before it, so
 recovery time does not grow with history.
