@@ -434,3 +434,35 @@ async def test_batches_are_handled_in_order_and_answers_batched(broker: BrokerPr
     assert [r.request_id for r in receipts] == [10, 11, 12]
     assert [r.entry_id for r in receipts] == [0, 1, 2]  # stored in the order sent
     assert frames < len(answers)  # the receipts of one group commit share a frame
+
+
+async def test_a_data_directory_from_before_keeps_its_coordinator_file(tmp_path: Path) -> None:
+    """Coordinator logs used to be files of their own (``tc-<id>.db``): a broker
+    started on such a directory keeps using it, transactions and all."""
+    from tc import TransactionCoordinator, TxnStatus
+
+    class Nobody:
+        async def end_txn_on_partition(self, *args: object) -> None: ...
+        async def end_txn_on_subscription(self, *args: object) -> None: ...
+
+    data = tmp_path / "data"
+    old = await TransactionCoordinator.open(0, data, Nobody())
+    left_open = await old.new_txn(timeout_ms=3_600_000)
+    await old.close()
+    broker = BrokerProcess(data, tmp_path / "broker.log")
+    broker.start()
+    try:
+        status, txn = admin_json(broker, "GET", f"/admin/v1/transactions/{left_open}")
+        assert status == 200 and txn["status"] == TxnStatus.OPEN.name
+        async with Client(broker.url) as client:
+            sink = await client.subscribe("after", "reader", initial_position="earliest")
+            producer = await client.create_producer("after")
+            async with client.transaction() as new:
+                await producer.send(b"x", txn=new)
+            assert str(new.id) == "(0,1)"  # the counter goes on from the old file
+            assert (await receive_n(sink, 1))[0].value == b"x"
+    finally:
+        broker.stop()
+    with contextlib.closing(sqlite3.connect(data / "broker.db")) as db:
+        names = {name for (name,) in db.execute("SELECT name FROM ledgers")}
+    assert "tc/0" not in names  # still in tc-0.db
