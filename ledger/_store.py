@@ -113,9 +113,8 @@ def _insert_sql(rows: int) -> str:
     return "INSERT INTO entries(id, meta, data) VALUES " + ",".join(["(?,?,?)"] * rows)
 
 
-def _insert(raw: sqlite3.Connection, rows: list[tuple[int, int, bytes]]) -> None:
-    """Insert ``rows`` with as few statements as SQLite's variable limit allows."""
-    per = raw.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // 3
+def _insert(raw: sqlite3.Connection, rows: list[tuple[int, int, bytes]], per: int) -> None:
+    """Insert ``rows`` as multi-row INSERTs of at most ``per`` rows each."""
     for i in range(0, len(rows), per):
         chunk = rows[i : i + per]
         raw.execute(_insert_sql(len(chunk)), [x for row in chunk for x in row])
@@ -135,14 +134,13 @@ def _commit(
     and a commit of appends alone is that one statement in autocommit mode:
     its own transaction, one step, one fsync.
     """
-    if not heads and len(rows) <= raw.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // 3:
-        if rows:
-            raw.execute(_insert_sql(len(rows)), [x for row in rows for x in row])
+    per = raw.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // 3  # rows in one statement
+    if not heads and len(rows) <= per:
+        _insert(raw, rows, per)
         return
     raw.execute("BEGIN IMMEDIATE")
     try:
-        if rows:
-            _insert(raw, rows)
+        _insert(raw, rows, per)
         for ledger_id, first, nxt in heads:
             raw.execute(
                 "DELETE FROM entries WHERE id >= ? AND id < ?",
