@@ -422,16 +422,7 @@ async def test_txn_receipt_without_ids_is_a_protocol_error(fake: FakeBroker, cli
     fake.ignore_sends = True
     pending = producer.send_nowait(b"x", txn=txn)
     await until(lambda: len(fake.sends()) == 1)
-    await fake.push(  # the plain-send shape: no message_ids
-        frame(
-            T.SEND_RECEIPT,
-            "send_receipt",
-            producer_id=producer.producer_id,
-            request_id=fake.sends()[0].request_id,
-            partition=0,
-            entry_id=-1,
-        )
-    )
+    await answer_the_send(fake, producer, entry_id=-1)  # the plain-send shape: no message_ids
     with pytest.raises(errors.ProtocolError, match="transactional"):
         await pending
     with pytest.raises(errors.ProtocolError):
@@ -695,8 +686,8 @@ async def test_read_uncommitted_is_passed_to_subscribe(fake: FakeBroker, cli: Cl
 # --- receipts with first_batch_index -----------------------------------------------
 
 
-async def answer_with_first_batch_index(fake: FakeBroker, producer: Any, first: int) -> None:
-    """Answer the (only) SEND with a receipt that gives ``first_batch_index``."""
+async def answer_the_send(fake: FakeBroker, producer: Any, **receipt: Any) -> None:
+    """Answer the (only) SEND with a receipt on partition 0 with these fields."""
     await fake.push(
         frame(
             T.SEND_RECEIPT,
@@ -704,10 +695,14 @@ async def answer_with_first_batch_index(fake: FakeBroker, producer: Any, first: 
             producer_id=producer.producer_id,
             request_id=fake.sends()[0].request_id,
             partition=0,
-            entry_id=-1,
-            first_batch_index=first,
+            **receipt,
         )
     )
+
+
+async def answer_with_first_batch_index(fake: FakeBroker, producer: Any, first: int) -> None:
+    """Answer the (only) SEND with a receipt that gives ``first_batch_index``."""
+    await answer_the_send(fake, producer, entry_id=-1, first_batch_index=first)
 
 
 async def test_receipt_with_too_few_ids_makes_commit_abort(fake: FakeBroker, cli: Client) -> None:
@@ -716,15 +711,8 @@ async def test_receipt_with_too_few_ids_makes_commit_abort(fake: FakeBroker, cli
     fake.ignore_sends = True
     futures = [producer.send_nowait(b"%d" % i, txn=txn) for i in range(2)]
     await until(lambda: len(fake.sends()) == 1)
-    await fake.push(
-        frame(
-            T.SEND_RECEIPT,
-            "send_receipt",
-            producer_id=producer.producer_id,
-            request_id=fake.sends()[0].request_id,
-            partition=0,
-            message_ids=[pb.MessageIdData(partition=0, entry_id=-1, batch_index=0)],
-        )
+    await answer_the_send(
+        fake, producer, message_ids=[pb.MessageIdData(partition=0, entry_id=-1, batch_index=0)]
     )
     assert await futures[0] == MessageId(0, -1, 0)
     with pytest.raises(errors.ProtocolError, match="1 ids for 2 messages"):
