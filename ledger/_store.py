@@ -1,11 +1,18 @@
-"""Ledgers in one SQLite database, written by one group-committing task.
+"""Ledgers in one SQLite database, written by group commits.
 
 A ledger is an append-only sequence of entries with increasing entry ids,
 read by range and trimmed from the front. Many ledgers share one database
-file (a `LedgerStore`); one writer task per store collects the appends and
-trims that arrive while the previous commit is in flight and commits them
-as one SQLite transaction: one fsync (WAL, ``synchronous=FULL``) for all of
-them. A future resolves only after its commit is on disk.
+file (a `LedgerStore`). Appends and trims wait in a queue; a group commit
+takes everything queued when it starts and commits it as one SQLite
+transaction: one fsync (WAL, ``synchronous=FULL``) for all of them. A future
+resolves only after its commit is on disk.
+
+The group commit takes the queue on the writer connection's thread, not in
+the event loop: a commit is queued to that thread as soon as something waits
+and no commit is queued yet, so the thread goes from one commit to the next
+without waiting for the event loop (which, when busy, took as long as the
+commit itself to hand the thread its next batch: 0.8 ms p50 at 4 CTP
+workers, against 0.6 ms for the commit).
 
 Append order is durability order, across all the ledgers of a store: an
 append made after another (in the event loop's order) is committed in the
@@ -16,7 +23,7 @@ right behind its log records when they share a store (see `tc`).
 
 Each aiosqlite call is a hop to its thread and back (~80-100 us), so a whole
 group commit runs as one function on the writer connection's thread (see
-`_commit`). Reads that miss the in-memory tail cache go to a
+`LedgerStore._commit_queued`). Reads that miss the in-memory tail cache go to a
 second, read-only connection, so catching-up readers never queue behind a
 commit.
 
@@ -108,6 +115,29 @@ class _Trim:
     future: asyncio.Future[None]
 
 
+@dataclass(slots=True)
+class _Done:
+    """A group commit that succeeded: its operations, in order, the ledgers
+    it trimmed (new first entry ids) and how many entries it added."""
+
+    batch: list[_Append | _Trim]
+    trims: dict[Ledger, int]
+    appended: int
+
+
+class _Failed(Exception):
+    """A group commit failed (raised on the writer thread)."""
+
+    def __init__(self, batch: list[_Append | _Trim], error: BaseException) -> None:
+        super().__init__(str(error))
+        self.batch = batch
+        self.error = error
+
+
+class _Refused(Exception):
+    """A group commit queued behind one that failed: it wrote nothing."""
+
+
 @functools.lru_cache(maxsize=512)
 def _insert_sql(rows: int) -> str:
     return "INSERT INTO entries(id, meta, data) VALUES " + ",".join(["(?,?,?)"] * rows)
@@ -170,7 +200,11 @@ class Ledger:
         self.name = name
         self.first_entry_id = first
         self.last_entry_id = nxt - 1
-        self._next = nxt  # next id to assign (the writer assigns in commit order)
+        # Owned by the writer thread (see `LedgerStore._commit_queued`): the
+        # next id to assign, in commit order, and the first entry not trimmed
+        # as committed (``first_entry_id`` follows it in the event loop).
+        self._next = nxt
+        self._first = first
         self._cache: collections.deque[Entry] = collections.deque()
         self._cache_bytes = 0
         self._waiters: list[asyncio.Future[None]] = []
@@ -271,12 +305,23 @@ class LedgerStore:
         self._writer = writer
         self._reader = reader
         self._ledgers: dict[str, Ledger] = {}
-        self._pending: list[_Append | _Trim] = []
+        # Appends and trims not yet taken by a group commit. The event loop
+        # appends, the writer thread takes (deque operations are atomic).
+        self._queue: collections.deque[_Append | _Trim] = collections.deque()
+        # A group commit is queued to the writer thread and has not started
+        # (set by the loop, cleared by the thread before it takes the queue).
+        self._commit_queued = False
+        # Group commits queued to the writer thread, oldest first: the
+        # write loop settles them in that order.
+        self._jobs: collections.deque[asyncio.Future[_Done | None]] = collections.deque()
         self._wakeup = asyncio.Event()
         self._closed = False
         # Set by a group commit that failed: the store then refuses every
-        # write (fail-stop), see `_commit_batch`.
+        # write (fail-stop), see `_fail`. The writer thread keeps its own
+        # copy, so that commits already queued behind the failed one write
+        # nothing.
         self._failed: LedgerError | None = None
+        self._thread_failed: BaseException | None = None
         self._task = asyncio.get_running_loop().create_task(self._write_loop())
         self.commits = 0  # group commits done, for stats and benchmarks
         self.appends = 0
@@ -320,7 +365,7 @@ class LedgerStore:
         if self._closed:
             return
         self._closed = True
-        self._wakeup.set()
+        self._wakeup.set()  # (whatever is queued has its group commit queued too)
         await self._task
         await self._reader.close()
         await self._writer.close()
@@ -378,32 +423,41 @@ class LedgerStore:
     def _append(self, ledger: Ledger, data: bytes, meta: int) -> asyncio.Future[int]:
         self._check_open()
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Append(ledger, meta, data, fut))
-        self._wakeup.set()
+        self._queue.append(_Append(ledger, meta, data, fut))
+        if not self._commit_queued:
+            self._queue_commit()
         return fut
 
     def _trim(self, ledger: Ledger, before: int) -> asyncio.Future[None]:
         self._check_open()
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Trim(ledger, before, fut))
-        self._wakeup.set()
+        self._queue.append(_Trim(ledger, before, fut))
+        if not self._commit_queued:
+            self._queue_commit()
         return fut
 
-    async def _write_loop(self) -> None:
-        while True:
-            if not self._pending:
-                if self._closed:
-                    return
-                await self._wakeup.wait()
-                self._wakeup.clear()
-                continue
-            batch, self._pending = self._pending, []
-            await self._commit_batch(batch)
+    def _queue_commit(self) -> None:
+        """Queue a group commit to the writer thread. It takes whatever is
+        queued when it starts; until then, appends need no other."""
+        self._commit_queued = True
+        self._jobs.append(asyncio.ensure_future(_on_thread(self._writer, self._commit_queued_ops)))
+        self._wakeup.set()
 
-    async def _commit_batch(self, batch: list[_Append | _Trim]) -> None:
+    def _commit_queued_ops(self, raw: sqlite3.Connection) -> _Done | None:
+        """One group commit, on the writer thread: take the queue, assign
+        entry ids, insert, trim, commit. None if the queue was empty (a
+        commit before this one took it)."""
+        self._commit_queued = False  # first: an append from now on queues the next commit
+        if self._thread_failed is not None:
+            raise _Refused()  # fail-stop: the event loop fails what is queued
+        queue, batch = self._queue, []
+        while queue:
+            batch.append(queue.popleft())
+        if not batch:
+            return None
         rows: list[tuple[int, int, bytes]] = []
-        heads: dict[Ledger, int] = {}  # ledger -> new first entry id (-1: unchanged)
-        start_next = {}
+        heads: dict[Ledger, int] = {}  # ledger -> its new first entry id (-1: unchanged)
+        start_next: dict[Ledger, int] = {}
         for op in batch:
             ledger = op.ledger
             if ledger not in start_next:
@@ -415,43 +469,80 @@ class LedgerStore:
                 rows.append((_key(ledger.id, op.entry_id), op.meta, op.data))
             else:
                 before = min(op.before, ledger._next)
-                heads[ledger] = max(heads[ledger], before, ledger.first_entry_id)
-        head_rows = [(lg.id, first, lg._next) for lg, first in heads.items() if first >= 0]
+                heads[ledger] = max(heads[ledger], before, ledger._first)
+        trims = {lg: first for lg, first in heads.items() if first >= 0}
         try:
-            await _on_thread(self._writer, _commit, rows, head_rows)
-        except Exception as exc:
-            # Fail-stop: once a commit failed, nothing more is written. Callers
-            # rely on append order meaning durability order (an entry appended
-            # after another is durable only if that one is: the coordinator
-            # lets participants write right behind its log records), which a
-            # later commit succeeding after a failed one would break; and
-            # after a failed fsync what is on disk is unknown (PostgreSQL
-            # learned this the hard way). The broker has to be restarted.
+            _commit(raw, rows, [(lg.id, first, lg._next) for lg, first in trims.items()])
+        except BaseException as exc:
             for ledger, nxt in start_next.items():
                 ledger._next = nxt
-            error = LedgerError(
-                f"group commit to {self.path} failed: {exc}; the store refuses writes "
-                "until it is reopened"
-            )
+            self._thread_failed = exc
+            raise _Failed(batch, exc) from exc
+        for ledger, first in trims.items():
+            ledger._first = first
+        return _Done(batch, trims, len(rows))
+
+    async def _write_loop(self) -> None:
+        """Settle the group commits in the order they were queued."""
+        while True:
+            if not self._jobs:
+                if self._closed:
+                    return
+                await self._wakeup.wait()
+                self._wakeup.clear()
+                continue
+            job = self._jobs[0]
+            try:
+                done = await job
+            except _Failed as failed:
+                self._fail(failed.batch, failed.error)
+                continue
+            except _Refused:
+                continue  # (the commit that failed before it failed what was queued)
+            except Exception as exc:
+                self._fail([], exc)
+                continue
+            finally:
+                self._jobs.popleft()
+            if done is not None:
+                self._settle(done)
+
+    def _fail(self, batch: list[_Append | _Trim], exc: BaseException) -> None:
+        # Fail-stop: once a commit failed, nothing more is written. Callers
+        # rely on append order meaning durability order (an entry appended
+        # after another is durable only if that one is: the coordinator lets
+        # participants write right behind its log records), which a later
+        # commit succeeding after a failed one would break; and after a
+        # failed fsync what is on disk is unknown (PostgreSQL learned this
+        # the hard way). The broker has to be restarted.
+        self._thread_failed = self._thread_failed or exc
+        error = LedgerError(
+            f"group commit to {self.path} failed: {exc}; the store refuses writes "
+            "until it is reopened"
+        )
+        if self._failed is None:
             self._failed = error
             log.critical("%s", error)
-            for op in (*batch, *self._pending):
-                if not op.future.done():
-                    op.future.set_exception(error)
-            self._pending = []
-            return
+        queued = list(self._queue)
+        self._queue.clear()
+        for op in (*batch, *queued):
+            if not op.future.done():
+                op.future.set_exception(self._failed)
+
+    def _settle(self, done: _Done) -> None:
+        """After a group commit: update the ledgers, tell the listeners,
+        resolve the futures."""
         self.commits += 1
-        self.appends += len(rows)
+        self.appends += done.appended
         added: dict[Ledger, list[Entry]] = {}
-        for op in batch:
+        for op in done.batch:
             if isinstance(op, _Append):
                 added.setdefault(op.ledger, []).append(Entry(op.entry_id, op.meta, op.data))
-        for ledger, first in heads.items():
-            if first >= 0:
-                ledger._trimmed(first)
+        for ledger, first in done.trims.items():
+            ledger._trimmed(first)
         for ledger, entries in added.items():
             ledger._durable(entries)
-        for op in batch:
+        for op in done.batch:
             if op.future.done():  # the caller gave up waiting; the entry is stored
                 continue
             if isinstance(op, _Append):
