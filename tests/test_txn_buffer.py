@@ -96,7 +96,7 @@ async def settle(store: LedgerStore) -> None:
     barrier = await store.open_ledger("test/barrier")
     for _ in range(4):
         await barrier.append(b"")
-    assert not store._pending
+    assert not store._queue
 
 
 def msgs(*seqs: int, tag: str = "m") -> list[pb.SingleMessage]:
