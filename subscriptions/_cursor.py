@@ -30,6 +30,8 @@ builds on ledger and buffer only, never on tc.
 
 from __future__ import annotations
 
+import bisect
+import collections
 import json
 from array import array
 from collections.abc import Callable, Iterable, Iterator
@@ -259,8 +261,12 @@ class Cursor:
         if txn is None:
             raise ValueError(f"a {_KIND_NAMES[kind]} record needs a transaction id")
         if kind == TXN_ACK:
+            wanted = list(dict.fromkeys(positions))
+            if self._all_pending(wanted):  # the usual case: ask the table once
+                after = self._ask(wanted[0], MsgState.PENDING, AckEvent.TXN_ACK, txn)
+                return [(pos, after) for pos in wanted]
             # A transaction re-sending its ack of a message it holds: a retry, not a conflict.
-            wanted = [p for p in dict.fromkeys(positions) if self.pending_ack.get(p) != txn]
+            wanted = [p for p in wanted if self.pending_ack.get(p) != txn]
             return self._plan(self._states(wanted), AckEvent.TXN_ACK, txn)
         mine = self.txn_acks.get(txn)
         if not mine:
@@ -269,6 +275,16 @@ class Cursor:
         # `_unlock` keep txn_acks and pending_ack together): ask the table once.
         after = self._ask(next(iter(mine)), MsgState.PENDING_ACK, _EVENTS[kind], txn)
         return [(pos, after) for pos in sorted(mine)]
+
+    def _all_pending(self, positions: list[Position]) -> bool:
+        """Are all of ``positions`` (at least one) PENDING? Set operations,
+        not a lookup per message."""
+        return (
+            bool(positions)
+            and min(positions) > self.mark_delete
+            and self.pending_ack.keys().isdisjoint(positions)
+            and self.acked.isdisjoint(positions)
+        )
 
     def _states(self, positions: Iterable[Position]) -> list[Change]:
         """Each position with its state (`state`, inlined: this is the hot path)."""
@@ -353,12 +369,11 @@ class Cursor:
             self._delete_through(max(positions), changes)
         elif kind == TXN_ACK and changes:
             assert txn is not None  # plan() refuses a TXN_ACK without one
-            for pos in changed:  # every one was PENDING (the table allows nothing else)
-                self._lock(pos, txn)
+            self._lock_all(changed, txn)  # every one was PENDING (the table allows nothing else)
         elif kind == TXN_COMMIT and changes:
             # Every one was PENDING_ACK, held by txn: unlock them all, delete them all.
             self._unlock_all(changed)
-            self.acked.update(changed)
+            self._delete(changed)
         else:
             for pos, after in changes:
                 self._set(pos, after, txn)
@@ -380,6 +395,31 @@ class Cursor:
         self.txn_acks.setdefault(txn, set()).add(pos)
         self._locked_entries[pos[0]] = self._locked_entries.get(pos[0], 0) + 1
 
+    def _lock_all(self, positions: list[Position], txn: TxnKey) -> None:
+        """`_lock` of many positions at once."""
+        self.pending_ack.update(dict.fromkeys(positions, txn))
+        self.txn_acks.setdefault(txn, set()).update(positions)
+        locked = self._locked_entries
+        for entry_id, n in _per_entry(positions).items():
+            locked[entry_id] = locked.get(entry_id, 0) + n
+
+    def _delete(self, positions: list[Position]) -> None:
+        """Make sorted ``positions`` DELETED: a leading run that continues
+        the mark-delete position moves it (the usual case: a transaction
+        acknowledged the next messages), the rest joins ``acked``."""
+        entry_id, index = self.mark_delete
+        nxt = (entry_id + 1, 0) if index == WHOLE_ENTRY else (entry_id, index + 1)
+        run = 0
+        if positions[0] == nxt:
+            entry_id, first = nxt
+            run = bisect.bisect_right(positions, (entry_id, WHOLE_ENTRY))
+            while run and positions[run - 1][1] - first != run - 1:
+                run -= 1  # (a gap: only the part before it is a run)
+            if run:
+                self.mark_delete = positions[run - 1]
+        if run < len(positions):
+            self.acked.update(positions[run:] if run else positions)
+
     def _unlock(self, pos: Position) -> None:
         txn = self.pending_ack.pop(pos)
         mine = self.txn_acks[txn]
@@ -395,15 +435,13 @@ class Cursor:
     def _unlock_all(self, positions: list[Position]) -> None:
         """`_unlock` of many positions at once."""
         pending_ack, txn_acks, locked = self.pending_ack, self.txn_acks, self._locked_entries
-        per_entry: dict[int, int] = {}
         for pos in positions:
             txn = pending_ack.pop(pos)
             mine = txn_acks[txn]
             mine.discard(pos)
             if not mine:
                 del txn_acks[txn]
-            per_entry[pos[0]] = per_entry.get(pos[0], 0) + 1
-        for entry_id, n in per_entry.items():
+        for entry_id, n in _per_entry(positions).items():
             left = locked[entry_id] - n
             if left:
                 locked[entry_id] = left
@@ -497,6 +535,13 @@ class Cursor:
         other.txn_acks = {txn: set(mine) for txn, mine in self.txn_acks.items()}
         other._locked_entries = dict(self._locked_entries)
         return other
+
+
+def _per_entry(positions: list[Position]) -> dict[int, int]:
+    """How many of ``positions`` each entry has."""
+    if positions[0][0] == positions[-1][0] and all(p[0] == positions[0][0] for p in positions):
+        return {positions[0][0]: len(positions)}
+    return dict(collections.Counter(p[0] for p in positions))
 
 
 def encode_record(positions: Iterable[Position]) -> bytes:

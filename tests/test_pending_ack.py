@@ -261,6 +261,45 @@ def test_commit_deletes_and_advances_mark_delete() -> None:
     assert dump(cursor) == before
 
 
+def test_commit_of_the_next_messages_moves_mark_delete_past_them() -> None:
+    """The usual consume-transform-produce commit: the transaction holds the
+    messages right after mark-delete (whole entries, or a run with a gap)."""
+    counts = sizes({0: 3, 1: 3, 2: 3, 3: 3})
+    cursor = Cursor(START)
+    for pos in [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]:
+        cursor.apply(TXN_ACK, [pos], counts, 3, T1)
+    cursor.apply(TXN_COMMIT, [], counts, 3, T1)
+    assert cursor.mark_delete == (1, 1)  # entry 0 whole, then (1, 0) and (1, 1)
+    assert not cursor.acked
+    # A run with a gap: (1, 2) and (2, 1) are taken, (2, 0) is not.
+    cursor.apply(TXN_ACK, [(1, 2), (2, 1), (2, 2)], counts, 3, T2)
+    cursor.apply(TXN_COMMIT, [], counts, 3, T2)
+    assert cursor.mark_delete == (1, WHOLE_ENTRY)
+    assert list(cursor.acked) == [(2, 1), (2, 2)]
+    assert cursor.state((2, 0)) is P
+    check_invariants(cursor)
+    cursor.apply(INDIVIDUAL, [(2, 0)], counts, 3)
+    assert cursor.mark_delete == (2, WHOLE_ENTRY)
+    assert not cursor.acked
+    # A gap inside the entry: only (3, 0) continues mark-delete.
+    cursor.apply(TXN_ACK, [(3, 0), (3, 2)], counts, 3, T1)
+    cursor.apply(TXN_COMMIT, [], counts, 3, T1)
+    assert cursor.mark_delete == (3, 0)
+    assert list(cursor.acked) == [(3, 2)]
+    assert cursor.state((3, 1)) is P
+    check_invariants(cursor)
+
+
+def test_commit_of_messages_not_next_to_mark_delete_moves_nothing() -> None:
+    counts = sizes({0: 3, 1: 3})
+    cursor = Cursor(START)
+    cursor.apply(TXN_ACK, [(1, 1), (1, 2)], counts, 1, T1)
+    cursor.apply(TXN_COMMIT, [], counts, 1, T1)
+    assert cursor.mark_delete == START
+    assert list(cursor.acked) == [(1, 1), (1, 2)]
+    check_invariants(cursor)
+
+
 def test_abort_makes_messages_pending_again() -> None:
     cursor = Cursor(START)
     txn_ack(cursor, T1, (0, 0), (3, 1))
