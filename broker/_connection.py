@@ -547,22 +547,40 @@ class Connection:
     # -- transactions (PIP-31 §TC Request Processing) -------------------------------
 
     def _txn_answer(self, req: Any, work: Awaitable[None], what: str) -> None:
-        """Run ``work``; answer TXN_RESPONSE, with the error set if it raised."""
+        """Await ``work``; answer TXN_RESPONSE, with the error set if it raised.
+        A future gets a done callback; a coroutine runs in a task."""
 
-        async def run() -> None:
+        def answer(exc: BaseException | None) -> None:
             resp = pb.CommandTxnResponse(
                 request_id=req.request_id,
                 txnid_most_bits=req.txnid_most_bits,
                 txnid_least_bits=req.txnid_least_bits,
             )
-            try:
-                await work
-            except Exception as exc:
+            if exc is not None:
                 resp.error = error_code(exc)
                 resp.message = error_text(exc)
                 if resp.error == pb.UNKNOWN_ERROR:
-                    log.exception("connection %s: %s failed", self.peer, what)
+                    log.error("connection %s: %s failed", self.peer, what, exc_info=exc)
             self.send(command(T.TXN_RESPONSE, "txn_response", resp))
+
+        if isinstance(work, asyncio.Future):
+
+            def done(f: asyncio.Future[None]) -> None:
+                if f.cancelled():
+                    answer(asyncio.CancelledError())
+                else:
+                    answer(f.exception())
+
+            work.add_done_callback(done)
+            return
+
+        async def run() -> None:
+            try:
+                await work
+            except Exception as exc:
+                answer(exc)
+                return
+            answer(None)
 
         self._spawn(run())
 

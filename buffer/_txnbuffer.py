@@ -529,7 +529,9 @@ class TransactionBuffer:
                 t.marker = marker  # (the partition listener has set it already)
                 faults.hit("buffer.after_commit_marker")
             record = self.sidecar.append(
-                _COMMIT.pack(txn[0], txn[1], t.marker), meta=entry_meta(TXN_COMMIT, 0)
+                _COMMIT.pack(txn[0], txn[1], t.marker),
+                meta=entry_meta(TXN_COMMIT, 0),
+                lazy=t.marker >= 0,  # (answered at the marker: nobody waits for it)
             )
             if t.marker < 0:
                 await record  # nothing else records the commit here

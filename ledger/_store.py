@@ -53,6 +53,10 @@ __all__ = ["Entry", "Ledger", "LedgerError", "LedgerStore"]
 
 log = logging.getLogger(__name__)
 
+# How long a lazy append (see `Ledger.append`) waits for a group commit to
+# go with before it starts one of its own.
+LAZY_DELAY = 0.005
+
 _ENTRY_BITS = 40
 _MAX_ENTRY_ID = (1 << _ENTRY_BITS) - 1
 _T = TypeVar("_T")
@@ -217,9 +221,15 @@ class Ledger:
     def entry_count(self) -> int:
         return self.last_entry_id - self.first_entry_id + 1
 
-    def append(self, data: bytes, meta: int = 1) -> asyncio.Future[int]:
-        """Queue one entry; the future gives its entry id once it is durable."""
-        return self.store._append(self, data, meta)
+    def append(self, data: bytes, meta: int = 1, *, lazy: bool = False) -> asyncio.Future[int]:
+        """Queue one entry; the future gives its entry id once it is durable.
+
+        ``lazy``: nobody is waiting for this entry to be durable soon (a
+        record answered before it is durable, or written after the answer).
+        It starts no group commit of its own: it goes with the next one,
+        or alone after `LAZY_DELAY` if none comes. Order is kept either way.
+        """
+        return self.store._append(self, data, meta, lazy)
 
     def trim(self, before: int) -> asyncio.Future[None]:
         """Delete every entry with an id below ``before`` (durably)."""
@@ -315,6 +325,7 @@ class LedgerStore:
         # write loop settles them in that order.
         self._jobs: collections.deque[asyncio.Future[_Done | None]] = collections.deque()
         self._wakeup = asyncio.Event()
+        self._lazy_timer: asyncio.TimerHandle | None = None  # commits lazy entries alone
         self._closed = False
         # Set by a group commit that failed: the store then refuses every
         # write (fail-stop), see `_fail`. The writer thread keeps its own
@@ -365,7 +376,12 @@ class LedgerStore:
         if self._closed:
             return
         self._closed = True
-        self._wakeup.set()  # (whatever is queued has its group commit queued too)
+        if self._lazy_timer is not None:
+            self._lazy_timer.cancel()
+            self._lazy_timer = None
+        if self._queue and not self._commit_queued:  # lazy entries waiting for company
+            self._queue_commit()
+        self._wakeup.set()
         await self._task
         await self._reader.close()
         await self._writer.close()
@@ -420,13 +436,21 @@ class LedgerStore:
         if self._failed is not None:
             raise self._failed
 
-    def _append(self, ledger: Ledger, data: bytes, meta: int) -> asyncio.Future[int]:
+    def _append(self, ledger: Ledger, data: bytes, meta: int, lazy: bool) -> asyncio.Future[int]:
         self._check_open()
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._queue.append(_Append(ledger, meta, data, fut))
         if not self._commit_queued:
-            self._queue_commit()
+            if not lazy:
+                self._queue_commit()
+            elif self._lazy_timer is None:
+                self._lazy_timer = asyncio.get_running_loop().call_later(LAZY_DELAY, self._lazy_due)
         return fut
+
+    def _lazy_due(self) -> None:
+        self._lazy_timer = None
+        if self._queue and not self._commit_queued:
+            self._queue_commit()
 
     def _trim(self, ledger: Ledger, before: int) -> asyncio.Future[None]:
         self._check_open()
@@ -440,6 +464,9 @@ class LedgerStore:
         """Queue a group commit to the writer thread. It takes whatever is
         queued when it starts; until then, appends need no other."""
         self._commit_queued = True
+        if self._lazy_timer is not None:  # (this commit takes the lazy entries too)
+            self._lazy_timer.cancel()
+            self._lazy_timer = None
         self._jobs.append(asyncio.ensure_future(_on_thread(self._writer, self._commit_queued_ops)))
         self._wakeup.set()
 

@@ -300,7 +300,7 @@ class TransactionCoordinator:
             txn_timeout_ms=timeout_ms or DEFAULT_TIMEOUT_MS,
             txn_start_time=now,
             txn_last_modification_time=now,
-        ))  # fmt: skip
+        ), lazy=self._eager)  # fmt: skip
         if self._eager:
             # OPEN already: the registration that follows is logged behind it.
             logged.add_done_callback(_retrieve)
@@ -421,12 +421,29 @@ class TransactionCoordinator:
 
                 written.add_done_callback(settled)
 
-        async def wait() -> None:
-            for written in waits:
-                if not await asyncio.shield(written):
-                    raise self._status_error(meta, what)
+        # Done when every write waited for is: a callback each, no task.
+        result: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        left = len(waits)
 
-        return asyncio.ensure_future(wait())
+        def one_done(written: asyncio.Future[bool]) -> None:
+            nonlocal left
+            left -= 1
+            if result.done():
+                return
+            if written.cancelled():
+                result.cancel()
+            elif (error := written.exception()) is not None:
+                result.set_exception(error)
+            elif not written.result():
+                result.set_exception(self._status_error(meta, what))
+            elif left == 0:
+                result.set_result(None)
+
+        if not waits:
+            result.set_result(None)
+        for written in waits:
+            written.add_done_callback(one_done)
+        return result
 
     async def end_txn(self, txnid: TxnID, commit: bool) -> None:
         """§CommandEndTxn: log the decision, answer, then finish in the background.
@@ -538,7 +555,11 @@ class TransactionCoordinator:
         rec = self._record(Op.UPDATE, meta.txnid)
         rec.expected_status = meta.status.value  # type: ignore[assignment]
         rec.new_status = transition(meta.status, TxnEvent.FINISH).value  # type: ignore[assignment]
-        await self._until_done(lambda: self._persist(rec), f"log the end of {meta.txnid}")
+        # Nobody waits for this record (END answered once the participants
+        # applied the decision): in eager mode it goes with a later commit.
+        await self._until_done(
+            lambda: self._persist(rec, lazy=self._eager), f"log the end of {meta.txnid}"
+        )
         self._applied.pop(meta.txnid, None)
 
     async def _until_done(self, attempt: Any, what: str) -> None:
@@ -588,18 +609,20 @@ class TransactionCoordinator:
             txn_last_modification_time=_now_ms(),
         )
 
-    async def _persist(self, rec: pb.TransactionMetadataEntry) -> bool:
+    async def _persist(self, rec: pb.TransactionMetadataEntry, lazy: bool = False) -> bool:
         """Append ``rec`` durably, then apply it; False if it no longer applies."""
-        return await self._persist_now(rec)
+        return await self._persist_now(rec, lazy)
 
-    def _persist_now(self, rec: pb.TransactionMetadataEntry) -> asyncio.Future[bool]:
+    def _persist_now(
+        self, rec: pb.TransactionMetadataEntry, lazy: bool = False
+    ) -> asyncio.Future[bool]:
         """Queue ``rec`` now; the result, once it is durable and applied, is
         False if it no longer applies. Records are applied in log order: as
         they are appended in eager mode, otherwise in the append's done
         callback (so that a waiter that gives up cannot leave a durable
         record unapplied)."""
         outcome: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        appended = self._ledger.append(rec.SerializeToString(), meta=_RECORD)
+        appended = self._ledger.append(rec.SerializeToString(), meta=_RECORD, lazy=lazy)
         applied_now = self._apply(rec) if self._eager else False
 
         def durable(appended: asyncio.Future[int]) -> None:
@@ -641,8 +664,10 @@ class TransactionCoordinator:
             )
             self._txns[txnid] = meta
             self._next_counter = max(self._next_counter, txnid.counter + 1)
-            self._deadlines.add((meta.deadline_ms, txnid))
-            self._deadline_changed.set()
+            deadline = (meta.deadline_ms, txnid)
+            self._deadlines.add(deadline)
+            if self._deadlines[0] == deadline:  # (a later one leaves the expiry loop asleep)
+                self._deadline_changed.set()
             return True
         meta_or_none = self._txns.get(txnid)
         if meta_or_none is None:

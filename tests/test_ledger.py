@@ -113,6 +113,40 @@ async def test_appends_queued_during_a_commit_go_in_the_next_one(store: LedgerSt
     assert store.commits - commits <= 3
 
 
+async def test_a_lazy_append_goes_with_the_next_commit(store: LedgerStore, db: Path) -> None:
+    ledger = await store.open_ledger("a")
+    commits = store.commits
+    lazy = ledger.append(b"lazy", lazy=True)
+    await asyncio.sleep(0)
+    assert not lazy.done()  # no commit of its own yet
+    assert await ledger.append(b"eager") == 1
+    assert lazy.done() and lazy.result() == 0  # both in one commit, in order
+    assert store.commits == commits + 1
+    assert stored_row(db, ledger, 0) == (1, b"lazy")
+
+
+async def test_a_lazy_append_alone_is_committed_after_the_delay(
+    store: LedgerStore, db: Path
+) -> None:
+    import ledger._store as store_module
+
+    ledger = await store.open_ledger("a")
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    assert await ledger.append(b"alone", lazy=True) == 0
+    assert loop.time() - start >= store_module.LAZY_DELAY * 0.9
+    assert stored_row(db, ledger, 0) == (1, b"alone")
+
+
+async def test_close_commits_lazy_appends(db: Path) -> None:
+    store = await LedgerStore.open(db)
+    ledger = await store.open_ledger("a")
+    lazy = ledger.append(b"lazy", lazy=True)
+    await _close_or_fail(store, 1.5)
+    assert lazy.result() == 0
+    assert stored_row(db, ledger, 0) == (1, b"lazy")
+
+
 # -- reads ---------------------------------------------------------------------
 
 
