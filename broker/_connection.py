@@ -53,7 +53,7 @@ __all__ = ["Connection"]
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 2  # 2: BATCH frames
+PROTOCOL_VERSION = 3  # 2: BATCH frames; 3: CommandAck.positions
 BATCH_MAX_BYTES = 1 << 16  # frames joined into one BATCH at most; a bigger one goes alone
 SERVER_VERSION = "txnbuf/0.1.0"
 MAX_MESSAGE_SIZE = 5 << 20  # bytes in one frame the client may send
@@ -498,9 +498,7 @@ class Connection:
             try:
                 if consumer is None:
                     raise LookupError(f"no consumer {req.consumer_id} on this connection")
-                by_part: dict[int, list[tuple[int, int]]] = {}
-                for m in req.message_ids:
-                    by_part.setdefault(m.partition, []).append((m.entry_id, m.batch_index))
+                by_part = _ack_positions(req)
                 cumulative = req.ack_type == pb.CommandAck.CUMULATIVE
                 key = None
                 if req.transactional:
@@ -670,6 +668,31 @@ class Connection:
             req.txn_action == pb.COMMIT,
         )
         self._txn_answer(req, work, "end transaction on subscription")
+
+
+def _ack_positions(req: pb.CommandAck) -> dict[int, list[tuple[int, int]]]:
+    """An ACK's messages, ``partition -> [(entry_id, batch_index), ...]``:
+    from ``positions`` (triples, protocol version 3) or ``message_ids``."""
+    if not req.positions:
+        by_part: dict[int, list[tuple[int, int]]] = {}
+        for m in req.message_ids:
+            by_part.setdefault(m.partition, []).append((m.entry_id, m.batch_index))
+        return by_part
+    if req.message_ids:
+        raise BrokerError("INVALID_ARGUMENT", "an ACK names its messages one way: both were given")
+    flat = list(req.positions)
+    if len(flat) % 3:
+        raise BrokerError(
+            "INVALID_ARGUMENT", f"ACK positions come in triples, got {len(flat)} numbers"
+        )
+    partitions = flat[0::3]
+    first = partitions[0]
+    if partitions.count(first) == len(partitions):  # the usual case: one partition
+        return {first: list(zip(flat[1::3], flat[2::3], strict=True))}
+    by_part = {}
+    for partition, entry_id, index in zip(partitions, flat[1::3], flat[2::3], strict=True):
+        by_part.setdefault(partition, []).append((entry_id, index))
+    return by_part
 
 
 async def _raise(exc: Exception) -> None:

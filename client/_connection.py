@@ -76,7 +76,7 @@ CLIENT_VERSION = "txnbuf-python/0.1.0"
 # It writes one command per message: joining its own frames measured 15-20%
 # slower at 4 and 16 consume-transform-produce workers (bench.txn), though
 # each side then spent less CPU per message.
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 # Used until the broker's CONNECTED says otherwise.
 DEFAULT_MAX_MESSAGE_SIZE = 5 * 1024 * 1024
 BACKOFF_MIN = 0.05
@@ -243,6 +243,7 @@ class Connection:
         self.operation_timeout = operation_timeout
         self.max_message_size = DEFAULT_MAX_MESSAGE_SIZE
         self.tc_ids: tuple[int, ...] = ()  # from the last CONNECTED
+        self.broker_protocol = 0  # the protocol version of the last CONNECTED
         self.gen = 0
         self.link: Link | None = None
         self.producers: dict[int, ProducerHandler] = {}
@@ -516,6 +517,7 @@ class Connection:
         if reply.connected.max_message_size > 0:
             self.max_message_size = reply.connected.max_message_size
         self.tc_ids = tuple(reply.connected.tc_ids)
+        self.broker_protocol = reply.connected.protocol_version
         return ws
 
     async def _reattach(self, link: Link) -> None:

@@ -320,7 +320,7 @@ class CommandMessage(_message.Message):
     def __init__(self, consumer_id: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[DeliveredEntry, _Mapping]]] = ...) -> None: ...
 
 class CommandAck(_message.Message):
-    __slots__ = ("consumer_id", "request_id", "ack_type", "message_ids", "txnid_most_bits", "txnid_least_bits", "transactional")
+    __slots__ = ("consumer_id", "request_id", "ack_type", "message_ids", "txnid_most_bits", "txnid_least_bits", "transactional", "positions")
     class AckType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         INDIVIDUAL: _ClassVar[CommandAck.AckType]
@@ -334,6 +334,7 @@ class CommandAck(_message.Message):
     TXNID_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
     TXNID_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
     TRANSACTIONAL_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
     consumer_id: int
     request_id: int
     ack_type: CommandAck.AckType
@@ -341,7 +342,8 @@ class CommandAck(_message.Message):
     txnid_most_bits: int
     txnid_least_bits: int
     transactional: bool
-    def __init__(self, consumer_id: _Optional[int] = ..., request_id: _Optional[int] = ..., ack_type: _Optional[_Union[CommandAck.AckType, str]] = ..., message_ids: _Optional[_Iterable[_Union[MessageIdData, _Mapping]]] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., transactional: _Optional[bool] = ...) -> None: ...
+    positions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, consumer_id: _Optional[int] = ..., request_id: _Optional[int] = ..., ack_type: _Optional[_Union[CommandAck.AckType, str]] = ..., message_ids: _Optional[_Iterable[_Union[MessageIdData, _Mapping]]] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., transactional: _Optional[bool] = ..., positions: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CommandAckResponse(_message.Message):
     __slots__ = ("consumer_id", "request_id", "error", "message")

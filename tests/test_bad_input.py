@@ -198,3 +198,47 @@ async def test_admin_partition_count_cannot_shrink(broker: BrokerProcess) -> Non
     assert (status, json.loads(answer)["partitions"]) == (200, 4)
     status, answer = broker.admin("GET", "/admin/v1/topics/nope/stats")
     assert status == 404
+
+
+async def test_ack_positions_must_be_triples_and_alone(broker: BrokerProcess) -> None:
+    """CommandAck.positions (protocol version 3): whole (partition, entry,
+    index) triples, never together with message_ids; a refused ACK acks nothing."""
+    async with Client(broker.url) as client:
+        producer = await client.create_producer("triples")
+        await producer.send(b"one")
+    async with RawConnection(broker.url, protocol_version=3) as raw:
+        subscribed = await raw.request(
+            T.SUBSCRIBE,
+            "subscribe",
+            pb.CommandSubscribe(
+                request_id=1,
+                consumer_id=1,
+                topic="triples",
+                subscription="s",
+                initial_position=pb.CommandSubscribe.EARLIEST,
+            ),
+        )
+        assert subscribed.type == T.SUCCESS
+        await raw.send(T.FLOW, "flow", pb.CommandFlow(consumer_id=1, permits=10))
+        delivered = await raw.receive()
+        assert delivered.type == T.MESSAGE
+        entry = delivered.message.entries[0]
+        bad = [
+            pb.CommandAck(consumer_id=1, request_id=2, positions=[0, entry.entry_id]),
+            pb.CommandAck(
+                consumer_id=1,
+                request_id=3,
+                positions=[0, entry.entry_id, 0],
+                message_ids=[pb.MessageIdData(partition=0, entry_id=entry.entry_id)],
+            ),
+        ]
+        for ack in bad:
+            answer = await raw.request(T.ACK, "ack", ack)
+            assert answer.ack_response.error == pb.INVALID_ARGUMENT, answer
+        _, body = broker.admin("GET", "/admin/v1/topics/triples/stats")
+        assert json.loads(body)["partitions"][0]["subscriptions"]["s"]["backlog"] == 1
+        good = pb.CommandAck(consumer_id=1, request_id=4, positions=[0, entry.entry_id, 0])
+        answer = await raw.request(T.ACK, "ack", good)
+        assert answer.type == T.ACK_RESPONSE and not answer.ack_response.HasField("error")
+        _, body = broker.admin("GET", "/admin/v1/topics/triples/stats")
+        assert json.loads(body)["partitions"][0]["subscriptions"]["s"]["backlog"] == 0

@@ -101,6 +101,8 @@ class FakeBroker:
         self.refuse_producer: list[int] = []  # error codes for the next PRODUCER requests
         self.last_sequence_id: dict[str, int] = {}
         self.max_message_size = 5 * 1024 * 1024
+        self.protocol_version = 2  # announced in CONNECTED (3: ACKs may use positions)
+        self.ack_frames: list[pb.CommandAck] = []
         # the coordinator
         self.tc_ids: list[int] = []  # CONNECTED.tc_ids
         self.txns: dict[tuple[int, int], FakeTxn] = {}
@@ -207,6 +209,7 @@ class FakeBroker:
                     "connected",
                     max_message_size=self.max_message_size,
                     tc_ids=self.tc_ids,
+                    protocol_version=self.protocol_version,
                 )
             )
         elif kind == T.PARTITIONED_METADATA:
@@ -514,6 +517,9 @@ class FakeBroker:
             )
 
     async def _on_ack(self, ws: web.WebSocketResponse, ack: pb.CommandAck) -> None:
+        self.ack_frames.append(ack)
+        if ack.positions and self.protocol_version < 3:
+            self.violations.append("ACK positions sent to a broker older than version 3")
         error = None
         for (topic, name), sub in self.subs.items():
             if sub.consumer != (ws, ack.consumer_id):
@@ -521,7 +527,7 @@ class FakeBroker:
             if ack.transactional:
                 error = self._txn_ack(topic, name, sub, ack)
                 continue
-            ids = [(m.partition, m.entry_id, m.batch_index) for m in ack.message_ids]
+            ids = ack_ids(ack)
             if ack.ack_type == pb.CommandAck.CUMULATIVE:
                 if sub.sub_type == pb.CommandSubscribe.SHARED:
                     error = pb.NOT_ALLOWED
@@ -552,7 +558,7 @@ class FakeBroker:
         if (topic, name) not in txn.subscriptions:
             self.violations.append(f"ACK on {topic}/{name} before ADD_SUBSCRIPTION")
             return pb.NOT_ALLOWED
-        ids = [(m.partition, m.entry_id, m.batch_index) for m in ack.message_ids]
+        ids = ack_ids(ack)
         if ack.ack_type == pb.CommandAck.CUMULATIVE:
             (last,) = ids
             ids = [m for m in sub.unacked if m[0] == last[0] and m <= last]
@@ -569,6 +575,14 @@ class FakeBroker:
     async def push(self, data: bytes) -> None:
         for ws in list(self.sockets):
             await ws.send_bytes(data)
+
+
+def ack_ids(ack: pb.CommandAck) -> list[tuple[int, int, int]]:
+    """The messages an ACK names, from ``message_ids`` or ``positions``."""
+    if ack.positions:
+        flat = list(ack.positions)
+        return list(zip(flat[0::3], flat[1::3], flat[2::3], strict=True))
+    return [(m.partition, m.entry_id, m.batch_index) for m in ack.message_ids]
 
 
 @pytest.fixture
@@ -1048,6 +1062,42 @@ async def test_pending_acks_are_resent_after_reconnect(fake: FakeBroker, cli: Cl
     await asyncio.wait_for(consumer.acknowledge(msg), 5)
     sub = fake.subs["t", "s"]
     assert not sub.unacked
+
+
+async def test_acks_name_positions_with_a_version_3_broker(fake: FakeBroker) -> None:
+    fake.protocol_version = 3
+    async with Client(fake.url, operation_timeout=5.0) as cli:
+        producer = await cli.create_producer("t")
+        consumer = await cli.subscribe("t", "s", subscription_type="shared")
+        await asyncio.gather(*(producer.send(b"x") for _ in range(3)))
+        msgs = [await consumer.receive(timeout=5) for _ in range(3)]
+        await consumer.acknowledge(msgs)
+        (ack,) = fake.ack_frames
+        assert not ack.message_ids
+        assert list(ack.positions) == [x for m in msgs for x in m.message_id]
+        assert not fake.subs["t", "s"].unacked
+
+
+async def test_acks_in_flight_are_rebuilt_for_an_older_broker(fake: FakeBroker) -> None:
+    """An ACK written with positions, then re-sent to a broker that came back
+    older (version 2), names its messages in message_ids there."""
+    fake.protocol_version = 3
+    async with Client(fake.url, operation_timeout=5.0) as cli:
+        producer = await cli.create_producer("t")
+        consumer = await cli.subscribe("t", "s")
+        await producer.send(b"x")
+        msg = await consumer.receive(timeout=5)
+        for ws in list(fake.sockets):  # the ack goes into a dead socket
+            await ws.close()
+        await until(lambda: not fake.sockets)
+        fake.protocol_version = 2
+        await asyncio.wait_for(consumer.acknowledge(msg), 5)
+        assert not fake.subs["t", "s"].unacked
+        last = fake.ack_frames[-1]
+        assert not last.positions
+        assert len(last.message_ids) == 1
+        assert ack_ids(last) == [tuple(msg.message_id)]
+    # (the fake records a violation, checked by the fixture, for positions sent to it at 2)
 
 
 async def test_create_producer_waits_for_reconnect(fake: FakeBroker, cli: Client) -> None:
