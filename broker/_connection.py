@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -370,6 +370,23 @@ class Connection:
             )
             return
         partition = producer.topic.partitions[req.partition]
+        messages: Sequence[pb.SingleMessage] = req.messages
+        encoded: bytes | None = None
+        if req.batch:  # (protocol version 3) the messages, encoded as they will be stored
+            try:
+                batch = pb.EntryBatch.FromString(req.batch)
+            except DecodeError:
+                fail(pb.MALFORMED_FRAME, "SEND batch is not a valid EntryBatch")
+                return
+            if req.messages or batch.producer_name:
+                fail(
+                    pb.INVALID_ARGUMENT,
+                    "a SEND carries its messages one way: both batch and messages were given"
+                    if req.messages
+                    else "a SEND batch must not name a producer",
+                )
+                return
+            messages, encoded = batch.messages, req.batch
         try:
             if req.transactional:
                 txnid = TxnID(req.txnid_most_bits, req.txnid_least_bits)
@@ -391,10 +408,10 @@ class Connection:
                     waiting.add_done_callback(lambda _f: self._release_sends(key))
                     return
                 pending = self.broker.publish_txn(
-                    partition, txn_key(txnid), producer.name, req.messages
+                    partition, txn_key(txnid), producer.name, messages, encoded
                 )
             else:
-                pending = partition.publish(producer.name, req.messages)
+                pending = partition.publish(producer.name, messages, encoded)
         except Exception as exc:
             fail(error_code(exc), error_text(exc))
             return

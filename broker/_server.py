@@ -130,7 +130,12 @@ class Broker:
         return tc
 
     def publish_txn(
-        self, partition: Partition, txn: TxnKey, producer: str, messages: Sequence[pb.SingleMessage]
+        self,
+        partition: Partition,
+        txn: TxnKey,
+        producer: str,
+        messages: Sequence[pb.SingleMessage],
+        encoded: bytes | None = None,
     ) -> Awaitable[PublishResult]:
         """Queue a transactional send to ``partition``'s transaction buffer.
 
@@ -139,7 +144,7 @@ class Broker:
         """
         buffer = partition.transaction_buffer
         if buffer is not None and partition not in self._awaiting_buffer:
-            return buffer.publish(txn, producer, messages)
+            return buffer.publish(txn, producer, messages, encoded)
         fut: asyncio.Future[Awaitable[PublishResult]] = asyncio.get_running_loop().create_future()
         waiting = self._awaiting_buffer.setdefault(partition, [])
         waiting.append(_TxnSend(txn, producer, messages, fut))

@@ -10,9 +10,12 @@ entries. The sidecar log packs its own record kinds the same way.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from buffer._names import Position
+from proto import txnbuf_pb2 as pb
 
 __all__ = [
     "COMMIT_MARKER",
@@ -21,6 +24,7 @@ __all__ = [
     "DuplicateTooOldError",
     "PublishResult",
     "SendRejectedError",
+    "entry_batch",
     "entry_count",
     "entry_kind",
     "entry_meta",
@@ -30,6 +34,23 @@ __all__ = [
 DATA, COMMIT_MARKER = 0, 1
 _KIND_SHIFT = 32
 COUNT_MASK = (1 << _KIND_SHIFT) - 1
+
+
+def entry_batch(
+    producer: str, messages: Sequence[pb.SingleMessage], encoded: bytes | None = None
+) -> bytes:
+    """The stored form of a send: an `EntryBatch` of ``messages`` naming
+    ``producer``. ``encoded`` is ``messages`` serialized already, with no
+    producer name: used as it is (a serialized message followed by another
+    is their merge, so appending the name field completes it)."""
+    if encoded is None:
+        return pb.EntryBatch(messages=messages, producer_name=producer).SerializeToString()
+    return encoded + _name_field(producer)
+
+
+@functools.lru_cache(maxsize=1024)
+def _name_field(producer: str) -> bytes:
+    return pb.EntryBatch(producer_name=producer).SerializeToString()
 
 
 def entry_meta(kind: int, count: int) -> int:

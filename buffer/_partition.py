@@ -25,6 +25,7 @@ from buffer._entries import (
     DuplicateTooOldError,
     PublishResult,
     SendRejectedError,
+    entry_batch,
     entry_count,
     entry_kind,
     entry_meta,
@@ -201,12 +202,14 @@ class Partition:
     # -- publishing -----------------------------------------------------------
 
     def publish(
-        self, producer: str, messages: Sequence[pb.SingleMessage]
+        self, producer: str, messages: Sequence[pb.SingleMessage], encoded: bytes | None = None
     ) -> Awaitable[PublishResult]:
         """Store one send's messages as one entry, dropping re-sent ones.
 
         Everything up to queueing the append happens now, so sends are stored
         in the order `publish` is called; await the result for their ids.
+        ``encoded``: ``messages`` as a serialized `EntryBatch` with no
+        producer name, stored as it is when no message is dropped.
         Raises `SendRejectedError` (nothing stored) for bad input.
         """
         if not messages:
@@ -217,7 +220,7 @@ class Partition:
                 raise SendRejectedError(f"sequence ids in one send must increase, got {a} then {b}")
         state = self.dedup.get(producer)
         if seqs[0] > state.pushed:  # the usual case: nothing re-sent
-            return self._new(self._append(producer, messages, seqs, state))
+            return self._new(self._append(producer, messages, seqs, state, encoded))
         waits = state.last_append if state.pushed > state.persisted else None
         fresh = [i for i, s in enumerate(seqs) if s > state.pushed]
         appended = None
@@ -233,8 +236,9 @@ class Partition:
         messages: Sequence[pb.SingleMessage],
         seqs: list[int],
         state: ProducerSequence,
+        encoded: bytes | None = None,
     ) -> Awaitable[int]:
-        data = pb.EntryBatch(messages=messages, producer_name=producer).SerializeToString()
+        data = entry_batch(producer, messages, encoded)
         fut = self.ledger.append(data, meta=entry_meta(DATA, len(messages)))
         state.pushed = seqs[-1]
         state.last_append = fut

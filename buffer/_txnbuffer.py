@@ -77,6 +77,7 @@ from buffer._entries import (
     DuplicateTooOldError,
     PublishResult,
     SendRejectedError,
+    entry_batch,
     entry_count,
     entry_kind,
     entry_meta,
@@ -374,9 +375,15 @@ class TransactionBuffer:
     # -- transactional send ---------------------------------------------------------
 
     def publish(
-        self, txn: TxnKey, producer: str, messages: Sequence[pb.SingleMessage]
+        self,
+        txn: TxnKey,
+        producer: str,
+        messages: Sequence[pb.SingleMessage],
+        encoded: bytes | None = None,
     ) -> Awaitable[PublishResult]:
         """Store one transactional send as one TXN_DATA record, dropping re-sent messages.
+
+        ``encoded``: as for `Partition.publish`.
 
         Everything up to queueing the append happens now, so sends are stored
         in the order `publish` is called; await the result for their ids,
@@ -406,7 +413,9 @@ class TransactionBuffer:
                 )
         state = t.producer(producer)
         if seqs[0] > state.pushed:  # the usual case: nothing re-sent
-            return self._new(t, self._append(t, producer, messages, seqs, state), len(seqs))
+            return self._new(
+                t, self._append(t, producer, messages, seqs, state, encoded), len(seqs)
+            )
         waits = state.last_append if state.pushed > state.persisted else None
         fresh = [i for i, s in enumerate(seqs) if s > state.pushed]
         appended = None
@@ -423,8 +432,9 @@ class TransactionBuffer:
         messages: Sequence[pb.SingleMessage],
         seqs: list[int],
         state: ProducerSequence,
+        encoded: bytes | None = None,
     ) -> asyncio.Future[int]:
-        batch = pb.EntryBatch(messages=messages, producer_name=producer).SerializeToString()
+        batch = entry_batch(producer, messages, encoded)
         fut = self.sidecar.append(
             _TXN.pack(*t.key) + batch, meta=entry_meta(TXN_DATA, len(messages))
         )

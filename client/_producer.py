@@ -149,9 +149,12 @@ def build_send(
     entries: list[_Entry],
     now_ms: int,
     txn_id: TxnID | None = None,
+    encoded: bool = False,
 ) -> Command:
     """The SEND frame for one batch (every message stamped ``now_ms``), in
-    transaction ``txn_id`` if given."""
+    transaction ``txn_id`` if given. ``encoded``: the messages go as one
+    serialized EntryBatch in ``batch`` (protocol version 3), which the broker
+    stores without encoding them again."""
     cmd = Command(type=Command.SEND)  # (Command.SEND: Type.SEND is a slow lookup)
     send = cmd.send
     send.producer_id = producer_id
@@ -160,7 +163,8 @@ def build_send(
     if txn_id is not None:
         send.txnid_most_bits, send.txnid_least_bits = txn_id
         send.transactional = True
-    add = send.messages.add
+    batch = pb.EntryBatch() if encoded else None
+    add = send.messages.add if batch is None else batch.messages.add
     for value, key, properties, sequence_id in entries:
         # Field by field: upb looks up each keyword argument of add() by
         # name, which costs more than the attribute stores (per message).
@@ -172,7 +176,20 @@ def build_send(
             single.key = key
         if properties:
             single.properties.update(properties)
+    if batch is not None:
+        send.batch = batch.SerializeToString()
     return cmd
+
+
+def without_batch(data: bytes) -> bytes:
+    """A SEND frame with ``batch`` rewritten as ``messages``, for a broker
+    older than protocol version 3 (a frame re-sent after a reconnect)."""
+    cmd = Command.FromString(data)
+    if not cmd.send.batch:
+        return data
+    cmd.send.messages.extend(pb.EntryBatch.FromString(cmd.send.batch).messages)
+    cmd.send.ClearField("batch")
+    return cmd.SerializeToString()
 
 
 class Producer:
@@ -311,6 +328,9 @@ class Producer:
             link.write(self._close_command(self._conn.next_request_id()).SerializeToString())
             return
         self._created(reply.producer_success, self.partitions, link.gen)
+        if self._conn.broker_protocol < 3:  # (a broker older than the last one)
+            for frame in self._inflight.values():
+                frame.data = without_batch(frame.data)
         resend_after_reconnect(link, self._inflight, self._registered)
 
     # --- sending -------------------------------------------------------------
@@ -466,6 +486,7 @@ class Producer:
             batch.entries,
             time.time_ns() // 1_000_000,
             None if txn is None else txn.id,
+            self._conn.broker_protocol >= 3,
         ).SerializeToString()
         frame = _Frame(request_id, data, batch.futures, batch.deadline, tracker=batch.tracker)
         self._inflight[request_id] = frame

@@ -210,7 +210,7 @@ class CommandCloseProducer(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., producer_id: _Optional[int] = ...) -> None: ...
 
 class CommandSend(_message.Message):
-    __slots__ = ("producer_id", "request_id", "partition", "messages", "txnid_most_bits", "txnid_least_bits", "transactional")
+    __slots__ = ("producer_id", "request_id", "partition", "messages", "txnid_most_bits", "txnid_least_bits", "transactional", "batch")
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
@@ -218,6 +218,7 @@ class CommandSend(_message.Message):
     TXNID_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
     TXNID_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
     TRANSACTIONAL_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     producer_id: int
     request_id: int
     partition: int
@@ -225,7 +226,8 @@ class CommandSend(_message.Message):
     txnid_most_bits: int
     txnid_least_bits: int
     transactional: bool
-    def __init__(self, producer_id: _Optional[int] = ..., request_id: _Optional[int] = ..., partition: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[SingleMessage, _Mapping]]] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., transactional: _Optional[bool] = ...) -> None: ...
+    batch: bytes
+    def __init__(self, producer_id: _Optional[int] = ..., request_id: _Optional[int] = ..., partition: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[SingleMessage, _Mapping]]] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., transactional: _Optional[bool] = ..., batch: _Optional[bytes] = ...) -> None: ...
 
 class CommandSendReceipt(_message.Message):
     __slots__ = ("producer_id", "request_id", "partition", "entry_id", "message_ids", "first_batch_index")

@@ -242,3 +242,44 @@ async def test_ack_positions_must_be_triples_and_alone(broker: BrokerProcess) ->
         assert answer.type == T.ACK_RESPONSE and not answer.ack_response.HasField("error")
         _, body = broker.admin("GET", "/admin/v1/topics/triples/stats")
         assert json.loads(body)["partitions"][0]["subscriptions"]["s"]["backlog"] == 0
+
+
+async def test_send_batch_is_checked_and_stored_as_sent(broker: BrokerProcess) -> None:
+    """CommandSend.batch (protocol version 3): a valid EntryBatch without a
+    producer name, never together with messages; refused ones store nothing."""
+    msg = pb.SingleMessage(payload=b"kept", sequence_id=1, key="k")
+    good = pb.EntryBatch(messages=[msg]).SerializeToString()
+    async with RawConnection(broker.url, protocol_version=3) as raw:
+        await raw.request(
+            T.PRODUCER,
+            "producer",
+            pb.CommandProducer(request_id=1, producer_id=1, topic="encoded", producer_name="p"),
+        )
+        bad = [
+            (pb.CommandSend(producer_id=1, request_id=2, batch=b"\xff\xff"), pb.MALFORMED_FRAME),
+            (
+                pb.CommandSend(producer_id=1, request_id=3, batch=good, messages=[msg]),
+                pb.INVALID_ARGUMENT,
+            ),
+            (
+                pb.CommandSend(
+                    producer_id=1,
+                    request_id=4,
+                    batch=pb.EntryBatch(messages=[msg], producer_name="x").SerializeToString(),
+                ),
+                pb.INVALID_ARGUMENT,
+            ),
+        ]
+        for send, code in bad:
+            answer = await raw.request(T.SEND, "send", send)
+            assert answer.type == T.SEND_ERROR and answer.send_error.error == code, answer
+        answer = await raw.request(
+            T.SEND, "send", pb.CommandSend(producer_id=1, request_id=5, batch=good)
+        )
+        assert answer.type == T.SEND_RECEIPT
+    async with Client(broker.url) as client:
+        consumer = await client.subscribe("encoded", "s", initial_position="earliest")
+        got = await consumer.receive(timeout=10)
+        assert (got.value, got.key) == (b"kept", "k")
+    _, body = broker.admin("GET", "/admin/v1/topics/encoded/stats")
+    assert json.loads(body)["partitions"][0]["messages"] == 1

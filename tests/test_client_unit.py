@@ -26,7 +26,8 @@ import client
 from client import Client, Message, MessageId, errors
 from client._consumer import build_ack
 from client._message import decode_entry
-from client._producer import build_send, partition_for_key
+from client._producer import build_send, partition_for_key, without_batch
+from client._txn import TxnID
 from proto import txnbuf_pb2 as pb
 
 T = pb.BaseCommand
@@ -103,6 +104,7 @@ class FakeBroker:
         self.max_message_size = 5 * 1024 * 1024
         self.protocol_version = 2  # announced in CONNECTED (3: ACKs may use positions)
         self.ack_frames: list[pb.CommandAck] = []
+        self.send_frames: list[pb.CommandSend] = []  # as received
         # the coordinator
         self.tc_ids: list[int] = []  # CONNECTED.tc_ids
         self.txns: dict[tuple[int, int], FakeTxn] = {}
@@ -379,6 +381,12 @@ class FakeBroker:
     async def _on_send(
         self, ws: web.WebSocketResponse, send: pb.CommandSend, producers: dict[int, Any]
     ) -> None:
+        self.send_frames.append(pb.CommandSend.FromString(send.SerializeToString()))
+        if send.batch:  # (protocol version 3) read it as messages, as the broker does
+            if self.protocol_version < 3:
+                self.violations.append("SEND batch sent to a broker older than version 3")
+            send.messages.extend(pb.EntryBatch.FromString(send.batch).messages)
+            send.ClearField("batch")
         if self.ignore_sends:
             return
         if self.send_error is not None:
@@ -1098,6 +1106,49 @@ async def test_acks_in_flight_are_rebuilt_for_an_older_broker(fake: FakeBroker) 
         assert len(last.message_ids) == 1
         assert ack_ids(last) == [tuple(msg.message_id)]
     # (the fake records a violation, checked by the fixture, for positions sent to it at 2)
+
+
+async def test_sends_carry_an_encoded_batch_with_a_version_3_broker(fake: FakeBroker) -> None:
+    fake.protocol_version = 3
+    async with Client(fake.url, operation_timeout=5.0) as cli:
+        producer = await cli.create_producer("t")
+        ids = await asyncio.gather(*(producer.send(b"m%d" % i, key="k") for i in range(3)))
+        assert ids == [MessageId(0, 0, i) for i in range(3)]
+        (send,) = fake.send_frames
+        assert not send.messages
+        batch = pb.EntryBatch.FromString(send.batch)
+        assert [m.payload for m in batch.messages] == [b"m0", b"m1", b"m2"]
+        assert not batch.producer_name  # the broker adds it
+
+
+async def test_sends_in_flight_are_rebuilt_for_an_older_broker(fake: FakeBroker) -> None:
+    """A SEND written with an encoded batch, then re-sent to a broker that
+    came back older (version 2), carries its messages in messages there."""
+    fake.protocol_version = 3
+    async with Client(fake.url, operation_timeout=5.0) as cli:
+        producer = await cli.create_producer("t")
+        await producer.send(b"first")
+        fake.ignore_sends = True  # the next SEND is not answered: in flight
+        pending = producer.send_nowait(b"second")
+        await until(lambda: len(fake.send_frames) == 2)
+        assert fake.send_frames[-1].batch
+        fake.protocol_version, fake.ignore_sends = 2, False
+        for ws in list(fake.sockets):
+            await ws.close()
+        assert await asyncio.wait_for(pending, 5) == MessageId(0, 1, 0)
+        last = fake.send_frames[-1]
+        assert not last.batch
+        assert [m.payload for m in last.messages] == [b"second"]
+
+
+def test_without_batch_moves_the_messages_back() -> None:
+    cmd = build_send(1, 2, 0, [(b"a", "k", {"p": "q"}, 7)], 99, TxnID(3, 4), encoded=True)
+    plain = build_send(1, 2, 0, [(b"a", "k", {"p": "q"}, 7)], 99, TxnID(3, 4))
+    assert cmd.send.batch and not cmd.send.messages
+    rebuilt = pb.BaseCommand.FromString(without_batch(cmd.SerializeToString()))
+    assert rebuilt == plain
+    data = plain.SerializeToString()
+    assert without_batch(data) is data  # nothing to rewrite
 
 
 async def test_create_producer_waits_for_reconnect(fake: FakeBroker, cli: Client) -> None:
