@@ -399,16 +399,22 @@ class Connection:
                 # as OPEN with this partition added may write here. A client
                 # pipelines the registration just before its first send: if
                 # it is still being logged, the send waits for it.
-                waiting = self.broker.coordinator(txnid).partition_registration(
-                    txnid, topic, req.partition
-                )
+                tc = self.broker.coordinator(txnid)
+                waiting = tc.partition_registration(txnid, topic, req.partition)
                 if waiting is not None:
                     key = (txnid, topic, req.partition)
                     self._held_sends[key] = [cmd]
                     waiting.add_done_callback(lambda _f: self._release_sends(key))
                     return
+                # Answered once queued where the coordinator says a crash
+                # aborts the transaction (a lost send is never committed).
                 pending = self.broker.publish_txn(
-                    partition, txn_key(txnid), producer.name, messages, encoded
+                    partition,
+                    txn_key(txnid),
+                    producer.name,
+                    messages,
+                    encoded,
+                    tc.participants_answer_early,
                 )
             else:
                 pending = partition.publish(producer.name, messages, encoded)
@@ -518,6 +524,7 @@ class Connection:
                 by_part = _ack_positions(req)
                 cumulative = req.ack_type == pb.CommandAck.CUMULATIVE
                 key = None
+                early = False
                 if req.transactional:
                     txnid = TxnID(req.txnid_most_bits, req.txnid_least_bits)
                     tc = self.broker.coordinator(txnid)
@@ -529,7 +536,10 @@ class Connection:
                         await asyncio.wait([waiting])
                         tc.verify_subscription(txnid, consumer.topic, consumer.subscription)
                     key = txn_key(txnid)
-                await self.broker.subscriptions.ack_positions(consumer, by_part, cumulative, key)
+                    early = tc.participants_answer_early  # (as for a send)
+                await self.broker.subscriptions.ack_positions(
+                    consumer, by_part, cumulative, key, early
+                )
             except Exception as exc:
                 resp.error = error_code(exc)
                 resp.message = error_text(exc)

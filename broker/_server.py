@@ -87,7 +87,11 @@ class Broker:
         if (self.data_dir / f"tc-{tcid}.db").exists():
             return await TransactionCoordinator.open(tcid, self.data_dir, self)
         return await TransactionCoordinator.open(
-            tcid, self.store, self, participants_share_store=True
+            tcid,
+            self.store,
+            self,
+            participants_share_store=True,
+            abort_open_on_recovery=True,
         )
 
     async def _sweep_loop(self) -> None:
@@ -136,15 +140,17 @@ class Broker:
         producer: str,
         messages: Sequence[pb.SingleMessage],
         encoded: bytes | None = None,
+        early: bool = False,
     ) -> Awaitable[PublishResult]:
         """Queue a transactional send to ``partition``'s transaction buffer.
 
         Sends are queued in call order even while the buffer (and its sidecar
-        ledger) is being created by the first of them.
+        ledger) is being created by the first of them. ``early``: see
+        `TransactionBuffer.publish` (not for a send that creates the buffer).
         """
         buffer = partition.transaction_buffer
         if buffer is not None and partition not in self._awaiting_buffer:
-            return buffer.publish(txn, producer, messages, encoded)
+            return buffer.publish(txn, producer, messages, encoded, early)
         fut: asyncio.Future[Awaitable[PublishResult]] = asyncio.get_running_loop().create_future()
         waiting = self._awaiting_buffer.setdefault(partition, [])
         waiting.append(_TxnSend(txn, producer, messages, fut))

@@ -250,6 +250,7 @@ class _Txn:
     count: int = 0
     marker: int = -1
     # Live only, never persisted:
+    queued: int = 0  # messages in the records queued so far (``count`` once all are applied)
     producers: dict[str, ProducerSequence] = field(default_factory=dict)
     ending: TxnEvent | None = None  # an END has begun: sends are refused
     last_append: asyncio.Future[int] | None = None
@@ -273,6 +274,12 @@ class _Txn:
 
     def info(self) -> TxnInfo:
         return TxnInfo(self.key, self.state, self.count, self.marker, tuple(self.entries))
+
+
+def _retrieve(f: asyncio.Future[int]) -> None:
+    """Mark a failure as seen (the store stops on one; END reports it)."""
+    if not f.cancelled():
+        f.exception()
 
 
 def _encode_marker(txn: TxnKey, entries: Sequence[int]) -> bytes:
@@ -380,10 +387,15 @@ class TransactionBuffer:
         producer: str,
         messages: Sequence[pb.SingleMessage],
         encoded: bytes | None = None,
+        early: bool = False,
     ) -> Awaitable[PublishResult]:
         """Store one transactional send as one TXN_DATA record, dropping re-sent messages.
 
-        ``encoded``: as for `Partition.publish`.
+        ``encoded``: as for `Partition.publish`. ``early``: when nothing is
+        re-sent, the result is ready at once, before the record is durable
+        (the ids are known: records are stored in the order they are
+        queued). Only for a transaction that a crash aborts (see
+        `tc.TransactionCoordinator.participants_answer_early`).
 
         Everything up to queueing the append happens now, so sends are stored
         in the order `publish` is called; await the result for their ids,
@@ -413,9 +425,14 @@ class TransactionBuffer:
                 )
         state = t.producer(producer)
         if seqs[0] > state.pushed:  # the usual case: nothing re-sent
-            return self._new(
-                t, self._append(t, producer, messages, seqs, state, encoded), len(seqs)
-            )
+            base = max(t.queued, t.count)  # the batch index of the first message
+            queued = self._append(t, producer, messages, seqs, state, encoded)
+            if not early:
+                return self._new(t, queued, len(seqs))
+            queued.add_done_callback(_retrieve)
+            ready: asyncio.Future[PublishResult] = asyncio.get_running_loop().create_future()
+            ready.set_result(PublishResult(-1, [(-1, i) for i in range(base, base + len(seqs))]))
+            return ready
         waits = state.last_append if state.pushed > state.persisted else None
         fresh = [i for i, s in enumerate(seqs) if s > state.pushed]
         appended = None
@@ -438,6 +455,7 @@ class TransactionBuffer:
         fut = self.sidecar.append(
             _TXN.pack(*t.key) + batch, meta=entry_meta(TXN_DATA, len(messages))
         )
+        t.queued = max(t.queued, t.count) + len(messages)
         state.pushed = seqs[-1]
         state.last_append = fut
         t.last_append = fut

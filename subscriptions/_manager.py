@@ -156,8 +156,10 @@ class Subscriptions:
         by_part: dict[int, list[Position]],
         cumulative: bool,
         txn: TxnKey | None = None,
+        early: bool = False,
     ) -> None:
-        """`ack` of positions grouped by partition (what the wire gives)."""
+        """`ack` of positions grouped by partition (what the wire gives);
+        ``early``: see `PartitionSubscription.ack`."""
         if not by_part or not any(by_part.values()):
             raise SubscriptionError("INVALID_ARGUMENT", "an acknowledgement needs message ids")
         subs = {s.partition.index: s for s in consumer.subscriptions}
@@ -175,7 +177,9 @@ class Subscriptions:
             raise SubscriptionError(
                 "INVALID_ARGUMENT", "a cumulative acknowledgement names one partition"
             )
-        await asyncio.gather(*(subs[p].ack(pos, cumulative, txn) for p, pos in by_part.items()))
+        await asyncio.gather(
+            *(subs[p].ack(pos, cumulative, txn, early) for p, pos in by_part.items())
+        )
 
     async def end_txn(self, topic: str, subscription: str, txn: TxnKey, commit: bool) -> None:
         """EndTxnOnSubscription: commit or abort ``txn``'s acks on every partition.

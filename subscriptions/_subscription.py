@@ -371,9 +371,19 @@ class PartitionSubscription:
     # -- acknowledgements ---------------------------------------------------------
 
     async def ack(
-        self, positions: list[Position], cumulative: bool, txn: TxnKey | None = None
+        self,
+        positions: list[Position],
+        cumulative: bool,
+        txn: TxnKey | None = None,
+        early: bool = False,
     ) -> None:
         """Acknowledge durably, then apply (persist, then act).
+
+        ``early`` (inside a transaction only): return once the record is
+        queued, before it is durable, when no record of this subscription is
+        in flight: it is then applied to exactly the state it was checked
+        against, so it cannot turn out void. Only for a transaction that a
+        crash aborts (see `tc.TransactionCoordinator.participants_answer_early`).
 
         Outside a transaction (``txn`` None) a PENDING message becomes
         DELETED; an ack of a PENDING_ACK message is dropped (PIP-31: it stays
@@ -435,6 +445,9 @@ class PartitionSubscription:
             if not changes:
                 return  # every message is durably held by this transaction already
             record = AckRecord(TXN_ACK, tuple(pos for pos, _ in changes), txn)
+            if early and not self._inflight:
+                self._persist(record).add_done_callback(_retrieve)
+                return
         try:
             await self._persist(record)
         except AckConflict as exc:
@@ -472,17 +485,18 @@ class PartitionSubscription:
             "TRANSACTION_CONFLICT", f"subscription {self.name!r} of {self.partition.name}: {exc}"
         )
 
-    async def _persist(self, record: AckRecord) -> list[Position]:
-        """Append ``record``, apply it once durable; returns what changed.
+    def _persist(self, record: AckRecord) -> asyncio.Future[list[Position]]:
+        """Append ``record``, apply it once durable; the result is what
+        changed.
 
-        Raises what the append raised, or `AckConflict` if the record was
+        It raises what the append raised, or `AckConflict` if the record was
         refused when applied (it is void: it changed nothing).
         """
         outcome: asyncio.Future[list[Position]] = asyncio.get_running_loop().create_future()
         appended = self._ledger.append(record.encode(), meta=record.kind)
         self._inflight.append(record)
         appended.add_done_callback(functools.partial(self._on_durable, record, outcome))
-        return await outcome
+        return outcome
 
     def _on_durable(
         self,
@@ -953,3 +967,9 @@ async def _load_uncommitted(ledger: Ledger) -> UncommittedCursor:
         else:
             raise RuntimeError(f"{ledger.name}, entry {entry.entry_id}: unknown kind {entry.meta}")
     return cursor
+
+
+def _retrieve(f: asyncio.Future[list[Position]]) -> None:
+    """Mark a failure as seen (the store stops on one; END reports it)."""
+    if not f.cancelled():
+        f.exception()

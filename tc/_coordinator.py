@@ -196,6 +196,7 @@ class TransactionCoordinator:
         self._last_applied = -1  # entry id of the last record applied
         self._closed = False
         self._owns_store = False
+        self._abort_open_on_recovery = False
 
     @classmethod
     async def open(
@@ -205,6 +206,7 @@ class TransactionCoordinator:
         participant: Participant,
         *,
         participants_share_store: bool = False,
+        abort_open_on_recovery: bool = False,
     ) -> TransactionCoordinator:
         """Open coordinator ``tcid``: its log is the ledger ``tc/<tcid>`` in
         ``where`` (a `LedgerStore` shared with others, or a directory in which
@@ -213,7 +215,13 @@ class TransactionCoordinator:
         ``participants_share_store``: ``where`` is the store in which the
         participant keeps every partition and subscription it ends
         transactions on, so records are applied as they are appended (see
-        the module docstring)."""
+        the module docstring).
+
+        ``abort_open_on_recovery``: on start, abort every transaction that
+        was OPEN with a participant, rather than let its client go on: for
+        participants that answer a transaction's writes before they are
+        durable (the broker's, in the shared store), whose crash may have
+        lost some of them."""
         if isinstance(where, LedgerStore):
             store, owned = where, False
         elif participants_share_store:
@@ -223,8 +231,18 @@ class TransactionCoordinator:
         ledger = await store.open_ledger(f"tc/{tcid}")
         tc = cls(tcid, store, ledger, participant, eager=participants_share_store)
         tc._owns_store = owned
+        tc._abort_open_on_recovery = abort_open_on_recovery
         await tc._recover()
         return tc
+
+    @property
+    def participants_answer_early(self) -> bool:
+        """May a participant answer a transactional send or ack once it is
+        appended, before it is durable? Yes when the participants share this
+        coordinator's store (what is appended after it is durable only with
+        it: END cannot commit past a lost write) and a restart aborts the
+        transactions it found open (``abort_open_on_recovery``)."""
+        return self._eager and self._abort_open_on_recovery
 
     async def close(self) -> None:
         self._closed = True
@@ -769,4 +787,19 @@ class TransactionCoordinator:
         )
         for meta in unfinished:
             self._start_finish(meta)
+        if self._abort_open_on_recovery:
+            lost = [
+                m
+                for m in self._txns.values()
+                if m.status is TxnStatus.OPEN and (m.partitions or m.subscriptions)
+            ]
+            for meta in lost:
+                await self._decide(meta, TxnEvent.ABORT)
+            if lost:
+                log.info(
+                    "coordinator %d: aborted %d transactions open at the restart (their "
+                    "participants answer writes before they are durable)",
+                    self.tcid,
+                    len(lost),
+                )
         self._spawn(self._expire_loop())

@@ -423,3 +423,58 @@ async def test_ids_answered_before_a_crash_are_never_reissued(tmp_path: Path) ->
         assert (await tc.new_txn()).counter not in issued
     finally:
         await tc.close()
+
+
+async def test_a_restart_aborts_open_transactions_whose_participants_answer_early(
+    tmp_path: Path,
+) -> None:
+    """``abort_open_on_recovery`` (the broker's setting): an OPEN transaction
+    with a participant may have lost a write its participant answered before
+    it was durable, so a restart aborts it; one with no participant yet, and
+    a decided one, are left as they were."""
+
+    async def open_(rec: Recorder) -> TransactionCoordinator:
+        store = await LedgerStore.open(tmp_path / "broker.db")
+        tc = await TransactionCoordinator.open(
+            0, store, rec, participants_share_store=True, abort_open_on_recovery=True
+        )
+        tc._owns_store = True
+        return tc
+
+    tc = await open_(Recorder())
+    assert tc.participants_answer_early
+    with_data = await tc.new_txn()
+    await tc.add_partitions(with_data, [("t", 0)])
+    await tc.add_subscriptions(with_data, [("t", "s")])
+    empty = await tc.new_txn()
+    committed = await tc.new_txn()
+    await tc.add_partitions(committed, [("t", 1)])
+    await tc.end_txn(committed, commit=True)
+    await tc.close()
+    rec = Recorder()
+    tc = await open_(rec)
+    try:
+        await wait_status(tc, with_data, TxnStatus.ABORTED)
+        assert sorted(rec.calls) == [
+            ("partition", "t", 0, with_data, False),
+            ("subscription", "t", "s", with_data, False),
+        ]
+        assert tc.get(empty) is not None and tc.get(empty).status is TxnStatus.OPEN
+        assert tc.get(committed).status is TxnStatus.COMMITTED
+        with pytest.raises(InvalidTxnStatusError):
+            await tc.end_txn(with_data, commit=True)
+    finally:
+        await tc.close()
+
+
+async def test_by_default_a_restart_keeps_open_transactions(open_tc: Opener) -> None:
+    tc = await open_tc(0, Recorder())
+    assert not tc.participants_answer_early
+    txn = await tc.new_txn()
+    await tc.add_partitions(txn, [("t", 0)])
+    await tc.close()
+    tc = await open_tc(0, Recorder())
+    try:
+        assert tc.get(txn).status is TxnStatus.OPEN
+    finally:
+        await tc.close()

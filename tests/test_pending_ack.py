@@ -1136,3 +1136,29 @@ async def test_manager_routes_txn_acks_and_end_txn(tmp_path: Path) -> None:
         for _ in range(4):
             await barrier.append(b"")
         await store.close()
+
+
+async def test_an_early_txn_ack_returns_before_it_is_durable(h: Harness) -> None:
+    """With no record in flight the ack is applied to exactly the state it
+    was checked against: it is answered once queued."""
+    ledger = h.cursor_ledger
+    before = ledger.last_entry_id
+    await h.sub.ack([(0, 0), (0, 1)], False, T1, early=True)
+    assert ledger.last_entry_id == before  # returned before the record was durable
+    assert h.sub.cursor.pending_ack == {}  # applied once durable, as every record
+    await h.settle()
+    assert h.sub.cursor.pending_ack == {(0, 0): T1, (0, 1): T1}
+
+
+async def test_an_early_txn_ack_waits_behind_a_record_in_flight(h: Harness) -> None:
+    """A record in flight may change what this one finds: it is answered once
+    durable (here: refused, the message being T1's by then)."""
+    first = asyncio.ensure_future(h.sub.ack([(1, 0)], False, T1, early=True))
+    await asyncio.sleep(0)  # T1's record is queued, not durable
+    assert h.sub._inflight
+    with pytest.raises(SubscriptionError) as refused:
+        await h.sub.ack([(1, 0), (1, 1)], False, T2, early=True)
+    assert refused.value.code == "TRANSACTION_CONFLICT"
+    await first
+    await h.settle()
+    assert h.sub.cursor.pending_ack == {(1, 0): T1}

@@ -695,3 +695,21 @@ async def test_a_snapshot_keeps_only_the_newest_swept_transactions(
     assert [tb.status(t) is not None for t in txns] == [False, False, False, True, True]
     with pytest.raises(TxnEndedError):
         tb.publish(txns[4], "p", msgs(1))
+
+
+async def test_an_early_send_is_answered_before_it_is_durable(stores: Stores) -> None:
+    """``early``: the ids are known when the record is queued (records are
+    stored in queue order), so the answer does not wait for the fsync."""
+    _, part = await stores.open()
+    tb = await part.txn_buffer()
+    first = tb.publish(T1, "p", msgs(0, 1), early=True)
+    second = tb.publish(T1, "p", msgs(2, 3, 4), early=True)
+    assert isinstance(first, asyncio.Future) and first.done() and second.done()
+    assert tb.sidecar.last_entry_id == -1  # nothing durable yet
+    assert first.result() == txn_ids(0, 2) and second.result() == txn_ids(2, 3)
+    # The same ids once durable, and the same as the ones a plain publish gives.
+    assert await tb.publish(T1, "p", msgs(5)) == txn_ids(5, 1)
+    assert tb.status(T1).count == 6
+    await tb.end(T1, commit=True)
+    (marker,) = await markers(part)
+    assert await delivered(part, marker[0]) == [b"m0", b"m1", b"m2", b"m3", b"m4", b"m5"]
