@@ -793,8 +793,8 @@ class TransactionCoordinator:
                 for m in self._txns.values()
                 if m.status is TxnStatus.OPEN and (m.partitions or m.subscriptions)
             ]
-            for meta in lost:
-                await self._decide(meta, TxnEvent.ABORT)
+            # (all decisions logged at once: one group commit, not one each)
+            await asyncio.gather(*(self._decide(meta, TxnEvent.ABORT) for meta in lost))
             if lost:
                 log.info(
                     "coordinator %d: aborted %d transactions open at the restart (their "
