@@ -218,10 +218,11 @@ class TransactionCoordinator:
         the module docstring).
 
         ``abort_open_on_recovery``: on start, abort every transaction that
-        was OPEN with a participant, rather than let its client go on: for
-        participants that answer a transaction's writes before they are
-        durable (the broker's, in the shared store), whose crash may have
-        lost some of them."""
+        was OPEN, rather than let its client go on. With the participants in
+        the shared store this lets registrations, sends and acks be answered
+        once queued, before they are durable (`participants_answer_early`):
+        a crash that lost one of them aborts the transaction, so END (which
+        waits for durability) never commits past it."""
         if isinstance(where, LedgerStore):
             store, owned = where, False
         elif participants_share_store:
@@ -237,10 +238,11 @@ class TransactionCoordinator:
 
     @property
     def participants_answer_early(self) -> bool:
-        """May a participant answer a transactional send or ack once it is
-        appended, before it is durable? Yes when the participants share this
-        coordinator's store (what is appended after it is durable only with
-        it: END cannot commit past a lost write) and a restart aborts the
+        """Are registrations (here) and transactional sends and acks (by the
+        participants) answered once appended, before they are durable? Yes
+        when the participants share this coordinator's store (what is
+        appended after a write is durable only with it: the COMMITTING
+        record cannot outlive a lost write) and a restart aborts the
         transactions it found open (``abort_open_on_recovery``)."""
         return self._eager and self._abort_open_on_recovery
 
@@ -425,7 +427,11 @@ class TransactionCoordinator:
         waits = {meta.adding[k] for k in keys if k in meta.adding}
         if new:
             written = self._persist_now(rec)  # eager: registered from now on
-            waits.add(written)
+            if self.participants_answer_early:
+                # Applied already; a crash that loses it aborts the transaction.
+                written.add_done_callback(_retrieve)
+            else:
+                waits.add(written)
             if not self._eager:
                 for key in new:
                     meta.adding[key] = written
@@ -788,17 +794,13 @@ class TransactionCoordinator:
         for meta in unfinished:
             self._start_finish(meta)
         if self._abort_open_on_recovery:
-            lost = [
-                m
-                for m in self._txns.values()
-                if m.status is TxnStatus.OPEN and (m.partitions or m.subscriptions)
-            ]
+            lost = [m for m in self._txns.values() if m.status is TxnStatus.OPEN]
             # (all decisions logged at once: one group commit, not one each)
             await asyncio.gather(*(self._decide(meta, TxnEvent.ABORT) for meta in lost))
             if lost:
                 log.info(
                     "coordinator %d: aborted %d transactions open at the restart (their "
-                    "participants answer writes before they are durable)",
+                    "registrations, sends and acks were answered before they were durable)",
                     self.tcid,
                     len(lost),
                 )
