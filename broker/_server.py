@@ -81,9 +81,10 @@ class Broker:
     async def _open_coordinator(self, tcid: int) -> TransactionCoordinator:
         """Coordinator ``tcid`` keeps its log in the broker's store, next to the
         partitions and subscriptions it ends transactions on, so that they
-        write right behind its records (two fsyncs per transaction in a row,
-        not five; see `tc`). A data directory from before that keeps using
-        the coordinator's own file, ``tc-<id>.db``."""
+        write right behind its records, and answer registrations, sends and
+        acks once queued: a restart aborts the transactions left open, and
+        only END waits for an fsync (see `tc`). A data directory from before
+        that keeps using the coordinator's own file, ``tc-<id>.db``."""
         if (self.data_dir / f"tc-{tcid}.db").exists():
             return await TransactionCoordinator.open(tcid, self.data_dir, self)
         return await TransactionCoordinator.open(

@@ -26,6 +26,9 @@ Where the log lives decides when a record is applied:
   no participant yet (its client gets TxnNotFound and starts again), never
   one with data; ids are reserved in blocks (RESERVE_IDS, logged ahead of
   use), so an id handed out before a crash is never handed out again.
+  With ``abort_open_on_recovery`` (the broker's setting) registrations,
+  sends and acks are answered once appended as well, and a restart aborts
+  every transaction it finds OPEN: only END waits for an fsync.
 
 Ending a transaction (§CommandEndTxn): log COMMITTING / ABORTING (the
 decision), tell every registered partition and subscription through the
