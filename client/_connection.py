@@ -76,6 +76,8 @@ CLIENT_VERSION = "txnbuf-python/0.1.0"
 # It writes one command per message: joining its own frames measured 15-20%
 # slower at 4 and 16 consume-transform-produce workers (bench.txn), though
 # each side then spent less CPU per message.
+# 3: with a broker that announced 3, ACKs name messages as positions (flat
+# triples) and SENDs carry an encoded EntryBatch (`Connection.broker_protocol`).
 PROTOCOL_VERSION = 3
 # Used until the broker's CONNECTED says otherwise.
 DEFAULT_MAX_MESSAGE_SIZE = 5 * 1024 * 1024
