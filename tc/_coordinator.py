@@ -200,6 +200,7 @@ class TransactionCoordinator:
         self._closed = False
         self._owns_store = False
         self._abort_open_on_recovery = False
+        self._aborted_at_start: set[TxnID] = set()
 
     @classmethod
     async def open(
@@ -487,6 +488,10 @@ class TransactionCoordinator:
                 return
             if commit and meta.timed_out:
                 raise TxnTimeoutError(meta.status, "commit (it timed out and was aborted)")
+            if commit and txnid in self._aborted_at_start:
+                raise InvalidTxnStatusError(
+                    meta.status, "commit (it was open when the broker restarted, so it was aborted)"
+                )
             raise InvalidTxnStatusError(meta.status, event)
         await self._decide(meta, event)
         await self._wait_applied(txnid)
@@ -798,6 +803,7 @@ class TransactionCoordinator:
             self._start_finish(meta)
         if self._abort_open_on_recovery:
             lost = [m for m in self._txns.values() if m.status is TxnStatus.OPEN]
+            self._aborted_at_start = {m.txnid for m in lost}  # (for a clearer error)
             # (all decisions logged at once: one group commit, not one each)
             await asyncio.gather(*(self._decide(meta, TxnEvent.ABORT) for meta in lost))
             if lost:
