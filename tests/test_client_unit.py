@@ -620,6 +620,13 @@ async def until(predicate: Any, timeout: float = 5.0) -> None:
     assert predicate(), "condition not reached in time"
 
 
+async def drop_sockets(fake: FakeBroker) -> None:
+    """Close the broker's end of every connection (the client reconnects)."""
+    for ws in list(fake.sockets):
+        await ws.close()
+    await until(lambda: not fake.sockets)
+
+
 # --- errors -------------------------------------------------------------------
 
 
@@ -1064,9 +1071,7 @@ async def test_pending_acks_are_resent_after_reconnect(fake: FakeBroker, cli: Cl
     consumer = await cli.subscribe("t", "s")
     await producer.send(b"x")
     msg = await consumer.receive(timeout=5)
-    for ws in list(fake.sockets):  # the ack goes into a dead socket
-        await ws.close()
-    await until(lambda: not fake.sockets)
+    await drop_sockets(fake)  # the ack goes into a dead socket
     await asyncio.wait_for(consumer.acknowledge(msg), 5)
     sub = fake.subs["t", "s"]
     assert not sub.unacked
@@ -1095,9 +1100,7 @@ async def test_acks_in_flight_are_rebuilt_for_an_older_broker(fake: FakeBroker) 
         consumer = await cli.subscribe("t", "s")
         await producer.send(b"x")
         msg = await consumer.receive(timeout=5)
-        for ws in list(fake.sockets):  # the ack goes into a dead socket
-            await ws.close()
-        await until(lambda: not fake.sockets)
+        await drop_sockets(fake)  # the ack goes into a dead socket
         fake.protocol_version = 2
         await asyncio.wait_for(consumer.acknowledge(msg), 5)
         assert not fake.subs["t", "s"].unacked
@@ -1133,8 +1136,7 @@ async def test_sends_in_flight_are_rebuilt_for_an_older_broker(fake: FakeBroker)
         await until(lambda: len(fake.send_frames) == 2)
         assert fake.send_frames[-1].batch
         fake.protocol_version, fake.ignore_sends = 2, False
-        for ws in list(fake.sockets):
-            await ws.close()
+        await drop_sockets(fake)
         assert await asyncio.wait_for(pending, 5) == MessageId(0, 1, 0)
         last = fake.send_frames[-1]
         assert not last.batch
