@@ -380,10 +380,11 @@ class PartitionSubscription:
         """Acknowledge durably, then apply (persist, then act).
 
         ``early`` (inside a transaction only): return once the record is
-        queued, before it is durable, when no record of this subscription is
-        in flight: it is then applied to exactly the state it was checked
-        against, so it cannot turn out void. Only for a transaction that a
-        crash aborts (see `tc.TransactionCoordinator.participants_answer_early`).
+        queued, before it is durable, when no ack record in flight can change
+        the messages it names: it is then applied to exactly the state it was
+        checked against, so it cannot turn out void. Only for a transaction
+        that a crash aborts (see
+        `tc.TransactionCoordinator.participants_answer_early`).
 
         Outside a transaction (``txn`` None) a PENDING message becomes
         DELETED; an ack of a PENDING_ACK message is dropped (PIP-31: it stays
@@ -445,13 +446,35 @@ class PartitionSubscription:
             if not changes:
                 return  # every message is durably held by this transaction already
             record = AckRecord(TXN_ACK, tuple(pos for pos, _ in changes), txn)
-            if early and not self._inflight:
+            if early and self._unaffected_by_inflight(record.positions):
                 self._persist(record).add_done_callback(_retrieve)
                 return
         try:
             await self._persist(record)
         except AckConflict as exc:
             raise self._conflict(exc) from exc
+
+    def _unaffected_by_inflight(self, positions: tuple[Position, ...]) -> bool:
+        """Can no ack record in flight change the state of ``positions``
+        (all PENDING as applied so far)? Then a record about them is applied
+        to the state it was checked against. Plain and transactional acks
+        change the messages they name (a cumulative one, all up to its
+        bound); a transaction's commit or abort only the messages it holds,
+        which are not PENDING or are named by its acks in flight."""
+        if not self._inflight:
+            return True
+        first = min(positions)
+        mine: set[Position] | None = None
+        for record in self._inflight:
+            if record.kind == CUMULATIVE:
+                if max(record.positions) >= first:
+                    return False
+            elif record.kind in (INDIVIDUAL, TXN_ACK):
+                if mine is None:
+                    mine = set(positions)
+                if not mine.isdisjoint(record.positions):
+                    return False
+        return True
 
     async def end_txn(self, txn: TxnKey, commit: bool) -> None:
         """EndTxnOnSubscription: commit (DELETED) or abort (PENDING) ``txn``'s acks.

@@ -1150,9 +1150,12 @@ async def test_an_early_txn_ack_returns_before_it_is_durable(h: Harness) -> None
     assert h.sub.cursor.pending_ack == {(0, 0): T1, (0, 1): T1}
 
 
-async def test_an_early_txn_ack_waits_behind_a_record_in_flight(h: Harness) -> None:
-    """A record in flight may change what this one finds: it is answered once
-    durable (here: refused, the message being T1's by then)."""
+async def test_an_early_txn_ack_waits_behind_a_record_in_flight_on_its_messages(
+    h: Harness,
+) -> None:
+    """A record in flight that names one of its messages may change what this
+    one finds: it is answered once durable (here: refused, the message being
+    T1's by then)."""
     first = asyncio.ensure_future(h.sub.ack([(1, 0)], False, T1, early=True))
     await asyncio.sleep(0)  # T1's record is queued, not durable
     assert h.sub._inflight
@@ -1162,3 +1165,36 @@ async def test_an_early_txn_ack_waits_behind_a_record_in_flight(h: Harness) -> N
     await first
     await h.settle()
     assert h.sub.cursor.pending_ack == {(1, 0): T1}
+
+
+async def test_an_early_txn_ack_ignores_records_in_flight_on_other_messages(h: Harness) -> None:
+    ledger = h.cursor_ledger
+    before = ledger.last_entry_id
+    other = asyncio.ensure_future(h.sub.ack([(1, 0)], False, T1, early=True))
+    await asyncio.sleep(0)
+    commit = asyncio.ensure_future(h.sub.end_txn(T1, commit=True))  # in flight too
+    plain = asyncio.ensure_future(h.sub.ack([(0, 0)], False))  # a plain ack in flight
+    await asyncio.sleep(0)
+    assert len(h.sub._inflight) == 3
+    await h.sub.ack([(2, 0), (2, 1)], False, T2, early=True)
+    assert ledger.last_entry_id == before  # answered before anything was durable
+    await asyncio.gather(other, commit, plain)
+    await h.settle()
+    assert h.sub.cursor.pending_ack == {(2, 0): T2, (2, 1): T2}
+    assert h.sub.cursor.state((1, 0)) is D
+
+
+async def test_an_early_txn_ack_waits_behind_a_cumulative_ack_over_it(h: Harness) -> None:
+    """A cumulative ack in flight deletes every message up to its bound."""
+    cumulative = asyncio.ensure_future(h.sub.ack([(1, 1)], True))
+    await asyncio.sleep(0)
+    ledger = h.cursor_ledger
+    before = ledger.last_entry_id
+    await h.sub.ack([(1, 2)], False, T1, early=True)  # past the bound: at once
+    assert ledger.last_entry_id == before
+    with pytest.raises(SubscriptionError) as refused:
+        await h.sub.ack([(0, 2)], False, T2, early=True)  # under it: waits, then void
+    assert refused.value.code == "TRANSACTION_CONFLICT"
+    await cumulative
+    await h.settle()
+    assert h.sub.cursor.pending_ack == {(1, 2): T1}
