@@ -53,7 +53,7 @@ __all__ = ["Connection"]
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 3  # 2: BATCH frames; 3: CommandAck.positions
+PROTOCOL_VERSION = 3  # 2: BATCH frames; 3: CommandAck.positions, CommandSend.batch
 BATCH_MAX_BYTES = 1 << 16  # frames joined into one BATCH at most; a bigger one goes alone
 SERVER_VERSION = "txnbuf/0.1.0"
 MAX_MESSAGE_SIZE = 5 << 20  # bytes in one frame the client may send
