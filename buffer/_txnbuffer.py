@@ -83,7 +83,7 @@ from buffer._entries import (
     entry_meta,
 )
 from buffer._names import Position
-from ledger import Entry, Ledger, faults
+from ledger import Entry, Ledger, faults, unawaited
 from proto import txnbuf_pb2 as pb
 
 __all__ = [
@@ -276,12 +276,6 @@ class _Txn:
         return TxnInfo(self.key, self.state, self.count, self.marker, tuple(self.entries))
 
 
-def _retrieve(f: asyncio.Future[int]) -> None:
-    """Mark a failure as seen (the store stops on one; END reports it)."""
-    if not f.cancelled():
-        f.exception()
-
-
 def _encode_marker(txn: TxnKey, entries: Sequence[int]) -> bytes:
     n = len(entries)
     return _MARKER.pack(txn[0], txn[1], n) + struct.pack(f">{n}q", *entries)
@@ -429,7 +423,7 @@ class TransactionBuffer:
             queued = self._append(t, producer, messages, seqs, state, encoded)
             if not early:
                 return self._new(t, queued, len(seqs))
-            queued.add_done_callback(_retrieve)
+            queued.add_done_callback(unawaited)
             ready: asyncio.Future[PublishResult] = asyncio.get_running_loop().create_future()
             ready.set_result(PublishResult(-1, [(-1, i) for i in range(base, base + len(seqs))]))
             return ready

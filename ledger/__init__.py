@@ -3,11 +3,11 @@
 Everything durable in txnbuf is a ledger: partition logs, sidecar transaction
 logs, subscription cursors and coordinator logs. A `LedgerStore` is one
 SQLite database (WAL, ``synchronous=FULL``) holding many ledgers, written by
-one group-committing task. `faults.hit(step)` is the test-only crash hook
+group commits. `faults.hit(step)` is the test-only crash hook
 every layer uses (it sits here, on the lowest floor).
 """
 
 from ledger import _faults as faults
-from ledger._store import Entry, Ledger, LedgerError, LedgerStore
+from ledger._store import Entry, Ledger, LedgerError, LedgerStore, unawaited
 
-__all__ = ["Entry", "Ledger", "LedgerError", "LedgerStore", "faults"]
+__all__ = ["Entry", "Ledger", "LedgerError", "LedgerStore", "faults", "unawaited"]

@@ -49,7 +49,7 @@ from typing import Any, TypeVar
 
 import aiosqlite
 
-__all__ = ["Entry", "Ledger", "LedgerError", "LedgerStore"]
+__all__ = ["Entry", "Ledger", "LedgerError", "LedgerStore", "unawaited"]
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,13 @@ CREATE TABLE IF NOT EXISTS entries (
 
 class LedgerError(Exception):
     """The store failed to make an operation durable (or is closed)."""
+
+
+def unawaited(f: asyncio.Future[Any]) -> None:
+    """Done callback of a write nobody awaits: mark its error seen (a failed
+    write stops the store, and whatever comes after it reports that)."""
+    if not f.cancelled():
+        f.exception()
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from sortedcontainers import SortedSet
 
 from buffer import DATA, Partition, Position, TransactionBuffer, entry_count, entry_kind
-from ledger import Entry, Ledger, faults
+from ledger import Entry, Ledger, faults, unawaited
 from proto import txnbuf_pb2 as pb
 from subscriptions._cursor import (
     CUMULATIVE,
@@ -447,7 +447,7 @@ class PartitionSubscription:
                 return  # every message is durably held by this transaction already
             record = AckRecord(TXN_ACK, tuple(pos for pos, _ in changes), txn)
             if early and self._unaffected_by_inflight(record.positions):
-                self._persist(record).add_done_callback(_retrieve)
+                self._persist(record).add_done_callback(unawaited)
                 return
         try:
             await self._persist(record)
@@ -990,9 +990,3 @@ async def _load_uncommitted(ledger: Ledger) -> UncommittedCursor:
         else:
             raise RuntimeError(f"{ledger.name}, entry {entry.entry_id}: unknown kind {entry.meta}")
     return cursor
-
-
-def _retrieve(f: asyncio.Future[list[Position]]) -> None:
-    """Mark a failure as seen (the store stops on one; END reports it)."""
-    if not f.cancelled():
-        f.exception()

@@ -61,7 +61,7 @@ from typing import Any, Protocol
 
 from sortedcontainers import SortedList
 
-from ledger import Ledger, LedgerStore, faults
+from ledger import Ledger, LedgerStore, faults, unawaited
 from proto import txnbuf_pb2 as pb
 from tc._status import InvalidTxnStatusError, TxnEvent, TxnStatus, check_update, transition
 from tc._txnid import TxnID
@@ -159,13 +159,6 @@ class TxnMeta:
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def _retrieve(f: asyncio.Future[Any]) -> None:
-    """Done callback of a write nobody awaits: mark its error seen (a failed
-    write stops the store, which reports it)."""
-    if not f.cancelled():
-        f.exception()
 
 
 class TransactionCoordinator:
@@ -327,7 +320,7 @@ class TransactionCoordinator:
         ), lazy=self._eager)  # fmt: skip
         if self._eager:
             # OPEN already: the registration that follows is logged behind it.
-            logged.add_done_callback(_retrieve)
+            logged.add_done_callback(unawaited)
         else:
             await logged
         return txnid
@@ -360,7 +353,7 @@ class TransactionCoordinator:
                 in_force.set_result(None)
 
         self._ledger.append(rec.SerializeToString(), meta=_RECORD).add_done_callback(durable)
-        in_force.add_done_callback(_retrieve)  # (its waiters, if any, get the error)
+        in_force.add_done_callback(unawaited)  # (its waiters, if any, get the error)
         return in_force
 
     def partition_registration(
@@ -433,7 +426,7 @@ class TransactionCoordinator:
             written = self._persist_now(rec)  # eager: registered from now on
             if self.participants_answer_early:
                 # Applied already; a crash that loses it aborts the transaction.
-                written.add_done_callback(_retrieve)
+                written.add_done_callback(unawaited)
             else:
                 waits.add(written)
             if not self._eager:
