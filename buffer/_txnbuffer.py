@@ -419,11 +419,11 @@ class TransactionBuffer:
                 )
         state = t.producer(producer)
         if seqs[0] > state.pushed:  # the usual case: nothing re-sent
-            base = max(t.queued, t.count)  # the batch index of the first message
             queued = self._append(t, producer, messages, seqs, state, encoded)
             if not early:
                 return self._new(t, queued, len(seqs))
             queued.add_done_callback(unawaited)
+            base = t.queued - len(seqs)  # the batch index of its first message
             ready: asyncio.Future[PublishResult] = asyncio.get_running_loop().create_future()
             ready.set_result(PublishResult(-1, [(-1, i) for i in range(base, base + len(seqs))]))
             return ready

@@ -550,13 +550,12 @@ class LedgerStore:
         # failed fsync what is on disk is unknown (PostgreSQL learned this
         # the hard way). The broker has to be restarted.
         self._thread_failed = self._thread_failed or exc
-        error = LedgerError(
-            f"group commit to {self.path} failed: {exc}; the store refuses writes "
-            "until it is reopened"
-        )
         if self._failed is None:
-            self._failed = error
-            log.critical("%s", error)
+            self._failed = LedgerError(
+                f"group commit to {self.path} failed: {exc}; the store refuses writes "
+                "until it is reopened"
+            )
+            log.critical("%s", self._failed)
         queued = list(self._queue)
         self._queue.clear()
         for op in (*batch, *queued):
