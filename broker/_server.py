@@ -173,7 +173,7 @@ class Broker:
                 job.future.set_exception(exc)
 
     async def end_txn_on_partition(
-        self, topic: str, partition: int, txnid: TxnID, commit: bool
+        self, topic: str, partition: int, txnid: TxnID, commit: bool, durable: bool = True
     ) -> None:
         """`tc.Participant`: commit (marker) or abort the transaction on a partition."""
         found = self.topics.get(topic)
@@ -181,13 +181,13 @@ class Broker:
             log.warning("end %s on %s/%d: no such partition", txnid, topic, partition)
             return
         buffer = await found.partitions[partition].txn_buffer()
-        await buffer.end(txn_key(txnid), commit)
+        await buffer.end(txn_key(txnid), commit, durable)
 
     async def end_txn_on_subscription(
-        self, topic: str, subscription: str, txnid: TxnID, commit: bool
+        self, topic: str, subscription: str, txnid: TxnID, commit: bool, durable: bool = True
     ) -> None:
         """`tc.Participant`: commit or abort the transaction's pending acks."""
-        await self.subscriptions.end_txn(topic, subscription, txn_key(txnid), commit)
+        await self.subscriptions.end_txn(topic, subscription, txn_key(txnid), commit, durable)
 
     def producer_count(self, topic: str) -> int:
         return sum(1 for t, _ in self._producer_owners if t == topic)

@@ -255,7 +255,7 @@ class _Txn:
     ending: TxnEvent | None = None  # an END has begun: sends are refused
     last_append: asyncio.Future[int] | None = None
     lock: asyncio.Lock | None = None
-    end_record: asyncio.Future[int] | None = None  # TXN_COMMIT appended, not durable yet
+    end_record: asyncio.Future[Any] | None = None  # END answered, its writes not durable yet
 
     def base_of(self, entry_id: int) -> int:
         """Batch index of the first message of the TXN_DATA record ``entry_id``."""
@@ -503,7 +503,7 @@ class TransactionBuffer:
 
     # -- end on partition -----------------------------------------------------------
 
-    async def end(self, txn: TxnKey, commit: bool) -> None:
+    async def end(self, txn: TxnKey, commit: bool, durable: bool = True) -> None:
         """End ``txn`` here (EndTxnOnPartition); idempotent, so retry until it returns.
 
         COMMIT appends the commit marker to the partition ledger, then a
@@ -514,6 +514,12 @@ class TransactionBuffer:
         TXN_ABORT record, so that late writes for it are refused. Raises
         `TxnConflictError` (changing nothing) if it ended (or is ending) the
         other way.
+
+        ``durable=False``: return once the marker (or the record) is queued,
+        before it is durable; the TXN_COMMIT record follows the durable
+        marker. For a coordinator whose log shares this buffer's store: its
+        decision is durable already, and what it logs after this call is
+        durable only with the marker (``tc`` calls with it then).
         """
         _check_key(txn)
         event = TxnEvent.COMMIT if commit else TxnEvent.ABORT
@@ -536,32 +542,48 @@ class TransactionBuffer:
         async with t.lock:  # one END at a time: never two markers
             if t.state is not TxnState.OPEN:
                 return  # a concurrent or earlier END finished it
-            if t.end_record is not None:  # an earlier COMMIT answered at its marker
+            if t.end_record is not None:  # an earlier END answered before its records
                 await asyncio.shield(t.end_record)
                 return
             if t.last_append is not None:
                 await asyncio.wait([t.last_append])  # sends queued before the END
             if not commit:
-                await self.sidecar.append(_TXN.pack(*txn), meta=entry_meta(TXN_ABORT, 0))
-                return
-            if t.marker < 0 and t.count > 0:
-                marker = await self.partition_ledger.append(
+                record = self.sidecar.append(_TXN.pack(*txn), meta=entry_meta(TXN_ABORT, 0))
+            elif t.marker < 0 and t.count > 0:
+                marker = self.partition_ledger.append(
                     _encode_marker(txn, t.entries), meta=entry_meta(COMMIT_MARKER, t.count)
                 )
-                t.marker = marker  # (the partition listener has set it already)
+                if not durable:
+                    self._end_later(t, asyncio.ensure_future(self._after_marker(t, marker)))
+                    return
+                t.marker = await marker  # (the partition listener has set it already)
                 faults.hit("buffer.after_commit_marker")
-            record = self.sidecar.append(
-                _COMMIT.pack(txn[0], txn[1], t.marker),
-                meta=entry_meta(TXN_COMMIT, 0),
-                lazy=t.marker >= 0,  # (answered at the marker: nobody waits for it)
-            )
-            if t.marker < 0:
-                await record  # nothing else records the commit here
+                record = self._commit_record(t)
+            else:
+                record = self._commit_record(t)
+            if t.marker >= 0 or not durable:
+                # The durable marker is the commit here (recovery completes a
+                # missing TXN_COMMIT from it), so answer now: one fsync, not two.
+                self._end_later(t, record)
                 return
-            # The durable marker is the commit here (recovery completes a
-            # missing TXN_COMMIT from it), so answer now: one fsync, not two.
-            t.end_record = record
-            record.add_done_callback(functools.partial(self._end_record_done, t))
+            await record  # nothing else records the end here
+
+    def _commit_record(self, t: _Txn) -> asyncio.Future[int]:
+        return self.sidecar.append(
+            _COMMIT.pack(t.key[0], t.key[1], t.marker),
+            meta=entry_meta(TXN_COMMIT, 0),
+            lazy=t.marker >= 0,  # (answered at the marker: nobody waits for it)
+        )
+
+    async def _after_marker(self, t: _Txn, marker: asyncio.Future[int]) -> None:
+        t.marker = await marker
+        faults.hit("buffer.after_commit_marker")
+        await self._commit_record(t)
+
+    def _end_later(self, t: _Txn, record: asyncio.Future[Any]) -> None:
+        """END answered before ``record`` (the last of its writes here) is durable."""
+        t.end_record = record
+        record.add_done_callback(functools.partial(self._end_record_done, t))
 
     @staticmethod
     def uncommitted_batch(entry: Entry) -> bytes | None:
@@ -577,13 +599,11 @@ class TransactionBuffer:
         if pending:
             await asyncio.wait(pending)
 
-    def _end_record_done(self, t: _Txn, record: asyncio.Future[int]) -> None:
+    def _end_record_done(self, t: _Txn, record: asyncio.Future[Any]) -> None:
         t.end_record = None
         if not record.cancelled() and record.exception() is not None:
-            # Recovery would complete it from the marker; a retried END writes it again.
-            log.error(
-                "%s: TXN_COMMIT of %s failed: %s", self.name, _txn_text(t.key), record.exception()
-            )
+            # Recovery completes a TXN_COMMIT from its marker; a retried END writes again.
+            log.error("%s: ending %s failed: %s", self.name, _txn_text(t.key), record.exception())
 
     # -- applying records (live and on recovery) ---------------------------------------
 

@@ -181,14 +181,20 @@ class Subscriptions:
             *(subs[p].ack(pos, cumulative, txn, early) for p, pos in by_part.items())
         )
 
-    async def end_txn(self, topic: str, subscription: str, txn: TxnKey, commit: bool) -> None:
+    async def end_txn(
+        self, topic: str, subscription: str, txn: TxnKey, commit: bool, durable: bool = True
+    ) -> None:
         """EndTxnOnSubscription: commit or abort ``txn``'s acks on every partition.
 
-        Durable when it returns; harmless to repeat. Nothing to do if the
-        subscription does not exist (or holds nothing of ``txn``).
+        Durable when it returns (queued with ``durable=False``, see
+        `PartitionSubscription.end_txn`); harmless to repeat. Nothing to do
+        if the subscription does not exist (or holds nothing of ``txn``).
         """
         subs = [s for (t, _, name), s in self._subs.items() if t == topic and name == subscription]
-        await asyncio.gather(*(sub.end_txn(txn, commit) for sub in subs))
+        if len(subs) == 1:
+            await subs[0].end_txn(txn, commit, durable)
+            return
+        await asyncio.gather(*(sub.end_txn(txn, commit, durable) for sub in subs))
 
     def uncommitted_floor(self, topic: str, index: int) -> int | None:
         """The first sidecar entry of a partition that a read_uncommitted

@@ -476,12 +476,14 @@ class PartitionSubscription:
                     return False
         return True
 
-    async def end_txn(self, txn: TxnKey, commit: bool) -> None:
+    async def end_txn(self, txn: TxnKey, commit: bool, durable: bool = True) -> None:
         """EndTxnOnSubscription: commit (DELETED) or abort (PENDING) ``txn``'s acks.
 
-        Durable before it returns. A transaction with no acks here writes
-        nothing; repeating the call is harmless (the TC retries it). From
-        now on an ack in ``txn`` is refused (INVALID_TXN_STATUS).
+        Durable before it returns; with ``durable=False`` (see
+        `buffer.TransactionBuffer.end`), queued: the acks change when the
+        record is durable. A transaction with no acks here writes nothing;
+        repeating the call is harmless (the TC retries it). From now on an
+        ack in ``txn`` is refused (INVALID_TXN_STATUS).
         """
         txn = self._check_txn(txn)
         self._remember_ended(txn)
@@ -489,7 +491,11 @@ class PartitionSubscription:
             r.kind == TXN_ACK and r.txn == txn for r in self._inflight
         ):
             return
-        await self._persist(AckRecord(TXN_COMMIT if commit else TXN_ABORT, (), txn))
+        outcome = self._persist(AckRecord(TXN_COMMIT if commit else TXN_ABORT, (), txn))
+        if durable:
+            await outcome
+        else:
+            outcome.add_done_callback(unawaited)
 
     def _check_txn(self, txn: object) -> TxnKey:
         try:

@@ -98,14 +98,20 @@ class TxnTimeoutError(InvalidTxnStatusError):
 
 class Participant(Protocol):
     """What a coordinator needs from brokers: end a transaction on a partition
-    or a subscription. Both are idempotent and raise if they cannot answer."""
+    or a subscription. Both are idempotent and raise if they cannot answer.
+
+    They return once what they wrote is durable, or, with ``durable=False``,
+    once it is queued in the store (in order). A coordinator passes False
+    only when its log shares that store (``participants_share_store``): its
+    decision is durable already, and its COMMITTED/ABORTED record, appended
+    after they return, is durable only with what they queued."""
 
     async def end_txn_on_partition(
-        self, topic: str, partition: int, txnid: TxnID, commit: bool
+        self, topic: str, partition: int, txnid: TxnID, commit: bool, durable: bool = True
     ) -> None: ...
 
     async def end_txn_on_subscription(
-        self, topic: str, subscription: str, txnid: TxnID, commit: bool
+        self, topic: str, subscription: str, txnid: TxnID, commit: bool, durable: bool = True
     ) -> None: ...
 
 
@@ -520,7 +526,7 @@ class TransactionCoordinator:
             # the participants' markers and acks land behind the decision,
             # in its group commit or a later one.
             logged = self._persist_now(rec)
-            self._start_finish(meta)
+            self._start_finish(meta, logged)
             await logged
             faults.hit("tc.after_decision_logged")  # the markers may be durable too
             return
@@ -542,28 +548,37 @@ class TransactionCoordinator:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _start_finish(self, meta: TxnMeta) -> None:
+    def _start_finish(self, meta: TxnMeta, decided: asyncio.Future[bool] | None = None) -> None:
         if meta.txnid not in self._applied:
             self._applied[meta.txnid] = asyncio.get_running_loop().create_future()
-        self._spawn(self._finish(meta))
+        self._spawn(self._finish(meta, decided))
 
-    async def _finish(self, meta: TxnMeta) -> None:
+    async def _finish(self, meta: TxnMeta, decided: asyncio.Future[bool] | None = None) -> None:
         """Tell every participant, all at once (retrying each until it
-        answers), then log the end."""
+        answers), then log the end. ``decided``: the decision's log write,
+        if it may not be durable yet (eager mode: the participants' writes
+        go behind it at once); a participant counts as done once it is."""
         commit = meta.status is TxnStatus.COMMITTING
+        durable = not self._eager  # (see `Participant`)
+        on_partition = self._participant.end_txn_on_partition
+        on_subscription = self._participant.end_txn_on_subscription
 
         async def partition(topic: str, index: int) -> None:
             await self._until_done(
-                lambda: self._participant.end_txn_on_partition(topic, index, meta.txnid, commit),
+                lambda: on_partition(topic, index, meta.txnid, commit, durable),
                 f"end {meta.txnid} on partition {topic}/{index}",
             )
+            if decided is not None:
+                await decided
             faults.hit("tc.after_partition_end")
 
         async def subscription(topic: str, sub: str) -> None:
             await self._until_done(
-                lambda: self._participant.end_txn_on_subscription(topic, sub, meta.txnid, commit),
+                lambda: on_subscription(topic, sub, meta.txnid, commit, durable),
                 f"end {meta.txnid} on subscription {topic}/{sub}",
             )
+            if decided is not None:
+                await decided
             faults.hit("tc.after_subscription_end")
 
         ends = [

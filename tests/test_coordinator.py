@@ -39,6 +39,7 @@ class Recorder:
 
     def __init__(self, failures: int = 0, block: bool = False) -> None:
         self.calls: list[tuple[str, str, object, TxnID, bool]] = []
+        self.durable: list[bool] = []  # the durable argument of each call
         self.failures = failures
         self.block = block
 
@@ -51,13 +52,15 @@ class Recorder:
         self.calls.append((kind, topic, what, txnid, commit))
 
     async def end_txn_on_partition(
-        self, topic: str, partition: int, txnid: TxnID, commit: bool
+        self, topic: str, partition: int, txnid: TxnID, commit: bool, durable: bool = True
     ) -> None:
+        self.durable.append(durable)
         await self._call("partition", topic, partition, txnid, commit)
 
     async def end_txn_on_subscription(
-        self, topic: str, subscription: str, txnid: TxnID, commit: bool
+        self, topic: str, subscription: str, txnid: TxnID, commit: bool, durable: bool = True
     ) -> None:
+        self.durable.append(durable)
         await self._call("subscription", topic, subscription, txnid, commit)
 
 
@@ -317,7 +320,7 @@ class Writer(Recorder):
         self.seen: list[tuple[int, int]] = []  # (log durable when asked, when written)
 
     async def end_txn_on_partition(
-        self, topic: str, partition: int, txnid: TxnID, commit: bool
+        self, topic: str, partition: int, txnid: TxnID, commit: bool, durable: bool = True
     ) -> None:
         asked = self.tc_ledger().last_entry_id
         mine = await self.store().open_ledger(f"marker/{topic}/{partition}")
@@ -343,6 +346,24 @@ async def test_participants_write_behind_the_decision_without_waiting_for_it(
         # ...and only a coordinator sharing the store lets it write before
         # the decision is durable (they then share a group commit).
         assert asked == (before if open_tc.shared else before + 1)
+    finally:
+        await tc.close()
+
+
+async def test_only_a_shared_store_lets_participants_answer_once_queued(
+    open_tc: Opener,
+) -> None:
+    recorder = Recorder()
+    tc = await open_tc(0, recorder)
+    try:
+        for commit in (True, False):
+            txn = await tc.new_txn()
+            await tc.add_partitions(txn, [("t", 0)])
+            await tc.add_subscriptions(txn, [("t", "s")])
+            await tc.end_txn(txn, commit=commit)
+        # With its own log, what a participant queued may be durable before
+        # the decision's end record or not: it must wait for durability.
+        assert recorder.durable == [not open_tc.shared] * 4
     finally:
         await tc.close()
 
@@ -388,8 +409,8 @@ from ledger import LedgerStore
 from tc import TransactionCoordinator
 
 class Nobody:
-    async def end_txn_on_partition(self, *args): pass
-    async def end_txn_on_subscription(self, *args): pass
+    async def end_txn_on_partition(self, *args, **kwargs): pass
+    async def end_txn_on_subscription(self, *args, **kwargs): pass
 
 async def main():
     store = await LedgerStore.open(sys.argv[1])

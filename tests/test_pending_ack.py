@@ -1198,3 +1198,22 @@ async def test_an_early_txn_ack_waits_behind_a_cumulative_ack_over_it(h: Harness
     await cumulative
     await h.settle()
     assert h.sub.cursor.pending_ack == {(1, 2): T1}
+
+
+async def test_end_txn_not_durable_returns_once_queued(h: Harness) -> None:
+    """``durable=False`` (a coordinator sharing the store): END returns with
+    its record queued; the acks change when it is durable, and a reopen
+    finds them changed."""
+    await h.sub.ack([(0, 0), (0, 1), (0, 2)], False, T1)
+    ledger = h.cursor_ledger
+    before = ledger.last_entry_id
+    await h.sub.end_txn(T1, commit=True, durable=False)
+    assert ledger.last_entry_id == before  # returned before the record was durable
+    assert h.sub.cursor.pending_ack == {(0, 0): T1, (0, 1): T1, (0, 2): T1}
+    await h.settle()
+    assert not h.sub.cursor.pending_ack
+    assert h.sub.cursor.mark_delete == (0, WHOLE_ENTRY)
+    with pytest.raises(SubscriptionError):
+        await h.sub.ack([(1, 0)], False, T1)  # ended: refused from the call on
+    sub = await h.reopen()
+    assert sub.cursor.mark_delete == (0, WHOLE_ENTRY) and not sub.cursor.pending_ack

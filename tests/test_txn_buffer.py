@@ -713,3 +713,48 @@ async def test_an_early_send_is_answered_before_it_is_durable(stores: Stores) ->
     await tb.end(T1, commit=True)
     (marker,) = await markers(part)
     assert await delivered(part, marker[0]) == [b"m0", b"m1", b"m2", b"m3", b"m4", b"m5"]
+
+
+async def test_an_end_not_durable_returns_with_its_marker_queued(stores: Stores) -> None:
+    """``durable=False`` (a coordinator sharing the store): END returns once
+    the marker is queued; the marker is durable before anything queued after
+    it, and its TXN_COMMIT record follows."""
+    _, part = await stores.open()
+    tb = await part.txn_buffer()
+    await tb.publish(T1, "p", msgs(0, 1))
+    await tb.publish(T2, "p", msgs(0))
+    await tb.end(T1, commit=True, durable=False)
+    assert part.ledger.last_entry_id == -1  # the marker is not durable yet
+    with pytest.raises(TxnEndedError):
+        tb.publish(T1, "p", msgs(2))  # ending: refused from the call on
+    after = await part.publish("plain", msgs(9))
+    assert after.entry_id == 1  # behind the marker
+    await tb.end(T1, commit=True, durable=False)  # a retry waits for the first
+    await tb.settled()
+    assert await markers(part) == [(0, 2)]
+    assert await sidecar_kinds(tb) == [TXN_DATA, TXN_DATA, TXN_COMMIT]
+    assert tb.status(T1) == TxnInfo(T1, TxnState.COMMITTED, 2, 0, (0,))
+    await tb.end(T2, commit=False, durable=False)
+    await tb.settled()
+    assert await sidecar_kinds(tb) == [TXN_DATA, TXN_DATA, TXN_COMMIT, TXN_ABORT]
+    _, part = await stores.reopen()
+    tb = loaded(part)
+    assert tb.status(T1).state is TxnState.COMMITTED and tb.status(T2).state is TxnState.ABORTED
+    assert await delivered(part, 0) == [b"m0", b"m1"]
+
+
+async def test_an_end_not_durable_crashing_after_its_marker_is_completed_on_restart(
+    stores: Stores, crash_at: list[str]
+) -> None:
+    _, part = await stores.open()
+    tb = await part.txn_buffer()
+    await tb.publish(T1, "p", msgs(0, 1))
+    crash_at.append("buffer.after_commit_marker")
+    await tb.end(T1, commit=True, durable=False)  # answered before the crash point
+    await tb.settled()
+    assert await markers(part) == [(0, 2)]
+    assert await sidecar_kinds(tb) == [TXN_DATA]  # the crash came before TXN_COMMIT
+    _, part = await stores.reopen()
+    tb = loaded(part)
+    assert tb.status(T1) == TxnInfo(T1, TxnState.COMMITTED, 2, 0, (0,))
+    assert await sidecar_kinds(tb) == [TXN_DATA, TXN_COMMIT]

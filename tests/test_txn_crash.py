@@ -150,9 +150,15 @@ async def test_a_crash_inside_an_open_transaction_is_all_or_nothing(
 ) -> None:
     # The broker answers a transaction's sends and acks before they are
     # durable, so its restart aborts every transaction it finds open: the
-    # client's commit fails, and nothing of the transaction is seen.
+    # client's commit fails, and nothing of the transaction is seen. Unless
+    # the client was that fast: its later acks and its END were queued
+    # while the store was busy, so the group commit that holds the record
+    # of this step holds the COMMITTING record too. Then the commit stands
+    # and the client's retried END says so.
     result, error = await crash_at(broker, step)
-    assert result == "aborted"
-    assert isinstance(error, errors.InvalidTxnStatusError | errors.TransactionNotFoundError), repr(
-        error
-    )
+    if result == "committed":
+        assert error is None, repr(error)
+    else:
+        assert isinstance(error, errors.InvalidTxnStatusError | errors.TransactionNotFoundError), (
+            repr(error)
+        )
