@@ -12,6 +12,7 @@ from types import TracebackType
 from ._connection import Command, Connection, command
 from ._consumer import Consumer
 from ._producer import Producer
+from ._spares import Spare, SparePool
 from ._txn import Transaction, TxnID, TxnState
 from .errors import BrokerConnectionError, ClientClosedError, InvalidInputError
 
@@ -51,6 +52,7 @@ class Client:
         self._conn = Connection(url, operation_timeout)
         self._closed = False
         self._next_tc = 0  # round robin over the broker's coordinators
+        self._spares = SparePool(self._new_txn, self._abort_spare, self._conn.is_current)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
@@ -164,7 +166,10 @@ class Client:
 
         New transactions go round robin to the coordinators the broker
         named in CONNECTED (coordinator 0 if it named none): NEW_TXN, then
-        the TxnID from NEW_TXN_RESPONSE. See ``client._txn`` for the rest.
+        the TxnID from NEW_TXN_RESPONSE. A transaction with the same timeout
+        that just ended asked for this one already, with its END_TXN (a
+        spare, see ``client._spares``); then no round trip is waited for.
+        See ``client._txn`` for the rest.
         """
         if (
             isinstance(timeout, bool)
@@ -178,9 +183,18 @@ class Client:
         if ttl_ms > MAX_TXN_TTL_MS:
             raise InvalidInputError(f"timeout {timeout} s is too long")
         await self.connect()
+        spare = await self._spares.take(ttl_ms)
+        if spare is None:
+            spare = await self._new_txn(ttl_ms)
+        txn_id = TxnID(spare.most_bits, spare.least_bits)
+        return Transaction(self._conn, txn_id, spare.tc_id, timeout, self._spares.prefetch)
+
+    async def _new_txn(self, ttl_ms: int) -> Spare:
+        """NEW_TXN to the next coordinator (round robin)."""
         tc_ids = self._conn.tc_ids or (0,)
         tc_id = tc_ids[self._next_tc % len(tc_ids)]
         self._next_tc += 1
+        born = asyncio.get_running_loop().time()
         reply = await self._conn.request(
             lambda request_id: command(
                 Command.NEW_TXN, "new_txn", request_id=request_id, txn_ttl_ms=ttl_ms, tc_id=tc_id
@@ -190,8 +204,11 @@ class Client:
             link_bound=False,
         )
         answer = reply.new_txn_response
-        txn_id = TxnID(answer.txnid_most_bits, answer.txnid_least_bits)
-        return Transaction(self._conn, txn_id, tc_id, timeout)
+        return Spare(answer.txnid_most_bits, answer.txnid_least_bits, tc_id, born, self._conn.gen)
+
+    async def _abort_spare(self, spare: Spare) -> None:
+        txn_id = TxnID(spare.most_bits, spare.least_bits)
+        await Transaction(self._conn, txn_id, spare.tc_id, 1.0).abort()
 
     @contextlib.asynccontextmanager
     async def transaction(self, timeout: float = 60.0) -> AsyncIterator[Transaction]:
@@ -218,6 +235,7 @@ class Client:
         handlers = [*self._conn.producers.values(), *self._conn.consumers.values()]
         try:
             await asyncio.gather(*(handler.close() for handler in handlers), return_exceptions=True)
+            await self._spares.close(timeout=min(2.0, self.operation_timeout))
         finally:
             await self._conn.close()
 

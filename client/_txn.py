@@ -280,8 +280,16 @@ class Transaction:
     commit and abort wait for and what may follow them.
     """
 
-    def __init__(self, conn: Connection, txn_id: TxnID, tc_id: int, timeout: float) -> None:
+    def __init__(
+        self,
+        conn: Connection,
+        txn_id: TxnID,
+        tc_id: int,
+        timeout: float,
+        ending: Callable[[int], None] | None = None,
+    ) -> None:
         self._conn = conn
+        self._ending_hook = ending  # told the timeout (ms) when END_TXN is first sent
         self._loop = asyncio.get_running_loop()
         self.id = txn_id
         self.tc_id = tc_id
@@ -504,6 +512,9 @@ class Transaction:
         """END_TXN for ``event`` (COMMIT or ABORT); apply its answer."""
         committing = event is TxnEvent.COMMIT
         action = pb.COMMIT if committing else pb.ABORT
+        if self._ending_hook is not None:  # the client asks for a spare (client._spares)
+            self._ending_hook(max(1, round(self.timeout * 1000)))
+            self._ending_hook = None
         try:
             await self._conn.request(
                 lambda request_id: self._command(

@@ -742,3 +742,65 @@ async def test_first_batch_index_zero_is_not_a_missing_id(fake: FakeBroker, cli:
     await answer_with_first_batch_index(fake, producer, 0)
     assert await future == MessageId(0, -1, 0)
     assert type(await future) is MessageId
+
+
+# --- spare transactions (client._spares) ------------------------------------------
+
+
+def txn_key(txn: Transaction) -> tuple[int, int]:
+    return (txn.id.most_bits, txn.id.least_bits)
+
+
+async def test_ending_a_transaction_asks_for_the_next_one(fake: FakeBroker, cli: Client) -> None:
+    first = await cli.new_transaction(timeout=30)
+    assert fake.types().count("NEW_TXN") == 1
+    await first.commit()
+    # END_TXN, then at once NEW_TXN for a spare with the same timeout.
+    ends = fake.types().index("END_TXN")
+    assert fake.types()[ends + 1 :].count("NEW_TXN") == 1
+    assert fake.of_type(T.NEW_TXN)[-1].new_txn.txn_ttl_ms == 30_000
+    second = await cli.new_transaction(timeout=30)
+    assert fake.types().count("NEW_TXN") == 2  # the spare: no request of its own
+    assert second.id != first.id and fake.txn(second.id).status == "OPEN"
+    assert second.timeout == 30 and second.state is TxnState.OPEN
+    await second.abort()  # an abort asks for a spare too
+    assert fake.types().count("NEW_TXN") == 3
+
+
+async def test_a_spare_is_only_for_the_same_timeout(fake: FakeBroker, cli: Client) -> None:
+    await (await cli.new_transaction(timeout=30)).commit()
+    other = await cli.new_transaction(timeout=10)
+    requests = [cmd.new_txn.txn_ttl_ms for cmd in fake.of_type(T.NEW_TXN)]
+    assert requests == [30_000, 30_000, 10_000]
+    assert fake.txn(other.id).ttl_ms == 10_000
+
+
+async def test_a_spare_too_old_is_aborted_not_used(
+    fake: FakeBroker, cli: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(client._spares, "MAX_AGE", 0.05)
+    await (await cli.new_transaction(timeout=30)).commit()
+    (spare,) = [k for k, t in fake.txns.items() if t.status == "OPEN"]
+    await until(lambda: fake.txns[spare].status == "ABORTED")  # nobody took it in time
+    fresh = await cli.new_transaction(timeout=30)
+    assert txn_key(fresh) != spare and fake.txn(fresh.id).status == "OPEN"
+    assert fake.types().count("NEW_TXN") == 3
+
+
+async def test_a_spare_from_before_a_reconnect_is_not_used(fake: FakeBroker, cli: Client) -> None:
+    # A restarted broker aborts the transactions it found open: a spare asked
+    # for on an earlier link may be one of them.
+    await (await cli.new_transaction(timeout=30)).commit()
+    await until(lambda: fake.types().count("NEW_TXN") == 2)
+    (spare,) = [k for k, t in fake.txns.items() if t.status == "OPEN"]
+    await fake.drop_connections()
+    await until(lambda: cli.connections == 2)
+    fresh = await cli.new_transaction(timeout=30)
+    assert txn_key(fresh) != spare
+    assert fake.types().count("NEW_TXN") == 3
+
+
+async def test_close_aborts_the_spares(fake: FakeBroker) -> None:
+    async with Client(fake.url, operation_timeout=5.0) as c:
+        await (await c.new_transaction(timeout=30)).commit()
+    assert [t.status for t in fake.txns.values()] == ["COMMITTED", "ABORTED"]

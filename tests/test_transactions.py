@@ -81,6 +81,30 @@ async def test_commit_makes_sends_visible_and_acks_final(broker: BrokerProcess) 
         assert sorted(m.value for m in got) == sorted(b"out-%d" % i for i in range(10))
 
 
+async def test_spare_transactions_are_used_and_aborted_at_close(broker: BrokerProcess) -> None:
+    """A transaction ending asks for the next one (client._spares): it is
+    listed OPEN with no participants until taken, and a closing client
+    aborts it."""
+    async with Client(broker.url) as client:
+        producer = await client.create_producer("spares")
+        first = await client.new_transaction(timeout=30)
+        await producer.send(b"x", txn=first)
+        await first.commit()
+        _, listed = admin_json(broker, "GET", "/admin/v1/transactions?state=OPEN")
+        (spare,) = listed["transactions"]
+        assert spare["partitions"] == [] and spare["subscriptions"] == []
+        second = await client.new_transaction(timeout=30)
+        assert str(second.id) == spare["txnid"]
+        await producer.send(b"y", txn=second)
+        await second.commit()
+    for _ in range(50):  # the abort's records are logged after END answers
+        _, listed = admin_json(broker, "GET", "/admin/v1/transactions?state=OPEN")
+        if not listed["transactions"]:
+            break
+        await asyncio.sleep(0.1)
+    assert listed["transactions"] == []
+
+
 async def test_abort_discards_sends_and_redelivers_inputs(broker: BrokerProcess) -> None:
     async with Client(broker.url) as client:
         await seed(client, "in", 5)
