@@ -53,7 +53,9 @@ __all__ = ["Connection"]
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 3  # 2: BATCH frames; 3: CommandAck.positions, CommandSend.batch
+# 2: BATCH frames; 3: CommandAck.positions, CommandSend.batch; 4: add_to_txn
+# on transactional SENDs and ACKs.
+PROTOCOL_VERSION = 4
 BATCH_MAX_BYTES = 1 << 16  # frames joined into one BATCH at most; a bigger one goes alone
 SERVER_VERSION = "txnbuf/0.1.0"
 MAX_MESSAGE_SIZE = 5 << 20  # bytes in one frame the client may send
@@ -397,10 +399,14 @@ class Connection:
                     return
                 # KIP-890's defense: only a transaction the coordinator knows
                 # as OPEN with this partition added may write here. A client
-                # pipelines the registration just before its first send: if
-                # it is still being logged, the send waits for it.
+                # pipelines the registration just before its first send, or
+                # (add_to_txn) asks us to add it: if it is still being logged,
+                # the send waits for it.
                 tc = self.broker.coordinator(txnid)
-                waiting = tc.partition_registration(txnid, topic, req.partition)
+                if req.add_to_txn:
+                    waiting = tc.join_partition(txnid, topic, req.partition)
+                else:
+                    waiting = tc.partition_registration(txnid, topic, req.partition)
                 if waiting is not None:
                     key = (txnid, topic, req.partition)
                     self._held_sends[key] = [cmd]
@@ -529,9 +535,10 @@ class Connection:
                     txnid = TxnID(req.txnid_most_bits, req.txnid_least_bits)
                     tc = self.broker.coordinator(txnid)
                     # As for sends: wait for a registration still being logged.
-                    waiting = tc.subscription_registration(
-                        txnid, consumer.topic, consumer.subscription
+                    register = (
+                        tc.join_subscription if req.add_to_txn else tc.subscription_registration
                     )
+                    waiting = register(txnid, consumer.topic, consumer.subscription)
                     if waiting is not None:
                         await asyncio.wait([waiting])
                         tc.verify_subscription(txnid, consumer.topic, consumer.subscription)

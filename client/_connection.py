@@ -78,7 +78,10 @@ CLIENT_VERSION = "txnbuf-python/0.1.0"
 # each side then spent less CPU per message.
 # 3: with a broker that announced 3, ACKs name messages as positions (flat
 # triples) and SENDs carry an encoded EntryBatch (`Connection.broker_protocol`).
-PROTOCOL_VERSION = 3
+# 4: with a broker that announced 4, transactional SENDs and ACKs ask it to add
+# their partition / subscription to the transaction (add_to_txn): no
+# ADD_PARTITION_TO_TXN / ADD_SUBSCRIPTION_TO_TXN requests (see client._txn).
+PROTOCOL_VERSION = 4
 # Used until the broker's CONNECTED says otherwise.
 DEFAULT_MAX_MESSAGE_SIZE = 5 * 1024 * 1024
 BACKOFF_MIN = 0.05

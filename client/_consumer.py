@@ -126,16 +126,19 @@ def build_ack(
     ids: Iterable[MessageId],
     txn_id: TxnID | None = None,
     positions: bool = False,
+    add_to_txn: bool = False,
 ) -> Command:
     """The ACK frame; ``positions``: name the messages as flat triples
     (protocol version 3: far cheaper for many messages) instead of
-    ``message_ids``."""
+    ``message_ids``; ``add_to_txn``: the broker adds the subscription to the
+    transaction (protocol version 4)."""
     cmd = command(
         Command.ACK, "ack", consumer_id=consumer_id, request_id=request_id, ack_type=ack_type
     )
     if txn_id is not None:
         cmd.ack.txnid_most_bits, cmd.ack.txnid_least_bits = txn_id
         cmd.ack.transactional = True
+        cmd.ack.add_to_txn = add_to_txn
     if positions:
         cmd.ack.positions.extend([x for message_id in ids for x in message_id])
         return cmd
@@ -488,14 +491,16 @@ class Consumer:
         txn: Transaction | None = None,
     ) -> None:
         request_id = self._conn.next_request_id()
-        positions = self._conn.broker_protocol >= 3
+        protocol = self._conn.broker_protocol
+        positions = protocol >= 3
+        txn_id = None if txn is None else txn.id
         data = build_ack(
-            self.consumer_id, request_id, ack_type, ids, None if txn is None else txn.id, positions
+            self.consumer_id, request_id, ack_type, ids, txn_id, positions, protocol >= 4
         ).SerializeToString()
         deadline = self._loop.time() + self._conn.operation_timeout
         frame = _AckFrame(ack_type, ids, futures, data, deadline, txn, positions=positions)
         self._inflight[request_id] = frame
-        if txn is None:
+        if txn is None or protocol >= 4:  # (4: the broker adds the subscription itself)
             if self._conn.is_current(self._gen):
                 self._conn.write(data)
             return

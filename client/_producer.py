@@ -150,11 +150,13 @@ def build_send(
     now_ms: int,
     txn_id: TxnID | None = None,
     encoded: bool = False,
+    add_to_txn: bool = False,
 ) -> Command:
     """The SEND frame for one batch (every message stamped ``now_ms``), in
     transaction ``txn_id`` if given. ``encoded``: the messages go as one
     serialized EntryBatch in ``batch`` (protocol version 3), which the broker
-    stores without encoding them again."""
+    stores without encoding them again. ``add_to_txn``: the broker adds the
+    partition to the transaction (protocol version 4)."""
     cmd = Command(type=Command.SEND)  # (Command.SEND: Type.SEND is a slow lookup)
     send = cmd.send
     send.producer_id = producer_id
@@ -163,6 +165,7 @@ def build_send(
     if txn_id is not None:
         send.txnid_most_bits, send.txnid_least_bits = txn_id
         send.transactional = True
+        send.add_to_txn = add_to_txn
     batch = pb.EntryBatch() if encoded else None
     add = send.messages.add if batch is None else batch.messages.add
     for value, key, properties, sequence_id in entries:
@@ -479,6 +482,7 @@ class Producer:
     def _frame(self, partition: int, batch: _Batch) -> None:
         request_id = self._conn.next_request_id()
         txn = batch.txn
+        protocol = self._conn.broker_protocol
         data = build_send(
             self.producer_id,
             request_id,
@@ -486,15 +490,16 @@ class Producer:
             batch.entries,
             time.time_ns() // 1_000_000,
             None if txn is None else txn.id,
-            self._conn.broker_protocol >= 3,
+            protocol >= 3,
+            protocol >= 4,
         ).SerializeToString()
         frame = _Frame(request_id, data, batch.futures, batch.deadline, tracker=batch.tracker)
         self._inflight[request_id] = frame
-        if txn is None:
+        frame.transactional = txn is not None
+        if txn is None or protocol >= 4:  # (4: the broker adds the partition itself)
             if self._conn.is_current(self._gen):
                 self._conn.write(data)
             return
-        frame.transactional = True
         registration = txn._partition_registered(self.topic, partition)
         write_behind_registration(
             self._conn, self._gen, txn, registration, request_id, frame, self._registered

@@ -9,8 +9,14 @@ producers and consumers do the sending.
 
 Decisions written down here:
 
-* Registration: the first transactional send to a partition (topic,
-  partition index) starts one ADD_PARTITION_TO_TXN; the first transactional
+* Registration, with a broker of protocol version 4 or later: none by the
+  client. Every transactional SEND and ACK carries ``add_to_txn``, and the
+  broker adds the partition or subscription to the transaction itself if
+  it is not yet (KIP-890 part 2), before it takes the frame. A frame built
+  for such a broker and re-sent after a reconnect to an older one is
+  refused there (its partition was never added), so the commit aborts.
+* Registration, with an older broker: the first transactional send to a
+  partition (topic, partition index) starts one ADD_PARTITION_TO_TXN; the first transactional
   ack on a subscription (topic, subscription) one ADD_SUBSCRIPTION_TO_TXN.
   Each is a future per (transaction, partition / subscription). Pipelined:
   the ADD frame is written at once, and the transaction's SEND and ACK

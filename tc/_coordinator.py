@@ -382,6 +382,39 @@ class TransactionCoordinator:
             self.verify_subscription(txnid, topic, subscription)
         return pending
 
+    def join_partition(
+        self, txnid: TxnID, topic: str, partition: int
+    ) -> asyncio.Future[bool] | None:
+        """`partition_registration` for a send that asks to add its partition
+        (KIP-890 part 2: the broker adds it, not a request of the client's):
+        an OPEN transaction gets the partition registered (logged as by
+        `add_partitions`) first."""
+        meta = self.get(txnid)
+        key = (topic, partition)
+        if (
+            meta is not None
+            and meta.status is TxnStatus.OPEN
+            and key not in meta.partitions
+            and key not in meta.adding
+        ):
+            self.add_partitions(txnid, [key]).add_done_callback(unawaited)
+        return self.partition_registration(txnid, topic, partition)
+
+    def join_subscription(
+        self, txnid: TxnID, topic: str, subscription: str
+    ) -> asyncio.Future[bool] | None:
+        """`join_partition` for an acknowledgement that asks to add its subscription."""
+        meta = self.get(txnid)
+        key = (topic, subscription)
+        if (
+            meta is not None
+            and meta.status is TxnStatus.OPEN
+            and key not in meta.subscriptions
+            and key not in meta.adding
+        ):
+            self.add_subscriptions(txnid, [key]).add_done_callback(unawaited)
+        return self.subscription_registration(txnid, topic, subscription)
+
     def _pending(self, txnid: TxnID, key: Any) -> asyncio.Future[bool] | None:
         meta = self.get(txnid)
         if meta is None or meta.status is not TxnStatus.OPEN:

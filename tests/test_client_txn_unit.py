@@ -804,3 +804,41 @@ async def test_close_aborts_the_spares(fake: FakeBroker) -> None:
     async with Client(fake.url, operation_timeout=5.0) as c:
         await (await c.new_transaction(timeout=30)).commit()
     assert [t.status for t in fake.txns.values()] == ["COMMITTED", "ABORTED"]
+
+
+# --- protocol version 4: the broker adds participants (add_to_txn) -----------------
+
+
+async def test_a_version_4_broker_adds_the_participants_itself(fake: FakeBroker) -> None:
+    fake.protocol_version = 4
+    async with Client(fake.url, operation_timeout=5.0) as cli:
+        producer = await cli.create_producer("t")
+        consumer = await cli.subscribe("t", "s")
+        await producer.send(b"in")
+        msg = await consumer.receive(timeout=5)
+        out = await cli.create_producer("out")
+        txn = await cli.new_transaction()
+        await asyncio.gather(*(out.send_nowait(b"%d" % i, txn=txn) for i in range(3)))
+        await consumer.acknowledge(msg, txn=txn)
+        await txn.commit()
+    assert not fake.of_type(T.ADD_PARTITION_TO_TXN)
+    assert not fake.of_type(T.ADD_SUBSCRIPTION_TO_TXN)
+    sends = [s for s in fake.sends() if s.transactional]
+    acks = [a.ack for a in fake.of_type(T.ACK) if a.ack.transactional]
+    assert sends and all(s.add_to_txn for s in sends)
+    assert acks and all(a.add_to_txn for a in acks)
+    assert fake.txn(txn.id).status == "COMMITTED"
+    assert fake.txn(txn.id).partitions == {("out", 0)}
+    assert fake.txn(txn.id).subscriptions == {("t", "s")}
+    assert fake.stored("out") == [b"0", b"1", b"2"]
+
+
+async def test_an_older_broker_gets_registrations_not_add_to_txn(
+    fake: FakeBroker, cli: Client
+) -> None:
+    producer = await cli.create_producer("out")
+    txn = await cli.new_transaction()
+    await producer.send(b"x", txn=txn)
+    await txn.commit()
+    assert len(fake.of_type(T.ADD_PARTITION_TO_TXN)) == 1
+    assert not any(s.add_to_txn for s in fake.sends())

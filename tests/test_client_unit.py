@@ -448,6 +448,11 @@ class FakeBroker:
             error = pb.INVALID_TXN_STATUS
         elif (topic, send.partition) in txn.refused:
             error = txn.refused[topic, send.partition]
+        elif send.add_to_txn and self.protocol_version < 4:
+            self.violations.append("SEND add_to_txn sent to a broker older than version 4")
+            error = pb.NOT_ALLOWED
+        elif send.add_to_txn:
+            txn.partitions.add((topic, send.partition))  # (protocol version 4)
         elif (topic, send.partition) not in txn.partitions:
             self.violations.append(f"SEND to {topic}:{send.partition} before ADD_PARTITION")
             error = pb.NOT_ALLOWED
@@ -563,6 +568,11 @@ class FakeBroker:
             return pb.INVALID_TXN_STATUS
         if (topic, name) in txn.refused:
             return txn.refused[topic, name]
+        if ack.add_to_txn and self.protocol_version < 4:
+            self.violations.append("ACK add_to_txn sent to a broker older than version 4")
+            return pb.NOT_ALLOWED
+        if ack.add_to_txn:
+            txn.subscriptions.add((topic, name))  # (protocol version 4)
         if (topic, name) not in txn.subscriptions:
             self.violations.append(f"ACK on {topic}/{name} before ADD_SUBSCRIPTION")
             return pb.NOT_ALLOWED

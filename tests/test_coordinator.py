@@ -20,6 +20,7 @@ import pytest
 
 import tc._coordinator as coordinator_module
 from ledger import Ledger, LedgerStore
+from proto import txnbuf_pb2 as pb
 from tc import (
     TRANSITIONS,
     InvalidTxnStatusError,
@@ -497,5 +498,47 @@ async def test_by_default_a_restart_keeps_open_transactions(open_tc: Opener) -> 
     tc = await open_tc(0, Recorder())
     try:
         assert tc.get(txn).status is TxnStatus.OPEN
+    finally:
+        await tc.close()
+
+
+async def test_join_adds_a_participant_once_and_only_while_open(open_tc: Opener) -> None:
+    """KIP-890 part 2: the broker adds the partition / subscription that a
+    send or ack names (`join_partition`, `join_subscription`)."""
+    tc = await open_tc(0, Recorder())
+    try:
+        txn = await tc.new_txn()
+        waiting = tc.join_partition(txn, "t", 0)
+        if open_tc.shared:
+            assert waiting is None  # registered as appended: the send goes on
+        else:
+            assert waiting is not None  # the send waits for the log write
+            assert await waiting
+        assert tc.join_partition(txn, "t", 0) is None  # registered: nothing more
+        sub_waiting = tc.join_subscription(txn, "t", "s")
+        if sub_waiting is not None:
+            await sub_waiting
+        meta = tc.get(txn)
+        assert meta is not None
+        assert meta.partitions == [("t", 0)] and meta.subscriptions == [("t", "s")]
+        await tc.add_partitions(txn, [("t", 1)])  # (a barrier: every record is durable)
+        logged = [
+            pb.TransactionMetadataEntry.FromString(e.data)
+            for e in await tc._ledger.read(0, tc._ledger.last_entry_id)
+            if e.meta == 0  # a record, not a snapshot
+        ]
+        adds = [
+            [(p.topic, p.partition) for p in r.partitions]
+            + [(s.topic, s.subscription) for s in r.subscriptions]
+            for r in logged
+            if r.metadata_op in (r.ADD_PARTITION, r.ADD_SUBSCRIPTION)
+        ]
+        assert adds == [[("t", 0)], [("t", "s")], [("t", 1)]]  # one record each
+        await tc.end_txn(txn, commit=True)
+        with pytest.raises(InvalidTxnStatusError):
+            tc.join_partition(txn, "t", 2)
+        with pytest.raises(TxnNotFoundError):
+            tc.join_subscription(TxnID(0, 999_999), "t", "s")
+        assert ("t", 2) not in meta.partitions
     finally:
         await tc.close()

@@ -248,6 +248,92 @@ async def test_late_transactional_write_is_refused(broker: BrokerProcess) -> Non
         assert "not added" in answer.send_error.message
 
 
+async def test_add_to_txn_sends_and_acks_register_their_participants(
+    broker: BrokerProcess,
+) -> None:
+    """Protocol version 4 (KIP-890 part 2): a transactional SEND or ACK with
+    add_to_txn adds its partition / subscription itself; without it, an
+    unregistered one is still refused; a transaction not OPEN gains nothing."""
+    async with Client(broker.url) as client:
+        producer = await client.create_producer("joined-in")
+        await producer.send(b"input")
+    async with RawConnection(broker.url) as raw:
+        await raw.request(
+            T.PRODUCER,
+            "producer",
+            pb.CommandProducer(request_id=1, producer_id=1, topic="joined", producer_name="p"),
+        )
+        await raw.request(
+            T.SUBSCRIBE,
+            "subscribe",
+            pb.CommandSubscribe(
+                request_id=2,
+                consumer_id=1,
+                topic="joined-in",
+                subscription="s",
+                initial_position=pb.CommandSubscribe.EARLIEST,
+            ),
+        )
+        await raw.send(T.FLOW, "flow", pb.CommandFlow(consumer_id=1, permits=10))
+        delivered = await raw.receive()
+        entry_id = delivered.message.entries[0].entry_id
+        answer = await raw.request(
+            T.NEW_TXN, "new_txn", pb.CommandNewTxn(request_id=3, txn_ttl_ms=10_000)
+        )
+        txn = answer.new_txn_response
+        ids = dict(txnid_most_bits=txn.txnid_most_bits, txnid_least_bits=txn.txnid_least_bits)
+        txnid = f"({txn.txnid_most_bits},{txn.txnid_least_bits})"
+
+        def send(request_id: int, seq: int, add: bool) -> pb.CommandSend:
+            msg = pb.SingleMessage(payload=b"out-%d" % seq, sequence_id=seq)
+            return pb.CommandSend(
+                producer_id=1,
+                request_id=request_id,
+                messages=[msg],
+                transactional=True,
+                add_to_txn=add,
+                **ids,
+            )
+
+        def ack(request_id: int, add: bool) -> pb.CommandAck:
+            return pb.CommandAck(
+                consumer_id=1,
+                request_id=request_id,
+                ack_type=pb.CommandAck.INDIVIDUAL,
+                positions=[0, entry_id, 0],
+                transactional=True,
+                add_to_txn=add,
+                **ids,
+            )
+
+        refused = await raw.request(T.SEND, "send", send(4, 0, add=False))
+        assert refused.send_error.error == pb.INVALID_TXN_STATUS
+        refused = await raw.request(T.ACK, "ack", ack(5, add=False))
+        assert refused.ack_response.error == pb.INVALID_TXN_STATUS
+        _, meta = admin_json(broker, "GET", f"/admin/v1/transactions/{txnid}")
+        assert meta["partitions"] == [] and meta["subscriptions"] == []
+
+        assert (await raw.request(T.SEND, "send", send(6, 0, add=True))).type == T.SEND_RECEIPT
+        assert (await raw.request(T.SEND, "send", send(7, 1, add=True))).type == T.SEND_RECEIPT
+        answer = await raw.request(T.ACK, "ack", ack(8, add=True))
+        assert not answer.ack_response.HasField("error"), answer
+        _, meta = admin_json(broker, "GET", f"/admin/v1/transactions/{txnid}")
+        assert meta["partitions"] == [{"topic": "joined", "partition": 0}]  # added once
+        assert meta["subscriptions"] == [{"topic": "joined-in", "subscription": "s"}]
+        answer = await raw.request(
+            T.END_TXN, "end_txn", pb.CommandEndTxn(request_id=9, txn_action=pb.COMMIT, **ids)
+        )
+        assert not answer.txn_response.HasField("error")
+        late = await raw.request(T.SEND, "send", send(10, 2, add=True))
+        assert late.send_error.error == pb.INVALID_TXN_STATUS  # ended: nothing is added
+    async with Client(broker.url) as client:
+        sink = await client.subscribe("joined", "reader", initial_position="earliest")
+        assert [m.value for m in await receive_n(sink, 2)] == [b"out-0", b"out-1"]
+        await nothing_more(sink)
+        source = await client.subscribe("joined-in", "s", initial_position="earliest")
+        await nothing_more(source)  # the acked input is gone
+
+
 async def test_a_send_and_an_ack_right_behind_their_registration_wait_for_it(
     broker: BrokerProcess,
 ) -> None:
