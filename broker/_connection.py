@@ -34,6 +34,7 @@ from buffer import (
     Topic,
     check_subscription_name,
     check_topic_name,
+    txn_run_start,
 )
 from proto import batch_frame
 from proto import txnbuf_pb2 as pb
@@ -442,10 +443,8 @@ class Connection:
             )
             ids = result.ids
             if ids is not None:
-                first = ids[0][1] if ids else 0
-                if req.transactional and all(
-                    e == -1 and i == first + k for k, (e, i) in enumerate(ids)
-                ):
+                first = txn_run_start(ids) if req.transactional else None
+                if first is not None:
                     ack.first_batch_index = first  # the usual case, in one field
                 else:
                     for entry_id, index in ids:

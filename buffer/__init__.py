@@ -14,6 +14,7 @@ from buffer._entries import (
     entry_count,
     entry_kind,
     entry_meta,
+    txn_run_start,
 )
 from buffer._names import (
     MAX_PARTITIONS,
@@ -63,4 +64,5 @@ __all__ = [
     "entry_kind",
     "entry_meta",
     "sidecar_ledger_name",
+    "txn_run_start",
 ]

@@ -11,6 +11,7 @@ entries. The sidecar log packs its own record kinds the same way.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -86,3 +87,18 @@ class PublishResult:
 
     entry_id: int
     ids: list[Position] | None
+
+
+def txn_places(first: int, n: int) -> list[Position]:
+    """``(-1, first)`` .. ``(-1, first + n - 1)``: the ids of a transactional
+    send's n messages from place ``first`` on (see `PublishResult`)."""
+    return list(zip(itertools.repeat(-1, n), range(first, first + n), strict=True))
+
+
+def txn_run_start(ids: list[Position]) -> int | None:
+    """The first place if ``ids`` are what `txn_places` gives (the usual
+    receipt of a transactional send), else None."""
+    if not ids:
+        return None
+    first = ids[0][1]
+    return first if ids == txn_places(first, len(ids)) else None

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import itertools
 import json
 from array import array
 from collections.abc import Callable, Iterable, Iterator
@@ -372,7 +373,8 @@ class Cursor:
             self._lock_all(changed, txn)  # every one was PENDING (the table allows nothing else)
         elif kind == TXN_COMMIT and changes:
             # Every one was PENDING_ACK, held by txn: unlock them all, delete them all.
-            self._unlock_all(changed)
+            assert txn is not None
+            self._unlock_txn(txn, changed)
             self._delete(changed)
         else:
             for pos, after in changes:
@@ -432,15 +434,13 @@ class Cursor:
         else:
             del self._locked_entries[pos[0]]
 
-    def _unlock_all(self, positions: list[Position]) -> None:
-        """`_unlock` of many positions at once."""
-        pending_ack, txn_acks, locked = self.pending_ack, self.txn_acks, self._locked_entries
+    def _unlock_txn(self, txn: TxnKey, positions: list[Position]) -> None:
+        """`_unlock` of ``positions``, every message ``txn`` holds."""
+        del self.txn_acks[txn]
+        pop = self.pending_ack.pop
         for pos in positions:
-            txn = pending_ack.pop(pos)
-            mine = txn_acks[txn]
-            mine.discard(pos)
-            if not mine:
-                del txn_acks[txn]
+            pop(pos)
+        locked = self._locked_entries
         for entry_id, n in _per_entry(positions).items():
             left = locked[entry_id] - n
             if left:
@@ -545,7 +545,7 @@ def _per_entry(positions: list[Position]) -> dict[int, int]:
 
 
 def encode_record(positions: Iterable[Position]) -> bytes:
-    return array("q", [x for pos in positions for x in pos]).tobytes()
+    return array("q", itertools.chain.from_iterable(positions)).tobytes()
 
 
 def decode_record(data: bytes) -> list[Position]:

@@ -165,14 +165,15 @@ class Subscriptions:
         subs = {s.partition.index: s for s in consumer.subscriptions}
         for partition, positions in by_part.items():
             sub = subs.get(partition)
-            knows = sub.knows if sub is not None else None
-            for pos in positions:
-                if knows is None or not knows(pos):
-                    raise SubscriptionError(
-                        "UNKNOWN_MESSAGE_ID",
-                        f"no message {partition}:{pos[0]}:{pos[1]} on topic {consumer.topic!r} "
-                        f"(subscription {consumer.subscription!r})",
-                    )
+            if not positions:
+                continue
+            pos = positions[0] if sub is None else sub.first_unknown(positions)
+            if pos is not None:
+                raise SubscriptionError(
+                    "UNKNOWN_MESSAGE_ID",
+                    f"no message {partition}:{pos[0]}:{pos[1]} on topic {consumer.topic!r} "
+                    f"(subscription {consumer.subscription!r})",
+                )
         if cumulative and len(by_part) > 1:
             raise SubscriptionError(
                 "INVALID_ARGUMENT", "a cumulative acknowledgement names one partition"

@@ -42,6 +42,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from sortedcontainers import SortedSet
 
@@ -581,9 +582,7 @@ class PartitionSubscription:
             return changed
         if kind == TXN_ACK:
             # Locked: no longer pending on a consumer, never redelivered.
-            for pos in changed:
-                self.pending.pop(pos, None)
-                self.redeliver.discard(pos)
+            self._forget(changed, counts=False)
             return changed
         if kind == CUMULATIVE:
             md = cursor.mark_delete
@@ -594,11 +593,23 @@ class PartitionSubscription:
             done = [p for p in record.positions if cursor.state(p) is MsgState.DELETED]
         else:
             done = changed
-        for pos in done:
-            self.pending.pop(pos, None)
-            self.redeliver.discard(pos)
-            self.redelivery_counts.pop(pos, None)
+        self._forget(done)
         return changed
+
+    def _forget(self, positions: list[Position], counts: bool = True) -> None:
+        """Drop ``positions`` from the pending, redelivery (and, with
+        ``counts``, redelivery count) bookkeeping."""
+        pop = self.pending.pop
+        for pos in positions:
+            pop(pos, None)
+        if self.redeliver:  # (usually empty: no per-message call then)
+            discard = self.redeliver.discard
+            for pos in positions:
+                discard(pos)
+        if counts and self.redelivery_counts:
+            drop = self.redelivery_counts.pop
+            for pos in positions:
+                drop(pos, None)
 
     def _write_snapshot(self) -> None:
         # The snapshot must include the ack records queued before it.
@@ -632,6 +643,18 @@ class PartitionSubscription:
                 return MsgState.DELETED  # no such message here
             return self.uncommitted.state(from_wire(pos))
         return self.cursor.state(pos)
+
+    def first_unknown(self, positions: list[Position]) -> Position | None:
+        """The first of ``positions`` (at least one) with no message here
+        (`knows`), or None. Positions all in one stored entry (an ack of a
+        batch: the usual case) are checked by their lowest and highest."""
+        low, high = min(positions), max(positions)
+        if low[0] == high[0] and low[0] >= 0 and low[1] >= 0 and self.partition.exists(high):
+            return None  # (an entry's messages are its indexes 0 .. count - 1)
+        for pos in positions:
+            if not self.knows(pos):
+                return pos
+        return None
 
     def knows(self, pos: Position) -> bool:
         """Is there a message at ``pos`` here (for an ack to name)?"""
@@ -912,8 +935,8 @@ class PartitionSubscription:
     ) -> None:
         entry_id = entry.entry_id
         delivered = indexes if indexes else range(n)
-        for i in delivered:
-            self.pending[(entry_id, i)] = consumer
+        # (entry_id, i) -> consumer for each i, without a Python loop.
+        self.pending.update(zip(zip(repeat(entry_id), delivered), repeat(consumer)))
         consumer.permits -= len(delivered)
         out.add(
             consumer,

@@ -1217,3 +1217,22 @@ async def test_end_txn_not_durable_returns_once_queued(h: Harness) -> None:
         await h.sub.ack([(1, 0)], False, T1)  # ended: refused from the call on
     sub = await h.reopen()
     assert sub.cursor.mark_delete == (0, WHOLE_ENTRY) and not sub.cursor.pending_ack
+
+
+@pytest.mark.parametrize(
+    ("positions", "unknown"),
+    [
+        ([(1, 0), (1, 1), (1, 2)], None),  # one whole entry: checked by its ends
+        ([(1, 2), (1, 0)], None),
+        ([(1, 0), (1, 3)], (1, 3)),  # past the entry's last message
+        ([(1, 1), (1, -1)], (1, -1)),
+        ([(0, 2), (2, 0), (4, 0)], (4, 0)),  # several entries: each is checked
+        ([(4, 0), (4, 1)], (4, 0)),  # no such entry
+        ([(-1, 0)], (-1, 0)),
+    ],
+)
+async def test_first_unknown_names_the_first_position_without_a_message(
+    h: Harness, positions: list[Position], unknown: Position | None
+) -> None:
+    assert h.sub.first_unknown(positions) == unknown
+    assert unknown is None or not h.sub.knows(unknown)

@@ -32,7 +32,9 @@ from buffer import (
     entry_kind,
     entry_meta,
     sidecar_ledger_name,
+    txn_run_start,
 )
+from buffer._entries import txn_places
 from buffer._txnbuffer import (
     TXN_ABORT,
     TXN_COMMIT,
@@ -399,7 +401,7 @@ async def test_retried_sends_are_stored_once(stores: Stores) -> None:
     assert tb.status(T2).count == 3  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("seqs", [(3, 3), (5, 4), (0, 2, 1)])
+@pytest.mark.parametrize("seqs", [(3, 3), (5, 4), (0, 2, 1), (1, 2, 2, 4), (4, 4, 5, 7)])
 async def test_bad_sends_are_rejected_and_store_nothing(stores: Stores, seqs: tuple[int]) -> None:
     _, part = await stores.open()
     tb = await part.txn_buffer()
@@ -758,3 +760,11 @@ async def test_an_end_not_durable_crashing_after_its_marker_is_completed_on_rest
     tb = loaded(part)
     assert tb.status(T1) == TxnInfo(T1, TxnState.COMMITTED, 2, 0, (0,))
     assert await sidecar_kinds(tb) == [TXN_DATA, TXN_COMMIT]
+
+
+def test_txn_run_start_knows_only_consecutive_places() -> None:
+    assert txn_places(5, 3) == [(-1, 5), (-1, 6), (-1, 7)]
+    assert txn_run_start(txn_places(5, 3)) == 5
+    assert txn_run_start([(-1, 5), (-1, 7)]) is None  # a gap (re-sent messages)
+    assert txn_run_start([(-1, 5), (3, 0)]) is None  # stored already, committed
+    assert txn_run_start([]) is None
