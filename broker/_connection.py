@@ -429,12 +429,7 @@ class Connection:
             fail(error_code(exc), error_text(exc))
             return
 
-        async def receipt() -> None:
-            try:
-                result: PublishResult = await pending
-            except Exception as exc:
-                fail(error_code(exc), error_text(exc))
-                return
+        def answer(result: PublishResult) -> None:
             ack = pb.CommandSendReceipt(
                 producer_id=req.producer_id,
                 request_id=req.request_id,
@@ -452,6 +447,24 @@ class Connection:
                             partition=req.partition, entry_id=entry_id, batch_index=index
                         )
             self.send(command(T.SEND_RECEIPT, "send_receipt", ack))
+
+        if isinstance(pending, asyncio.Future) and pending.done() and not pending.cancelled():
+            # Answered already (an early transactional send): no task, no
+            # turn of the loop to wait for.
+            error = pending.exception()
+            if error is None:
+                answer(pending.result())
+            else:
+                fail(error_code(error), error_text(error))
+            return
+
+        async def receipt() -> None:
+            try:
+                result: PublishResult = await pending
+            except Exception as exc:
+                fail(error_code(exc), error_text(exc))
+                return
+            answer(result)
 
         self._spawn(receipt())
 

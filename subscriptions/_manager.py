@@ -178,6 +178,10 @@ class Subscriptions:
             raise SubscriptionError(
                 "INVALID_ARGUMENT", "a cumulative acknowledgement names one partition"
             )
+        if len(by_part) == 1:  # (the usual case: no task per partition)
+            ((partition, positions),) = by_part.items()
+            await subs[partition].ack(positions, cumulative, txn, early)
+            return
         await asyncio.gather(
             *(subs[p].ack(pos, cumulative, txn, early) for p, pos in by_part.items())
         )
