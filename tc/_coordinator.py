@@ -389,31 +389,25 @@ class TransactionCoordinator:
         (KIP-890 part 2: the broker adds it, not a request of the client's):
         an OPEN transaction gets the partition registered (logged as by
         `add_partitions`) first."""
-        meta = self.get(txnid)
-        key = (topic, partition)
-        if (
-            meta is not None
-            and meta.status is TxnStatus.OPEN
-            and key not in meta.partitions
-            and key not in meta.adding
-        ):
-            self.add_partitions(txnid, [key]).add_done_callback(unawaited)
+        self._join(txnid, (topic, partition), Op.ADD_PARTITION)
         return self.partition_registration(txnid, topic, partition)
 
     def join_subscription(
         self, txnid: TxnID, topic: str, subscription: str
     ) -> asyncio.Future[bool] | None:
         """`join_partition` for an acknowledgement that asks to add its subscription."""
-        meta = self.get(txnid)
-        key = (topic, subscription)
-        if (
-            meta is not None
-            and meta.status is TxnStatus.OPEN
-            and key not in meta.subscriptions
-            and key not in meta.adding
-        ):
-            self.add_subscriptions(txnid, [key]).add_done_callback(unawaited)
+        self._join(txnid, (topic, subscription), Op.ADD_SUBSCRIPTION)
         return self.subscription_registration(txnid, topic, subscription)
+
+    def _join(self, txnid: TxnID, key: Any, op: Any) -> None:
+        """Register ``key`` with an OPEN transaction that has it neither
+        registered nor being registered; otherwise do nothing."""
+        meta = self.get(txnid)
+        if meta is None or meta.status is not TxnStatus.OPEN or key in meta.adding:
+            return
+        registered = meta.partitions if op == Op.ADD_PARTITION else meta.subscriptions
+        if key not in registered:
+            self._register(txnid, op, [key], "join").add_done_callback(unawaited)
 
     def _pending(self, txnid: TxnID, key: Any) -> asyncio.Future[bool] | None:
         meta = self.get(txnid)

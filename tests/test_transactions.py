@@ -248,35 +248,43 @@ async def test_late_transactional_write_is_refused(broker: BrokerProcess) -> Non
         assert "not added" in answer.send_error.message
 
 
+async def raw_copier(broker: BrokerProcess, raw: RawConnection, topic: str) -> int:
+    """Seed one input message on ``<topic>-in``; on ``raw``, open producer 1
+    on ``topic`` and consumer 1 of subscription "s" on ``<topic>-in`` (request
+    ids 1 and 2) and receive the input: its entry id."""
+    async with Client(broker.url) as client:
+        producer = await client.create_producer(f"{topic}-in")
+        await producer.send(b"input")
+    await raw.request(
+        T.PRODUCER,
+        "producer",
+        pb.CommandProducer(request_id=1, producer_id=1, topic=topic, producer_name="p"),
+    )
+    await raw.request(
+        T.SUBSCRIBE,
+        "subscribe",
+        pb.CommandSubscribe(
+            request_id=2,
+            consumer_id=1,
+            topic=f"{topic}-in",
+            subscription="s",
+            initial_position=pb.CommandSubscribe.EARLIEST,
+        ),
+    )
+    await raw.send(T.FLOW, "flow", pb.CommandFlow(consumer_id=1, permits=10))
+    delivered = await raw.receive()
+    assert delivered.type == T.MESSAGE
+    return int(delivered.message.entries[0].entry_id)
+
+
 async def test_add_to_txn_sends_and_acks_register_their_participants(
     broker: BrokerProcess,
 ) -> None:
     """Protocol version 4 (KIP-890 part 2): a transactional SEND or ACK with
     add_to_txn adds its partition / subscription itself; without it, an
     unregistered one is still refused; a transaction not OPEN gains nothing."""
-    async with Client(broker.url) as client:
-        producer = await client.create_producer("joined-in")
-        await producer.send(b"input")
     async with RawConnection(broker.url) as raw:
-        await raw.request(
-            T.PRODUCER,
-            "producer",
-            pb.CommandProducer(request_id=1, producer_id=1, topic="joined", producer_name="p"),
-        )
-        await raw.request(
-            T.SUBSCRIBE,
-            "subscribe",
-            pb.CommandSubscribe(
-                request_id=2,
-                consumer_id=1,
-                topic="joined-in",
-                subscription="s",
-                initial_position=pb.CommandSubscribe.EARLIEST,
-            ),
-        )
-        await raw.send(T.FLOW, "flow", pb.CommandFlow(consumer_id=1, permits=10))
-        delivered = await raw.receive()
-        entry_id = delivered.message.entries[0].entry_id
+        entry_id = await raw_copier(broker, raw, "joined")
         answer = await raw.request(
             T.NEW_TXN, "new_txn", pb.CommandNewTxn(request_id=3, txn_ttl_ms=10_000)
         )
@@ -340,30 +348,8 @@ async def test_a_send_and_an_ack_right_behind_their_registration_wait_for_it(
     """Pipelined registration on the wire: ADD then SEND (or ACK) without
     waiting for the ADD's answer. The broker holds the send until the
     registration is logged; a send behind a refused one is refused."""
-    async with Client(broker.url) as client:
-        producer = await client.create_producer("piped-in")
-        await producer.send(b"input")
     async with RawConnection(broker.url) as raw:
-        await raw.request(
-            T.PRODUCER,
-            "producer",
-            pb.CommandProducer(request_id=1, producer_id=1, topic="piped", producer_name="p"),
-        )
-        await raw.request(
-            T.SUBSCRIBE,
-            "subscribe",
-            pb.CommandSubscribe(
-                request_id=2,
-                consumer_id=1,
-                topic="piped-in",
-                subscription="s",
-                initial_position=pb.CommandSubscribe.EARLIEST,
-            ),
-        )
-        await raw.send(T.FLOW, "flow", pb.CommandFlow(consumer_id=1, permits=10))
-        delivered = await raw.receive()
-        assert delivered.type == T.MESSAGE
-        entry_id = delivered.message.entries[0].entry_id
+        entry_id = await raw_copier(broker, raw, "piped")
         answer = await raw.request(
             T.NEW_TXN, "new_txn", pb.CommandNewTxn(request_id=3, txn_ttl_ms=10_000)
         )
