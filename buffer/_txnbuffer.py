@@ -424,9 +424,7 @@ class TransactionBuffer:
                 )
         state = t.producer(producer)
         if seqs[0] > state.pushed:  # the usual case: nothing re-sent
-            # Answered early, it starts no group commit of its own (lazy):
-            # it goes with the next one, at the latest END's.
-            queued = self._append(t, producer, messages, seqs, state, encoded, lazy=early)
+            queued = self._append(t, producer, messages, seqs, state, encoded)
             if not early:
                 return self._new(t, queued, len(seqs))
             queued.add_done_callback(unawaited)
@@ -451,11 +449,10 @@ class TransactionBuffer:
         seqs: list[int],
         state: ProducerSequence,
         encoded: bytes | None = None,
-        lazy: bool = False,
     ) -> asyncio.Future[int]:
         batch = entry_batch(producer, messages, encoded)
         fut = self.sidecar.append(
-            _TXN.pack(*t.key) + batch, meta=entry_meta(TXN_DATA, len(messages)), lazy=lazy
+            _TXN.pack(*t.key) + batch, meta=entry_meta(TXN_DATA, len(messages))
         )
         t.queued = max(t.queued, t.count) + len(messages)
         state.pushed = seqs[-1]
@@ -558,8 +555,6 @@ class TransactionBuffer:
             if not commit:
                 record = self.sidecar.append(_TXN.pack(*txn), meta=entry_meta(TXN_ABORT, 0))
             elif t.marker < 0 and t.count > 0:
-                # Not lazy even when answered before it is durable: consumers
-                # see the transaction's messages once it is.
                 marker = self.partition_ledger.append(
                     _encode_marker(txn, t.entries), meta=entry_meta(COMMIT_MARKER, t.count)
                 )

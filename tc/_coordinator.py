@@ -456,9 +456,7 @@ class TransactionCoordinator:
             refs.add(topic=topic, **{field: name})
         waits = {meta.adding[k] for k in keys if k in meta.adding}
         if new:
-            # Eager: registered from now on. Answered early, the record starts
-            # no group commit of its own (lazy): the data behind it goes with it.
-            written = self._persist_now(rec, lazy=self.participants_answer_early)
+            written = self._persist_now(rec)  # eager: registered from now on
             if self.participants_answer_early:
                 # Applied already; a crash that loses it aborts the transaction.
                 written.add_done_callback(unawaited)

@@ -20,7 +20,6 @@ import pytest
 
 import tc._coordinator as coordinator_module
 from ledger import Ledger, LedgerStore
-from ledger import _store as ledger_store
 from proto import txnbuf_pb2 as pb
 from tc import (
     TRANSITIONS,
@@ -541,29 +540,5 @@ async def test_join_adds_a_participant_once_and_only_while_open(open_tc: Opener)
         with pytest.raises(TxnNotFoundError):
             tc.join_subscription(TxnID(0, 999_999), "t", "s")
         assert ("t", 2) not in meta.partitions
-    finally:
-        await tc.close()
-
-
-async def test_an_early_registration_waits_for_company_to_be_committed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Answered once appended (`participants_answer_early`), a registration
-    starts no group commit of its own: the next commit (END's) takes it."""
-    monkeypatch.setattr(ledger_store, "LAZY_DELAY", 1.0)
-    store = await LedgerStore.open(tmp_path / "broker.db")
-    tc = await TransactionCoordinator.open(
-        0, store, Recorder(), participants_share_store=True, abort_open_on_recovery=True
-    )
-    tc._owns_store = True
-    try:
-        txn = await tc.new_txn()
-        await asyncio.sleep(1.2)  # NEW's own records are committed by now
-        before = tc._ledger.last_entry_id
-        assert tc.add_partitions(txn, [("t", 0)]).done()
-        await asyncio.sleep(0.05)
-        assert tc._ledger.last_entry_id == before  # still queued
-        await tc.end_txn(txn, commit=True)
-        assert tc._ledger.last_entry_id >= before + 2  # with COMMITTING
     finally:
         await tc.close()

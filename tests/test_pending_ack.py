@@ -21,7 +21,6 @@ import pytest
 import subscriptions._subscription as subscription_module
 from buffer import MessageId, Partition, Topics
 from ledger import LedgerStore, faults
-from ledger import _store as ledger_store
 from proto import txnbuf_pb2 as pb
 from subscriptions import (
     TRANSITIONS,
@@ -1237,19 +1236,3 @@ async def test_first_unknown_names_the_first_position_without_a_message(
 ) -> None:
     assert h.sub.first_unknown(positions) == unknown
     assert unknown is None or not h.sub.knows(unknown)
-
-
-async def test_an_early_txn_ack_waits_for_company_to_be_committed(
-    h: Harness, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Answered before it is durable, its record starts no group commit of
-    its own (a lazy append): the next commit takes it along."""
-    monkeypatch.setattr(ledger_store, "LAZY_DELAY", 1.0)
-    ledger = h.cursor_ledger
-    before = ledger.last_entry_id
-    await h.sub.ack([(0, 0)], False, T1, early=True)
-    await asyncio.sleep(0.05)
-    assert ledger.last_entry_id == before  # still queued
-    await h.sub.end_txn(T1, commit=True)  # (not lazy: commits both)
-    assert ledger.last_entry_id == before + 2
-    assert h.sub.cursor.state((0, 0)) is D

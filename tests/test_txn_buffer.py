@@ -44,7 +44,6 @@ from buffer._txnbuffer import (
     transition,
 )
 from ledger import Entry, LedgerStore, faults
-from ledger import _store as ledger_store
 from proto import txnbuf_pb2 as pb
 
 T1, T2, T3 = (1 << 48 | 1, 7), (1 << 48 | 2, 8), (2 << 48 | 3, 9)
@@ -769,19 +768,3 @@ def test_txn_run_start_knows_only_consecutive_places() -> None:
     assert txn_run_start([(-1, 5), (-1, 7)]) is None  # a gap (re-sent messages)
     assert txn_run_start([(-1, 5), (3, 0)]) is None  # stored already, committed
     assert txn_run_start([]) is None
-
-
-async def test_an_early_send_waits_for_company_to_be_committed(
-    stores: Stores, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Answered before it is durable, a send starts no group commit of its
-    own (a lazy append): END's records take it along."""
-    monkeypatch.setattr(ledger_store, "LAZY_DELAY", 1.0)
-    _, part = await stores.open()
-    tb = await part.txn_buffer()
-    await tb.publish(T1, "p", msgs(0, 1), early=True)
-    await asyncio.sleep(0.05)
-    assert tb.sidecar.last_entry_id == -1  # still queued
-    await tb.end(T1, commit=True)
-    assert tb.sidecar.last_entry_id == 0
-    assert await markers(part) == [(0, 2)]
