@@ -73,9 +73,6 @@ class SparePool:
         self._closed = False
         self._aborts: set[asyncio.Task[None]] = set()
 
-    def __len__(self) -> int:
-        return self._count
-
     def prefetch(self, ttl_ms: int) -> None:
         """Ask for a spare with a timeout of ``ttl_ms`` (a transaction with
         that timeout is ending now)."""

@@ -16,8 +16,9 @@ Decisions written down here:
   for such a broker and re-sent after a reconnect to an older one is
   refused there (its partition was never added), so the commit aborts.
 * Registration, with an older broker: the first transactional send to a
-  partition (topic, partition index) starts one ADD_PARTITION_TO_TXN; the first transactional
-  ack on a subscription (topic, subscription) one ADD_SUBSCRIPTION_TO_TXN.
+  partition (topic, partition index) starts one ADD_PARTITION_TO_TXN; the
+  first transactional ack on a subscription (topic, subscription) one
+  ADD_SUBSCRIPTION_TO_TXN.
   Each is a future per (transaction, partition / subscription). Pipelined:
   the ADD frame is written at once, and the transaction's SEND and ACK
   frames there go right behind it on the same link, without waiting for

@@ -687,10 +687,7 @@ class PartitionSubscription:
                 return
             assert self.uncommitted is not None
             self.uncommitted.ack(sidecar)
-            for pos in positions:
-                self.pending.pop(pos, None)
-                self.redeliver.discard(pos)
-                self.redelivery_counts.pop(pos, None)
+            self._forget(positions)
             self._uncommitted_since_snapshot += 1
             if self._uncommitted_since_snapshot >= SNAPSHOT_EVERY:
                 self._uncommitted_since_snapshot = 0
