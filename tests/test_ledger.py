@@ -443,10 +443,10 @@ async def _close_or_fail(store: LedgerStore, seconds: float) -> None:
         async with asyncio.timeout(seconds):
             await store.close()
     except TimeoutError:
-        # Cancelling close() cancelled the writer task; close the connections
-        # ourselves so that no aiosqlite thread outlives the test.
+        # Stop the writer process and the reader ourselves, so that neither
+        # outlives the test.
+        store._transport.kill()
         await store._reader.close()
-        await store._writer.close()
         pytest.fail(f"LedgerStore.close() did not return within {seconds} s")
 
 
@@ -489,40 +489,38 @@ async def test_closed_store_refuses_work(db: Path) -> None:
 
 
 async def test_group_commits_larger_than_one_statement(db: Path) -> None:
-    """Rows go in as multi-row INSERTs of at most SQLite's variable limit."""
+    """Rows go in as multi-row INSERTs of at most SQLite's variable limit
+    (32766 variables: 10922 rows of three)."""
     store = await LedgerStore.open(db)
-    writer = store._writer
-    await writer._execute(writer._conn.setlimit, sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 30)
     ledger = await store.open_ledger("a")
     await fill(ledger, 4)
-    alone = await fill(ledger, 25)  # one commit, no trim: 3 statements, 10 rows each at most
-    assert alone == list(range(4, 29))
+    many = 25_000
+    alone = await fill(ledger, many)  # one commit, no trim: 3 statements
+    assert alone == list(range(4, 4 + many))
     ledger.trim(2)
-    with_trim = await fill(ledger, 25)  # the same, inside BEGIN ... COMMIT with the trim
-    assert with_trim == list(range(29, 54))
+    with_trim = await fill(ledger, many)  # the same, inside BEGIN ... COMMIT with the trim
+    assert with_trim == list(range(4 + many, 4 + 2 * many))
     await store.close()
     store = await LedgerStore.open(db)
     again = await store.open_ledger("a")
-    assert (again.first_entry_id, again.last_entry_id) == (2, 53)
-    entries = await again.read(2, 53)
-    assert [e.data for e in entries] == [payload(i) for i in (2, 3, *range(25), *range(25))]
+    last = 3 + 2 * many
+    assert (again.first_entry_id, again.last_entry_id) == (2, last)
+    entries = await again.read(2, last)
+    assert [e.data for e in entries] == [payload(i) for i in (2, 3, *range(many), *range(many))]
     await store.close()
 
 
-async def test_a_failed_commit_stops_the_store(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_failed_commit_stops_the_store(db: Path) -> None:
     """Append order is durability order: after a failed commit nothing later
     may land without it, so the store refuses every write until reopened."""
-    import ledger._store as store_module
-
     store = await LedgerStore.open(db)
     ledger = await store.open_ledger("a")
     await fill(ledger, 2)
-    real_commit = store_module._commit
-
-    def broken(*args: object) -> None:
-        raise sqlite3.OperationalError("disk I/O error")
-
-    monkeypatch.setattr(store_module, "_commit", broken)
+    # The writer is another process: a trigger makes its next insert fail.
+    await store._reader.execute(
+        "CREATE TRIGGER fail BEFORE INSERT ON entries "
+        "BEGIN SELECT RAISE(ABORT, 'disk I/O error'); END"
+    )
     first = ledger.append(b"lost")
     await asyncio.sleep(0)  # the writer takes the first one alone
     second = ledger.append(b"queued behind it")
@@ -530,7 +528,7 @@ async def test_a_failed_commit_stops_the_store(db: Path, monkeypatch: pytest.Mon
         await first
     with pytest.raises(LedgerError, match="refuses writes"):
         await second
-    monkeypatch.setattr(store_module, "_commit", real_commit)
+    await store._reader.execute("DROP TRIGGER fail")
     with pytest.raises(LedgerError, match="refuses writes"):
         ledger.append(b"later")
     with pytest.raises(LedgerError, match="refuses writes"):
@@ -632,5 +630,106 @@ async def test_acknowledged_appends_survive_sigkill(db: Path) -> None:
         # The reopened ledger carries on after the last stored id.
         last = ledger.last_entry_id
         assert await ledger.append(b"after") == last + 1
+    finally:
+        await store.close()
+
+
+# -- the writer process --------------------------------------------------------
+
+
+async def test_a_second_store_on_the_same_database_is_refused(db: Path) -> None:
+    """One writer per database: the second waits for the first, then gives up."""
+    first = await LedgerStore.open(db)
+    try:
+        await fill(await first.open_ledger("a"), 2)
+        with pytest.raises(LedgerError, match="in use by another process"):
+            await LedgerStore.open(db, lock_wait=0.3)
+    finally:
+        await first.close()
+    second = await LedgerStore.open(db, lock_wait=5)
+    try:
+        again = await second.open_ledger("a")
+        assert await again.read(0, 9) == expected(0, 1)
+    finally:
+        await second.close()
+
+
+async def test_a_dead_writer_stops_the_store(db: Path) -> None:
+    store = await LedgerStore.open(db)
+    ledger = await store.open_ledger("a")
+    await fill(ledger, 2)
+    store._transport.kill()
+    await store._protocol.exited
+    with pytest.raises(LedgerError, match="writer process exited"):
+        ledger.append(b"after")
+    assert ledger.last_entry_id == 1
+    await _close_or_fail(store, 5)
+
+
+async def test_a_write_in_flight_when_the_writer_dies_fails(db: Path) -> None:
+    store = await LedgerStore.open(db)
+    ledger = await store.open_ledger("a")
+    pending = ledger.append(b"in flight")
+    store._transport.kill()
+    with pytest.raises(LedgerError):
+        await pending
+    await _close_or_fail(store, 5)
+
+
+OWNER = r"""
+import asyncio, sys
+from ledger import LedgerStore
+
+async def main(path):
+    store = await LedgerStore.open(path)
+    await (await store.open_ledger("a")).append(b"x")
+    print(store._transport.get_pid(), flush=True)
+    await asyncio.sleep(60)
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def kill_owner_and_watch_its_writer(db: Path) -> bool:
+    """Start OWNER on ``db``, SIGKILL it; is its writer gone within 5 s?"""
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, str(db)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert owner.stdout is not None
+        writer_pid = int(owner.stdout.readline())
+        assert _alive(writer_pid)
+        owner.kill()
+        owner.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while _alive(writer_pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return not _alive(writer_pid)
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+        if owner.stdout is not None:
+            owner.stdout.close()
+
+
+@pytest.mark.crash
+async def test_the_writer_dies_with_its_owner(db: Path) -> None:
+    """A SIGKILLed broker leaves no writer behind to write after it."""
+    assert await asyncio.to_thread(kill_owner_and_watch_its_writer, db), (
+        "the writer outlived its owner"
+    )
+    store = await LedgerStore.open(db, lock_wait=5)  # (its lock went with it)
+    try:
+        ledger = store.get_ledger("a")
+        assert ledger is not None and ledger.last_entry_id == 0
     finally:
         await store.close()
