@@ -115,7 +115,13 @@ TxnKey = tuple[int, int]
 # Sidecar record kinds, in the high bits of the entry meta (as `entry_meta`).
 TXN_DATA, TXN_COMMIT, TXN_ABORT, TXN_SNAPSHOT = 1, 2, 3, 4
 
-# Write an index snapshot after this many sidecar records.
+# Write an index snapshot after this many sidecar records, or after as many
+# records as the index has transactions if that is more: a snapshot holds
+# every transaction whose marker is still in the partition (a partition
+# without subscriptions keeps them all), so at a fixed interval its cost per
+# record would grow with the history kept. This way a record pays for about
+# one transaction's worth of snapshot, and recovery replays at most as many
+# records after the snapshot as the snapshot itself holds.
 SNAPSHOT_EVERY = 1000
 # How many swept (forgotten) ended transactions are still remembered, and
 # how many of the newest of them a snapshot keeps (it is JSON written every
@@ -619,7 +625,7 @@ class TransactionBuffer:
                 self._apply(entry)
                 records += 1
         self._since_snapshot += records
-        if self._since_snapshot >= SNAPSHOT_EVERY:
+        if self._since_snapshot >= max(SNAPSHOT_EVERY, len(self._txns)):
             self._write_snapshot()
 
     def _apply(self, entry: Entry) -> None:

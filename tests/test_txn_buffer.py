@@ -9,6 +9,7 @@ transaction's messages; ABORT leaves them for the sweep. Crash tests make
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -542,6 +543,9 @@ async def test_recovery_from_snapshot_and_tail_equals_live_index(
             await tb.end(txn, commit=False)
     await tb.publish(txns[2], "p2", msgs(100))  # an open one, after snapshots
     await settle(part.ledger.store)
+    if (await sidecar_kinds(tb))[-1] == TXN_SNAPSHOT:  # (keep a tail to replay)
+        await tb.publish(txns[8], "p2", msgs(8, 101))
+        await settle(part.ledger.store)
     live = tb.transactions()
     assert tb.snapshots_written >= 3
     assert len(tb.open_transactions()) == 4
@@ -566,6 +570,28 @@ async def test_recovery_from_snapshot_and_tail_equals_live_index(
     marker = part.ledger.last_entry_id
     assert await delivered(part, marker) == [b"m2", b"m3", b"m100"]
     assert await delivered(part, 0) == [b"m0", b"m1"]  # committed before the restart
+
+
+@pytest.mark.usefixtures("small_snapshots")
+async def test_snapshots_grow_rarer_as_the_index_grows(stores: Stores) -> None:
+    """A partition without subscriptions keeps every committed transaction in
+    the index, so a snapshot at a fixed interval would cost more per record
+    the longer the broker runs: it comes after as many records as the index
+    has transactions (at least SNAPSHOT_EVERY, 4 here)."""
+    _, part = await stores.open()
+    tb = await part.txn_buffer()
+    for i in range(40):  # two sidecar records each: TXN_DATA, TXN_COMMIT
+        txn = (1 << 48 | i, i)
+        await tb.publish(txn, "p", msgs(i))
+        await tb.end(txn, commit=True)
+    await settle(part.ledger.store)
+    snapshots = [e for e, k in enumerate(await sidecar_kinds(tb)) if k == TXN_SNAPSHOT]
+    # Every fourth record the interval would give 80 / 4 = 20 snapshots.
+    assert 4 <= len(snapshots) <= 8, snapshots
+    gaps = [b - a - 1 for a, b in itertools.pairwise(snapshots)]
+    assert gaps == sorted(gaps) and gaps[-1] > 2 * gaps[0], gaps
+    _, part = await stores.reopen()
+    assert len(loaded(part).transactions()) == 40
 
 
 # -- sweep / retention -----------------------------------------------------------------
