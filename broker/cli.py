@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from broker._server import Broker, make_app
+from ledger import LedgerError
 
 __all__ = ["main", "serve"]
 
@@ -35,7 +36,10 @@ GC_GEN0_THRESHOLD = 20_000
 
 async def serve(data_dir: str, host: str, port: int, tc_ids: tuple[int, ...] = (0,)) -> None:
     """Run a broker until SIGTERM or SIGINT."""
-    broker = await Broker.open(data_dir, url=f"http://{host}:{port}", tc_ids=tc_ids)
+    try:
+        broker = await Broker.open(data_dir, url=f"http://{host}:{port}", tc_ids=tc_ids)
+    except LedgerError as exc:  # (another broker on this data directory, a broken disk)
+        raise SystemExit(f"txnbuf: cannot open the data in {data_dir}: {exc}") from None
     gc.collect()
     gc.freeze()
     gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])

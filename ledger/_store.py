@@ -23,9 +23,9 @@ failed commit stops the store (fail-stop: every later write is refused until
 it is reopened). The coordinator relies on this to let participants write
 right behind its log records when they share a store (see `tc`).
 
-Reads that miss the in-memory tail cache go to a read-only aiosqlite
-connection (each call is a hop to its thread and back, ~80-100 us), so
-catching-up readers never queue behind a commit.
+Reads that miss the in-memory tail cache go to an aiosqlite connection of
+this process, used for nothing else (each read is one hop to its thread and
+back, ~80-100 us); in WAL mode they never queue behind a commit.
 
 Layout: table ``ledgers(id, name, first_entry_id, next_entry_id)`` and
 table ``entries(id, meta, data)`` whose integer primary key is

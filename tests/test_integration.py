@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -263,6 +264,17 @@ async def test_sigterm_stops_cleanly(broker: BrokerProcess) -> None:
         await producer.send(b"x")
     assert broker.stop() == 0
     assert "stopped" in broker.log()
+
+
+def test_a_second_broker_on_the_same_data_is_refused(broker: BrokerProcess, tmp_path: Path) -> None:
+    """One broker per data directory: its ledger writer holds broker.db.lock,
+    and a second broker gives up after 10 s with a clear message."""
+    second = BrokerProcess(broker.data_dir, tmp_path / "second.log")
+    with pytest.raises(RuntimeError, match="exited with 1"):
+        second.start(timeout=60)
+    assert "is in use by another process" in second.log()
+    assert "Traceback" not in second.log()
+    assert broker.proc is not None and broker.proc.poll() is None  # the first one runs on
 
 
 async def test_growing_a_topic_extends_its_subscriptions(broker: BrokerProcess) -> None:
