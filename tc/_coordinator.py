@@ -529,11 +529,26 @@ class TransactionCoordinator:
         and its acknowledgements are final. The decision is durable already:
         past the wait, END answers anyway and the participants follow."""
         applied = self._applied.get(txnid)
-        if applied is None:
+        if applied is None or applied.done():
             return
+        # A callback and a timer rather than wait_for(shield(...)): END's
+        # answer is on the critical path of every transaction, and each
+        # future chained in between is one more turn of a busy loop.
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+
+        def release(_: object = None) -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        applied.add_done_callback(release)
+        timer = loop.call_later(END_WAIT, release)
         try:
-            await asyncio.wait_for(asyncio.shield(applied), END_WAIT)
-        except TimeoutError:
+            await waiter
+        finally:
+            timer.cancel()
+            applied.remove_done_callback(release)
+        if not applied.done():
             log.warning("coordinator %d: %s not applied everywhere yet", self.tcid, txnid)
 
     @staticmethod
@@ -581,8 +596,9 @@ class TransactionCoordinator:
         self._spawn(self._finish(meta, decided))
 
     async def _finish(self, meta: TxnMeta, decided: asyncio.Future[bool] | None = None) -> None:
-        """Tell every participant, all at once (retrying each until it
-        answers), then log the end. ``decided``: the decision's log write,
+        """Tell every participant (retrying each until it answers): all at
+        once, or in turn where each answers as soon as its writes are queued;
+        then log the end. ``decided``: the decision's log write,
         if it may not be durable yet (eager mode: the participants' writes
         go behind it at once); a participant counts as done once it is."""
         commit = meta.status is TxnStatus.COMMITTING
@@ -590,32 +606,43 @@ class TransactionCoordinator:
         on_partition = self._participant.end_txn_on_partition
         on_subscription = self._participant.end_txn_on_subscription
 
-        async def partition(topic: str, index: int) -> None:
-            await self._until_done(
+        def partition(topic: str, index: int) -> Any:
+            return lambda: self._until_done(
                 lambda: on_partition(topic, index, meta.txnid, commit, durable),
                 f"end {meta.txnid} on partition {topic}/{index}",
             )
-            if decided is not None:
-                await decided
-            faults.hit("tc.after_partition_end")
 
-        async def subscription(topic: str, sub: str) -> None:
-            await self._until_done(
+        def subscription(topic: str, sub: str) -> Any:
+            return lambda: self._until_done(
                 lambda: on_subscription(topic, sub, meta.txnid, commit, durable),
                 f"end {meta.txnid} on subscription {topic}/{sub}",
             )
+
+        # Each participant: what tells it, and the fault step after it.
+        ends = [
+            *((partition(t, i), "tc.after_partition_end") for t, i in meta.partitions),
+            *((subscription(t, s), "tc.after_subscription_end") for t, s in meta.subscriptions),
+        ]
+        if not durable or len(ends) == 1:
+            # Participants that answer once their writes are queued (they
+            # wait for nothing), or just one: in turn, in this task, with no
+            # task per participant and no turns of the loop between them.
+            # Each counts as done once the decision is durable too.
+            for tell, _ in ends:
+                await tell()
             if decided is not None:
                 await decided
-            faults.hit("tc.after_subscription_end")
-
-        ends = [
-            *(partition(t, i) for t, i in meta.partitions),
-            *(subscription(t, s) for t, s in meta.subscriptions),
-        ]
-        if len(ends) == 1:
-            await ends[0]  # (no task for a lone participant)
+            for _, step in ends:
+                faults.hit(step)
         else:
-            await asyncio.gather(*ends)
+
+            async def one(tell: Any, step: str) -> None:
+                await tell()
+                if decided is not None:
+                    await decided
+                faults.hit(step)
+
+            await asyncio.gather(*(one(tell, step) for tell, step in ends))
         applied = self._applied.get(meta.txnid)
         if applied is not None and not applied.done():
             applied.set_result(None)
