@@ -55,6 +55,7 @@ import collections
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -606,13 +607,13 @@ class TransactionCoordinator:
         on_partition = self._participant.end_txn_on_partition
         on_subscription = self._participant.end_txn_on_subscription
 
-        def partition(topic: str, index: int) -> Any:
+        def partition(topic: str, index: int) -> Callable[[], Awaitable[None]]:
             return lambda: self._until_done(
                 lambda: on_partition(topic, index, meta.txnid, commit, durable),
                 f"end {meta.txnid} on partition {topic}/{index}",
             )
 
-        def subscription(topic: str, sub: str) -> Any:
+        def subscription(topic: str, sub: str) -> Callable[[], Awaitable[None]]:
             return lambda: self._until_done(
                 lambda: on_subscription(topic, sub, meta.txnid, commit, durable),
                 f"end {meta.txnid} on subscription {topic}/{sub}",
@@ -636,7 +637,7 @@ class TransactionCoordinator:
                 faults.hit(step)
         else:
 
-            async def one(tell: Any, step: str) -> None:
+            async def one(tell: Callable[[], Awaitable[None]], step: str) -> None:
                 await tell()
                 if decided is not None:
                     await decided
