@@ -28,7 +28,9 @@ Fail-stop: once a commit failed, every later write is answered with that
 error and nothing more is written (see `LedgerStore._fail`).
 
 The process dies with the broker: the kernel kills it when its parent dies
-(``PR_SET_PDEATHSIG``), and it exits when stdin closes. It holds an exclusive
+(``PR_SET_PDEATHSIG``), and it exits when stdin closes. It ignores SIGINT
+and SIGTERM, which reach it with its broker's when they are sent to the
+process group (Ctrl-C): it must outlive the broker's clean stop. It holds an exclusive
 lock on ``DB_PATH + ".lock"`` for its life, so that a restarted broker's
 writer cannot open the database while an old one is still running.
 """
@@ -261,6 +263,11 @@ class Writer:
 
 
 def serve(path: str, parent: int, lock_wait: float) -> None:
+    # Ctrl-C in a terminal, or a supervisor stopping the process group,
+    # signals every process of the group: this one goes when the broker,
+    # stopping cleanly, has written what it queued and closes stdin.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     die_with_parent()
     if os.getppid() != parent:
         return  # the parent died before the line above

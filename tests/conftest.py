@@ -41,6 +41,7 @@ class BrokerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.env: dict[str, str] = {}  # extra environment, e.g. TXNBUF_FAULT
         self.args: list[str] = []  # extra `txnbuf serve` arguments
+        self.new_session = False  # its own process group (a terminal's Ctrl-C reaches all of it)
 
     @property
     def url(self) -> str:
@@ -63,7 +64,9 @@ class BrokerProcess:
             "INFO",
             *self.args,
         ]
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=self.new_session
+        )
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 from collections import Counter
 from pathlib import Path
 
@@ -264,6 +266,33 @@ async def test_sigterm_stops_cleanly(broker: BrokerProcess) -> None:
         await producer.send(b"x")
     assert broker.stop() == 0
     assert "stopped" in broker.log()
+
+
+async def test_ctrl_c_to_the_process_group_stops_cleanly(tmp_path: Path) -> None:
+    """Ctrl-C in a terminal signals the broker's whole process group, its
+    ledger writer included: the writer must outlive the broker's clean stop."""
+    broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log")
+    broker.new_session = True
+    broker.start()
+    try:
+        async with Client(broker.url) as client:
+            producer = await client.create_producer("ctrl-c")
+            await asyncio.gather(*(producer.send_nowait(b"%d" % i) for i in range(500)))
+        assert broker.proc is not None
+        os.killpg(broker.proc.pid, signal.SIGINT)
+        assert broker.proc.wait(timeout=15) == 0
+        log = broker.log()
+        assert "stopped" in log
+        assert "Traceback" not in log and "refuses writes" not in log, log
+        broker.start()
+        async with Client(broker.url) as client:
+            consumer = await client.subscribe(
+                "ctrl-c", "check", "exclusive", initial_position="earliest"
+            )
+            got = {(await consumer.receive(timeout=10)).value for _ in range(500)}
+        assert got == {b"%d" % i for i in range(500)}
+    finally:
+        broker.stop()
 
 
 def test_a_second_broker_on_the_same_data_is_refused(broker: BrokerProcess, tmp_path: Path) -> None:
