@@ -28,6 +28,7 @@ no subscriptions, for its short life.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import deque
 from collections.abc import Callable, Coroutine
@@ -39,6 +40,11 @@ log = logging.getLogger("client")
 
 MAX_AGE = 1.0  # seconds; a spare older than this (or a tenth of its timeout) is aborted
 MAX_SPARES = 32  # answered or in flight, over all timeouts
+
+
+def _max_age(ttl_ms: int) -> float:
+    """How long a spare with a timeout of ``ttl_ms`` may wait to be taken (s)."""
+    return min(MAX_AGE, ttl_ms / 10_000)
 
 
 class Spare(NamedTuple):
@@ -79,7 +85,7 @@ class SparePool:
         if self._closed or self._count >= MAX_SPARES:
             return
         task = asyncio.get_running_loop().create_task(self._fetch(ttl_ms))
-        task.add_done_callback(self._fetched)
+        task.add_done_callback(functools.partial(self._fetched, ttl_ms))
         self._spares.setdefault(ttl_ms, deque()).append(task)
         self._count += 1
 
@@ -105,9 +111,9 @@ class SparePool:
 
     def _fresh(self, spare: Spare, ttl_ms: int) -> bool:
         age = asyncio.get_running_loop().time() - spare.born
-        return age < min(MAX_AGE, ttl_ms / 10_000) and self._is_current(spare.gen)
+        return age < _max_age(ttl_ms) and self._is_current(spare.gen)
 
-    def _fetched(self, task: asyncio.Task[Spare]) -> None:
+    def _fetched(self, ttl_ms: int, task: asyncio.Task[Spare]) -> None:
         """Retrieve a failed fetch's error; abort the spare when it grows old
         untaken."""
         if task.cancelled():
@@ -119,7 +125,7 @@ class SparePool:
             return
         spare = task.result()
         loop = asyncio.get_running_loop()
-        delay = max(0.0, spare.born + MAX_AGE - loop.time())
+        delay = max(0.0, spare.born + _max_age(ttl_ms) - loop.time())
         loop.call_later(delay, self._expire, task)
 
     def _forget(self, task: asyncio.Task[Spare]) -> bool:

@@ -787,6 +787,18 @@ async def test_a_spare_too_old_is_aborted_not_used(
     assert fake.types().count("NEW_TXN") == 3
 
 
+async def test_a_spare_with_a_short_timeout_is_aborted_after_a_tenth_of_it(
+    fake: FakeBroker, cli: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A spare loses at most a tenth of its timeout: one nobody takes is
+    aborted then, not only after MAX_AGE (a minute here)."""
+    monkeypatch.setattr(client._spares, "MAX_AGE", 60.0)
+    await (await cli.new_transaction(timeout=0.5)).commit()  # a spare of 0.5 s: 50 ms
+    await until(lambda: any(t.status == "OPEN" for t in fake.txns.values()))
+    (spare,) = [k for k, t in fake.txns.items() if t.status == "OPEN"]
+    await until(lambda: fake.txns[spare].status == "ABORTED", timeout=5.0)
+
+
 async def test_a_spare_from_before_a_reconnect_is_not_used(fake: FakeBroker, cli: Client) -> None:
     # A restarted broker aborts the transactions it found open: a spare asked
     # for on an earlier link may be one of them.
