@@ -67,6 +67,7 @@ CREATE TABLE IF NOT EXISTS entries (
 
 ENTRY_BITS = 40
 _PR_SET_PDEATHSIG = 1
+PIPE_SIZE = 1 << 20  # bytes (Linux's default pipe-max-size)
 
 
 def key(ledger_id: int, entry_id: int) -> int:
@@ -197,6 +198,16 @@ def die_with_parent() -> None:
         pass  # not Linux: stdin closing still ends the process
 
 
+def widen(fd: int) -> None:
+    """Give the pipe on ``fd`` room for a whole write of large entries (a
+    send of 1,000 messages is ~110 KB): through Linux's default 64 KB, one
+    went over in several turns of both processes (0.8 ms a write, not 0.5)."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+    except (OSError, AttributeError):
+        pass  # (not Linux, or above /proc/sys/fs/pipe-max-size: keep the default)
+
+
 def lock(path: str, wait: float) -> int:
     """Lock ``path + ".lock"``, waiting at most ``wait`` seconds for another
     writer of the database to go."""
@@ -272,6 +283,8 @@ def serve(path: str, parent: int, lock_wait: float) -> None:
     if os.getppid() != parent:
         return  # the parent died before the line above
     out = sys.stdout.fileno()
+    for fd in (sys.stdin.fileno(), out):
+        widen(fd)
     try:
         lock(path, lock_wait)
         raw = sqlite3.connect(path, isolation_level=None)
