@@ -41,7 +41,6 @@ import asyncio
 import collections
 import logging
 import os
-import pickle
 import sqlite3
 import subprocess
 import sys
@@ -62,9 +61,8 @@ log = logging.getLogger(__name__)
 # go with before it starts one of its own.
 LAZY_DELAY = 0.005
 
-_ENTRY_BITS = _writer.ENTRY_BITS
-_MAX_ENTRY_ID = (1 << _ENTRY_BITS) - 1
-_LENGTH = _writer.LENGTH
+_MAX_ENTRY_ID = _writer.MAX_ENTRY_ID
+_key = _writer.key  # ledger_id << 40 | entry_id
 STOP_WAIT = 10.0  # seconds a closing store waits for its writer process to exit
 LOCK_WAIT = 10.0  # seconds a store waits for another writer of its database to go
 _T = TypeVar("_T")
@@ -86,10 +84,6 @@ class Entry:
     entry_id: int
     meta: int
     data: bytes
-
-
-def _key(ledger_id: int, entry_id: int) -> int:
-    return (ledger_id << _ENTRY_BITS) | entry_id
 
 
 async def _on_thread(conn: aiosqlite.Connection, fn: Callable[..., _T], *args: Any) -> _T:
@@ -140,16 +134,8 @@ class _WriterProtocol(asyncio.SubprocessProtocol):
         self._buffer = bytearray()
 
     def pipe_data_received(self, fd: int, data: bytes) -> None:
-        buffer = self._buffer
-        buffer += data
-        pos = 0
-        size = _LENGTH.size
-        while len(buffer) - pos >= size:
-            (n,) = _LENGTH.unpack_from(buffer, pos)
-            if len(buffer) - pos - size < n:
-                break
-            seq, error, result = pickle.loads(buffer[pos + size : pos + size + n])
-            pos += size + n
+        self._buffer += data
+        for seq, error, result in _writer.take_frames(self._buffer):
             if seq == 0:
                 if not self.ready.done():
                     if error is None:
@@ -158,7 +144,6 @@ class _WriterProtocol(asyncio.SubprocessProtocol):
                         self.ready.set_exception(LedgerError(error))
             elif self.store is not None:
                 self.store._answered(seq, error, result)
-        del buffer[:pos]
 
     def process_exited(self) -> None:
         if not self.ready.done():
@@ -507,9 +492,8 @@ class LedgerStore:
 
     def _write(self, *request: object, pending: _Sent | asyncio.Future[Any]) -> None:
         self._seq += 1
-        data = pickle.dumps((self._seq, *request), protocol=pickle.HIGHEST_PROTOCOL)
         self._unanswered.append((self._seq, pending))
-        self._stdin.write(_LENGTH.pack(len(data)) + data)
+        self._stdin.write(_writer.frame((self._seq, *request)))
 
     def _answered(self, seq: int, error: str | None, result: Any) -> None:
         """The writer's answer to request ``seq`` (they come in order)."""

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
+import functools
 import os
 import pickle
 import select
@@ -66,6 +67,7 @@ CREATE TABLE IF NOT EXISTS entries (
 """
 
 ENTRY_BITS = 40
+MAX_ENTRY_ID = (1 << ENTRY_BITS) - 1
 _PR_SET_PDEATHSIG = 1
 PIPE_SIZE = 1 << 20  # bytes (Linux's default pipe-max-size)
 
@@ -75,17 +77,30 @@ def key(ledger_id: int, entry_id: int) -> int:
 
 
 def frame(message: Any) -> bytes:
+    """``message`` as one frame: its pickled length, then the pickle."""
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     return LENGTH.pack(len(data)) + data
 
 
-def insert_sql(rows: int, cache: dict[int, str] = {}) -> str:  # noqa: B006 - a cache on purpose
-    sql = cache.get(rows)
-    if sql is None:
-        sql = cache[rows] = "INSERT INTO entries(id, meta, data) VALUES " + ",".join(
-            ["(?,?,?)"] * rows
-        )
-    return sql
+def take_frames(buffer: bytearray) -> list[Any]:
+    """The messages of the complete frames at the start of ``buffer``, which
+    keeps only what follows them (the start of a frame still arriving)."""
+    out = []
+    pos = 0
+    while len(buffer) - pos >= LENGTH.size:
+        (n,) = LENGTH.unpack_from(buffer, pos)
+        start = pos + LENGTH.size
+        if len(buffer) - start < n:
+            break
+        out.append(pickle.loads(buffer[start : start + n]))
+        pos = start + n
+    del buffer[:pos]
+    return out
+
+
+@functools.lru_cache(maxsize=512)
+def insert_sql(rows: int) -> str:
+    return "INSERT INTO entries(id, meta, data) VALUES " + ",".join(["(?,?,?)"] * rows)
 
 
 def insert(raw: sqlite3.Connection, rows: list[tuple[int, int, bytes]], per: int) -> None:
@@ -138,7 +153,7 @@ def delete(raw: sqlite3.Connection, ledger_id: int) -> None:
     try:
         raw.execute(
             "DELETE FROM entries WHERE id >= ? AND id <= ?",
-            (key(ledger_id, 0), key(ledger_id, (1 << ENTRY_BITS) - 1)),
+            (key(ledger_id, 0), key(ledger_id, MAX_ENTRY_ID)),
         )
         raw.execute("DELETE FROM ledgers WHERE id = ?", (ledger_id,))
         raw.execute("COMMIT")
@@ -162,18 +177,7 @@ class Requests:
             self._read()
         while not self.eof and select.select([self.fd], [], [], 0)[0]:
             self._read()
-        out = []
-        pos = 0
-        buffer = self.buffer
-        while len(buffer) - pos >= LENGTH.size:
-            (n,) = LENGTH.unpack_from(buffer, pos)
-            start = pos + LENGTH.size
-            if len(buffer) - start < n:
-                break
-            out.append(pickle.loads(buffer[start : start + n]))
-            pos = start + n
-        del buffer[:pos]
-        return out
+        return take_frames(self.buffer)
 
     def _read(self) -> None:
         chunk = os.read(self.fd, 1 << 20)
