@@ -430,7 +430,9 @@ class TransactionBuffer:
                 )
         state = t.producer(producer)
         if seqs[0] > state.pushed:  # the usual case: nothing re-sent
-            queued = self._append(t, producer, messages, seqs, state, encoded)
+            # Early: answered now, so the record goes with the next group
+            # commit (at the latest the one of the transaction's END).
+            queued = self._append(t, producer, messages, seqs, state, encoded, early)
             if not early:
                 return self._new(t, queued, len(seqs))
             queued.add_done_callback(unawaited)
@@ -455,10 +457,11 @@ class TransactionBuffer:
         seqs: list[int],
         state: ProducerSequence,
         encoded: bytes | None = None,
+        lazy: bool = False,
     ) -> asyncio.Future[int]:
         batch = entry_batch(producer, messages, encoded)
         fut = self.sidecar.append(
-            _TXN.pack(*t.key) + batch, meta=entry_meta(TXN_DATA, len(messages))
+            _TXN.pack(*t.key) + batch, meta=entry_meta(TXN_DATA, len(messages)), lazy=lazy
         )
         t.queued = max(t.queued, t.count) + len(messages)
         state.pushed = seqs[-1]
