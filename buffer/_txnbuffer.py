@@ -430,9 +430,7 @@ class TransactionBuffer:
                 )
         state = t.producer(producer)
         if seqs[0] > state.pushed:  # the usual case: nothing re-sent
-            # Early: answered now, so the record goes with the next group
-            # commit (at the latest the one of the transaction's END).
-            queued = self._append(t, producer, messages, seqs, state, encoded, early)
+            queued = self._append(t, producer, messages, seqs, state, encoded)
             if not early:
                 return self._new(t, queued, len(seqs))
             queued.add_done_callback(unawaited)
@@ -457,11 +455,10 @@ class TransactionBuffer:
         seqs: list[int],
         state: ProducerSequence,
         encoded: bytes | None = None,
-        lazy: bool = False,
     ) -> asyncio.Future[int]:
         batch = entry_batch(producer, messages, encoded)
         fut = self.sidecar.append(
-            _TXN.pack(*t.key) + batch, meta=entry_meta(TXN_DATA, len(messages)), lazy=lazy
+            _TXN.pack(*t.key) + batch, meta=entry_meta(TXN_DATA, len(messages))
         )
         t.queued = max(t.queued, t.count) + len(messages)
         state.pushed = seqs[-1]

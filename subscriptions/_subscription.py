@@ -448,9 +448,7 @@ class PartitionSubscription:
                 return  # every message is durably held by this transaction already
             record = AckRecord(TXN_ACK, tuple(pos for pos, _ in changes), txn)
             if early and self._unaffected_by_inflight(record.positions):
-                # Answered now: the record goes with the next group commit
-                # (at the latest the one of the transaction's END).
-                self._persist(record, lazy=True).add_done_callback(unawaited)
+                self._persist(record).add_done_callback(unawaited)
                 return
         try:
             await self._persist(record)
@@ -517,15 +515,15 @@ class PartitionSubscription:
             "TRANSACTION_CONFLICT", f"subscription {self.name!r} of {self.partition.name}: {exc}"
         )
 
-    def _persist(self, record: AckRecord, lazy: bool = False) -> asyncio.Future[list[Position]]:
+    def _persist(self, record: AckRecord) -> asyncio.Future[list[Position]]:
         """Append ``record``, apply it once durable; the result is what
-        changed. ``lazy``: nobody waits for it (see `ledger.Ledger.append`).
+        changed.
 
         It raises what the append raised, or `AckConflict` if the record was
         refused when applied (it is void: it changed nothing).
         """
         outcome: asyncio.Future[list[Position]] = asyncio.get_running_loop().create_future()
-        appended = self._ledger.append(record.encode(), meta=record.kind, lazy=lazy)
+        appended = self._ledger.append(record.encode(), meta=record.kind)
         self._inflight.append(record)
         appended.add_done_callback(functools.partial(self._on_durable, record, outcome))
         return outcome

@@ -457,9 +457,7 @@ class TransactionCoordinator:
             refs.add(topic=topic, **{field: name})
         waits = {meta.adding[k] for k in keys if k in meta.adding}
         if new:
-            # Eager: registered from now on. Answered early, nobody waits for
-            # the record: it goes with the next group commit (END's at the latest).
-            written = self._persist_now(rec, lazy=self.participants_answer_early)
+            written = self._persist_now(rec)  # eager: registered from now on
             if self.participants_answer_early:
                 # Applied already; a crash that loses it aborts the transaction.
                 written.add_done_callback(unawaited)
