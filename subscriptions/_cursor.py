@@ -37,6 +37,7 @@ import json
 from array import array
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from operator import itemgetter
 
 from sortedcontainers import SortedSet
 
@@ -75,6 +76,7 @@ _KIND_NAMES = {
     TXN_ABORT: "TXN_ABORT",
 }
 _U64 = (1 << 64) - 1
+_ENTRY_OF = itemgetter(0)
 
 TxnKey = tuple[int, int]  # (most_bits, least_bits) of a TxnID
 
@@ -498,10 +500,7 @@ class Cursor:
                 break
             # Consume the run of consecutive acked messages of this entry at once.
             n = count(entry_id) if index != WHOLE_ENTRY else count(nxt[0])
-            end = acked.bisect_left((nxt[0], n))
-            run = 1
-            while run < end and acked[run] == (nxt[0], nxt[1] + run):
-                run += 1
+            run = _run_length(acked, nxt, acked.bisect_left((nxt[0], n)))
             del acked[:run]
             entry_id, index = nxt[0], nxt[1] + run - 1
         self.mark_delete = (entry_id, index)
@@ -537,11 +536,33 @@ class Cursor:
         return other
 
 
+def _run_length(acked: SortedSet, first: Position, end: int) -> int:
+    """How many of ``acked[:end]`` (``first`` and later messages of its
+    entry) are consecutive from ``first``.
+
+    They are distinct and sorted, so ``acked[i]`` is ``first`` plus ``i``
+    up to the first gap, and past it ``acked[i][1] - first[1] - i`` is
+    positive: one look when there is no gap (the usual case), a binary
+    search when there is, never a look per message.
+    """
+    if acked[end - 1][1] - first[1] == end - 1:
+        return end
+    low, high = 1, end - 1  # acked[low - 1] is in the run; acked[high] is not
+    while low < high:
+        mid = (low + high) // 2
+        if acked[mid][1] - first[1] == mid:
+            low = mid + 1
+        else:
+            high = mid
+    return low
+
+
 def _per_entry(positions: list[Position]) -> dict[int, int]:
     """How many of ``positions`` each entry has."""
-    if positions[0][0] == positions[-1][0] and all(p[0] == positions[0][0] for p in positions):
+    entries = set(map(_ENTRY_OF, positions))  # (no Python loop per message)
+    if len(entries) == 1:
         return {positions[0][0]: len(positions)}
-    return dict(collections.Counter(p[0] for p in positions))
+    return dict(collections.Counter(map(_ENTRY_OF, positions)))
 
 
 def encode_record(positions: Iterable[Position]) -> bytes:

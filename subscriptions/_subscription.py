@@ -599,9 +599,13 @@ class PartitionSubscription:
     def _forget(self, positions: list[Position], counts: bool = True) -> None:
         """Drop ``positions`` from the pending, redelivery (and, with
         ``counts``, redelivery count) bookkeeping."""
-        pop = self.pending.pop
-        for pos in positions:
-            pop(pos, None)
+        pending = self.pending
+        # (A commit's messages left it when they were locked: one C-level
+        # pass finds that, instead of a pop per message.)
+        if not pending.keys().isdisjoint(positions):
+            pop = pending.pop
+            for pos in positions:
+                pop(pos, None)
         if self.redeliver:  # (usually empty: no per-message call then)
             discard = self.redeliver.discard
             for pos in positions:

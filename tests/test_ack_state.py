@@ -164,6 +164,35 @@ def test_out_of_order_individual_acks_advance_only_when_contiguous() -> None:
     assert cursor.state((2, 1)) is MsgState.PENDING
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_out_of_order_acks_advance_as_a_simple_model_says(seed: int) -> None:
+    """Random groups of messages acknowledged in random order (runs with and
+    without gaps inside entries, as shared subscriptions make them): after
+    each group, mark-delete is the last message of the longest acknowledged
+    prefix, and ``acked`` holds exactly the acknowledged messages past it."""
+    rng = random.Random(seed)
+    counts = {e: rng.choice([1, 2, 5, 40, 100]) for e in range(6)}
+    everything = [(e, i) for e, n in counts.items() for i in range(n)]
+    order = everything[:]
+    rng.shuffle(order)
+    cursor, done = Cursor(START), set()
+    while order:
+        size = rng.randint(1, 60)
+        group, order = order[:size], order[size:]
+        group.sort()
+        ack(cursor, *group, counts=counts)
+        done.update(group)
+        prefix = list(itertools.takewhile(done.__contains__, everything))
+        if not prefix:
+            expected_md = START
+        elif prefix[-1][1] == counts[prefix[-1][0]] - 1:
+            expected_md = (prefix[-1][0], WHOLE_ENTRY)
+        else:
+            expected_md = prefix[-1]
+        assert cursor.mark_delete == expected_md
+        assert list(cursor.acked) == sorted(done - set(prefix))
+
+
 def test_mark_delete_stops_at_the_last_entry() -> None:
     cursor = Cursor((LAST, 1))
     ack(cursor, (LAST, 2))

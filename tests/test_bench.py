@@ -1,0 +1,37 @@
+"""The ack bookkeeping benchmark runs and checks its own result (small sizes)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import acks
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_entry_order_shuffles_only_within_windows() -> None:
+    order = acks.entry_order(10, 4)
+    assert sorted(order) == list(range(10))
+    assert [sorted(order[i : i + 4]) for i in (0, 4, 8)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
+def test_run_refuses_a_cursor_left_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    from subscriptions import _cursor
+
+    monkeypatch.setattr(_cursor.Cursor, "_advance", lambda self, count, last: None)
+    with pytest.raises(SystemExit, match="did not end past every message"):
+        acks.run(_cursor, acks.entry_order(8, 4), 5)
+
+
+def test_acks_benchmark_prints_both_sides() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.acks", "--entries", "40", "--per-entry", "10",
+         "--rounds", "1", "--baseline", str(ROOT)],
+        cwd=ROOT, capture_output=True, text=True, check=True, timeout=60,
+    ).stdout  # fmt: skip
+    assert "baseline" in out
+    assert "in order (1 worker)" in out and "windows of 4 (4 workers)" in out
