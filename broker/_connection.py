@@ -36,7 +36,7 @@ from buffer import (
     check_topic_name,
     txn_run_start,
 )
-from proto import batch_frame
+from proto import next_frame
 from proto import txnbuf_pb2 as pb
 from subscriptions import Consumer, SubType
 from tc import TxnID
@@ -57,7 +57,6 @@ log = logging.getLogger(__name__)
 # 2: BATCH frames; 3: CommandAck.positions, CommandSend.batch; 4: add_to_txn
 # on transactional SENDs and ACKs.
 PROTOCOL_VERSION = 4
-BATCH_MAX_BYTES = 1 << 16  # frames joined into one BATCH at most; a bigger one goes alone
 SERVER_VERSION = "txnbuf/0.1.0"
 MAX_MESSAGE_SIZE = 5 << 20  # bytes in one frame the client may send
 
@@ -148,27 +147,13 @@ class Connection:
                     self._out.clear()
                     break
                 try:
-                    await self.ws.send_bytes(self._next_frame())
+                    await self.ws.send_bytes(next_frame(self._out, self._batches))
                 except (ConnectionError, RuntimeError) as exc:
                     log.info("connection %s: write failed: %s", self.peer, exc)
                     self._out.clear()
                     break
             if self._closed:
                 return
-
-    def _next_frame(self) -> bytes:
-        """The next frame to write: the first queued, or, for a client that
-        reads batches, a BATCH of those queued (up to `BATCH_MAX_BYTES`)."""
-        out = self._out
-        frame = out.popleft()
-        if not self._batches or not out or len(frame) + len(out[0]) > BATCH_MAX_BYTES:
-            return frame
-        frames, size = [frame], len(frame)
-        while out and size + len(out[0]) <= BATCH_MAX_BYTES:
-            frame = out.popleft()
-            frames.append(frame)
-            size += len(frame)
-        return batch_frame(frames)
 
     def send(self, cmd: pb.BaseCommand) -> None:
         if self._closed:

@@ -1,7 +1,7 @@
 """The txnbuf wire protocol: `txnbuf.proto` and its generated module.
 
 Every WebSocket frame is one serialized `txnbuf_pb2.BaseCommand` (a BATCH
-carries several, see `batch_frame`). The generated files are committed;
+carries several, see `batch_frame` and `next_frame`). The generated files are committed;
 `scripts/gen-proto` regenerates them.
 
 Note: `proto` is also the import name of Google's proto-plus package. txnbuf
@@ -9,6 +9,6 @@ owns this name in its environment; `tests/test_packaging.py` checks it.
 """
 
 from proto import txnbuf_pb2
-from proto._framing import batch_frame
+from proto._framing import BATCH_MAX_BYTES, batch_frame, next_frame
 
-__all__ = ["batch_frame", "txnbuf_pb2"]
+__all__ = ["BATCH_MAX_BYTES", "batch_frame", "next_frame", "txnbuf_pb2"]

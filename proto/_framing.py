@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 
 from proto import txnbuf_pb2 as pb
 
-__all__ = ["batch_frame"]
+__all__ = ["BATCH_MAX_BYTES", "batch_frame", "next_frame"]
+
+BATCH_MAX_BYTES = 1 << 16  # frames joined into one BATCH at most; a bigger one goes alone
 
 
 def _varint(n: int) -> bytes:
@@ -37,3 +40,20 @@ def batch_frame(frames: Sequence[bytes]) -> bytes:
         parts += (_COMMAND_TAG, _varint(len(frame)), frame)
     body = b"".join(parts)
     return b"".join((_TYPE, _BODY_TAG, _varint(len(body)), body))
+
+
+def next_frame(out: deque[bytes], batches: bool) -> bytes:
+    """The next WebSocket message to write from the queue ``out`` of
+    serialized commands: the first, or, when the other end reads batches
+    (protocol version 2) and more are queued, a BATCH of as many as fit in
+    `BATCH_MAX_BYTES` (one write and one wake-up on each side instead of
+    one per command)."""
+    frame = out.popleft()
+    if not batches or not out or len(frame) + len(out[0]) > BATCH_MAX_BYTES:
+        return frame
+    frames, size = [frame], len(frame)
+    while out and size + len(out[0]) <= BATCH_MAX_BYTES:
+        frame = out.popleft()
+        frames.append(frame)
+        size += len(frame)
+    return batch_frame(frames)

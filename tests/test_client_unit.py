@@ -182,11 +182,14 @@ class FakeBroker:
             async for msg in ws:
                 if msg.type != WSMsgType.BINARY:
                     continue
-                cmd = pb.BaseCommand.FromString(msg.data)
-                self.received.append(cmd)
-                if cmd.WhichOneof("command") != T.Type.Name(cmd.type).lower():
-                    self.bad_frames.append(cmd)
-                await self._handle(ws, cmd, producers)
+                outer = pb.BaseCommand.FromString(msg.data)
+                # (Protocol version 2: the client joins what it queued at once.)
+                batch = outer.batch.commands if outer.type == T.BATCH else [outer]
+                for cmd in batch:
+                    self.received.append(cmd)
+                    if cmd.WhichOneof("command") != T.Type.Name(cmd.type).lower():
+                        self.bad_frames.append(cmd)
+                    await self._handle(ws, cmd, producers)
         finally:
             self.sockets.discard(ws)
             for sub in self.subs.values():
@@ -1530,3 +1533,37 @@ async def test_a_batch_from_the_broker_is_handled_command_by_command() -> None:
               ping.SerializeToString()]  # fmt: skip
     await conn._read(Link(Socket(frames), 1))  # type: ignore[arg-type]
     assert seen == [pb.BaseCommand.PING, pb.BaseCommand.PONG, pb.BaseCommand.PING]
+
+
+async def test_frames_queued_together_go_to_a_broker_as_one_batch() -> None:
+    """Protocol version 2 both ways: what the client queues in one turn of
+    the loop (a transaction's send and ack) is one WebSocket message, a
+    BATCH of the commands in order; to an older broker, one message each."""
+    from client._connection import Link
+
+    class Socket:
+        def __init__(self) -> None:
+            self.sent: list[bytes] = []
+
+        async def send_bytes(self, data: bytes) -> None:
+            self.sent.append(data)
+
+    commands = [
+        pb.BaseCommand(type=pb.BaseCommand.PING, ping=pb.CommandPing()).SerializeToString(),
+        pb.BaseCommand(type=pb.BaseCommand.PONG, pong=pb.CommandPong()).SerializeToString(),
+    ]
+    for batches, messages in ((True, 1), (False, 2)):
+        ws = Socket()
+        link = Link(ws, 1, batches=batches)  # type: ignore[arg-type]
+        writer = asyncio.create_task(link.run_writer())
+        for data in commands:
+            link.write(data)
+        await asyncio.sleep(0)
+        writer.cancel()
+        assert len(ws.sent) == messages
+        if batches:
+            batch = pb.BaseCommand.FromString(ws.sent[0])
+            assert batch.type == pb.BaseCommand.BATCH
+            assert [c.SerializeToString() for c in batch.batch.commands] == commands
+        else:
+            assert ws.sent == commands

@@ -1,10 +1,13 @@
-"""`proto.batch_frame`: the bytes protobuf itself gives a BATCH, made by concatenation."""
+"""`proto.batch_frame`: the bytes protobuf itself gives a BATCH, made by
+concatenation; `proto.next_frame`: what of a queue goes in one message."""
 
 from __future__ import annotations
 
+from collections import deque
+
 import pytest
 
-from proto import batch_frame
+from proto import BATCH_MAX_BYTES, batch_frame, next_frame
 from proto import txnbuf_pb2 as pb
 
 
@@ -23,3 +26,20 @@ def test_batch_frame_is_what_protobuf_would_encode(sizes: list[int]) -> None:
     data = batch_frame([c.SerializeToString() for c in commands])
     assert data == expected.SerializeToString()
     assert list(pb.BaseCommand.FromString(data).batch.commands) == commands
+
+
+def test_next_frame_joins_what_fits_and_sends_a_big_one_alone() -> None:
+    small = [message_of(n).SerializeToString() for n in (100, 200, 300)]
+    big = message_of(BATCH_MAX_BYTES).SerializeToString()
+    out = deque([*small, big, small[0]])
+    first = pb.BaseCommand.FromString(next_frame(out, batches=True))
+    assert [c.SerializeToString() for c in first.batch.commands] == small
+    assert next_frame(out, batches=True) == big  # over the limit: alone, not in a BATCH
+    assert next_frame(out, batches=True) == small[0]  # the last one: alone too
+    assert not out
+
+
+def test_next_frame_to_an_old_peer_is_one_command() -> None:
+    out = deque([message_of(n).SerializeToString() for n in (1, 2)])
+    assert next_frame(out, batches=False) == message_of(1).SerializeToString()
+    assert len(out) == 1
