@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -152,6 +153,17 @@ async def test_close_commits_lazy_appends(db: Path) -> None:
 
 def expected(start: int, end: int, meta: int = 1) -> list[Entry]:
     return [Entry(i, meta, payload(i)) for i in range(start, end + 1)]
+
+
+async def read_back(db: Path, first: int, last: int, **options: Any) -> list[Entry]:
+    """Entries ``first`` .. ``last`` of ledger "a", read by a store opened
+    anew (``options`` go to `LedgerStore.open`)."""
+    store = await LedgerStore.open(db, **options)
+    try:
+        ledger = await store.open_ledger("a")
+        return await ledger.read(first, last)
+    finally:
+        await store.close()
 
 
 RANGES = [(0, 19), (0, 0), (3, 7), (15, 19), (17, 19), (19, 19), (10, 18), (-5, 2), (18, 99)]
@@ -457,12 +469,7 @@ async def test_close_flushes_queued_appends(db: Path) -> None:
     await _close_or_fail(store, 1.5)
     assert [f.result() for f in futures] == list(range(5))
 
-    store = await LedgerStore.open(db)
-    try:
-        ledger = await store.open_ledger("a")
-        assert await ledger.read(0, 10) == expected(0, 4)
-    finally:
-        await store.close()
+    assert await read_back(db, 0, 10) == expected(0, 4)
 
 
 async def test_close_when_idle_and_twice(db: Path) -> None:
@@ -646,12 +653,7 @@ async def test_a_second_store_on_the_same_database_is_refused(db: Path) -> None:
             await LedgerStore.open(db, lock_wait=0.3)
     finally:
         await first.close()
-    second = await LedgerStore.open(db, lock_wait=5)
-    try:
-        again = await second.open_ledger("a")
-        assert await again.read(0, 9) == expected(0, 1)
-    finally:
-        await second.close()
+    assert await read_back(db, 0, 9, lock_wait=5) == expected(0, 1)
 
 
 async def test_a_dead_writer_stops_the_store(db: Path) -> None:
