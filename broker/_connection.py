@@ -34,7 +34,6 @@ from buffer import (
     Topic,
     check_subscription_name,
     check_topic_name,
-    txn_run_start,
 )
 from proto import next_frame
 from proto import txnbuf_pb2 as pb
@@ -422,15 +421,14 @@ class Connection:
                 entry_id=result.entry_id,
             )
             ids = result.ids
-            if ids is not None:
-                first = txn_run_start(ids) if req.transactional else None
-                if first is not None:
-                    ack.first_batch_index = first  # the usual case, in one field
-                else:
-                    for entry_id, index in ids:
-                        ack.message_ids.add(
-                            partition=req.partition, entry_id=entry_id, batch_index=index
-                        )
+            if ids is None:
+                if req.transactional:  # (a plain send's run is the entry, from 0)
+                    ack.first_batch_index = result.first
+            else:
+                for entry_id, index in ids:
+                    ack.message_ids.add(
+                        partition=req.partition, entry_id=entry_id, batch_index=index
+                    )
             self.send(command(T.SEND_RECEIPT, "send_receipt", ack))
 
         if isinstance(pending, asyncio.Future) and pending.done() and not pending.cancelled():

@@ -79,14 +79,17 @@ class DuplicateTooOldError(Exception):
 class PublishResult:
     """Where the messages of one send are: ``ids[i]`` for message i.
 
-    ``ids`` is None when all of them were stored now, as one entry: message
-    i is then at ``(entry_id, i)``. A transactional send always lists its
-    ids: ``(-1, i)`` where i is the message's place in its transaction on
-    this partition (its batch index once the transaction is committed).
+    ``ids`` is None when they are one run: message i is then at
+    ``(entry_id, first + i)``. A plain send stored now, as one entry, is
+    ``(entry_id, None, 0)``; a transactional one ``(-1, None, first)``,
+    where ``first + i`` is message i's place in its transaction on this
+    partition (its batch index once the transaction is committed). A send
+    that repeats messages stored earlier lists their ids.
     """
 
     entry_id: int
     ids: list[Position] | None
+    first: int = 0
 
 
 def txn_places(first: int, n: int) -> list[Position]:
@@ -96,8 +99,8 @@ def txn_places(first: int, n: int) -> list[Position]:
 
 
 def txn_run_start(ids: list[Position]) -> int | None:
-    """The first place if ``ids`` are what `txn_places` gives (the usual
-    receipt of a transactional send), else None."""
+    """The first place if ``ids`` are what `txn_places` gives (one run of
+    places), else None."""
     if not ids:
         return None
     first = ids[0][1]

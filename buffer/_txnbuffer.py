@@ -81,7 +81,7 @@ from buffer._entries import (
     entry_count,
     entry_kind,
     entry_meta,
-    txn_places,
+    txn_run_start,
 )
 from buffer._names import Position
 from ledger import Entry, Ledger, faults, unawaited
@@ -436,7 +436,7 @@ class TransactionBuffer:
             queued.add_done_callback(unawaited)
             base = t.queued - len(seqs)  # the batch index of its first message
             ready: asyncio.Future[PublishResult] = asyncio.get_running_loop().create_future()
-            ready.set_result(PublishResult(-1, txn_places(base, len(seqs))))
+            ready.set_result(PublishResult(-1, None, base))
             return ready
         waits = state.last_append if state.pushed > state.persisted else None
         fresh = [i for i, s in enumerate(seqs) if s > state.pushed]
@@ -479,7 +479,7 @@ class TransactionBuffer:
         entry_id = await appended
         faults.hit("buffer.after_txn_data_write")
         base = t.base_of(entry_id)
-        return PublishResult(-1, txn_places(base, n))
+        return PublishResult(-1, None, base)
 
     async def _mixed(
         self,
@@ -510,7 +510,8 @@ class TransactionBuffer:
                     "transaction, too long ago to answer with its message id"
                 )
             ids.append((-1, where[0] + where[1]))
-        return PublishResult(-1, ids)
+        first = txn_run_start(ids)
+        return PublishResult(-1, ids) if first is None else PublishResult(-1, None, first)
 
     # -- end on partition -----------------------------------------------------------
 

@@ -107,7 +107,7 @@ def msgs(*seqs: int, tag: str = "m") -> list[pb.SingleMessage]:
 
 
 def txn_ids(start: int, n: int) -> PublishResult:
-    return PublishResult(-1, [(-1, i) for i in range(start, start + n)])
+    return PublishResult(-1, None, start)
 
 
 def loaded(part: Partition) -> TransactionBuffer:
