@@ -1,4 +1,4 @@
-"""The ack bookkeeping benchmark runs and checks its own result (small sizes)."""
+"""The benchmarks of single pieces run and check their own results (small sizes)."""
 
 from __future__ import annotations
 
@@ -35,3 +35,30 @@ def test_acks_benchmark_prints_both_sides() -> None:
     ).stdout  # fmt: skip
     assert "baseline" in out
     assert "in order (1 worker)" in out and "windows of 4 (4 workers)" in out
+
+
+async def test_txnpath_round_checks_that_every_transaction_committed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from bench import txnpath
+    from tc import TransactionCoordinator
+
+    result = await txnpath.one_round(30, 10, 2)
+    assert result["main_us"] > 0 and result["wall_us"] > 0
+    end_txn = TransactionCoordinator.end_txn
+
+    async def abort_instead(self: TransactionCoordinator, txnid: object, commit: bool) -> None:
+        await end_txn(self, txnid, False)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(TransactionCoordinator, "end_txn", abort_instead)
+    with pytest.raises(SystemExit, match="0 of 30 transactions committed, 300 inputs"):
+        await txnpath.one_round(30, 10, 2)
+
+
+def test_txnpath_benchmark_prints_both_sides() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.txnpath", "--txns", "20", "--per-txn", "5",
+         "--rounds", "1", "--concurrency", "1", "--baseline", str(ROOT)],
+        cwd=ROOT, capture_output=True, text=True, check=True, timeout=120,
+    ).stdout  # fmt: skip
+    assert "      1      this" in out and "      1  baseline" in out

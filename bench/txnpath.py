@@ -1,0 +1,210 @@
+"""The broker's side of a transaction, in process and without the network:
+coordinator, transaction buffer, pending acks and the ledger (with its
+writer process). CPU microseconds per transaction.
+
+    python -m bench.txnpath [--txns 2000] [--per-txn 100] [--concurrency 1 4]
+                            [--rounds 3] [--baseline DIR]
+
+Each transaction is what a consume-transform-produce worker asks of the
+broker: NEW; a send of ``--per-txn`` 100-byte messages that adds its
+partition (KIP-890 part 2, as the client does); an ack of as many input
+messages in the transaction, adding the subscription; END with commit.
+``--concurrency`` runs that many such loops at once (workers). Printed: the
+broker's main thread and its ledger writer process, CPU microseconds per
+transaction (median of the rounds, min in brackets), and wall time per
+transaction.
+
+Every round runs in a fresh process and data directory. With
+``--baseline`` another checkout's broker runs the same rounds, alternating
+with this one (this machine's speed drifts: only interleaved figures
+compare). The client's work, framing and aiohttp are not measured here
+(`bench.txn` measures everything end to end).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's children still running (the ledger writer)."""
+    me, total = os.getpid(), 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me:
+            total += (int(fields[11]) + int(fields[12])) / TICKS
+    return total
+
+
+async def one_round(txns: int, per_txn: int, concurrency: int) -> dict[str, float]:
+    """Run ``txns`` transactions in a fresh broker; CPU and wall time per transaction."""
+    from broker._connection import txn_key
+    from broker._server import Broker
+    from proto import txnbuf_pb2 as pb
+    from subscriptions import Consumer, SubType
+
+    payload = os.urandom(100)
+    with tempfile.TemporaryDirectory() as tmp:
+        broker = await Broker.open(tmp)
+        try:
+            tc = broker.coordinators[0]
+            src = await broker.topics.create("in", 1)
+            out = (await broker.topics.create("out", 1)).partitions[0]
+            # The input: one entry of per_txn messages per transaction.
+            seeds = [
+                src.partitions[0].publish(
+                    "seeder",
+                    [
+                        pb.SingleMessage(payload=payload, sequence_id=i * per_txn + j)
+                        for j in range(per_txn)
+                    ],
+                )
+                for i in range(txns)
+            ]
+            entry_ids = [(await s).entry_id for s in seeds]
+            consumer = Consumer(1, "c", "in", "s", SubType.SHARED, push=lambda c, e: None)
+            await broker.subscriptions.subscribe(src, "s", consumer, earliest=True)
+            # The sends, encoded as a client encodes them (protocol version 3).
+            sends = [
+                pb.EntryBatch(
+                    messages=[
+                        pb.SingleMessage(payload=payload, sequence_id=i * per_txn + j)
+                        for j in range(per_txn)
+                    ]
+                ).SerializeToString()
+                for i in range(txns)
+            ]
+
+            async def worker(mine: list[int]) -> None:
+                for i in mine:
+                    txnid = await tc.new_txn(60_000)
+                    key = txn_key(txnid)
+                    early = tc.participants_answer_early
+                    waiting = tc.join_partition(txnid, "out", 0)
+                    if waiting is not None:
+                        await waiting
+                    batch = pb.EntryBatch.FromString(sends[i])
+                    published = broker.publish_txn(
+                        out, key, f"p{mine[0]}", batch.messages, sends[i], early
+                    )
+                    waiting = tc.join_subscription(txnid, "in", "s")
+                    if waiting is not None:
+                        await waiting
+                    positions = [(entry_ids[i], j) for j in range(per_txn)]
+                    await broker.subscriptions.ack_positions(
+                        consumer, {0: positions}, False, key, early
+                    )
+                    await published
+                    await tc.end_txn(txnid, True)
+
+            # Each worker its own producer (sequence ids increase per producer).
+            shares = [list(range(w, txns, concurrency)) for w in range(concurrency)]
+            cpu0, writer0, wall0 = time.process_time(), children_cpu(), time.perf_counter()
+            await asyncio.gather(*(worker(share) for share in shares))
+            wall = time.perf_counter() - wall0
+            cpu, writer = time.process_time() - cpu0, children_cpu() - writer0
+            await asyncio.sleep(0.2)  # (the last records, written after END's answer)
+            check(broker, txns)
+        finally:
+            await broker.close()
+    return {
+        "main_us": cpu * 1e6 / txns,
+        "writer_us": writer * 1e6 / txns,
+        "wall_us": wall * 1e6 / txns,
+    }
+
+
+def check(broker: Any, txns: int) -> None:
+    """Every transaction committed: its send is in the output partition, its
+    acks deleted every input message."""
+    out = broker.topics.get("out").partitions[0].transaction_buffer
+    committed = out.stats()["committed"] if out is not None else 0
+    (sub,) = broker.subscriptions.of_topic("in")["s"]
+    if committed != txns or sub.backlog() != 0:
+        raise SystemExit(
+            f"{committed} of {txns} transactions committed, {sub.backlog()} inputs not deleted"
+        )
+
+
+def run_checkout(checkout: Path, args: argparse.Namespace, concurrency: int) -> dict[str, float]:
+    """One round in a fresh process of ``checkout``'s code."""
+    # This file runs there, so the baseline needs no copy of it; PYTHONPATH
+    # puts that checkout's packages first.
+    cmd = [sys.executable, __file__, "--one-round", str(concurrency)]
+    cmd += ["--txns", str(args.txns), "--per-txn", str(args.per_txn)]
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    done = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"round in {checkout} failed:\n{done.stderr}")
+    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--txns", type=int, default=2000)
+    parser.add_argument("--per-txn", type=int, default=100)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--baseline", help="another checkout to compare with, interleaved")
+    parser.add_argument("--one-round", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one_round is not None:
+        # The event loop and the garbage collector as `txnbuf serve` has them.
+        from broker import cli
+
+        gc.freeze()
+        gc.set_threshold(getattr(cli, "GC_GEN0_THRESHOLD", 700), *gc.get_threshold()[1:])
+        with asyncio.Runner(loop_factory=cli._event_loop_factory()) as runner:
+            result = runner.run(one_round(args.txns, args.per_txn, args.one_round))
+        print(json.dumps(result))
+        return
+    sides = {"this": Path(__file__).resolve().parents[1]}
+    if args.baseline:
+        sides["baseline"] = Path(args.baseline).resolve()
+    results: dict[tuple[int, str], list[dict[str, float]]] = {}
+    for concurrency in args.concurrency:
+        for r in range(args.rounds):
+            order = list(sides.items())
+            if r % 2:
+                order.reverse()
+            for name, checkout in order:
+                print(f"concurrency {concurrency}, round {r + 1}: {name} ...", file=sys.stderr)
+                result = run_checkout(checkout, args, concurrency)
+                results.setdefault((concurrency, name), []).append(result)
+    print()
+    print(
+        f"the broker's side of a transaction ({args.per_txn} msgs sent + {args.per_txn} acked),"
+        f" {args.txns} transactions a round, median of {args.rounds} (min)"
+    )
+    heads = ("main us/txn", "writer us/txn", "wall us/txn")
+    print(f"{'workers':>7} {'side':>9} " + " ".join(f"{h:>16}" for h in heads))
+    for (concurrency, name), rows in results.items():
+        cells = []
+        for k in ("main_us", "writer_us", "wall_us"):
+            values = [row[k] for row in rows]
+            cells.append(f"{statistics.median(values):>8.0f} ({min(values):.0f})")
+        print(f"{concurrency:>7} {name:>9} " + " ".join(f"{c:>16}" for c in cells))
+
+
+if __name__ == "__main__":
+    main()
