@@ -62,7 +62,9 @@ async def list_topics(request: web.Request) -> web.Response:
 
 
 def topic_stats(broker: Broker, name: str) -> dict[str, Any] | None:
-    """Per partition: entries, messages, producers, consumers, each subscription."""
+    """Per partition: entries, messages, producers, consumers, each
+    subscription, and its transaction buffer's transactions (null if no
+    transaction wrote there)."""
     topic = broker.topics.get(name)
     if topic is None:
         return None
@@ -71,6 +73,7 @@ def topic_stats(broker: Broker, name: str) -> dict[str, Any] | None:
     for part in topic.partitions:
         subs = broker.subscriptions.stats(name, part.index)
         ledger = part.ledger
+        buffer = part.transaction_buffer
         partitions.append(
             {
                 "partition": part.index,
@@ -81,6 +84,7 @@ def topic_stats(broker: Broker, name: str) -> dict[str, Any] | None:
                 "producers": producers,
                 "consumers": sum(s["consumers"] for s in subs.values()),
                 "subscriptions": subs,
+                "transaction_buffer": None if buffer is None else buffer.stats(),
             }
         )
     return {"topic": name, "producers": producers, "partitions": partitions}

@@ -27,7 +27,7 @@ from buffer import Partition, PublishResult, Topics, TxnKey
 from ledger import LedgerStore
 from proto import txnbuf_pb2 as pb
 from subscriptions import Subscriptions
-from tc import TransactionCoordinator, TxnID, TxnNotFoundError
+from tc import TransactionCoordinator, TxnID, TxnNotFoundError, TxnStatus
 
 __all__ = ["BROKER_KEY", "Broker", "make_app"]
 
@@ -75,6 +75,7 @@ class Broker:
         )
         for tcid in tc_ids:
             broker.coordinators[tcid] = await broker._open_coordinator(tcid)
+        await broker._abort_orphans()
         broker._sweeper = asyncio.get_running_loop().create_task(broker._sweep_loop())
         return broker
 
@@ -94,6 +95,53 @@ class Broker:
             participants_share_store=True,
             abort_open_on_recovery=True,
         )
+
+    async def _abort_orphans(self) -> None:
+        """Abort, on the partitions and subscriptions that hold it, every
+        transaction left open by a crash that its coordinator will not end.
+
+        A coordinator whose participants answer early does not log
+        registrations (see `tc`): after a restart it aborts the transactions
+        it found OPEN without knowing where they wrote. Their participants
+        know: each one still holding a transaction its coordinator has not
+        decided to commit (ABORTING, ABORTED, or forgotten) aborts it here.
+        A committing one is left to its coordinator, whose decision record
+        names every participant. Transactions of a coordinator not running
+        here, or of one with its own log, are left alone."""
+        held: list[tuple[TxnKey, str, Awaitable[None]]] = []
+
+        def decided_abort(key: TxnKey) -> bool:
+            txnid = TxnID(*key)
+            tc = self.coordinators.get(txnid.tcid)
+            if tc is None or not tc.participants_answer_early:
+                return False
+            meta = tc.get(txnid)
+            return meta is None or meta.status in (TxnStatus.ABORTING, TxnStatus.ABORTED)
+
+        for name in self.topics.names():
+            topic = self.topics.get(name)
+            for part in topic.partitions if topic is not None else ():
+                buffer = part.transaction_buffer
+                if buffer is None:
+                    continue
+                for key in buffer.open_transactions():
+                    if decided_abort(key):
+                        held.append((key, part.name, buffer.end(key, commit=False)))
+        for sub in self.subscriptions.all():
+            for key in list(sub.cursor.txn_acks):
+                if decided_abort(key):
+                    where = f"subscription {sub.name!r} of {sub.partition.name}"
+                    held.append((key, where, sub.end_txn(key, commit=False)))
+        for key, where, ending in held:
+            await ending
+            log.debug("aborted transaction (%d,%d) left open on %s", *key, where)
+        if held:
+            log.info(
+                "aborted %d transactions left open by the restart on %d partitions and "
+                "subscriptions",
+                len({key for key, _, _ in held}),
+                len({where for _, where, _ in held}),
+            )
 
     async def _sweep_loop(self) -> None:
         """Reclaim sidecar entries of aborted transactions and of committed ones

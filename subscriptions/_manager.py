@@ -60,6 +60,10 @@ class Subscriptions:
         for sub in self._subs.values():
             await sub.close()
 
+    def all(self) -> list[PartitionSubscription]:
+        """Every partition subscription."""
+        return list(self._subs.values())
+
     def of_topic(self, topic: str) -> dict[str, list[PartitionSubscription]]:
         """Subscription name -> its partition subscriptions, for one topic."""
         out: dict[str, list[PartitionSubscription]] = {}

@@ -28,7 +28,13 @@ Where the log lives decides when a record is applied:
   use), so an id handed out before a crash is never handed out again.
   With ``abort_open_on_recovery`` (the broker's setting) registrations,
   sends and acks are answered once appended as well, and a restart aborts
-  every transaction it finds OPEN: only END waits for an fsync.
+  every transaction it finds OPEN: only END waits for an fsync. Then
+  registrations are not logged at all: the decision record (COMMITTING /
+  ABORTING) names every participant, which is all recovery needs to finish
+  a decided transaction, and the participants abort on restart what they
+  hold of a transaction the coordinator did not decide to commit (the
+  broker asks them, `broker.Broker`). A transaction logs NEW, its decision
+  and its end: three records, not five.
 
 Ending a transaction (§CommandEndTxn): log COMMITTING / ABORTING (the
 decision), tell every registered partition and subscription through the
@@ -166,6 +172,16 @@ class TxnMeta:
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def _add_participants(meta: TxnMeta, rec: pb.TransactionMetadataEntry) -> None:
+    """Add the partitions and subscriptions ``rec`` names that ``meta`` lacks."""
+    for p in rec.partitions:
+        if (p.topic, p.partition) not in meta.partitions:
+            meta.partitions.append((p.topic, p.partition))
+    for s in rec.subscriptions:
+        if (s.topic, s.subscription) not in meta.subscriptions:
+            meta.subscriptions.append((s.topic, s.subscription))
 
 
 class TransactionCoordinator:
@@ -407,8 +423,13 @@ class TransactionCoordinator:
         if meta is None or meta.status is not TxnStatus.OPEN or key in meta.adding:
             return
         registered = meta.partitions if op == Op.ADD_PARTITION else meta.subscriptions
-        if key not in registered:
-            self._register(txnid, op, [key], "join").add_done_callback(unawaited)
+        if key in registered:
+            return
+        if self.participants_answer_early:
+            registered.append(key)  # (in memory only: see `_register`)
+            meta.last_modified_ms = _now_ms()
+            return
+        self._register(txnid, op, [key], "join").add_done_callback(unawaited)
 
     def _pending(self, txnid: TxnID, key: Any) -> asyncio.Future[bool] | None:
         meta = self.get(txnid)
@@ -453,6 +474,17 @@ class TransactionCoordinator:
             registered, refs, field = meta.subscriptions, rec.subscriptions, "subscription"
         keys = list(dict.fromkeys(wanted))
         new = [k for k in keys if k not in registered and k not in meta.adding]
+        if self.participants_answer_early:
+            # Registered in memory, not logged: the decision record names
+            # every participant (`_decide`), and a restart aborts a
+            # transaction left OPEN wherever a participant holds it (the
+            # participants ask, see `broker.Broker`), so a registration a
+            # crash forgets is never needed.
+            registered.extend(new)
+            meta.last_modified_ms = _now_ms()
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
         for topic, name in new:
             refs.add(topic=topic, **{field: name})
         waits = {meta.adding[k] for k in keys if k in meta.adding}
@@ -564,6 +596,13 @@ class TransactionCoordinator:
         rec.expected_status = meta.status.value  # type: ignore[assignment]
         rec.new_status = new.value  # type: ignore[assignment]
         rec.timed_out = event is TxnEvent.TIMEOUT
+        # The decision names every participant: recovery finishes it from
+        # this record alone (registrations are not logged when participants
+        # answer early).
+        for topic, index in meta.partitions:
+            rec.partitions.add(topic=topic, partition=index)
+        for topic, sub in meta.subscriptions:
+            rec.subscriptions.add(topic=topic, subscription=sub)
         if self._eager:
             # Applied as appended (the status checked just now is current):
             # the participants' markers and acks land behind the decision,
@@ -771,16 +810,13 @@ class TransactionCoordinator:
         if op in (Op.ADD_PARTITION, Op.ADD_SUBSCRIPTION):
             if meta.status is not TxnStatus.OPEN:
                 return False
-            for p in rec.partitions:
-                if (p.topic, p.partition) not in meta.partitions:
-                    meta.partitions.append((p.topic, p.partition))
-            for s in rec.subscriptions:
-                if (s.topic, s.subscription) not in meta.subscriptions:
-                    meta.subscriptions.append((s.topic, s.subscription))
+            _add_participants(meta, rec)
         elif op == Op.UPDATE:
             expected = TxnStatus(rec.expected_status)
             if meta.status is not expected:
                 return False
+            if expected is TxnStatus.OPEN:  # the decision: it names the participants
+                _add_participants(meta, rec)
             meta.status = check_update(expected, TxnStatus(rec.new_status))
             meta.timed_out = meta.timed_out or rec.timed_out
             if expected is TxnStatus.OPEN:

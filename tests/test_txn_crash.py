@@ -121,6 +121,11 @@ async def crash_at(broker: BrokerProcess, step: str) -> tuple[str, BaseException
         await abort_open_transactions(broker)
     await wait_ended(broker)
     result = assert_all_or_nothing(*await outcome(broker))
+    # Nothing is left open where the transaction wrote (a restart aborts
+    # on the participants what its coordinator found open).
+    _, body = broker.admin("GET", "/admin/v1/topics/out/stats")
+    for part in json.loads(body)["partitions"]:
+        assert part["transaction_buffer"] is None or part["transaction_buffer"]["open"] == 0, part
     return result, error
 
 
