@@ -208,6 +208,7 @@ class TransactionCoordinator:
         self._next_counter = 0
         self._deadlines: SortedList = SortedList()  # (deadline_ms, txnid) of OPEN ones
         self._deadline_changed = asyncio.Event()
+        self._wakes_at = 0  # ms: when the expiry loop wakes next (0: it is awake)
         self._tasks: set[asyncio.Task[None]] = set()
         # Decided transactions whose participants have not all answered yet.
         self._applied: dict[TxnID, asyncio.Future[None]] = {}
@@ -712,16 +713,18 @@ class TransactionCoordinator:
     async def _expire_loop(self) -> None:
         while True:
             self._deadline_changed.clear()
-            if self._deadlines:
-                wait = max(0.0, (self._deadlines[0][0] - _now_ms()) / 1000)
-            else:
-                wait = 3600.0
+            now = _now_ms()
+            # It may wake at a deadline whose transaction has ended since:
+            # it finds nothing to do and sleeps again.
+            self._wakes_at = self._deadlines[0][0] if self._deadlines else now + 3_600_000
+            wait = max(0.0, (self._wakes_at - now) / 1000)
             try:
                 async with asyncio.timeout(wait):
                     await self._deadline_changed.wait()
                 continue
             except TimeoutError:
                 pass
+            self._wakes_at = 0
             now = _now_ms()
             while self._deadlines and self._deadlines[0][0] <= now:
                 _, txnid = self._deadlines.pop(0)
@@ -800,7 +803,7 @@ class TransactionCoordinator:
             self._next_counter = max(self._next_counter, txnid.counter + 1)
             deadline = (meta.deadline_ms, txnid)
             self._deadlines.add(deadline)
-            if self._deadlines[0] == deadline:  # (a later one leaves the expiry loop asleep)
+            if meta.deadline_ms < self._wakes_at:  # (else it wakes in time anyway)
                 self._deadline_changed.set()
             return True
         meta_or_none = self._txns.get(txnid)

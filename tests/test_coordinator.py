@@ -223,6 +223,27 @@ async def test_timeout_aborts_and_a_later_commit_says_timeout(open_tc: Opener) -
         await tc.close()
 
 
+async def test_a_timeout_expires_in_time_whatever_the_expiry_loop_sleeps_until(
+    open_tc: Opener,
+) -> None:
+    """The loop sleeps until the earliest deadline: a new earlier one wakes
+    it, a later one does not need to (it wakes at a deadline whose
+    transaction ended, finds nothing, and sleeps again)."""
+    tc = await open_tc(0, Recorder())
+    try:
+        keep = await tc.new_txn(timeout_ms=60_000)
+        short = await tc.new_txn(timeout_ms=150)  # earlier than the loop's wake-up
+        await wait_status(tc, short, TxnStatus.ABORTED)
+        ended = await tc.new_txn(timeout_ms=200)
+        await tc.end_txn(ended, commit=True)  # the loop still sleeps until its deadline
+        later = await tc.new_txn(timeout_ms=400)
+        await wait_status(tc, later, TxnStatus.ABORTED)
+        assert tc.get(later).timed_out  # type: ignore[union-attr]
+        assert tc.get(keep).status is TxnStatus.OPEN  # type: ignore[union-attr]
+    finally:
+        await tc.close()
+
+
 async def test_a_decided_transaction_is_finished_after_restart(open_tc: Opener) -> None:
     tc = await open_tc(0, Recorder(block=True))
     txn = await tc.new_txn()
