@@ -36,7 +36,7 @@ import itertools
 import json
 from array import array
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import itemgetter
 
 from sortedcontainers import SortedSet
@@ -136,6 +136,10 @@ class AckRecord:
     kind: int
     positions: tuple[Position, ...] = ()
     txn: TxnKey | None = None
+    # A TXN_ACK whose transitions were checked against the state it is
+    # applied to (nothing queued before it can change them): `Cursor.apply`
+    # need not plan it again. Not stored.
+    checked: bool = field(default=False, compare=False)
 
     def encode(self) -> bytes:
         if self.kind not in _KIND_NAMES:
@@ -177,7 +181,9 @@ class Cursor:
         self.mark_delete: Position = mark_delete
         self.acked: SortedSet = SortedSet()
         self.pending_ack: dict[Position, TxnKey] = {}
-        self.txn_acks: dict[TxnKey, set[Position]] = {}  # each transaction's positions
+        # Each transaction's positions, in the order it locked them (a dict:
+        # sorting them for a commit is then one pass, they come in order).
+        self.txn_acks: dict[TxnKey, dict[Position, None]] = {}
         self._locked_entries: dict[int, int] = {}  # entry id -> its PENDING_ACK messages
 
     def __repr__(self) -> str:
@@ -264,20 +270,32 @@ class Cursor:
         if txn is None:
             raise ValueError(f"a {_KIND_NAMES[kind]} record needs a transaction id")
         if kind == TXN_ACK:
-            wanted = list(dict.fromkeys(positions))
-            if self._all_pending(wanted):  # the usual case: ask the table once
-                after = self._ask(wanted[0], MsgState.PENDING, AckEvent.TXN_ACK, txn)
-                return [(pos, after) for pos in wanted]
-            # A transaction re-sending its ack of a message it holds: a retry, not a conflict.
-            wanted = [p for p in wanted if self.pending_ack.get(p) != txn]
-            return self._plan(self._states(wanted), AckEvent.TXN_ACK, txn)
+            locked = self.plan_txn_ack(positions, txn)
+            return [(pos, MsgState.PENDING_ACK) for pos in locked]
+        after, held = self._plan_end(kind, txn)
+        return [(pos, after) for pos in held]
+
+    def plan_txn_ack(self, positions: Iterable[Position], txn: TxnKey) -> list[Position]:
+        """`plan` of a TXN_ACK, as the positions it locks: they all become
+        PENDING_ACK (the table allows a TXN_ACK nothing else)."""
+        wanted = list(dict.fromkeys(positions))
+        if self._all_pending(wanted):  # the usual case: ask the table once
+            self._ask(wanted[0], MsgState.PENDING, AckEvent.TXN_ACK, txn)
+            return wanted
+        # A transaction re-sending its ack of a message it holds: a retry, not a conflict.
+        wanted = [p for p in wanted if self.pending_ack.get(p) != txn]
+        return [pos for pos, _ in self._plan(self._states(wanted), AckEvent.TXN_ACK, txn)]
+
+    def _plan_end(self, kind: int, txn: TxnKey) -> tuple[MsgState, list[Position]]:
+        """`plan` of a TXN_COMMIT / TXN_ABORT: the state after it, and every
+        position ``txn`` holds, sorted (they all move to that state)."""
         mine = self.txn_acks.get(txn)
         if not mine:
-            return []
+            return MsgState.PENDING_ACK, []
         # Every position a transaction holds is PENDING_ACK (`_lock` and
         # `_unlock` keep txn_acks and pending_ack together): ask the table once.
         after = self._ask(next(iter(mine)), MsgState.PENDING_ACK, _EVENTS[kind], txn)
-        return [(pos, after) for pos in sorted(mine)]
+        return after, sorted(mine)
 
     def _all_pending(self, positions: list[Position]) -> bool:
         """Are all of ``positions`` (at least one) PENDING? Set operations,
@@ -356,6 +374,7 @@ class Cursor:
         count: Callable[[int], int],
         last: int,
         txn: TxnKey | None = None,
+        checked: bool = False,
     ) -> list[Position]:
         """Apply a record; returns the positions whose state changed.
 
@@ -364,7 +383,24 @@ class Cursor:
         before anything changes: a refused record raises `AckConflict` and
         changes nothing. ``count(entry_id)`` gives an entry's message count
         and ``last`` the last entry id, for advancing the mark-delete position.
+        ``checked``: a TXN_ACK planned already (`plan_txn_ack`) against
+        this very state; its positions are locked as they are.
         """
+        if kind in (TXN_COMMIT, TXN_ABORT) and txn is not None:
+            # The usual end of a transaction: no (position, state) pairs.
+            after, held = self._plan_end(kind, txn)
+            if held:
+                self._unlock_txn(txn, held)
+                if after is MsgState.DELETED:
+                    self._delete(held)
+            self._advance(count, last)
+            return held
+        if checked and kind == TXN_ACK and txn is not None:
+            changed = list(positions)
+            if changed:
+                self._lock_all(changed, txn)
+            self._advance(count, last)
+            return changed
         positions = list(positions)
         changes = self.plan(kind, positions, count, txn)
         changed = [pos for pos, _ in changes]
@@ -373,11 +409,6 @@ class Cursor:
         elif kind == TXN_ACK and changes:
             assert txn is not None  # plan() refuses a TXN_ACK without one
             self._lock_all(changed, txn)  # every one was PENDING (the table allows nothing else)
-        elif kind == TXN_COMMIT and changes:
-            # Every one was PENDING_ACK, held by txn: unlock them all, delete them all.
-            assert txn is not None
-            self._unlock_txn(txn, changed)
-            self._delete(changed)
         else:
             for pos, after in changes:
                 self._set(pos, after, txn)
@@ -396,13 +427,13 @@ class Cursor:
 
     def _lock(self, pos: Position, txn: TxnKey) -> None:
         self.pending_ack[pos] = txn
-        self.txn_acks.setdefault(txn, set()).add(pos)
+        self.txn_acks.setdefault(txn, {})[pos] = None
         self._locked_entries[pos[0]] = self._locked_entries.get(pos[0], 0) + 1
 
     def _lock_all(self, positions: list[Position], txn: TxnKey) -> None:
         """`_lock` of many positions at once."""
         self.pending_ack.update(dict.fromkeys(positions, txn))
-        self.txn_acks.setdefault(txn, set()).update(positions)
+        self.txn_acks.setdefault(txn, {}).update(dict.fromkeys(positions))
         locked = self._locked_entries
         for entry_id, n in _per_entry(positions).items():
             locked[entry_id] = locked.get(entry_id, 0) + n
@@ -427,7 +458,7 @@ class Cursor:
     def _unlock(self, pos: Position) -> None:
         txn = self.pending_ack.pop(pos)
         mine = self.txn_acks[txn]
-        mine.discard(pos)
+        del mine[pos]
         if not mine:
             del self.txn_acks[txn]
         left = self._locked_entries[pos[0]] - 1
@@ -437,7 +468,7 @@ class Cursor:
             del self._locked_entries[pos[0]]
 
     def _unlock_txn(self, txn: TxnKey, positions: list[Position]) -> None:
-        """`_unlock` of ``positions``, every message ``txn`` holds."""
+        """`_unlock` of ``positions``, every message ``txn`` holds (sorted)."""
         del self.txn_acks[txn]
         pop = self.pending_ack.pop
         for pos in positions:
@@ -531,7 +562,7 @@ class Cursor:
         other = Cursor(self.mark_delete)
         other.acked = SortedSet(self.acked)
         other.pending_ack = dict(self.pending_ack)
-        other.txn_acks = {txn: set(mine) for txn, mine in self.txn_acks.items()}
+        other.txn_acks = {txn: dict(mine) for txn, mine in self.txn_acks.items()}
         other._locked_entries = dict(self._locked_entries)
         return other
 

@@ -40,7 +40,7 @@ import enum
 import functools
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 
@@ -441,13 +441,16 @@ class PartitionSubscription:
                 self.cursor.expand_cumulative(max(positions), count) if cumulative else positions
             )
             try:
-                changes = self.cursor.plan(TXN_ACK, wanted, count, txn)
+                locked = self.cursor.plan_txn_ack(wanted, txn)
             except AckConflict as exc:
                 raise self._conflict(exc) from exc
-            if not changes:
+            if not locked:
                 return  # every message is durably held by this transaction already
-            record = AckRecord(TXN_ACK, tuple(pos for pos, _ in changes), txn)
-            if early and self._unaffected_by_inflight(record.positions):
+            # Checked against the state it will be applied to, unless a
+            # record in flight may change it first (then it is planned again).
+            checked = self._unaffected_by_inflight(locked)
+            record = AckRecord(TXN_ACK, tuple(locked), txn, checked)
+            if early and checked:
                 self._persist(record).add_done_callback(unawaited)
                 return
         try:
@@ -455,7 +458,7 @@ class PartitionSubscription:
         except AckConflict as exc:
             raise self._conflict(exc) from exc
 
-    def _unaffected_by_inflight(self, positions: tuple[Position, ...]) -> bool:
+    def _unaffected_by_inflight(self, positions: Sequence[Position]) -> bool:
         """Can no ack record in flight change the state of ``positions``
         (all PENDING as applied so far)? Then a record about them is applied
         to the state it was checked against. Plain and transactional acks
@@ -568,7 +571,12 @@ class PartitionSubscription:
         kind = record.kind
         cursor = self.cursor
         changed = cursor.apply(
-            kind, record.positions, self._count, part.ledger.last_entry_id, record.txn
+            kind,
+            record.positions,
+            self._count,
+            part.ledger.last_entry_id,
+            record.txn,
+            record.checked,
         )
         if kind == TXN_ABORT:
             # PENDING again: deliver them again. Those dispatch has not read

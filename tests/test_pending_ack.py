@@ -124,13 +124,18 @@ def txn_ack(cursor: Cursor, txn: TxnKey, *positions: Position) -> list[Position]
     return apply(cursor, TXN_ACK, *positions, txn=txn)
 
 
+def held(cursor: Cursor) -> dict[TxnKey, set[Position]]:
+    """Each transaction's locked positions (the index, as sets)."""
+    return {t: set(ps) for t, ps in cursor.txn_acks.items()}
+
+
 def dump(cursor: Cursor) -> tuple[Any, ...]:
     """Everything a cursor holds, its indexes included."""
     return (
         cursor.mark_delete,
         list(cursor.acked),
         dict(cursor.pending_ack),
-        {t: set(ps) for t, ps in cursor.txn_acks.items()},
+        held(cursor),
         dict(cursor._locked_entries),
     )
 
@@ -157,7 +162,7 @@ def test_txn_ack_locks_messages() -> None:
     assert cursor.state((0, 1)) is PA and cursor.state((2, 0)) is PA
     assert cursor.state((0, 0)) is P
     assert cursor.pending_ack == {(0, 1): T1, (2, 0): T1}
-    assert cursor.txn_acks == {T1: {(0, 1), (2, 0)}}
+    assert held(cursor) == {T1: {(0, 1), (2, 0)}}
     assert not cursor.acked
     check_invariants(cursor)
 
@@ -218,14 +223,14 @@ def test_same_transaction_retry_is_idempotent() -> None:
     assert dump(cursor) == before
     # A retry that adds a message locks only the new one.
     assert txn_ack(cursor, T1, (1, 0), (1, 2)) == [(1, 2)]
-    assert cursor.txn_acks[T1] == {(1, 0), (1, 1), (1, 2)}
+    assert held(cursor)[T1] == {(1, 0), (1, 1), (1, 2)}
     assert cursor.plan(TXN_ACK, [(1, 0), (1, 2)], COUNT, T1) == []
 
 
 def test_the_same_position_twice_in_one_txn_record() -> None:
     cursor = Cursor(START)
     assert txn_ack(cursor, T1, (2, 1), (2, 1)) == [(2, 1)]
-    assert cursor.txn_acks == {T1: {(2, 1)}}
+    assert held(cursor) == {T1: {(2, 1)}}
     check_invariants(cursor)
 
 
@@ -251,7 +256,7 @@ def test_commit_deletes_and_advances_mark_delete() -> None:
     assert sorted(apply(cursor, TXN_COMMIT, txn=T1)) == [(0, 0), (0, 2)]
     assert cursor.mark_delete == (0, WHOLE_ENTRY)  # stops before T2's (1, 0)
     assert cursor.state((0, 2)) is D
-    assert cursor.txn_acks == {T2: {(1, 0)}}
+    assert held(cursor) == {T2: {(1, 0)}}
     assert cursor.pending_ack == {(1, 0): T2}
     check_invariants(cursor)
     # Repeating it, or ending an unknown transaction, changes nothing.
@@ -475,7 +480,7 @@ def test_copy_is_independent_of_pending_acks() -> None:
     other = cursor.copy()
     assert dump(other) == dump(cursor)
     other.apply(TXN_COMMIT, [], sizes({}), 0, T1)
-    assert cursor.txn_acks[T1] == {(5, 2), (6, 0)}
+    assert held(cursor)[T1] == {(5, 2), (6, 0)}
     assert cursor.pending_ack[(6, 0)] == T1
 
 
@@ -635,6 +640,35 @@ def test_replaying_records_gives_the_live_cursor(seed: int) -> None:
         assert dump(replayed) == dump(live)
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_a_checked_txn_ack_applies_as_a_planned_one(seed: int) -> None:
+    """What a subscription does when no record in flight can change a
+    TXN_ACK's messages: plan it once (`plan_txn_ack`), then apply what it
+    locks with ``checked``. The cursor ends as with the record applied
+    plainly, record after record, refusals included."""
+    rng = random.Random(seed)
+    count = sizes(COUNTS)
+    plain, fast = Cursor(START), Cursor(START)
+    for record in random_ops(rng, Cursor(START), 60):
+        try:
+            plain.apply(record.kind, record.positions, count, LAST_ENTRY, record.txn)
+            refused = False
+        except AckConflict:
+            refused = True
+        try:
+            if record.kind == TXN_ACK:
+                assert record.txn is not None
+                locked = fast.plan_txn_ack(record.positions, record.txn)
+                fast.apply(TXN_ACK, locked, count, LAST_ENTRY, record.txn, checked=True)
+            else:
+                fast.apply(record.kind, record.positions, count, LAST_ENTRY, record.txn)
+        except AckConflict:
+            assert refused
+        else:
+            assert not refused
+        assert dump(fast) == dump(plain)
+
+
 def test_random_sequences_exercise_every_outcome() -> None:
     """The property test above is not vacuous: it sees locks, conflicts, commits, aborts."""
     seen = {"conflict": 0, "locked": 0, "committed": 0, "aborted": 0}
@@ -733,7 +767,7 @@ async def test_txn_ack_is_durable_across_a_reopen(h: Harness) -> None:
     assert h.sub.cursor.pending_ack == {(0, 1): T1, (2, 2): T1, (1, 0): T2}
     sub = await h.reopen()
     assert sub.cursor.pending_ack == {(0, 1): T1, (2, 2): T1, (1, 0): T2}
-    assert sub.cursor.txn_acks == {T1: {(0, 1), (2, 2)}, T2: {(1, 0)}}
+    assert held(sub.cursor) == {T1: {(0, 1), (2, 2)}, T2: {(1, 0)}}
     assert sub.backlog() == 12  # locked messages are backlog until committed
 
 
