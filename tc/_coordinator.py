@@ -650,13 +650,19 @@ class TransactionCoordinator:
         def partition(topic: str, index: int) -> Callable[[], Awaitable[None]]:
             return lambda: self._until_done(
                 lambda: on_partition(topic, index, meta.txnid, commit, durable),
-                f"end {meta.txnid} on partition {topic}/{index}",
+                "end %s on partition %s/%s",
+                meta.txnid,
+                topic,
+                index,
             )
 
         def subscription(topic: str, sub: str) -> Callable[[], Awaitable[None]]:
             return lambda: self._until_done(
                 lambda: on_subscription(topic, sub, meta.txnid, commit, durable),
-                f"end {meta.txnid} on subscription {topic}/{sub}",
+                "end %s on subscription %s/%s",
+                meta.txnid,
+                topic,
+                sub,
             )
 
         # Each participant: what tells it, and the fault step after it.
@@ -693,11 +699,13 @@ class TransactionCoordinator:
         # Nobody waits for this record (END answered once the participants
         # applied the decision): in eager mode it goes with a later commit.
         await self._until_done(
-            lambda: self._persist(rec, lazy=self._eager), f"log the end of {meta.txnid}"
+            lambda: self._persist(rec, lazy=self._eager), "log the end of %s", meta.txnid
         )
         self._applied.pop(meta.txnid, None)
 
-    async def _until_done(self, attempt: Any, what: str) -> None:
+    async def _until_done(self, attempt: Any, what: str, *args: object) -> None:
+        """Await ``attempt()`` until it succeeds, backing off; ``what % args``
+        says what failed (formatted only then)."""
         delay = 0.05
         while True:
             try:
@@ -706,7 +714,7 @@ class TransactionCoordinator:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("coordinator %d: %s failed (%s); retrying", self.tcid, what, exc)
+                log.warning("coordinator %d: %s failed (%s); retrying", self.tcid, what % args, exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX_S)
 

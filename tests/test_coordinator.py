@@ -191,7 +191,9 @@ async def test_unknown_transactions_are_not_found(open_tc: Opener) -> None:
         await tc.close()
 
 
-async def test_failing_participants_are_retried_until_they_answer(open_tc: Opener) -> None:
+async def test_failing_participants_are_retried_until_they_answer(
+    open_tc: Opener, caplog: pytest.LogCaptureFixture
+) -> None:
     rec = Recorder(failures=3)
     tc = await open_tc(0, rec)
     try:
@@ -202,6 +204,7 @@ async def test_failing_participants_are_retried_until_they_answer(open_tc: Opene
         assert tc.get(txn).status in (TxnStatus.ABORTING, TxnStatus.ABORTED)  # type: ignore[union-attr]
         await wait_status(tc, txn, TxnStatus.ABORTED)
         assert rec.calls == [("partition", "t", 0, txn, False)]
+        assert caplog.text.count(f"end {txn} on partition t/0 failed") == 3
     finally:
         await tc.close()
 
@@ -274,6 +277,7 @@ async def test_open_transaction_past_its_timeout_is_aborted_after_restart(
     try:
         await wait_status(tc, txn, TxnStatus.ABORTED)
         assert rec.calls == [("partition", "t", 0, txn, False)]
+        assert caplog.text.count(f"end {txn} on partition t/0 failed") == 3
     finally:
         await tc.close()
 
