@@ -106,8 +106,11 @@ async def ctp(
         broker0 = process_cpu(broker_pid) if broker_pid else 0.0
         start = time.perf_counter()
         tasks = [asyncio.create_task(worker()) for _ in range(workers)]
-        while done < total:  # noqa: ASYNC110 - workers share a counter; polling is simplest
+        while done < total:  # (workers share a counter; polling is simplest)
             await asyncio.sleep(0.01)
+            for t in tasks:  # (a worker that failed would leave the count short forever)
+                if t.done() and (error := t.exception()) is not None:
+                    raise RuntimeError("a consume-transform-produce worker failed") from error
         elapsed = time.perf_counter() - start
         client_us = (time.process_time() - cpu0) * 1e6 / done
         broker_us = (process_cpu(broker_pid) - broker0) * 1e6 / done if broker_pid else None
