@@ -16,7 +16,8 @@ by side:
    when this run started it).
 2. produce: the same number of messages sent plainly (pipelined) and in
    transactions of 100 (``--inflight`` transactions open at once, each
-   committed when its sends are queued), msgs/s of each and the ratio.
+   committed when its sends are queued), ``--produce-rounds`` runs of each
+   in alternation; the median msgs/s of each, their ratio and each round's.
 
 Peers measured on a machine like this one (../shared/notes/performance.md,
 1 / 4 workers): PostgreSQL SKIP LOCKED 27k / 44k msgs/s, Redis Streams
@@ -121,20 +122,25 @@ async def ctp(
 
 
 async def produce(
-    url: str, total: int, per_txn: int, size: int, inflight: int
-) -> tuple[float, float]:
+    url: str, total: int, per_txn: int, size: int, inflight: int, rounds: int
+) -> tuple[list[float], list[float]]:
+    """Plain and transactional msgs/s, ``rounds`` runs of each, alternating
+    (plain first in odd rounds, transactional first in even ones): this
+    machine's speed drifts within seconds, so a single run of each would
+    compare two moments as much as two modes."""
     payload = os.urandom(size)
     async with Client(url) as client:
         plain = await client.create_producer(f"plain-{os.getpid()}")
-        start = time.perf_counter()
-        for s in range(0, total, 2000):
-            futs = [plain.send_nowait(payload) for _ in range(min(2000, total - s))]
-            await futs[-1]
-        await plain.flush()
-        plain_rate = total / (time.perf_counter() - start)
-
         txnal: Producer = await client.create_producer(f"txn-{os.getpid()}")
         sem = asyncio.Semaphore(inflight)
+
+        async def plain_run() -> float:
+            start = time.perf_counter()
+            for s in range(0, total, 2000):
+                futs = [plain.send_nowait(payload) for _ in range(min(2000, total - s))]
+                await futs[-1]
+            await plain.flush()
+            return total / (time.perf_counter() - start)
 
         async def one(n: int) -> None:
             async with sem:
@@ -143,10 +149,21 @@ async def produce(
                     txnal.send_nowait(payload, txn=txn)
                 await txn.commit()
 
-        start = time.perf_counter()
-        await asyncio.gather(*(one(min(per_txn, total - s)) for s in range(0, total, per_txn)))
-        txn_rate = total / (time.perf_counter() - start)
-    return plain_rate, txn_rate
+        async def txn_run() -> float:
+            start = time.perf_counter()
+            await asyncio.gather(*(one(min(per_txn, total - s)) for s in range(0, total, per_txn)))
+            return total / (time.perf_counter() - start)
+
+        plains: list[float] = []
+        txns: list[float] = []
+        for r in range(rounds):
+            if r % 2 == 0:
+                plains.append(await plain_run())
+                txns.append(await txn_run())
+            else:
+                txns.append(await txn_run())
+                plains.append(await plain_run())
+    return plains, txns
 
 
 def pct(values: list[float], q: float) -> float:
@@ -163,6 +180,7 @@ def main() -> None:
     parser.add_argument("--url", help="use this running broker instead of a new one")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--no-produce", action="store_true", help="skip the produce comparison")
+    parser.add_argument("--produce-rounds", type=int, default=3, help="alternating runs of each")
     args = parser.parse_args()
     try:
         import uvloop
@@ -185,11 +203,19 @@ def main() -> None:
                     )
                     p50, p99 = statistics.median(lat) * 1000, pct(lat, 0.99)
                     rows.append((workers, rate, p50, p99, client_us, broker_us))
-                plain = txn = 0.0
+                plains: list[float] = []
+                txns: list[float] = []
                 if not args.no_produce:
                     print("produce, plain vs transactional ...", file=sys.stderr)
-                    plain, txn = runner.run(
-                        produce(url, args.messages, args.per_txn, args.size, args.inflight)
+                    plains, txns = runner.run(
+                        produce(
+                            url,
+                            args.messages,
+                            args.per_txn,
+                            args.size,
+                            args.inflight,
+                            args.produce_rounds,
+                        )
                     )
         finally:
             if broker is not None:
@@ -209,10 +235,12 @@ def main() -> None:
     print("peers here: PostgreSQL SKIP LOCKED 27k / 44k, Redis Streams MULTI/EXEC 23k / 42k")
     if args.no_produce:
         return
+    plain, txn = statistics.median(plains), statistics.median(txns)
+    each = ", ".join(f"{t / p:.2f}" for p, t in zip(plains, txns, strict=True))
     print()
-    print(f"produce {args.messages} x {args.size} B: plain {plain:,.0f} msgs/s, "
-          f"transactional ({args.per_txn}/txn, {args.inflight} open) {txn:,.0f} msgs/s, "
-          f"ratio {txn / plain:.2f}")  # fmt: skip
+    print(f"produce {args.messages} x {args.size} B, median of {len(plains)} alternating runs: "
+          f"plain {plain:,.0f} msgs/s, transactional ({args.per_txn}/txn, {args.inflight} open) "
+          f"{txn:,.0f} msgs/s, ratio {txn / plain:.2f} (each round: {each})")  # fmt: skip
 
 
 if __name__ == "__main__":

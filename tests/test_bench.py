@@ -62,3 +62,16 @@ def test_txnpath_benchmark_prints_both_sides() -> None:
         cwd=ROOT, capture_output=True, text=True, check=True, timeout=120,
     ).stdout  # fmt: skip
     assert "      1      this" in out and "      1  baseline" in out
+
+
+@pytest.mark.integration
+def test_txn_benchmark_runs_small() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.txn", "--messages", "2000", "--workers", "1", "2",
+         "--produce-rounds", "2"],
+        cwd=ROOT, capture_output=True, text=True, check=True, timeout=300,
+    ).stdout  # fmt: skip
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["1"], ["2"])]
+    assert [row[0] for row in rows] == ["1", "2"]
+    assert all(float(row[1].replace(",", "")) > 0 for row in rows)
+    assert "median of 2 alternating runs" in out and "each round: " in out
