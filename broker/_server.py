@@ -13,9 +13,10 @@ buffer, on a subscription to the subscription's pending acks.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,7 +109,7 @@ class Broker:
         A committing one is left to its coordinator, whose decision record
         names every participant. Transactions of a coordinator not running
         here, or of one with its own log, are left alone."""
-        held: list[tuple[TxnKey, str, Awaitable[None]]] = []
+        held: list[tuple[TxnKey, str, Callable[[], Awaitable[None]]]] = []
 
         def decided_abort(key: TxnKey) -> bool:
             txnid = TxnID(*key)
@@ -126,15 +127,21 @@ class Broker:
                     continue
                 for key in buffer.open_transactions():
                     if decided_abort(key):
-                        held.append((key, part.name, buffer.end(key, commit=False)))
+                        end = functools.partial(buffer.end, key, commit=False)
+                        held.append((key, part.name, end))
         for sub in self.subscriptions.all():
             for key in list(sub.cursor.txn_acks):
                 if decided_abort(key):
                     where = f"subscription {sub.name!r} of {sub.partition.name}"
-                    held.append((key, where, sub.end_txn(key, commit=False)))
-        for key, where, ending in held:
-            await ending
-            log.debug("aborted transaction (%d,%d) left open on %s", *key, where)
+                    held.append((key, where, functools.partial(sub.end_txn, key, commit=False)))
+        # All at once: they share group commits.
+        results = await asyncio.gather(*(end() for _, _, end in held), return_exceptions=True)
+        for (key, where, _), result in zip(held, results, strict=True):
+            if isinstance(result, BaseException):
+                # (It stays open there, never committed; the next start tries again.)
+                log.error("aborting transaction (%d,%d) on %s failed: %s", *key, where, result)
+            else:
+                log.debug("aborted transaction (%d,%d) left open on %s", *key, where)
         if held:
             log.info(
                 "aborted %d transactions left open by the restart on %d partitions and "
