@@ -35,26 +35,14 @@ import tempfile
 import time
 
 from bench.throughput import BrokerProcess
+from bench.txnpath import cpu_seconds
 from client import Client, Consumer, Message, Producer, errors
-
-TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def process_cpu(pid: int) -> float:
-    """Seconds of CPU (user + system) process ``pid`` and its children (the
-    ledger's writer process) have used so far."""
-    total = 0.0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # (gone meanwhile)
-        if int(entry) == pid or int(fields[1]) == pid:  # (fields[1]: the parent's pid)
-            total += (int(fields[11]) + int(fields[12])) / TICKS
-    return total
+    """Seconds of CPU process ``pid`` and its children (the ledger's writer
+    process) have used so far."""
+    return cpu_seconds(pid)
 
 
 async def take(consumer: Consumer, n: int) -> list[Message]:

@@ -39,9 +39,10 @@ from typing import Any
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def children_cpu() -> float:
-    """CPU seconds of this process's children still running (the ledger writer)."""
-    me, total = os.getpid(), 0.0
+def cpu_seconds(pid: int, itself: bool = True) -> float:
+    """CPU seconds (user + system) process ``pid`` (unless not ``itself``)
+    and its children still running (a broker's ledger writer) have used."""
+    total = 0.0
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -49,10 +50,15 @@ def children_cpu() -> float:
             with open(f"/proc/{entry}/stat") as stat:
                 fields = stat.read().rsplit(")", 1)[1].split()
         except OSError:
-            continue
-        if int(fields[1]) == me:
+            continue  # (gone meanwhile)
+        if (itself and int(entry) == pid) or int(fields[1]) == pid:  # (fields[1]: the parent)
             total += (int(fields[11]) + int(fields[12])) / TICKS
     return total
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's children still running (the ledger writer)."""
+    return cpu_seconds(os.getpid(), itself=False)
 
 
 async def one_round(txns: int, per_txn: int, concurrency: int) -> dict[str, float]:

@@ -24,7 +24,7 @@ from aiohttp import web
 
 from broker._connection import MAX_MESSAGE_SIZE, Connection, txn_key
 from broker._errors import BrokerError
-from buffer import Partition, PublishResult, Topics, TxnKey
+from buffer import Partition, PublishResult, Topics, TransactionBuffer, TxnKey
 from ledger import LedgerStore
 from proto import txnbuf_pb2 as pb
 from subscriptions import Subscriptions
@@ -119,16 +119,10 @@ class Broker:
             meta = tc.get(txnid)
             return meta is None or meta.status in (TxnStatus.ABORTING, TxnStatus.ABORTED)
 
-        for name in self.topics.names():
-            topic = self.topics.get(name)
-            for part in topic.partitions if topic is not None else ():
-                buffer = part.transaction_buffer
-                if buffer is None:
-                    continue
-                for key in buffer.open_transactions():
-                    if decided_abort(key):
-                        end = functools.partial(buffer.end, key, commit=False)
-                        held.append((key, part.name, end))
+        for _, part, buffer in self._buffers():
+            for key in buffer.open_transactions():
+                if decided_abort(key):
+                    held.append((key, part.name, functools.partial(buffer.end, key, commit=False)))
         for sub in self.subscriptions.all():
             for key in list(sub.cursor.txn_acks):
                 if decided_abort(key):
@@ -155,16 +149,22 @@ class Broker:
         whose markers were trimmed (PIP-31 §Retention Cursor)."""
         while True:
             await asyncio.sleep(SWEEP_INTERVAL)
-            for name in self.topics.names():
-                topic = self.topics.get(name)
-                for part in topic.partitions if topic is not None else ():
-                    buffer = part.transaction_buffer
-                    if buffer is None:
-                        continue
-                    try:
-                        await buffer.sweep(self.subscriptions.uncommitted_floor(name, part.index))
-                    except Exception:
-                        log.exception("sweeping the transaction buffer of %s failed", part.name)
+            for name, part, buffer in self._buffers():
+                try:
+                    await buffer.sweep(self.subscriptions.uncommitted_floor(name, part.index))
+                except Exception:
+                    log.exception("sweeping the transaction buffer of %s failed", part.name)
+
+    def _buffers(self) -> list[tuple[str, Partition, TransactionBuffer]]:
+        """(topic name, partition, its transaction buffer) of every partition
+        that has one."""
+        out = []
+        for name in self.topics.names():
+            topic = self.topics.get(name)
+            for part in topic.partitions if topic is not None else ():
+                if part.transaction_buffer is not None:
+                    out.append((name, part, part.transaction_buffer))
+        return out
 
     async def close(self) -> None:
         if self._sweeper is not None:
