@@ -31,6 +31,9 @@ class Subscriptions:
     def __init__(self, topics: Topics) -> None:
         self.topics = topics
         self._subs: dict[tuple[str, int, str], PartitionSubscription] = {}
+        # (topic, name) -> its partition subscriptions: ending a transaction
+        # on a subscription looks there, not through every subscription.
+        self._by_name: dict[tuple[str, str], list[PartitionSubscription]] = {}
         self._lock = asyncio.Lock()
         self._trim_task: asyncio.Task[None] | None = None
         self._order = 0
@@ -49,7 +52,7 @@ class Subscriptions:
                     assert ledger is not None
                     sub_name = ledger_name[len(prefix) :]
                     sub = await PartitionSubscription.load(part, sub_name, ledger)
-                    subs._subs[(name, part.index, sub_name)] = sub
+                    subs._add(name, part.index, sub_name, sub)
                     sub.start()
         subs._trim_task = asyncio.get_running_loop().create_task(subs._trim_loop())
         return subs
@@ -59,6 +62,10 @@ class Subscriptions:
             self._trim_task.cancel()
         for sub in self._subs.values():
             await sub.close()
+
+    def _add(self, topic: str, index: int, name: str, sub: PartitionSubscription) -> None:
+        self._subs[(topic, index, name)] = sub
+        self._by_name.setdefault((topic, name), []).append(sub)
 
     def all(self) -> list[PartitionSubscription]:
         """Every partition subscription."""
@@ -90,7 +97,7 @@ class Subscriptions:
                     sub = await PartitionSubscription.create(
                         part, name, earliest, consumer.read_uncommitted
                     )
-                    self._subs[(topic.name, part.index, name)] = sub
+                    self._add(topic.name, part.index, name, sub)
                     sub.start()
             self._order += 1
             consumer.order = self._order
@@ -112,7 +119,7 @@ class Subscriptions:
                     sub = await PartitionSubscription.create(
                         part, name, earliest=True, read_uncommitted=subs[0].read_uncommitted
                     )
-                    self._subs[(topic.name, part.index, name)] = sub
+                    self._add(topic.name, part.index, name, sub)
                     sub.start()
                     for consumer in consumers:
                         sub.add_consumer(consumer)
@@ -199,7 +206,7 @@ class Subscriptions:
         `PartitionSubscription.end_txn`); harmless to repeat. Nothing to do
         if the subscription does not exist (or holds nothing of ``txn``).
         """
-        subs = [s for (t, _, name), s in self._subs.items() if t == topic and name == subscription]
+        subs = self._by_name.get((topic, subscription), [])
         if len(subs) == 1:
             await subs[0].end_txn(txn, commit, durable)
             return

@@ -1172,6 +1172,37 @@ async def test_manager_routes_txn_acks_and_end_txn(tmp_path: Path) -> None:
         await store.close()
 
 
+async def test_end_txn_reaches_loaded_and_added_partitions(tmp_path: Path) -> None:
+    """A subscription loaded from disk, then a partition added to its topic:
+    ending a transaction reaches both partition subscriptions (the
+    manager's index by topic and name is kept on every path)."""
+    store = await LedgerStore.open(tmp_path / "broker.db")
+    try:
+        topics = await Topics.load(store)
+        topic = await topics.create("t", 1)
+        subs = await Subscriptions.load(topics)
+        await subs.subscribe(topic, "s", make_consumer([]), earliest=True)
+        await subs.close()
+        subs = await Subscriptions.load(topics)  # (loaded, not created)
+        try:
+            topic = await topics.create("t", 2)
+            await subs.extend(topic)
+            for part in topic.partitions:
+                await part.publish("p", msgs(0, 2))
+            consumer = make_consumer([])
+            await subs.subscribe(topic, "s", consumer, earliest=True)
+            await subs.ack(consumer, [MessageId(0, 0, 0), MessageId(1, 0, 1)], False, T1)
+            assert [subs.stats("t", i)["s"]["pending_ack"] for i in (0, 1)] == [1, 1]
+            await subs.end_txn("t", "s", T1, True)
+            stats = [subs.stats("t", i)["s"] for i in (0, 1)]
+            assert [s["pending_ack"] for s in stats] == [0, 0]
+            assert [s["backlog"] for s in stats] == [1, 1]
+        finally:
+            await subs.close()
+    finally:
+        await store.close()
+
+
 async def test_an_early_txn_ack_returns_before_it_is_durable(h: Harness) -> None:
     """With no record in flight the ack is applied to exactly the state it
     was checked against: it is answered once queued."""
