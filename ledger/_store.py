@@ -60,6 +60,7 @@ log = logging.getLogger(__name__)
 # How long a lazy append (see `Ledger.append`) waits for a group commit to
 # go with before it starts one of its own.
 LAZY_DELAY = 0.005
+CLOSE_ROUNDS = 10  # rounds of follow-up writes `LedgerStore.close` waits for
 
 _MAX_ENTRY_ID = _writer.MAX_ENTRY_ID
 _key = _writer.key  # ledger_id << 40 | entry_id
@@ -376,18 +377,31 @@ class LedgerStore:
         return store
 
     async def close(self) -> None:
-        """Finish what is queued, then stop the writer and close the reader."""
+        """Finish what is queued, and what finishing it queues (the records
+        and snapshots that listeners and durable callbacks append), then
+        stop the writer and close the reader."""
         if self._closed:
             return
-        if self._lazy_timer is not None:
-            self._lazy_timer.cancel()
-            self._lazy_timer = None
-        if self._queue and self._failed is None:
-            self._send()
+        for _ in range(CLOSE_ROUNDS):
+            if self._lazy_timer is not None:
+                self._lazy_timer.cancel()
+                self._lazy_timer = None
+            if self._queue and self._failed is None:
+                self._send()
+            if self._unanswered:
+                self._drained = self._loop.create_future()
+                await self._drained
+            await asyncio.sleep(0)  # (the callbacks of the last answer, and what they woke)
+            if not self._queue or self._failed is not None:
+                break
         self._closed = True
-        if self._unanswered:
-            self._drained = self._loop.create_future()
-            await self._drained
+        if self._queue:  # (still coming after CLOSE_ROUNDS rounds: refused)
+            log.warning("%s: closed with %d writes still coming in", self.path, len(self._queue))
+            closed = LedgerError(f"ledger store {self.path} is closed")
+            for op in self._queue:
+                if not op.future.done():
+                    op.future.set_exception(closed)
+            self._queue.clear()
         await _stop(self._transport, self._protocol)
         await self._reader.close()
 

@@ -472,6 +472,30 @@ async def test_close_flushes_queued_appends(db: Path) -> None:
     assert await read_back(db, 0, 10) == expected(0, 4)
 
 
+async def test_close_waits_for_what_durable_callbacks_write(db: Path) -> None:
+    """A listener and a done callback that append when an entry is durable
+    (as subscriptions write snapshots and buffers their end records): close
+    writes their entries too, in a second round, instead of refusing them."""
+    store = await LedgerStore.open(db)
+    ledger = await store.open_ledger("a")
+    followers: list[asyncio.Future[int]] = []
+
+    def listener(_ledger: Ledger, entries: list[Entry]) -> None:
+        if any(e.data == b"first" for e in entries):
+            followers.append(ledger.append(b"from the listener"))
+
+    ledger.add_listener(listener)
+    first = ledger.append(b"first")
+    first.add_done_callback(lambda _f: followers.append(ledger.append(b"from a callback")))
+    await _close_or_fail(store, 3.0)
+    assert [f.result() for f in followers] == [1, 2]
+    assert [e.data for e in await read_back(db, 0, 5)] == [
+        b"first",
+        b"from the listener",
+        b"from a callback",
+    ]
+
+
 async def test_close_when_idle_and_twice(db: Path) -> None:
     store = await LedgerStore.open(db)
     ledger = await store.open_ledger("a")
