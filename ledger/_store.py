@@ -311,6 +311,7 @@ class LedgerStore:
             collections.deque()
         )
         self._drained: asyncio.Future[None] | None = None  # set once nothing is unanswered
+        self._closing: asyncio.Future[None] | None = None  # done once `close` has finished
         self._lazy_timer: asyncio.TimerHandle | None = None  # sends lazy entries alone
         self._closed = False
         # Set by a write that failed: the store then refuses every write
@@ -382,6 +383,16 @@ class LedgerStore:
         stop the writer and close the reader."""
         if self._closed:
             return
+        if self._closing is not None:  # (another close is under way: wait for it)
+            await asyncio.shield(self._closing)
+            return
+        self._closing = self._loop.create_future()
+        try:
+            await self._close()
+        finally:
+            self._closing.set_result(None)
+
+    async def _close(self) -> None:
         for _ in range(CLOSE_ROUNDS):
             if self._lazy_timer is not None:
                 self._lazy_timer.cancel()

@@ -504,6 +504,15 @@ async def test_close_when_idle_and_twice(db: Path) -> None:
     await _close_or_fail(store, 1.5)  # closing again is a no-op
 
 
+async def test_two_closes_at_once_both_return(db: Path) -> None:
+    store = await LedgerStore.open(db)
+    ledger = await store.open_ledger("a")
+    appended = ledger.append(b"x")
+    async with asyncio.timeout(3.0):
+        await asyncio.gather(store.close(), store.close())
+    assert appended.result() == 0
+
+
 async def test_closed_store_refuses_work(db: Path) -> None:
     store = await LedgerStore.open(db, cache_entries=1)
     ledger = await store.open_ledger("a")
