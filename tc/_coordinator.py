@@ -174,6 +174,16 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _register_in_memory(meta: TxnMeta, registered: list[Any], new: list[Any]) -> None:
+    """Register ``new`` participants without logging them (participants
+    that answer early): the decision record names every participant
+    (`TransactionCoordinator._decide`), and a restart aborts a transaction
+    left OPEN wherever a participant holds it (the participants ask, see
+    `broker.Broker`), so a registration a crash forgets is never needed."""
+    registered.extend(new)
+    meta.last_modified_ms = _now_ms()
+
+
 def _add_participants(meta: TxnMeta, rec: pb.TransactionMetadataEntry) -> None:
     """Add the partitions and subscriptions ``rec`` names that ``meta`` lacks."""
     for p in rec.partitions:
@@ -427,8 +437,7 @@ class TransactionCoordinator:
         if key in registered:
             return
         if self.participants_answer_early:
-            registered.append(key)  # (in memory only: see `_register`)
-            meta.last_modified_ms = _now_ms()
+            _register_in_memory(meta, registered, [key])
             return
         self._register(txnid, op, [key], "join").add_done_callback(unawaited)
 
@@ -466,36 +475,24 @@ class TransactionCoordinator:
         meta = self._live(txnid)
         if meta.status is not TxnStatus.OPEN:
             raise self._status_error(meta, what)
-        rec = self._record(op, txnid)
-        registered: list[Any]
-        refs: Any
-        if op == Op.ADD_PARTITION:
-            registered, refs, field = meta.partitions, rec.partitions, "partition"
-        else:
-            registered, refs, field = meta.subscriptions, rec.subscriptions, "subscription"
+        partitions = op == Op.ADD_PARTITION
+        registered: list[Any] = meta.partitions if partitions else meta.subscriptions
         keys = list(dict.fromkeys(wanted))
         new = [k for k in keys if k not in registered and k not in meta.adding]
         if self.participants_answer_early:
-            # Registered in memory, not logged: the decision record names
-            # every participant (`_decide`), and a restart aborts a
-            # transaction left OPEN wherever a participant holds it (the
-            # participants ask, see `broker.Broker`), so a registration a
-            # crash forgets is never needed.
-            registered.extend(new)
-            meta.last_modified_ms = _now_ms()
+            _register_in_memory(meta, registered, new)
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             done.set_result(None)
             return done
+        rec = self._record(op, txnid)
+        refs: Any = rec.partitions if partitions else rec.subscriptions
+        field = "partition" if partitions else "subscription"
         for topic, name in new:
             refs.add(topic=topic, **{field: name})
         waits = {meta.adding[k] for k in keys if k in meta.adding}
         if new:
             written = self._persist_now(rec)  # eager: registered from now on
-            if self.participants_answer_early:
-                # Applied already; a crash that loses it aborts the transaction.
-                written.add_done_callback(unawaited)
-            else:
-                waits.add(written)
+            waits.add(written)
             if not self._eager:
                 for key in new:
                     meta.adding[key] = written
