@@ -374,6 +374,7 @@ class Connection:
                 )
                 return
             messages, encoded = batch.messages, req.batch
+        first_seq = req.first_sequence_id if req.HasField("first_sequence_id") else None
         try:
             if req.transactional:
                 txnid = TxnID(req.txnid_most_bits, req.txnid_least_bits)
@@ -406,9 +407,10 @@ class Connection:
                     messages,
                     encoded,
                     tc.participants_answer_early,
+                    first_seq,
                 )
             else:
-                pending = partition.publish(producer.name, messages, encoded)
+                pending = partition.publish(producer.name, messages, encoded, first_seq)
         except Exception as exc:
             fail(error_code(exc), error_text(exc))
             return

@@ -197,6 +197,7 @@ class Broker:
         messages: Sequence[pb.SingleMessage],
         encoded: bytes | None = None,
         early: bool = False,
+        first_seq: int | None = None,
     ) -> Awaitable[PublishResult]:
         """Queue a transactional send to ``partition``'s transaction buffer.
 
@@ -206,10 +207,10 @@ class Broker:
         """
         buffer = partition.transaction_buffer
         if buffer is not None and partition not in self._awaiting_buffer:
-            return buffer.publish(txn, producer, messages, encoded, early)
+            return buffer.publish(txn, producer, messages, encoded, early, first_seq)
         fut: asyncio.Future[Awaitable[PublishResult]] = asyncio.get_running_loop().create_future()
         waiting = self._awaiting_buffer.setdefault(partition, [])
-        waiting.append(_TxnSend(txn, producer, messages, fut))
+        waiting.append(_TxnSend(txn, producer, messages, first_seq, fut))
         if len(waiting) == 1:
             asyncio.get_running_loop().create_task(self._create_buffer(partition))
         return _published(fut)
@@ -223,7 +224,9 @@ class Broker:
             return
         for job in self._awaiting_buffer.pop(partition):
             try:
-                job.future.set_result(buffer.publish(job.txn, job.producer, job.messages))
+                job.future.set_result(
+                    buffer.publish(job.txn, job.producer, job.messages, first_seq=job.first_seq)
+                )
             except Exception as exc:
                 job.future.set_exception(exc)
 
@@ -266,6 +269,7 @@ class _TxnSend:
     txn: TxnKey
     producer: str
     messages: Sequence[pb.SingleMessage]
+    first_seq: int | None
     future: asyncio.Future[Awaitable[PublishResult]]
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["RECENT_ENTRIES", "DedupState", "ProducerSequence"]
@@ -41,7 +42,7 @@ class ProducerSequence:
     _recent: list[_Stored] = field(default_factory=list)
     _lasts: list[int] = field(default_factory=list)  # _recent[i].last_seq, for bisect
 
-    def record(self, seqs: list[int], entry_id: int) -> None:
+    def record(self, seqs: Sequence[int], entry_id: int) -> None:
         """The messages with ``seqs`` (increasing) are durable in ``entry_id``."""
         first, last = seqs[0], seqs[-1]
         consecutive = last - first + 1 == len(seqs)

@@ -29,6 +29,8 @@ __all__ = [
     "entry_count",
     "entry_kind",
     "entry_meta",
+    "send_sequence_ids",
+    "stored_sequence_ids",
 ]
 
 # Entry kinds, in the high bits of an entry's ledger meta.
@@ -69,6 +71,50 @@ def entry_kind(meta: int) -> int:
 
 class SendRejectedError(ValueError):
     """A send is malformed (e.g. sequence ids not increasing); nothing stored."""
+
+
+def send_sequence_ids(
+    messages: Sequence[pb.SingleMessage], first: int | None = None
+) -> Sequence[int]:
+    """The sequence ids of one send's messages, checked to increase (raises
+    `SendRejectedError`); a ``range`` when they are consecutive.
+
+    ``first``: the sender says the messages are numbered ``first``,
+    ``first + 1``, ... (`CommandSend.first_sequence_id`, as Kafka's batch
+    header gives a base sequence and a count). Only the first and the last
+    message are then read: reading every message's id costs more than the
+    rest of storing a send of 100. A sender that numbers the ones between
+    otherwise is deduplicated by the range all the same.
+    """
+    n = len(messages)
+    if not n:
+        raise SendRejectedError("a send needs at least one message")
+    if first is not None:
+        low, high = messages[0].sequence_id, messages[n - 1].sequence_id
+        if low != first or high - low + 1 != n:
+            raise SendRejectedError(
+                f"first_sequence_id {first} says the {n} messages are numbered {first} to "
+                f"{first + n - 1}, but they run from {low} to {high}"
+            )
+        return range(first, first + n)
+    seqs = [m.sequence_id for m in messages]
+    if seqs[-1] - seqs[0] + 1 == n and seqs == list(range(seqs[0], seqs[0] + n)):
+        return range(seqs[0], seqs[0] + n)
+    for a, b in itertools.pairwise(seqs):
+        if b <= a:
+            raise SendRejectedError(f"sequence ids in one send must increase, got {a} then {b}")
+    return seqs
+
+
+def stored_sequence_ids(messages: Sequence[pb.SingleMessage]) -> Sequence[int]:
+    """The sequence ids of a stored send's messages (non-empty), as
+    `send_sequence_ids` took them: a send whose first and last ids span as
+    many ids as it has messages counts as consecutive."""
+    n = len(messages)
+    low, high = messages[0].sequence_id, messages[n - 1].sequence_id
+    if high - low + 1 == n:
+        return range(low, high + 1)
+    return [m.sequence_id for m in messages]
 
 
 class DuplicateTooOldError(Exception):

@@ -12,7 +12,6 @@ the marker's entry id.
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -29,6 +28,8 @@ from buffer._entries import (
     entry_count,
     entry_kind,
     entry_meta,
+    send_sequence_ids,
+    stored_sequence_ids,
 )
 from buffer._names import Position
 from buffer._txnbuffer import TransactionBuffer, TransactionBufferError, sidecar_ledger_name
@@ -202,7 +203,11 @@ class Partition:
     # -- publishing -----------------------------------------------------------
 
     def publish(
-        self, producer: str, messages: Sequence[pb.SingleMessage], encoded: bytes | None = None
+        self,
+        producer: str,
+        messages: Sequence[pb.SingleMessage],
+        encoded: bytes | None = None,
+        first_seq: int | None = None,
     ) -> Awaitable[PublishResult]:
         """Store one send's messages as one entry, dropping re-sent ones.
 
@@ -210,14 +215,10 @@ class Partition:
         in the order `publish` is called; await the result for their ids.
         ``encoded``: ``messages`` as a serialized `EntryBatch` with no
         producer name, stored as it is when no message is dropped.
+        ``first_seq``: see `send_sequence_ids`.
         Raises `SendRejectedError` (nothing stored) for bad input.
         """
-        if not messages:
-            raise SendRejectedError("a send needs at least one message")
-        seqs = [m.sequence_id for m in messages]
-        for a, b in itertools.pairwise(seqs):
-            if b <= a:
-                raise SendRejectedError(f"sequence ids in one send must increase, got {a} then {b}")
+        seqs = send_sequence_ids(messages, first_seq)
         state = self.dedup.get(producer)
         if seqs[0] > state.pushed:  # the usual case: nothing re-sent
             return self._new(self._append(producer, messages, seqs, state, encoded))
@@ -234,7 +235,7 @@ class Partition:
         self,
         producer: str,
         messages: Sequence[pb.SingleMessage],
-        seqs: list[int],
+        seqs: Sequence[int],
         state: ProducerSequence,
         encoded: bytes | None = None,
     ) -> Awaitable[int]:
@@ -261,7 +262,7 @@ class Partition:
 
     async def _mixed(
         self,
-        seqs: list[int],
+        seqs: Sequence[int],
         fresh: list[int],
         state: ProducerSequence,
         waits: Awaitable[int] | None,
@@ -320,5 +321,5 @@ class Partition:
                 continue
             batch = pb.EntryBatch.FromString(entry.data)
             if batch.messages:
-                seqs = [m.sequence_id for m in batch.messages]
+                seqs = stored_sequence_ids(batch.messages)
                 self.dedup.get(batch.producer_name).record(seqs, entry.entry_id)

@@ -81,6 +81,8 @@ from buffer._entries import (
     entry_count,
     entry_kind,
     entry_meta,
+    send_sequence_ids,
+    stored_sequence_ids,
     txn_run_start,
 )
 from buffer._names import Position
@@ -389,10 +391,11 @@ class TransactionBuffer:
         messages: Sequence[pb.SingleMessage],
         encoded: bytes | None = None,
         early: bool = False,
+        first_seq: int | None = None,
     ) -> Awaitable[PublishResult]:
         """Store one transactional send as one TXN_DATA record, dropping re-sent messages.
 
-        ``encoded``: as for `Partition.publish`. ``early``: when nothing is
+        ``encoded`` and ``first_seq``: as for `Partition.publish`. ``early``: when nothing is
         re-sent, the result is ready at once, before the record is durable
         (the ids are known: records are stored in the order they are
         queued). Only for a transaction that a crash aborts (see
@@ -405,16 +408,7 @@ class TransactionBuffer:
         `TxnEndedError` when the transaction has ended (or is ending) here.
         """
         _check_key(txn, SendRejectedError)
-        if not messages:
-            raise SendRejectedError("a send needs at least one message")
-        seqs = [m.sequence_id for m in messages]
-        if len(seqs) > 1 and seqs != list(range(seqs[0], seqs[0] + len(seqs))):
-            # (Not consecutive, the usual case: look closer.)
-            for a, b in itertools.pairwise(seqs):
-                if b <= a:
-                    raise SendRejectedError(
-                        f"sequence ids in one send must increase, got {a} then {b}"
-                    )
+        seqs = send_sequence_ids(messages, first_seq)
         t = self._txns.get(txn)
         if t is None:
             ended = self._ended.get(txn)
@@ -452,7 +446,7 @@ class TransactionBuffer:
         t: _Txn,
         producer: str,
         messages: Sequence[pb.SingleMessage],
-        seqs: list[int],
+        seqs: Sequence[int],
         state: ProducerSequence,
         encoded: bytes | None = None,
     ) -> asyncio.Future[int]:
@@ -484,7 +478,7 @@ class TransactionBuffer:
     async def _mixed(
         self,
         t: _Txn,
-        seqs: list[int],
+        seqs: Sequence[int],
         fresh: list[int],
         state: ProducerSequence,
         waits: asyncio.Future[int] | None,
@@ -803,7 +797,7 @@ class TransactionBuffer:
         for entry in await _read_ids(sidecar, opened):
             t = self._txns[_TXN.unpack_from(entry.data)]
             batch = pb.EntryBatch.FromString(entry.data[_TXN.size :])
-            seqs = [m.sequence_id for m in batch.messages]
+            seqs = stored_sequence_ids(batch.messages)
             t.producer(batch.producer_name).record(seqs, t.base_of(entry.entry_id))
 
         # A crash between a commit marker and its TXN_COMMIT record: complete it.

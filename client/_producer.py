@@ -181,6 +181,11 @@ def build_send(
             single.properties.update(properties)
     if batch is not None:
         send.batch = batch.SerializeToString()
+    # (A producer's ids increase, so ends that span as many ids as there are
+    # messages mean consecutive ones: the broker need not read the others.)
+    first = entries[0][3]
+    if entries[-1][3] - first + 1 == len(entries):
+        send.first_sequence_id = first
     return cmd
 
 

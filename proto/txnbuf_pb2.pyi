@@ -210,7 +210,7 @@ class CommandCloseProducer(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., producer_id: _Optional[int] = ...) -> None: ...
 
 class CommandSend(_message.Message):
-    __slots__ = ("producer_id", "request_id", "partition", "messages", "txnid_most_bits", "txnid_least_bits", "transactional", "batch", "add_to_txn")
+    __slots__ = ("producer_id", "request_id", "partition", "messages", "txnid_most_bits", "txnid_least_bits", "transactional", "batch", "add_to_txn", "first_sequence_id")
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
@@ -220,6 +220,7 @@ class CommandSend(_message.Message):
     TRANSACTIONAL_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
     ADD_TO_TXN_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
     producer_id: int
     request_id: int
     partition: int
@@ -229,7 +230,8 @@ class CommandSend(_message.Message):
     transactional: bool
     batch: bytes
     add_to_txn: bool
-    def __init__(self, producer_id: _Optional[int] = ..., request_id: _Optional[int] = ..., partition: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[SingleMessage, _Mapping]]] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., transactional: _Optional[bool] = ..., batch: _Optional[bytes] = ..., add_to_txn: _Optional[bool] = ...) -> None: ...
+    first_sequence_id: int
+    def __init__(self, producer_id: _Optional[int] = ..., request_id: _Optional[int] = ..., partition: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[SingleMessage, _Mapping]]] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., transactional: _Optional[bool] = ..., batch: _Optional[bytes] = ..., add_to_txn: _Optional[bool] = ..., first_sequence_id: _Optional[int] = ...) -> None: ...
 
 class CommandSendReceipt(_message.Message):
     __slots__ = ("producer_id", "request_id", "partition", "entry_id", "message_ids", "first_batch_index")

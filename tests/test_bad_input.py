@@ -142,6 +142,11 @@ async def test_send_with_bad_sequence_ids_or_partition(broker: BrokerProcess) ->
         assert answer.send_error.error == pb.INVALID_ARGUMENT
         empty = await raw.request(T.SEND, "send", pb.CommandSend(producer_id=1, request_id=4))
         assert empty.send_error.error == pb.INVALID_ARGUMENT
+        ends = [pb.SingleMessage(payload=b"a", sequence_id=4), pb.SingleMessage(sequence_id=6)]
+        claim = pb.CommandSend(producer_id=1, request_id=5, messages=ends, first_sequence_id=4)
+        answer = await raw.request(T.SEND, "send", claim)
+        assert answer.send_error.error == pb.INVALID_ARGUMENT
+        assert "first_sequence_id 4 says the 2 messages" in answer.send_error.message
         await still_works(raw)
     _, body = broker.admin("GET", "/admin/v1/topics/seq/stats")
     assert json.loads(body)["partitions"][0]["entries"] == 0

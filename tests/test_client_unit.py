@@ -788,6 +788,10 @@ def test_build_send_frame() -> None:
     assert not send.messages[0].HasField("key") and send.messages[1].key == "k"
     assert dict(send.messages[1].properties) == {"a": "b"}
     assert {m.publish_time_ms for m in send.messages} == {1234}
+    assert send.first_sequence_id == 5  # consecutive: the broker reads only the ends
+    gap = build_send(3, 18, 2, [*entries, (b"z", None, None, 8)], 1234, encoded=True).send
+    assert not gap.HasField("first_sequence_id")
+    assert [m.sequence_id for m in pb.EntryBatch.FromString(gap.batch).messages] == [5, 6, 8]
 
 
 def test_build_ack_frame() -> None:

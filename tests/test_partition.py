@@ -369,6 +369,32 @@ async def test_counts_survive_reopen_after_trim(store: LedgerStore, db: Path) ->
 # -- dedup across restarts ---------------------------------------------------------------
 
 
+async def test_first_sequence_id_stands_for_the_ids_between(store: LedgerStore, db: Path) -> None:
+    part = await one_partition(store)
+    assert await part.publish("p", msgs(0, 1, 2), first_seq=0) == PublishResult(0, None)
+    # Ends that do not fit the count or the claim: refused, nothing changes.
+    for seqs, first in [((3, 4, 6), 3), ((3, 4, 5), 4), ((3,), 2)]:
+        with pytest.raises(SendRejectedError, match="first_sequence_id"):
+            part.publish("p", msgs(*seqs), first_seq=first)
+    assert part.dedup.get("p").pushed == 2
+    # The ids between are taken on trust: deduplicated as 3..5 whatever they say.
+    trusted = msgs(3, 9, 5)
+    assert await part.publish("p", trusted, first_seq=3) == PublishResult(1, None)
+    assert await part.publish("p", msgs(4)) == PublishResult(-1, [(1, 1)])
+    assert await part.publish("p", msgs(2, 3, 6)) == PublishResult(2, [(0, 2), (1, 0), (2, 0)])
+    # A restart reads a stored send the same way (its ends span its count).
+    store2, topics = await reopen(store, db)
+    try:
+        t = topics.get("t")
+        assert t is not None
+        part = t.partitions[0]
+        assert await part.publish("p", msgs(4, 5)) == PublishResult(-1, [(1, 1), (1, 2)])
+        assert part.ledger.last_entry_id == 2
+    finally:
+        await settle(store2)
+        await store2.close()
+
+
 async def test_dedup_survives_reopen(store: LedgerStore, db: Path) -> None:
     part = await one_partition(store)
     await part.publish("p", msgs(0, 1))

@@ -421,6 +421,18 @@ async def test_bad_sends_are_rejected_and_store_nothing(stores: Stores, seqs: tu
     assert await tb.publish(T1, "p", msgs(1)) == txn_ids(1, 1)
 
 
+async def test_first_sequence_id_in_a_transaction(stores: Stores) -> None:
+    _, part = await stores.open()
+    tb = await part.txn_buffer()
+    assert await tb.publish(T1, "p", msgs(0, 1, 2), first_seq=0) == txn_ids(0, 3)
+    with pytest.raises(SendRejectedError, match="first_sequence_id 3 says"):
+        tb.publish(T1, "p", msgs(3, 5), first_seq=3)
+    assert await tb.publish(T1, "p", msgs(3, 4), first_seq=3) == txn_ids(3, 2)
+    assert await tb.publish(T1, "p", msgs(1, 2, 3)) == txn_ids(1, 3)  # re-sent: same places
+    await tb.end(T1, commit=True)
+    assert await delivered(part, 0) == [b"m0", b"m1", b"m2", b"m3", b"m4"]
+
+
 async def test_a_failed_append_can_be_retried_after_a_restart(stores: Stores) -> None:
     store, part = await stores.open()
     tb = await part.txn_buffer()
