@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import inspect
 import json
 import os
 import statistics
@@ -89,7 +90,14 @@ async def one_round(txns: int, per_txn: int, concurrency: int) -> dict[str, floa
             entry_ids = [(await s).entry_id for s in seeds]
             consumer = Consumer(1, "c", "in", "s", SubType.SHARED, push=lambda c, e: None)
             await broker.subscriptions.subscribe(src, "s", consumer, earliest=True)
-            # The sends, encoded as a client encodes them (protocol version 3).
+            # The sends, encoded as a client encodes them (protocol version 3),
+            # with their first sequence id where the broker takes it (a baseline
+            # checkout may be older).
+            takes_first = "first_seq" in inspect.signature(broker.publish_txn).parameters
+
+            def first(i: int) -> tuple[int, ...]:
+                return (i * per_txn,) if takes_first else ()
+
             sends = [
                 pb.EntryBatch(
                     messages=[
@@ -110,7 +118,7 @@ async def one_round(txns: int, per_txn: int, concurrency: int) -> dict[str, floa
                         await waiting
                     batch = pb.EntryBatch.FromString(sends[i])
                     published = broker.publish_txn(
-                        out, key, f"p{mine[0]}", batch.messages, sends[i], early
+                        out, key, f"p{mine[0]}", batch.messages, sends[i], early, *first(i)
                     )
                     waiting = tc.join_subscription(txnid, "in", "s")
                     if waiting is not None:
