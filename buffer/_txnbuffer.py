@@ -47,13 +47,23 @@ answered) and ``buffer.after_commit_marker`` (the marker is durable, its
 TXN_COMMIT record not yet written).
 
 Late writes: a send for a transaction that has ended here (or whose end has
-begun) is refused with `TxnEndedError`. The index keeps every transaction
-until `sweep` finds it ended and no longer needed; after that it is
-remembered in a bounded set (the last `ENDED_TXNS_KEPT`, the newest
-`ENDED_IN_SNAPSHOT` of them kept in snapshots too), so late writes and
-retried ENDs stay answered correctly. Older ones
+begun) is refused with `TxnEndedError`. The index holds the transactions
+that have not ended; once its TXN_COMMIT or TXN_ABORT record is durable, a
+transaction leaves it for a bounded set of ended ones (the last
+`ENDED_TXNS_KEPT`, the newest `ENDED_IN_SNAPSHOT` of them kept in snapshots
+too), so late writes and retried ENDs stay answered correctly. Older ones
 are forgotten: the broker's check that the coordinator knows the transaction
 as OPEN (KIP-890 §Ensure Ongoing Transaction) covers them.
+
+Retention (PIP-31 §Retention Cursor): a committed transaction's sidecar
+records are needed while its commit marker is in the partition ledger. The
+buffer keeps that as retention blocks of up to `RETENTION_BLOCK` committed
+transactions each: the highest marker and the lowest sidecar entry of the
+block. `sweep` drops a block once the partition is trimmed past its highest
+marker, and trims the sidecar up to the lowest entry still needed. So memory
+and snapshots do not grow by a transaction's worth for each commit on a
+partition that is never trimmed (one without subscriptions), at the price of
+keeping up to a block's worth of sidecar records a little longer.
 """
 
 from __future__ import annotations
@@ -92,6 +102,7 @@ from proto import txnbuf_pb2 as pb
 __all__ = [
     "ENDED_IN_SNAPSHOT",
     "ENDED_TXNS_KEPT",
+    "RETENTION_BLOCK",
     "SNAPSHOT_EVERY",
     "TXN_ABORT",
     "TXN_COMMIT",
@@ -118,13 +129,12 @@ TxnKey = tuple[int, int]
 TXN_DATA, TXN_COMMIT, TXN_ABORT, TXN_SNAPSHOT = 1, 2, 3, 4
 
 # Write an index snapshot after this many sidecar records, or after as many
-# records as the index has transactions if that is more: a snapshot holds
-# every transaction whose marker is still in the partition (a partition
-# without subscriptions keeps them all), so at a fixed interval its cost per
-# record would grow with the history kept. This way a record pays for about
-# one transaction's worth of snapshot, and recovery replays at most as many
-# records after the snapshot as the snapshot itself holds.
+# records as the index has (open) transactions if that is more: a record pays
+# for about one transaction's worth of snapshot, and recovery replays at most
+# as many records after the snapshot as the snapshot itself holds.
 SNAPSHOT_EVERY = 1000
+# Committed transactions per retention block (see the module docstring).
+RETENTION_BLOCK = 256
 # How many swept (forgotten) ended transactions are still remembered, and
 # how many of the newest of them a snapshot keeps (it is JSON written every
 # SNAPSHOT_EVERY records: all 10,000 made it a tenth of the broker's main
@@ -143,7 +153,9 @@ _TXN = struct.Struct(">QQ")
 _COMMIT = struct.Struct(">QQq")
 _MARKER = struct.Struct(">QQI")
 _U64 = 1 << 64
-_SNAPSHOT_VERSION = 1
+# 2: committed transactions as retention blocks. Version 1 (each committed
+# transaction whose marker is in the partition) is still read.
+_SNAPSHOT_VERSION = 2
 
 
 def sidecar_ledger_name(topic: str, index: int) -> str:
@@ -238,7 +250,7 @@ def _check_key(txn: object, error: type[ValueError] = ValueError) -> None:
 class TxnInfo:
     """What the index knows of one transaction (for admin and stats).
 
-    ``entries`` are its TXN_DATA records in the sidecar (empty once swept),
+    ``entries`` are its TXN_DATA records in the sidecar (empty once it ended here),
     ``count`` its messages here, ``marker`` its commit marker's entry id in
     the partition ledger (-1: none).
     """
@@ -333,6 +345,8 @@ class TransactionBuffer:
         self._ended: collections.OrderedDict[TxnKey, tuple[TxnState, int, int]] = (
             collections.OrderedDict()
         )
+        # Retention blocks: [highest marker, lowest sidecar entry, transactions].
+        self._retained: list[list[int]] = []
         self._since_snapshot = 0
         self._snapshot: tuple[int, int] | None = None  # latest durable: (entry id, covers)
         self._cache: collections.OrderedDict[int, bytes] = collections.OrderedDict()
@@ -362,21 +376,47 @@ class TransactionBuffer:
             return TxnInfo(txn, state, count, marker, ())
         return None
 
+    def _remember(self, key: TxnKey, state: TxnState, marker: int, count: int) -> None:
+        self._ended[key] = (state, marker, count)
+        self._ended.move_to_end(key)
+        while len(self._ended) > ENDED_TXNS_KEPT:
+            self._ended.popitem(last=False)
+
+    def _retire(self, t: _Txn) -> None:
+        """``t`` ended here, durably: from the index to the ended ones, and a
+        committed one's sidecar records into a retention block."""
+        self._txns.pop(t.key, None)
+        self._remember(t.key, t.state, t.marker, t.count)
+        if t.state is TxnState.COMMITTED and t.marker >= 0 and t.entries:
+            self._retain(t.marker, t.entries[0], 1)
+
+    def _retain(self, marker: int, first: int, count: int) -> None:
+        block = self._retained[-1] if self._retained else None
+        if block is None or block[2] >= RETENTION_BLOCK:
+            self._retained.append([marker, first, count])
+            return
+        block[0] = max(block[0], marker)
+        block[1] = min(block[1], first)
+        block[2] += count
+
     def open_transactions(self) -> list[TxnKey]:
         """Transactions with durable writes here that have not ended, in key order."""
         return sorted(k for k, t in self._txns.items() if t.state is TxnState.OPEN and t.entries)
 
     def transactions(self) -> list[TxnInfo]:
-        """The transaction index (not the swept ones), in key order."""
+        """The transaction index (those not ended here, durably), in key order."""
         return [self._txns[k].info() for k in sorted(self._txns)]
 
     def stats(self) -> dict[str, Any]:
-        states = collections.Counter(t.state for t in self._txns.values() if t.entries)
+        """``committed``: committed transactions whose markers are still in
+        the partition; ``aborted``: aborted ones among the remembered."""
+        ended = collections.Counter(state for state, _, _ in self._ended.values())
         return {
-            "open": states[TxnState.OPEN],
-            "committed": states[TxnState.COMMITTED],
-            "aborted": states[TxnState.ABORTED],
+            "open": sum(1 for t in self._txns.values() if t.state is TxnState.OPEN and t.entries),
+            "committed": sum(block[2] for block in self._retained),
+            "aborted": ended[TxnState.ABORTED],
             "ended_remembered": len(self._ended),
+            "retention_blocks": len(self._retained),
             "sidecar_first_entry": self.sidecar.first_entry_id,
             "sidecar_last_entry": self.sidecar.last_entry_id,
             "snapshots_written": self.snapshots_written,
@@ -657,6 +697,7 @@ class TransactionBuffer:
             if marker >= 0:
                 t.marker = marker
             t.producers = {}  # ended: no more sends to deduplicate
+            self._retire(t)
 
     def _on_partition(self, _ledger: Ledger, entries: list[Entry]) -> None:
         for entry in entries:
@@ -692,10 +733,11 @@ class TransactionBuffer:
     def _snapshot_record(self) -> bytes:
         """The index as JSON, as of every durable sidecar record and commit marker.
 
-        ``{"v": 1, "covers": last sidecar entry applied, "scan_from": first
+        ``{"v": 2, "covers": last sidecar entry applied, "scan_from": first
         partition entry whose markers are not applied, "txns": [[most, least,
         state, marker, count, entries, starts], ...], "ended": [[most, least,
-        state, marker, count], ...]}``. Transactions without a durable record
+        state, marker, count], ...], "retained": [[highest marker, lowest
+        entry, transactions], ...]}``. Transactions without a durable record
         (an END or send still in flight) are left out: their records come after
         ``covers``.
         """
@@ -712,6 +754,7 @@ class TransactionBuffer:
             "scan_from": self.partition_ledger.last_entry_id + 1,
             "txns": txns,
             "ended": ended,
+            "retained": self._retained,
         }
         return json.dumps(record, separators=(",", ":")).encode()
 
@@ -733,13 +776,17 @@ class TransactionBuffer:
         return fut, covers
 
     def _restore(self, record: dict[str, Any]) -> tuple[int, int]:
-        if record.get("v") != _SNAPSHOT_VERSION:
-            raise TransactionBufferError(f"{self.name}: unknown snapshot version {record.get('v')}")
+        version = record.get("v")
+        if version not in (1, _SNAPSHOT_VERSION):
+            raise TransactionBufferError(f"{self.name}: unknown snapshot version {version}")
+        for most, least, state, marker, count in record["ended"]:
+            self._remember((most, least), TxnState(state), marker, count)
+        self._retained = [list(block) for block in record.get("retained", [])]
         for most, least, state, marker, count, entries, starts in record["txns"]:
             key = (most, least)
-            self._txns[key] = _Txn(key, TxnState(state), entries, starts, count, marker)
-        for most, least, state, marker, count in record["ended"]:
-            self._ended[(most, least)] = (TxnState(state), marker, count)
+            t = self._txns[key] = _Txn(key, TxnState(state), entries, starts, count, marker)
+            if t.state is not TxnState.OPEN:  # (version 1 kept the ended ones here)
+                self._retire(t)
         return int(record["covers"]), int(record["scan_from"])
 
     @classmethod
@@ -856,27 +903,18 @@ class TransactionBuffer:
     async def sweep(self, keep_from: int | None = None) -> int:
         """Trim the sidecar log up to the first entry still needed; return how many went.
 
-        Needed: the records of OPEN transactions and of COMMITTED ones whose
-        marker is still in the partition ledger, plus the latest snapshot and
-        the records after what it covers, and everything from ``keep_from``
-        on (what read_uncommitted subscriptions have not acknowledged). Ended transactions no longer
-        needed leave the index for the bounded remembered set, and a fresh
-        snapshot (written when anything changed) lets the log go up to here.
+        Needed: the records of OPEN transactions and of the retention blocks
+        whose highest marker is still in the partition ledger, plus the latest
+        snapshot and the records after what it covers, and everything from
+        ``keep_from`` on (what read_uncommitted subscriptions have not
+        acknowledged). A fresh snapshot (written when anything changed) lets
+        the log go up to here.
         """
         first_marker = self.partition_ledger.first_entry_id
-        forgot = False
-        for key, t in list(self._txns.items()):
-            if t.state is TxnState.OPEN:
-                continue
-            if t.state is TxnState.COMMITTED and t.marker >= first_marker:
-                continue
-            del self._txns[key]
-            self._ended[key] = (t.state, t.marker, t.count)
-            self._ended.move_to_end(key)
-            forgot = True
-        while len(self._ended) > ENDED_TXNS_KEPT:
-            self._ended.popitem(last=False)
-        if forgot or self._snapshot is None or self._snapshot[0] != self.sidecar.last_entry_id:
+        retained = [block for block in self._retained if block[0] >= first_marker]
+        released = len(retained) != len(self._retained)
+        self._retained = retained
+        if released or self._snapshot is None or self._snapshot[0] != self.sidecar.last_entry_id:
             written, covers = self._write_snapshot()
             await written
         else:
@@ -884,6 +922,8 @@ class TransactionBuffer:
         keep = covers + 1
         if keep_from is not None:
             keep = min(keep, keep_from)
+        for block in self._retained:
+            keep = min(keep, block[1])
         for t in self._txns.values():
             if t.entries:
                 keep = min(keep, t.entries[0])

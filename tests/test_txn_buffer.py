@@ -9,7 +9,7 @@ transaction's messages; ABORT leaves them for the sweep. Crash tests make
 from __future__ import annotations
 
 import asyncio
-import itertools
+import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -227,7 +227,7 @@ async def test_publish_commit_materialize(stores: Stores) -> None:
     assert part.count(1) == 5
     await tb.settled()  # END answers at the durable marker; its TXN_COMMIT follows
     assert await sidecar_kinds(tb) == [TXN_DATA] * 4 + [TXN_COMMIT]
-    assert tb.status(T1) == TxnInfo(T1, TxnState.COMMITTED, 5, 1, (0, 2, 3))
+    assert tb.status(T1) == TxnInfo(T1, TxnState.COMMITTED, 5, 1, ())
     assert tb.open_transactions() == [T2]
     assert await delivered(part, 1) == [b"a0", b"a1", b"a2", b"c0", b"c3"]
     # Message i of the transaction is (partition, marker entry id, i): the batch
@@ -285,7 +285,7 @@ async def test_abort_writes_no_marker_and_refuses_late_writes(stores: Stores) ->
     await tb.end(T1, commit=False)
     assert part.ledger.last_entry_id == -1
     assert await sidecar_kinds(tb) == [TXN_DATA, TXN_ABORT]
-    assert tb.status(T1) == TxnInfo(T1, TxnState.ABORTED, 2, -1, (0,))
+    assert tb.status(T1) == TxnInfo(T1, TxnState.ABORTED, 2, -1, ())
     assert tb.open_transactions() == []
     with pytest.raises(TxnEndedError, match="late write"):
         tb.publish(T1, "p", msgs(2))
@@ -469,7 +469,7 @@ async def test_crash_between_marker_and_commit_record(stores: Stores, crash_at: 
     _, part = await stores.reopen()
     tb = loaded(part)
     # Recovery found the marker and completed the sidecar record.
-    assert tb.status(T1) == TxnInfo(T1, TxnState.COMMITTED, 2, 0, (0,))
+    assert tb.status(T1) == TxnInfo(T1, TxnState.COMMITTED, 2, 0, ())
     assert await sidecar_kinds(tb) == [TXN_DATA, TXN_DATA, TXN_COMMIT]
     assert tb.open_transactions() == [T2]
     await tb.end(T1, commit=True)  # the coordinator's retry
@@ -495,7 +495,7 @@ async def test_crash_between_marker_and_commit_record_after_a_snapshot(
 
     _, part = await stores.reopen()
     tb = loaded(part)
-    assert tb.status(T1) == TxnInfo(T1, TxnState.COMMITTED, 1, 0, (0,))
+    assert tb.status(T1) == TxnInfo(T1, TxnState.COMMITTED, 1, 0, ())
     await tb.end(T1, commit=True)
     assert await markers(part) == [(0, 1)]
 
@@ -514,7 +514,7 @@ async def test_retry_after_a_failed_commit_record_adds_no_marker(
     await tb.settled()
     assert await markers(part) == [(0, 1)]
     assert await sidecar_kinds(tb) == [TXN_DATA, TXN_COMMIT]
-    assert tb.status(T1) == TxnInfo(T1, TxnState.COMMITTED, 1, 0, (0,))
+    assert tb.status(T1) == TxnInfo(T1, TxnState.COMMITTED, 1, 0, ())
 
 
 async def test_crash_after_data_write_then_retry(stores: Stores, crash_at: list[str]) -> None:
@@ -585,25 +585,75 @@ async def test_recovery_from_snapshot_and_tail_equals_live_index(
 
 
 @pytest.mark.usefixtures("small_snapshots")
-async def test_snapshots_grow_rarer_as_the_index_grows(stores: Stores) -> None:
-    """A partition without subscriptions keeps every committed transaction in
-    the index, so a snapshot at a fixed interval would cost more per record
-    the longer the broker runs: it comes after as many records as the index
-    has transactions (at least SNAPSHOT_EVERY, 4 here)."""
+async def test_ended_transactions_leave_the_index(
+    stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a partition that is never trimmed (no subscriptions), committed
+    transactions do not pile up in the index or in its snapshots: they leave
+    it as they end, and retention blocks keep their sidecar records while
+    their markers are in the partition."""
+    monkeypatch.setattr(txnbuffer_module, "RETENTION_BLOCK", 8)
     _, part = await stores.open()
     tb = await part.txn_buffer()
-    for i in range(40):  # two sidecar records each: TXN_DATA, TXN_COMMIT
+    for i in range(40):  # partition entry i is transaction i's marker
         txn = (1 << 48 | i, i)
         await tb.publish(txn, "p", msgs(i))
         await tb.end(txn, commit=True)
+    await tb.publish(T1, "p", msgs(0))  # one still open
     await settle(part.ledger.store)
-    snapshots = [e for e, k in enumerate(await sidecar_kinds(tb)) if k == TXN_SNAPSHOT]
-    # Every fourth record the interval would give 80 / 4 = 20 snapshots.
-    assert 4 <= len(snapshots) <= 8, snapshots
-    gaps = [b - a - 1 for a, b in itertools.pairwise(snapshots)]
-    assert gaps == sorted(gaps) and gaps[-1] > 2 * gaps[0], gaps
+    metas = await tb.sidecar.read_meta()
+    data = [e for e, m in metas if entry_kind(m) == TXN_DATA]  # data[i]: transaction i's
+    assert [t.txn for t in tb.transactions()] == [T1]
+    assert tb.stats()["committed"] == 40
+    assert tb.stats()["retention_blocks"] == 5
+    (last,) = [e for e, m in metas if entry_kind(m) == TXN_SNAPSHOT][-1:]
+    (snap,) = await tb.sidecar.read(last, last)
+    record = json.loads(snap.data)
+    assert len(record["txns"]) <= 1 and len(record["retained"]) == 5
+
+    assert await tb.sweep() == 0  # every marker is in the partition: all is kept
+    await part.ledger.trim(12)  # past the first block's markers (0..7), not the second's
+    part.trimmed(12)
+    assert await tb.sweep() > 0
+    assert tb.sidecar.first_entry_id == data[8]
+    for entry_id in range(12, 40):
+        assert await delivered(part, entry_id) == [f"m{entry_id}".encode()]
+
     _, part = await stores.reopen()
-    assert len(loaded(part).transactions()) == 40
+    tb = loaded(part)
+    assert [t.txn for t in tb.transactions()] == [T1]
+    assert tb.stats()["committed"] == 32
+    await part.ledger.trim(40)  # every marker gone: only the open transaction's record stays
+    part.trimmed(40)
+    await tb.sweep()
+    assert tb.sidecar.first_entry_id == data[-1]
+    assert tb.stats()["committed"] == 0
+
+
+async def test_a_version_1_snapshot_is_read(stores: Stores) -> None:
+    """Version 1 kept committed transactions in the index: they become
+    retention blocks and ended transactions."""
+    _, part = await stores.open()
+    tb = await part.txn_buffer()
+    await tb.publish(T1, "p", msgs(0, 1))  # sidecar 0
+    await tb.publish(T2, "p", msgs(0))  # 1
+    await tb.end(T1, commit=True)  # marker at partition entry 0
+    await tb.settled()
+    old = {
+        "v": 1,
+        "covers": tb.sidecar.last_entry_id,
+        "scan_from": part.ledger.last_entry_id + 1,
+        "txns": [[*T1, "committed", 0, 2, [0], [0]], [*T2, "open", -1, 1, [1], [0]]],
+        "ended": [],
+    }
+    await tb.sidecar.append(json.dumps(old).encode(), meta=entry_meta(TXN_SNAPSHOT, 0))
+    _, part = await stores.reopen()
+    tb = loaded(part)
+    assert tb.status(T1) == TxnInfo(T1, TxnState.COMMITTED, 2, 0, ())
+    assert [t.txn for t in tb.transactions()] == [T2]
+    assert tb.stats()["committed"] == 1
+    assert await tb.sweep() == 0  # T1's marker is in the partition: its record stays
+    assert await delivered(part, 0) == [b"m0", b"m1"]
 
 
 # -- sweep / retention -----------------------------------------------------------------
@@ -625,7 +675,7 @@ async def test_sweep_keeps_what_is_needed(stores: Stores) -> None:
     # still in the partition, so its entries stay (and so does all after them).
     assert await tb.sweep() == 1
     assert tb.sidecar.first_entry_id == 1
-    assert tb.status(aborted) == TxnInfo(aborted, TxnState.ABORTED, 2, -1, ())  # forgotten
+    assert tb.status(aborted) == TxnInfo(aborted, TxnState.ABORTED, 2, -1, ())
     assert await delivered(part, 0) == [b"m0", b"m1"]
 
     # The subscriptions acknowledged the marker: the partition is trimmed past it.
@@ -773,7 +823,7 @@ async def test_an_end_not_durable_returns_with_its_marker_queued(stores: Stores)
     await tb.settled()
     assert await markers(part) == [(0, 2)]
     assert await sidecar_kinds(tb) == [TXN_DATA, TXN_DATA, TXN_COMMIT]
-    assert tb.status(T1) == TxnInfo(T1, TxnState.COMMITTED, 2, 0, (0,))
+    assert tb.status(T1) == TxnInfo(T1, TxnState.COMMITTED, 2, 0, ())
     await tb.end(T2, commit=False, durable=False)
     await tb.settled()
     assert await sidecar_kinds(tb) == [TXN_DATA, TXN_DATA, TXN_COMMIT, TXN_ABORT]
@@ -796,7 +846,7 @@ async def test_an_end_not_durable_crashing_after_its_marker_is_completed_on_rest
     assert await sidecar_kinds(tb) == [TXN_DATA]  # the crash came before TXN_COMMIT
     _, part = await stores.reopen()
     tb = loaded(part)
-    assert tb.status(T1) == TxnInfo(T1, TxnState.COMMITTED, 2, 0, (0,))
+    assert tb.status(T1) == TxnInfo(T1, TxnState.COMMITTED, 2, 0, ())
     assert await sidecar_kinds(tb) == [TXN_DATA, TXN_COMMIT]
 
 
