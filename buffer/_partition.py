@@ -12,6 +12,7 @@ the marker's entry id.
 
 from __future__ import annotations
 
+import array
 import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -65,11 +66,14 @@ class Partition:
         self.ledger = ledger
         self._dedup_ledger = dedup_ledger
         self.dedup = DedupState()
-        self._counts: list[int] = []
+        # Per stored entry, from entry id _counts_base on: its message count
+        # and its kind (4 + 1 bytes each: a partition that is never trimmed
+        # keeps them for every entry it ever stored).
+        self._counts = array.array("I")
+        self._kinds = bytearray()
         self._counts_base = ledger.first_entry_id  # entry id of _counts[0]
         self._since_snapshot = 0
         self.messages_in = 0  # messages stored since start, for stats
-        self._markers: set[int] = set()  # entry ids of the commit markers stored
         self._txn_buffer: TransactionBuffer | None = None
         self._buffer_watchers: list[Callable[[TransactionBuffer], None]] = []
         ledger.add_listener(self._on_entries)
@@ -89,8 +93,8 @@ class Partition:
         meta = await ledger.read_meta()
         if meta:
             part._counts_base = meta[0][0]
-            part._counts = [entry_count(m) for _, m in meta]
-            part._markers = {e for e, m in meta if entry_kind(m) == COMMIT_MARKER}
+            part._counts = array.array("I", [entry_count(m) for _, m in meta])
+            part._kinds = bytearray(entry_kind(m) for _, m in meta)
             # Entry ids are contiguous; ids missing in meta were trimmed.
             if meta[-1][0] - meta[0][0] + 1 != len(meta):
                 raise RuntimeError(f"{ledger.name}: entry ids are not contiguous")
@@ -138,9 +142,8 @@ class Partition:
         for e in entries:
             n = e.meta & COUNT_MASK
             self._counts.append(n)
+            self._kinds.append(entry_kind(e.meta))
             self.messages_in += n
-            if entry_kind(e.meta) == COMMIT_MARKER:
-                self._markers.add(e.entry_id)
 
     def count(self, entry_id: int) -> int:
         """Number of messages in entry ``entry_id`` (0 if trimmed or unknown)."""
@@ -151,7 +154,8 @@ class Partition:
 
     def is_marker(self, entry_id: int) -> bool:
         """Is entry ``entry_id`` a commit marker (stored, not trimmed)?"""
-        return entry_id in self._markers
+        i = entry_id - self._counts_base
+        return 0 <= i < len(self._kinds) and self._kinds[i] == COMMIT_MARKER
 
     def exists(self, pos: Position) -> bool:
         """Is there a message at ``pos`` (stored now or trimmed earlier)?"""
@@ -177,8 +181,8 @@ class Partition:
         drop = before - self._counts_base
         if drop > 0:
             del self._counts[:drop]
+            del self._kinds[:drop]
             self._counts_base = before
-            self._markers = {e for e in self._markers if e >= before}
 
     async def materialize(self, entry: Entry) -> bytes:
         """The serialized `EntryBatch` to deliver for a partition entry.

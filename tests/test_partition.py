@@ -366,6 +366,33 @@ async def test_counts_survive_reopen_after_trim(store: LedgerStore, db: Path) ->
         await store2.close()
 
 
+async def test_commit_markers_are_known_live_after_trim_and_reopen(
+    store: LedgerStore, db: Path
+) -> None:
+    part = await one_partition(store)
+    tb = await part.txn_buffer()
+    for i in range(3):  # entries: data, marker, data, marker, data, marker
+        await part.publish("p", msgs(i))
+        await tb.publish((1, i), "q", msgs(i))
+        await tb.end((1, i), commit=True)
+    await tb.settled()
+    assert [part.is_marker(e) for e in range(-1, 7)] == [False, *[False, True] * 3, False]
+    assert [part.count(e) for e in range(6)] == [1] * 6
+    await part.ledger.trim(3)
+    part.trimmed(3)
+    assert [part.is_marker(e) for e in range(6)] == [False] * 3 + [True, False, True]
+    store2, topics = await reopen(store, db)
+    try:
+        t = topics.get("t")
+        assert t is not None
+        part = t.partitions[0]
+        assert [part.is_marker(e) for e in range(7)] == [False] * 3 + [True, False, True, False]
+        assert part.messages_after((2, 0)) == 3
+    finally:
+        await settle(store2)
+        await store2.close()
+
+
 # -- dedup across restarts ---------------------------------------------------------------
 
 
