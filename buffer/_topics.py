@@ -93,8 +93,13 @@ class Topics:
             assert self._meta is not None  # set by load()
             record = {"topic": name, "partitions": partitions}
             await self._meta.append(json.dumps(record).encode(), meta=0)
-            if topic is None:
-                topic = self._topics[name] = Topic(name)
-            for i in range(len(topic.partitions), partitions):
-                topic.partitions.append(await Partition.load(self.store, name, i))
+            if topic is not None:  # growing: each partition appears once loaded
+                for i in range(len(topic.partitions), partitions):
+                    topic.partitions.append(await Partition.load(self.store, name, i))
+                return topic
+            # A new topic becomes visible with its partitions: `get_or_create`
+            # does not take the lock, and a topic without partitions would be
+            # handed out while they load (a producer's create then failed).
+            loaded = [await Partition.load(self.store, name, i) for i in range(partitions)]
+            topic = self._topics[name] = Topic(name, loaded)
             return topic

@@ -161,6 +161,29 @@ async def test_create_and_get_or_create(store: LedgerStore, db: Path) -> None:
         await store2.close()
 
 
+async def test_a_new_topic_is_visible_only_with_its_partitions(
+    store: LedgerStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    topics = await Topics.load(store)
+    entered, gate = asyncio.Event(), asyncio.Event()
+    real_load = Partition.load
+
+    async def slow_load(store: LedgerStore, topic: str, index: int) -> Partition:
+        entered.set()
+        await gate.wait()
+        return await real_load(store, topic, index)
+
+    monkeypatch.setattr(Partition, "load", staticmethod(slow_load))
+    first = asyncio.create_task(topics.get_or_create("new"))
+    await entered.wait()  # its record is written, its partition is loading
+    assert topics.get("new") is None and "new" not in topics
+    second = asyncio.create_task(topics.get_or_create("new"))
+    await asyncio.sleep(0)
+    gate.set()
+    a, b = await first, await second
+    assert a is b and len(a.partitions) == 1
+
+
 async def test_partitions_are_independent_ledgers(store: LedgerStore) -> None:
     topics = await Topics.load(store)
     t = await topics.create("t", 2)
