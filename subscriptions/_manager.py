@@ -88,11 +88,14 @@ class Subscriptions:
         `SubscriptionError` (nothing attached) if the subscription refuses it.
         """
         async with self._lock:
-            existing = [self._subs.get((topic.name, p.index, name)) for p in topic.partitions]
+            # The partitions as of now: the topic may grow while cursors are
+            # created, and `extend` (behind this lock) attaches the consumers.
+            parts = list(topic.partitions)
+            existing = [self._subs.get((topic.name, p.index, name)) for p in parts]
             for sub in existing:
                 if sub is not None:
                     sub.check_can_add(consumer)
-            for part, sub in zip(topic.partitions, existing, strict=True):
+            for part, sub in zip(parts, existing, strict=True):
                 if sub is None:
                     sub = await PartitionSubscription.create(
                         part, name, earliest, consumer.read_uncommitted
@@ -101,7 +104,7 @@ class Subscriptions:
                     sub.start()
             self._order += 1
             consumer.order = self._order
-            for part in topic.partitions:
+            for part in parts:
                 self._subs[(topic.name, part.index, name)].add_consumer(consumer)
 
     async def extend(self, topic: Topic) -> None:

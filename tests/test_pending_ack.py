@@ -1133,6 +1133,39 @@ async def test_abort_of_messages_not_read_yet_delivers_them_once(h: Harness) -> 
 # -- the Subscriptions manager ---------------------------------------------------------
 
 
+async def test_a_topic_growing_while_a_consumer_subscribes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = await LedgerStore.open(tmp_path / "broker.db")
+    try:
+        topics = await Topics.load(store)
+        topic = await topics.create("t", 1)
+        subs = await Subscriptions.load(topics)
+        entered, gate = asyncio.Event(), asyncio.Event()
+        real_create = PartitionSubscription.create
+
+        async def slow_create(*args: Any, **kwargs: Any) -> PartitionSubscription:
+            entered.set()
+            await gate.wait()
+            return await real_create(*args, **kwargs)
+
+        monkeypatch.setattr(PartitionSubscription, "create", staticmethod(slow_create))
+        try:
+            consumer = make_consumer([])
+            subscribing = asyncio.create_task(subs.subscribe(topic, "s", consumer, earliest=True))
+            await entered.wait()
+            await topics.create("t", 2)  # grown while the first cursor is being created
+            extending = asyncio.create_task(subs.extend(topic))  # (what the admin API does)
+            gate.set()
+            await subscribing
+            await extending
+            assert [len(subs.of_topic("t")["s"]), len(consumer.subscriptions)] == [2, 2]
+        finally:
+            await subs.close()
+    finally:
+        await store.close()
+
+
 async def test_manager_routes_txn_acks_and_end_txn(tmp_path: Path) -> None:
     store = await LedgerStore.open(tmp_path / "broker.db")
     try:
