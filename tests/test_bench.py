@@ -75,3 +75,20 @@ def test_txn_benchmark_runs_small() -> None:
     assert [row[0] for row in rows] == ["1", "2"]
     assert all(float(row[1].replace(",", "")) > 0 for row in rows)
     assert "median of 2 alternating runs" in out and "each round: " in out
+
+
+async def test_txnmemory_side_reports_an_index_that_commits_leave() -> None:
+    from bench import txnmemory
+
+    result = await txnmemory.one_side(300, 2)
+    assert result["index"] == 0  # every transaction ended: none left in the index
+    assert 0 < result["snapshot_bytes"] < 30_000 and result["held_per_commit"] > 0
+
+
+def test_txnmemory_benchmark_prints_both_sides() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.txnmemory", "--commits", "200", "--baseline", str(ROOT)],
+        cwd=ROOT, capture_output=True, text=True, check=True, timeout=120,
+    ).stdout  # fmt: skip
+    assert "after 200 commits" in out
+    assert [line.split()[0] for line in out.splitlines()[-2:]] == ["this", "baseline"]
