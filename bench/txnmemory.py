@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -77,16 +76,13 @@ async def one_side(commits: int, per_txn: int) -> dict[str, float]:
 
 
 def run_side(checkout: Path, commits: int, per_txn: int) -> dict[str, float]:
-    """One side in a fresh process of ``checkout``'s code (this file runs
-    there; PYTHONPATH puts that checkout's packages first)."""
-    cmd = [sys.executable, __file__, "--one-side", "--commits", str(commits)]
-    cmd += ["--per-txn", str(per_txn)]
-    env = {**os.environ, "PYTHONPATH": str(checkout)}
-    done = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"the run in {checkout} failed:\n{done.stderr}")
-    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    """One side in a fresh process of ``checkout``'s code."""
+    # (Imported here: the side's own process imports from that checkout,
+    # whose bench package may predate this helper.)
+    from bench.txnpath import run_in_checkout
+
+    args = ["--one-side", "--commits", str(commits), "--per-txn", str(per_txn)]
+    return run_in_checkout(__file__, checkout, args)
 
 
 def main() -> None:

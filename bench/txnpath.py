@@ -159,18 +159,26 @@ def check(broker: Any, txns: int) -> None:
         )
 
 
-def run_checkout(checkout: Path, args: argparse.Namespace, concurrency: int) -> dict[str, float]:
-    """One round in a fresh process of ``checkout``'s code."""
-    # This file runs there, so the baseline needs no copy of it; PYTHONPATH
+def run_in_checkout(script: str, checkout: Path, args: list[str]) -> dict[str, float]:
+    """Run benchmark ``script`` with ``args`` in a fresh process of
+    ``checkout``'s code; the JSON object it prints last."""
+    # The script runs there, so the baseline needs no copy of it; PYTHONPATH
     # puts that checkout's packages first.
-    cmd = [sys.executable, __file__, "--one-round", str(concurrency)]
-    cmd += ["--txns", str(args.txns), "--per-txn", str(args.per_txn)]
     env = {**os.environ, "PYTHONPATH": str(checkout)}
-    done = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, script, *args],
+        cwd=checkout, env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
     if done.returncode != 0:
-        raise SystemExit(f"round in {checkout} failed:\n{done.stderr}")
+        raise SystemExit(f"the run in {checkout} failed:\n{done.stderr}")
     result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
+
+
+def run_checkout(checkout: Path, args: argparse.Namespace, concurrency: int) -> dict[str, float]:
+    """One round in a fresh process of ``checkout``'s code."""
+    round_args = ["--one-round", str(concurrency), "--txns", str(args.txns)]
+    return run_in_checkout(__file__, checkout, [*round_args, "--per-txn", str(args.per_txn)])
 
 
 def main() -> None:
