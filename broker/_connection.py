@@ -54,8 +54,9 @@ __all__ = ["Connection"]
 log = logging.getLogger(__name__)
 
 # 2: BATCH frames; 3: CommandAck.positions, CommandSend.batch; 4: add_to_txn
-# on transactional SENDs and ACKs.
-PROTOCOL_VERSION = 4
+# on transactional SENDs and ACKs; 5: END_TXN may open the next transaction
+# (next_txn_ttl_ms).
+PROTOCOL_VERSION = 5
 SERVER_VERSION = "txnbuf/0.1.0"
 MAX_MESSAGE_SIZE = 5 << 20  # bytes in one frame the client may send
 
@@ -575,16 +576,21 @@ class Connection:
 
     # -- transactions (PIP-31 §TC Request Processing) -------------------------------
 
-    def _txn_answer(self, req: Any, work: Awaitable[None], what: str) -> None:
-        """Await ``work``; answer TXN_RESPONSE, with the error set if it raised.
-        A future gets a done callback; a coroutine runs in a task."""
+    def _txn_answer(self, req: Any, work: Awaitable[TxnID | None], what: str) -> None:
+        """Await ``work``; answer TXN_RESPONSE, with the error set if it raised
+        (and with the next transaction if it returned one: END_TXN's
+        ``next_txn_ttl_ms``). A future gets a done callback; a coroutine runs
+        in a task."""
 
-        def answer(exc: BaseException | None) -> None:
+        def answer(exc: BaseException | None, following: TxnID | None = None) -> None:
             resp = pb.CommandTxnResponse(
                 request_id=req.request_id,
                 txnid_most_bits=req.txnid_most_bits,
                 txnid_least_bits=req.txnid_least_bits,
             )
+            if following is not None:
+                resp.next_txnid_most_bits = following.most_bits
+                resp.next_txnid_least_bits = following.least_bits
             if exc is not None:
                 resp.error = error_code(exc)
                 resp.message = error_text(exc)
@@ -594,7 +600,7 @@ class Connection:
 
         if isinstance(work, asyncio.Future):
 
-            def done(f: asyncio.Future[None]) -> None:
+            def done(f: asyncio.Future[TxnID | None]) -> None:
                 if f.cancelled():
                     answer(asyncio.CancelledError())
                 else:
@@ -605,11 +611,11 @@ class Connection:
 
         async def run() -> None:
             try:
-                await work
+                following = await work
             except Exception as exc:
                 answer(exc)
                 return
-            answer(None)
+            answer(None, following)
 
         self._spawn(run())
 
@@ -674,12 +680,55 @@ class Connection:
 
     def _on_end_txn(self, cmd: pb.BaseCommand) -> None:
         req = cmd.end_txn
+        # Protocol version 5: the client asks for its next transaction with
+        # this END. It is opened now, alongside the END, and answered only
+        # if the END succeeds (else aborted: the client asks anew).
+        following = self._open_next(req) if req.HasField("next_txn_ttl_ms") else None
 
-        async def work() -> None:
+        async def work() -> TxnID | None:
             txnid = TxnID(req.txnid_most_bits, req.txnid_least_bits)
-            await self.broker.coordinator(txnid).end_txn(txnid, req.txn_action == pb.COMMIT)
+            try:
+                await self.broker.coordinator(txnid).end_txn(txnid, req.txn_action == pb.COMMIT)
+            except BaseException:
+                if following is not None:
+                    following.add_done_callback(self._abort_unanswered)
+                raise
+            if following is None:
+                return None
+            try:
+                return await following
+            except Exception as exc:  # the END stands; the client asks with NEW_TXN
+                log.debug("connection %s: opening the next transaction failed: %s", self.peer, exc)
+                return None
 
         self._txn_answer(req, work(), "end transaction")
+
+    def _open_next(self, req: pb.CommandEndTxn) -> asyncio.Task[TxnID]:
+        """Open the transaction an END_TXN asks for (its timeout, on its
+        coordinator)."""
+
+        async def open_next() -> TxnID:
+            tc = self.broker.coordinators.get(req.next_tc_id)
+            if tc is None:
+                raise BrokerError(
+                    "TRANSACTION_COORDINATOR_NOT_FOUND", f"no coordinator {req.next_tc_id} here"
+                )
+            return await tc.new_txn(req.next_txn_ttl_ms)
+
+        return asyncio.get_running_loop().create_task(open_next())
+
+    def _abort_unanswered(self, opened: asyncio.Task[TxnID]) -> None:
+        """Abort a next transaction whose END failed (nobody learns its id)."""
+        if opened.cancelled() or opened.exception() is not None:
+            return
+        txnid = opened.result()
+        self._spawn(self._abort_quietly(txnid))
+
+    async def _abort_quietly(self, txnid: TxnID) -> None:
+        try:
+            await self.broker.coordinator(txnid).end_txn(txnid, False)
+        except Exception as exc:  # its timeout aborts it
+            log.debug("connection %s: aborting unanswered %s failed: %s", self.peer, txnid, exc)
 
     def _on_end_txn_on_partition(self, cmd: pb.BaseCommand) -> None:
         req = cmd.end_txn_on_partition

@@ -52,7 +52,7 @@ class Client:
         self._conn = Connection(url, operation_timeout)
         self._closed = False
         self._next_tc = 0  # round robin over the broker's coordinators
-        self._spares = SparePool(self._new_txn, self._abort_spare, self._conn.is_current)
+        self._spares = SparePool(self._spare_tc, self._abort_spare, self._conn.is_current)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
@@ -168,7 +168,7 @@ class Client:
         named in CONNECTED (coordinator 0 if it named none): NEW_TXN, then
         the TxnID from NEW_TXN_RESPONSE. A transaction with the same timeout
         that just ended asked for this one already, with its END_TXN (a
-        spare, see ``client._spares``); then no round trip is waited for.
+        spare, see ``client._spares``); then nothing is sent.
         See ``client._txn`` for the rest.
         """
         if (
@@ -183,17 +183,28 @@ class Client:
         if ttl_ms > MAX_TXN_TTL_MS:
             raise InvalidInputError(f"timeout {timeout} s is too long")
         await self.connect()
-        spare = await self._spares.take(ttl_ms)
+        spare = self._spares.take(ttl_ms)
         if spare is None:
             spare = await self._new_txn(ttl_ms)
         txn_id = TxnID(spare.most_bits, spare.least_bits)
-        return Transaction(self._conn, txn_id, spare.tc_id, timeout, self._spares.prefetch)
+        return Transaction(self._conn, txn_id, spare.tc_id, timeout, self._spares)
 
-    async def _new_txn(self, ttl_ms: int) -> Spare:
-        """NEW_TXN to the next coordinator (round robin)."""
+    def _round_robin_tc(self) -> int:
         tc_ids = self._conn.tc_ids or (0,)
         tc_id = tc_ids[self._next_tc % len(tc_ids)]
         self._next_tc += 1
+        return tc_id
+
+    def _spare_tc(self) -> int | None:
+        """The coordinator of the next spare, if the broker opens spares
+        (protocol version 5: END_TXN may ask for the next transaction)."""
+        if self._conn.broker_protocol < 5:
+            return None
+        return self._round_robin_tc()
+
+    async def _new_txn(self, ttl_ms: int) -> Spare:
+        """NEW_TXN to the next coordinator (round robin)."""
+        tc_id = self._round_robin_tc()
         born = asyncio.get_running_loop().time()
         reply = await self._conn.request(
             lambda request_id: command(

@@ -82,7 +82,9 @@ CLIENT_VERSION = "txnbuf-python/0.1.0"
 # 4: with a broker that announced 4, transactional SENDs and ACKs ask it to add
 # their partition / subscription to the transaction (add_to_txn): no
 # ADD_PARTITION_TO_TXN / ADD_SUBSCRIPTION_TO_TXN requests (see client._txn).
-PROTOCOL_VERSION = 4
+# 5: with a broker that announced 5, a transaction's END_TXN asks for the next
+# transaction (next_txn_ttl_ms): no NEW_TXN request (see client._spares).
+PROTOCOL_VERSION = 5
 # Used until the broker's CONNECTED says otherwise.
 DEFAULT_MAX_MESSAGE_SIZE = 5 * 1024 * 1024
 BACKOFF_MIN = 0.05

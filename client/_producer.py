@@ -66,6 +66,7 @@ from proto import txnbuf_pb2 as pb
 from ._connection import BusyClock, Command, Connection, Link, Type, command, fail_all, wait_until
 from ._message import MessageId, new_message_id
 from ._txn import (
+    _OPEN,
     Transaction,
     TxnID,
     check_txn,
@@ -406,7 +407,9 @@ class Producer:
     ) -> asyncio.Future[MessageId]:
         if self._closing:
             self._raise_closed()
-        if txn is not None:
+        if txn is not None and (
+            type(txn) is not Transaction or txn._conn is not self._conn or txn._state is not _OPEN
+        ):  # (the usual case checked inline: a call costs more per message)
             check_txn(txn, self._conn)
         if type(value) is not bytes:
             if not isinstance(value, bytearray | memoryview):

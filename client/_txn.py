@@ -87,6 +87,7 @@ from .errors import (
 
 if TYPE_CHECKING:
     from ._connection import Connection, Link
+    from ._spares import SparePool
 
 log = logging.getLogger("client")
 
@@ -293,10 +294,10 @@ class Transaction:
         txn_id: TxnID,
         tc_id: int,
         timeout: float,
-        ending: Callable[[int], None] | None = None,
+        spares: SparePool | None = None,
     ) -> None:
         self._conn = conn
-        self._ending_hook = ending  # told the timeout (ms) when END_TXN is first sent
+        self._spares = spares  # its first END_TXN asks for a spare (client._spares)
         self._loop = asyncio.get_running_loop()
         self.id = txn_id
         self.tc_id = tc_id
@@ -519,23 +520,42 @@ class Transaction:
         """END_TXN for ``event`` (COMMIT or ABORT); apply its answer."""
         committing = event is TxnEvent.COMMIT
         action = pb.COMMIT if committing else pb.ABORT
-        if self._ending_hook is not None:  # the client asks for a spare (client._spares)
-            self._ending_hook(max(1, round(self.timeout * 1000)))
-            self._ending_hook = None
+        spares, self._spares = self._spares, None
+        # The first END asks for a spare (client._spares); a retry does not.
+        ask = None if spares is None else spares.ask(max(1, round(self.timeout * 1000)))
+        unasked = ask
+
+        def build(request_id: int) -> Command:
+            nonlocal unasked
+            cmd = self._command(Command.END_TXN, "end_txn", request_id, txn_action=action)
+            if unasked is not None:
+                cmd.end_txn.next_txn_ttl_ms = unasked.ttl_ms
+                cmd.end_txn.next_tc_id = unasked.tc_id
+                unasked = None
+            return cmd
+
+        answer = None
         try:
-            await self._conn.request(
-                lambda request_id: self._command(
-                    Command.END_TXN, "end_txn", request_id, txn_action=action
-                ),
-                Command.TXN_RESPONSE,
-                f"{event.value} transaction {self.id}",
+            reply = await self._conn.request(
+                build, Command.TXN_RESPONSE, f"{event.value} transaction {self.id}",
                 link_bound=False,
-            )
+            )  # fmt: skip
+            answer = reply.txn_response
         except TransactionTimeoutError:
             self._state = transition(self._state, TxnEvent.ABORTED, self.id)
             raise
         except (TransactionNotFoundError, InvalidTxnStatusError):
             self._state = transition(self._state, TxnEvent.LOST, self.id)
             raise
+        finally:
+            if ask is not None:
+                assert spares is not None
+                if answer is not None and answer.HasField("next_txnid_most_bits"):
+                    spares.answered(
+                        ask, answer.next_txnid_most_bits, answer.next_txnid_least_bits,
+                        self._conn.gen,
+                    )  # fmt: skip
+                else:
+                    spares.unanswered(ask)
         done = TxnEvent.COMMITTED if committing else TxnEvent.ABORTED
         self._state = transition(self._state, done, self.id)

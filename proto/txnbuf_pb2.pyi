@@ -478,30 +478,38 @@ class CommandAddSubscriptionToTxn(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., subscriptions: _Optional[_Iterable[_Union[SubscriptionRef, _Mapping]]] = ...) -> None: ...
 
 class CommandEndTxn(_message.Message):
-    __slots__ = ("request_id", "txnid_most_bits", "txnid_least_bits", "txn_action")
+    __slots__ = ("request_id", "txnid_most_bits", "txnid_least_bits", "txn_action", "next_txn_ttl_ms", "next_tc_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TXNID_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
     TXNID_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
     TXN_ACTION_FIELD_NUMBER: _ClassVar[int]
+    NEXT_TXN_TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_TC_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     txnid_most_bits: int
     txnid_least_bits: int
     txn_action: TxnAction
-    def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., txn_action: _Optional[_Union[TxnAction, str]] = ...) -> None: ...
+    next_txn_ttl_ms: int
+    next_tc_id: int
+    def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., txn_action: _Optional[_Union[TxnAction, str]] = ..., next_txn_ttl_ms: _Optional[int] = ..., next_tc_id: _Optional[int] = ...) -> None: ...
 
 class CommandTxnResponse(_message.Message):
-    __slots__ = ("request_id", "txnid_most_bits", "txnid_least_bits", "error", "message")
+    __slots__ = ("request_id", "txnid_most_bits", "txnid_least_bits", "error", "message", "next_txnid_most_bits", "next_txnid_least_bits")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TXNID_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
     TXNID_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    NEXT_TXNID_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_TXNID_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     txnid_most_bits: int
     txnid_least_bits: int
     error: ServerError
     message: str
-    def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., error: _Optional[_Union[ServerError, str]] = ..., message: _Optional[str] = ...) -> None: ...
+    next_txnid_most_bits: int
+    next_txnid_least_bits: int
+    def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., error: _Optional[_Union[ServerError, str]] = ..., message: _Optional[str] = ..., next_txnid_most_bits: _Optional[int] = ..., next_txnid_least_bits: _Optional[int] = ...) -> None: ...
 
 class CommandEndTxnOnPartition(_message.Message):
     __slots__ = ("request_id", "txnid_most_bits", "txnid_least_bits", "partition", "txn_action")

@@ -751,68 +751,150 @@ def txn_key(txn: Transaction) -> tuple[int, int]:
     return (txn.id.most_bits, txn.id.least_bits)
 
 
-async def test_ending_a_transaction_asks_for_the_next_one(fake: FakeBroker, cli: Client) -> None:
-    first = await cli.new_transaction(timeout=30)
+@pytest.fixture
+async def cli5(fake: FakeBroker) -> Any:
+    """A client of a broker of protocol version 5 (END_TXN opens spares)."""
+    fake.protocol_version = 5
+    async with Client(fake.url, operation_timeout=5.0) as c:
+        yield c
+    assert not fake.violations
+
+
+def open_txns(fake: FakeBroker) -> list[tuple[int, int]]:
+    return [k for k, t in fake.txns.items() if t.status == "OPEN"]
+
+
+async def test_ending_a_transaction_asks_for_the_next_one(fake: FakeBroker, cli5: Client) -> None:
+    fake.tc_ids = []
+    first = await cli5.new_transaction(timeout=30)
     assert fake.types().count("NEW_TXN") == 1
     await first.commit()
-    # END_TXN, then at once NEW_TXN for a spare with the same timeout.
-    ends = fake.types().index("END_TXN")
-    assert fake.types()[ends + 1 :].count("NEW_TXN") == 1
-    assert fake.of_type(T.NEW_TXN)[-1].new_txn.txn_ttl_ms == 30_000
-    second = await cli.new_transaction(timeout=30)
-    assert fake.types().count("NEW_TXN") == 2  # the spare: no request of its own
-    assert second.id != first.id and fake.txn(second.id).status == "OPEN"
+    (end,) = [cmd.end_txn for cmd in fake.of_type(T.END_TXN)]
+    assert end.next_txn_ttl_ms == 30_000 and end.next_tc_id == 0
+    (spare,) = open_txns(fake)
+    second = await cli5.new_transaction(timeout=30)
+    assert txn_key(second) == spare and fake.types().count("NEW_TXN") == 1  # nothing sent
     assert second.timeout == 30 and second.state is TxnState.OPEN
     await second.abort()  # an abort asks for a spare too
-    assert fake.types().count("NEW_TXN") == 3
+    assert fake.of_type(T.END_TXN)[-1].end_txn.next_txn_ttl_ms == 30_000
+    third = await cli5.new_transaction(timeout=30)
+    assert fake.types().count("NEW_TXN") == 1 and txn_key(third) not in (spare, txn_key(first))
 
 
-async def test_a_spare_is_only_for_the_same_timeout(fake: FakeBroker, cli: Client) -> None:
+async def test_spares_go_round_robin_over_the_coordinators(fake: FakeBroker) -> None:
+    fake.protocol_version, fake.tc_ids = 5, [3, 7]
+    async with Client(fake.url, operation_timeout=5.0) as c:
+        txn = await c.new_transaction()
+        for _ in range(3):
+            await txn.commit()
+            txn = await c.new_transaction()
+    assert [cmd.new_txn.tc_id for cmd in fake.of_type(T.NEW_TXN)] == [3]
+    assert [cmd.end_txn.next_tc_id for cmd in fake.of_type(T.END_TXN)][:3] == [7, 3, 7]
+
+
+async def test_a_broker_before_version_5_is_asked_with_new_txn(
+    fake: FakeBroker, cli: Client
+) -> None:
     await (await cli.new_transaction(timeout=30)).commit()
-    other = await cli.new_transaction(timeout=10)
-    requests = [cmd.new_txn.txn_ttl_ms for cmd in fake.of_type(T.NEW_TXN)]
-    assert requests == [30_000, 30_000, 10_000]
+    await cli.new_transaction(timeout=30)
+    assert not fake.of_type(T.END_TXN)[0].end_txn.HasField("next_txn_ttl_ms")
+    assert fake.types().count("NEW_TXN") == 2 and not fake.violations
+
+
+async def test_a_spare_is_only_for_the_same_timeout(fake: FakeBroker, cli5: Client) -> None:
+    await (await cli5.new_transaction(timeout=30)).commit()
+    other = await cli5.new_transaction(timeout=10)
+    assert [cmd.new_txn.txn_ttl_ms for cmd in fake.of_type(T.NEW_TXN)] == [30_000, 10_000]
     assert fake.txn(other.id).ttl_ms == 10_000
 
 
+async def test_a_failed_end_brings_no_spare_and_its_retry_asks_for_none(
+    fake: FakeBroker, cli5: Client
+) -> None:
+    txn = await cli5.new_transaction(timeout=30)
+    fake.txn_errors[T.END_TXN] = [pb.SERVICE_NOT_READY]  # retriable: END is sent again
+    await txn.commit()
+    asked = [cmd.end_txn.HasField("next_txn_ttl_ms") for cmd in fake.of_type(T.END_TXN)]
+    assert asked == [True, False]
+    assert open_txns(fake) == []  # (the fake, like the broker, opens none for a failed END)
+    await cli5.new_transaction(timeout=30)
+    assert fake.types().count("NEW_TXN") == 2
+
+
+async def test_spares_asked_for_are_bounded(
+    fake: FakeBroker, cli5: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(client._spares, "MAX_SPARES", 3)
+    txns = [await cli5.new_transaction(timeout=30) for _ in range(5)]
+    fake.hold = {T.END_TXN}
+    commits = [asyncio.ensure_future(t.commit()) for t in txns]
+    await until(lambda: len(fake.of_type(T.END_TXN)) == 5)
+    asked = [cmd.end_txn.HasField("next_txn_ttl_ms") for cmd in fake.of_type(T.END_TXN)]
+    assert asked == [True, True, True, False, False]
+    fake.hold = set()
+    await fake.release()
+    await asyncio.gather(*commits)
+    assert len(open_txns(fake)) == 3
+    await asyncio.gather(*(cli5.new_transaction(timeout=30) for _ in range(3)))
+    assert fake.types().count("NEW_TXN") == 5  # all three were spares
+    await (await cli5.new_transaction(timeout=30)).commit()  # room again: it asks
+    assert fake.of_type(T.END_TXN)[-1].end_txn.HasField("next_txn_ttl_ms")
+
+
 async def test_a_spare_too_old_is_aborted_not_used(
-    fake: FakeBroker, cli: Client, monkeypatch: pytest.MonkeyPatch
+    fake: FakeBroker, cli5: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(client._spares, "MAX_AGE", 0.05)
-    await (await cli.new_transaction(timeout=30)).commit()
-    (spare,) = [k for k, t in fake.txns.items() if t.status == "OPEN"]
+    await (await cli5.new_transaction(timeout=30)).commit()
+    (spare,) = open_txns(fake)
     await until(lambda: fake.txns[spare].status == "ABORTED")  # nobody took it in time
-    fresh = await cli.new_transaction(timeout=30)
+    fresh = await cli5.new_transaction(timeout=30)
     assert txn_key(fresh) != spare and fake.txn(fresh.id).status == "OPEN"
-    assert fake.types().count("NEW_TXN") == 3
+    assert fake.types().count("NEW_TXN") == 2
+
+
+async def test_spares_grown_old_are_all_aborted(
+    fake: FakeBroker, cli5: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One timer watches them all: it wakes for each spare in turn."""
+    monkeypatch.setattr(client._spares, "MAX_AGE", 0.2)
+    first = await cli5.new_transaction(timeout=30)
+    second = await cli5.new_transaction(timeout=20)
+    await first.commit()
+    await asyncio.sleep(0.1)
+    await second.commit()
+    spares = open_txns(fake)
+    assert len(spares) == 2
+    await until(lambda: fake.txns[spares[0]].status == "ABORTED")
+    assert fake.txns[spares[1]].status == "OPEN"  # younger: not yet
+    await until(lambda: fake.txns[spares[1]].status == "ABORTED")
 
 
 async def test_a_spare_with_a_short_timeout_is_aborted_after_a_tenth_of_it(
-    fake: FakeBroker, cli: Client, monkeypatch: pytest.MonkeyPatch
+    fake: FakeBroker, cli5: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A spare loses at most a tenth of its timeout: one nobody takes is
     aborted then, not only after MAX_AGE (a minute here)."""
     monkeypatch.setattr(client._spares, "MAX_AGE", 60.0)
-    await (await cli.new_transaction(timeout=0.5)).commit()  # a spare of 0.5 s: 50 ms
-    await until(lambda: any(t.status == "OPEN" for t in fake.txns.values()))
-    (spare,) = [k for k, t in fake.txns.items() if t.status == "OPEN"]
+    await (await cli5.new_transaction(timeout=0.5)).commit()  # a spare of 0.5 s: 50 ms
+    (spare,) = open_txns(fake)
     await until(lambda: fake.txns[spare].status == "ABORTED", timeout=5.0)
 
 
-async def test_a_spare_from_before_a_reconnect_is_not_used(fake: FakeBroker, cli: Client) -> None:
-    # A restarted broker aborts the transactions it found open: a spare asked
-    # for on an earlier link may be one of them.
-    await (await cli.new_transaction(timeout=30)).commit()
-    await until(lambda: fake.types().count("NEW_TXN") == 2)
-    (spare,) = [k for k, t in fake.txns.items() if t.status == "OPEN"]
+async def test_a_spare_from_before_a_reconnect_is_not_used(fake: FakeBroker, cli5: Client) -> None:
+    # A restarted broker aborts the transactions it found open: a spare
+    # answered on an earlier link may be one of them.
+    await (await cli5.new_transaction(timeout=30)).commit()
+    (spare,) = open_txns(fake)
     await fake.drop_connections()
-    await until(lambda: cli.connections == 2)
-    fresh = await cli.new_transaction(timeout=30)
+    await until(lambda: cli5.connections == 2)
+    fresh = await cli5.new_transaction(timeout=30)
     assert txn_key(fresh) != spare
-    assert fake.types().count("NEW_TXN") == 3
+    assert fake.types().count("NEW_TXN") == 2
 
 
 async def test_close_aborts_the_spares(fake: FakeBroker) -> None:
+    fake.protocol_version = 5
     async with Client(fake.url, operation_timeout=5.0) as c:
         await (await c.new_transaction(timeout=30)).commit()
     assert [t.status for t in fake.txns.values()] == ["COMMITTED", "ABORTED"]

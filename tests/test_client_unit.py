@@ -311,9 +311,7 @@ class FakeBroker:
         if kind == T.NEW_TXN:
             fields: dict[str, Any] = dict(request_id=req.request_id)
             if error is None:
-                self.txn_counters[req.tc_id] += 1
-                most, least = req.tc_id << 48, self.txn_counters[req.tc_id]
-                self.txns[most, least] = FakeTxn(req.tc_id, req.txn_ttl_ms)
+                most, least = self._open_txn(req.tc_id, req.txn_ttl_ms)
                 fields.update(txnid_most_bits=most, txnid_least_bits=least)
             else:
                 fields["error"] = error
@@ -334,6 +332,12 @@ class FakeBroker:
             )
             if error is not None:
                 fields.update(error=error, message="fake coordinator")
+            if kind == T.END_TXN and req.HasField("next_txn_ttl_ms"):
+                if self.protocol_version < 5:
+                    self.violations.append("END_TXN next_txn_ttl_ms sent to a broker before 5")
+                elif error is None:  # (the broker answers a spare only with a success)
+                    most, least = self._open_txn(req.next_tc_id, req.next_txn_ttl_ms)
+                    fields.update(next_txnid_most_bits=most, next_txnid_least_bits=least)
             answer = frame(T.TXN_RESPONSE, "txn_response", **fields)
         if kind in self.hold:
             self.held.append((ws, answer))
@@ -346,6 +350,12 @@ class FakeBroker:
             for (sub_topic, _), sub in self.subs.items():
                 if any(topic == sub_topic for topic, _ in txn.buffers):
                     await self._deliver(sub_topic, sub)
+
+    def _open_txn(self, tc_id: int, ttl_ms: int) -> tuple[int, int]:
+        self.txn_counters[tc_id] += 1
+        most, least = tc_id << 48, self.txn_counters[tc_id]
+        self.txns[most, least] = FakeTxn(tc_id, ttl_ms)
+        return most, least
 
     def _apply_txn_command(self, kind: int, req: Any, txn: FakeTxn) -> int | None:
         if kind == T.END_TXN:

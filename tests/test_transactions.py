@@ -105,6 +105,65 @@ async def test_spare_transactions_are_used_and_aborted_at_close(broker: BrokerPr
     assert listed["transactions"] == []
 
 
+async def test_end_txn_opens_the_next_transaction_only_when_it_succeeds(
+    broker: BrokerProcess,
+) -> None:
+    """Protocol version 5: END_TXN with next_txn_ttl_ms opens the next
+    transaction (its timeout, on next_tc_id) and answers its id; an END that
+    fails answers none and leaves none open; a next transaction that cannot
+    be opened (no such coordinator, a bad timeout) leaves the END as it is."""
+
+    def open_txns() -> list[dict]:  # type: ignore[type-arg]
+        return admin_json(broker, "GET", "/admin/v1/transactions?state=OPEN")[1]["transactions"]
+
+    async with RawConnection(broker.url) as raw:
+        answer = await raw.request(
+            T.NEW_TXN, "new_txn", pb.CommandNewTxn(request_id=1, txn_ttl_ms=10_000)
+        )
+        first = answer.new_txn_response
+
+        async def end(
+            request_id: int, txn: object, action: int, **ask: int
+        ) -> pb.CommandTxnResponse:
+            ids = dict(
+                txnid_most_bits=txn.txnid_most_bits,  # type: ignore[attr-defined]
+                txnid_least_bits=txn.txnid_least_bits,  # type: ignore[attr-defined]
+            )
+            body = pb.CommandEndTxn(request_id=request_id, txn_action=action, **ids, **ask)  # type: ignore[arg-type]
+            return (await raw.request(T.END_TXN, "end_txn", body)).txn_response
+
+        answer = await end(2, first, pb.COMMIT, next_txn_ttl_ms=20_000, next_tc_id=0)
+        assert not answer.HasField("error") and answer.HasField("next_txnid_most_bits")
+        following = f"({answer.next_txnid_most_bits},{answer.next_txnid_least_bits})"
+        (listed,) = open_txns()
+        assert listed["txnid"] == following and listed["timeout_ms"] == 20_000
+        assert listed["partitions"] == [] and listed["subscriptions"] == []
+
+        # The END fails (the first transaction was committed): no next one.
+        refused = await end(3, first, pb.ABORT, next_txn_ttl_ms=20_000, next_tc_id=0)
+        assert refused.error == pb.INVALID_TXN_STATUS
+        assert not refused.HasField("next_txnid_most_bits")
+        # The next transaction the broker opened for it is aborted.
+        for _ in range(50):
+            if [t["txnid"] for t in open_txns()] == [following]:
+                break
+            await asyncio.sleep(0.1)
+        assert [t["txnid"] for t in open_txns()] == [following]
+
+        # The END succeeds, the next transaction cannot be opened: the END stands.
+        second = pb.CommandNewTxnResponse(
+            txnid_most_bits=answer.next_txnid_most_bits,
+            txnid_least_bits=answer.next_txnid_least_bits,
+        )
+        answer = await end(4, second, pb.COMMIT, next_txn_ttl_ms=20_000, next_tc_id=9)
+        assert not answer.HasField("error") and not answer.HasField("next_txnid_most_bits")
+        again = await end(5, second, pb.COMMIT, next_txn_ttl_ms=10**12, next_tc_id=0)
+        assert not again.HasField("error") and not again.HasField("next_txnid_most_bits")
+        assert open_txns() == []
+        _, meta = admin_json(broker, "GET", f"/admin/v1/transactions/{following}")
+        assert meta["status"] == "COMMITTED"
+
+
 async def test_abort_discards_sends_and_redelivers_inputs(broker: BrokerProcess) -> None:
     async with Client(broker.url) as client:
         await seed(client, "in", 5)
