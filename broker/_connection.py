@@ -69,6 +69,19 @@ _SUB_TYPES = {
 }
 
 
+class _TxnOps:
+    """A transaction's SENDs and ACKs that a connection has read and not yet
+    answered, and the first error it answered one with: what an END_TXN
+    ``after_ops`` waits for."""
+
+    __slots__ = ("error", "pending", "settled")
+
+    def __init__(self) -> None:
+        self.pending = 0
+        self.error: str | None = None
+        self.settled: asyncio.Future[None] | None = None
+
+
 @dataclass(slots=True)
 class _Producer:
     producer_id: int
@@ -97,6 +110,9 @@ class Connection:
         # Transactional sends waiting, in order, for their partition's
         # registration with the coordinator: (txn, topic, partition) -> frames.
         self._held_sends: dict[tuple[TxnID, str, int], list[pb.BaseCommand]] = {}
+        # Per transaction (most, least bits): its SENDs and ACKs read here and
+        # not answered yet, or one answered with an error (END_TXN after_ops).
+        self._txn_ops: dict[tuple[int, int], _TxnOps] = {}
         self._handlers: dict[int, Callable[[pb.BaseCommand], None]] = {
             T.CONNECT: self._on_connect,
             T.PARTITIONED_METADATA: self._on_partitioned_metadata,
@@ -328,10 +344,17 @@ class Connection:
         self.send(self._success(req.request_id))
 
     def _on_send(self, cmd: pb.BaseCommand) -> None:
+        if cmd.send.transactional:
+            self._op_read(cmd.send)
+        self._take_send(cmd)
+
+    def _take_send(self, cmd: pb.BaseCommand) -> None:
         req = cmd.send
         producer = self.producers.get(req.producer_id)
 
         def fail(code: pb.ServerError, message: str) -> None:
+            if req.transactional:
+                self._op_answered(req, message)
             self.send(
                 command(
                     T.SEND_ERROR,
@@ -417,6 +440,8 @@ class Connection:
             return
 
         def answer(result: PublishResult) -> None:
+            if req.transactional:
+                self._op_answered(req, None)
             ack = pb.CommandSendReceipt(
                 producer_id=req.producer_id,
                 request_id=req.request_id,
@@ -458,7 +483,7 @@ class Connection:
         """The registration the sends of ``key`` waited for is logged (or
         failed): handle them in order (each is checked again)."""
         for cmd in self._held_sends.pop(key, []):
-            self._on_send(cmd)
+            self._take_send(cmd)
 
     def _on_subscribe(self, cmd: pb.BaseCommand) -> None:
         req = cmd.subscribe
@@ -519,6 +544,8 @@ class Connection:
     def _on_ack(self, cmd: pb.BaseCommand) -> None:
         req = cmd.ack
         consumer = self.consumers.get(req.consumer_id)
+        if req.transactional:
+            self._op_read(req)
 
         async def work() -> None:
             resp = pb.CommandAckResponse(consumer_id=req.consumer_id, request_id=req.request_id)
@@ -548,6 +575,8 @@ class Connection:
             except Exception as exc:
                 resp.error = error_code(exc)
                 resp.message = error_text(exc)
+            if req.transactional:
+                self._op_answered(req, resp.message if resp.HasField("error") else None)
             self.send(command(T.ACK_RESPONSE, "ack_response", resp))
 
         self._spawn(work())
@@ -575,6 +604,52 @@ class Connection:
         self.send(self._success(req.request_id))
 
     # -- transactions (PIP-31 §TC Request Processing) -------------------------------
+
+    def _op_read(self, req: pb.CommandSend | pb.CommandAck) -> None:
+        """A transactional SEND or ACK is read: END_TXN after_ops waits for it."""
+        key = (req.txnid_most_bits, req.txnid_least_bits)
+        ops = self._txn_ops.get(key)
+        if ops is None:
+            ops = self._txn_ops[key] = _TxnOps()
+        ops.pending += 1
+
+    def _op_answered(self, req: pb.CommandSend | pb.CommandAck, error: str | None) -> None:
+        """A transactional SEND or ACK is answered, with ``error`` if it failed."""
+        key = (req.txnid_most_bits, req.txnid_least_bits)
+        ops = self._txn_ops.get(key)
+        if ops is None:
+            return
+        ops.pending -= 1
+        if error is not None and ops.error is None:
+            ops.error = error
+        if ops.pending == 0:
+            if ops.settled is not None and not ops.settled.done():
+                ops.settled.set_result(None)
+            if ops.error is None:  # (a failure is kept for the END that comes)
+                del self._txn_ops[key]
+
+    async def _ops_answered(self, req: pb.CommandEndTxn) -> None:
+        """END_TXN after_ops: wait until every transactional SEND and ACK of
+        the transaction read earlier on this connection is answered. Raise
+        NOT_ALLOWED (nothing changes) if one failed and the transaction is
+        still open: the client aborts it. (A transaction that an earlier END
+        committed already answers this one as a repeat.)"""
+        key = (req.txnid_most_bits, req.txnid_least_bits)
+        ops = self._txn_ops.get(key)
+        if ops is None:
+            return
+        if ops.pending:
+            if ops.settled is None:
+                ops.settled = asyncio.get_running_loop().create_future()
+            await asyncio.shield(ops.settled)
+        if ops.error is not None:
+            txnid = TxnID(*key)
+            if self.broker.coordinator(txnid).is_open(txnid):
+                raise BrokerError(
+                    "NOT_ALLOWED",
+                    f"commit of {txnid} refused: a send or ack of it failed ({ops.error}); "
+                    "nothing changed: abort it",
+                )
 
     def _txn_answer(self, req: Any, work: Awaitable[TxnID | None], what: str) -> None:
         """Await ``work``; answer TXN_RESPONSE, with the error set if it raised
@@ -687,12 +762,18 @@ class Connection:
 
         async def work() -> TxnID | None:
             txnid = TxnID(req.txnid_most_bits, req.txnid_least_bits)
+            commit = req.txn_action == pb.COMMIT
             try:
-                await self.broker.coordinator(txnid).end_txn(txnid, req.txn_action == pb.COMMIT)
+                if req.after_ops and commit:
+                    await self._ops_answered(req)
+                await self.broker.coordinator(txnid).end_txn(txnid, commit)
             except BaseException:
                 if following is not None:
                     following.add_done_callback(self._abort_unanswered)
                 raise
+            ops = self._txn_ops.get(txn_key(txnid))
+            if ops is not None and not ops.pending:  # (it is ending: forget a failure)
+                del self._txn_ops[txn_key(txnid)]
             if following is None:
                 return None
             try:

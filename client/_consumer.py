@@ -417,6 +417,7 @@ class Consumer:
             self._loop.call_soon(self._flush_acks)
         if txn is not None:
             txn._track(future)
+            txn._flushes.add(self._flush_acks)
         await _answer(future, txn)
 
     async def acknowledge_cumulative(

@@ -451,6 +451,7 @@ class Producer:
             if txn is not None:
                 batch.tracker = self._loop.create_future()
                 txn._track(batch.tracker)
+                txn._flushes.add(self._flush)
         batch.entries.append((value, key, properties, sequence_id))
         batch.futures.append(future)
         batch.size += size

@@ -39,6 +39,22 @@ Decisions written down here:
   any of them failed (a TRANSACTION_CONFLICT on an ack, a send error, a
   timeout, a refused registration), it sends END_TXN ABORT instead and
   raises the first of those errors; else END_TXN COMMIT.
+* With a broker of protocol version 5 or later, ``commit()`` does not wait
+  for them first: it frames what is still queued and writes END_TXN COMMIT
+  with ``after_ops`` right behind it, on the same link. The broker reads
+  frames in order, so it has read every send and ack of the transaction
+  before the END; it commits once they are all answered, and only if none
+  failed. Their answers come before the END's. If one failed, the broker
+  refuses the commit (NOT_ALLOWED, nothing changed), and the client aborts
+  and raises that error, as above. This saves a round trip per
+  transaction. If the link dies before the END's answer, the client waits
+  for the sends and acks (re-sent on the next link) and commits, or aborts,
+  as without version 5. So, in the rare case where the first END had
+  committed, a re-sent send may be refused as too late, and ``commit()``
+  then raises with the transaction ended (state ENDED: outcome unknown to
+  the client), though it committed with all its sends and acks.
+  A send or ack that timed out on the client while the broker took it is
+  committed with the rest when the END succeeds (the broker decides).
 * ``abort()`` sends END_TXN ABORT at once and does not wait for the sends
   and acks still in flight: they are abandoned. The broker refuses them
   once the coordinator has aborted the transaction, or they land and are
@@ -79,6 +95,7 @@ from .errors import (
     ConnectionLostError,
     InvalidInputError,
     InvalidTxnStatusError,
+    NotAllowedError,
     OperationTimeoutError,
     TransactionNotFoundError,
     TransactionTimeoutError,
@@ -308,6 +325,9 @@ class Transaction:
         self._subscriptions: dict[tuple[str, str], asyncio.Future[None]] = {}
         self._written_on: dict[asyncio.Future[None], Link] = {}  # registration -> its link
         self._tasks: set[asyncio.Task[None]] = set()
+        # What frames its queued sends and acks now (producers' and
+        # consumers' flushes), for a commit written right behind them.
+        self._flushes: set[Callable[[], None]] = set()
         self._pending_ops = 0
         # What commit() waits on while sends or acks are unanswered.
         self._settled: asyncio.Future[None] | None = None
@@ -450,6 +470,12 @@ class Transaction:
             return
         self._begin(TxnEvent.COMMIT)
         try:
+            refused: TxnbufError | None = None
+            if self._pending_ops:
+                tried = await self._commit_behind_ops()
+                if tried is True:
+                    return
+                refused = tried or None
             if self._pending_ops:
                 self._settled = self._loop.create_future()
                 await wait_future_until(
@@ -457,7 +483,7 @@ class Transaction:
                     self._loop.time() + 2 * self._conn.operation_timeout,
                     f"commit of transaction {self.id} (waiting for its sends and acks)",
                 )
-            error = self._error
+            error = self._error or refused
             if error is None:
                 await self._end(TxnEvent.COMMIT)
                 return
@@ -470,6 +496,28 @@ class Transaction:
             raise copy_error(error)
         finally:
             self._ending = False
+
+    async def _commit_behind_ops(self) -> bool | NotAllowedError:
+        """Protocol version 5: write END_TXN COMMIT right behind the sends and
+        acks still unanswered (``after_ops``: the broker commits only once
+        they all succeeded), one attempt on the current link. True if
+        committed; the broker's refusal if one of them failed (nothing
+        changed); False if it was not tried (no version 5 link, or a send or
+        ack failed already) or the link died (outcome unknown). Unless True,
+        the caller waits for the sends and acks, then commits or aborts, as
+        before version 5."""
+        link = self._conn.ready_link()
+        if link is None or self._error is not None or self._conn.broker_protocol < 5:
+            return False
+        for flush in self._flushes:  # (their frames go before the END, in order)
+            flush()
+        try:
+            await self._end(TxnEvent.COMMIT, link)
+        except NotAllowedError as refusal:
+            return refusal
+        except ConnectionLostError:
+            return False
+        return True
 
     async def _registration_failure(self) -> TxnbufError | None:
         """The error of a refused registration, if one was: the frames written
@@ -516,8 +564,10 @@ class Transaction:
         self._state = transition(self._state, event, self.id)
         self._ending = True
 
-    async def _end(self, event: TxnEvent) -> None:
-        """END_TXN for ``event`` (COMMIT or ABORT); apply its answer."""
+    async def _end(self, event: TxnEvent, behind_ops: Link | None = None) -> None:
+        """END_TXN for ``event`` (COMMIT or ABORT); apply its answer.
+        ``behind_ops``: a COMMIT with ``after_ops``, one attempt on that link
+        (see `_commit_behind_ops`); else retried until the operation timeout."""
         committing = event is TxnEvent.COMMIT
         action = pb.COMMIT if committing else pb.ABORT
         spares, self._spares = self._spares, None
@@ -528,6 +578,7 @@ class Transaction:
         def build(request_id: int) -> Command:
             nonlocal unasked
             cmd = self._command(Command.END_TXN, "end_txn", request_id, txn_action=action)
+            cmd.end_txn.after_ops = behind_ops is not None
             if unasked is not None:
                 cmd.end_txn.next_txn_ttl_ms = unasked.ttl_ms
                 cmd.end_txn.next_tc_id = unasked.tc_id
@@ -535,11 +586,16 @@ class Transaction:
             return cmd
 
         answer = None
+        what = f"{event.value} transaction {self.id}"
         try:
-            reply = await self._conn.request(
-                build, Command.TXN_RESPONSE, f"{event.value} transaction {self.id}",
-                link_bound=False,
-            )  # fmt: skip
+            if behind_ops is None:
+                reply = await self._conn.request(
+                    build, Command.TXN_RESPONSE, what, link_bound=False
+                )
+            else:
+                reply = await self._conn.request_on(
+                    behind_ops, build, Command.TXN_RESPONSE, what, self._conn.deadline()
+                )
             answer = reply.txn_response
         except TransactionTimeoutError:
             self._state = transition(self._state, TxnEvent.ABORTED, self.id)

@@ -478,20 +478,22 @@ class CommandAddSubscriptionToTxn(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., subscriptions: _Optional[_Iterable[_Union[SubscriptionRef, _Mapping]]] = ...) -> None: ...
 
 class CommandEndTxn(_message.Message):
-    __slots__ = ("request_id", "txnid_most_bits", "txnid_least_bits", "txn_action", "next_txn_ttl_ms", "next_tc_id")
+    __slots__ = ("request_id", "txnid_most_bits", "txnid_least_bits", "txn_action", "next_txn_ttl_ms", "next_tc_id", "after_ops")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TXNID_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
     TXNID_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
     TXN_ACTION_FIELD_NUMBER: _ClassVar[int]
     NEXT_TXN_TTL_MS_FIELD_NUMBER: _ClassVar[int]
     NEXT_TC_ID_FIELD_NUMBER: _ClassVar[int]
+    AFTER_OPS_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     txnid_most_bits: int
     txnid_least_bits: int
     txn_action: TxnAction
     next_txn_ttl_ms: int
     next_tc_id: int
-    def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., txn_action: _Optional[_Union[TxnAction, str]] = ..., next_txn_ttl_ms: _Optional[int] = ..., next_tc_id: _Optional[int] = ...) -> None: ...
+    after_ops: bool
+    def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., txn_action: _Optional[_Union[TxnAction, str]] = ..., next_txn_ttl_ms: _Optional[int] = ..., next_tc_id: _Optional[int] = ..., after_ops: _Optional[bool] = ...) -> None: ...
 
 class CommandTxnResponse(_message.Message):
     __slots__ = ("request_id", "txnid_most_bits", "txnid_least_bits", "error", "message", "next_txnid_most_bits", "next_txnid_least_bits")

@@ -298,6 +298,11 @@ class TransactionCoordinator:
         """Every transaction not ended, and the recently ended ones."""
         return [*self._txns.values(), *self._ended.values()]
 
+    def is_open(self, txnid: TxnID) -> bool:
+        """Whether ``txnid`` is known here as OPEN."""
+        meta = self._txns.get(txnid)
+        return meta is not None and meta.status is TxnStatus.OPEN
+
     def _live(self, txnid: TxnID) -> TxnMeta:
         meta = self.get(txnid)
         if meta is None or txnid.tcid != self.tcid:

@@ -900,6 +900,68 @@ async def test_close_aborts_the_spares(fake: FakeBroker) -> None:
     assert [t.status for t in fake.txns.values()] == ["COMMITTED", "ABORTED"]
 
 
+# --- protocol version 5: the commit goes right behind the sends (after_ops) ---------
+
+
+async def test_a_commit_is_written_right_behind_its_sends(fake: FakeBroker, cli5: Client) -> None:
+    producer = await cli5.create_producer("t")
+    txn = await cli5.new_transaction()
+    futures = [producer.send_nowait(b"%d" % i, txn=txn) for i in range(3)]
+    await txn.commit()
+    (end,) = fake.of_type(T.END_TXN)
+    assert end.end_txn.after_ops and end.end_txn.txn_action == pb.COMMIT
+    last_send = max(i for i, cmd in enumerate(fake.received) if cmd.type == T.SEND)
+    assert fake.received.index(end) > last_send
+    assert all(f.done() and not f.exception() for f in futures)  # answered before the END
+    assert txn.state is TxnState.COMMITTED and fake.txn(txn.id).status == "COMMITTED"
+
+
+async def test_a_commit_refused_behind_a_failed_send_aborts(fake: FakeBroker, cli5: Client) -> None:
+    producer = await cli5.create_producer("t")
+    txn = await cli5.new_transaction()
+    fake.send_error = pb.TOPIC_NOT_FOUND
+    future = producer.send_nowait(b"x", txn=txn)
+    fake.txn_errors[T.END_TXN] = [pb.NOT_ALLOWED]  # (as the broker answers it)
+    with pytest.raises(errors.TopicNotFoundError):  # the send's error, not the refusal
+        await txn.commit()
+    assert end_actions(fake) == [pb.COMMIT, pb.ABORT]
+    assert [cmd.end_txn.after_ops for cmd in fake.of_type(T.END_TXN)] == [True, False]
+    assert txn.state is TxnState.ABORTED
+    with pytest.raises(errors.TopicNotFoundError):
+        await future
+
+
+async def test_a_commit_refused_without_a_failed_send_aborts_too(
+    fake: FakeBroker, cli5: Client
+) -> None:
+    producer = await cli5.create_producer("t")
+    txn = await cli5.new_transaction()
+    producer.send_nowait(b"x", txn=txn)
+    fake.txn_errors[T.END_TXN] = [pb.NOT_ALLOWED]
+    with pytest.raises(errors.NotAllowedError):
+        await txn.commit()
+    assert end_actions(fake) == [pb.COMMIT, pb.ABORT] and txn.state is TxnState.ABORTED
+
+
+async def test_a_commit_behind_sends_cut_off_is_asked_again_after_them(
+    fake: FakeBroker, cli5: Client
+) -> None:
+    """The link dies before the END's answer: its outcome is unknown, so the
+    client waits for the sends (re-sent on the new link), then sends END
+    COMMIT again, as before version 5 (not right behind them)."""
+    producer = await cli5.create_producer("t")
+    txn = await cli5.new_transaction()
+    producer.send_nowait(b"x", txn=txn)
+    fake.hold = {T.END_TXN}
+    committing = asyncio.ensure_future(txn.commit())
+    await until(lambda: len(fake.of_type(T.END_TXN)) == 1)
+    fake.hold = set()
+    await fake.drop_connections()
+    await committing
+    assert [cmd.end_txn.after_ops for cmd in fake.of_type(T.END_TXN)] == [True, False]
+    assert txn.state is TxnState.COMMITTED and fake.stored("t") == [b"x"]
+
+
 # --- protocol version 4: the broker adds participants (add_to_txn) -----------------
 
 

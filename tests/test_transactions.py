@@ -340,6 +340,80 @@ async def raw_copier(broker: BrokerProcess, raw: RawConnection, topic: str) -> i
     return int(delivered.message.entries[0].entry_id)
 
 
+async def test_a_commit_written_behind_its_sends_and_acks_waits_for_them(
+    broker: BrokerProcess,
+) -> None:
+    """Protocol version 5: END_TXN COMMIT with after_ops, written right behind
+    the transaction's SENDs and ACK before they are answered, commits once
+    they are: their answers come first. If one of them failed, the commit is
+    refused with NOT_ALLOWED and changes nothing (again if asked again), and
+    the transaction can still be aborted."""
+    async with RawConnection(broker.url) as raw:
+        entry_id = await raw_copier(broker, raw, "behind")
+
+        async def new_txn(request_id: int) -> dict[str, int]:
+            answer = await raw.request(
+                T.NEW_TXN, "new_txn", pb.CommandNewTxn(request_id=request_id, txn_ttl_ms=10_000)
+            )
+            txn = answer.new_txn_response
+            return dict(txnid_most_bits=txn.txnid_most_bits, txnid_least_bits=txn.txnid_least_bits)
+
+        def send(ids: dict[str, int], request_id: int, seq: int) -> pb.CommandSend:
+            msg = pb.SingleMessage(payload=b"out-%d" % seq, sequence_id=seq)
+            return pb.CommandSend(
+                producer_id=1, request_id=request_id, messages=[msg], transactional=True,
+                add_to_txn=True, **ids,
+            )  # fmt: skip
+
+        def ack(ids: dict[str, int], request_id: int, entry: int) -> pb.CommandAck:
+            return pb.CommandAck(
+                consumer_id=1, request_id=request_id, ack_type=pb.CommandAck.INDIVIDUAL,
+                positions=[0, entry, 0], transactional=True, add_to_txn=True, **ids,
+            )  # fmt: skip
+
+        def commit(ids: dict[str, int], request_id: int) -> pb.CommandEndTxn:
+            return pb.CommandEndTxn(
+                request_id=request_id, txn_action=pb.COMMIT, after_ops=True, **ids
+            )
+
+        ids = await new_txn(3)
+        await raw.send(T.SEND, "send", send(ids, 4, 0))
+        await raw.send(T.SEND, "send", send(ids, 5, 1))
+        await raw.send(T.ACK, "ack", ack(ids, 6, entry_id))
+        await raw.send(T.END_TXN, "end_txn", commit(ids, 7))
+        answers = [await raw.receive() for _ in range(4)]
+        # (in any order among themselves; the END's answer last)
+        assert sorted(a.type for a in answers[:3]) == sorted(
+            [T.SEND_RECEIPT, T.SEND_RECEIPT, T.ACK_RESPONSE]
+        )
+        assert not any(a.ack_response.HasField("error") for a in answers[:3])
+        assert answers[3].type == T.TXN_RESPONSE and not answers[3].txn_response.HasField("error")
+
+        # An ack of a message the subscription never had fails: no commit.
+        ids = await new_txn(8)
+        txnid = f"({ids['txnid_most_bits']},{ids['txnid_least_bits']})"
+        await raw.send(T.SEND, "send", send(ids, 9, 2))
+        await raw.send(T.ACK, "ack", ack(ids, 10, entry_id + 1000))
+        await raw.send(T.END_TXN, "end_txn", commit(ids, 11))
+        answers = [await raw.receive() for _ in range(3)]
+        by_type = {a.type: a for a in answers[:2]}
+        assert set(by_type) == {T.SEND_RECEIPT, T.ACK_RESPONSE}
+        assert by_type[T.ACK_RESPONSE].ack_response.HasField("error")
+        assert answers[2].txn_response.error == pb.NOT_ALLOWED
+        again = await raw.request(T.END_TXN, "end_txn", commit(ids, 12))
+        assert again.txn_response.error == pb.NOT_ALLOWED  # the failure is remembered
+        _, meta = admin_json(broker, "GET", f"/admin/v1/transactions/{txnid}")
+        assert meta["status"] == "OPEN"
+        aborted = await raw.request(
+            T.END_TXN, "end_txn", pb.CommandEndTxn(request_id=13, txn_action=pb.ABORT, **ids)
+        )
+        assert not aborted.txn_response.HasField("error")
+    async with Client(broker.url) as client:
+        sink = await client.subscribe("behind", "reader", initial_position="earliest")
+        assert [m.value for m in await receive_n(sink, 2)] == [b"out-0", b"out-1"]
+        await nothing_more(sink)  # (out-2 was aborted)
+
+
 async def test_add_to_txn_sends_and_acks_register_their_participants(
     broker: BrokerProcess,
 ) -> None:

@@ -1,0 +1,76 @@
+"""Unit tests of one piece of the broker's connection: what END_TXN
+``after_ops`` waits for (a stub stands in for the broker's coordinator)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from broker._connection import Connection
+from broker._errors import BrokerError
+from proto import txnbuf_pb2 as pb
+from tc import TxnID
+
+
+class _Coordinator:
+    def __init__(self) -> None:
+        self.open = True
+
+    def is_open(self, txnid: TxnID) -> bool:
+        return self.open
+
+
+class _Broker:
+    def __init__(self) -> None:
+        self.tc = _Coordinator()
+
+    def coordinator(self, txnid: TxnID) -> _Coordinator:
+        return self.tc
+
+
+IDS = dict(txnid_most_bits=0, txnid_least_bits=5)
+
+
+def connection() -> tuple[Connection, _Broker]:
+    broker = _Broker()
+    return Connection(broker, None, "test"), broker  # type: ignore[arg-type]
+
+
+async def test_end_after_ops_waits_for_every_op_read_before_it() -> None:
+    conn, _ = connection()
+    send = pb.CommandSend(transactional=True, **IDS)
+    ack = pb.CommandAck(transactional=True, **IDS)
+    other = pb.CommandSend(transactional=True, txnid_most_bits=0, txnid_least_bits=6)
+    for op in (send, ack, other):
+        conn._op_read(op)
+    end = pb.CommandEndTxn(txn_action=pb.COMMIT, after_ops=True, **IDS)
+    waiting = asyncio.ensure_future(conn._ops_answered(end))
+    await asyncio.sleep(0.01)
+    conn._op_answered(send, None)
+    conn._op_answered(other, None)  # (another transaction's)
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    conn._op_answered(ack, None)
+    await asyncio.wait_for(waiting, 1.0)
+    assert conn._txn_ops == {}  # nothing kept once all succeeded
+
+
+async def test_end_after_ops_is_refused_while_a_failed_op_is_remembered() -> None:
+    conn, broker = connection()
+    send = pb.CommandSend(transactional=True, **IDS)
+    conn._op_read(send)
+    conn._op_read(send)
+    end = pb.CommandEndTxn(txn_action=pb.COMMIT, after_ops=True, **IDS)
+    waiting = asyncio.ensure_future(conn._ops_answered(end))
+    conn._op_answered(send, "no such partition")
+    await asyncio.sleep(0.01)
+    assert not waiting.done()  # one still unanswered
+    conn._op_answered(send, None)
+    with pytest.raises(BrokerError, match="no such partition") as refused:
+        await asyncio.wait_for(waiting, 1.0)
+    assert refused.value.code == "NOT_ALLOWED"
+    with pytest.raises(BrokerError):  # asked again: still refused
+        await conn._ops_answered(end)
+    broker.tc.open = False  # ended already (an earlier END): answered as a repeat
+    await conn._ops_answered(end)
