@@ -10,6 +10,9 @@ exclusive subscription of their own (``w<n>``). A worker loops:
   value or a ``poll`` (receive a few messages from one topic, acknowledged in
   the transaction); about 10% are aborted on purpose; sometimes with a short
   delay inside; now and then a plain send or poll outside any transaction;
+  in about half the transactions the sends are not awaited one by one
+  (``send_nowait``), so the commit goes right behind them (END_TXN
+  ``after_ops``, protocol version 5) while they are unanswered;
 * outcomes: ``ok`` after a commit, ``fail`` when the transaction certainly
   aborted (on purpose, a conflict, a timeout), ``info`` when unknown.
 
@@ -55,6 +58,7 @@ __all__ = ["BrokerUnderTest", "Nemesis", "WorkloadConfig", "run_workload"]
 CLIENT_CRASH_EVERY = 30.0  # seconds between deliberate client crashes
 TXN_TIMEOUT = 10.0  # seconds; a dropped client's transaction aborts after this
 ABORT_P = 0.1
+NOWAIT_P = 0.5  # transactions whose sends are queued, not awaited, before commit
 OUTSIDE_TXN_P = 0.1
 DELAY_P = 0.1
 
@@ -162,6 +166,12 @@ class Nemesis:
                 self.pauses += 1
             self.rec.complete(op, "ok")
             await asyncio.sleep(self.cfg.quiet)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark a queued send's error as seen (the commit reports it)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _outcome_of(exc: BaseException) -> str:
@@ -298,8 +308,15 @@ class _Worker:
             txn = await self.client.new_transaction(timeout=TXN_TIMEOUT)
             self.doubtful = (str(txn.id), False)
             self._txnid = str(txn.id)
+            nowait = self.rng.random() < NOWAIT_P
             for mop in mops:
-                if mop[0] == "send":
+                if mop[0] == "send" and nowait:
+                    # (a transactional send's id has no offset: entry -1)
+                    topic = mop[1].split("/")[0]
+                    queued = self.producers[topic].send_nowait(b"%d" % mop[2], txn=txn)
+                    queued.add_done_callback(_retrieve)  # (commit reports its error)
+                    done.append(["send", mop[1], [None, mop[2]]])
+                elif mop[0] == "send":
                     topic = mop[1].split("/")[0]
                     mid = await self.producers[topic].send(b"%d" % mop[2], txn=txn)
                     offset = None if mid.entry_id < 0 else [mid.entry_id, mid.batch_index]
