@@ -700,14 +700,7 @@ class Connection:
         async def work() -> pb.BaseCommand:
             resp = pb.CommandNewTxnResponse(request_id=req.request_id)
             try:
-                tc = self.broker.coordinators.get(req.tc_id)
-                if tc is None:
-                    raise BrokerError(
-                        "TRANSACTION_COORDINATOR_NOT_FOUND",
-                        f"no coordinator {req.tc_id} here "
-                        f"(coordinators: {sorted(self.broker.coordinators)})",
-                    )
-                txnid = await tc.new_txn(req.txn_ttl_ms)
+                txnid = await self._open_txn(req.tc_id, req.txn_ttl_ms)
                 resp.txnid_most_bits = txnid.most_bits
                 resp.txnid_least_bits = txnid.least_bits
             except Exception as exc:
@@ -771,9 +764,10 @@ class Connection:
                 if following is not None:
                     following.add_done_callback(self._abort_unanswered)
                 raise
-            ops = self._txn_ops.get(txn_key(txnid))
+            key = txn_key(txnid)
+            ops = self._txn_ops.get(key)
             if ops is not None and not ops.pending:  # (it is ending: forget a failure)
-                del self._txn_ops[txn_key(txnid)]
+                del self._txn_ops[key]
             if following is None:
                 return None
             try:
@@ -784,19 +778,22 @@ class Connection:
 
         self._txn_answer(req, work(), "end transaction")
 
+    async def _open_txn(self, tc_id: int, ttl_ms: int) -> TxnID:
+        """A new transaction on coordinator ``tc_id`` (NEW_TXN, or the next
+        one an END_TXN asks for)."""
+        tc = self.broker.coordinators.get(tc_id)
+        if tc is None:
+            raise BrokerError(
+                "TRANSACTION_COORDINATOR_NOT_FOUND",
+                f"no coordinator {tc_id} here (coordinators: {sorted(self.broker.coordinators)})",
+            )
+        return await tc.new_txn(ttl_ms)
+
     def _open_next(self, req: pb.CommandEndTxn) -> asyncio.Task[TxnID]:
         """Open the transaction an END_TXN asks for (its timeout, on its
         coordinator)."""
-
-        async def open_next() -> TxnID:
-            tc = self.broker.coordinators.get(req.next_tc_id)
-            if tc is None:
-                raise BrokerError(
-                    "TRANSACTION_COORDINATOR_NOT_FOUND", f"no coordinator {req.next_tc_id} here"
-                )
-            return await tc.new_txn(req.next_txn_ttl_ms)
-
-        return asyncio.get_running_loop().create_task(open_next())
+        opening = self._open_txn(req.next_tc_id, req.next_txn_ttl_ms)
+        return asyncio.get_running_loop().create_task(opening)
 
     def _abort_unanswered(self, opened: asyncio.Task[TxnID]) -> None:
         """Abort a next transaction whose END failed (nobody learns its id)."""
