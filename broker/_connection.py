@@ -761,15 +761,17 @@ class Connection:
                     await self._ops_answered(req)
                 await self.broker.coordinator(txnid).end_txn(txnid, commit)
             except BaseException:
-                if following is not None:
+                if isinstance(following, TxnID):
+                    self._spawn(self._abort_quietly(following))
+                elif following is not None:
                     following.add_done_callback(self._abort_unanswered)
                 raise
             key = txn_key(txnid)
             ops = self._txn_ops.get(key)
             if ops is not None and not ops.pending:  # (it is ending: forget a failure)
                 del self._txn_ops[key]
-            if following is None:
-                return None
+            if following is None or isinstance(following, TxnID):
+                return following
             try:
                 return await following
             except Exception as exc:  # the END stands; the client asks with NEW_TXN
@@ -789,11 +791,24 @@ class Connection:
             )
         return await tc.new_txn(ttl_ms)
 
-    def _open_next(self, req: pb.CommandEndTxn) -> asyncio.Task[TxnID]:
+    def _open_next(self, req: pb.CommandEndTxn) -> TxnID | asyncio.Task[TxnID] | None:
         """Open the transaction an END_TXN asks for (its timeout, on its
-        coordinator)."""
-        opening = self._open_txn(req.next_tc_id, req.next_txn_ttl_ms)
-        return asyncio.get_running_loop().create_task(opening)
+        coordinator): at once where the coordinator can (`new_txn_now`),
+        else in a task; None if it cannot be opened (the END stands, and the
+        client asks with NEW_TXN)."""
+        tc = self.broker.coordinators.get(req.next_tc_id)
+        if tc is None:
+            log.debug("connection %s: no coordinator %d for a next transaction", self.peer,
+                      req.next_tc_id)  # fmt: skip
+            return None
+        try:
+            opened = tc.new_txn_now(req.next_txn_ttl_ms)
+        except ValueError as exc:
+            log.debug("connection %s: no next transaction: %s", self.peer, exc)
+            return None
+        if opened is not None:
+            return opened
+        return asyncio.get_running_loop().create_task(tc.new_txn(req.next_txn_ttl_ms))
 
     def _abort_unanswered(self, opened: asyncio.Task[TxnID]) -> None:
         """Abort a next transaction whose END failed (nobody learns its id)."""

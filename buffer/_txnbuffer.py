@@ -96,7 +96,7 @@ from buffer._entries import (
     txn_run_start,
 )
 from buffer._names import Position
-from ledger import Entry, Ledger, faults, unawaited
+from ledger import Entry, Ledger, faults, settled, unawaited
 from proto import txnbuf_pb2 as pb
 
 __all__ = [
@@ -592,7 +592,7 @@ class TransactionBuffer:
                 await asyncio.shield(t.end_record)
                 return
             if t.last_append is not None:
-                await asyncio.wait([t.last_append])  # sends queued before the END
+                await settled(t.last_append)  # sends queued before the END
             if not commit:
                 record = self.sidecar.append(_TXN.pack(*txn), meta=entry_meta(TXN_ABORT, 0))
             elif t.marker < 0 and t.count > 0:
@@ -600,7 +600,7 @@ class TransactionBuffer:
                     _encode_marker(txn, t.entries), meta=entry_meta(COMMIT_MARKER, t.count)
                 )
                 if not durable:
-                    self._end_later(t, asyncio.ensure_future(self._after_marker(t, marker)))
+                    self._end_later(t, self._after_marker(t, marker))
                     return
                 t.marker = await marker  # (the partition listener has set it already)
                 faults.hit("buffer.after_commit_marker")
@@ -621,10 +621,37 @@ class TransactionBuffer:
             lazy=t.marker >= 0,  # (answered at the marker: nobody waits for it)
         )
 
-    async def _after_marker(self, t: _Txn, marker: asyncio.Future[int]) -> None:
-        t.marker = await marker
-        faults.hit("buffer.after_commit_marker")
-        await self._commit_record(t)
+    def _after_marker(self, t: _Txn, marker: asyncio.Future[int]) -> asyncio.Future[int]:
+        """Append the TXN_COMMIT record once ``marker`` is durable; the result
+        is the record's append (failed if the marker failed). Callbacks, not
+        a task: this is on every commit's path."""
+        recorded: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        def copy(record: asyncio.Future[int]) -> None:
+            if recorded.done():
+                return
+            if record.cancelled():
+                recorded.cancel()
+            elif (error := record.exception()) is not None:
+                recorded.set_exception(error)
+            else:
+                recorded.set_result(record.result())
+
+        def marked(m: asyncio.Future[int]) -> None:
+            if m.cancelled() or m.exception() is not None:
+                copy(m)
+                return
+            t.marker = m.result()  # (the partition listener has set it already)
+            try:
+                faults.hit("buffer.after_commit_marker")
+                record = self._commit_record(t)
+            except Exception as exc:  # (a closed store; in tests, a crash hook)
+                recorded.set_exception(exc)
+                return
+            record.add_done_callback(copy)
+
+        marker.add_done_callback(marked)
+        return recorded
 
     def _end_later(self, t: _Txn, record: asyncio.Future[Any]) -> None:
         """END answered before ``record`` (the last of its writes here) is durable."""

@@ -8,6 +8,6 @@ every layer uses (it sits here, on the lowest floor).
 """
 
 from ledger import _faults as faults
-from ledger._store import Entry, Ledger, LedgerError, LedgerStore, unawaited
+from ledger._store import Entry, Ledger, LedgerError, LedgerStore, settled, unawaited
 
-__all__ = ["Entry", "Ledger", "LedgerError", "LedgerStore", "faults", "unawaited"]
+__all__ = ["Entry", "Ledger", "LedgerError", "LedgerStore", "faults", "settled", "unawaited"]

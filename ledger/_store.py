@@ -53,7 +53,7 @@ import aiosqlite
 
 from ledger import _writer
 
-__all__ = ["Entry", "Ledger", "LedgerError", "LedgerStore", "unawaited"]
+__all__ = ["Entry", "Ledger", "LedgerError", "LedgerStore", "settled", "unawaited"]
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,24 @@ def unawaited(f: asyncio.Future[Any]) -> None:
     write stops the store, and whatever comes after it reports that)."""
     if not f.cancelled():
         f.exception()
+
+
+async def settled(future: asyncio.Future[Any]) -> None:
+    """Wait until ``future`` is done, whatever its outcome: ``asyncio.wait``
+    for one future, without its sets and callbacks (on every END's path)."""
+    if future.done():
+        return
+    waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def wake(_: object) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    future.add_done_callback(wake)
+    try:
+        await waiter
+    finally:
+        future.remove_done_callback(wake)
 
 
 @dataclass(frozen=True, slots=True)

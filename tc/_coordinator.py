@@ -29,12 +29,15 @@ Where the log lives decides when a record is applied:
   With ``abort_open_on_recovery`` (the broker's setting) registrations,
   sends and acks are answered once appended as well, and a restart aborts
   every transaction it finds OPEN: only END waits for an fsync. Then
-  registrations are not logged at all: the decision record (COMMITTING /
-  ABORTING) names every participant, which is all recovery needs to finish
-  a decided transaction, and the participants abort on restart what they
+  neither NEW nor registrations are logged at all: the decision record
+  (COMMITTING / ABORTING) names every participant and carries what NEW
+  would have (timeout, start), which is all recovery needs to finish a
+  decided transaction, and the participants abort on restart what they
   hold of a transaction the coordinator did not decide to commit (the
-  broker asks them, `broker.Broker`). A transaction logs NEW, its decision
-  and its end: three records, not five.
+  broker asks them, `broker.Broker`). A restart forgets the transactions
+  that were open (unless a snapshot holds them: then it aborts them); their
+  clients get TxnNotFound, saying so. A transaction logs its decision and
+  its end: two records, not five.
 
 Ending a transaction (§CommandEndTxn): log COMMITTING / ABORTING (the
 decision), tell every registered partition and subscription through the
@@ -174,6 +177,11 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _check_timeout(timeout_ms: int) -> None:
+    if timeout_ms < 0 or timeout_ms > MAX_TIMEOUT_MS:
+        raise ValueError(f"transaction timeout must be 0..{MAX_TIMEOUT_MS} ms, got {timeout_ms}")
+
+
 def _register_in_memory(meta: TxnMeta, registered: list[Any], new: list[Any]) -> None:
     """Register ``new`` participants without logging them (participants
     that answer early): the decision record names every participant
@@ -228,6 +236,7 @@ class TransactionCoordinator:
         self._owns_store = False
         self._abort_open_on_recovery = False
         self._aborted_at_start: set[TxnID] = set()
+        self._first_counter_here = 0  # ids below it were handed out before the last restart
 
     @classmethod
     async def open(
@@ -306,7 +315,19 @@ class TransactionCoordinator:
     def _live(self, txnid: TxnID) -> TxnMeta:
         meta = self.get(txnid)
         if meta is None or txnid.tcid != self.tcid:
-            raise TxnNotFoundError(f"transaction {txnid} is not known to coordinator {self.tcid}")
+            why = ""
+            if (
+                self._abort_open_on_recovery
+                and txnid.tcid == self.tcid
+                and txnid.counter < self._first_counter_here
+            ):
+                why = (
+                    " (it was open when the broker restarted, which aborted it, or it "
+                    "ended long ago)"
+                )
+            raise TxnNotFoundError(
+                f"transaction {txnid} is not known to coordinator {self.tcid}{why}"
+            )
         return meta
 
     def verify_partition(self, txnid: TxnID, topic: str, partition: int) -> None:
@@ -338,15 +359,15 @@ class TransactionCoordinator:
     # -- requests -----------------------------------------------------------------
 
     async def new_txn(self, timeout_ms: int = 0) -> TxnID:
-        """Open a transaction (§CommandNewTxn): logged OPEN before it is answered."""
-        if timeout_ms < 0 or timeout_ms > MAX_TIMEOUT_MS:
-            raise ValueError(
-                f"transaction timeout must be 0..{MAX_TIMEOUT_MS} ms, got {timeout_ms}"
-            )
+        """Open a transaction (§CommandNewTxn): logged OPEN before it is
+        answered, except where participants answer early: not logged at all
+        then (see the module docstring)."""
+        _check_timeout(timeout_ms)
         if self._eager:
             await self._reserve_ids()
-        txnid = TxnID.of(self.tcid, self._next_counter)
-        self._next_counter += 1
+        if self.participants_answer_early:
+            return self._open_unlogged(timeout_ms)
+        txnid = self._next_txnid()
         now = _now_ms()
         logged = self._persist_now(Op(
             metadata_op=Op.NEW,
@@ -364,14 +385,39 @@ class TransactionCoordinator:
             await logged
         return txnid
 
+    def new_txn_now(self, timeout_ms: int = 0) -> TxnID | None:
+        """`new_txn` at once, where it waits for nothing: the participants
+        answer early (nothing is logged) and an id is reserved. None
+        otherwise (call `new_txn`); ValueError for a bad timeout."""
+        _check_timeout(timeout_ms)
+        if not self.participants_answer_early or not self._ids_reserved():
+            return None
+        return self._open_unlogged(timeout_ms)
+
+    def _open_unlogged(self, timeout_ms: int) -> TxnID:
+        """A new OPEN transaction, in memory only: a crash forgets it, and
+        what it wrote is aborted where it is held (`broker.Broker`); its
+        decision record carries its timeout and start for recovery."""
+        txnid = self._next_txnid()
+        now = _now_ms()
+        self._open(TxnMeta(txnid, TxnStatus.OPEN, timeout_ms or DEFAULT_TIMEOUT_MS, now, now))
+        return txnid
+
+    def _next_txnid(self) -> TxnID:
+        txnid = TxnID.of(self.tcid, self._next_counter)
+        self._next_counter += 1
+        return txnid
+
+    def _ids_reserved(self) -> bool:
+        """Is the next id below the durably reserved bound (eager mode)?
+        Starts reserving the next block once half of this one is used."""
+        if self._reserving is None and self._next_counter + ID_BLOCK // 2 >= self._id_bound:
+            self._reserving = self._reserve(max(self._id_bound, self._next_counter) + ID_BLOCK)
+        return self._next_counter < self._id_bound
+
     async def _reserve_ids(self) -> None:
-        """Make sure the next id is below a durably reserved bound (eager
-        mode), reserving the next block ahead of need."""
-        while True:
-            if self._reserving is None and self._next_counter + ID_BLOCK // 2 >= self._id_bound:
-                self._reserving = self._reserve(max(self._id_bound, self._next_counter) + ID_BLOCK)
-            if self._next_counter < self._id_bound:
-                return
+        """Wait until the next id is below a durably reserved bound (eager mode)."""
+        while not self._ids_reserved():
             assert self._reserving is not None
             await asyncio.shield(self._reserving)
 
@@ -599,6 +645,10 @@ class TransactionCoordinator:
         rec.expected_status = meta.status.value  # type: ignore[assignment]
         rec.new_status = new.value  # type: ignore[assignment]
         rec.timed_out = event is TxnEvent.TIMEOUT
+        # What NEW logs, for a transaction whose NEW was not logged
+        # (participants answer early), so that recovery can rebuild it.
+        rec.txn_timeout_ms = meta.timeout_ms
+        rec.txn_start_time = meta.start_ms
         # The decision names every participant: recovery finishes it from
         # this record alone (registrations are not logged when participants
         # answer early).
@@ -801,22 +851,25 @@ class TransactionCoordinator:
             self._id_bound = max(self._id_bound, rec.id_bound)
             return True
         txnid = TxnID(rec.txnid_most_bits, rec.txnid_least_bits)
-        if op == Op.NEW:
-            meta = TxnMeta(
+        meta_or_none = self._txns.get(txnid)
+        if op == Op.NEW or (
+            meta_or_none is None
+            and op == Op.UPDATE
+            and rec.expected_status == pb.OPEN
+            and rec.txn_start_time
+        ):
+            # NEW, or the decision of a transaction whose OPEN was not logged
+            # (participants answer early): it carries what NEW would have.
+            self._next_counter = max(self._next_counter, txnid.counter + 1)
+            meta_or_none = self._open(TxnMeta(
                 txnid=txnid,
                 status=TxnStatus.OPEN,
                 timeout_ms=rec.txn_timeout_ms,
                 start_ms=rec.txn_start_time,
                 last_modified_ms=rec.txn_last_modification_time,
-            )
-            self._txns[txnid] = meta
-            self._next_counter = max(self._next_counter, txnid.counter + 1)
-            deadline = (meta.deadline_ms, txnid)
-            self._deadlines.add(deadline)
-            if meta.deadline_ms < self._wakes_at:  # (else it wakes in time anyway)
-                self._deadline_changed.set()
-            return True
-        meta_or_none = self._txns.get(txnid)
+            ))  # fmt: skip
+            if op == Op.NEW:
+                return True
         if meta_or_none is None:
             return False
         meta = meta_or_none
@@ -841,6 +894,14 @@ class TransactionCoordinator:
             return False
         meta.last_modified_ms = max(meta.last_modified_ms, rec.txn_last_modification_time)
         return True
+
+    def _open(self, meta: TxnMeta) -> TxnMeta:
+        """Add the OPEN transaction ``meta`` to the map and the deadline index."""
+        self._txns[meta.txnid] = meta
+        self._deadlines.add((meta.deadline_ms, meta.txnid))
+        if meta.deadline_ms < self._wakes_at:  # (else it wakes in time anyway)
+            self._deadline_changed.set()
+        return meta
 
     def _remember_ended(self, meta: TxnMeta) -> None:
         self._ended[meta.txnid] = meta
@@ -867,7 +928,8 @@ class TransactionCoordinator:
         fut = self._ledger.append(json.dumps(snap).encode(), meta=_SNAPSHOT)
 
         def trim(_f: object) -> None:
-            if not fut.cancelled() and fut.exception() is None:
+            # (Not once closing: the store may be closed; the next snapshot trims.)
+            if not self._closed and not fut.cancelled() and fut.exception() is None:
                 self._ledger.trim(fut.result() if covers is None else covers + 1)
 
         fut.add_done_callback(trim)
@@ -902,6 +964,7 @@ class TransactionCoordinator:
         # Ids below the reserved bound may have been handed out before the
         # crash without a durable NEW record: never again.
         self._next_counter = max(self._next_counter, self._id_bound)
+        self._first_counter_here = self._next_counter
         unfinished = [m for m in self._txns.values() if m.status is not TxnStatus.OPEN]
         log.info(
             "coordinator %d recovered %d transactions (%d to finish) from %d records in %.2fs",

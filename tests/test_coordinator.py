@@ -34,6 +34,8 @@ from tc import (
     transition,
 )
 
+Op = pb.TransactionMetadataEntry
+
 
 class Recorder:
     """Records participant calls; can fail the first few, or block."""
@@ -471,48 +473,119 @@ async def test_ids_answered_before_a_crash_are_never_reissued(tmp_path: Path) ->
         await tc.close()
 
 
-async def test_a_restart_aborts_open_transactions_whose_participants_answer_early(
+async def _open_early(path: Path, rec: Recorder) -> TransactionCoordinator:
+    """A coordinator as the broker runs it: its log in the participants'
+    store, participants answering early, open transactions aborted on restart."""
+    store = await LedgerStore.open(path / "broker.db")
+    tc = await TransactionCoordinator.open(
+        0, store, rec, participants_share_store=True, abort_open_on_recovery=True
+    )
+    tc._owns_store = True
+    return tc
+
+
+def _logged_ops(entries: list[tuple[int, bytes]]) -> list[int]:
+    return [
+        pb.TransactionMetadataEntry.FromString(data).metadata_op
+        for meta, data in entries
+        if meta == 0
+    ]
+
+
+async def test_a_restart_forgets_open_transactions_whose_participants_answer_early(
     tmp_path: Path,
 ) -> None:
     """``abort_open_on_recovery`` (the broker's setting): an OPEN transaction
     may have lost a registration, send or ack answered before it was
-    durable, so a restart aborts it; a decided one is finished as decided.
-    Registrations are not logged then: the coordinator tells no participant
-    of the abort (the broker's participants abort what they hold, see
-    test_txn_crash), while a decision names its participants."""
-
-    async def open_(rec: Recorder) -> TransactionCoordinator:
-        store = await LedgerStore.open(tmp_path / "broker.db")
-        tc = await TransactionCoordinator.open(
-            0, store, rec, participants_share_store=True, abort_open_on_recovery=True
-        )
-        tc._owns_store = True
-        return tc
-
-    tc = await open_(Recorder())
+    durable, so a restart must not let it go on. Neither NEW nor
+    registrations are logged then: the restarted coordinator does not know
+    the transactions that were open (the broker's participants abort what
+    they hold, see test_txn_crash) and tells no participant anything, while
+    a decision names its participants and carries what NEW would have."""
+    tc = await _open_early(tmp_path, Recorder())
     assert tc.participants_answer_early
     early = tc.add_partitions(await tc.new_txn(), [("t", 9)])
     assert early.done()  # answered once appended
-    with_data = await tc.new_txn()
+    with_data = await tc.new_txn(timeout_ms=30_000)
     await tc.add_partitions(with_data, [("t", 0)])
     await tc.add_subscriptions(with_data, [("t", "s")])
-    empty = await tc.new_txn()
-    committed = await tc.new_txn()
+    committed = tc.new_txn_now(timeout_ms=20_000)  # (no turn of the loop needed)
+    assert committed is not None
     await tc.add_partitions(committed, [("t", 1)])
+    start_ms = tc.get(committed).start_ms
     await tc.end_txn(committed, commit=True)
     await tc.close()
     rec = Recorder()
-    tc = await open_(rec)
+    tc = await _open_early(tmp_path, rec)
     try:
-        await wait_status(tc, with_data, TxnStatus.ABORTED)
-        await wait_status(tc, empty, TxnStatus.ABORTED)
+        entries = await tc._ledger.read(0, tc._ledger.last_entry_id)
+        ops = _logged_ops([(e.meta, e.data) for e in entries])
+        assert Op.NEW not in ops and Op.ADD_PARTITION not in ops and Op.ADD_SUBSCRIPTION not in ops
+        assert tc.get(with_data) is None
         assert rec.calls == []
-        assert tc.get(with_data).partitions == [] and tc.get(with_data).subscriptions == []
-        assert tc.get(committed).status is TxnStatus.COMMITTED
-        assert tc.get(committed).partitions == [("t", 1)]  # (from the decision record)
-        with pytest.raises(InvalidTxnStatusError, match="open when the broker restarted"):
+        got = tc.get(committed)
+        assert got is not None and got.status is TxnStatus.COMMITTED
+        assert got.partitions == [("t", 1)]  # (from the decision record)
+        assert (got.timeout_ms, got.start_ms) == (20_000, start_ms)
+        with pytest.raises(TxnNotFoundError, match="open when the broker restarted"):
             await tc.end_txn(with_data, commit=True)
-        await tc.end_txn(with_data, commit=False)  # (an abort is answered with success)
+        assert (await tc.new_txn()).counter > committed.counter  # (ids are never reissued)
+    finally:
+        await tc.close()
+
+
+async def test_a_decision_without_a_logged_open_is_finished_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    """A transaction whose NEW was not logged, decided (COMMITTING durable)
+    and stopped before its participants answered: the restarted coordinator
+    rebuilds it from the decision record and finishes it."""
+    tc = await _open_early(tmp_path, Recorder(block=True))
+    txn = await tc.new_txn()
+    await tc.add_partitions(txn, [("t", 0)])
+    await tc.add_subscriptions(txn, [("t", "s")])
+    ending = asyncio.get_running_loop().create_task(tc.end_txn(txn, commit=True))
+    for _ in range(200):  # until the decision is durable
+        meta = tc.get(txn)
+        if meta.status is TxnStatus.COMMITTING and tc._ledger.last_entry_id >= 1:
+            break
+        await asyncio.sleep(0.01)
+    await tc.close()  # (the participants never answered: no COMMITTED record)
+    ending.cancel()
+    rec = Recorder()
+    tc = await _open_early(tmp_path, rec)
+    try:
+        await wait_status(tc, txn, TxnStatus.COMMITTED)
+        assert sorted(rec.calls) == [
+            ("partition", "t", 0, txn, True),
+            ("subscription", "t", "s", txn, True),
+        ]
+    finally:
+        await tc.close()
+
+
+async def test_a_restart_aborts_open_transactions_kept_in_a_snapshot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Open transactions are in the snapshots (of the map in memory): after a
+    restart they are known, and aborted; a commit of one is refused with why,
+    an abort answered with success."""
+    monkeypatch.setattr(coordinator_module, "SNAPSHOT_EVERY", 1)
+    tc = await _open_early(tmp_path, Recorder())
+    open_one = await tc.new_txn()
+    await tc.add_partitions(open_one, [("t", 0)])
+    other = await tc.new_txn()
+    await tc.end_txn(other, commit=False)  # (logged records: a snapshot after each)
+    await tc.close()
+    rec = Recorder()
+    tc = await _open_early(tmp_path, rec)
+    try:
+        await wait_status(tc, open_one, TxnStatus.ABORTED)
+        # (The snapshot has its registrations from memory: it tells them.)
+        assert rec.calls == [("partition", "t", 0, open_one, False)]
+        with pytest.raises(InvalidTxnStatusError, match="open when the broker restarted"):
+            await tc.end_txn(open_one, commit=True)
+        await tc.end_txn(open_one, commit=False)  # (an abort is answered with success)
     finally:
         await tc.close()
 

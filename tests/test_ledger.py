@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from ledger import Entry, Ledger, LedgerError, LedgerStore
+from ledger import Entry, Ledger, LedgerError, LedgerStore, settled
 
 
 @pytest.fixture
@@ -768,3 +768,31 @@ async def test_the_writer_dies_with_its_owner(db: Path) -> None:
         assert ledger is not None and ledger.last_entry_id == 0
     finally:
         await store.close()
+
+
+async def test_settled_waits_for_any_outcome_and_raises_none() -> None:
+    loop = asyncio.get_running_loop()
+    for settle in (
+        lambda f: f.set_result(1),
+        lambda f: f.set_exception(LedgerError("failed")),
+        lambda f: f.cancel(),
+    ):
+        future: asyncio.Future[int] = loop.create_future()
+        waiting = loop.create_task(settled(future))
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        settle(future)
+        await asyncio.wait_for(waiting, 1)  # (raises nothing, whatever the outcome)
+        if not future.cancelled():
+            future.exception()  # (retrieved)
+    done: asyncio.Future[int] = loop.create_future()
+    done.set_result(2)
+    await settled(done)  # (at once)
+    # A waiter that gives up leaves no callback on the future.
+    pending: asyncio.Future[int] = loop.create_future()
+    waiting = loop.create_task(settled(pending))
+    await asyncio.sleep(0)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert not pending._callbacks  # type: ignore[attr-defined]
