@@ -35,6 +35,7 @@ from buffer import (
     check_subscription_name,
     check_topic_name,
 )
+from ledger import settled
 from proto import next_frame
 from proto import txnbuf_pb2 as pb
 from subscriptions import Consumer, SubType
@@ -565,7 +566,7 @@ class Connection:
                     )
                     waiting = register(txnid, consumer.topic, consumer.subscription)
                     if waiting is not None:
-                        await asyncio.wait([waiting])
+                        await settled(waiting)
                         tc.verify_subscription(txnid, consumer.topic, consumer.subscription)
                     key = txn_key(txnid)
                     early = tc.participants_answer_early  # (as for a send)
@@ -678,8 +679,10 @@ class Connection:
             def done(f: asyncio.Future[TxnID | None]) -> None:
                 if f.cancelled():
                     answer(asyncio.CancelledError())
+                elif (error := f.exception()) is not None:
+                    answer(error)
                 else:
-                    answer(f.exception())
+                    answer(None, f.result())
 
             work.add_done_callback(done)
             return
@@ -752,6 +755,8 @@ class Connection:
         # this END. It is opened now, alongside the END, and answered only
         # if the END succeeds (else aborted: the client asks anew).
         following = self._open_next(req) if req.HasField("next_txn_ttl_ms") else None
+        if not isinstance(following, asyncio.Task) and self._end_at_once(req, following):
+            return
 
         async def work() -> TxnID | None:
             txnid = TxnID(req.txnid_most_bits, req.txnid_least_bits)
@@ -779,6 +784,44 @@ class Connection:
                 return None
 
         self._txn_answer(req, work(), "end transaction")
+
+    def _end_at_once(self, req: pb.CommandEndTxn, following: TxnID | None) -> bool:
+        """END_TXN in the usual case, without a task: the transaction is OPEN,
+        none of its sends and acks read here is unanswered or failed, and its
+        coordinator decides at once (`end_txn_at_once`), in the group commit
+        of those sends and acks. False if not (nothing done: `_on_end_txn`
+        goes the long way, which also answers every refusal)."""
+        key = (req.txnid_most_bits, req.txnid_least_bits)
+        commit = req.txn_action == pb.COMMIT
+        ops = self._txn_ops.get(key)
+        if ops is not None and req.after_ops and commit and (ops.pending or ops.error):
+            return False
+        txnid = TxnID(*key)
+        try:
+            answered = self.broker.coordinator(txnid).end_txn_at_once(txnid, commit)
+        except Exception:
+            return False  # (refused: the long way says why)
+        if answered is None:
+            return False
+        ended: asyncio.Future[TxnID | None] = asyncio.get_running_loop().create_future()
+
+        def done(f: asyncio.Future[None]) -> None:
+            if f.cancelled() or f.exception() is not None:
+                if following is not None:
+                    self._spawn(self._abort_quietly(following))
+                if f.cancelled():
+                    ended.cancel()
+                else:
+                    ended.set_exception(f.exception())  # type: ignore[arg-type]
+                return
+            ops = self._txn_ops.get(key)
+            if ops is not None and not ops.pending:  # (it ended: forget it)
+                del self._txn_ops[key]
+            ended.set_result(following)
+
+        answered.add_done_callback(done)
+        self._txn_answer(req, ended, "end transaction")
+        return True
 
     async def _open_txn(self, tc_id: int, ttl_ms: int) -> TxnID:
         """A new transaction on coordinator ``tc_id`` (NEW_TXN, or the next

@@ -247,6 +247,25 @@ class Broker:
         """`tc.Participant`: commit or abort the transaction's pending acks."""
         await self.subscriptions.end_txn(topic, subscription, txn_key(txnid), commit, durable)
 
+    def end_txn_on_partition_now(
+        self, topic: str, partition: int, txnid: TxnID, commit: bool
+    ) -> bool:
+        """`tc.QueuingParticipant`: `end_txn_on_partition` queued at once,
+        where the partition's transaction buffer exists and no other END of
+        the transaction is under way there."""
+        found = self.topics.get(topic)
+        if found is None or partition >= len(found.partitions):
+            return False  # (the async one says so)
+        buffer = found.partitions[partition].transaction_buffer
+        return buffer is not None and buffer.end_now(txn_key(txnid), commit)
+
+    def end_txn_on_subscription_now(
+        self, topic: str, subscription: str, txnid: TxnID, commit: bool
+    ) -> bool:
+        """`tc.QueuingParticipant`: `end_txn_on_subscription`, queued at once."""
+        self.subscriptions.end_txn_now(topic, subscription, txn_key(txnid), commit)
+        return True
+
     def producer_count(self, topic: str) -> int:
         return sum(1 for t, _ in self._producer_owners if t == topic)
 

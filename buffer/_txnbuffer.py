@@ -37,7 +37,10 @@ through the same two functions. Persist, then act: a record changes the
 index only once it is durable.
 
 Crash safety of COMMIT: the marker is appended first, then TXN_COMMIT (and
-`end` answers as soon as the marker is durable). A crash in between leaves
+`end` answers as soon as the marker is durable). The marker names every
+TXN_DATA record of the transaction queued before the END, durable or not
+(entry ids are known once queued): append order is durability order, so it
+is durable only with them, and it can go in their group commit. A crash in between leaves
 a durable marker that recovery finds (it scans the partition's
 COMMIT_MARKER entries after the snapshot's ``scan_from`` using
 ledger meta, reading only the markers) and completes with the TXN_COMMIT
@@ -272,9 +275,11 @@ class _Txn:
     marker: int = -1
     # Live only, never persisted:
     queued: int = 0  # messages in the records queued so far (``count`` once all are applied)
+    # TXN_DATA records queued and not yet applied (durable), in order: with
+    # ``entries``, what its commit marker names (ids are known when queued).
+    unapplied: collections.deque[int] = field(default_factory=collections.deque)
     producers: dict[str, ProducerSequence] = field(default_factory=dict)
     ending: TxnEvent | None = None  # an END has begun: sends are refused
-    last_append: asyncio.Future[int] | None = None
     lock: asyncio.Lock | None = None
     end_record: asyncio.Future[Any] | None = None  # END answered, its writes not durable yet
 
@@ -491,13 +496,13 @@ class TransactionBuffer:
         encoded: bytes | None = None,
     ) -> asyncio.Future[int]:
         batch = entry_batch(producer, messages, encoded)
+        t.unapplied.append(self.sidecar.next_entry_id)
         fut = self.sidecar.append(
             _TXN.pack(*t.key) + batch, meta=entry_meta(TXN_DATA, len(messages))
         )
         t.queued = max(t.queued, t.count) + len(messages)
         state.pushed = seqs[-1]
         state.last_append = fut
-        t.last_append = fut
 
         def done(f: asyncio.Future[int]) -> None:
             if f.cancelled() or f.exception() is not None:
@@ -525,7 +530,7 @@ class TransactionBuffer:
         appended: asyncio.Future[int] | None,
     ) -> PublishResult:
         if waits is not None:
-            await asyncio.wait([waits])  # re-sent messages still in flight: learn their ids
+            await settled(waits)  # re-sent messages still in flight: learn their ids
         base = -1
         if appended is not None:
             entry_id = await appended
@@ -559,20 +564,62 @@ class TransactionBuffer:
         that never wrote here gets just its TXN_COMMIT (marker -1) or
         TXN_ABORT record, so that late writes for it are refused. Raises
         `TxnConflictError` (changing nothing) if it ended (or is ending) the
-        other way.
+        other way. The marker names every TXN_DATA record queued before the
+        END, durable or not: it is durable only with them (append order).
 
         ``durable=False``: return once the marker (or the record) is queued,
         before it is durable; the TXN_COMMIT record follows the durable
         marker. For a coordinator whose log shares this buffer's store: its
         decision is durable already, and what it logs after this call is
-        durable only with the marker (``tc`` calls with it then).
+        durable only with the marker (``tc`` calls with it then, or with
+        `end_now`).
         """
+        t = self._begin_end(txn, commit)
+        if t is None or (not durable and self._end_at_once(t, commit)):
+            return
+        if t.lock is None:
+            t.lock = asyncio.Lock()
+        async with t.lock:  # one END at a time: never two markers
+            if t.state is not TxnState.OPEN:
+                return  # a concurrent or earlier END finished it
+            if t.end_record is not None:  # an earlier END answered before its records
+                await asyncio.shield(t.end_record)
+                return
+            if not durable:
+                self._queue_end(t, commit)
+                return
+            if not commit:
+                record = self.sidecar.append(_TXN.pack(*txn), meta=entry_meta(TXN_ABORT, 0))
+            elif t.marker < 0 and (t.entries or t.unapplied):
+                t.marker = await self._append_marker(t)  # (the partition listener set it)
+                faults.hit("buffer.after_commit_marker")
+                record = self._commit_record(t)
+            else:
+                record = self._commit_record(t)
+            if t.marker >= 0:
+                # The durable marker is the commit here (recovery completes a
+                # missing TXN_COMMIT from it), so answer now: one fsync, not two.
+                self._end_later(t, record)
+                return
+            await record  # nothing else records the end here
+
+    def end_now(self, txn: TxnKey, commit: bool) -> bool:
+        """`end` with ``durable=False``, without a turn of the loop: True once
+        its writes are queued (or nothing was left to do), False if another
+        END of ``txn`` is under way here (call `end`, which waits for it).
+        Raises as `end` does."""
+        t = self._begin_end(txn, commit)
+        return t is None or self._end_at_once(t, commit)
+
+    def _begin_end(self, txn: TxnKey, commit: bool) -> _Txn | None:
+        """Check an END of ``txn`` and refuse sends from now on; None if it
+        ended here already (the same way)."""
         _check_key(txn)
         event = TxnEvent.COMMIT if commit else TxnEvent.ABORT
         ended = self._ended.get(txn)
         if ended is not None:
             transition(txn, ended[0], event)  # raises on a conflict
-            return
+            return None
         t = self._txns.get(txn)
         if t is None:
             t = self._txns[txn] = _Txn(txn)
@@ -583,36 +630,37 @@ class TransactionBuffer:
                 f"its {t.ending.value} has begun on this partition"
             )
         t.ending = event  # from now on sends are refused
-        if t.lock is None:
-            t.lock = asyncio.Lock()
-        async with t.lock:  # one END at a time: never two markers
-            if t.state is not TxnState.OPEN:
-                return  # a concurrent or earlier END finished it
-            if t.end_record is not None:  # an earlier END answered before its records
-                await asyncio.shield(t.end_record)
-                return
-            if t.last_append is not None:
-                await settled(t.last_append)  # sends queued before the END
-            if not commit:
-                record = self.sidecar.append(_TXN.pack(*txn), meta=entry_meta(TXN_ABORT, 0))
-            elif t.marker < 0 and t.count > 0:
-                marker = self.partition_ledger.append(
-                    _encode_marker(txn, t.entries), meta=entry_meta(COMMIT_MARKER, t.count)
-                )
-                if not durable:
-                    self._end_later(t, self._after_marker(t, marker))
-                    return
-                t.marker = await marker  # (the partition listener has set it already)
-                faults.hit("buffer.after_commit_marker")
-                record = self._commit_record(t)
-            else:
-                record = self._commit_record(t)
-            if t.marker >= 0 or not durable:
-                # The durable marker is the commit here (recovery completes a
-                # missing TXN_COMMIT from it), so answer now: one fsync, not two.
-                self._end_later(t, record)
-                return
-            await record  # nothing else records the end here
+        return t
+
+    def _end_at_once(self, t: _Txn, commit: bool) -> bool:
+        """Queue ``t``'s end (``durable=False``) unless another END of it is
+        under way: True if done or nothing was left to do."""
+        if t.state is not TxnState.OPEN:
+            return True  # ended here, durably
+        if t.end_record is not None or (t.lock is not None and t.lock.locked()):
+            return False
+        self._queue_end(t, commit)
+        return True
+
+    def _queue_end(self, t: _Txn, commit: bool) -> None:
+        """Queue ``t``'s end record (and, for a commit with data, its marker
+        first, TXN_COMMIT once the marker is durable); END is answered now."""
+        if not commit:
+            self._end_later(
+                t, self.sidecar.append(_TXN.pack(*t.key), meta=entry_meta(TXN_ABORT, 0))
+            )
+        elif t.marker < 0 and (t.entries or t.unapplied):
+            self._end_later(t, self._after_marker(t, self._append_marker(t)))
+        else:
+            self._end_later(t, self._commit_record(t))
+
+    def _append_marker(self, t: _Txn) -> asyncio.Future[int]:
+        """The commit marker of every TXN_DATA record of ``t``, durable or queued."""
+        entries = [*t.entries, *t.unapplied]
+        count = max(t.queued, t.count)
+        return self.partition_ledger.append(
+            _encode_marker(t.key, entries), meta=entry_meta(COMMIT_MARKER, count)
+        )
 
     def _commit_record(self, t: _Txn) -> asyncio.Future[int]:
         return self.sidecar.append(
@@ -717,6 +765,8 @@ class TransactionBuffer:
             log.error("%s: sidecar entry %d ignored: %s", self.name, entry.entry_id, exc)
             return
         if event is TxnEvent.DATA:
+            if t.unapplied and t.unapplied[0] == entry.entry_id:
+                t.unapplied.popleft()
             t.entries.append(entry.entry_id)
             t.starts.append(t.count)
             t.count += entry_count(entry.meta)

@@ -123,7 +123,7 @@ class _Append:
     meta: int
     data: bytes
     future: asyncio.Future[int]
-    entry_id: int = -1
+    entry_id: int
 
 
 @dataclass(slots=True)
@@ -187,9 +187,9 @@ class Ledger:
         self.name = name
         self.first_entry_id = first
         self.last_entry_id = nxt - 1
-        # The next id to assign, in the order writes go to the writer, and
-        # the first entry not trimmed as sent there (``first_entry_id``
-        # follows it once the trim is durable).
+        # The next id to assign (appends get theirs as they are queued), and
+        # the first entry not trimmed as sent to the writer
+        # (``first_entry_id`` follows it once the trim is durable).
         self._next = nxt
         self._first = first
         self._cache: collections.deque[Entry] = collections.deque()
@@ -203,6 +203,13 @@ class Ledger:
     @property
     def entry_count(self) -> int:
         return self.last_entry_id - self.first_entry_id + 1
+
+    @property
+    def next_entry_id(self) -> int:
+        """The id the next `append` gets: ids are given as appends are
+        queued, in order, so a caller knows an entry's id before it is
+        durable (the future gives the same)."""
+        return self._next
 
     def append(self, data: bytes, meta: int = 1, *, lazy: bool = False) -> asyncio.Future[int]:
         """Queue one entry; the future gives its entry id once it is durable.
@@ -471,7 +478,9 @@ class LedgerStore:
     def _append(self, ledger: Ledger, data: bytes, meta: int, lazy: bool) -> asyncio.Future[int]:
         self._check_open()
         fut: asyncio.Future[int] = self._loop.create_future()
-        self._queue.append(_Append(ledger, meta, data, fut))
+        # Its id now, in queue order (which is the order of the writes).
+        self._queue.append(_Append(ledger, meta, data, fut, ledger._next))
+        ledger._next += 1
         if not self._send_scheduled:
             if not lazy:
                 self._schedule_send()
@@ -487,7 +496,8 @@ class LedgerStore:
     def _trim(self, ledger: Ledger, before: int) -> asyncio.Future[None]:
         self._check_open()
         fut: asyncio.Future[None] = self._loop.create_future()
-        self._queue.append(_Trim(ledger, before, fut))
+        # (Never past what is appended so far: not an entry appended after it.)
+        self._queue.append(_Trim(ledger, min(before, ledger._next), fut))
         if not self._send_scheduled:
             self._schedule_send()
         return fut
@@ -502,7 +512,7 @@ class LedgerStore:
         self._loop.call_soon(self._send)
 
     def _send(self) -> None:
-        """Assign entry ids to what is queued and hand it to the writer."""
+        """Hand what is queued to the writer."""
         self._send_scheduled = False
         if not self._queue or self._failed is not None:
             return
@@ -514,12 +524,9 @@ class LedgerStore:
         for op in batch:
             ledger = op.ledger
             if isinstance(op, _Append):
-                op.entry_id = ledger._next
-                ledger._next += 1
                 rows.append((_key(ledger.id, op.entry_id), op.meta, op.data))
             else:
-                before = min(op.before, ledger._next)
-                heads[ledger] = max(heads.get(ledger, -1), before, ledger._first)
+                heads[ledger] = max(heads.get(ledger, -1), op.before, ledger._first)
         for ledger, first in heads.items():
             ledger._first = first
         trims = [(lg.id, first, lg._next) for lg, first in heads.items()]

@@ -215,6 +215,11 @@ class Subscriptions:
             return
         await asyncio.gather(*(sub.end_txn(txn, commit, durable) for sub in subs))
 
+    def end_txn_now(self, topic: str, subscription: str, txn: TxnKey, commit: bool) -> None:
+        """`end_txn` with ``durable=False``, without a turn of the loop."""
+        for sub in self._by_name.get((topic, subscription), []):
+            sub.end_txn_now(txn, commit)
+
     def uncommitted_floor(self, topic: str, index: int) -> int | None:
         """The first sidecar entry of a partition that a read_uncommitted
         subscription still needs (None if it has none): its sweep keeps it."""

@@ -489,17 +489,30 @@ class PartitionSubscription:
         repeating the call is harmless (the TC retries it). From now on an
         ack in ``txn`` is refused (INVALID_TXN_STATUS).
         """
+        outcome = self._queue_end(txn, commit)
+        if outcome is None:
+            return
+        if durable:
+            await outcome
+        else:
+            outcome.add_done_callback(unawaited)
+
+    def end_txn_now(self, txn: TxnKey, commit: bool) -> None:
+        """`end_txn` with ``durable=False``, without a turn of the loop."""
+        outcome = self._queue_end(txn, commit)
+        if outcome is not None:
+            outcome.add_done_callback(unawaited)
+
+    def _queue_end(self, txn: TxnKey, commit: bool) -> asyncio.Future[list[Position]] | None:
+        """Refuse acks in ``txn`` from now on and queue its end record, if it
+        has acks here (None if not: nothing to write)."""
         txn = self._check_txn(txn)
         self._remember_ended(txn)
         if txn not in self.cursor.txn_acks and not any(
             r.kind == TXN_ACK and r.txn == txn for r in self._inflight
         ):
-            return
-        outcome = self._persist(AckRecord(TXN_COMMIT if commit else TXN_ABORT, (), txn))
-        if durable:
-            await outcome
-        else:
-            outcome.add_done_callback(unawaited)
+            return None
+        return self._persist(AckRecord(TXN_COMMIT if commit else TXN_ABORT, (), txn))
 
     def _check_txn(self, txn: object) -> TxnKey:
         try:

@@ -51,6 +51,15 @@ committed messages right after `commit()` returns. On start, every
 COMMITTING / ABORTING transaction is finished; OPEN ones past their timeout
 are aborted (a sorted deadline index).
 
+The broker's END path (`end_txn_at_once`): with records applied as appended
+and participants that can queue their end at once (`QueuingParticipant`),
+the decision is logged and every participant queues its marker or ack
+commit right behind it in the same turn of the loop as the END was read,
+with no task: so a transaction's sends, its decision and its markers share
+one group commit, and END is answered from a callback once it is durable.
+Where a participant cannot end it at once, `_finish` tells them all in a
+task, as before.
+
 The coordinator reaches partitions and subscriptions only through
 `Participant`, which the broker implements (in process today; over the wire
 with END_TXN_ON_PARTITION / END_TXN_ON_SUBSCRIPTION when a coordinator runs
@@ -61,13 +70,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from sortedcontainers import SortedList
 
@@ -78,6 +88,7 @@ from tc._txnid import TxnID
 
 __all__ = [
     "Participant",
+    "QueuingParticipant",
     "TransactionCoordinator",
     "TxnMeta",
     "TxnNotFoundError",
@@ -123,6 +134,25 @@ class Participant(Protocol):
     async def end_txn_on_subscription(
         self, topic: str, subscription: str, txnid: TxnID, commit: bool, durable: bool = True
     ) -> None: ...
+
+
+@runtime_checkable
+class QueuingParticipant(Participant, Protocol):
+    """A `Participant` that can also end a transaction at once: queue its
+    writes in the coordinator's store (as with ``durable=False``) without a
+    turn of the loop. Each returns False where it cannot (an END of the
+    transaction already under way there, say); the coordinator then calls
+    the async method, which waits. The broker's participants are these:
+    with them a commit ends everywhere in the turn that decides it, with no
+    task (see `TransactionCoordinator._finish_at_once`)."""
+
+    def end_txn_on_partition_now(
+        self, topic: str, partition: int, txnid: TxnID, commit: bool
+    ) -> bool: ...
+
+    def end_txn_on_subscription_now(
+        self, topic: str, subscription: str, txnid: TxnID, commit: bool
+    ) -> bool: ...
 
 
 @dataclass(slots=True)
@@ -182,6 +212,21 @@ def _check_timeout(timeout_ms: int) -> None:
         raise ValueError(f"transaction timeout must be 0..{MAX_TIMEOUT_MS} ms, got {timeout_ms}")
 
 
+def _answer_decided(answered: asyncio.Future[None], logged: asyncio.Future[bool]) -> None:
+    """`TransactionCoordinator.end_txn_at_once`, every participant told at
+    once: END may be answered now that the decision is durable (its
+    participants counted as done in an earlier callback)."""
+    if answered.done():
+        return
+    if logged.cancelled():
+        answered.cancel()
+    elif (error := logged.exception()) is not None:
+        answered.set_exception(error)
+    else:
+        faults.hit("tc.after_decision_logged")
+        answered.set_result(None)
+
+
 def _register_in_memory(meta: TxnMeta, registered: list[Any], new: list[Any]) -> None:
     """Register ``new`` participants without logging them (participants
     that answer early): the decision record names every participant
@@ -219,6 +264,11 @@ class TransactionCoordinator:
         self._participant = participant
         # Apply records as they are appended (the participants share the store).
         self._eager = eager
+        # Participants that end a transaction at once (eager mode only: their
+        # writes must go behind the decision in its store).
+        self._queuing = (
+            participant if eager and isinstance(participant, QueuingParticipant) else None
+        )
         self._id_bound = 0  # counters below it are reserved durably (eager mode)
         self._reserving: asyncio.Future[None] | None = None
         self._txns: dict[TxnID, TxnMeta] = {}
@@ -639,7 +689,71 @@ class TransactionCoordinator:
             return meta.status in (TxnStatus.COMMITTING, TxnStatus.COMMITTED)
         return meta.status in (TxnStatus.ABORTING, TxnStatus.ABORTED)
 
+    def end_txn_at_once(self, txnid: TxnID, commit: bool) -> asyncio.Future[None] | None:
+        """`end_txn` of an OPEN transaction where records are applied as
+        appended (eager mode), without a task: decided in this turn of the
+        loop, so that the decision goes in the group commit of the sends and
+        acks read just before it, and the participants told at once
+        (`QueuingParticipant`). The result is done when END may be answered
+        (the decision durable and applied everywhere, as with `end_txn`),
+        or failed as `end_txn` would fail. None where the transaction is not
+        OPEN (a repeated END, a conflict, ...) or records wait for
+        durability: call `end_txn`. Raises `TxnNotFoundError` at once."""
+        if not self._eager:
+            return None
+        meta = self._live(txnid)
+        if meta.status is not TxnStatus.OPEN:
+            return None
+        logged, at_once = self._decide_now(meta, TxnEvent.COMMIT if commit else TxnEvent.ABORT)
+        answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if at_once:
+            logged.add_done_callback(functools.partial(_answer_decided, answered))
+        else:
+            self._spawn(self._answer_applied(txnid, logged, answered))
+        return answered
+
+    async def _answer_applied(
+        self, txnid: TxnID, logged: asyncio.Future[bool], answered: asyncio.Future[None]
+    ) -> None:
+        """`end_txn_at_once` where a participant could not be told at once:
+        answer as `end_txn` does, once the decision is durable and applied."""
+        try:
+            await logged
+            faults.hit("tc.after_decision_logged")
+            await self._wait_applied(txnid)
+        except BaseException as exc:
+            if not answered.done():
+                answered.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        if not answered.done():
+            answered.set_result(None)
+
     async def _decide(self, meta: TxnMeta, event: TxnEvent) -> None:
+        if self._eager:
+            await self._decide_now(meta, event)[0]
+            faults.hit("tc.after_decision_logged")  # the markers may be durable too
+            return
+        rec = self._decision_record(meta, event)
+        if not await self._persist(rec):
+            # Another END won the race; it decided the same outcome or not.
+            if self._same_outcome(meta, event is TxnEvent.COMMIT):
+                return
+            raise InvalidTxnStatusError(meta.status, event)
+        faults.hit("tc.after_decision_logged")
+        self._start_finish(meta)
+
+    def _decide_now(self, meta: TxnMeta, event: TxnEvent) -> tuple[asyncio.Future[bool], bool]:
+        """Eager mode: log the decision, applied as appended (the status
+        checked just now is current), and start telling the participants:
+        their markers and acks land behind it, in its group commit or a
+        later one. The decision's log write, and whether every participant
+        was told at once (`_start_finish`)."""
+        logged = self._persist_now(self._decision_record(meta, event))
+        return logged, self._start_finish(meta, logged)
+
+    def _decision_record(self, meta: TxnMeta, event: TxnEvent) -> pb.TransactionMetadataEntry:
         new = transition(meta.status, event)
         rec = self._record(Op.UPDATE, meta.txnid)
         rec.expected_status = meta.status.value  # type: ignore[assignment]
@@ -656,22 +770,7 @@ class TransactionCoordinator:
             rec.partitions.add(topic=topic, partition=index)
         for topic, sub in meta.subscriptions:
             rec.subscriptions.add(topic=topic, subscription=sub)
-        if self._eager:
-            # Applied as appended (the status checked just now is current):
-            # the participants' markers and acks land behind the decision,
-            # in its group commit or a later one.
-            logged = self._persist_now(rec)
-            self._start_finish(meta, logged)
-            await logged
-            faults.hit("tc.after_decision_logged")  # the markers may be durable too
-            return
-        if not await self._persist(rec):
-            # Another END won the race; it decided the same outcome or not.
-            if self._same_outcome(meta, event is TxnEvent.COMMIT):
-                return
-            raise InvalidTxnStatusError(meta.status, event)
-        faults.hit("tc.after_decision_logged")
-        self._start_finish(meta)
+        return rec
 
     # -- finishing ------------------------------------------------------------------
 
@@ -683,10 +782,71 @@ class TransactionCoordinator:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _start_finish(self, meta: TxnMeta, decided: asyncio.Future[bool] | None = None) -> None:
+    def _start_finish(self, meta: TxnMeta, decided: asyncio.Future[bool] | None = None) -> bool:
+        """Tell the participants of ``meta``'s decision: at once if they all
+        can (True), else in a task (`_finish`)."""
         if meta.txnid not in self._applied:
             self._applied[meta.txnid] = asyncio.get_running_loop().create_future()
+        if decided is not None and self._finish_at_once(meta, decided):
+            return True
         self._spawn(self._finish(meta, decided))
+        return False
+
+    def _finish_at_once(self, meta: TxnMeta, decided: asyncio.Future[bool]) -> bool:
+        """Eager mode, with a `QueuingParticipant`: tell every participant now,
+        right behind the decision ``decided`` (the log write, not durable
+        yet), and once it is durable, count them as done and log the end,
+        in a callback. What `_finish` does, without a task or a turn of the
+        loop: the commit path of every transaction. False if a participant
+        cannot end it at once: then `_finish` tells them all again (ends are
+        idempotent)."""
+        queuing = self._queuing
+        if queuing is None:
+            return False
+        commit = meta.status is TxnStatus.COMMITTING
+        txnid = meta.txnid
+        try:
+            for topic, index in meta.partitions:
+                if not queuing.end_txn_on_partition_now(topic, index, txnid, commit):
+                    return False
+            for topic, sub in meta.subscriptions:
+                if not queuing.end_txn_on_subscription_now(topic, sub, txnid, commit):
+                    return False
+        except Exception as exc:  # (`_finish` retries it, and says so)
+            log.debug("coordinator %d: ending %s at once failed: %s", self.tcid, txnid, exc)
+            return False
+        decided.add_done_callback(functools.partial(self._finished_at_once, meta))
+        return True
+
+    def _finished_at_once(self, meta: TxnMeta, decided: asyncio.Future[bool]) -> None:
+        """The decision `_finish_at_once` told the participants of is durable:
+        as `_finish` does once its participants answered, hit their fault
+        steps, count them as done and log the end (lazily: it is durable only
+        with what they queued behind the decision)."""
+        if decided.cancelled() or decided.exception() is not None:
+            return  # (the store failed: END reports it; a restart finishes the decision)
+        for _ in meta.partitions:
+            faults.hit("tc.after_partition_end")
+        for _ in meta.subscriptions:
+            faults.hit("tc.after_subscription_end")
+        applied = self._applied.get(meta.txnid)
+        if applied is not None and not applied.done():
+            applied.set_result(None)
+        logged = self._persist_now(self._end_record(meta), lazy=True)
+        logged.add_done_callback(functools.partial(self._end_logged, meta.txnid))
+
+    def _end_logged(self, txnid: TxnID, logged: asyncio.Future[bool]) -> None:
+        self._applied.pop(txnid, None)
+        if not logged.cancelled() and (error := logged.exception()) is not None:
+            log.error("coordinator %d: logging the end of %s failed: %s", self.tcid, txnid, error)
+
+    def _end_record(self, meta: TxnMeta) -> pb.TransactionMetadataEntry:
+        """The record of ``meta``'s end (COMMITTED / ABORTED), every
+        participant having applied its decision."""
+        rec = self._record(Op.UPDATE, meta.txnid)
+        rec.expected_status = meta.status.value  # type: ignore[assignment]
+        rec.new_status = transition(meta.status, TxnEvent.FINISH).value  # type: ignore[assignment]
+        return rec
 
     async def _finish(self, meta: TxnMeta, decided: asyncio.Future[bool] | None = None) -> None:
         """Tell every participant (retrying each until it answers): all at
@@ -745,9 +905,7 @@ class TransactionCoordinator:
         applied = self._applied.get(meta.txnid)
         if applied is not None and not applied.done():
             applied.set_result(None)
-        rec = self._record(Op.UPDATE, meta.txnid)
-        rec.expected_status = meta.status.value  # type: ignore[assignment]
-        rec.new_status = transition(meta.status, TxnEvent.FINISH).value  # type: ignore[assignment]
+        rec = self._end_record(meta)
         # Nobody waits for this record (END answered once the participants
         # applied the decision): in eager mode it goes with a later commit.
         await self._until_done(

@@ -643,3 +643,99 @@ async def test_join_adds_a_participant_once_and_only_while_open(open_tc: Opener)
         assert ("t", 2) not in meta.partitions
     finally:
         await tc.close()
+
+
+class Queuing(Recorder):
+    """A `QueuingParticipant`: ends a transaction at once by appending its
+    record to the coordinator's store, unless told to refuse (then the
+    coordinator asks the async way)."""
+
+    def __init__(self, store: Callable[[], LedgerStore], refuse: bool = False) -> None:
+        super().__init__()
+        self.store = store
+        self.refuse = refuse
+        self.at_once: list[tuple[str, object, TxnID, bool]] = []
+        self.written: list[asyncio.Future[int]] = []
+
+    def _now(self, kind: str, what: object, txnid: TxnID, commit: bool) -> bool:
+        if self.refuse:
+            return False
+        self.at_once.append((kind, what, txnid, commit))
+        ledger = self.store().get_ledger("participant")
+        assert ledger is not None
+        self.written.append(ledger.append(b"commit" if commit else b"abort"))
+        return True
+
+    def end_txn_on_partition_now(
+        self, topic: str, partition: int, txnid: TxnID, commit: bool
+    ) -> bool:
+        return self._now("partition", partition, txnid, commit)
+
+    def end_txn_on_subscription_now(
+        self, topic: str, subscription: str, txnid: TxnID, commit: bool
+    ) -> bool:
+        return self._now("subscription", subscription, txnid, commit)
+
+
+async def test_end_at_once_decides_and_tells_every_participant_in_one_turn(
+    tmp_path: Path,
+) -> None:
+    """The broker's END path: the decision is logged and every participant
+    queues its write behind it in the same turn of the loop (one group
+    commit), and END may be answered once the decision is durable."""
+    tc: TransactionCoordinator | None = None
+    participant = Queuing(lambda: tc.store)  # type: ignore[union-attr]
+    tc = await _open_early(tmp_path, participant)
+    try:
+        await tc.store.open_ledger("participant")
+        txn = await tc.new_txn()
+        tc.join_partition(txn, "t", 0)
+        tc.join_subscription(txn, "t", "s")
+        commits = tc.store.commits
+        answered = tc.end_txn_at_once(txn, commit=True)
+        assert answered is not None and not answered.done()
+        assert participant.at_once == [
+            ("partition", 0, txn, True),
+            ("subscription", "s", txn, True),
+        ]
+        assert tc.get(txn).status is TxnStatus.COMMITTING  # (applied as appended)
+        await answered
+        assert all(w.done() for w in participant.written)  # durable with the decision
+        assert tc.store.commits == commits + 1
+        assert participant.calls == []  # (the async way was not needed)
+        await wait_status(tc, txn, TxnStatus.COMMITTED)
+        assert tc.end_txn_at_once(txn, commit=True) is None  # (a repeat: end_txn answers it)
+        await tc.end_txn(txn, commit=True)
+        with pytest.raises(TxnNotFoundError):
+            tc.end_txn_at_once(TxnID(0, 999_999), commit=True)
+    finally:
+        await tc.close()
+
+
+async def test_end_at_once_falls_back_to_telling_participants_in_a_task(
+    tmp_path: Path,
+) -> None:
+    tc: TransactionCoordinator | None = None
+    participant = Queuing(lambda: tc.store, refuse=True)  # type: ignore[union-attr]
+    tc = await _open_early(tmp_path, participant)
+    try:
+        txn = await tc.new_txn()
+        tc.join_partition(txn, "t", 0)
+        answered = tc.end_txn_at_once(txn, commit=False)
+        assert answered is not None
+        await asyncio.wait_for(answered, 5)
+        assert participant.calls == [("partition", "t", 0, txn, False)]  # the async way
+        assert participant.durable == [False]
+        await wait_status(tc, txn, TxnStatus.ABORTED)
+    finally:
+        await tc.close()
+
+
+async def test_end_at_once_needs_records_applied_as_appended(tmp_path: Path) -> None:
+    tc = await Opener(tmp_path, shared=False)(0, Recorder())
+    try:
+        txn = await tc.new_txn()
+        assert tc.end_txn_at_once(txn, commit=True) is None  # (its own log: end_txn)
+        await tc.end_txn(txn, commit=True)
+    finally:
+        await tc.close()

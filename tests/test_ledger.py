@@ -796,3 +796,24 @@ async def test_settled_waits_for_any_outcome_and_raises_none() -> None:
     with pytest.raises(asyncio.CancelledError):
         await waiting
     assert not pending._callbacks  # type: ignore[attr-defined]
+
+
+async def test_an_append_gets_its_id_when_queued(store: LedgerStore) -> None:
+    ledger = await store.open_ledger("ids")
+    await ledger.append(b"first")
+    first = ledger.next_entry_id
+    assert first == 1
+    futures = [ledger.append(b"x") for _ in range(3)]
+    assert ledger.next_entry_id == first + 3  # (before any of them is durable)
+    assert [await f for f in futures] == [first, first + 1, first + 2]
+
+
+async def test_a_trim_never_reaches_entries_appended_after_it(store: LedgerStore) -> None:
+    ledger = await store.open_ledger("trimmed")
+    await ledger.append(b"a")  # 0
+    trim = ledger.trim(100)  # (past everything appended so far)
+    later = ledger.append(b"b")  # 1, queued behind the trim, in the same write
+    await trim
+    assert await later == 1
+    assert [e.entry_id for e in await ledger.read(0, 10)] == [1]
+    assert ledger.first_entry_id == 1

@@ -856,3 +856,37 @@ def test_txn_run_start_knows_only_consecutive_places() -> None:
     assert txn_run_start([(-1, 5), (-1, 7)]) is None  # a gap (re-sent messages)
     assert txn_run_start([(-1, 5), (3, 0)]) is None  # stored already, committed
     assert txn_run_start([]) is None
+
+
+async def test_an_end_queued_with_its_sends_names_them_all_in_one_group_commit(
+    stores: Stores,
+) -> None:
+    """END right behind sends not durable yet (what the broker does: a
+    client's SENDs and END arrive together): the marker names every TXN_DATA
+    record queued before it, durable or not, and goes in the same group
+    commit; `end_now` does it without a turn of the loop."""
+    store, part = await stores.open()
+    tb = await part.txn_buffer()
+    first = tb.publish(T1, "p", msgs(0, 1), early=True)
+    second = tb.publish(T1, "p", msgs(2), early=True)
+    commits = store.commits
+    assert tb.end_now(T1, commit=True)  # nothing durable yet, nothing awaited
+    assert (await first, await second) == (txn_ids(0, 2), txn_ids(2, 1))
+    aborted = tb.publish(T2, "p", msgs(3), early=True)
+    await aborted
+    await tb.settled()
+    assert await markers(part) == [(0, 3)]
+    assert await delivered(part, 0) == [b"m0", b"m1", b"m2"]
+    assert store.commits - commits <= 2  # data and marker together (TXN_COMMIT after)
+    # A second END while the first one's records are in flight waits (`end`).
+    assert tb.end_now(T2, commit=False)
+    assert not tb.end_now(T2, commit=False)
+    await tb.end(T2, commit=False, durable=False)
+    await tb.settled()
+    assert tb.status(T2).state is TxnState.ABORTED
+    assert tb.end_now(T2, commit=False)  # (ended: nothing left to do)
+    with pytest.raises(TxnConflictError):
+        tb.end_now(T2, commit=True)
+    _, part = await stores.reopen()
+    assert loaded(part).status(T1) == TxnInfo(T1, TxnState.COMMITTED, 3, 0, ())
+    assert await delivered(part, 0) == [b"m0", b"m1", b"m2"]
