@@ -2,6 +2,7 @@
 and transactional vs plain produce.
 
     python -m bench.txn [--messages 100000] [--per-txn 100] [--size 100]
+                        [--produce-messages 500000] [--produce-rounds 3] [--inflight 64]
 
 Starts `txnbuf serve` as a subprocess (fresh data directory) and prints, side
 by side:
@@ -14,10 +15,16 @@ by side:
    the client and the broker (with its ledger writer process) spent per
    message copied (seeding the input topic not counted; the broker's only
    when this run started it).
-2. produce: the same number of messages sent plainly (pipelined) and in
-   transactions of 100 (``--inflight`` transactions open at once, each
-   committed when its sends are queued), ``--produce-rounds`` runs of each
-   in alternation; the median msgs/s of each, their ratio and each round's.
+2. produce: the same number of messages sent plainly (in windows of 2,000
+   messages: the next window once the last of one is answered) and in
+   transactions of 100 (``--inflight`` workers, each committing a
+   transaction once its sends are queued, then opening the next: that many
+   transactions open at once), ``--produce-rounds`` runs of each in
+   alternation; the median msgs/s of each, their ratio and each round's.
+   (Until 24 November 2026 the transactional side ran a task per
+   transaction behind a semaphore of ``--inflight``: the same load, but the
+   tasks and the semaphore cost the client ~18 us of CPU per transaction,
+   ~10% of its work, that the plain side's loop does not pay.)
 
 Peers measured on a machine like this one (../shared/notes/performance.md,
 1 / 4 workers): PostgreSQL SKIP LOCKED 27k / 44k msgs/s, Redis Streams
@@ -120,7 +127,6 @@ async def produce(
     async with Client(url) as client:
         plain = await client.create_producer(f"plain-{os.getpid()}")
         txnal: Producer = await client.create_producer(f"txn-{os.getpid()}")
-        sem = asyncio.Semaphore(inflight)
 
         async def plain_run() -> float:
             start = time.perf_counter()
@@ -130,8 +136,10 @@ async def produce(
             await plain.flush()
             return total / (time.perf_counter() - start)
 
-        async def one(n: int) -> None:
-            async with sem:
+        sizes = [min(per_txn, total - s) for s in range(0, total, per_txn)]
+
+        async def worker(mine: list[int]) -> None:
+            for n in mine:
                 txn = await client.new_transaction(timeout=60)
                 for _ in range(n):
                     txnal.send_nowait(payload, txn=txn)
@@ -139,7 +147,7 @@ async def produce(
 
         async def txn_run() -> float:
             start = time.perf_counter()
-            await asyncio.gather(*(one(min(per_txn, total - s)) for s in range(0, total, per_txn)))
+            await asyncio.gather(*(worker(sizes[w::inflight]) for w in range(inflight)))
             return total / (time.perf_counter() - start)
 
         plains: list[float] = []
@@ -164,11 +172,20 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--per-txn", type=int, default=100)
     parser.add_argument("--size", type=int, default=100)
-    parser.add_argument("--inflight", type=int, default=64, help="open transactions (produce)")
+    parser.add_argument(
+        "--inflight", type=int, default=64, help="transactions open at once (produce)"
+    )
     parser.add_argument("--url", help="use this running broker instead of a new one")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--no-produce", action="store_true", help="skip the produce comparison")
     parser.add_argument("--produce-rounds", type=int, default=3, help="alternating runs of each")
+    parser.add_argument(
+        "--produce-messages",
+        type=int,
+        default=500_000,
+        help="messages a produce run sends (runs of 100,000 took 0.2 s: one hiccup of "
+        "this machine moved a ratio by half)",
+    )
     args = parser.parse_args()
     try:
         import uvloop
@@ -198,7 +215,7 @@ def main() -> None:
                     plains, txns = runner.run(
                         produce(
                             url,
-                            args.messages,
+                            args.produce_messages,
                             args.per_txn,
                             args.size,
                             args.inflight,
@@ -226,7 +243,8 @@ def main() -> None:
     plain, txn = statistics.median(plains), statistics.median(txns)
     each = ", ".join(f"{t / p:.2f}" for p, t in zip(plains, txns, strict=True))
     print()
-    print(f"produce {args.messages} x {args.size} B, median of {len(plains)} alternating runs: "
+    print(f"produce {args.produce_messages} x {args.size} B, "
+          f"median of {len(plains)} alternating runs: "
           f"plain {plain:,.0f} msgs/s, transactional ({args.per_txn}/txn, {args.inflight} open) "
           f"{txn:,.0f} msgs/s, ratio {txn / plain:.2f} (each round: {each})")  # fmt: skip
 

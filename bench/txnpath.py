@@ -108,6 +108,8 @@ async def one_round(txns: int, per_txn: int, concurrency: int) -> dict[str, floa
                 for i in range(txns)
             ]
 
+            at_once = getattr(tc, "end_txn_at_once", None)
+
             async def worker(mine: list[int]) -> None:
                 for i in mine:
                     txnid = await tc.new_txn(60_000)
@@ -128,7 +130,10 @@ async def one_round(txns: int, per_txn: int, concurrency: int) -> dict[str, floa
                         consumer, {0: positions}, False, key, early
                     )
                     await published
-                    await tc.end_txn(txnid, True)
+                    # END as the broker's connection does it: at once where the
+                    # checkout can (`end_txn_at_once`), else `end_txn`.
+                    answered = at_once(txnid, True) if at_once is not None else None
+                    await (answered if answered is not None else tc.end_txn(txnid, True))
 
             # Each worker its own producer (sequence ids increase per producer).
             shares = [list(range(w, txns, concurrency)) for w in range(concurrency)]

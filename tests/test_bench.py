@@ -51,6 +51,7 @@ async def test_txnpath_round_checks_that_every_transaction_committed(
         await end_txn(self, txnid, False)  # type: ignore[arg-type]
 
     monkeypatch.setattr(TransactionCoordinator, "end_txn", abort_instead)
+    monkeypatch.setattr(TransactionCoordinator, "end_txn_at_once", lambda *_: None)
     with pytest.raises(SystemExit, match="0 of 30 transactions committed, 300 inputs"):
         await txnpath.one_round(30, 10, 2)
 
@@ -68,7 +69,7 @@ def test_txnpath_benchmark_prints_both_sides() -> None:
 def test_txn_benchmark_runs_small() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "bench.txn", "--messages", "2000", "--workers", "1", "2",
-         "--produce-rounds", "2"],
+         "--produce-rounds", "2", "--produce-messages", "2000"],
         cwd=ROOT, capture_output=True, text=True, check=True, timeout=300,
     ).stdout  # fmt: skip
     rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["1"], ["2"])]
