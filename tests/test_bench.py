@@ -75,7 +75,8 @@ def test_txn_benchmark_runs_small() -> None:
     rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["1"], ["2"])]
     assert [row[0] for row in rows] == ["1", "2"]
     assert all(float(row[1].replace(",", "")) > 0 for row in rows)
-    assert "median of 2 alternating runs" in out and "each round: " in out
+    assert "median of 2 runs of each" in out and "each round: " in out
+    assert "ratio to plain in windows" in out and "to plain with as many in flight" in out
 
 
 async def test_txnmemory_side_reports_an_index_that_commits_leave() -> None:
