@@ -29,15 +29,12 @@ Where the log lives decides when a record is applied:
   With ``abort_open_on_recovery`` (the broker's setting) registrations,
   sends and acks are answered once appended as well, and a restart aborts
   every transaction it finds OPEN: only END waits for an fsync. Then
-  neither NEW nor registrations are logged at all: the decision record
-  (COMMITTING / ABORTING) names every participant and carries what NEW
-  would have (timeout, start), which is all recovery needs to finish a
-  decided transaction, and the participants abort on restart what they
+  registrations are not logged at all: the decision record (COMMITTING /
+  ABORTING) names every participant, which is all recovery needs to finish
+  a decided transaction, and the participants abort on restart what they
   hold of a transaction the coordinator did not decide to commit (the
-  broker asks them, `broker.Broker`). A restart forgets the transactions
-  that were open (unless a snapshot holds them: then it aborts them); their
-  clients get TxnNotFound, saying so. A transaction logs its decision and
-  its end: two records, not five.
+  broker asks them, `broker.Broker`). A transaction logs NEW, its decision
+  and its end: three records, not five.
 
 Ending a transaction (§CommandEndTxn): log COMMITTING / ABORTING (the
 decision), tell every registered partition and subscription through the
@@ -410,13 +407,30 @@ class TransactionCoordinator:
 
     async def new_txn(self, timeout_ms: int = 0) -> TxnID:
         """Open a transaction (§CommandNewTxn): logged OPEN before it is
-        answered, except where participants answer early: not logged at all
-        then (see the module docstring)."""
+        answered (in eager mode answered once appended, see the module
+        docstring)."""
         _check_timeout(timeout_ms)
         if self._eager:
             await self._reserve_ids()
-        if self.participants_answer_early:
-            return self._open_unlogged(timeout_ms)
+            return self._log_new(timeout_ms)[0]
+        txnid, logged = self._log_new(timeout_ms)
+        await logged
+        return txnid
+
+    def new_txn_now(self, timeout_ms: int = 0) -> TxnID | None:
+        """`new_txn` at once, where it waits for nothing: eager mode (its
+        OPEN record is applied as appended and answered before it is
+        durable) with an id reserved. None otherwise (call `new_txn`);
+        ValueError for a bad timeout."""
+        _check_timeout(timeout_ms)
+        if not self._eager or not self._ids_reserved():
+            return None
+        return self._log_new(timeout_ms)[0]
+
+    def _log_new(self, timeout_ms: int) -> tuple[TxnID, asyncio.Future[bool]]:
+        """Log the OPEN record (NEW) of the next transaction: its id and the
+        log write (eager mode: lazy, applied now, nobody awaits it; the
+        registration that follows is logged behind it)."""
         txnid = self._next_txnid()
         now = _now_ms()
         logged = self._persist_now(Op(
@@ -429,29 +443,8 @@ class TransactionCoordinator:
             txn_last_modification_time=now,
         ), lazy=self._eager)  # fmt: skip
         if self._eager:
-            # OPEN already: the registration that follows is logged behind it.
             logged.add_done_callback(unawaited)
-        else:
-            await logged
-        return txnid
-
-    def new_txn_now(self, timeout_ms: int = 0) -> TxnID | None:
-        """`new_txn` at once, where it waits for nothing: the participants
-        answer early (nothing is logged) and an id is reserved. None
-        otherwise (call `new_txn`); ValueError for a bad timeout."""
-        _check_timeout(timeout_ms)
-        if not self.participants_answer_early or not self._ids_reserved():
-            return None
-        return self._open_unlogged(timeout_ms)
-
-    def _open_unlogged(self, timeout_ms: int) -> TxnID:
-        """A new OPEN transaction, in memory only: a crash forgets it, and
-        what it wrote is aborted where it is held (`broker.Broker`); its
-        decision record carries its timeout and start for recovery."""
-        txnid = self._next_txnid()
-        now = _now_ms()
-        self._open(TxnMeta(txnid, TxnStatus.OPEN, timeout_ms or DEFAULT_TIMEOUT_MS, now, now))
-        return txnid
+        return txnid, logged
 
     def _next_txnid(self) -> TxnID:
         txnid = TxnID.of(self.tcid, self._next_counter)
@@ -759,10 +752,6 @@ class TransactionCoordinator:
         rec.expected_status = meta.status.value  # type: ignore[assignment]
         rec.new_status = new.value  # type: ignore[assignment]
         rec.timed_out = event is TxnEvent.TIMEOUT
-        # What NEW logs, for a transaction whose NEW was not logged
-        # (participants answer early), so that recovery can rebuild it.
-        rec.txn_timeout_ms = meta.timeout_ms
-        rec.txn_start_time = meta.start_ms
         # The decision names every participant: recovery finishes it from
         # this record alone (registrations are not logged when participants
         # answer early).
@@ -1009,25 +998,17 @@ class TransactionCoordinator:
             self._id_bound = max(self._id_bound, rec.id_bound)
             return True
         txnid = TxnID(rec.txnid_most_bits, rec.txnid_least_bits)
-        meta_or_none = self._txns.get(txnid)
-        if op == Op.NEW or (
-            meta_or_none is None
-            and op == Op.UPDATE
-            and rec.expected_status == pb.OPEN
-            and rec.txn_start_time
-        ):
-            # NEW, or the decision of a transaction whose OPEN was not logged
-            # (participants answer early): it carries what NEW would have.
+        if op == Op.NEW:
             self._next_counter = max(self._next_counter, txnid.counter + 1)
-            meta_or_none = self._open(TxnMeta(
+            self._open(TxnMeta(
                 txnid=txnid,
                 status=TxnStatus.OPEN,
                 timeout_ms=rec.txn_timeout_ms,
                 start_ms=rec.txn_start_time,
                 last_modified_ms=rec.txn_last_modification_time,
             ))  # fmt: skip
-            if op == Op.NEW:
-                return True
+            return True
+        meta_or_none = self._txns.get(txnid)
         if meta_or_none is None:
             return False
         meta = meta_or_none
