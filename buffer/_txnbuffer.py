@@ -37,17 +37,17 @@ through the same two functions. Persist, then act: a record changes the
 index only once it is durable.
 
 Crash safety of COMMIT: the marker is appended first, then TXN_COMMIT (and
-`end` answers as soon as the marker is durable). The marker names every
-TXN_DATA record of the transaction queued before the END, durable or not
-(entry ids are known once queued): append order is durability order, so it
-is durable only with them, and it can go in their group commit. A crash in between leaves
+`end` answers as soon as the marker is durable). A crash in between leaves
 a durable marker that recovery finds (it scans the partition's
 COMMIT_MARKER entries after the snapshot's ``scan_from`` using
 ledger meta, reading only the markers) and completes with the TXN_COMMIT
 record, so a retried COMMIT never appends a second marker. Crash hooks
 (`ledger.faults`): ``buffer.after_txn_data_write`` (a send is durable, not yet
 answered) and ``buffer.after_commit_marker`` (the marker is durable, its
-TXN_COMMIT record not yet written).
+TXN_COMMIT record not yet written). The marker names every TXN_DATA record
+of the transaction queued before the END, durable or not (entry ids are
+known once queued): append order is durability order, so it is durable
+only with them, and it can go in their group commit.
 
 Late writes: a send for a transaction that has ended here (or whose end has
 begun) is refused with `TxnEndedError`. The index holds the transactions

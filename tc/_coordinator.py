@@ -714,11 +714,12 @@ class TransactionCoordinator:
             await logged
             faults.hit("tc.after_decision_logged")
             await self._wait_applied(txnid)
-        except BaseException as exc:
+        except asyncio.CancelledError:
+            answered.cancel()
+            raise
+        except Exception as exc:
             if not answered.done():
                 answered.set_exception(exc)
-            if not isinstance(exc, Exception):
-                raise
             return
         if not answered.done():
             answered.set_result(None)
