@@ -37,6 +37,17 @@ Decisions written down here:
 * No WebSocket heartbeat: a broker restart closes the TCP connection, which
   is noticed at once; a silent network partition is caught by the
   operation timeouts.
+* The reader lets the waiters of the answers it hands out run after every
+  ``ANSWERS_IN_A_ROW`` (8) of them, instead of handing out a whole batch
+  first: the broker answers the ENDs of transactions committed in one
+  group commit together, and a client running many transactions at once
+  would otherwise start all the next ones before sending any, so that
+  client and broker took turns on whole convoys of transactions instead
+  of working at once. Transactional produce with 64 transactions open went
+  from 379k to 469k msgs/s (median of 3 interleaved runs, 24 November
+  2026); yielding after every answer did as well there, but cost the
+  broker 25% more CPU in consume-transform-produce at 4 workers (one
+  wake-up per transaction).
 """
 
 from __future__ import annotations
@@ -103,6 +114,9 @@ ANSWERS = frozenset(
 )
 # Answers that report a refusal in an ``error`` field of their own (the
 # others are refused with an ERROR frame), by type: the oneof field.
+# Answers handed out in a row before the reader yields to their waiters
+# (see the module docstring).
+ANSWERS_IN_A_ROW = 8
 ANSWERS_WITH_ERROR = {
     Type.PARTITIONED_METADATA_RESPONSE: "partitioned_metadata_response",
     Type.NEW_TXN_RESPONSE: "new_txn_response",
@@ -575,6 +589,7 @@ class Connection:
     async def _read(self, link: Link) -> None:
         ws = link.ws
         binary = aiohttp.WSMsgType.BINARY
+        in_a_row = 0  # answers handed out since the reader last yielded
         try:
             while True:
                 msg = await ws.receive()
@@ -590,6 +605,11 @@ class Connection:
                             self._dispatch(one)
                         except Exception:
                             log.exception("failed to handle a frame from the broker")
+                        if one.type in ANSWERS:
+                            in_a_row += 1
+                            if in_a_row == ANSWERS_IN_A_ROW:
+                                in_a_row = 0
+                                await asyncio.sleep(0)  # (their waiters run, and write)
                 elif msg.type in (
                     aiohttp.WSMsgType.CLOSE,
                     aiohttp.WSMsgType.CLOSING,

@@ -1549,6 +1549,51 @@ async def test_a_batch_from_the_broker_is_handled_command_by_command() -> None:
     assert seen == [pb.BaseCommand.PING, pb.BaseCommand.PONG, pb.BaseCommand.PING]
 
 
+async def test_the_reader_lets_waiters_run_after_every_few_answers() -> None:
+    """A batch of many answers (the ENDs of one group commit) is handed out
+    ANSWERS_IN_A_ROW at a time, with a turn of the loop between: their
+    waiters start (and write) their next transactions while the reader goes
+    on, rather than after the whole batch. Other frames do not count."""
+    from client._connection import ANSWERS_IN_A_ROW, Connection, Link
+    from proto import batch_frame
+
+    class Socket:
+        def __init__(self, frames: list[bytes]) -> None:
+            self.frames = frames
+
+        async def receive(self) -> Any:  # (never yields, as with data already read)
+            if self.frames:
+                return type("Msg", (), {"type": WSMsgType.BINARY, "data": self.frames.pop(0)})
+            return type("Msg", (), {"type": WSMsgType.CLOSED, "data": b""})
+
+    def answer(request_id: int) -> bytes:
+        return frame(T.TXN_RESPONSE, "txn_response", request_id=request_id)
+
+    pong = pb.BaseCommand(type=T.PONG, pong=pb.CommandPong()).SerializeToString()
+    conn = Connection("http://127.0.0.1:1", operation_timeout=1.0)
+    seen: list[int] = []
+    conn._dispatch = lambda cmd: seen.append(cmd.type)  # type: ignore[method-assign]
+    marks: list[int] = []
+
+    async def observe() -> None:
+        while True:
+            marks.append(len(seen))
+            await asyncio.sleep(0)
+
+    observer = asyncio.get_running_loop().create_task(observe())
+    await asyncio.sleep(0)
+    frames = [
+        batch_frame([pong, *(answer(i) for i in range(20))]),
+        batch_frame([answer(i) for i in range(20, 24)]),
+    ]
+    await conn._read(Link(Socket(frames), 1))  # type: ignore[arg-type]
+    observer.cancel()
+    assert seen == [T.PONG] + [T.TXN_RESPONSE] * 24
+    assert ANSWERS_IN_A_ROW == 8
+    # (Yielded after 8, 16 and 24 answers: the pong is not one.)
+    assert {9, 17, 25} <= set(marks) and not set(marks) - {0, 9, 17, 25}
+
+
 async def test_frames_queued_together_go_to_a_broker_as_one_batch() -> None:
     """Protocol version 2 both ways: what the client queues in one turn of
     the loop (a transaction's send and ack) is one WebSocket message, a
