@@ -80,7 +80,14 @@ from sortedcontainers import SortedList
 
 from ledger import Ledger, LedgerStore, faults, unawaited
 from proto import txnbuf_pb2 as pb
-from tc._status import InvalidTxnStatusError, TxnEvent, TxnStatus, check_update, transition
+from tc._status import (
+    InvalidTxnStatusError,
+    TxnEvent,
+    TxnStatus,
+    check_update,
+    status_of,
+    transition,
+)
 from tc._txnid import TxnID
 
 __all__ = [
@@ -95,7 +102,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 Op = pb.TransactionMetadataEntry
-SNAPSHOT_EVERY = 5000  # log records between snapshots
+SNAPSHOT_EVERY = 10_000  # log records between snapshots (~3.7 ms to write one with 1,000 ended)
 ENDED_KEPT = 10_000  # ended transactions remembered, so a repeated END is answered
 ENDED_IN_SNAPSHOT = 1000  # of which the newest survive a restart
 DEFAULT_TIMEOUT_MS = 60_000
@@ -750,8 +757,8 @@ class TransactionCoordinator:
     def _decision_record(self, meta: TxnMeta, event: TxnEvent) -> pb.TransactionMetadataEntry:
         new = transition(meta.status, event)
         rec = self._record(Op.UPDATE, meta.txnid)
-        rec.expected_status = meta.status.value  # type: ignore[assignment]
-        rec.new_status = new.value  # type: ignore[assignment]
+        rec.expected_status = meta.status  # type: ignore[assignment]
+        rec.new_status = new  # type: ignore[assignment]
         rec.timed_out = event is TxnEvent.TIMEOUT
         # The decision names every participant: recovery finishes it from
         # this record alone (registrations are not logged when participants
@@ -834,8 +841,8 @@ class TransactionCoordinator:
         """The record of ``meta``'s end (COMMITTED / ABORTED), every
         participant having applied its decision."""
         rec = self._record(Op.UPDATE, meta.txnid)
-        rec.expected_status = meta.status.value  # type: ignore[assignment]
-        rec.new_status = transition(meta.status, TxnEvent.FINISH).value  # type: ignore[assignment]
+        rec.expected_status = meta.status  # type: ignore[assignment]
+        rec.new_status = transition(meta.status, TxnEvent.FINISH)  # type: ignore[assignment]
         return rec
 
     async def _finish(self, meta: TxnMeta, decided: asyncio.Future[bool] | None = None) -> None:
@@ -1018,12 +1025,12 @@ class TransactionCoordinator:
                 return False
             _add_participants(meta, rec)
         elif op == Op.UPDATE:
-            expected = TxnStatus(rec.expected_status)
+            expected = status_of(rec.expected_status)
             if meta.status is not expected:
                 return False
             if expected is TxnStatus.OPEN:  # the decision: it names the participants
                 _add_participants(meta, rec)
-            meta.status = check_update(expected, TxnStatus(rec.new_status))
+            meta.status = check_update(expected, status_of(rec.new_status))
             meta.timed_out = meta.timed_out or rec.timed_out
             if expected is TxnStatus.OPEN:
                 self._deadlines.discard((meta.deadline_ms, txnid))

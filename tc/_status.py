@@ -21,11 +21,16 @@ __all__ = [
     "TxnEvent",
     "TxnStatus",
     "check_update",
+    "status_of",
     "transition",
 ]
 
 
-class TxnStatus(enum.Enum):
+class TxnStatus(enum.IntEnum):
+    """An int underneath (the log's TxnStatusValue): hashed and compared in
+    C, where a plain Enum hashed in Python (the transition table is looked up
+    by (status, event) on every update)."""
+
     OPEN = 0
     COMMITTING = 1
     COMMITTED = 2
@@ -37,7 +42,7 @@ class TxnStatus(enum.Enum):
         return self in (TxnStatus.COMMITTED, TxnStatus.ABORTED)
 
 
-class TxnEvent(enum.Enum):
+class TxnEvent(enum.StrEnum):
     COMMIT = "COMMIT"
     ABORT = "ABORT"
     TIMEOUT = "TIMEOUT"
@@ -71,6 +76,17 @@ def transition(status: TxnStatus, event: TxnEvent) -> TxnStatus:
         return TRANSITIONS[(status, event)]
     except KeyError:
         raise InvalidTxnStatusError(status, event) from None
+
+
+_BY_VALUE = tuple(sorted(TxnStatus, key=int))
+
+
+def status_of(value: int) -> TxnStatus:
+    """The status logged as ``value`` (``TxnStatus(value)``, without the
+    enum's lookup: a record read back is applied on every update)."""
+    if 0 <= value < len(_BY_VALUE):
+        return _BY_VALUE[value]
+    raise ValueError(f"{value} is not a transaction status")
 
 
 def check_update(expected: TxnStatus, new: TxnStatus) -> TxnStatus:

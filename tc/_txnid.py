@@ -7,7 +7,7 @@ TxnID says which TC owns it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = ["TxnID"]
 
@@ -16,14 +16,28 @@ _TC_SHIFT = 48
 MAX_TCID = (1 << 16) - 1
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class TxnID:
+class _Halves(NamedTuple):
     most_bits: int
     least_bits: int
 
-    def __post_init__(self) -> None:
-        if not (0 <= self.most_bits <= _U64 and 0 <= self.least_bits <= _U64):
-            raise ValueError(f"TxnID halves must be unsigned 64-bit, got {self!r}")
+
+class TxnID(_Halves):
+    """A transaction id: two unsigned 64-bit halves, ordered, hashable.
+
+    A tuple underneath (a NamedTuple with a checked constructor): hashing,
+    comparing and reading a half are C-level, where a dataclass did them in
+    Python (a TxnID is a dict key a dozen times per transaction). It equals
+    the plain tuple ``(most_bits, least_bits)``, which is what the
+    partitions and subscriptions key transactions by."""
+
+    __slots__ = ()
+
+    def __new__(cls, most_bits: int, least_bits: int) -> TxnID:
+        if not (0 <= most_bits <= _U64 and 0 <= least_bits <= _U64):
+            raise ValueError(
+                f"TxnID halves must be unsigned 64-bit, got ({most_bits!r}, {least_bits!r})"
+            )
+        return super().__new__(cls, most_bits, least_bits)
 
     @classmethod
     def of(cls, tcid: int, counter: int) -> TxnID:
