@@ -438,7 +438,8 @@ class TransactionCoordinator:
         """Log the OPEN record (NEW) of the next transaction: its id and the
         log write (eager mode: lazy, applied now, nobody awaits it; the
         registration that follows is logged behind it)."""
-        txnid = self._next_txnid()
+        txnid = TxnID.of(self.tcid, self._next_counter)
+        self._next_counter += 1
         now = _now_ms()
         logged = self._persist_now(Op(
             metadata_op=Op.NEW,
@@ -452,11 +453,6 @@ class TransactionCoordinator:
         if self._eager:
             logged.add_done_callback(unawaited)
         return txnid, logged
-
-    def _next_txnid(self) -> TxnID:
-        txnid = TxnID.of(self.tcid, self._next_counter)
-        self._next_counter += 1
-        return txnid
 
     def _ids_reserved(self) -> bool:
         """Is the next id below the durably reserved bound (eager mode)?
@@ -1007,14 +1003,19 @@ class TransactionCoordinator:
             return True
         txnid = TxnID(rec.txnid_most_bits, rec.txnid_least_bits)
         if op == Op.NEW:
-            self._next_counter = max(self._next_counter, txnid.counter + 1)
-            self._open(TxnMeta(
+            meta = TxnMeta(
                 txnid=txnid,
                 status=TxnStatus.OPEN,
                 timeout_ms=rec.txn_timeout_ms,
                 start_ms=rec.txn_start_time,
                 last_modified_ms=rec.txn_last_modification_time,
-            ))  # fmt: skip
+            )
+            self._txns[txnid] = meta
+            self._next_counter = max(self._next_counter, txnid.counter + 1)
+            deadline = (meta.deadline_ms, txnid)
+            self._deadlines.add(deadline)
+            if meta.deadline_ms < self._wakes_at:  # (else it wakes in time anyway)
+                self._deadline_changed.set()
             return True
         meta_or_none = self._txns.get(txnid)
         if meta_or_none is None:
@@ -1041,14 +1042,6 @@ class TransactionCoordinator:
             return False
         meta.last_modified_ms = max(meta.last_modified_ms, rec.txn_last_modification_time)
         return True
-
-    def _open(self, meta: TxnMeta) -> TxnMeta:
-        """Add the OPEN transaction ``meta`` to the map and the deadline index."""
-        self._txns[meta.txnid] = meta
-        self._deadlines.add((meta.deadline_ms, meta.txnid))
-        if meta.deadline_ms < self._wakes_at:  # (else it wakes in time anyway)
-            self._deadline_changed.set()
-        return meta
 
     def _remember_ended(self, meta: TxnMeta) -> None:
         self._ended[meta.txnid] = meta
