@@ -766,15 +766,9 @@ class Connection:
                     await self._ops_answered(req)
                 await self.broker.coordinator(txnid).end_txn(txnid, commit)
             except BaseException:
-                if isinstance(following, TxnID):
-                    self._spawn(self._abort_quietly(following))
-                elif following is not None:
-                    following.add_done_callback(self._abort_unanswered)
+                self._abort_following(following)
                 raise
-            key = txn_key(txnid)
-            ops = self._txn_ops.get(key)
-            if ops is not None and not ops.pending:  # (it is ending: forget a failure)
-                del self._txn_ops[key]
+            self._forget_ops(txn_key(txnid))
             if following is None or isinstance(following, TxnID):
                 return following
             try:
@@ -807,16 +801,13 @@ class Connection:
 
         def done(f: asyncio.Future[None]) -> None:
             if f.cancelled() or f.exception() is not None:
-                if following is not None:
-                    self._spawn(self._abort_quietly(following))
+                self._abort_following(following)
                 if f.cancelled():
                     ended.cancel()
                 else:
                     ended.set_exception(f.exception())  # type: ignore[arg-type]
                 return
-            ops = self._txn_ops.get(key)
-            if ops is not None and not ops.pending:  # (it ended: forget it)
-                del self._txn_ops[key]
+            self._forget_ops(key)
             ended.set_result(following)
 
         answered.add_done_callback(done)
@@ -852,6 +843,21 @@ class Connection:
         if opened is not None:
             return opened
         return asyncio.get_running_loop().create_task(tc.new_txn(req.next_txn_ttl_ms))
+
+    def _forget_ops(self, key: tuple[int, int]) -> None:
+        """The transaction ``key`` ended: forget its operations read here
+        (and a failure remembered for its END)."""
+        ops = self._txn_ops.get(key)
+        if ops is not None and not ops.pending:
+            del self._txn_ops[key]
+
+    def _abort_following(self, following: TxnID | asyncio.Task[TxnID] | None) -> None:
+        """The END that asked for ``following`` failed: abort it (nobody
+        learns its id), at once or once its task has opened it."""
+        if isinstance(following, TxnID):
+            self._spawn(self._abort_quietly(following))
+        elif following is not None:
+            following.add_done_callback(self._abort_unanswered)
 
     def _abort_unanswered(self, opened: asyncio.Task[TxnID]) -> None:
         """Abort a next transaction whose END failed (nobody learns its id)."""
