@@ -15,12 +15,14 @@ by side:
    the client and the broker (with its ledger writer process) spent per
    message copied (seeding the input topic not counted; the broker's only
    when this run started it).
-2. produce: the same number of messages sent plainly (in windows of 2,000
-   messages: the next window once the last of one is answered) and in
+2. produce: ``--produce-messages`` sent three ways, ``--produce-rounds``
+   runs of each in rotation (see `produce`): plainly in windows of 2,000
+   messages (the next window once the last of one is answered), plainly
+   with as many messages in flight as the transactions have, and in
    transactions of 100 (``--inflight`` workers, each committing a
    transaction once its sends are queued, then opening the next: that many
-   transactions open at once), ``--produce-rounds`` runs of each in
-   alternation; the median msgs/s of each, their ratio and each round's.
+   transactions open at once); the median msgs/s of each, and the ratio of
+   transactional to each plain way, with each round's.
    (Until 24 November 2026 the transactional side ran a task per
    transaction behind a semaphore of ``--inflight``: the same load, but the
    tasks and the semaphore cost the client ~18 us of CPU per transaction,
@@ -193,7 +195,9 @@ def main() -> None:
     parser.add_argument("--url", help="use this running broker instead of a new one")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--no-produce", action="store_true", help="skip the produce comparison")
-    parser.add_argument("--produce-rounds", type=int, default=3, help="alternating runs of each")
+    parser.add_argument(
+        "--produce-rounds", type=int, default=3, help="runs of each way, in rotation"
+    )
     parser.add_argument(
         "--produce-messages",
         type=int,
@@ -262,13 +266,13 @@ def main() -> None:
     print()
     print(f"produce {args.produce_messages} x {args.size} B, median of {len(plains)} runs of each "
           f"(in rotation):")  # fmt: skip
-    rows = [
+    ways = [
         ("plain, windows of 2,000", plain),
         (f"plain, {window:,} in flight", piped),
         (f"transactional, {args.per_txn}/txn, {args.inflight} open", txn),
     ]
-    width = max(len(label) for label, _ in rows)
-    for label, rate in rows:
+    width = max(len(label) for label, _ in ways)
+    for label, rate in ways:
         print(f"  {label:<{width}}  {rate:>9,.0f} msgs/s")
     print(f"  ratio to plain in windows {txn / plain:.2f} (each round: {each}); to plain with as "
           f"many in flight {txn / piped:.2f} (each round: {each_piped})")  # fmt: skip
