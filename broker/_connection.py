@@ -39,7 +39,7 @@ from ledger import settled
 from proto import next_frame
 from proto import txnbuf_pb2 as pb
 from subscriptions import Consumer, SubType
-from tc import TxnID
+from tc import TxnID, wire_txnid
 
 if TYPE_CHECKING:
     from broker._server import Broker
@@ -345,16 +345,20 @@ class Connection:
         self.send(self._success(req.request_id))
 
     def _on_send(self, cmd: pb.BaseCommand) -> None:
-        if cmd.send.transactional:
-            self._op_read(cmd.send)
         self._take_send(cmd)
 
-    def _take_send(self, cmd: pb.BaseCommand) -> None:
+    def _take_send(self, cmd: pb.BaseCommand, counted: bool = False) -> None:
+        """Handle a SEND. A transactional one is counted among its
+        transaction's unanswered operations (``counted``: it is already)
+        while it waits, so that END_TXN after_ops waits for it; one answered
+        at once is never counted, unless it failed (the END learns why)."""
         req = cmd.send
         producer = self.producers.get(req.producer_id)
 
         def fail(code: pb.ServerError, message: str) -> None:
             if req.transactional:
+                if not counted:
+                    self._op_read(req)
                 self._op_answered(req, message)
             self.send(
                 command(
@@ -402,11 +406,13 @@ class Connection:
         first_seq = req.first_sequence_id if req.HasField("first_sequence_id") else None
         try:
             if req.transactional:
-                txnid = TxnID(req.txnid_most_bits, req.txnid_least_bits)
+                txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
                 topic = producer.topic.name
                 held = self._held_sends.get((txnid, topic, req.partition))
                 if held is not None:
                     held.append(cmd)  # behind earlier sends of the transaction
+                    if not counted:
+                        self._op_read(req)
                     return
                 # KIP-890's defense: only a transaction the coordinator knows
                 # as OPEN with this partition added may write here. A client
@@ -421,6 +427,8 @@ class Connection:
                 if waiting is not None:
                     key = (txnid, topic, req.partition)
                     self._held_sends[key] = [cmd]
+                    if not counted:
+                        self._op_read(req)
                     waiting.add_done_callback(lambda _f: self._release_sends(key))
                     return
                 # Answered once queued where the coordinator says a crash
@@ -441,14 +449,14 @@ class Connection:
             return
 
         def answer(result: PublishResult) -> None:
-            if req.transactional:
+            if counted:
                 self._op_answered(req, None)
-            ack = pb.CommandSendReceipt(
-                producer_id=req.producer_id,
-                request_id=req.request_id,
-                partition=req.partition,
-                entry_id=result.entry_id,
-            )
+            out = pb.BaseCommand(type=T.SEND_RECEIPT)
+            ack = out.send_receipt  # (filled in place: no copy)
+            ack.producer_id = req.producer_id
+            ack.request_id = req.request_id
+            ack.partition = req.partition
+            ack.entry_id = result.entry_id
             ids = result.ids
             if ids is None:
                 if req.transactional:  # (a plain send's run is the entry, from 0)
@@ -458,7 +466,7 @@ class Connection:
                     ack.message_ids.add(
                         partition=req.partition, entry_id=entry_id, batch_index=index
                     )
-            self.send(command(T.SEND_RECEIPT, "send_receipt", ack))
+            self.send(out)
 
         if isinstance(pending, asyncio.Future) and pending.done() and not pending.cancelled():
             # Answered already (an early transactional send): no task, no
@@ -469,6 +477,9 @@ class Connection:
             else:
                 fail(error_code(error), error_text(error))
             return
+        if req.transactional and not counted:
+            self._op_read(req)
+            counted = True
 
         async def receipt() -> None:
             try:
@@ -484,7 +495,7 @@ class Connection:
         """The registration the sends of ``key`` waited for is logged (or
         failed): handle them in order (each is checked again)."""
         for cmd in self._held_sends.pop(key, []):
-            self._take_send(cmd)
+            self._take_send(cmd, counted=True)
 
     def _on_subscribe(self, cmd: pb.BaseCommand) -> None:
         req = cmd.subscribe
@@ -558,7 +569,7 @@ class Connection:
                 key = None
                 early = False
                 if req.transactional:
-                    txnid = TxnID(req.txnid_most_bits, req.txnid_least_bits)
+                    txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
                     tc = self.broker.coordinator(txnid)
                     # As for sends: wait for a registration still being logged.
                     register = (
@@ -644,7 +655,7 @@ class Connection:
                 ops.settled = asyncio.get_running_loop().create_future()
             await asyncio.shield(ops.settled)
         if ops.error is not None:
-            txnid = TxnID(*key)
+            txnid = wire_txnid(*key)
             if self.broker.coordinator(txnid).is_open(txnid):
                 raise BrokerError(
                     "NOT_ALLOWED",
@@ -653,36 +664,18 @@ class Connection:
                 )
 
     def _txn_answer(self, req: Any, work: Awaitable[TxnID | None], what: str) -> None:
-        """Await ``work``; answer TXN_RESPONSE, with the error set if it raised
-        (and with the next transaction if it returned one: END_TXN's
-        ``next_txn_ttl_ms``). A future gets a done callback; a coroutine runs
-        in a task."""
-
-        def answer(exc: BaseException | None, following: TxnID | None = None) -> None:
-            resp = pb.CommandTxnResponse(
-                request_id=req.request_id,
-                txnid_most_bits=req.txnid_most_bits,
-                txnid_least_bits=req.txnid_least_bits,
-            )
-            if following is not None:
-                resp.next_txnid_most_bits = following.most_bits
-                resp.next_txnid_least_bits = following.least_bits
-            if exc is not None:
-                resp.error = error_code(exc)
-                resp.message = error_text(exc)
-                if resp.error == pb.UNKNOWN_ERROR:
-                    log.error("connection %s: %s failed", self.peer, what, exc_info=exc)
-            self.send(command(T.TXN_RESPONSE, "txn_response", resp))
-
+        """Await ``work``; answer TXN_RESPONSE (`_txn_respond`) with its
+        error or the next transaction it returned. A future gets a done
+        callback; a coroutine runs in a task."""
         if isinstance(work, asyncio.Future):
 
             def done(f: asyncio.Future[TxnID | None]) -> None:
                 if f.cancelled():
-                    answer(asyncio.CancelledError())
+                    self._txn_respond(req, what, asyncio.CancelledError())
                 elif (error := f.exception()) is not None:
-                    answer(error)
+                    self._txn_respond(req, what, error)
                 else:
-                    answer(None, f.result())
+                    self._txn_respond(req, what, None, f.result())
 
             work.add_done_callback(done)
             return
@@ -691,11 +684,32 @@ class Connection:
             try:
                 following = await work
             except Exception as exc:
-                answer(exc)
+                self._txn_respond(req, what, exc)
                 return
-            answer(None, following)
+            self._txn_respond(req, what, None, following)
 
         self._spawn(run())
+
+    def _txn_respond(
+        self, req: Any, what: str, exc: BaseException | None, following: TxnID | None = None
+    ) -> None:
+        """Answer TXN_RESPONSE to ``req``: with the error set if ``exc``,
+        and with the next transaction if ``following`` (END_TXN's
+        ``next_txn_ttl_ms``)."""
+        cmd = pb.BaseCommand(type=T.TXN_RESPONSE)
+        resp = cmd.txn_response  # (filled in place: no copy)
+        resp.request_id = req.request_id
+        resp.txnid_most_bits = req.txnid_most_bits
+        resp.txnid_least_bits = req.txnid_least_bits
+        if following is not None:
+            resp.next_txnid_most_bits = following.most_bits
+            resp.next_txnid_least_bits = following.least_bits
+        if exc is not None:
+            resp.error = error_code(exc)
+            resp.message = error_text(exc)
+            if resp.error == pb.UNKNOWN_ERROR:
+                log.error("connection %s: %s failed", self.peer, what, exc_info=exc)
+        self.send(cmd)
 
     def _on_new_txn(self, cmd: pb.BaseCommand) -> None:
         req = cmd.new_txn
@@ -718,7 +732,7 @@ class Connection:
         # read: a send right behind it then waits for it (see `_on_send`).
         req = cmd.add_partition_to_txn
         try:
-            txnid = TxnID(req.txnid_most_bits, req.txnid_least_bits)
+            txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
             tc = self.broker.coordinator(txnid)
             parts = []
             for ref in req.partitions:
@@ -736,7 +750,7 @@ class Connection:
     def _on_add_subscription(self, cmd: pb.BaseCommand) -> None:
         req = cmd.add_subscription_to_txn  # started at once, as `_on_add_partition`
         try:
-            txnid = TxnID(req.txnid_most_bits, req.txnid_least_bits)
+            txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
             tc = self.broker.coordinator(txnid)
             subs = [
                 (check_topic_name(ref.topic), check_subscription_name(ref.subscription))
@@ -759,7 +773,7 @@ class Connection:
             return
 
         async def work() -> TxnID | None:
-            txnid = TxnID(req.txnid_most_bits, req.txnid_least_bits)
+            txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
             commit = req.txn_action == pb.COMMIT
             try:
                 if req.after_ops and commit:
@@ -790,28 +804,24 @@ class Connection:
         ops = self._txn_ops.get(key)
         if ops is not None and req.after_ops and commit and (ops.pending or ops.error):
             return False
-        txnid = TxnID(*key)
+        txnid = wire_txnid(*key)
         try:
             answered = self.broker.coordinator(txnid).end_txn_at_once(txnid, commit)
         except Exception:
             return False  # (refused: the long way says why)
         if answered is None:
             return False
-        ended: asyncio.Future[TxnID | None] = asyncio.get_running_loop().create_future()
 
         def done(f: asyncio.Future[None]) -> None:
             if f.cancelled() or f.exception() is not None:
                 self._abort_following(following)
-                if f.cancelled():
-                    ended.cancel()
-                else:
-                    ended.set_exception(f.exception())  # type: ignore[arg-type]
+                error = asyncio.CancelledError() if f.cancelled() else f.exception()
+                self._txn_respond(req, "end transaction", error)
                 return
             self._forget_ops(key)
-            ended.set_result(following)
+            self._txn_respond(req, "end transaction", None, following)
 
         answered.add_done_callback(done)
-        self._txn_answer(req, ended, "end transaction")
         return True
 
     async def _open_txn(self, tc_id: int, ttl_ms: int) -> TxnID:
@@ -874,7 +884,7 @@ class Connection:
 
     def _on_end_txn_on_partition(self, cmd: pb.BaseCommand) -> None:
         req = cmd.end_txn_on_partition
-        txnid = TxnID(req.txnid_most_bits, req.txnid_least_bits)
+        txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
         work = self.broker.end_txn_on_partition(
             req.partition.topic, req.partition.partition, txnid, req.txn_action == pb.COMMIT
         )
@@ -882,7 +892,7 @@ class Connection:
 
     def _on_end_txn_on_subscription(self, cmd: pb.BaseCommand) -> None:
         req = cmd.end_txn_on_subscription
-        txnid = TxnID(req.txnid_most_bits, req.txnid_least_bits)
+        txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
         work = self.broker.end_txn_on_subscription(
             req.subscription.topic,
             req.subscription.subscription,

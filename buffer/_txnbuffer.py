@@ -189,15 +189,17 @@ class TxnConflictError(TransactionBufferError):
 # -- the state table ----------------------------------------------------------------
 
 
-class TxnState(enum.Enum):
-    """A transaction's state on one partition."""
+class TxnState(enum.StrEnum):
+    """A transaction's state on one partition. (StrEnum, not Enum: hashed
+    in C, where Enum's hash is a Python call; the table is looked up a few
+    times per transaction.)"""
 
     OPEN = "open"
     COMMITTED = "committed"
     ABORTED = "aborted"
 
 
-class TxnEvent(enum.Enum):
+class TxnEvent(enum.StrEnum):
     """What a sidecar record does to its transaction."""
 
     DATA = "data"
@@ -235,15 +237,14 @@ def _txn_text(txn: TxnKey) -> str:
 
 
 def _check_key(txn: object, error: type[ValueError] = ValueError) -> None:
-    if (
-        not isinstance(txn, tuple)
-        or len(txn) != 2
-        or not all(isinstance(b, int) and 0 <= b < _U64 for b in txn)
-    ):
-        raise error(
-            "a transaction id is (most_bits, least_bits), two unsigned 64-bit integers; "
-            f"got {txn!r}"
-        )
+    if isinstance(txn, tuple) and len(txn) == 2:
+        most, least = txn
+        if isinstance(most, int) and isinstance(least, int):
+            if 0 <= most < _U64 and 0 <= least < _U64:
+                return
+    raise error(
+        f"a transaction id is (most_bits, least_bits), two unsigned 64-bit integers; got {txn!r}"
+    )
 
 
 # -- the index ----------------------------------------------------------------------

@@ -21,7 +21,7 @@ from tc._status import (
     check_update,
     transition,
 )
-from tc._txnid import TxnID
+from tc._txnid import TxnID, wire_txnid
 
 __all__ = [
     "TRANSITIONS",
@@ -36,4 +36,5 @@ __all__ = [
     "TxnTimeoutError",
     "check_update",
     "transition",
+    "wire_txnid",
 ]

@@ -88,7 +88,7 @@ from tc._status import (
     status_of,
     transition,
 )
-from tc._txnid import TxnID
+from tc._txnid import TxnID, wire_txnid
 
 __all__ = [
     "Participant",
@@ -421,6 +421,7 @@ class TransactionCoordinator:
             await self._reserve_ids()
             return self._log_new(timeout_ms)[0]
         txnid, logged = self._log_new(timeout_ms)
+        assert logged is not None  # (not eager: it is awaited)
         await logged
         return txnid
 
@@ -434,14 +435,15 @@ class TransactionCoordinator:
             return None
         return self._log_new(timeout_ms)[0]
 
-    def _log_new(self, timeout_ms: int) -> tuple[TxnID, asyncio.Future[bool]]:
+    def _log_new(self, timeout_ms: int) -> tuple[TxnID, asyncio.Future[bool] | None]:
         """Log the OPEN record (NEW) of the next transaction: its id and the
-        log write (eager mode: lazy, applied now, nobody awaits it; the
-        registration that follows is logged behind it)."""
+        log write to await (None in eager mode: the record is lazy, applied
+        now, and nobody awaits it; the registration that follows is logged
+        behind it)."""
         txnid = TxnID.of(self.tcid, self._next_counter)
         self._next_counter += 1
         now = _now_ms()
-        logged = self._persist_now(Op(
+        rec = Op(
             metadata_op=Op.NEW,
             txnid_most_bits=txnid.most_bits,
             txnid_least_bits=txnid.least_bits,
@@ -449,10 +451,11 @@ class TransactionCoordinator:
             txn_timeout_ms=timeout_ms or DEFAULT_TIMEOUT_MS,
             txn_start_time=now,
             txn_last_modification_time=now,
-        ), lazy=self._eager)  # fmt: skip
+        )
         if self._eager:
-            logged.add_done_callback(unawaited)
-        return txnid, logged
+            self._log(rec, True, None)
+            return txnid, None
+        return txnid, self._persist_now(rec)
 
     def _ids_reserved(self) -> bool:
         """Is the next id below the durably reserved bound (eager mode)?
@@ -965,21 +968,31 @@ class TransactionCoordinator:
         self, rec: pb.TransactionMetadataEntry, lazy: bool = False
     ) -> asyncio.Future[bool]:
         """Queue ``rec`` now; the result, once it is durable and applied, is
-        False if it no longer applies. Records are applied in log order: as
-        they are appended in eager mode, otherwise in the append's done
-        callback (so that a waiter that gives up cannot leave a durable
-        record unapplied)."""
+        False if it no longer applies (`_log`)."""
         outcome: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._log(rec, lazy, outcome)
+        return outcome
+
+    def _log(
+        self, rec: pb.TransactionMetadataEntry, lazy: bool, outcome: asyncio.Future[bool] | None
+    ) -> None:
+        """Queue ``rec`` now; once it is durable and applied, ``outcome`` (if
+        any: eager mode's OPEN records have no waiter) gets False if it no
+        longer applies. Records are applied in log order: as they are
+        appended in eager mode, otherwise in the append's done callback (so
+        that a waiter that gives up cannot leave a durable record
+        unapplied)."""
         appended = self._ledger.append(rec.SerializeToString(), meta=_RECORD, lazy=lazy)
         applied_now = self._apply(rec) if self._eager else False
 
         def durable(appended: asyncio.Future[int]) -> None:
             if appended.cancelled():
-                outcome.cancel()
+                if outcome is not None:
+                    outcome.cancel()
                 return
             error = appended.exception()
             if error is not None:
-                if not outcome.done():
+                if outcome is not None and not outcome.done():
                     outcome.set_exception(error)
                 return
             applied = applied_now if self._eager else self._apply(rec)
@@ -988,11 +1001,10 @@ class TransactionCoordinator:
             if self._records_since_snapshot >= SNAPSHOT_EVERY:
                 self._records_since_snapshot = 0
                 self._write_snapshot()
-            if not outcome.done():  # (a waiter that gave up cancelled it)
+            if outcome is not None and not outcome.done():  # (a waiter that gave up cancelled it)
                 outcome.set_result(applied)
 
         appended.add_done_callback(durable)
-        return outcome
 
     def _apply(self, rec: pb.TransactionMetadataEntry) -> bool:
         """Apply one log record to the map (live and in recovery). False: ignored
@@ -1001,7 +1013,7 @@ class TransactionCoordinator:
         if op == Op.RESERVE_IDS:
             self._id_bound = max(self._id_bound, rec.id_bound)
             return True
-        txnid = TxnID(rec.txnid_most_bits, rec.txnid_least_bits)
+        txnid = wire_txnid(rec.txnid_most_bits, rec.txnid_least_bits)
         if op == Op.NEW:
             meta = TxnMeta(
                 txnid=txnid,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["TxnID"]
+__all__ = ["TxnID", "wire_txnid"]
 
 _U64 = (1 << 64) - 1
 _TC_SHIFT = 48
@@ -69,3 +69,13 @@ class TxnID(_Halves):
         if len(parts) != 2 or not all(p.strip().isascii() and p.strip().isdigit() for p in parts):
             raise ValueError(f"not a TxnID: {text!r} (expected '(most_bits,least_bits)')")
         return cls(int(parts[0]), int(parts[1]))
+
+
+_tuple_new = tuple.__new__
+
+
+def wire_txnid(most_bits: int, least_bits: int) -> TxnID:
+    """The TxnID of two protobuf ``uint64`` fields, which hold nothing out
+    of range: built without `TxnID`'s check (read several times per
+    transaction off the wire and the log)."""
+    return _tuple_new(TxnID, (most_bits, least_bits))
