@@ -414,6 +414,53 @@ async def test_a_commit_written_behind_its_sends_and_acks_waits_for_them(
         await nothing_more(sink)  # (out-2 was aborted)
 
 
+async def test_a_send_refused_at_once_refuses_the_commit_behind_it(
+    broker: BrokerProcess,
+) -> None:
+    """A transactional SEND answered at once is not counted among its
+    transaction's unanswered operations, but one refused at once is
+    remembered: END_TXN COMMIT after_ops behind it is refused (NOT_ALLOWED),
+    nothing is committed, and the transaction can be aborted."""
+    async with RawConnection(broker.url) as raw:
+        await raw_copier(broker, raw, "refused")
+        answer = await raw.request(
+            T.NEW_TXN, "new_txn", pb.CommandNewTxn(request_id=3, txn_ttl_ms=10_000)
+        )
+        txn = answer.new_txn_response
+        ids = dict(txnid_most_bits=txn.txnid_most_bits, txnid_least_bits=txn.txnid_least_bits)
+
+        def send(request_id: int, partition: int, seq: int) -> pb.CommandSend:
+            msg = pb.SingleMessage(payload=b"out-%d" % seq, sequence_id=seq)
+            return pb.CommandSend(
+                producer_id=1, request_id=request_id, partition=partition, messages=[msg],
+                transactional=True, add_to_txn=True, **ids,
+            )  # fmt: skip
+
+        await raw.send(T.SEND, "send", send(4, 0, 0))  # accepted
+        await raw.send(T.SEND, "send", send(5, 7, 1))  # no partition 7: refused at once
+        await raw.send(
+            T.END_TXN,
+            "end_txn",
+            pb.CommandEndTxn(request_id=6, txn_action=pb.COMMIT, after_ops=True, **ids),
+        )
+        answers = [await raw.receive() for _ in range(3)]
+        by_type = {a.type: a for a in answers[:2]}  # (in any order; the END's answer last)
+        assert set(by_type) == {T.SEND_RECEIPT, T.SEND_ERROR}
+        assert by_type[T.SEND_ERROR].send_error.error == pb.INVALID_ARGUMENT
+        assert answers[2].type == T.TXN_RESPONSE
+        assert answers[2].txn_response.error == pb.NOT_ALLOWED
+        txnid = f"({ids['txnid_most_bits']},{ids['txnid_least_bits']})"
+        _, meta = admin_json(broker, "GET", f"/admin/v1/transactions/{txnid}")
+        assert meta["status"] == "OPEN"
+        aborted = await raw.request(
+            T.END_TXN, "end_txn", pb.CommandEndTxn(request_id=7, txn_action=pb.ABORT, **ids)
+        )
+        assert not aborted.txn_response.HasField("error")
+    async with Client(broker.url) as client:
+        sink = await client.subscribe("refused", "reader", initial_position="earliest")
+        await nothing_more(sink)  # (out-0 was aborted with the transaction)
+
+
 async def test_add_to_txn_sends_and_acks_register_their_participants(
     broker: BrokerProcess,
 ) -> None:
