@@ -340,6 +340,20 @@ async def raw_copier(broker: BrokerProcess, raw: RawConnection, topic: str) -> i
     return int(delivered.message.entries[0].entry_id)
 
 
+async def open_until_aborted(
+    broker: BrokerProcess, raw: RawConnection, ids: dict[str, int], request_id: int
+) -> None:
+    """The transaction ``ids`` is still OPEN (a refused commit changed
+    nothing), and aborting it on ``raw`` succeeds."""
+    txnid = f"({ids['txnid_most_bits']},{ids['txnid_least_bits']})"
+    _, meta = admin_json(broker, "GET", f"/admin/v1/transactions/{txnid}")
+    assert meta["status"] == "OPEN"
+    aborted = await raw.request(
+        T.END_TXN, "end_txn", pb.CommandEndTxn(request_id=request_id, txn_action=pb.ABORT, **ids)
+    )
+    assert not aborted.txn_response.HasField("error")
+
+
 async def test_a_commit_written_behind_its_sends_and_acks_waits_for_them(
     broker: BrokerProcess,
 ) -> None:
@@ -391,7 +405,6 @@ async def test_a_commit_written_behind_its_sends_and_acks_waits_for_them(
 
         # An ack of a message the subscription never had fails: no commit.
         ids = await new_txn(8)
-        txnid = f"({ids['txnid_most_bits']},{ids['txnid_least_bits']})"
         await raw.send(T.SEND, "send", send(ids, 9, 2))
         await raw.send(T.ACK, "ack", ack(ids, 10, entry_id + 1000))
         await raw.send(T.END_TXN, "end_txn", commit(ids, 11))
@@ -402,12 +415,7 @@ async def test_a_commit_written_behind_its_sends_and_acks_waits_for_them(
         assert answers[2].txn_response.error == pb.NOT_ALLOWED
         again = await raw.request(T.END_TXN, "end_txn", commit(ids, 12))
         assert again.txn_response.error == pb.NOT_ALLOWED  # the failure is remembered
-        _, meta = admin_json(broker, "GET", f"/admin/v1/transactions/{txnid}")
-        assert meta["status"] == "OPEN"
-        aborted = await raw.request(
-            T.END_TXN, "end_txn", pb.CommandEndTxn(request_id=13, txn_action=pb.ABORT, **ids)
-        )
-        assert not aborted.txn_response.HasField("error")
+        await open_until_aborted(broker, raw, ids, 13)
     async with Client(broker.url) as client:
         sink = await client.subscribe("behind", "reader", initial_position="earliest")
         assert [m.value for m in await receive_n(sink, 2)] == [b"out-0", b"out-1"]
@@ -449,13 +457,7 @@ async def test_a_send_refused_at_once_refuses_the_commit_behind_it(
         assert by_type[T.SEND_ERROR].send_error.error == pb.INVALID_ARGUMENT
         assert answers[2].type == T.TXN_RESPONSE
         assert answers[2].txn_response.error == pb.NOT_ALLOWED
-        txnid = f"({ids['txnid_most_bits']},{ids['txnid_least_bits']})"
-        _, meta = admin_json(broker, "GET", f"/admin/v1/transactions/{txnid}")
-        assert meta["status"] == "OPEN"
-        aborted = await raw.request(
-            T.END_TXN, "end_txn", pb.CommandEndTxn(request_id=7, txn_action=pb.ABORT, **ids)
-        )
-        assert not aborted.txn_response.HasField("error")
+        await open_until_aborted(broker, raw, ids, 7)
     async with Client(broker.url) as client:
         sink = await client.subscribe("refused", "reader", initial_position="earliest")
         await nothing_more(sink)  # (out-0 was aborted with the transaction)
