@@ -99,7 +99,7 @@ from buffer._entries import (
     txn_run_start,
 )
 from buffer._names import Position
-from ledger import Entry, Ledger, faults, settled, unawaited
+from ledger import Entry, Ledger, faults, pass_failure, settled, unawaited
 from proto import txnbuf_pb2 as pb
 
 __all__ = [
@@ -677,18 +677,11 @@ class TransactionBuffer:
         recorded: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
         def copy(record: asyncio.Future[int]) -> None:
-            if recorded.done():
-                return
-            if record.cancelled():
-                recorded.cancel()
-            elif (error := record.exception()) is not None:
-                recorded.set_exception(error)
-            else:
+            if not recorded.done() and not pass_failure(record, recorded):
                 recorded.set_result(record.result())
 
         def marked(m: asyncio.Future[int]) -> None:
-            if m.cancelled() or m.exception() is not None:
-                copy(m)
+            if pass_failure(m, recorded):
                 return
             t.marker = m.result()  # (the partition listener has set it already)
             try:

@@ -8,6 +8,23 @@ every layer uses (it sits here, on the lowest floor).
 """
 
 from ledger import _faults as faults
-from ledger._store import Entry, Ledger, LedgerError, LedgerStore, settled, unawaited
+from ledger._store import (
+    Entry,
+    Ledger,
+    LedgerError,
+    LedgerStore,
+    pass_failure,
+    settled,
+    unawaited,
+)
 
-__all__ = ["Entry", "Ledger", "LedgerError", "LedgerStore", "faults", "settled", "unawaited"]
+__all__ = [
+    "Entry",
+    "Ledger",
+    "LedgerError",
+    "LedgerStore",
+    "faults",
+    "pass_failure",
+    "settled",
+    "unawaited",
+]

@@ -80,6 +80,23 @@ def unawaited(f: asyncio.Future[Any]) -> None:
         f.exception()
 
 
+def pass_failure(source: asyncio.Future[Any], target: asyncio.Future[Any]) -> bool:
+    """If ``source`` failed or was cancelled, fail or cancel ``target`` the
+    same way (unless it is done already) and return True; False if
+    ``source`` succeeded (what follows is the caller's). For callbacks that
+    carry one future's outcome to another without a task."""
+    if source.cancelled():
+        if not target.done():
+            target.cancel()
+        return True
+    error = source.exception()
+    if error is None:
+        return False
+    if not target.done():
+        target.set_exception(error)
+    return True
+
+
 async def settled(future: asyncio.Future[Any]) -> None:
     """Wait until ``future`` is done, whatever its outcome: ``asyncio.wait``
     for one future, without its sets and callbacks (on every END's path)."""

@@ -78,7 +78,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from sortedcontainers import SortedList
 
-from ledger import Ledger, LedgerStore, faults, unawaited
+from ledger import Ledger, LedgerStore, faults, pass_failure, unawaited
 from proto import txnbuf_pb2 as pb
 from tc._status import (
     InvalidTxnStatusError,
@@ -220,15 +220,10 @@ def _answer_decided(answered: asyncio.Future[None], logged: asyncio.Future[bool]
     """`TransactionCoordinator.end_txn_at_once`, every participant told at
     once: END may be answered now that the decision is durable (its
     participants counted as done in an earlier callback)."""
-    if answered.done():
+    if answered.done() or pass_failure(logged, answered):
         return
-    if logged.cancelled():
-        answered.cancel()
-    elif (error := logged.exception()) is not None:
-        answered.set_exception(error)
-    else:
-        faults.hit("tc.after_decision_logged")
-        answered.set_result(None)
+    faults.hit("tc.after_decision_logged")
+    answered.set_result(None)
 
 
 def _register_in_memory(meta: TxnMeta, registered: list[Any], new: list[Any]) -> None:
@@ -613,13 +608,9 @@ class TransactionCoordinator:
         def one_done(written: asyncio.Future[bool]) -> None:
             nonlocal left
             left -= 1
-            if result.done():
+            if result.done() or pass_failure(written, result):
                 return
-            if written.cancelled():
-                result.cancel()
-            elif (error := written.exception()) is not None:
-                result.set_exception(error)
-            elif not written.result():
+            if not written.result():
                 result.set_exception(self._status_error(meta, what))
             elif left == 0:
                 result.set_result(None)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from ledger import Entry, Ledger, LedgerError, LedgerStore, settled
+from ledger import Entry, Ledger, LedgerError, LedgerStore, pass_failure, settled
 
 
 @pytest.fixture
@@ -817,3 +817,23 @@ async def test_a_trim_never_reaches_entries_appended_after_it(store: LedgerStore
     assert await later == 1
     assert [e.entry_id for e in await ledger.read(0, 10)] == [1]
     assert ledger.first_entry_id == 1
+
+
+async def test_pass_failure_carries_a_failure_or_cancellation_and_nothing_else() -> None:
+    loop = asyncio.get_running_loop()
+    source, target = loop.create_future(), loop.create_future()
+    source.set_result(3)
+    assert pass_failure(source, target) is False and not target.done()
+    source = loop.create_future()
+    source.set_exception(LedgerError("disk full"))
+    assert pass_failure(source, target) is True
+    with pytest.raises(LedgerError, match="disk full"):
+        target.result()
+    source, target = loop.create_future(), loop.create_future()
+    source.cancel()
+    assert pass_failure(source, target) is True and target.cancelled()
+    done = loop.create_future()
+    done.set_result(1)
+    failed = loop.create_future()
+    failed.set_exception(LedgerError("late"))
+    assert pass_failure(failed, done) is True and done.result() == 1  # (a done target stays)
