@@ -94,3 +94,57 @@ def test_txnmemory_benchmark_prints_both_sides() -> None:
     ).stdout  # fmt: skip
     assert "after 200 commits" in out
     assert [line.split()[0] for line in out.splitlines()[-2:]] == ["this", "baseline"]
+
+
+@pytest.mark.integration
+async def test_txnceiling_free_broker_keeps_transactions_out_of_the_machinery(
+    tmp_path: Path,
+) -> None:
+    """bench.txnceiling's stand-in broker stores a transaction's sends as plain
+    messages and answers its END once they are durable: its messages are
+    there to read after commit(), and the partition never gets a transaction
+    buffer (the real broker's would have one)."""
+    import aiohttp
+
+    from bench import txnceiling
+    from client import Client
+
+    broker = txnceiling.Broker(str(tmp_path / "data"), free=True)
+    try:
+        async with Client(broker.url) as client:
+            producer = await client.create_producer("ceiling")
+            consumer = await client.subscribe("ceiling", "s", initial_position="earliest")
+            for round_ in range(2):  # (the second gets its id from the first END's answer)
+                txn = await client.new_transaction(timeout=60)
+                for i in range(5):
+                    producer.send_nowait(b"%d-%d" % (round_, i), txn=txn)
+                await txn.commit()
+            values = [(await consumer.receive()).value for _ in range(10)]
+        assert values == [b"%d-%d" % (r, i) for r in range(2) for i in range(5)]
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(broker.url + "/admin/v1/topics/ceiling/stats") as reply,
+        ):
+            stats = await reply.json()
+        assert [p["transaction_buffer"] for p in stats["partitions"]] == [None]
+    finally:
+        broker.stop()
+
+
+@pytest.mark.integration
+def test_txnceiling_benchmark_runs_small() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.txnceiling", "--messages", "2000", "--rounds", "1"],
+        cwd=ROOT, capture_output=True, text=True, check=True, timeout=300,
+    ).stdout  # fmt: skip
+    rows = {line[:18].strip(): line[18:].split() for line in out.splitlines()[2:] if line}
+    assert list(rows) == ["way", *txnceiling_ways()]
+    for way in txnceiling_ways():
+        assert float(rows[way][0].replace(",", "")) > 0  # msgs/s
+    assert rows["plain"][1] == "1.00"  # the ratio to itself
+
+
+def txnceiling_ways() -> tuple[str, ...]:
+    from bench.txnceiling import WAYS
+
+    return WAYS

@@ -1,0 +1,230 @@
+"""How fast transactional produce could be on this machine: the same client
+work against the real broker and against a broker without its transaction
+machinery.
+
+    python -m bench.txnceiling [--messages 1000000] [--rounds 3]
+                               [--inflight 64] [--per-txn 100] [--size 100]
+
+Three ways of producing ``--messages`` messages, ``--rounds`` runs of each in
+rotation, each run against a broker process of its own (fresh data
+directory):
+
+1. ``plain``: no transactions, ``--inflight`` x ``--per-txn`` messages in
+   flight (a sliding window): bench.txn's like-for-like baseline.
+2. ``txn``: ``--inflight`` workers, each committing transactions of
+   ``--per-txn`` back to back (bench.txn's transactional side).
+3. ``txn, no machinery``: the same client work, against a broker started
+   by `serve_free`: a transactional SEND is stored as a plain one and END
+   is answered once the transaction's last send is durable, with the next
+   TxnID from a counter. No coordinator, no records, no sidecar, no marker:
+   the client's work per transaction, and the frames of 100 messages and
+   the END and its answer, are all that is left. It is a measuring
+   instrument, not a broker (nothing is atomic; never serve data with it).
+
+Prints the median msgs/s of each way, the CPU each process spent per
+message (the client: this process; the broker; its ledger writer), and the
+ratio of each transactional way to plain. The third bounds what any
+speed-up of the transaction machinery itself can give on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import itertools
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from bench.throughput import _free_port
+from bench.txnpath import cpu_seconds
+from client import Client, MessageId
+
+WAYS = ("plain", "txn", "txn, no machinery")
+
+
+class Broker:
+    """A broker process on a fresh port (``free``: started by `serve_free`)."""
+
+    def __init__(self, data_dir: str, free: bool) -> None:
+        self.url = f"http://127.0.0.1:{_free_port()}"
+        port = self.url.rsplit(":", 1)[1]
+        entry = ["-m", "bench.txnceiling", "--serve-free"] if free else ["-m", "broker"]
+        args = ["serve", "--data-dir", data_dir, "--port", port, "--log-level", "WARNING"]
+        self.proc = subprocess.Popen([sys.executable, *entry, *args])
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.url + "/admin/v1/health", timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        self.proc.kill()
+        raise RuntimeError("broker did not start")
+
+    def cpu(self) -> tuple[float, float]:
+        """CPU seconds so far of the broker itself and of its ledger writer."""
+        writer = cpu_seconds(self.proc.pid, itself=False)
+        return cpu_seconds(self.proc.pid) - writer, writer
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+async def produce(url: str, way: str, total: int, per_txn: int, size: int, inflight: int) -> float:
+    """One run: ``total`` messages produced ``way``; msgs/s."""
+    payload = os.urandom(size)
+    async with Client(url) as client:
+        producer = await client.create_producer(f"ceiling-{os.getpid()}")
+        start = time.perf_counter()
+        if way == "plain":
+            window: collections.deque[asyncio.Future[MessageId]] = collections.deque()
+            for _ in range(total):
+                if len(window) >= inflight * per_txn:
+                    await window.popleft()
+                window.append(producer.send_nowait(payload))
+            await producer.flush()
+        else:
+            sizes = [min(per_txn, total - s) for s in range(0, total, per_txn)]
+
+            async def worker(mine: list[int]) -> None:
+                for n in mine:
+                    txn = await client.new_transaction(timeout=60)
+                    for _ in range(n):
+                        producer.send_nowait(payload, txn=txn)
+                    await txn.commit()
+
+            await asyncio.gather(*(worker(sizes[w::inflight]) for w in range(inflight)))
+        return total / (time.perf_counter() - start)
+
+
+def one_run(
+    way: str, args: argparse.Namespace, runner: asyncio.Runner
+) -> tuple[float, float, float, float]:
+    """msgs/s and CPU µs per message of the client, broker and writer."""
+    with tempfile.TemporaryDirectory() as tmp:
+        broker = Broker(os.path.join(tmp, "data"), free=way == "txn, no machinery")
+        try:
+            broker0, writer0 = broker.cpu()
+            client0 = time.process_time()
+            rate = runner.run(
+                produce(broker.url, way, args.messages, args.per_txn, args.size, args.inflight)
+            )
+            client1 = time.process_time()
+            broker1, writer1 = broker.cpu()
+        finally:
+            broker.stop()
+    per = 1e6 / args.messages
+    return rate, (client1 - client0) * per, (broker1 - broker0) * per, (writer1 - writer0) * per
+
+
+def serve_free(argv: Sequence[str]) -> None:
+    """Run `txnbuf serve` with the transaction machinery taken out of its
+    connections (see the module docstring). Measurement only."""
+    from broker import _connection
+    from proto import txnbuf_pb2 as pb
+    from tc import TxnID
+
+    conn_class = _connection.Connection
+    take_send = conn_class._take_send
+    last_send: dict[tuple[int, int], asyncio.Future[Any]] = {}
+    ids = itertools.count(1)
+
+    def free_take_send(
+        self: _connection.Connection, cmd: pb.BaseCommand, counted: bool = False
+    ) -> None:
+        req = cmd.send
+        if not req.transactional:
+            take_send(self, cmd, counted)
+            return
+        producer = self.producers[req.producer_id]
+        partition = producer.topic.partitions[req.partition]
+        if req.batch:
+            messages, encoded = pb.EntryBatch.FromString(req.batch).messages, req.batch
+        else:
+            messages, encoded = req.messages, None
+        first = req.first_sequence_id if req.HasField("first_sequence_id") else None
+        stored = asyncio.ensure_future(partition.publish(producer.name, messages, encoded, first))
+        last_send[req.txnid_most_bits, req.txnid_least_bits] = stored
+
+        def receipt(_stored: asyncio.Future[Any]) -> None:
+            out = pb.BaseCommand(type=pb.BaseCommand.SEND_RECEIPT)
+            out.send_receipt.producer_id = req.producer_id
+            out.send_receipt.request_id = req.request_id
+            out.send_receipt.partition = req.partition
+            out.send_receipt.first_batch_index = 0
+            self.send(out)
+
+        stored.add_done_callback(receipt)
+
+    def free_end_txn(self: _connection.Connection, cmd: pb.BaseCommand) -> None:
+        req = cmd.end_txn
+        following = TxnID(0, next(ids)) if req.HasField("next_txn_ttl_ms") else None
+        stored = last_send.pop((req.txnid_most_bits, req.txnid_least_bits), None)
+
+        def answer(_stored: object = None) -> None:
+            self._txn_respond(req, "end transaction", None, following)
+
+        if stored is None or stored.done():
+            answer()
+        else:
+            stored.add_done_callback(answer)
+
+    conn_class._take_send = free_take_send  # type: ignore[method-assign]
+    conn_class._on_end_txn = free_end_txn  # type: ignore[method-assign]
+    from broker.cli import main as broker_main
+
+    broker_main(list(argv))
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--serve-free"]:
+        serve_free(sys.argv[2:])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each way, in rotation")
+    parser.add_argument("--inflight", type=int, default=64, help="transactions open at once")
+    parser.add_argument("--per-txn", type=int, default=100)
+    parser.add_argument("--size", type=int, default=100)
+    args = parser.parse_args()
+    try:
+        import uvloop
+
+        loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
+    except ImportError:
+        loop_factory = None
+    runs: dict[str, list[tuple[float, float, float, float]]] = {way: [] for way in WAYS}
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        for r in range(args.rounds):
+            for way in WAYS[r % 3 :] + WAYS[: r % 3]:
+                print(f"round {r + 1}: {way} ...", file=sys.stderr)
+                runs[way].append(one_run(way, args, runner))
+
+    def median(way: str, column: int) -> float:
+        return statistics.median(run[column] for run in runs[way])
+
+    plain = median("plain", 0)
+    print(f"\nproduce {args.messages:,} x {args.size} B; {args.inflight} transactions of "
+          f"{args.per_txn} open, or as many messages in flight; medians of {args.rounds} "
+          f"runs of each (in rotation)")  # fmt: skip
+    print(f"{'way':<18} {'msgs/s':>9} {'ratio':>6} {'client':>7} {'broker':>7} {'writer':>7}"
+          f"   (CPU µs per message)")  # fmt: skip
+    for way in WAYS:
+        rate = median(way, 0)
+        pairs = zip(runs[way], runs["plain"], strict=True)
+        each = ", ".join(f"{run[0] / base[0]:.2f}" for run, base in pairs)
+        cpu = "".join(f" {median(way, column):>7.2f}" for column in (1, 2, 3))
+        print(f"{way:<18} {rate:>9,.0f} {rate / plain:>6.2f}{cpu}   (ratio each round: {each})")
+
+
+if __name__ == "__main__":
+    main()
