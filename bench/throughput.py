@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bench._raw import sqlite_rows_per_second
@@ -58,10 +59,13 @@ def _free_port() -> int:
 
 
 class BrokerProcess:
-    def __init__(self, data_dir: str) -> None:
+    """``txnbuf serve`` on a free port, started by ``python ENTRY...``
+    (``-m broker`` unless told), and waited for until it answers."""
+
+    def __init__(self, data_dir: str, entry: Sequence[str] = ("-m", "broker")) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "broker", "serve", "--data-dir", data_dir,
+        cmd = [sys.executable, *entry, "serve", "--data-dir", data_dir,
                "--port", str(self.port), "--log-level", "WARNING"]  # fmt: skip
         self.proc = subprocess.Popen(cmd)
         deadline = time.monotonic() + 30

@@ -119,6 +119,34 @@ async def ctp(
     return done / elapsed, latencies, client_us, broker_us
 
 
+async def send_pipelined(producer: Producer, payload: bytes, total: int, window: int) -> None:
+    """Send ``total`` plain messages, at most ``window`` in flight (a sliding
+    window), and wait for the last."""
+    in_flight: collections.deque[asyncio.Future[MessageId]] = collections.deque()
+    for _ in range(total):
+        if len(in_flight) >= window:
+            await in_flight.popleft()
+        in_flight.append(producer.send_nowait(payload))
+    await producer.flush()
+
+
+async def send_in_transactions(
+    client: Client, producer: Producer, payload: bytes, total: int, per_txn: int, inflight: int
+) -> None:
+    """Send ``total`` messages in transactions of ``per_txn``: ``inflight``
+    workers, each committing its transactions back to back."""
+    sizes = [min(per_txn, total - s) for s in range(0, total, per_txn)]
+
+    async def worker(mine: list[int]) -> None:
+        for n in mine:
+            txn = await client.new_transaction(timeout=60)
+            for _ in range(n):
+                producer.send_nowait(payload, txn=txn)
+            await txn.commit()
+
+    await asyncio.gather(*(worker(sizes[w::inflight]) for w in range(inflight)))
+
+
 async def produce(
     url: str, total: int, per_txn: int, size: int, inflight: int, rounds: int
 ) -> dict[str, list[float]]:
@@ -146,28 +174,13 @@ async def produce(
             return total / (time.perf_counter() - start)
 
         async def pipelined_run() -> float:
-            window = inflight * per_txn
             start = time.perf_counter()
-            in_flight: collections.deque[asyncio.Future[MessageId]] = collections.deque()
-            for _ in range(total):
-                if len(in_flight) >= window:
-                    await in_flight.popleft()
-                in_flight.append(plain.send_nowait(payload))
-            await plain.flush()
+            await send_pipelined(plain, payload, total, inflight * per_txn)
             return total / (time.perf_counter() - start)
-
-        sizes = [min(per_txn, total - s) for s in range(0, total, per_txn)]
-
-        async def worker(mine: list[int]) -> None:
-            for n in mine:
-                txn = await client.new_transaction(timeout=60)
-                for _ in range(n):
-                    txnal.send_nowait(payload, txn=txn)
-                await txn.commit()
 
         async def txn_run() -> float:
             start = time.perf_counter()
-            await asyncio.gather(*(worker(sizes[w::inflight]) for w in range(inflight)))
+            await send_in_transactions(client, txnal, payload, total, per_txn, inflight)
             return total / (time.perf_counter() - start)
 
         ways = {"plain": plain_run, "pipelined": pipelined_run, "txn": txn_run}

@@ -34,52 +34,34 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
 import itertools
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bench.throughput import _free_port
+from bench.throughput import BrokerProcess
+from bench.txn import send_in_transactions, send_pipelined
 from bench.txnpath import cpu_seconds
-from client import Client, MessageId
+from client import Client
 
 WAYS = ("plain", "txn", "txn, no machinery")
 
 
-class Broker:
+class Broker(BrokerProcess):
     """A broker process on a fresh port (``free``: started by `serve_free`)."""
 
     def __init__(self, data_dir: str, free: bool) -> None:
-        self.url = f"http://127.0.0.1:{_free_port()}"
-        port = self.url.rsplit(":", 1)[1]
-        entry = ["-m", "bench.txnceiling", "--serve-free"] if free else ["-m", "broker"]
-        args = ["serve", "--data-dir", data_dir, "--port", port, "--log-level", "WARNING"]
-        self.proc = subprocess.Popen([sys.executable, *entry, *args])
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(self.url + "/admin/v1/health", timeout=1):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        self.proc.kill()
-        raise RuntimeError("broker did not start")
+        entry = ("-m", "bench.txnceiling", "--serve-free") if free else ("-m", "broker")
+        super().__init__(data_dir, entry)
 
     def cpu(self) -> tuple[float, float]:
         """CPU seconds so far of the broker itself and of its ledger writer."""
         writer = cpu_seconds(self.proc.pid, itself=False)
         return cpu_seconds(self.proc.pid) - writer, writer
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
 
 
 async def produce(url: str, way: str, total: int, per_txn: int, size: int, inflight: int) -> float:
@@ -89,23 +71,9 @@ async def produce(url: str, way: str, total: int, per_txn: int, size: int, infli
         producer = await client.create_producer(f"ceiling-{os.getpid()}")
         start = time.perf_counter()
         if way == "plain":
-            window: collections.deque[asyncio.Future[MessageId]] = collections.deque()
-            for _ in range(total):
-                if len(window) >= inflight * per_txn:
-                    await window.popleft()
-                window.append(producer.send_nowait(payload))
-            await producer.flush()
+            await send_pipelined(producer, payload, total, inflight * per_txn)
         else:
-            sizes = [min(per_txn, total - s) for s in range(0, total, per_txn)]
-
-            async def worker(mine: list[int]) -> None:
-                for n in mine:
-                    txn = await client.new_transaction(timeout=60)
-                    for _ in range(n):
-                        producer.send_nowait(payload, txn=txn)
-                    await txn.commit()
-
-            await asyncio.gather(*(worker(sizes[w::inflight]) for w in range(inflight)))
+            await send_in_transactions(client, producer, payload, total, per_txn, inflight)
         return total / (time.perf_counter() - start)
 
 
