@@ -75,6 +75,7 @@ class BrokerProcess:
                     return
             except OSError:
                 time.sleep(0.05)
+        self.proc.kill()  # (not left running behind the benchmark)
         raise RuntimeError("broker did not start")
 
     def stop(self) -> None:

@@ -114,11 +114,16 @@ async def test_txnceiling_free_broker_keeps_transactions_out_of_the_machinery(
         async with Client(broker.url) as client:
             producer = await client.create_producer("ceiling")
             consumer = await client.subscribe("ceiling", "s", initial_position="earliest")
-            for round_ in range(2):  # (the second gets its id from the first END's answer)
+            ids = []
+            for round_ in range(2):
                 txn = await client.new_transaction(timeout=60)
                 for i in range(5):
                     producer.send_nowait(b"%d-%d" % (round_, i), txn=txn)
                 await txn.commit()
+                ids.append(txn.id.least_bits)
+            # The first was opened by the coordinator (NEW_TXN), the second
+            # by the stand-in's END.
+            assert ids[0] < txnceiling.FREE_IDS_FROM <= ids[1]
             values = [(await consumer.receive()).value for _ in range(10)]
         assert values == [b"%d-%d" % (r, i) for r in range(2) for i in range(5)]
         async with (
