@@ -53,7 +53,15 @@ import aiosqlite
 
 from ledger import _writer
 
-__all__ = ["Entry", "Ledger", "LedgerError", "LedgerStore", "settled", "unawaited"]
+__all__ = [
+    "Entry",
+    "Ledger",
+    "LedgerError",
+    "LedgerStore",
+    "pass_failure",
+    "settled",
+    "unawaited",
+]
 
 log = logging.getLogger(__name__)
 

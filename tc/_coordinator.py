@@ -816,11 +816,16 @@ class TransactionCoordinator:
             faults.hit("tc.after_partition_end")
         for _ in meta.subscriptions:
             faults.hit("tc.after_subscription_end")
-        applied = self._applied.get(meta.txnid)
-        if applied is not None and not applied.done():
-            applied.set_result(None)
+        self._mark_applied(meta.txnid)
         logged = self._persist_now(self._end_record(meta), lazy=True)
         logged.add_done_callback(functools.partial(self._end_logged, meta.txnid))
+
+    def _mark_applied(self, txnid: TxnID) -> None:
+        """Every participant of ``txnid`` has applied its decision: an END
+        waiting for that (`_wait_applied`) may be answered."""
+        applied = self._applied.get(txnid)
+        if applied is not None and not applied.done():
+            applied.set_result(None)
 
     def _end_logged(self, txnid: TxnID, logged: asyncio.Future[bool]) -> None:
         self._applied.pop(txnid, None)
@@ -889,9 +894,7 @@ class TransactionCoordinator:
                 faults.hit(step)
 
             await asyncio.gather(*(one(tell, step) for tell, step in ends))
-        applied = self._applied.get(meta.txnid)
-        if applied is not None and not applied.done():
-            applied.set_result(None)
+        self._mark_applied(meta.txnid)
         rec = self._end_record(meta)
         # Nobody waits for this record (END answered once the participants
         # applied the decision): in eager mode it goes with a later commit.
