@@ -21,9 +21,11 @@ Decisions written down here:
   dropped and the reconnect starts over. Any other error closes that
   producer or consumer for good, with the error as the ``__cause__`` of its
   ``ClosedError``.
+* One wire protocol version, ``PROTOCOL_VERSION``: a broker that announces
+  another in CONNECTED is refused (``ProtocolError`` naming both versions),
+  as such a broker refuses this client's CONNECT.
 * Control requests (partitioned metadata, create producer, subscribe, and
-  the coordinator requests NEW_TXN, ADD_PARTITION_TO_TXN,
-  ADD_SUBSCRIPTION_TO_TXN, END_TXN) are retried: on a new connection after
+  the coordinator requests NEW_TXN and END_TXN) are retried: on a new connection after
   a drop, and after a backoff on retriable server errors, until
   ``operation_timeout``. They are all safe to repeat (a repeated NEW_TXN
   whose first answer was lost leaves an unused transaction that the
@@ -84,18 +86,7 @@ Command = pb.BaseCommand
 Type = pb.BaseCommand.Type
 
 CLIENT_VERSION = "txnbuf-python/0.1.0"
-# 2: the client reads BATCH frames (several commands in one WebSocket message).
-# It writes one command per message: joining its own frames measured 15-20%
-# slower at 4 and 16 consume-transform-produce workers (bench.txn), though
-# each side then spent less CPU per message.
-# 3: with a broker that announced 3, ACKs name messages as positions (flat
-# triples) and SENDs carry an encoded EntryBatch (`Connection.broker_protocol`).
-# 4: with a broker that announced 4, transactional SENDs and ACKs ask it to add
-# their partition / subscription to the transaction (add_to_txn): no
-# ADD_PARTITION_TO_TXN / ADD_SUBSCRIPTION_TO_TXN requests (see client._txn).
-# 5: with a broker that announced 5, a transaction's END_TXN asks for the next
-# transaction (next_txn_ttl_ms): no NEW_TXN request (see client._spares).
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6  # the only one spoken (proto/txnbuf.proto)
 # Used until the broker's CONNECTED says otherwise.
 DEFAULT_MAX_MESSAGE_SIZE = 5 * 1024 * 1024
 BACKOFF_MIN = 0.05
@@ -232,17 +223,13 @@ class BusyClock:
 class Link:
     """One WebSocket of a connection, and the task that writes to it in order.
 
-    ``batches``: the broker reads BATCH frames (protocol version 2), so the
-    frames queued together go as one (`proto.next_frame`): a send and an
-    ack of one transaction, written in one turn of the loop, cost the
+    The frames queued together go as one BATCH (`proto.next_frame`): a send
+    and an ack of one transaction, written in one turn of the loop, cost the
     broker one wake-up, not two."""
 
-    def __init__(
-        self, ws: aiohttp.ClientWebSocketResponse, gen: int, batches: bool = False
-    ) -> None:
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse, gen: int) -> None:
         self.ws = ws
         self.gen = gen
-        self.batches = batches
         self.closed = False
         self._out: deque[bytes] = deque()
         self._wake = asyncio.Event()
@@ -260,7 +247,7 @@ class Link:
             await self._wake.wait()
             self._wake.clear()
             while out:
-                await self.ws.send_bytes(next_frame(out, self.batches))
+                await self.ws.send_bytes(next_frame(out))
 
 
 class Connection:
@@ -273,7 +260,6 @@ class Connection:
         self.operation_timeout = operation_timeout
         self.max_message_size = DEFAULT_MAX_MESSAGE_SIZE
         self.tc_ids: tuple[int, ...] = ()  # from the last CONNECTED
-        self.broker_protocol = 0  # the protocol version of the last CONNECTED
         self.gen = 0
         self.link: Link | None = None
         self.producers: dict[int, ProducerHandler] = {}
@@ -498,7 +484,7 @@ class Connection:
         """Connect, re-create producers and consumers, serve until the link dies."""
         ws = await self._open_socket()
         self.gen += 1
-        link = Link(ws, self.gen, batches=self.broker_protocol >= 2)
+        link = Link(ws, self.gen)
         self.link = link
         reader = asyncio.create_task(self._read(link), name="txnbuf-reader")
         writer = asyncio.create_task(link.run_writer(), name="txnbuf-writer")
@@ -540,6 +526,12 @@ class Connection:
                 raise from_wire(reply.error.error, reply.error.message)
             if reply.type != Type.CONNECTED:
                 raise ProtocolError(f"expected CONNECTED, got {Type.Name(reply.type)}")
+            if reply.connected.protocol_version != PROTOCOL_VERSION:
+                raise ProtocolError(
+                    f"the broker at {self.url} ({reply.connected.server_version}) speaks wire "
+                    f"protocol version {reply.connected.protocol_version}; this client "
+                    f"({CLIENT_VERSION}) speaks version {PROTOCOL_VERSION} only"
+                )
         except BaseException:
             if ws is not None:
                 await ws.close()
@@ -547,7 +539,6 @@ class Connection:
         if reply.connected.max_message_size > 0:
             self.max_message_size = reply.connected.max_message_size
         self.tc_ids = tuple(reply.connected.tc_ids)
-        self.broker_protocol = reply.connected.protocol_version
         return ws
 
     async def _reattach(self, link: Link) -> None:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from broker._connection import PROTOCOL_VERSION
 from proto import txnbuf_pb2 as pb
 
 
@@ -131,11 +133,14 @@ def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
 
 
 class RawConnection:
-    """A bare WebSocket speaking BaseCommand frames, for protocol-level tests."""
+    """A bare WebSocket speaking BaseCommand frames (the broker's protocol
+    version), for protocol-level tests. The broker may answer several
+    commands in one BATCH frame: `receive` hands out the commands one by
+    one, `receive_frame` a frame as it came."""
 
-    def __init__(self, url: str, protocol_version: int = 1) -> None:
+    def __init__(self, url: str) -> None:
         self.url = url
-        self.protocol_version = protocol_version  # 2: the broker may answer in BATCH frames
+        self._unread: deque[Any] = deque()  # commands of a BATCH not handed out yet
 
     async def __aenter__(self) -> RawConnection:
         self._session = aiohttp.ClientSession()
@@ -143,7 +148,7 @@ class RawConnection:
         connected = await self.request(
             pb.BaseCommand.CONNECT,
             "connect",
-            pb.CommandConnect(protocol_version=self.protocol_version),
+            pb.CommandConnect(protocol_version=PROTOCOL_VERSION),
         )
         assert connected.type == pb.BaseCommand.CONNECTED
         return self
@@ -160,10 +165,30 @@ class RawConnection:
         getattr(cmd, field).CopyFrom(body)
         await self.ws.send_bytes(cmd.SerializeToString())
 
-    async def receive(self, timeout: float = 10.0) -> Any:
+    async def receive_frame(self, timeout: float = 10.0) -> Any:
+        """The next WebSocket message, a BaseCommand (maybe a BATCH)."""
+        assert not self._unread, "commands of a BATCH are still to be received"
         msg = await self.ws.receive(timeout=timeout)
         return pb.BaseCommand.FromString(msg.data)
+
+    async def receive(self, timeout: float = 10.0) -> Any:
+        """The next command, out of a BATCH frame if one came."""
+        if not self._unread:
+            frame = await self.receive_frame(timeout)
+            self._unread.extend(unbatch(frame))
+        return self._unread.popleft()
 
     async def request(self, kind: int, field: str, body: object) -> Any:
         await self.send(kind, field, body)
         return await self.receive()
+
+
+def unbatch(frame: Any) -> list[Any]:
+    """The commands of one frame: those of a BATCH, else the frame itself."""
+    return list(frame.batch.commands) if frame.type == pb.BaseCommand.BATCH else [frame]
+
+
+def send_command(*messages: Any, **fields: Any) -> Any:
+    """A CommandSend with ``fields``, carrying ``messages`` (SingleMessage)
+    as its batch, as a client sends them."""
+    return pb.CommandSend(batch=pb.EntryBatch(messages=messages).SerializeToString(), **fields)
