@@ -403,38 +403,14 @@ class Connection:
         what: str,
         deadline: float,
     ) -> Command:
-        """One attempt of a control request on ``link``, no retries."""
+        """One attempt of a control request on ``link``, no retries: its
+        answer (raised if an error)."""
         if link.closed:
             raise ConnectionLostError(f"{what}: connection lost")
-        sent = self.begin_request(link, build)
-        return await self.finish_request(sent, expect, what, deadline)
-
-    def ready_link(self) -> Link | None:
-        """The current link if requests may be written on it now."""
-        link = self.link
-        if self._ready.is_set() and link is not None and not link.closed:
-            return link
-        return None
-
-    def begin_request(
-        self, link: Link, build: Callable[[int], Command]
-    ) -> tuple[int, asyncio.Future[Command]]:
-        """Write a control request on ``link`` now; `finish_request` awaits its answer."""
         request_id = self.next_request_id()
         future: asyncio.Future[Command] = asyncio.get_running_loop().create_future()
         self._requests[request_id] = future
         link.write(build(request_id).SerializeToString())
-        return request_id, future
-
-    async def finish_request(
-        self,
-        sent: tuple[int, asyncio.Future[Command]],
-        expect: Type,
-        what: str,
-        deadline: float,
-    ) -> Command:
-        """The answer to a request written by `begin_request` (raised if an error)."""
-        request_id, future = sent
         try:
             reply = await wait_future_until(future, deadline, what)
         finally:
@@ -451,6 +427,13 @@ class Connection:
             if answer.HasField("error"):
                 raise from_wire(answer.error, answer.message)
         return reply
+
+    def ready_link(self) -> Link | None:
+        """The current link if requests may be written on it now."""
+        link = self.link
+        if self._ready.is_set() and link is not None and not link.closed:
+            return link
+        return None
 
     def _fail_requests(self, exc: TxnbufError) -> None:
         requests, self._requests = self._requests, {}
