@@ -37,4 +37,3 @@ def test_next_frame_joins_what_fits_and_sends_a_big_one_alone() -> None:
     assert next_frame(out) == big  # over the limit: alone, not in a BATCH
     assert next_frame(out) == small[0]  # the last one: alone too
     assert not out
-
