@@ -168,3 +168,7 @@ class AdminUser(FastHttpUser):
     @task(1)
     def metrics(self) -> None:
         self.client.get("/metrics")
+
+    @task(1)
+    def page(self) -> None:
+        self.client.get("/", name="/ (admin page)")

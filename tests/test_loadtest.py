@@ -28,7 +28,7 @@ TXNBUF_REQUESTS = {
 }  # fmt: skip
 ADMIN_REQUESTS = {
     "/admin/v1/topics", "/admin/v1/topics/[t]/stats", "/admin/v1/transactions?state=OPEN",
-    "/admin/v1/coordinators", "/metrics",
+    "/admin/v1/coordinators", "/metrics", "/ (admin page)",
 }  # fmt: skip
 
 
