@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import BrokerProcess
 from selenium import webdriver
 from selenium.common.exceptions import TimeoutException
 from selenium.webdriver.chrome.service import Service
@@ -27,6 +26,7 @@ from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
 from client import Client
+from tests.conftest import BrokerProcess
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -38,7 +38,14 @@ def test_page_is_served_at_the_root(broker: BrokerProcess) -> None:
         assert answer.headers["Content-Type"].startswith("text/html")
         page = answer.read().decode()
     assert "<title>txnbuf broker</title>" in page
-    for path in ('"/admin/v1"', "/coordinators", "/topics", "/transactions", "/abort", "/metrics"):
+    for path in (
+        '"/admin/v1"',
+        "/coordinators",
+        "/topics",
+        "/transactions",
+        '"abort"',
+        '"resolve"',
+    ):
         assert path in page, path
 
 
@@ -150,36 +157,60 @@ async def test_page_shows_topic_and_transaction_and_aborts_it(
     assert json.loads(body)["status"] == "ABORTED"
 
 
-STUCK_CASES = """
-const now = Date.now();
-const base = {tc_id: 0, start_ms: now - 1000, timeout_ms: 60000, partitions: [],
-              subscriptions: [], timed_out: false};
-renderTransactions([
-  {...base, txnid: "(0,1)", status: "OPEN"},
-  {...base, txnid: "(0,2)", status: "STUCK"},
-  {...base, txnid: "(0,3)", status: "COMMITTING", stuck: "partition t-0 has not answered for 60 s"},
-  {...base, txnid: "(0,4)", status: "OPEN", stuck: {reason: "no coordinator"}},
-], now);
-return [...document.querySelectorAll("#transactions tbody tr")].map(
-  (row) => [row.dataset.txnid, row.className, row.querySelector("td.state").textContent,
-            [...row.querySelectorAll(".badge.stuck")].map((b) => b.textContent).join()]);
-"""
+def skip_from_the_page(driver: WebDriver, url: str, txnid: str, screenshot: Path) -> dict[str, Any]:
+    """Open the page, check the stuck transaction's row, click its Skip
+    button and confirm; returns what the page showed."""
+    wait = WebDriverWait(driver, 20)
+    driver.get(url + "/")
+    row = f'tr.stuck[data-txnid="{txnid}"]'
+    try:
+        wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, row)))
+        seen: dict[str, Any] = {
+            "cells": cells(driver.find_element(By.CSS_SELECTOR, row)),
+            "buttons": [b.text for b in driver.find_elements(By.CSS_SELECTOR, f"{row} button")],
+            "summary": driver.find_element(By.ID, "txn-summary").text,
+        }
+        driver.find_element(By.CSS_SELECTOR, f'button.skip[data-txnid="{txnid}"]').click()
+        wait.until(ec.alert_is_present()).accept()
+        wait.until(ec.text_to_be_present_in_element((By.ID, "message"), "skip on"))
+        seen["message"] = driver.find_element(By.ID, "message").text
+        wait.until(ec.invisibility_of_element_located((By.CSS_SELECTOR, row)))
+        return seen
+    except TimeoutException:
+        driver.save_screenshot(str(screenshot))
+        raise AssertionError(
+            f"the page did not show what was expected (screenshot {screenshot}):\n"
+            + driver.find_element(By.TAG_NAME, "body").text
+        ) from None
 
 
-def test_page_marks_stuck_transactions(broker: BrokerProcess, browser: WebDriver) -> None:
-    # The page's own rendering, given transactions as the admin API may
-    # report a stuck one: a STUCK state, or a `stuck` field with a reason.
-    browser.get(broker.url + "/")
-    WebDriverWait(browser, 15).until(lambda d: d.find_element(By.ID, "updated").text != "never")
-    live = browser.find_element(By.ID, "live")
-    live.click()  # (no refresh may replace what is rendered here)
-    assert not live.is_selected()
-    rows = browser.execute_script(STUCK_CASES)
-    assert rows == [
-        ["(0,1)", "", "OPEN", ""],
-        ["(0,2)", "stuck", "STUCK", "stuck"],
-        ["(0,3)", "stuck", "COMMITTING", "stuck: partition t-0 has not answered for 60 s"],
-        ["(0,4)", "stuck", "OPEN", "stuck: no coordinator"],
-    ]
-    summary = browser.find_element(By.ID, "txn-summary").text
-    assert summary == "4 in progress, 0 long-running, 3 stuck"
+@pytest.mark.integration
+async def test_page_shows_a_stuck_transaction_and_skips_its_participant(
+    tmp_path: Path, browser: WebDriver
+) -> None:
+    broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log")
+    broker.env["TXNBUF_REFUSE"] = "broker.end_txn_on_participant"  # the partition never applies
+    broker.start()
+    try:
+        async with Client(broker.url) as client:
+            producer = await client.create_producer("out")
+            txn = await client.new_transaction(timeout=60)
+            await producer.send(b"never applied", txn=txn)
+            await txn.commit()  # decided; the partition refuses to apply it
+            txnid = str(txn.id)
+            seen = await asyncio.to_thread(
+                skip_from_the_page, browser, broker.url, txnid, tmp_path / "page.png"
+            )
+        status, body = broker.admin("GET", f"/admin/v1/transactions/{txnid}")
+    finally:
+        broker.stop()
+
+    txnid_cell, _, state, _, _, participants, flags, _ = seen["cells"]
+    assert (txnid_cell, state, participants) == (txnid, "COMMITTING", "out partition 0")
+    assert flags.startswith("stuck on partition out/0: ") and "TXNBUF_REFUSE" in flags
+    assert seen["buttons"] == ["Retry", "Skip"]  # (the coordinator refuses to abort it)
+    assert seen["summary"] == "1 in progress, 0 long-running, 1 stuck"
+    assert seen["message"] == f"Transaction {txnid}: skip on 1 participant(s)"
+    assert status == 200
+    meta = json.loads(body)
+    assert meta["status"] == "COMMITTED" and meta["stuck"] == []
