@@ -17,7 +17,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from conftest import BrokerProcess, free_port
+
+from tests.conftest import BrokerProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "loadtests" / "run.py"
