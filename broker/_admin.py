@@ -1,4 +1,5 @@
-"""The HTTP admin API (JSON under /admin/v1) and Prometheus text at /metrics.
+"""The HTTP admin API (JSON under /admin/v1), Prometheus text at /metrics,
+and at / the admin web page (broker/static/admin.html), which reads them.
 
 Errors are JSON too: ``{"error": "<what was wrong>"}`` with status 400 (bad
 input, nothing changed), 404 (no such topic) or 405/415 as aiohttp gives.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -18,6 +20,8 @@ from subscriptions import WHOLE_ENTRY
 from tc import InvalidTxnStatusError, NotStuckError, TransactionCoordinator, TxnID, TxnStatus
 
 __all__ = ["add_admin_routes"]
+
+ADMIN_PAGE = Path(__file__).parent / "static" / "admin.html"
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -270,7 +274,12 @@ async def list_coordinators(request: web.Request) -> web.Response:
     return web.json_response({"coordinators": out})
 
 
+async def admin_page(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(ADMIN_PAGE, headers={"Cache-Control": "no-cache"})
+
+
 def add_admin_routes(app: web.Application) -> None:
+    app.router.add_get("/", admin_page)
     app.router.add_get("/admin/v1/health", health)
     app.router.add_get("/admin/v1/topics", list_topics)
     app.router.add_put("/admin/v1/topics/{topic}", put_topic)
