@@ -712,13 +712,13 @@ def machine() -> str:
         try:
             return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT).stdout.strip()
         except OSError:
-            return "?"
+            return ""
 
     commit = out("git", "rev-parse", "--short", "HEAD") or "?"
     if out("git", "status", "--porcelain", "--untracked-files=no"):
         commit += " with uncommitted changes"
     return (
-        f"{datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}; `{out('uname', '-a')}`; "
+        f"{datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}; `{out('uname', '-a') or '?'}`; "
         f"{os.cpu_count()} cores; Python {platform.python_version()}; txnbuf {commit}"
     )
 
