@@ -46,7 +46,8 @@ is printed against it.
 
 Prints each run's msgs/s, the medians, CPU microseconds per message of the
 client processes, the server (txnbuf: the broker's main process; PostgreSQL:
-the postmaster and its children; Redis: redis-server) and txnbuf's ledger
+the postmaster and its children, those that exit during the run, such as
+an autovacuum worker, not counted; Redis: redis-server) and txnbuf's ledger
 writer process, the ratio of each txnbuf row to the best peer with as many
 workers, and of the README loop to the fastest loop; and appends the same to
 ``--results`` (with the date, ``uname -a``, the number of cores, Python's
