@@ -60,6 +60,7 @@ log = logging.getLogger(__name__)
 PROTOCOL_VERSION = 5
 SERVER_VERSION = "txnbuf/0.1.0"
 MAX_MESSAGE_SIZE = 5 << 20  # bytes in one frame the client may send
+CLUSTER_ROLE = "cluster"  # coordinator-to-participant commands need it
 
 T = pb.BaseCommand
 _BODY_TYPE = {name.lower(): value for name, value in T.Type.items()}
@@ -103,6 +104,8 @@ class Connection:
         self.peer = peer
         self.producers: dict[int, _Producer] = {}
         self.consumers: dict[int, Consumer] = {}
+        # The roles this connection holds (none until it authenticates).
+        self.roles: frozenset[str] = frozenset()
         self._out: collections.deque[bytes] = collections.deque()
         self._out_ready = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -882,23 +885,41 @@ class Connection:
         except Exception as exc:  # its timeout aborts it
             log.debug("connection %s: aborting unanswered %s failed: %s", self.peer, txnid, exc)
 
+    def _require_role(self, role: str, what: str) -> None:
+        """Refuse ``what`` (AUTHORIZATION_ERROR, nothing changes) unless this
+        connection holds ``role``."""
+        if role not in self.roles:
+            raise BrokerError(
+                "AUTHORIZATION_ERROR",
+                f"{what} needs the {role!r} role, which this connection does not hold "
+                "(only a transaction's coordinator ends it on its participants)",
+            )
+
     def _on_end_txn_on_partition(self, cmd: pb.BaseCommand) -> None:
         req = cmd.end_txn_on_partition
         txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
-        work = self.broker.end_txn_on_partition(
-            req.partition.topic, req.partition.partition, txnid, req.txn_action == pb.COMMIT
-        )
+        try:
+            self._require_role(CLUSTER_ROLE, "END_TXN_ON_PARTITION")
+            work: Awaitable[None] = self.broker.end_txn_on_partition(
+                req.partition.topic, req.partition.partition, txnid, req.txn_action == pb.COMMIT
+            )
+        except Exception as exc:
+            work = _raise(exc)
         self._txn_answer(req, work, "end transaction on partition")
 
     def _on_end_txn_on_subscription(self, cmd: pb.BaseCommand) -> None:
         req = cmd.end_txn_on_subscription
         txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
-        work = self.broker.end_txn_on_subscription(
-            req.subscription.topic,
-            req.subscription.subscription,
-            txnid,
-            req.txn_action == pb.COMMIT,
-        )
+        try:
+            self._require_role(CLUSTER_ROLE, "END_TXN_ON_SUBSCRIPTION")
+            work: Awaitable[None] = self.broker.end_txn_on_subscription(
+                req.subscription.topic,
+                req.subscription.subscription,
+                txnid,
+                req.txn_action == pb.COMMIT,
+            )
+        except Exception as exc:
+            work = _raise(exc)
         self._txn_answer(req, work, "end transaction on subscription")
 
 

@@ -25,7 +25,7 @@ from aiohttp import web
 from broker._connection import MAX_MESSAGE_SIZE, Connection, txn_key
 from broker._errors import BrokerError
 from buffer import Partition, PublishResult, Topics, TransactionBuffer, TxnKey
-from ledger import LedgerStore
+from ledger import LedgerStore, faults
 from proto import txnbuf_pb2 as pb
 from subscriptions import Subscriptions
 from tc import TransactionCoordinator, TxnID, TxnNotFoundError, TxnStatus
@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 BROKER_KEY: web.AppKey[Broker] = web.AppKey("broker")
 SWEEP_INTERVAL = 5.0  # seconds between transaction buffer sweeps
+_ABORT_DECIDED = (TxnStatus.ABORTING, TxnStatus.ABORTED)
 
 
 class Broker:
@@ -230,10 +231,38 @@ class Broker:
             except Exception as exc:
                 job.future.set_exception(exc)
 
+    def check_decided(self, txnid: TxnID, commit: bool) -> None:
+        """A participant applies only the outcome the transaction's
+        coordinator decided: raise (nothing changes) unless ``txnid``'s
+        coordinator runs here and has decided to commit (``commit``) or to
+        abort it. The coordinator's own calls always pass; an end from
+        anywhere else (END_TXN_ON_PARTITION / _SUBSCRIPTION on the wire) is
+        checked against it."""
+        tc = self.coordinators.get(txnid.tcid)
+        if tc is None:
+            raise BrokerError(
+                "NOT_ALLOWED",
+                f"transaction {txnid} belongs to coordinator {txnid.tcid}, which does not run "
+                "here: its decision cannot be checked, so nothing was changed",
+            )
+        meta = tc.get(txnid)
+        decided = (TxnStatus.COMMITTING, TxnStatus.COMMITTED) if commit else _ABORT_DECIDED
+        if meta is None or meta.status not in decided:
+            state = "unknown" if meta is None else meta.status.name
+            raise BrokerError(
+                "INVALID_TXN_STATUS",
+                f"cannot {'commit' if commit else 'abort'} transaction {txnid} on a participant: "
+                f"its coordinator {txnid.tcid} did not decide so (it is {state} there); "
+                "nothing was changed",
+            )
+
     async def end_txn_on_partition(
         self, topic: str, partition: int, txnid: TxnID, commit: bool, durable: bool = True
     ) -> None:
-        """`tc.Participant`: commit (marker) or abort the transaction on a partition."""
+        """`tc.Participant`: commit (marker) or abort the transaction on a
+        partition, as its coordinator decided (`check_decided`)."""
+        self.check_decided(txnid, commit)
+        faults.refuse("broker.end_txn_on_participant")
         found = self.topics.get(topic)
         if found is None or partition >= len(found.partitions):
             log.warning("end %s on %s/%d: no such partition", txnid, topic, partition)
@@ -244,7 +273,10 @@ class Broker:
     async def end_txn_on_subscription(
         self, topic: str, subscription: str, txnid: TxnID, commit: bool, durable: bool = True
     ) -> None:
-        """`tc.Participant`: commit or abort the transaction's pending acks."""
+        """`tc.Participant`: commit or abort the transaction's pending acks,
+        as its coordinator decided (`check_decided`)."""
+        self.check_decided(txnid, commit)
+        faults.refuse("broker.end_txn_on_participant")
         await self.subscriptions.end_txn(topic, subscription, txn_key(txnid), commit, durable)
 
     def end_txn_on_partition_now(
@@ -253,6 +285,8 @@ class Broker:
         """`tc.QueuingParticipant`: `end_txn_on_partition` queued at once,
         where the partition's transaction buffer exists and no other END of
         the transaction is under way there."""
+        self.check_decided(txnid, commit)
+        faults.refuse("broker.end_txn_on_participant")
         found = self.topics.get(topic)
         if found is None or partition >= len(found.partitions):
             return False  # (the async one says so)
@@ -263,6 +297,8 @@ class Broker:
         self, topic: str, subscription: str, txnid: TxnID, commit: bool
     ) -> bool:
         """`tc.QueuingParticipant`: `end_txn_on_subscription`, queued at once."""
+        self.check_decided(txnid, commit)
+        faults.refuse("broker.end_txn_on_participant")
         self.subscriptions.end_txn_now(topic, subscription, txn_key(txnid), commit)
         return True
 

@@ -26,6 +26,8 @@ class ServerError(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SEQUENCE_TOO_OLD: _ClassVar[ServerError]
     TOPIC_NOT_FOUND: _ClassVar[ServerError]
     TOO_MANY_REQUESTS: _ClassVar[ServerError]
+    AUTHENTICATION_ERROR: _ClassVar[ServerError]
+    AUTHORIZATION_ERROR: _ClassVar[ServerError]
     TRANSACTION_CONFLICT: _ClassVar[ServerError]
     TRANSACTION_NOT_FOUND: _ClassVar[ServerError]
     INVALID_TXN_STATUS: _ClassVar[ServerError]
@@ -62,6 +64,8 @@ NOT_ALLOWED: ServerError
 SEQUENCE_TOO_OLD: ServerError
 TOPIC_NOT_FOUND: ServerError
 TOO_MANY_REQUESTS: ServerError
+AUTHENTICATION_ERROR: ServerError
+AUTHORIZATION_ERROR: ServerError
 TRANSACTION_CONFLICT: ServerError
 TRANSACTION_NOT_FOUND: ServerError
 INVALID_TXN_STATUS: ServerError

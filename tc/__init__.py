@@ -7,7 +7,9 @@ participant through the `Participant` interface.
 """
 
 from tc._coordinator import (
+    NotStuckError,
     Participant,
+    StuckParticipant,
     TransactionCoordinator,
     TxnMeta,
     TxnNotFoundError,
@@ -26,7 +28,9 @@ from tc._txnid import TxnID, wire_txnid
 __all__ = [
     "TRANSITIONS",
     "InvalidTxnStatusError",
+    "NotStuckError",
     "Participant",
+    "StuckParticipant",
     "TransactionCoordinator",
     "TxnEvent",
     "TxnID",

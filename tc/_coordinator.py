@@ -78,7 +78,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from sortedcontainers import SortedList
 
-from ledger import Ledger, LedgerStore, faults, pass_failure, unawaited
+from ledger import Ledger, LedgerError, LedgerStore, faults, pass_failure, unawaited
 from proto import txnbuf_pb2 as pb
 from tc._status import (
     InvalidTxnStatusError,
@@ -91,8 +91,10 @@ from tc._status import (
 from tc._txnid import TxnID, wire_txnid
 
 __all__ = [
+    "NotStuckError",
     "Participant",
     "QueuingParticipant",
+    "StuckParticipant",
     "TransactionCoordinator",
     "TxnMeta",
     "TxnNotFoundError",
@@ -107,7 +109,8 @@ ENDED_KEPT = 10_000  # ended transactions remembered, so a repeated END is answe
 ENDED_IN_SNAPSHOT = 1000  # of which the newest survive a restart
 DEFAULT_TIMEOUT_MS = 60_000
 MAX_TIMEOUT_MS = 3_600_000
-RETRY_MAX_S = 2.0
+RETRY_MAX_S = 2.0  # the longest wait between tries of a failing write of the log
+STUCK_RETRY_MAX_S = 30.0  # ... and between tries of a participant that refuses
 END_WAIT = 5.0  # seconds END waits for the participants to apply the decision
 ID_BLOCK = 10_000  # ids reserved by one RESERVE_IDS record (the most a restart skips)
 _RECORD, _SNAPSHOT = 0, 1  # ledger meta of the two entry kinds
@@ -119,6 +122,10 @@ class TxnNotFoundError(LookupError):
 
 class TxnTimeoutError(InvalidTxnStatusError):
     """The transaction was aborted by its timeout."""
+
+
+class NotStuckError(LookupError):
+    """An operator resolved a transaction that has no stuck participant."""
 
 
 class Participant(Protocol):
@@ -207,6 +214,28 @@ class TxnMeta:
         )
 
 
+@dataclass(slots=True)
+class StuckParticipant:
+    """A participant that failed to apply its coordinator's decision: the
+    coordinator keeps trying it (backing off) until it applies it or an
+    operator resolves it (`TransactionCoordinator.resolve`)."""
+
+    participant: str  # "partition <topic>/<index>" or "subscription <topic>/<name>"
+    reason: str  # the last failure
+    since_ms: int
+    attempts: int = 0
+    action: str | None = None  # an operator's: "retry" (now) or "skip" (give up on it)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "participant": self.participant,
+            "reason": self.reason,
+            "since_ms": self.since_ms,
+            "attempts": self.attempts,
+        }
+
+
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -286,6 +315,10 @@ class TransactionCoordinator:
         self._abort_open_on_recovery = False
         self._aborted_at_start: set[TxnID] = set()
         self._first_counter_here = 0  # ids below it were handed out before the last restart
+        # Decided transactions with a participant that failed to apply the
+        # decision: txnid -> participant -> what went wrong.
+        self._stuck: dict[TxnID, dict[str, StuckParticipant]] = {}
+        self.participant_failures = 0  # failed attempts to end on a participant, ever
 
     @classmethod
     async def open(
@@ -852,21 +885,17 @@ class TransactionCoordinator:
         on_subscription = self._participant.end_txn_on_subscription
 
         def partition(topic: str, index: int) -> Callable[[], Awaitable[None]]:
-            return lambda: self._until_done(
-                lambda: on_partition(topic, index, meta.txnid, commit, durable),
-                "end %s on partition %s/%s",
+            return lambda: self._until_applied(
                 meta.txnid,
-                topic,
-                index,
+                f"partition {topic}/{index}",
+                lambda: on_partition(topic, index, meta.txnid, commit, durable),
             )
 
         def subscription(topic: str, sub: str) -> Callable[[], Awaitable[None]]:
-            return lambda: self._until_done(
-                lambda: on_subscription(topic, sub, meta.txnid, commit, durable),
-                "end %s on subscription %s/%s",
+            return lambda: self._until_applied(
                 meta.txnid,
-                topic,
-                sub,
+                f"subscription {topic}/{sub}",
+                lambda: on_subscription(topic, sub, meta.txnid, commit, durable),
             )
 
         # Each participant: what tells it, and the fault step after it.
@@ -917,6 +946,106 @@ class TransactionCoordinator:
                 log.warning("coordinator %d: %s failed (%s); retrying", self.tcid, what % args, exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX_S)
+
+    async def _until_applied(
+        self, txnid: TxnID, participant: str, attempt: Callable[[], Awaitable[None]]
+    ) -> None:
+        """Await ``attempt()`` (tell ``participant`` the decision on
+        ``txnid``) until it succeeds. A participant that fails is listed as
+        stuck (`stuck`), logged at ERROR on its 1st, 2nd, 4th, 8th, ...
+        failure, and tried again, backing off up to `STUCK_RETRY_MAX_S`
+        (`RETRY_MAX_S` for a storage error, which passes), or at once when
+        an operator asks (`resolve`); an operator may also skip it: the
+        transaction then ends without it."""
+        delay = 0.05
+        while True:
+            try:
+                await attempt()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.participant_failures += 1
+                stuck = self._stuck.setdefault(txnid, {})
+                entry = stuck.get(participant)
+                if entry is None:
+                    entry = stuck[participant] = StuckParticipant(participant, "", _now_ms())
+                entry.reason = str(exc) or type(exc).__name__
+                entry.attempts += 1
+                if entry.attempts & (entry.attempts - 1) == 0:
+                    log.error(
+                        "coordinator %d: %s did not apply the decision on %s (failure %d: %s); "
+                        "retrying, listed as stuck (admin API: POST "
+                        "/admin/v1/transactions/%s/resolve)",
+                        self.tcid,
+                        participant,
+                        txnid,
+                        entry.attempts,
+                        entry.reason,
+                        txnid,
+                    )
+                transient = isinstance(exc, LedgerError)
+                try:
+                    async with asyncio.timeout(delay):
+                        await entry.wake.wait()
+                except TimeoutError:
+                    pass
+                entry.wake.clear()
+                delay = min(delay * 2, RETRY_MAX_S if transient else STUCK_RETRY_MAX_S)
+                if entry.action == "skip":
+                    log.warning(
+                        "coordinator %d: %s skipped by an operator: %s ends without it "
+                        "(it did not apply the decision: %s)",
+                        self.tcid,
+                        participant,
+                        txnid,
+                        entry.reason,
+                    )
+                    self._unstick(txnid, participant)
+                    return
+                entry.action = None
+                continue
+            if participant in self._stuck.get(txnid, ()):
+                log.info("coordinator %d: %s applied %s at last", self.tcid, participant, txnid)
+                self._unstick(txnid, participant)
+            return
+
+    def _unstick(self, txnid: TxnID, participant: str) -> None:
+        stuck = self._stuck.get(txnid)
+        if stuck is not None:
+            stuck.pop(participant, None)
+            if not stuck:
+                del self._stuck[txnid]
+
+    def stuck(self, txnid: TxnID | None = None) -> dict[TxnID, list[StuckParticipant]]:
+        """The decided transactions (or just ``txnid``) with a participant
+        that failed to apply the decision, and those participants."""
+        if txnid is not None:
+            found = self._stuck.get(txnid)
+            return {txnid: list(found.values())} if found else {}
+        return {t: list(p.values()) for t, p in self._stuck.items()}
+
+    def resolve(self, txnid: TxnID, action: str, participant: str | None = None) -> int:
+        """An operator's answer to a stuck transaction: ``"retry"`` its stuck
+        participants now, or ``"skip"`` them (the transaction ends without
+        them; they are left as they are). ``participant`` narrows it to one.
+        Returns how many participants it applies to; raises
+        `NotStuckError` if none."""
+        if action not in ("retry", "skip"):
+            raise ValueError(f"action must be 'retry' or 'skip', got {action!r}")
+        entries = [
+            e
+            for e in self._stuck.get(txnid, {}).values()
+            if participant is None or e.participant == participant
+        ]
+        if not entries:
+            which = f" on {participant}" if participant else ""
+            raise NotStuckError(
+                f"transaction {txnid} is not stuck{which} on coordinator {self.tcid}"
+            )
+        for entry in entries:
+            entry.action = action
+            entry.wake.set()
+        return len(entries)
 
     async def _expire_loop(self) -> None:
         while True:

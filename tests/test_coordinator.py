@@ -10,6 +10,7 @@ applied as appended, what the broker does).
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import subprocess
 import sys
@@ -19,11 +20,13 @@ from pathlib import Path
 import pytest
 
 import tc._coordinator as coordinator_module
+from buffer import TxnConflictError
 from ledger import Ledger, LedgerStore
 from proto import txnbuf_pb2 as pb
 from tc import (
     TRANSITIONS,
     InvalidTxnStatusError,
+    NotStuckError,
     TransactionCoordinator,
     TxnEvent,
     TxnID,
@@ -196,6 +199,7 @@ async def test_unknown_transactions_are_not_found(open_tc: Opener) -> None:
 async def test_failing_participants_are_retried_until_they_answer(
     open_tc: Opener, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="tc")
     rec = Recorder(failures=3)
     tc = await open_tc(0, rec)
     try:
@@ -206,7 +210,98 @@ async def test_failing_participants_are_retried_until_they_answer(
         assert tc.get(txn).status in (TxnStatus.ABORTING, TxnStatus.ABORTED)  # type: ignore[union-attr]
         await wait_status(tc, txn, TxnStatus.ABORTED)
         assert rec.calls == [("partition", "t", 0, txn, False)]
-        assert caplog.text.count(f"end {txn} on partition t/0 failed") == 3
+        # ERROR on the 1st and 2nd failure (then on the 4th, 8th, ...)
+        said = f"partition t/0 did not apply the decision on {txn}"
+        assert caplog.text.count(said) == 2
+        assert f"partition t/0 applied {txn} at last" in caplog.text
+        assert tc.stuck() == {}
+        assert tc.participant_failures == 3
+    finally:
+        await tc.close()
+
+
+class Refuser(Recorder):
+    """A participant that refuses every end on partition ``t/1`` (a bug or
+    corruption there) until told to stop."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refusing = True
+
+    async def end_txn_on_partition(
+        self, topic: str, partition: int, txnid: TxnID, commit: bool, durable: bool = True
+    ) -> None:
+        if self.refusing and (topic, partition) == ("t", 1):
+            raise TxnConflictError(f"cannot commit {txnid}: it is aborted on this partition")
+        await super().end_txn_on_partition(topic, partition, txnid, commit, durable)
+
+
+async def wait_stuck(tc: TransactionCoordinator, txnid: TxnID, attempts: int = 1) -> None:
+    for _ in range(500):
+        stuck = tc.stuck(txnid).get(txnid, [])
+        if stuck and stuck[0].attempts >= attempts:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{txnid} never stuck: {tc.stuck()}")
+
+
+async def test_a_participant_that_refuses_is_listed_stuck_until_it_applies(
+    open_tc: Opener, caplog: pytest.LogCaptureFixture
+) -> None:
+    rec = Refuser()
+    tc = await open_tc(0, rec)
+    try:
+        txn = await tc.new_txn()
+        other = await tc.new_txn()
+        await tc.add_partitions(txn, [("t", 0), ("t", 1)])
+        end = asyncio.ensure_future(tc.end_txn(txn, commit=True))
+        await wait_stuck(tc, txn, attempts=3)
+        (stuck,) = tc.stuck()[txn]
+        assert stuck.participant == "partition t/1"
+        assert "it is aborted on this partition" in stuck.reason
+        assert tc.stuck(other) == {}
+        assert tc.get(txn).status is TxnStatus.COMMITTING  # type: ignore[union-attr]
+        # ERROR once, then with backoff (the 1st, 2nd, 4th, ... failure), not every try
+        said = f"partition t/1 did not apply the decision on {txn}"
+        assert 2 <= caplog.text.count(said) < stuck.attempts
+        with pytest.raises(NotStuckError):
+            tc.resolve(other, "retry")
+        with pytest.raises(NotStuckError):
+            tc.resolve(txn, "retry", participant="partition t/0")
+        with pytest.raises(ValueError, match="retry"):
+            tc.resolve(txn, "ignore")
+        rec.refusing = False  # (repaired)
+        assert tc.resolve(txn, "retry") == 1
+        await wait_status(tc, txn, TxnStatus.COMMITTED)
+        await end
+        assert tc.stuck() == {}
+        assert ("partition", "t", 1, txn, True) in rec.calls
+    finally:
+        await tc.close()
+
+
+async def test_an_operator_may_skip_a_stuck_participant(open_tc: Opener) -> None:
+    rec = Refuser()
+    tc = await open_tc(0, rec)
+    try:
+        txn = await tc.new_txn()
+        await tc.add_partitions(txn, [("t", 0), ("t", 1)])
+        end = asyncio.ensure_future(tc.end_txn(txn, commit=True))
+        await wait_stuck(tc, txn)
+        assert tc.resolve(txn, "skip", participant="partition t/1") == 1
+        await wait_status(tc, txn, TxnStatus.COMMITTED)
+        await end
+        assert tc.stuck() == {}
+        assert rec.calls == [("partition", "t", 0, txn, True)]  # t/1 left as it was
+    finally:
+        await tc.close()
+    # The end is logged: a restart does not try the skipped participant again.
+    rec2 = Refuser()
+    tc = await open_tc(0, rec2)
+    try:
+        assert tc.get(txn).status is TxnStatus.COMMITTED  # type: ignore[union-attr]
+        await asyncio.sleep(0.1)
+        assert rec2.calls == [] and tc.stuck() == {}
     finally:
         await tc.close()
 
