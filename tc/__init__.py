@@ -1,9 +1,10 @@
 """The transaction coordinator (PIP-31 §Transaction Coordinator).
 
 `TransactionCoordinator` issues `TxnID`s, logs each transaction's status
-(`TxnStatus`, one table in `tc._status`) and the partitions and
-subscriptions it touches, times transactions out, and ends them on every
-participant through the `Participant` interface.
+(`TxnStatus`, one table in `tc._status`), times transactions out, and ends
+them on every participant through the `Participant` interface. What it
+knows is a `TxnTable` (`tc._table`, no I/O), rebuilt on start from its log
+(`tc._log`).
 """
 
 from tc._coordinator import (
@@ -11,9 +12,6 @@ from tc._coordinator import (
     Participant,
     StuckParticipant,
     TransactionCoordinator,
-    TxnMeta,
-    TxnNotFoundError,
-    TxnTimeoutError,
 )
 from tc._status import (
     TRANSITIONS,
@@ -23,6 +21,7 @@ from tc._status import (
     check_update,
     transition,
 )
+from tc._table import TxnMeta, TxnNotFoundError, TxnTable, TxnTimeoutError
 from tc._txnid import TxnID, wire_txnid
 
 __all__ = [
@@ -37,6 +36,7 @@ __all__ = [
     "TxnMeta",
     "TxnNotFoundError",
     "TxnStatus",
+    "TxnTable",
     "TxnTimeoutError",
     "check_update",
     "transition",
