@@ -4,7 +4,12 @@ KIP-890, KIP-939), against the real broker process."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import signal
+import sqlite3
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -217,3 +222,42 @@ async def test_complete_with_a_stale_state_aborts(broker_2pc: BrokerProcess) -> 
         await fresh.init_transactions(keep_prepared_txn=True)
         await fresh.complete_transaction(old)
         assert [m.value for m in await receive_all(sink)] == [b"first"]
+
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "dual_write.py"
+
+
+def run_example(broker: BrokerProcess, db: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(EXAMPLE), "--url", broker.url, "--db", str(db),
+         "--orders", "120", "--batch", "20", *args],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("where", ["after", "before"])
+async def test_the_dual_write_example_recovers_after_a_crash_around_its_db_commit(
+    broker_2pc: BrokerProcess, tmp_path: Path, where: str
+) -> None:
+    """SIGKILL of the writer in batch 2, after (or before) its database
+    commit and before the broker commit; the next run's recovery commits
+    (or aborts) the prepared transaction as the database decided; in the
+    end every order is in the database once and in the topic once."""
+    db = tmp_path / "orders.db"
+    crashed = run_example(broker_2pc, db, f"--crash-{where}-db-commit", "2")
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        rows = conn.execute("SELECT COUNT(*) FROM orders").fetchone()[0]
+    assert rows == (60 if where == "after" else 40)  # batches 0, 1 (and 2 if after)
+    status, body = broker_2pc.admin("GET", "/admin/v1/transactions?state=PREPARED")
+    assert status == 200 and len(json.loads(body)["transactions"]) == 1  # batch 2, left prepared
+    done = run_example(broker_2pc, db)
+    assert done.returncode == 0, done.stderr
+    assert f"recovered: {rows} orders" in done.stdout
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        ids = [r[0] for r in conn.execute("SELECT id FROM orders ORDER BY id")]
+    assert ids == list(range(120))
+    async with Client(broker_2pc.url) as client:
+        events = await client.subscribe("order-events", "audit", initial_position="earliest")
+        got = [m.value for m in await receive_all(events)]
+    assert sorted(got) == sorted(b"order %d amount %d" % (i, i * 10) for i in range(120))
