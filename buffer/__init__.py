@@ -27,6 +27,9 @@ from buffer._names import (
 from buffer._partition import Partition
 from buffer._topics import PartitionCountError, Topic, Topics
 from buffer._txnbuffer import (
+    EpochProducer,
+    OutOfOrderSequenceError,
+    StaleEpochError,
     TransactionBuffer,
     TransactionBufferError,
     TxnConflictError,
@@ -34,6 +37,7 @@ from buffer._txnbuffer import (
     TxnInfo,
     TxnKey,
     TxnState,
+    epoch_producer_name,
     sidecar_ledger_name,
 )
 
@@ -42,13 +46,16 @@ __all__ = [
     "DATA",
     "MAX_PARTITIONS",
     "DuplicateTooOldError",
+    "EpochProducer",
     "InvalidNameError",
     "MessageId",
+    "OutOfOrderSequenceError",
     "Partition",
     "PartitionCountError",
     "Position",
     "PublishResult",
     "SendRejectedError",
+    "StaleEpochError",
     "Topic",
     "Topics",
     "TransactionBuffer",
@@ -63,6 +70,7 @@ __all__ = [
     "entry_count",
     "entry_kind",
     "entry_meta",
+    "epoch_producer_name",
     "sidecar_ledger_name",
     "txn_run_start",
 ]
