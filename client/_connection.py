@@ -25,9 +25,9 @@ Decisions written down here:
   another in CONNECTED is refused (``ProtocolError`` naming both versions),
   as such a broker refuses this client's CONNECT.
 * Control requests (partitioned metadata, create producer, subscribe, and
-  the coordinator requests NEW_TXN and END_TXN) are retried: on a new connection after
-  a drop, and after a backoff on retriable server errors, until
-  ``operation_timeout``. They are all safe to repeat (a repeated NEW_TXN
+  the coordinator requests NEW_TXN and END_TXN) are retried: on a new
+  connection after a drop, and after a backoff on retriable server errors,
+  until ``operation_timeout``. They are all safe to repeat (a repeated NEW_TXN
   whose first answer was lost leaves an unused transaction that the
   coordinator times out). Closing a producer or consumer is one attempt:
   if the connection is down or drops, the broker has dropped it anyway. The
