@@ -141,6 +141,7 @@ COMMANDS = [
 
 
 async def test_every_command_is_refused_without_a_token(broker: BrokerProcess) -> None:
+    assert "tokens required" in broker.log()  # (the module's `auth` mark)
     for kind, field, body in COMMANDS:
         # Without CONNECT, and after a CONNECT without a token.
         for frames in ([frame(kind, field, body)], [connect(), frame(kind, field, body)]):
