@@ -359,6 +359,16 @@ async def test_a_token_that_expires_ends_its_connection(broker: BrokerProcess) -
         assert closing.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
 
 
+async def test_a_connection_keeps_its_role(broker: BrokerProcess) -> None:
+    async with RawConnection(broker.url, token=broker.make_token("app")) as raw:
+        await raw.send(T.CONNECT, "connect", connect(broker.token or "").connect)
+        answer = await raw.receive()
+        assert answer.error.error == pb.AUTHENTICATION_ERROR
+        assert "this connection is role 'app'; a CONNECT cannot change it" in answer.error.message
+        closing = await raw.ws.receive(timeout=10)
+        assert closing.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+
+
 def self_signed(directory: Path) -> tuple[Path, Path]:
     """A certificate for 127.0.0.1 and localhost, signed by its own key."""
     key = ec.generate_private_key(ec.SECP256R1())
