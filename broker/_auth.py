@@ -114,6 +114,7 @@ from buffer import quoted
 from proto import txnbuf_pb2 as pb
 
 __all__ = [
+    "ACL_FILE",
     "ADMIN_ROLE",
     "ANONYMOUS",
     "NOBODY",
@@ -127,8 +128,10 @@ __all__ = [
     "Limits",
     "Permission",
     "Principal",
+    "ResourceType",
     "Security",
     "check_listen",
+    "check_role",
     "create_key_pair",
     "create_secret_key",
     "create_token",
@@ -539,8 +542,13 @@ class Authenticator:
     def verify(self, token: str) -> tuple[str, float | None]:
         """(role, expiry) of a valid token; AUTHENTICATION_ERROR if it is not."""
         try:
+            # (iat is not checked: an issuer's clock a little ahead of ours
+            # must not make its fresh tokens "not yet valid")
             claims = jwt.decode(
-                token, self._key, algorithms=self.algorithms, options={"require": ["sub"]}
+                token,
+                self._key,
+                algorithms=self.algorithms,
+                options={"require": ["sub"], "verify_iat": False},
             )
         except jwt.ExpiredSignatureError:
             raise BrokerError("AUTHENTICATION_ERROR", "the token has expired") from None
@@ -662,34 +670,34 @@ class Security:
                 f"(superuser roles: {', '.join(sorted(self.superuser_roles))})",
             )
 
+    def _grants(
+        self, who: Principal, permission: Permission, kind: ResourceType, name: str
+    ) -> bool:
+        return who.role is not None and self.acl.allows(who.role, permission, kind, name)
+
     def allow_lookup(self, who: Principal, topic: str) -> None:
         """Metadata of a topic (and creating it): produce or consume on it."""
         if who.superuser:
             return
-        assert who.role is not None
         if not (
-            self.acl.allows(who.role, Permission.PRODUCE, ResourceType.TOPIC, topic)
-            or self.acl.allows(who.role, Permission.CONSUME, ResourceType.TOPIC, topic)
+            self._grants(who, Permission.PRODUCE, ResourceType.TOPIC, topic)
+            or self._grants(who, Permission.CONSUME, ResourceType.TOPIC, topic)
         ):
             raise self._refuse(who, "'produce' or 'consume'", f"topic {quoted(topic)}")
 
     def allow_produce(self, who: Principal, topic: str) -> None:
         if who.superuser:
             return
-        assert who.role is not None
-        if not self.acl.allows(who.role, Permission.PRODUCE, ResourceType.TOPIC, topic):
+        if not self._grants(who, Permission.PRODUCE, ResourceType.TOPIC, topic):
             raise self._refuse(who, "'produce'", f"topic {quoted(topic)}")
 
     def allow_consume(self, who: Principal, topic: str, subscription: str) -> None:
         if who.superuser:
             return
-        role = who.role
-        assert role is not None
-        acl = self.acl
-        if not acl.allows(role, Permission.CONSUME, ResourceType.TOPIC, topic):
+        if not self._grants(who, Permission.CONSUME, ResourceType.TOPIC, topic):
             raise self._refuse(who, "'consume'", f"topic {quoted(topic)}")
-        if acl.restricted(topic, subscription) and not acl.allows(
-            role, Permission.CONSUME, ResourceType.SUBSCRIPTION, f"{topic}/{subscription}"
+        if self.acl.restricted(topic, subscription) and not self._grants(
+            who, Permission.CONSUME, ResourceType.SUBSCRIPTION, f"{topic}/{subscription}"
         ):
             raise self._refuse(
                 who,
@@ -717,12 +725,8 @@ class Security:
         transactional id."""
         if who.superuser:
             return
-        assert who.role is not None
-        if not self.acl.allows(
-            who.role,
-            Permission.TWO_PHASE_COMMIT,
-            ResourceType.TRANSACTIONAL_ID,
-            transactional_id,
+        if not self._grants(
+            who, Permission.TWO_PHASE_COMMIT, ResourceType.TRANSACTIONAL_ID, transactional_id
         ):
             raise self._refuse(
                 who,

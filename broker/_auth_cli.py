@@ -29,6 +29,7 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -124,13 +125,13 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+@dataclass(frozen=True, slots=True)
 class ServeSecurity:
     """What `txnbuf serve`'s security options make: the broker's `AuthConfig`
     and, for TLS, the server's SSL context."""
 
-    def __init__(self, auth: AuthConfig, ssl_context: ssl.SSLContext | None) -> None:
-        self.auth = auth
-        self.ssl_context = ssl_context
+    auth: AuthConfig
+    ssl_context: ssl.SSLContext | None
 
 
 def serve_security(args: argparse.Namespace) -> ServeSecurity:
