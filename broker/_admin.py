@@ -1,4 +1,5 @@
-"""The HTTP admin API (JSON under /admin/v1) and Prometheus text at /metrics.
+"""The HTTP admin API (JSON under /admin/v1), Prometheus text at /metrics,
+and at / the admin web page (broker/static/admin.html), which reads them.
 
 Errors are JSON too: ``{"error": "<what was wrong>"}`` with status 400 (bad
 input, nothing changed), 404 (no such topic) or 405/415 as aiohttp gives.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -28,6 +30,8 @@ from subscriptions import WHOLE_ENTRY
 from tc import InvalidTxnStatusError, NotStuckError, TransactionCoordinator, TxnID, TxnStatus
 
 __all__ = ["add_admin_routes"]
+
+ADMIN_PAGE = Path(__file__).parent / "static" / "admin.html"
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -355,8 +359,13 @@ async def revoke_acl(request: web.Request) -> web.Response:
     return web.json_response({"revoked": entry.to_json()})
 
 
+async def admin_page(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(ADMIN_PAGE, headers={"Cache-Control": "no-cache"})
+
+
 def add_admin_routes(app: web.Application) -> None:
     app.middlewares.append(_require_admin)
+    app.router.add_get("/", admin_page)
     app.router.add_get("/admin/v1/acl", list_acl)
     app.router.add_post("/admin/v1/acl/grant", grant_acl)
     app.router.add_post("/admin/v1/acl/revoke", revoke_acl)

@@ -1,19 +1,34 @@
 """The transaction coordinator (PIP-31 §Transaction Coordinator).
 
 `TransactionCoordinator` issues `TxnID`s, logs each transaction's status
-(`TxnStatus`, one table in `tc._status`) and the partitions and
-subscriptions it touches, times transactions out, and ends them on every
-participant through the `Participant` interface.
+(`TxnStatus`, one table in `tc._status`), times transactions out, and ends
+them on every participant through the `Participant` interface. What it
+knows is a `TxnTable` (`tc._table`, no I/O) and, for the producer-epoch
+mode (Kafka's transactional producer), a `ProducerRegistry`
+(`tc._producers`), both rebuilt on start from its log (`tc._log`).
 """
 
 from tc._coordinator import (
     NotStuckError,
     Participant,
+    ProducerSettings,
     StuckParticipant,
     TransactionCoordinator,
-    TxnMeta,
-    TxnNotFoundError,
-    TxnTimeoutError,
+    TwoPhaseCommitNotAllowedError,
+)
+from tc._producers import (
+    MAX_EPOCH,
+    ConcurrentTransactionsError,
+    InvalidPidMappingError,
+    InvalidProducerEpochError,
+    InvalidTransactionTimeoutError,
+    InvalidTxnStateError,
+    ProducerEntry,
+    ProducerEpochError,
+    ProducerFencedError,
+    ProducerRegistry,
+    TransactionAbortableError,
+    coordinator_of,
 )
 from tc._status import (
     TRANSITIONS,
@@ -23,22 +38,38 @@ from tc._status import (
     check_update,
     transition,
 )
+from tc._table import TxnMeta, TxnNotFoundError, TxnTable, TxnTimeoutError
 from tc._txnid import TxnID, wire_txnid
 
 __all__ = [
+    "MAX_EPOCH",
     "TRANSITIONS",
+    "ConcurrentTransactionsError",
+    "InvalidPidMappingError",
+    "InvalidProducerEpochError",
+    "InvalidTransactionTimeoutError",
+    "InvalidTxnStateError",
     "InvalidTxnStatusError",
     "NotStuckError",
     "Participant",
+    "ProducerEntry",
+    "ProducerEpochError",
+    "ProducerFencedError",
+    "ProducerRegistry",
+    "ProducerSettings",
     "StuckParticipant",
+    "TransactionAbortableError",
     "TransactionCoordinator",
+    "TwoPhaseCommitNotAllowedError",
     "TxnEvent",
     "TxnID",
     "TxnMeta",
     "TxnNotFoundError",
     "TxnStatus",
+    "TxnTable",
     "TxnTimeoutError",
     "check_update",
+    "coordinator_of",
     "transition",
     "wire_txnid",
 ]

@@ -111,29 +111,31 @@ async def test_the_participant_applies_only_what_the_coordinator_decided(
     broker = await Broker.open(tmp_path / "data")
     try:
         tc = broker.coordinators[0]
-        txnid = await tc.new_txn()
+        txnid = tc.new_txn()
         topic = await broker.topics.get_or_create("out")
         await broker.publish_txn(
             topic.partitions[0], tuple(txnid), "p", [pb.SingleMessage(payload=b"x")]
         )  # type: ignore[arg-type]
         for commit in (True, False):
             with pytest.raises(BrokerError, match="did not decide so \\(it is OPEN there\\)"):
-                await broker.end_txn_on_partition("out", 0, txnid, commit)
+                broker.end_txn_on_partition("out", 0, txnid, commit)
             with pytest.raises(BrokerError, match="did not decide so"):
-                broker.end_txn_on_partition_now("out", 0, txnid, commit)
+                await broker.end_txn_on_partition_durably("out", 0, txnid, commit)
             with pytest.raises(BrokerError, match="did not decide so"):
-                await broker.end_txn_on_subscription("out", "s", txnid, commit)
+                broker.end_txn_on_subscription("out", "s", txnid, commit)
+            with pytest.raises(BrokerError, match="did not decide so"):
+                await broker.end_txn_on_subscription_durably("out", "s", txnid, commit)
         elsewhere = TxnID.of(7, 1)
         with pytest.raises(BrokerError, match="coordinator 7, which does not run here"):
-            await broker.end_txn_on_partition("out", 0, elsewhere, True)
+            broker.end_txn_on_partition("out", 0, elsewhere, True)
         buffer = topic.partitions[0].transaction_buffer
         assert buffer is not None and buffer.open_transactions() == [tuple(txnid)]
         # Its coordinator decides: now the participant applies it (and only it).
         await tc.end_txn(txnid, commit=False)
         assert tc.get(txnid).status in (TxnStatus.ABORTING, TxnStatus.ABORTED)  # type: ignore[union-attr]
         with pytest.raises(BrokerError, match="cannot commit"):
-            await broker.end_txn_on_partition("out", 0, txnid, True)
-        await broker.end_txn_on_partition("out", 0, txnid, False)  # a repeat: harmless
+            broker.end_txn_on_partition("out", 0, txnid, True)
+        await broker.end_txn_on_partition_durably("out", 0, txnid, False)  # a repeat
         assert buffer.open_transactions() == []
     finally:
         await broker.close()
