@@ -60,9 +60,10 @@ changes; a refusal is AUTHORIZATION_ERROR naming the permission):
   what it started).
 - The admin API and /metrics: a superuser; ``/admin/v1/health`` is open
   (it tells nothing but that the broker answers).
-- KIP-939's ``two_phase_commit`` on a transactional id is checked by
-  `Security.allow_two_phase_commit` for a producer that asks for 2PC; the
-  producer-epoch mode that asks for it does not exist yet.
+- INIT_PRODUCER_ID with ``enable_2pc``: KIP-939's ``two_phase_commit`` on
+  the transactional id (`Security.allow_two_phase_commit`, for that
+  command's handler to call; the broker does not serve the producer-epoch
+  commands yet).
 
 A revoked grant takes effect at the next command of each producer and
 consumer (messages a consumer's permits already asked for may still
