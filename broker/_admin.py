@@ -27,7 +27,14 @@ from broker._errors import BrokerError
 from broker._server import BROKER_KEY, Broker
 from buffer import InvalidNameError, PartitionCountError, check_topic_name, quoted
 from subscriptions import WHOLE_ENTRY
-from tc import InvalidTxnStatusError, NotStuckError, TransactionCoordinator, TxnID, TxnStatus
+from tc import (
+    InvalidTxnStatusError,
+    NotStuckError,
+    TransactionCoordinator,
+    TxnID,
+    TxnStatus,
+    coordinator_of,
+)
 
 __all__ = ["add_admin_routes"]
 
@@ -149,6 +156,13 @@ async def metrics(request: web.Request) -> web.Response:
         "partition or subscription",
         "# TYPE txnbuf_participant_end_failures_total counter",
         f"txnbuf_participant_end_failures_total {failures}",
+    ]
+    open_max = max((tc.active_open_time_max_ms() for tc in broker.coordinators.values()), default=0)
+    lines += [
+        "# HELP txnbuf_active_transaction_open_time_max_seconds The longest a transaction not "
+        "yet decided (open or prepared) has been open (KIP-939)",
+        "# TYPE txnbuf_active_transaction_open_time_max_seconds gauge",
+        f"txnbuf_active_transaction_open_time_max_seconds {open_max / 1000:.3f}",
     ]
     lines.append("# TYPE txnbuf_backlog_messages gauge")
     for name in broker.topics.names():
@@ -273,6 +287,49 @@ async def resolve_transaction(request: web.Request) -> web.Response:
     return web.json_response({"txnid": str(txnid), "action": action, "participants": count})
 
 
+# -- transactional producers (the producer-epoch mode) -------------------------------
+
+
+async def list_producers(request: web.Request) -> web.Response:
+    """Every transactional id, on every coordinator here."""
+    broker = request.app[BROKER_KEY]
+    found = [
+        {"tc_id": tcid, **entry.to_json()}
+        for tcid, tc in sorted(broker.coordinators.items())
+        for entry in tc.producers()
+    ]
+    found.sort(key=lambda e: e["transactional_id"])
+    return web.json_response({"producers": found})
+
+
+def _producer_coordinator(broker: Broker, transactional_id: str) -> TransactionCoordinator:
+    return broker.coordinators[coordinator_of(transactional_id, list(broker.coordinators))]
+
+
+async def get_producer(request: web.Request) -> web.Response:
+    broker = request.app[BROKER_KEY]
+    tid = request.match_info["transactional_id"]
+    tc = _producer_coordinator(broker, tid)
+    entry = tc.producer(tid)
+    if entry is None:
+        return _error(404, f"no transactional id {tid[:200]!r}")
+    return web.json_response({"tc_id": tc.tcid, **entry.to_json()})
+
+
+async def terminate_producer(request: web.Request) -> web.Response:
+    """KIP-939's forceTerminateTransaction: fence the transactional id's
+    producer and abort its ongoing transaction (prepared or not)."""
+    broker = request.app[BROKER_KEY]
+    tid = request.match_info["transactional_id"]
+    tc = _producer_coordinator(broker, tid)
+    if tc.producer(tid) is None:
+        return _error(404, f"no transactional id {tid[:200]!r}")
+    await tc.terminate_producer(tid)
+    entry = tc.producer(tid)
+    assert entry is not None
+    return web.json_response({"tc_id": tc.tcid, **entry.to_json()})
+
+
 async def list_coordinators(request: web.Request) -> web.Response:
     broker = request.app[BROKER_KEY]
     out = []
@@ -378,4 +435,7 @@ def add_admin_routes(app: web.Application) -> None:
     app.router.add_post("/admin/v1/transactions/{txnid}/abort", abort_transaction)
     app.router.add_post("/admin/v1/transactions/{txnid}/resolve", resolve_transaction)
     app.router.add_get("/admin/v1/coordinators", list_coordinators)
+    app.router.add_get("/admin/v1/producers", list_producers)
+    app.router.add_get("/admin/v1/producers/{transactional_id}", get_producer)
+    app.router.add_post("/admin/v1/producers/{transactional_id}/terminate", terminate_producer)
     app.router.add_get("/metrics", metrics)

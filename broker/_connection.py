@@ -28,6 +28,7 @@ from aiohttp import WSMsgType, web
 from google.protobuf.message import DecodeError
 
 from broker._auth import NOBODY, Principal
+from broker._epoch import epoch_handlers
 from broker._errors import BrokerError, error_code, error_text
 from buffer import (
     InvalidNameError,
@@ -145,6 +146,7 @@ class Connection:
             T.END_TXN_ON_SUBSCRIPTION: self._on_end_txn_on_subscription,
             T.BATCH: self._on_batch,
         }
+        self._handlers.update(epoch_handlers(self))  # (the producer-epoch mode)
 
     # -- the loops ------------------------------------------------------------------
 

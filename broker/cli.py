@@ -37,6 +37,7 @@ from broker._auth_cli import (
 )
 from broker._server import Broker, make_app
 from ledger import LedgerError
+from tc import DEFAULT_EXPIRATION_MS, MAX_TXN_TIMEOUT_MS, ProducerSettings
 
 __all__ = ["main", "serve"]
 
@@ -52,13 +53,18 @@ async def serve(
     tc_ids: tuple[int, ...] = (0,),
     auth: AuthConfig | None = None,
     ssl_context: ssl.SSLContext | None = None,
+    producer_settings: ProducerSettings | None = None,
 ) -> None:
     """Run a broker until SIGTERM or SIGINT. ``auth``: authentication and
     limits (`broker._auth`); ``ssl_context``: serve TLS."""
     scheme = "https" if ssl_context is not None else "http"
     try:
         broker = await Broker.open(
-            data_dir, url=f"{scheme}://{host}:{port}", tc_ids=tc_ids, auth=auth
+            data_dir,
+            url=f"{scheme}://{host}:{port}",
+            tc_ids=tc_ids,
+            auth=auth,
+            producer_settings=producer_settings,
         )
     except LedgerError as exc:  # (another broker on this data directory, a broken disk)
         raise SystemExit(f"txnbuf: cannot open the data in {data_dir}: {exc}") from None
@@ -124,6 +130,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=(0,),
         help="transaction coordinators to run here, comma-separated TCIDs (0)",
     )
+    p.add_argument(
+        "--allow-2pc",
+        action="store_true",
+        help="let transactional producers enable two-phase commit (KIP-939; off)",
+    )
+    p.add_argument(
+        "--max-transaction-timeout",
+        type=float,
+        default=MAX_TXN_TIMEOUT_MS / 1000,
+        metavar="SECONDS",
+        help="the longest transaction timeout a transactional producer may ask for (900)",
+    )
+    p.add_argument(
+        "--transactional-id-expiration",
+        type=float,
+        default=DEFAULT_EXPIRATION_MS / 1000,
+        metavar="SECONDS",
+        help="forget a transactional id idle this long (604800: 7 days)",
+    )
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (INFO)")
     add_serve_options(p)
     from checker._cli import add_check_parser, run_check
@@ -147,6 +172,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise SystemExit(f"txnbuf: {refusal}")
         loop_factory = _event_loop_factory()
         with asyncio.Runner(loop_factory=loop_factory) as runner:
+            settings = ProducerSettings(
+                max_txn_timeout_ms=round(args.max_transaction_timeout * 1000),
+                expiration_ms=round(args.transactional_id_expiration * 1000),
+                allow_two_phase=args.allow_2pc,
+            )
             runner.run(
                 serve(
                     args.data_dir,
@@ -155,6 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     args.tc_ids,
                     security.auth,
                     security.ssl_context,
+                    settings,
                 )
             )
     return 0

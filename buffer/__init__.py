@@ -31,6 +31,9 @@ from buffer._names import (
 from buffer._partition import Partition
 from buffer._topics import PartitionCountError, Topic, Topics
 from buffer._txnbuffer import (
+    EpochProducer,
+    OutOfOrderSequenceError,
+    StaleEpochError,
     TransactionBuffer,
     TransactionBufferError,
     TxnConflictError,
@@ -38,6 +41,7 @@ from buffer._txnbuffer import (
     TxnInfo,
     TxnKey,
     TxnState,
+    epoch_producer_name,
     sidecar_ledger_name,
 )
 
@@ -47,13 +51,16 @@ __all__ = [
     "MAX_PARTITIONS",
     "QUOTE_LIMIT",
     "DuplicateTooOldError",
+    "EpochProducer",
     "InvalidNameError",
     "MessageId",
+    "OutOfOrderSequenceError",
     "Partition",
     "PartitionCountError",
     "Position",
     "PublishResult",
     "SendRejectedError",
+    "StaleEpochError",
     "Topic",
     "Topics",
     "TransactionBuffer",
@@ -70,6 +77,7 @@ __all__ = [
     "entry_count",
     "entry_kind",
     "entry_meta",
+    "epoch_producer_name",
     "quoted",
     "sidecar_ledger_name",
     "txn_run_start",

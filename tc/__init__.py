@@ -17,7 +17,9 @@ from tc._coordinator import (
     TwoPhaseCommitNotAllowedError,
 )
 from tc._producers import (
+    DEFAULT_EXPIRATION_MS,
     MAX_EPOCH,
+    MAX_TXN_TIMEOUT_MS,
     ConcurrentTransactionsError,
     InvalidPidMappingError,
     InvalidProducerEpochError,
@@ -42,7 +44,9 @@ from tc._table import TxnMeta, TxnNotFoundError, TxnTable, TxnTimeoutError
 from tc._txnid import TxnID, wire_txnid
 
 __all__ = [
+    "DEFAULT_EXPIRATION_MS",
     "MAX_EPOCH",
+    "MAX_TXN_TIMEOUT_MS",
     "TRANSITIONS",
     "ConcurrentTransactionsError",
     "InvalidPidMappingError",
