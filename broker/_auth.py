@@ -27,8 +27,8 @@ Roles and permissions:
   one that may send END_TXN_ON_PARTITION / END_TXN_ON_SUBSCRIPTION
   (`broker._connection.CLUSTER_ROLE`); it gets nothing else for free.
 - Every other role holds what the ACL grants it (`AclEntry`): ``produce``
-  and ``consume`` on topics, ``consume`` on subscriptions, and KIP-939's
-  ``two_phase_commit`` on transactional ids. A resource is named with
+  and ``consume`` on topics, ``consume`` on subscriptions, ``produce`` and
+  KIP-939's ``two_phase_commit`` on transactional ids. A resource is named with
   wildcards: ``*`` stands for any run of characters (``topic:orders-*``,
   ``subscription:orders-*/billing``, ``transactional-id:payments-*``).
 
@@ -60,10 +60,15 @@ changes; a refusal is AUTHORIZATION_ERROR naming the permission):
   what it started).
 - The admin API and /metrics: a superuser; ``/admin/v1/health`` is open
   (it tells nothing but that the broker answers).
-- INIT_PRODUCER_ID with ``enable_2pc``: KIP-939's ``two_phase_commit`` on
-  the transactional id (`Security.allow_two_phase_commit`, for that
-  command's handler to call; the broker does not serve the producer-epoch
-  commands yet).
+- The producer-epoch mode (Kafka's rules, with ``produce`` on a
+  transactional id for Kafka's WRITE on a TransactionalId): INIT_PRODUCER_ID
+  needs produce on the transactional id, and with ``enable_2pc`` also
+  KIP-939's ``two_phase_commit`` on it; PRODUCE needs produce on the topic,
+  TXN_OFFSETS consume on the subscription, and both, like
+  PREPARE_PRODUCER_TXN and END_PRODUCER_TXN, produce on the transactional
+  id that holds the request's producer id (`Security.allow_transactional_id`).
+  Without it any role could fence another's producer and abort its
+  transaction.
 
 A revoked grant takes effect at the next command of each producer and
 consumer (messages a consumer's permits already asked for may still
@@ -176,7 +181,7 @@ class ResourceType(enum.StrEnum):
 _GRANTABLE = {
     ResourceType.TOPIC: (Permission.PRODUCE, Permission.CONSUME),
     ResourceType.SUBSCRIPTION: (Permission.CONSUME,),
-    ResourceType.TRANSACTIONAL_ID: (Permission.TWO_PHASE_COMMIT,),
+    ResourceType.TRANSACTIONAL_ID: (Permission.PRODUCE, Permission.TWO_PHASE_COMMIT),
 }
 
 
@@ -721,19 +726,20 @@ class Security:
         for topic, subscription in sorted(set(subscriptions)):
             self.allow_consume(who, topic, subscription)
 
-    def allow_two_phase_commit(self, who: Principal, transactional_id: str) -> None:
-        """KIP-939: a producer asking for 2PC needs two_phase_commit on its
-        transactional id."""
+    def allow_transactional_id(
+        self, who: Principal, transactional_id: str, two_phase: bool = False
+    ) -> None:
+        """The producer-epoch mode: produce on the transactional id (Kafka's
+        WRITE), and ``two_phase_commit`` too for a producer asking for
+        KIP-939's two-phase commit."""
         if who.superuser:
             return
-        if not self._grants(
-            who, Permission.TWO_PHASE_COMMIT, ResourceType.TRANSACTIONAL_ID, transactional_id
-        ):
-            raise self._refuse(
-                who,
-                "'two_phase_commit'",
-                f"transactional id {quoted(transactional_id)}",
-            )
+        what = f"transactional id {quoted(transactional_id)}"
+        kind = ResourceType.TRANSACTIONAL_ID
+        if not self._grants(who, Permission.PRODUCE, kind, transactional_id):
+            raise self._refuse(who, "'produce'", what)
+        if two_phase and not self._grants(who, Permission.TWO_PHASE_COMMIT, kind, transactional_id):
+            raise self._refuse(who, "'two_phase_commit'", what)
 
     # -- limits ----------------------------------------------------------------------
 

@@ -183,7 +183,7 @@ def _resource_options(p: argparse.ArgumentParser) -> None:
         required=True,
         choices=["produce", "consume", "two_phase_commit"],
         help="produce or consume on a topic; consume on a subscription; "
-        "two_phase_commit on a transactional id",
+        "produce or two_phase_commit on a transactional id",
     )
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--topic", help="a topic name or pattern (* for any run of characters)")

@@ -54,7 +54,7 @@ def app() -> Principal:
         ("app", "consume", "subscription:t", "subscription:<topic pattern>/<subscription"),
         ("app", "produce", "subscription:t/s", "produce cannot be granted on a subscription"),
         ("app", "two_phase_commit", "topic:t", "two_phase_commit cannot be granted on a topic"),
-        ("app", "produce", "transactional-id:x", "produce cannot be granted"),
+        ("app", "consume", "transactional-id:x", "consume cannot be granted"),
     ],
 )
 def test_a_malformed_grant_says_what_is_wrong(
@@ -76,6 +76,7 @@ def test_wildcards_match_any_run_of_characters(tmp_path: Path) -> None:
         ("app", "produce", "topic:orders-*"),
         ("app", "consume", "topic:*.events"),
         ("app", "two_phase_commit", "transactional-id:pay-*-eu"),
+        ("app", "produce", "transactional-id:pay-*"),
     )
     sec = Security(acl)
     sec.allow_produce(app(), "orders-1")
@@ -91,9 +92,12 @@ def test_wildcards_match_any_run_of_characters(tmp_path: Path) -> None:
     sec.allow_lookup(app(), "x.events")
     with pytest.raises(BrokerError, match="'produce' or 'consume'"):
         sec.allow_lookup(app(), "other")
-    sec.allow_two_phase_commit(app(), "pay-1-eu")
+    sec.allow_transactional_id(app(), "pay-1-us")
+    sec.allow_transactional_id(app(), "pay-1-eu", two_phase=True)
     with pytest.raises(BrokerError, match="'two_phase_commit' permission on transactional id"):
-        sec.allow_two_phase_commit(app(), "pay-1-us")
+        sec.allow_transactional_id(app(), "pay-1-us", two_phase=True)
+    with pytest.raises(BrokerError, match="'produce' permission on transactional id 'copy'"):
+        sec.allow_transactional_id(app(), "copy")
     # A pattern's dots and dashes are literal.
     with pytest.raises(BrokerError):
         sec.allow_consume(app(), "aXevents", "s")

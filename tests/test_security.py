@@ -347,6 +347,59 @@ async def test_transactions_need_what_they_touch_and_participants_the_cluster_ro
         assert (await sink.receive(timeout=10)).value == b"committed"
 
 
+async def test_the_producer_epoch_mode_needs_its_transactional_id(tmp_path: Path) -> None:
+    broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", auth=True)
+    broker.args = ["--allow-2pc"]
+    broker.start()
+    try:
+        grant(broker, "copier", "produce", "topic:out")
+        grant(broker, "copier", "consume", "topic:out")
+        grant(broker, "stranger", "produce", "topic:out")
+        async with Client(broker.url, token=broker.make_token("copier")) as client:
+            reader = await client.subscribe("out", "reader", initial_position="earliest")
+            producer = await client.create_transactional_producer("copier-1")
+            with pytest.raises(
+                errors.AuthorizationError, match="'produce' permission on transactional id"
+            ):
+                await producer.init_transactions()
+            grant(broker, "copier", "produce", "transactional-id:copier-*")
+            await producer.init_transactions()
+            await producer.begin_transaction()
+            await producer.send("out", b"kept")
+            # Another role that may write to "out" but not as copier-1 can
+            # neither end nor write into copier-1's transaction.
+            pid, epoch = producer.producer_id, producer.epoch
+            async with RawConnection(broker.url, token=broker.make_token("stranger")) as raw:
+                for kind, field, body in (
+                    (T.END_PRODUCER_TXN, "end_producer_txn", pb.CommandEndProducerTxn(
+                        request_id=1, producer_id=pid, producer_epoch=epoch,
+                        txn_action=pb.ABORT)),
+                    (T.PREPARE_PRODUCER_TXN, "prepare_producer_txn",
+                     pb.CommandPrepareProducerTxn(request_id=2, producer_id=pid,
+                                                  producer_epoch=epoch)),
+                    (T.PRODUCE, "produce", pb.CommandProduce(
+                        request_id=3, topic="out", producer_id=pid, producer_epoch=epoch,
+                        first_sequence=1, batch=pb.EntryBatch(
+                            messages=[pb.SingleMessage(payload=b"forged")]
+                        ).SerializeToString())),
+                ):  # fmt: skip
+                    answer = await raw.request(kind, field, body)
+                    assert answer.producer_txn_response.error == pb.AUTHORIZATION_ERROR, answer
+                    assert "transactional id 'copier-1'" in answer.producer_txn_response.message
+            await producer.commit_transaction()
+            assert (await reader.receive(timeout=10)).value == b"kept"
+            await nothing_more(reader)
+            # Two-phase commit needs two_phase_commit as well.
+            two_phase = await client.create_transactional_producer("copier-2pc", enable_2pc=True)
+            with pytest.raises(errors.AuthorizationError, match="'two_phase_commit'"):
+                await two_phase.init_transactions()
+            grant(broker, "copier", "two_phase_commit", "transactional-id:copier-2pc")
+            await two_phase.init_transactions()
+    finally:
+        broker.stop()
+        sys.stderr.write(broker.log())
+
+
 async def test_a_token_that_expires_ends_its_connection(broker: BrokerProcess) -> None:
     short = broker.make_token("admin", expires_in=2)
     async with RawConnection(broker.url, token=short) as raw:
