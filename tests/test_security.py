@@ -43,24 +43,21 @@ def admin_json(
     return status, json.loads(raw)
 
 
+def change_acl(
+    broker: BrokerProcess, action: str, role: str, permission: str, resource: str
+) -> None:
+    """POST /admin/v1/acl/grant or /revoke (``action``), which must succeed."""
+    body = {"role": role, "permission": permission, "resource": resource}
+    status, answer = admin_json(broker, "POST", f"/admin/v1/acl/{action}", body)
+    assert status == 200, answer
+
+
 def grant(broker: BrokerProcess, role: str, permission: str, resource: str) -> None:
-    status, body = admin_json(
-        broker,
-        "POST",
-        "/admin/v1/acl/grant",
-        {"role": role, "permission": permission, "resource": resource},
-    )
-    assert status == 200, body
+    change_acl(broker, "grant", role, permission, resource)
 
 
 def revoke(broker: BrokerProcess, role: str, permission: str, resource: str) -> None:
-    status, body = admin_json(
-        broker,
-        "POST",
-        "/admin/v1/acl/revoke",
-        {"role": role, "permission": permission, "resource": resource},
-    )
-    assert status == 200, body
+    change_acl(broker, "revoke", role, permission, resource)
 
 
 def topic_names(broker: BrokerProcess) -> set[str]:
