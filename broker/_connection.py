@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import WSMsgType, web
 from google.protobuf.message import DecodeError
 
+from broker._auth import NOBODY, Principal
 from broker._epoch import epoch_handlers
 from broker._errors import BrokerError, error_code, error_text
 from broker._transactions import CLUSTER_ROLE, Transactions
@@ -38,6 +40,8 @@ from buffer import (
     MessageId,
     PublishResult,
     Topic,
+    check_consumer_name,
+    check_producer_name,
     check_subscription_name,
     check_topic_name,
 )
@@ -92,13 +96,18 @@ class Connection:
         self.peer = peer
         self.producers: dict[int, _Producer] = {}
         self.consumers: dict[int, Consumer] = {}
-        # The roles this connection holds (none until it authenticates).
-        self.roles: frozenset[str] = frozenset()
+        # Who this connection is (`broker._auth`): until it authenticates,
+        # NOBODY, which may send nothing but CONNECT; the anonymous
+        # principal if the broker authenticates nobody. ``roles``: what
+        # `_require_role` looks for.
+        self.who: Principal = broker.security.anonymous
+        self.roles: frozenset[str] = self.who.roles
+        self._expiry: asyncio.TimerHandle | None = None  # the token's end
+        self._hangup = False  # close the socket once the answers queued are written
         self._out: collections.deque[bytes] = collections.deque()
         self._out_ready = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
-        self._hangup = False  # close the socket once the answers queued are written
         self.txns = txns = Transactions(self)
         self._handlers: dict[int, Callable[[pb.BaseCommand], None]] = {
             T.CONNECT: self._on_connect,
@@ -172,6 +181,8 @@ class Connection:
         if self._closed:
             return
         self._closed = True
+        if self._expiry is not None:
+            self._expiry.cancel()
         for consumer in self.consumers.values():
             self.broker.subscriptions.detach(consumer)
         self.consumers.clear()
@@ -205,8 +216,9 @@ class Connection:
                 self._handle(inner)
 
     def _handle(self, cmd: pb.BaseCommand) -> None:
-        if self._hangup:
-            return  # (refused: nothing more is served)
+        if self.who is NOBODY and cmd.type != T.CONNECT:
+            self._refuse_unauthenticated(cmd)
+            return
         handler = self._handlers.get(cmd.type)
         body = cmd.WhichOneof("command")
         if handler is None or body is None or _BODY_TYPE.get(body) != cmd.type:
@@ -264,6 +276,8 @@ class Connection:
             )
             self._hang_up()
             return
+        if not self._authenticate(cmd.connect):
+            return
         self.send(
             command(
                 T.CONNECTED,
@@ -277,11 +291,6 @@ class Connection:
             )
         )
 
-    def _hang_up(self) -> None:
-        """Serve nothing more; close the socket once the answers queued are out."""
-        self._hangup = True
-        self._out_ready.set()
-
     def _on_ping(self, cmd: pb.BaseCommand) -> None:
         self.send(command(T.PONG, "pong", pb.CommandPong()))
 
@@ -291,7 +300,9 @@ class Connection:
         async def work() -> pb.BaseCommand:
             resp = pb.CommandPartitionedMetadataResponse(request_id=req.request_id)
             try:
-                topic = await self.broker.topics.get_or_create(check_topic_name(req.topic))
+                name = check_topic_name(req.topic)
+                self.broker.security.allow_lookup(self.who, name)
+                topic = await self.broker.topics.get_or_create(name)
                 resp.partitions = len(topic.partitions)
             except InvalidNameError as exc:
                 resp.error = pb.INVALID_TOPIC_NAME
@@ -307,8 +318,12 @@ class Connection:
         )
         try:
             check_topic_name(req.topic)
+            self.broker.security.allow_lookup(self.who, req.topic)
         except InvalidNameError as exc:
             resp.error = pb.INVALID_TOPIC_NAME
+            resp.message = str(exc)
+        except BrokerError as exc:
+            resp.error = error_code(exc)
             resp.message = str(exc)
         self.send(command(T.LOOKUP_RESPONSE, "lookup_response", resp))
 
@@ -316,11 +331,15 @@ class Connection:
         req = cmd.producer
 
         async def work() -> pb.BaseCommand:
-            topic = await self.broker.topics.get_or_create(check_topic_name(req.topic))
+            name = check_topic_name(req.topic)
+            self.broker.security.allow_produce(self.who, name)
             if not req.producer_name:
                 raise ValueError("producer_name is required")
+            check_producer_name(req.producer_name)
+            topic = await self.broker.topics.get_or_create(name)
             if req.producer_id in self.producers:
                 raise ValueError(f"producer id {req.producer_id} is in use on this connection")
+            self.broker.security.allow_another("producer", len(self.producers))
             self.broker.claim_producer(topic.name, req.producer_name, self)
             self.producers[req.producer_id] = _Producer(req.producer_id, req.producer_name, topic)
             last = max(p.dedup.last_sequence_id(req.producer_name) for p in topic.partitions)
@@ -383,6 +402,11 @@ class Connection:
                 pb.PRODUCER_NOT_FOUND,
                 f"no producer {req.producer_id} on this connection (closed, or never created)",
             )
+            return
+        try:  # (a grant revoked since the producer was created)
+            self.broker.security.allow_produce(self.who, producer.topic.name)
+        except BrokerError as exc:
+            fail(pb.AUTHORIZATION_ERROR, str(exc))
             return
         if req.partition >= len(producer.topic.partitions):
             fail(
@@ -474,10 +498,14 @@ class Connection:
         async def work() -> pb.BaseCommand:
             topic_name = check_topic_name(req.topic)
             sub_name = check_subscription_name(req.subscription)
+            self.broker.security.allow_consume(self.who, topic_name, sub_name)
+            if req.consumer_name:
+                check_consumer_name(req.consumer_name)
             if req.sub_type not in _SUB_TYPES:
                 raise ValueError(f"unknown subscription type {req.sub_type}")
             if req.consumer_id in self.consumers:
                 raise ValueError(f"consumer id {req.consumer_id} is in use on this connection")
+            self.broker.security.allow_another("consumer", len(self.consumers))
             topic = await self.broker.topics.get_or_create(topic_name)
             consumer = Consumer(
                 consumer_id=req.consumer_id,
@@ -522,6 +550,8 @@ class Connection:
         if consumer is None:
             self._error(0, pb.CONSUMER_NOT_FOUND, f"no consumer {cmd.flow.consumer_id}")
             return
+        if not self._may_consume(consumer):
+            return
         consumer.add_permits(cmd.flow.permits)
 
     def _on_ack(self, cmd: pb.BaseCommand) -> None:
@@ -535,6 +565,7 @@ class Connection:
             try:
                 if consumer is None:
                     raise LookupError(f"no consumer {req.consumer_id} on this connection")
+                self.broker.security.allow_consume(self.who, consumer.topic, consumer.subscription)
                 by_part = _ack_positions(req)
                 cumulative = req.ack_type == pb.CommandAck.CUMULATIVE
                 key = None
@@ -564,6 +595,8 @@ class Connection:
         if consumer is None:
             self._error(0, pb.CONSUMER_NOT_FOUND, f"no consumer {req.consumer_id}")
             return
+        if not self._may_consume(consumer):
+            return
         ids = [MessageId(m.partition, m.entry_id, m.batch_index) for m in req.message_ids]
         self.broker.subscriptions.redeliver(consumer, ids or None)
 
@@ -589,6 +622,64 @@ class Connection:
                 f"{what} needs the {role!r} role, which this connection does not hold "
                 "(only a transaction's coordinator ends it on its participants)",
             )
+
+    # -- authentication and authorization (`broker._auth`) ---------------------------
+
+    def _authenticate(self, req: pb.CommandConnect) -> bool:
+        """CONNECT's credentials make the connection's principal (a repeated
+        CONNECT must keep the role). False if refused: AUTHENTICATION_ERROR
+        is answered and the connection closed."""
+        try:
+            who = self.broker.security.authenticate(req.auth_method, req.auth_data)
+            if self.who is not NOBODY and who.role != self.who.role:
+                raise BrokerError(
+                    "AUTHENTICATION_ERROR",
+                    f"this connection is {self.who.name}; a CONNECT cannot change it",
+                )
+        except BrokerError as exc:
+            self._error(0, error_code(exc), error_text(exc))
+            self._hang_up()
+            return False
+        self.who, self.roles = who, who.roles
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        if who.expires is not None:
+            delay = max(0.0, who.expires - time.time())
+            self._expiry = asyncio.get_running_loop().call_later(delay, self._token_expired)
+        return True
+
+    def _token_expired(self) -> None:
+        self._error(0, pb.AUTHENTICATION_ERROR, "the token has expired: connect with a new one")
+        self._hang_up()
+
+    def _refuse_unauthenticated(self, cmd: pb.BaseCommand) -> None:
+        if not self._hangup:
+            name = T.Type.Name(cmd.type) if cmd.type in T.Type.values() else str(cmd.type)
+            self._error(
+                _request_id(cmd),
+                pb.AUTHENTICATION_ERROR,
+                f"{name} before a CONNECT with a valid token: this broker serves only "
+                "authenticated connections",
+            )
+            self._hang_up()
+
+    def _hang_up(self) -> None:
+        """Serve nothing more; close the socket once the answers queued are out."""
+        self.who = NOBODY
+        self.roles = frozenset()
+        self._hangup = True
+        self._out_ready.set()
+
+    def _may_consume(self, consumer: Consumer) -> bool:
+        """FLOW and REDELIVER (no answer of their own): False, after an
+        ERROR, if the connection may no longer consume there."""
+        try:
+            self.broker.security.allow_consume(self.who, consumer.topic, consumer.subscription)
+        except BrokerError as exc:
+            self._error(0, error_code(exc), error_text(exc))
+            return False
+        return True
 
 
 def _ack_positions(req: pb.CommandAck) -> dict[int, list[tuple[int, int]]]:

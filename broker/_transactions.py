@@ -178,6 +178,7 @@ class Transactions:
             parts = []
             for ref in req.partitions:
                 topic = self.broker.topics.get(check_topic_name(ref.topic))
+                self.broker.security.allow_produce(self.conn.who, ref.topic)
                 if topic is None or ref.partition >= len(topic.partitions):
                     raise ValueError(f"no partition {ref.topic}/{ref.partition}")
                 parts.append((ref.topic, ref.partition))
@@ -201,6 +202,8 @@ class Transactions:
             ]
             if not subs:
                 raise ValueError("name at least one subscription")
+            for topic_name, sub in subs:  # (all checked before any is added)
+                self.broker.security.allow_consume(self.conn.who, topic_name, sub)
             for topic_name, sub in subs:
                 tc.add_subscription(txnid, topic_name, sub)
         except Exception as exc:
@@ -217,12 +220,33 @@ class Transactions:
         task; otherwise the coordinator decides now, in the group commit of
         those sends and acks, and END is answered from a callback."""
         req = cmd.end_txn
+        if not self._may_end(req):
+            return
         following = self._open_next(req) if req.HasField("next_txn_ttl_ms") else None
         ops = self._txn_ops.get((req.txnid_most_bits, req.txnid_least_bits))
         if req.after_ops and req.txn_action == pb.COMMIT and ops is not None:
             self.conn._spawn(self._end_after_ops(req, following))
             return
         self._end(req, following)
+
+    def _may_end(self, req: pb.CommandEndTxn) -> bool:
+        """END_TXN needs what writing the transaction needed (`broker._auth`).
+        False, after a refusal, if this connection lacks it. A transaction
+        unknown here is left to the END to answer."""
+        who = self.conn.who
+        if who.superuser:
+            return True
+        txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
+        tc = self.broker.coordinators.get(txnid.tcid)
+        meta = tc.get(txnid) if tc is not None else None
+        if meta is None:
+            return True
+        try:
+            self.broker.security.allow_end(who, meta.partitions, meta.subscriptions)
+        except BrokerError as exc:
+            self._txn_respond(req, "end transaction", exc)
+            return False
+        return True
 
     async def _end_after_ops(self, req: pb.CommandEndTxn, following: TxnID | None) -> None:
         try:

@@ -18,11 +18,15 @@ from buffer._entries import (
 )
 from buffer._names import (
     MAX_PARTITIONS,
+    QUOTE_LIMIT,
     InvalidNameError,
     MessageId,
     Position,
+    check_consumer_name,
+    check_producer_name,
     check_subscription_name,
     check_topic_name,
+    quoted,
 )
 from buffer._partition import Partition
 from buffer._topics import PartitionCountError, Topic, Topics
@@ -45,6 +49,7 @@ __all__ = [
     "COMMIT_MARKER",
     "DATA",
     "MAX_PARTITIONS",
+    "QUOTE_LIMIT",
     "DuplicateTooOldError",
     "EpochProducer",
     "InvalidNameError",
@@ -65,12 +70,15 @@ __all__ = [
     "TxnInfo",
     "TxnKey",
     "TxnState",
+    "check_consumer_name",
+    "check_producer_name",
     "check_subscription_name",
     "check_topic_name",
     "entry_count",
     "entry_kind",
     "entry_meta",
     "epoch_producer_name",
+    "quoted",
     "sidecar_ledger_name",
     "txn_run_start",
 ]

@@ -5,9 +5,11 @@ broker's coordinator)."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
+from broker._auth import AclStore, Security
 from broker._connection import Connection
 from broker._errors import BrokerError
 from broker._transactions import Transactions
@@ -26,6 +28,7 @@ class _Coordinator:
 class _Broker:
     def __init__(self) -> None:
         self.tc = _Coordinator()
+        self.security = Security(AclStore(Path("unused-acl.json")))  # (never written)
 
     def coordinator(self, txnid: TxnID) -> _Coordinator:
         return self.tc
