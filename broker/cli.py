@@ -1,4 +1,4 @@
-"""The `txnbuf` command line: ``txnbuf serve``.
+"""The `txnbuf` command line: ``txnbuf serve``, ``txnbuf check``, ``txnbuf check-data``.
 
 ``txnbuf serve`` with no arguments runs one broker on 127.0.0.1:6650 with its
 data in ./txnbuf-data. SIGTERM and SIGINT stop it cleanly: connections are
@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
+from broker._checkdata import add_check_data_parser, run_check_data
 from broker._server import Broker, make_app
 from ledger import LedgerError
 
@@ -102,9 +103,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from checker._cli import add_check_parser, run_check
 
     add_check_parser(commands)
+    add_check_data_parser(commands)
     args = parser.parse_args(argv)
     if args.command == "check":
         return run_check(args)
+    if args.command == "check-data":
+        return run_check_data(args)
     logging.basicConfig(
         level=args.log_level.upper(),
         stream=sys.stderr,

@@ -27,6 +27,10 @@ from buffer._names import (
 from buffer._partition import Partition
 from buffer._topics import PartitionCountError, Topic, Topics
 from buffer._txnbuffer import (
+    TXN_ABORT,
+    TXN_COMMIT,
+    TXN_DATA,
+    TXN_SNAPSHOT,
     TransactionBuffer,
     TransactionBufferError,
     TxnConflictError,
@@ -34,6 +38,10 @@ from buffer._txnbuffer import (
     TxnInfo,
     TxnKey,
     TxnState,
+    abort_record,
+    commit_record,
+    decode_commit_marker,
+    decode_sidecar_record,
     sidecar_ledger_name,
 )
 
@@ -41,6 +49,10 @@ __all__ = [
     "COMMIT_MARKER",
     "DATA",
     "MAX_PARTITIONS",
+    "TXN_ABORT",
+    "TXN_COMMIT",
+    "TXN_DATA",
+    "TXN_SNAPSHOT",
     "DuplicateTooOldError",
     "InvalidNameError",
     "MessageId",
@@ -58,8 +70,12 @@ __all__ = [
     "TxnInfo",
     "TxnKey",
     "TxnState",
+    "abort_record",
     "check_subscription_name",
     "check_topic_name",
+    "commit_record",
+    "decode_commit_marker",
+    "decode_sidecar_record",
     "entry_count",
     "entry_kind",
     "entry_meta",

@@ -64,6 +64,8 @@ from subscriptions._cursor import (
     check_txn_key,
     decode_record,
     encode_record,
+    replay_cursor,
+    txn_end_record,
     txn_text,
 )
 from subscriptions._state import InvalidAckTransition, MsgState
@@ -224,28 +226,7 @@ class PartitionSubscription:
             uncommitted = (uledger, await _load_uncommitted(uledger))
             count = _count_without_markers(partition)
         entries = await ledger.read(ledger.first_entry_id, ledger.last_entry_id)
-        if not entries or entries[0].meta != SNAPSHOT:
-            raise RuntimeError(f"cursor ledger {ledger.name} does not start with a snapshot")
-        cursor = Cursor.from_snapshot(entries[0].data)
-        last = partition.ledger.last_entry_id
-        ended: list[TxnKey] = []
-        for entry in entries[1:]:
-            if entry.meta == SNAPSHOT:
-                cursor = Cursor.from_snapshot(entry.data)
-                continue
-            try:
-                record = AckRecord.decode(entry.meta, entry.data)
-            except ValueError as exc:
-                raise RuntimeError(
-                    f"cursor ledger {ledger.name}, entry {entry.entry_id}: {exc}"
-                ) from exc
-            try:
-                cursor.apply(record.kind, record.positions, count, last, record.txn)
-            except InvalidAckTransition as exc:
-                # Refused when it was applied live too: it changes nothing.
-                log.info("%s: record %d refused on replay: %s", ledger.name, entry.entry_id, exc)
-            if record.kind in (TXN_COMMIT, TXN_ABORT) and record.txn is not None:
-                ended.append(record.txn)
+        cursor, ended = replay_cursor(ledger.name, entries, count, partition.ledger.last_entry_id)
         sub = cls(partition, name, ledger, cursor, uncommitted)
         sub._records_since_snapshot = len(entries) - 1
         for txn in ended:
@@ -512,7 +493,7 @@ class PartitionSubscription:
             r.kind == TXN_ACK and r.txn == txn for r in self._inflight
         ):
             return None
-        return self._persist(AckRecord(TXN_COMMIT if commit else TXN_ABORT, (), txn))
+        return self._persist(txn_end_record(txn, commit))
 
     def _check_txn(self, txn: object) -> TxnKey:
         try:

@@ -13,6 +13,7 @@ from tc._coordinator import (
     StuckParticipant,
     TransactionCoordinator,
 )
+from tc._log import TxnLog
 from tc._status import (
     TRANSITIONS,
     InvalidTxnStatusError,
@@ -33,6 +34,7 @@ __all__ = [
     "TransactionCoordinator",
     "TxnEvent",
     "TxnID",
+    "TxnLog",
     "TxnMeta",
     "TxnNotFoundError",
     "TxnStatus",
