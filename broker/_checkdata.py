@@ -30,8 +30,8 @@ would do exactly the same, or when it drops a ledger nothing can read:
   aborted or forgot, as the broker's start does (`Broker._abort_orphans`);
 - ``dangling-ledger`` and ``leftover-ledger``: drop a ledger of a partition
   that does not exist (or a read_uncommitted ledger whose subscription was
-  never created), unless a coordinator here has an unfinished transaction
-  on it.
+  never created), unless a decided, unfinished transaction of a coordinator
+  here names it.
 
 Nothing else is repaired: every other class means data is lost, or two
 durable records contradict each other and only an operator can say which is
@@ -43,6 +43,7 @@ error or data that cannot be opened (a running broker).
 from __future__ import annotations
 
 import argparse
+import array
 import asyncio
 import json
 import sys
@@ -84,7 +85,6 @@ __all__ = [
 DB_NAME = "broker.db"
 PROGRESS_EVERY = 1000  # ledgers between progress lines
 _CHUNK = 256  # entries read at a time from a long ledger
-_TC_SHIFT = 48  # a TxnID's TCID is the high 16 bits of most_bits
 _TOPICS = "__meta/topics"
 
 PROBLEM, INFO = "problem", "info"
@@ -223,8 +223,8 @@ CLASSES: dict[str, FindingClass] = {
         "a sidecar, dedup, cursor or read_uncommitted ledger of a partition that does "
         "not exist (no topic record, no partition ledger): nothing reads it, and a topic "
         "created later under that name would pick it up",
-        "--fix drops it (unless a coordinator here still has an unfinished transaction "
-        "on it: then end that transaction first)",
+        "--fix drops it (unless a decided, unfinished transaction of a coordinator here "
+        "names it: then let the broker finish that transaction first)",
     ),
     "orphan-partition": FindingClass(
         PROBLEM,
@@ -416,6 +416,27 @@ async def _read_ids(log: _Log, ids: Sequence[int]) -> dict[int, Entry]:
     return found
 
 
+def _no_entries(entry_id: int) -> int:
+    return 0
+
+
+def _entry_counts(metas: list[tuple[int, int]]) -> Callable[[int], int]:
+    """Message count of each entry of a partition, by entry id (0 if trimmed
+    or unknown), from its ``(entry id, meta)``: an array, as the broker keeps
+    them, when the ids are contiguous."""
+    if not metas or metas[-1][0] - metas[0][0] + 1 != len(metas):
+        by_id = {e: entry_count(m) for e, m in metas}
+        return lambda entry_id: by_id.get(entry_id, 0)
+    base = metas[0][0]
+    counts = array.array("I", [entry_count(m) for _, m in metas])
+
+    def count(entry_id: int) -> int:
+        i = entry_id - base
+        return counts[i] if 0 <= i < len(counts) else 0
+
+    return count
+
+
 @dataclass(slots=True)
 class _Sidecar:
     """What the check learns of a sidecar log."""
@@ -443,6 +464,7 @@ class _Check:
         self.done = 0
         self.tables: dict[int, TxnTable] = {}
         self.topics: dict[str, int] | None = {}  # None: the topic list is unreadable
+        self.blind = False  # a coordinator log is unreadable: its decisions are unknown
 
     # -- helpers --------------------------------------------------------------------
 
@@ -459,7 +481,7 @@ class _Check:
 
     def decision(self, txn: TxnKey) -> tuple[bool, TxnMeta | None]:
         """(is ``txn``'s coordinator log in this data, what it knows of ``txn``)."""
-        table = self.tables.get(txn[0] >> _TC_SHIFT)
+        table = self.tables.get(TxnID(*txn).tcid)
         if table is None:
             self.report.unchecked.add(txn)
             return False, None
@@ -543,7 +565,13 @@ class _Check:
             # which a read-only ledger has as well.
             await TxnLog(cast(Ledger, log)).replay(table)
         except Exception as exc:
-            self.find("unreadable", [name], f"coordinator {tcid}'s log cannot be replayed: {exc}")
+            self.find(
+                "unreadable",
+                [name],
+                f"coordinator {tcid}'s log cannot be replayed ({exc}); no ledger is dropped "
+                "while it is",
+            )
+            self.blind = True
             return
         self.tables[tcid] = table
         self.report.counts["coordinators"] += 1
@@ -572,7 +600,7 @@ class _Check:
         plog = self.store.get_ledger(pname)
         first, last = (plog.first_entry_id, plog.last_entry_id) if plog else (0, -1)
         self.report.counts["partitions"] += 1
-        counts: dict[int, int] = {}
+        counts: Callable[[int], int] = _no_entries
         marker_ids: list[int] = []
         markers: dict[int, tuple[TxnKey, tuple[int, ...], int]] = {}
         if plog is not None:
@@ -585,7 +613,7 @@ class _Check:
                     "its entry ids are not contiguous (an entry was deleted): the broker "
                     "refuses to load the partition",
                 )
-            counts = {e: entry_count(m) for e, m in metas}
+            counts = _entry_counts(metas)
             marker_ids.extend(e for e, m in metas if entry_kind(m) == COMMIT_MARKER)
             for entry_id, entry in (await _read_ids(plog, marker_ids)).items():
                 try:
@@ -776,7 +804,7 @@ class _Check:
                     "orphan-open-txn",
                     objects,
                     f"open on {pname} (sidecar records from entry {entry_id}), {state} "
-                    f"coordinator {key[0] >> _TC_SHIFT}",
+                    f"coordinator {TxnID(*key).tcid}",
                     Repair("append", xname, data, meta_bits, "TXN_ABORT"),
                 )
             elif meta.status is TxnStatus.COMMITTED:
@@ -794,7 +822,7 @@ class _Check:
         pname: str,
         first: int,
         last: int,
-        counts: dict[int, int],
+        counts: Callable[[int], int],
         empty: set[int],
     ) -> None:
         clog = self.store.get_ledger(cname)
@@ -803,7 +831,7 @@ class _Check:
         self.report.counts["subscription cursors"] += 1
 
         def count(entry_id: int) -> int:  # (as the broker counts: 0 if trimmed)
-            return 0 if entry_id in empty else counts.get(entry_id, 0)
+            return 0 if entry_id in empty else counts(entry_id)
 
         try:
             entries = await clog.read(clog.first_entry_id, clog.last_entry_id)
@@ -835,7 +863,7 @@ class _Check:
                 "stale-pending-ack",
                 objects,
                 f"{n} messages of {topic} held in PENDING_ACK for subscription {sub!r}, "
-                f"{state} coordinator {key[0] >> _TC_SHIFT}",
+                f"{state} coordinator {TxnID(*key).tcid}",
                 Repair("append", cname, record.encode(), record.kind, "TXN_ABORT"),
             )
 
@@ -866,7 +894,7 @@ class _Check:
     def check_dangling(self, topic: str, index: int, group: dict[str, list[str]]) -> None:
         names = [n for kind in ("p", "d", "x", "c", "u") for n in group.get(kind, [])]
         self.tick(len(names))
-        known = self.topics is not None
+        known = self.topics is not None and not self.blind
         why = (
             f"topic {topic!r} is not in the topic list"
             if topic not in (self.topics or {})

@@ -2,8 +2,10 @@
 stopped broker's data (``txnbuf check-data``).
 
 `ReadOnlyStore` opens the database with SQLite's ``mode=ro``: nothing it does
-changes the database. (To read a WAL database SQLite still creates the
-``-wal`` and ``-shm`` files beside it if they are missing, empty.) It holds a
+changes the database or its write-ahead log, not even a checkpoint. (To read
+a WAL database SQLite still creates the ``-wal`` and ``-shm`` files beside it
+if they are missing, and rebuilds the ``-shm`` index of the log after a
+crash, as any reader does.) It holds a
 shared lock on the lock file that a `LedgerStore`'s writer process holds
 exclusively for its life (`ledger._writer.lock`), so it refuses a database a
 broker has open, and a broker that starts meanwhile waits for it to close
