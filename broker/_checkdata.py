@@ -48,7 +48,7 @@ import asyncio
 import json
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -67,7 +67,7 @@ from buffer import (
     entry_count,
     entry_kind,
 )
-from ledger import Entry, Ledger, LedgerError, LedgerStore, ReadOnlyStore
+from ledger import Entry, Ledger, LedgerError, LedgerStore, ReadOnlyStore, read_runs
 from subscriptions import Cursor, replay_cursor, txn_end_record
 from tc import TxnID, TxnLog, TxnMeta, TxnStatus, TxnTable
 
@@ -400,22 +400,6 @@ async def _chunks(log: _Log) -> AsyncIterator[Entry]:
             yield entry
 
 
-async def _read_ids(log: _Log, ids: Sequence[int]) -> dict[int, Entry]:
-    """The entries ``ids`` (sorted) that exist, one read per run of nearby ids."""
-    found: dict[int, Entry] = {}
-    i = 0
-    while i < len(ids):
-        j = i
-        while j + 1 < len(ids) and ids[j + 1] - ids[i] < _CHUNK:
-            j += 1
-        wanted = set(ids[i : j + 1])
-        for entry in await log.read(ids[i], ids[j]):
-            if entry.entry_id in wanted:
-                found[entry.entry_id] = entry
-        i = j + 1
-    return found
-
-
 def _no_entries(entry_id: int) -> int:
     return 0
 
@@ -615,7 +599,7 @@ class _Check:
                 )
             counts = _entry_counts(metas)
             marker_ids.extend(e for e, m in metas if entry_kind(m) == COMMIT_MARKER)
-            for entry_id, entry in (await _read_ids(plog, marker_ids)).items():
+            for entry_id, entry in (await read_runs(plog, marker_ids, _CHUNK)).items():
                 try:
                     key, ids = decode_commit_marker(entry.data)
                 except TransactionBufferError as exc:
@@ -961,6 +945,7 @@ async def check_data(
         finally:
             ro.close()
         return report
+    ReadOnlyStore.open(path).close()  # (a ledger database, not in use: else nothing is written)
     store = await LedgerStore.open(path, lock_wait=0.0)
     try:
         check = _Check(store, report, progress, progress_every)

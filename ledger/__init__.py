@@ -16,6 +16,7 @@ from ledger._store import (
     LedgerError,
     LedgerStore,
     pass_failure,
+    read_runs,
     settled,
     unawaited,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "ReadOnlyStore",
     "faults",
     "pass_failure",
+    "read_runs",
     "settled",
     "unawaited",
 ]

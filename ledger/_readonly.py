@@ -143,6 +143,8 @@ def _shared_lock(path: str) -> int | None:
         fd = os.open(_writer.lock_path(path), os.O_RDONLY)
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        raise LedgerError(f"cannot open the lock file of {path}: {exc}") from exc
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -47,7 +47,7 @@ from itertools import repeat
 from sortedcontainers import SortedSet
 
 from buffer import DATA, Partition, Position, TransactionBuffer, entry_count, entry_kind
-from ledger import Entry, Ledger, faults, unawaited
+from ledger import Entry, Ledger, faults, read_runs, unawaited
 from proto import txnbuf_pb2 as pb
 from subscriptions._cursor import (
     CUMULATIVE,
@@ -896,14 +896,14 @@ class PartitionSubscription:
         part = self.partition
         fetched: dict[int, Entry | None] = dict.fromkeys(entry_ids)
         committed = [e for e in entry_ids if e >= -1]
-        for entry in (await _read_runs(part.ledger, committed)).values():
+        for entry in (await read_runs(part.ledger, committed, READ_BATCH)).values():
             if entry_kind(entry.meta) != DATA:
                 entry = Entry(entry.entry_id, entry.meta, await part.materialize(entry))
             fetched[entry.entry_id] = entry
         buffer = self._buffer
         sidecar_ids = sorted(from_wire((e, 0))[0] for e in entry_ids if e < -1)
         if buffer is not None and sidecar_ids:
-            for entry in (await _read_runs(buffer.sidecar, sidecar_ids)).values():
+            for entry in (await read_runs(buffer.sidecar, sidecar_ids, READ_BATCH)).values():
                 batch = buffer.uncommitted_batch(entry)
                 if batch is not None:
                     wire_id = to_wire((entry.entry_id, 0))[0]
@@ -993,22 +993,6 @@ def _snapshot_then_trim(ledger: Ledger, snapshot: bytes, meta: int) -> None:
             ledger.trim(fut.result())
 
     fut.add_done_callback(trim)
-
-
-async def _read_runs(ledger: Ledger, entry_ids: list[int]) -> dict[int, Entry]:
-    """The entries ``entry_ids`` (sorted) that exist, one read per run of nearby ids."""
-    found: dict[int, Entry] = {}
-    i = 0
-    while i < len(entry_ids):
-        j = i
-        while j + 1 < len(entry_ids) and entry_ids[j + 1] - entry_ids[i] < READ_BATCH:
-            j += 1
-        wanted = set(entry_ids[i : j + 1])
-        for entry in await ledger.read(entry_ids[i], entry_ids[j]):
-            if entry.entry_id in wanted:
-                found[entry.entry_id] = entry
-        i = j + 1
-    return found
 
 
 async def _load_uncommitted(ledger: Ledger) -> UncommittedCursor:

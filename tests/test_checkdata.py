@@ -293,6 +293,11 @@ def test_usage_errors(tmp_path: Path) -> None:
     assert not (tmp_path / "broker.db").exists()  # nothing created
     result = txnbuf("check-data", "--progress-every", "0", str(tmp_path))
     assert result.returncode == 2 and "--progress-every" in result.stderr
+    (tmp_path / "broker.db").write_bytes(b"")
+    for fix in ([], ["--fix"]):
+        result = txnbuf("check-data", *fix, str(tmp_path))
+        assert result.returncode == 2 and "not a readable ledger database" in result.stderr
+        assert (tmp_path / "broker.db").read_bytes() == b""  # (--fix wrote no schema into it)
 
 
 async def test_progress_lines(broker: BrokerProcess) -> None:
