@@ -1,4 +1,5 @@
-"""The HTTP admin API (JSON under /admin/v1) and Prometheus text at /metrics.
+"""The HTTP admin API (JSON under /admin/v1), Prometheus text at /metrics,
+and at / the admin web page (broker/static/admin.html), which reads them.
 
 Errors are JSON too: ``{"error": "<what was wrong>"}`` with status 400 (bad
 input, nothing changed), 404 (no such topic) or 405/415 as aiohttp gives.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -15,9 +17,18 @@ from aiohttp import web
 from broker._server import BROKER_KEY, Broker
 from buffer import InvalidNameError, PartitionCountError, check_topic_name
 from subscriptions import WHOLE_ENTRY
-from tc import InvalidTxnStatusError, NotStuckError, TransactionCoordinator, TxnID, TxnStatus
+from tc import (
+    InvalidTxnStatusError,
+    NotStuckError,
+    TransactionCoordinator,
+    TxnID,
+    TxnStatus,
+    coordinator_of,
+)
 
 __all__ = ["add_admin_routes"]
+
+ADMIN_PAGE = Path(__file__).parent / "static" / "admin.html"
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -135,6 +146,13 @@ async def metrics(request: web.Request) -> web.Response:
         "partition or subscription",
         "# TYPE txnbuf_participant_end_failures_total counter",
         f"txnbuf_participant_end_failures_total {failures}",
+    ]
+    open_max = max((tc.active_open_time_max_ms() for tc in broker.coordinators.values()), default=0)
+    lines += [
+        "# HELP txnbuf_active_transaction_open_time_max_seconds The longest a transaction not "
+        "yet decided (open or prepared) has been open (KIP-939)",
+        "# TYPE txnbuf_active_transaction_open_time_max_seconds gauge",
+        f"txnbuf_active_transaction_open_time_max_seconds {open_max / 1000:.3f}",
     ]
     lines.append("# TYPE txnbuf_backlog_messages gauge")
     for name in broker.topics.names():
@@ -259,6 +277,49 @@ async def resolve_transaction(request: web.Request) -> web.Response:
     return web.json_response({"txnid": str(txnid), "action": action, "participants": count})
 
 
+# -- transactional producers (the producer-epoch mode) -------------------------------
+
+
+async def list_producers(request: web.Request) -> web.Response:
+    """Every transactional id, on every coordinator here."""
+    broker = request.app[BROKER_KEY]
+    found = [
+        {"tc_id": tcid, **entry.to_json()}
+        for tcid, tc in sorted(broker.coordinators.items())
+        for entry in tc.producers()
+    ]
+    found.sort(key=lambda e: e["transactional_id"])
+    return web.json_response({"producers": found})
+
+
+def _producer_coordinator(broker: Broker, transactional_id: str) -> TransactionCoordinator:
+    return broker.coordinators[coordinator_of(transactional_id, list(broker.coordinators))]
+
+
+async def get_producer(request: web.Request) -> web.Response:
+    broker = request.app[BROKER_KEY]
+    tid = request.match_info["transactional_id"]
+    tc = _producer_coordinator(broker, tid)
+    entry = tc.producer(tid)
+    if entry is None:
+        return _error(404, f"no transactional id {tid[:200]!r}")
+    return web.json_response({"tc_id": tc.tcid, **entry.to_json()})
+
+
+async def terminate_producer(request: web.Request) -> web.Response:
+    """KIP-939's forceTerminateTransaction: fence the transactional id's
+    producer and abort its ongoing transaction (prepared or not)."""
+    broker = request.app[BROKER_KEY]
+    tid = request.match_info["transactional_id"]
+    tc = _producer_coordinator(broker, tid)
+    if tc.producer(tid) is None:
+        return _error(404, f"no transactional id {tid[:200]!r}")
+    await tc.terminate_producer(tid)
+    entry = tc.producer(tid)
+    assert entry is not None
+    return web.json_response({"tc_id": tc.tcid, **entry.to_json()})
+
+
 async def list_coordinators(request: web.Request) -> web.Response:
     broker = request.app[BROKER_KEY]
     out = []
@@ -270,7 +331,12 @@ async def list_coordinators(request: web.Request) -> web.Response:
     return web.json_response({"coordinators": out})
 
 
+async def admin_page(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(ADMIN_PAGE, headers={"Cache-Control": "no-cache"})
+
+
 def add_admin_routes(app: web.Application) -> None:
+    app.router.add_get("/", admin_page)
     app.router.add_get("/admin/v1/health", health)
     app.router.add_get("/admin/v1/topics", list_topics)
     app.router.add_put("/admin/v1/topics/{topic}", put_topic)
@@ -280,4 +346,7 @@ def add_admin_routes(app: web.Application) -> None:
     app.router.add_post("/admin/v1/transactions/{txnid}/abort", abort_transaction)
     app.router.add_post("/admin/v1/transactions/{txnid}/resolve", resolve_transaction)
     app.router.add_get("/admin/v1/coordinators", list_coordinators)
+    app.router.add_get("/admin/v1/producers", list_producers)
+    app.router.add_get("/admin/v1/producers/{transactional_id}", get_producer)
+    app.router.add_post("/admin/v1/producers/{transactional_id}/terminate", terminate_producer)
     app.router.add_get("/metrics", metrics)

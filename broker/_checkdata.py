@@ -69,7 +69,7 @@ from buffer import (
 )
 from ledger import Entry, Ledger, LedgerError, LedgerStore, ReadOnlyStore, read_runs
 from subscriptions import Cursor, replay_cursor, txn_end_record
-from tc import TxnID, TxnLog, TxnMeta, TxnStatus, TxnTable
+from tc import ProducerRegistry, TxnID, TxnLog, TxnMeta, TxnStatus, TxnTable
 
 __all__ = [
     "CLASSES",
@@ -110,6 +110,13 @@ CLASSES: dict[str, FindingClass] = {
         "a transaction OPEN at its coordinator (its client had not ended it when the "
         "broker stopped)",
         "the broker aborts it on start; its client's commit then fails",
+    ),
+    "prepared-at-coordinator": FindingClass(
+        INFO,
+        "a transaction PREPARED at its coordinator (two-phase commit): its writes are "
+        "durable and it waits for the decision its application makes",
+        "kept across restarts, never timed out: the application commits or aborts it "
+        "(complete_transaction), or an operator aborts it",
     ),
     "commit-unrecorded": FindingClass(
         INFO,
@@ -547,7 +554,7 @@ class _Check:
         try:
             # TxnLog reads its ledger through read_meta, read and the entry ids only,
             # which a read-only ledger has as well.
-            await TxnLog(cast(Ledger, log)).replay(table)
+            await TxnLog(cast(Ledger, log)).replay(table, ProducerRegistry(tcid))
         except Exception as exc:
             self.find(
                 "unreadable",
@@ -565,7 +572,13 @@ class _Check:
             where += [f"subscription {t}/{s}" for t, s in meta.subscriptions]
             on = f" on {', '.join(where)}" if where else ""
             txn = (meta.txnid.most_bits, meta.txnid.least_bits)
-            if meta.status is TxnStatus.OPEN:
+            if meta.status is TxnStatus.PREPARED:
+                self.find(
+                    "prepared-at-coordinator",
+                    [name, _txn(txn)],
+                    f"PREPARED at coordinator {tcid}{on}, waiting for its application's decision",
+                )
+            elif meta.status is TxnStatus.OPEN:
                 self.find(
                     "open-at-coordinator",
                     [name, _txn(txn)],

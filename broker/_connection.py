@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import WSMsgType, web
 from google.protobuf.message import DecodeError
 
+from broker._epoch import epoch_handlers
 from broker._errors import BrokerError, error_code, error_text
 from buffer import (
     InvalidNameError,
@@ -135,6 +136,7 @@ class Connection:
             T.END_TXN_ON_SUBSCRIPTION: self._on_end_txn_on_subscription,
             T.BATCH: self._on_batch,
         }
+        self._handlers.update(epoch_handlers(self))  # (the producer-epoch mode)
 
     # -- the loops ------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from aiohttp import web
 from broker._checkdata import add_check_data_parser, run_check_data
 from broker._server import Broker, make_app
 from ledger import LedgerError
+from tc import DEFAULT_EXPIRATION_MS, MAX_TXN_TIMEOUT_MS, ProducerSettings
 
 __all__ = ["main", "serve"]
 
@@ -35,10 +36,21 @@ log = logging.getLogger("txnbuf")
 GC_GEN0_THRESHOLD = 20_000
 
 
-async def serve(data_dir: str, host: str, port: int, tc_ids: tuple[int, ...] = (0,)) -> None:
+async def serve(
+    data_dir: str,
+    host: str,
+    port: int,
+    tc_ids: tuple[int, ...] = (0,),
+    producer_settings: ProducerSettings | None = None,
+) -> None:
     """Run a broker until SIGTERM or SIGINT."""
     try:
-        broker = await Broker.open(data_dir, url=f"http://{host}:{port}", tc_ids=tc_ids)
+        broker = await Broker.open(
+            data_dir,
+            url=f"http://{host}:{port}",
+            tc_ids=tc_ids,
+            producer_settings=producer_settings,
+        )
     except LedgerError as exc:  # (another broker on this data directory, a broken disk)
         raise SystemExit(f"txnbuf: cannot open the data in {data_dir}: {exc}") from None
     gc.collect()
@@ -99,6 +111,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=(0,),
         help="transaction coordinators to run here, comma-separated TCIDs (0)",
     )
+    p.add_argument(
+        "--allow-2pc",
+        action="store_true",
+        help="let transactional producers enable two-phase commit (KIP-939; off)",
+    )
+    p.add_argument(
+        "--max-transaction-timeout",
+        type=float,
+        default=MAX_TXN_TIMEOUT_MS / 1000,
+        metavar="SECONDS",
+        help="the longest transaction timeout a transactional producer may ask for (900)",
+    )
+    p.add_argument(
+        "--transactional-id-expiration",
+        type=float,
+        default=DEFAULT_EXPIRATION_MS / 1000,
+        metavar="SECONDS",
+        help="forget a transactional id idle this long (604800: 7 days)",
+    )
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (INFO)")
     from checker._cli import add_check_parser, run_check
 
@@ -117,7 +148,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve":
         loop_factory = _event_loop_factory()
         with asyncio.Runner(loop_factory=loop_factory) as runner:
-            runner.run(serve(args.data_dir, args.host, args.port, args.tc_ids))
+            settings = ProducerSettings(
+                max_txn_timeout_ms=round(args.max_transaction_timeout * 1000),
+                expiration_ms=round(args.transactional_id_expiration * 1000),
+                allow_two_phase=args.allow_2pc,
+            )
+            runner.run(serve(args.data_dir, args.host, args.port, args.tc_ids, settings))
     return 0
 
 

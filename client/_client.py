@@ -11,6 +11,7 @@ from types import TracebackType
 
 from ._connection import Command, Connection, command
 from ._consumer import Consumer
+from ._epoch import TransactionalProducer
 from ._producer import Producer
 from ._spares import Spare, SparePool
 from ._txn import Transaction, TxnID, TxnState
@@ -88,6 +89,24 @@ class Client:
         except BrokerConnectionError:
             self._closed = True  # the connection gave up; make a new Client
             raise
+
+    async def create_transactional_producer(
+        self,
+        transactional_id: str,
+        *,
+        transaction_timeout: float = 60.0,
+        enable_2pc: bool = False,
+    ) -> TransactionalProducer:
+        """A producer of the producer-epoch mode (Kafka's transactional
+        producer, see ``client._epoch``): call ``init_transactions()`` first.
+        Instances with the same ``transactional_id`` fence each other;
+        ``enable_2pc`` (KIP-939) makes its transactions never time out and
+        lets it ``prepare_transaction()`` (the broker must allow it)."""
+        _check_name("transactional_id", transactional_id)
+        if not enable_2pc and not 0 < transaction_timeout <= 900:
+            raise InvalidInputError("transaction_timeout must be in (0, 900] seconds")
+        await self.connect()
+        return TransactionalProducer(self._conn, transactional_id, transaction_timeout, enable_2pc)
 
     async def create_producer(
         self,

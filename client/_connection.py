@@ -110,6 +110,8 @@ ANSWERS = frozenset(
         Type.LOOKUP_RESPONSE,
         Type.NEW_TXN_RESPONSE,
         Type.TXN_RESPONSE,
+        Type.INIT_PRODUCER_ID_RESPONSE,
+        Type.PRODUCER_TXN_RESPONSE,
     }
 )
 # Answers handed out in a row before the reader yields to their waiters
@@ -121,6 +123,8 @@ ANSWERS_WITH_ERROR = {
     Type.PARTITIONED_METADATA_RESPONSE: "partitioned_metadata_response",
     Type.NEW_TXN_RESPONSE: "new_txn_response",
     Type.TXN_RESPONSE: "txn_response",
+    Type.INIT_PRODUCER_ID_RESPONSE: "init_producer_id_response",
+    Type.PRODUCER_TXN_RESPONSE: "producer_txn_response",
 }
 
 

@@ -448,26 +448,41 @@ def _dangling(d: Damage) -> None:
     d.new_ledger("c/out/7/s", cursor_snapshot((-1, WHOLE_ENTRY)))  # (out has 2 partitions)
 
 
-def _dangling_but_named_by_a_decision(d: Damage) -> None:
-    d.new_ledger("x/gone/3", (entry_meta(TXN_DATA, 1), txn_head((1, 9999))))
+def log_transaction(
+    d: Damage, txn: TxnKey, status: int, partitions: tuple[tuple[str, int], ...] = ()
+) -> None:
+    """Log ``txn`` at coordinator 0 as the coordinator does: NEW, then an
+    update from OPEN to ``status`` naming ``partitions``."""
     Record = pb.TransactionMetadataEntry
     new = Record(
         metadata_op=Record.NEW,
-        txnid_most_bits=1,
-        txnid_least_bits=9999,
+        txnid_most_bits=txn[0],
+        txnid_least_bits=txn[1],
         new_status=pb.OPEN,
         txn_timeout_ms=60_000,
     )
-    decided = Record(
+    update = Record(
         metadata_op=Record.UPDATE,
-        txnid_most_bits=1,
-        txnid_least_bits=9999,
+        txnid_most_bits=txn[0],
+        txnid_least_bits=txn[1],
         expected_status=pb.OPEN,
-        new_status=pb.COMMITTING,
+        new_status=status,  # type: ignore[arg-type]
     )
-    decided.partitions.add(topic="gone", partition=3)
-    for record in (new, decided):
+    for topic, index in partitions:
+        update.partitions.add(topic=topic, partition=index)
+    for record in (new, update):
         append(d.db, "tc/0", 0, record.SerializeToString())
+
+
+def _dangling_but_named_by_a_decision(d: Damage) -> None:
+    d.new_ledger("x/gone/3", (entry_meta(TXN_DATA, 1), txn_head((1, 9999))))
+    log_transaction(d, (1, 9999), pb.COMMITTING, (("gone", 3),))
+
+
+def _prepared(d: Damage) -> None:
+    # (its sends on x/in/0: open there, as a prepared transaction's are)
+    d.new_ledger("x/in/0", (entry_meta(TXN_DATA, 1), txn_head((1, 9999))))
+    log_transaction(d, (1, 9999), pb.PREPARED)
 
 
 def _leftover(d: Damage) -> None:
@@ -514,6 +529,7 @@ CASES: dict[str, tuple[Callable[[Damage], None], dict[str, int], bool]] = {
         {"dangling-ledger": 1, "to-finish": 1},
         False,
     ),
+    "prepared-at-coordinator": (_prepared, {"prepared-at-coordinator": 1}, False),
     "leftover-ledger": (_leftover, {"leftover-ledger": 1}, True),
     "unknown-ledger": (_unknown, {"unknown-ledger": 1}, False),
     "unreadable": (_torn_cursor_record, {"unreadable": 1}, False),
