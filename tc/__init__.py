@@ -16,6 +16,7 @@ from tc._coordinator import (
     TransactionCoordinator,
     TwoPhaseCommitNotAllowedError,
 )
+from tc._log import TxnLog
 from tc._producers import (
     DEFAULT_EXPIRATION_MS,
     MAX_EPOCH,
@@ -32,7 +33,6 @@ from tc._producers import (
     TransactionAbortableError,
     coordinator_of,
 )
-from tc._log import TxnLog
 from tc._status import (
     TRANSITIONS,
     InvalidTxnStatusError,
