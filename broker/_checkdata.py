@@ -10,9 +10,11 @@ cursors (``c/<topic>/<index>/<name>``, replayed with
 
 Each finding has a class (`CLASSES`: what it means, whether it is a problem
 or only informational, what an operator can do), the objects involved and a
-one-line explanation. *Informational* findings are states the broker
-resolves itself on its next start (a crash leaves them); *problems* are
-states it does not resolve.
+one-line explanation. *Informational* findings need no repair: a crash
+leaves them and the broker resolves them on its next start, or they wait
+for someone else (a PREPARED transaction's application), or they are not
+txnbuf's (an unknown ledger). *Problems* are states the broker does not
+resolve.
 
 Without ``--fix`` the database is opened read-only (`ledger.ReadOnlyStore`),
 and refused while a broker has it open; a broker that starts meanwhile waits
