@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from broker._checkdata import CLASSES, INFO, PROBLEM, check_data
+from broker.cli import main
 from buffer import (
     COMMIT_MARKER,
     TXN_COMMIT,
@@ -285,26 +286,28 @@ async def test_a_running_broker_is_refused(broker: BrokerProcess) -> None:
         assert (await consumer.receive(timeout=10)).value == b"x"
 
 
-def test_usage_errors(tmp_path: Path) -> None:
-    result = txnbuf("check-data", str(tmp_path / "nowhere"))
-    assert result.returncode == 2 and "is not a directory" in result.stderr
-    result = txnbuf("check-data", str(tmp_path))
-    assert result.returncode == 2 and "broker.db not found" in result.stderr
+def test_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def run(*args: str) -> tuple[int, str]:
+        code = main(["check-data", *args])
+        return code, capsys.readouterr().err
+
+    code, err = run(str(tmp_path / "nowhere"))
+    assert code == 2 and "is not a directory" in err
+    code, err = run(str(tmp_path))
+    assert code == 2 and "broker.db not found" in err
     assert not (tmp_path / "broker.db").exists()  # nothing created
-    result = txnbuf("check-data", "--progress-every", "0", str(tmp_path))
-    assert result.returncode == 2 and "--progress-every" in result.stderr
+    code, err = run("--progress-every", "0", str(tmp_path))
+    assert code == 2 and "--progress-every" in err
     (tmp_path / "broker.db").write_bytes(b"")
     for fix in ([], ["--fix"]):
-        result = txnbuf("check-data", *fix, str(tmp_path))
-        assert result.returncode == 2 and "not a readable ledger database" in result.stderr
+        code, err = run(*fix, str(tmp_path))
+        assert code == 2 and "not a readable ledger database" in err
         assert (tmp_path / "broker.db").read_bytes() == b""  # (--fix wrote no schema into it)
 
 
-async def test_progress_lines(broker: BrokerProcess) -> None:
-    await run_transactions(broker)
-    assert broker.stop() == 0
+async def test_progress_lines(run_data: tuple[Path, TxnKey, TxnKey]) -> None:
     lines: list[str] = []
-    report = await check_data(broker.data_dir, progress=lines.append, progress_every=5)
+    report = await check_data(run_data[0], progress=lines.append, progress_every=5)
     assert lines and len(lines) == report.ledgers // 5
     assert lines[-1] == f"checked {5 * len(lines)} of {report.ledgers} ledgers"
 
