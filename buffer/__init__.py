@@ -18,11 +18,15 @@ from buffer._entries import (
 )
 from buffer._names import (
     MAX_PARTITIONS,
+    QUOTE_LIMIT,
     InvalidNameError,
     MessageId,
     Position,
+    check_consumer_name,
+    check_producer_name,
     check_subscription_name,
     check_topic_name,
+    quoted,
 )
 from buffer._partition import Partition
 from buffer._topics import PartitionCountError, Topic, Topics
@@ -53,6 +57,7 @@ __all__ = [
     "COMMIT_MARKER",
     "DATA",
     "MAX_PARTITIONS",
+    "QUOTE_LIMIT",
     "TXN_ABORT",
     "TXN_COMMIT",
     "TXN_DATA",
@@ -78,6 +83,8 @@ __all__ = [
     "TxnKey",
     "TxnState",
     "abort_record",
+    "check_consumer_name",
+    "check_producer_name",
     "check_subscription_name",
     "check_topic_name",
     "commit_record",
@@ -87,6 +94,7 @@ __all__ = [
     "entry_kind",
     "entry_meta",
     "epoch_producer_name",
+    "quoted",
     "sidecar_ledger_name",
     "txn_run_start",
 ]
