@@ -1,5 +1,6 @@
-"""The `txnbuf` command line: ``txnbuf serve``, ``txnbuf check``, and
-``txnbuf token`` / ``txnbuf acl`` (`broker._auth_cli`).
+"""The `txnbuf` command line: ``txnbuf serve``, ``txnbuf check``,
+``txnbuf check-data`` (`broker._checkdata`) and ``txnbuf token`` /
+``txnbuf acl`` (`broker._auth_cli`).
 
 ``txnbuf serve`` with no arguments runs one broker on 127.0.0.1:6650 with its
 data in ./txnbuf-data, authenticating nobody; it refuses another address
@@ -35,6 +36,7 @@ from broker._auth_cli import (
     run_security_command,
     serve_security,
 )
+from broker._checkdata import add_check_data_parser, run_check_data
 from broker._server import Broker, make_app
 from ledger import LedgerError
 from tc import DEFAULT_EXPIRATION_MS, MAX_TXN_TIMEOUT_MS, ProducerSettings
@@ -154,10 +156,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     from checker._cli import add_check_parser, run_check
 
     add_check_parser(commands)
+    add_check_data_parser(commands)
     add_security_parsers(commands)
     args = parser.parse_args(argv)
     if args.command == "check":
         return run_check(args)
+    if args.command == "check-data":
+        return run_check_data(args)
     if args.command in ("token", "acl"):
         return run_security_command(args)
     logging.basicConfig(
