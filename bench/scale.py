@@ -26,10 +26,12 @@ receipt): quiet (one connection sends, the others are idle) and loaded
 limit is raised to its hard limit here (the broker inherits it); the
 figures name it.
 
-``--baseline DIR`` runs the broker from another checkout's code (the
-client stays this one's). Every run appends a section to ``--results``
-(``bench/results/scale.md``) with the date, the machine and the code the
-broker ran.
+``--baseline DIR``: each count runs twice, with this checkout's broker and
+then with one from DIR's code (the client stays this one's); both rows are
+printed, named ``this`` and ``baseline`` (only figures of one run compare:
+the machine's speed drifts). Every run appends a section to ``--results``
+(``bench/results/scale.md``) with the date, the machine and the code each
+side ran.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ IN_FLIGHT = 64  # topics being set up (or read) at once per client connection
 
 @dataclass
 class TopicResult:
+    side: str
     topics: int
     setup_s: float
     healthy_s: float | None  # None: no answer within --start-timeout
@@ -80,8 +83,8 @@ class TopicResult:
 
 @dataclass
 class ConnectionResult:
+    side: str
     connections: int
-    nofile: int
     rss_kb: int
     quiet_p50_ms: float
     quiet_p99_ms: float
@@ -190,10 +193,10 @@ async def read_again(url: str, names: list[str], clients: int) -> None:
 
 
 def run_topics(
-    n: int, work: Path, clients: int, root: str | None, start_timeout: float
+    side: str, n: int, work: Path, clients: int, root: str | None, start_timeout: float
 ) -> TopicResult:
-    data = work / f"topics-{n}"
-    log = str(work / f"topics-{n}.log")
+    data = work / f"topics-{n}-{side}"
+    log = str(work / f"topics-{n}-{side}.log")
     names = [f"t{i}" for i in range(n)]
     broker = BrokerProcess(str(data), port=None, root=root, log=log)
     try:
@@ -233,6 +236,7 @@ def run_topics(
             broker.stop()
     shutil.rmtree(data, ignore_errors=True)
     return TopicResult(
+        side,
         n,
         setup_s,
         healthy_s,
@@ -298,10 +302,10 @@ async def measure_connections(
 
 
 def run_connections(
-    n: int, work: Path, root: str | None, quiet_sends: int, rounds: int
+    side: str, n: int, work: Path, root: str | None, quiet_sends: int, rounds: int
 ) -> ConnectionResult:
-    data = work / f"connections-{n}"
-    broker = BrokerProcess(str(data), root=root, log=str(work / f"connections-{n}.log"))
+    data = work / f"connections-{n}-{side}"
+    broker = BrokerProcess(str(data), root=root, log=str(work / f"connections-{n}-{side}.log"))
     try:
         holder: list[int] = []
 
@@ -319,8 +323,8 @@ def run_connections(
     shutil.rmtree(data, ignore_errors=True)
     ms = 1000.0
     return ConnectionResult(
+        side=side,
         connections=n,
-        nofile=resource.getrlimit(resource.RLIMIT_NOFILE)[0],
         rss_kb=max(holder, default=0),
         quiet_p50_ms=statistics.median(quiet) * ms,
         quiet_p99_ms=percentile(quiet, 0.99) * ms,
@@ -367,41 +371,36 @@ def mib(kb: int) -> str:
 
 def topic_table(results: Iterable[TopicResult]) -> list[str]:
     lines = [
-        "| topics | setup s | restart to healthy s | all read again s | RSS empty MiB "
-        "| RSS before kill MiB | RSS healthy MiB | RSS after reads MiB | RSS growth/topic B "
-        "| writer RSS MiB | data/topic B |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| broker | topics | setup s | restart to healthy s | all read again s "
+        "| RSS empty MiB | RSS before kill MiB | RSS healthy MiB | RSS after reads MiB "
+        "| RSS growth/topic B | writer RSS MiB | data/topic B |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         if r.healthy_s is None:
-            lines.append(
-                f"| {r.topics:,} | {r.setup_s:.1f} | no answer | - | {mib(r.rss_empty_kb)} "
-                f"| {mib(r.rss_before_kb)} | - | - | - | {mib(r.writer_rss_kb)} "
-                f"| {r.data_bytes / r.topics:,.0f} |"
-            )
-            continue
-        read = "-" if r.read_s is None else f"{r.read_s:.2f}"
-        lines.append(
-            f"| {r.topics:,} | {r.setup_s:.1f} | {r.healthy_s:.2f} | {read} "
-            f"| {mib(r.rss_empty_kb)} | {mib(r.rss_before_kb)} | {mib(r.rss_healthy_kb)} "
-            f"| {mib(r.rss_read_kb)} | {r.growth_per_topic:,.0f} | {mib(r.writer_rss_kb)} "
-            f"| {r.data_bytes / r.topics:,.0f} |"
-        )
+            restarted = ["no answer", "-", "-", "-", "-"]
+        else:
+            read = "-" if r.read_s is None else f"{r.read_s:.2f}"
+            restarted = [f"{r.healthy_s:.2f}", read, mib(r.rss_healthy_kb), mib(r.rss_read_kb),
+                         f"{r.growth_per_topic:,.0f}"]  # fmt: skip
+        cells = [r.side, f"{r.topics:,}", f"{r.setup_s:.1f}", *restarted[:2],
+                 mib(r.rss_empty_kb), mib(r.rss_before_kb), *restarted[2:],
+                 mib(r.writer_rss_kb), f"{r.data_bytes / r.topics:,.0f}"]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
 def connection_table(results: Iterable[ConnectionResult]) -> list[str]:
     lines = [
-        "| connections | open files limit | broker RSS MiB | quiet p50 ms | quiet p99 ms "
+        "| broker | connections | broker RSS MiB | quiet p50 ms | quiet p99 ms "
         "| loaded p50 ms | loaded p99 ms | loaded sends |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
-        lines.append(
-            f"| {r.connections:,} | {r.nofile} | {mib(r.rss_kb)} | {r.quiet_p50_ms:.2f} "
-            f"| {r.quiet_p99_ms:.2f} | {r.loaded_p50_ms:.2f} | {r.loaded_p99_ms:.2f} "
-            f"| {r.sends:,} |"
-        )
+        cells = [r.side, f"{r.connections:,}", mib(r.rss_kb), f"{r.quiet_p50_ms:.2f}",
+                 f"{r.quiet_p99_ms:.2f}", f"{r.loaded_p50_ms:.2f}", f"{r.loaded_p99_ms:.2f}",
+                 f"{r.sends:,}"]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
@@ -430,13 +429,15 @@ def main(argv: list[str] | None = None) -> None:
         default=1800.0,
         help="seconds a restart may take before the run gives up",
     )
-    parser.add_argument("--baseline", help="run the broker from this checkout's code")
+    parser.add_argument("--baseline", help="also run a broker from this checkout's code")
     parser.add_argument("--results", default=str(RESULTS), help="append the figures here")
     parser.add_argument("--work-dir", help="where the data directories go (a temporary one)")
     args = parser.parse_args(argv)
     if not args.topics and not args.connections:
         parser.error("give --topics and/or --connections")
-    root = str(Path(args.baseline).resolve()) if args.baseline else None
+    sides: dict[str, str | None] = {"this": None}
+    if args.baseline:
+        sides["baseline"] = str(Path(args.baseline).resolve())
     soft, hard = raise_nofile()
     print(f"open files limit: {soft} (hard {hard})", file=sys.stderr)
     load = "/".join(f"{x:.2f}" for x in os.getloadavg())
@@ -446,11 +447,19 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
         work = Path(tmp)
         for n in args.topics:
-            topic_results.append(run_topics(n, work, args.clients, root, args.start_timeout))
-            print("\n".join(topic_table(topic_results[-1:])), file=sys.stderr)
+            for side, root in sides.items():
+                print(f"-- {side}", file=sys.stderr)
+                topic_results.append(
+                    run_topics(side, n, work, args.clients, root, args.start_timeout)
+                )
+                print("\n".join(topic_table(topic_results[-1:])), file=sys.stderr)
         for n in args.connections:
-            conn_results.append(run_connections(n, work, root, args.quiet_sends, args.rounds))
-            print("\n".join(connection_table(conn_results[-1:])), file=sys.stderr)
+            for side, root in sides.items():
+                print(f"-- {side}", file=sys.stderr)
+                conn_results.append(
+                    run_connections(side, n, work, root, args.quiet_sends, args.rounds)
+                )
+                print("\n".join(connection_table(conn_results[-1:])), file=sys.stderr)
 
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
@@ -458,7 +467,7 @@ def main(argv: list[str] | None = None) -> None:
         "",
         f"- machine: `{uname()}`, nproc {len(os.sched_getaffinity(0))} "
         "(the client runs on the same machine)",
-        f"- broker code: {code_under_test(root)}",
+        *(f"- broker code, {side}: {code_under_test(root)}" for side, root in sides.items()),
         f"- open files limit: {soft} (hard {hard}); load average at the start {load} (1/5/15 min)",
         "",
     ]
