@@ -106,16 +106,14 @@ def serve_free(argv: Sequence[str]) -> None:
     from tc import TxnID
 
     conn_class = _connection.Connection
-    take_send = conn_class._take_send
+    on_send = conn_class._on_send
     last_send: dict[tuple[int, int], asyncio.Future[Any]] = {}
     ids = itertools.count(FREE_IDS_FROM)
 
-    def free_take_send(
-        self: _connection.Connection, cmd: pb.BaseCommand, counted: bool = False
-    ) -> None:
+    def free_on_send(self: _connection.Connection, cmd: pb.BaseCommand) -> None:
         req = cmd.send
         if not req.transactional:
-            take_send(self, cmd, counted)
+            on_send(self, cmd)
             return
         producer = self.producers[req.producer_id]
         partition = producer.topic.partitions[req.partition]
@@ -150,7 +148,7 @@ def serve_free(argv: Sequence[str]) -> None:
         else:
             stored.add_done_callback(answer)
 
-    conn_class._take_send = free_take_send  # type: ignore[method-assign]
+    conn_class._on_send = free_on_send  # type: ignore[method-assign]
     conn_class._on_end_txn = free_end_txn  # type: ignore[method-assign]
     from broker.cli import main as broker_main
 

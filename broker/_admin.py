@@ -15,7 +15,7 @@ from aiohttp import web
 from broker._server import BROKER_KEY, Broker
 from buffer import InvalidNameError, PartitionCountError, check_topic_name
 from subscriptions import WHOLE_ENTRY
-from tc import InvalidTxnStatusError, TxnID, TxnStatus
+from tc import InvalidTxnStatusError, NotStuckError, TransactionCoordinator, TxnID, TxnStatus
 
 __all__ = ["add_admin_routes"]
 
@@ -124,6 +124,18 @@ async def metrics(request: web.Request) -> web.Response:
                 f'txnbuf_messages_in_total{{topic="{name}",partition="{part.index}"}} '
                 f"{part.messages_in}"
             )
+    stuck = sum(len(tc.stuck()) for tc in broker.coordinators.values())
+    failures = sum(tc.participant_failures for tc in broker.coordinators.values())
+    lines += [
+        "# HELP txnbuf_transactions_stuck Decided transactions a participant has not applied yet "
+        "after failing to (GET /admin/v1/transactions?state=STUCK)",
+        "# TYPE txnbuf_transactions_stuck gauge",
+        f"txnbuf_transactions_stuck {stuck}",
+        "# HELP txnbuf_participant_end_failures_total Failed attempts to end a transaction on a "
+        "partition or subscription",
+        "# TYPE txnbuf_participant_end_failures_total counter",
+        f"txnbuf_participant_end_failures_total {failures}",
+    ]
     lines.append("# TYPE txnbuf_backlog_messages gauge")
     for name in broker.topics.names():
         for sub, parts in broker.subscriptions.of_topic(name).items():
@@ -137,24 +149,44 @@ async def metrics(request: web.Request) -> web.Response:
 # -- transactions -----------------------------------------------------------------
 
 
+_STATES = (*TxnStatus.__members__, "STUCK")
+
+
+def _txn_json(tc: TransactionCoordinator, txnid: TxnID) -> dict[str, Any] | None:
+    """A transaction as the admin API shows it: its coordinator's record,
+    and ``stuck``, the participants that failed to apply its decision."""
+    meta = tc.get(txnid)
+    if meta is None:
+        return None
+    out = meta.to_json()
+    out["stuck"] = [p.to_json() for p in tc.stuck(txnid).get(txnid, ())]
+    return out
+
+
 async def list_transactions(request: web.Request) -> web.Response:
-    """``?state=OPEN&running_longer_than_ms=N`` (both optional)."""
+    """``?state=OPEN&running_longer_than_ms=N`` (both optional). ``STUCK``:
+    the decided transactions a participant failed to apply."""
     broker = request.app[BROKER_KEY]
     state = request.query.get("state")
-    if state is not None and state.upper() not in TxnStatus.__members__:
-        return _error(400, f"state must be one of {', '.join(TxnStatus.__members__)}")
+    if state is not None and state.upper() not in _STATES:
+        return _error(400, f"state must be one of {', '.join(_STATES)}")
     try:
         longer = int(request.query.get("running_longer_than_ms", "0"))
     except ValueError:
         return _error(400, "running_longer_than_ms must be an integer")
     now = int(time.time() * 1000)
-    found = [
-        meta.to_json()
-        for tc in broker.coordinators.values()
-        for meta in tc.transactions()
-        if (state is None or meta.status.name == state.upper()) and now - meta.start_ms >= longer
-    ]
-    found.sort(key=lambda m: m["start_ms"])
+    found = []
+    for tc in broker.coordinators.values():
+        if state is not None and state.upper() == "STUCK":
+            metas = [m for m in map(tc.get, tc.stuck()) if m is not None]
+        else:
+            metas = [
+                m for m in tc.transactions() if state is None or m.status.name == state.upper()
+            ]
+        for meta in metas:
+            if now - meta.start_ms >= longer:
+                found.append(_txn_json(tc, meta.txnid))
+    found.sort(key=lambda m: m["start_ms"] if m else 0)
     return web.json_response({"transactions": found})
 
 
@@ -172,10 +204,10 @@ async def get_transaction(request: web.Request) -> web.Response:
     if isinstance(txnid, web.Response):
         return txnid
     tc = broker.coordinators.get(txnid.tcid)
-    meta = tc.get(txnid) if tc is not None else None
-    if meta is None:
+    found = _txn_json(tc, txnid) if tc is not None else None
+    if found is None:
         return _error(404, f"no transaction {txnid}")
-    return web.json_response(meta.to_json())
+    return web.json_response(found)
 
 
 async def abort_transaction(request: web.Request) -> web.Response:
@@ -186,13 +218,45 @@ async def abort_transaction(request: web.Request) -> web.Response:
     tc = broker.coordinators.get(txnid.tcid)
     if tc is None or tc.get(txnid) is None:
         return _error(404, f"no transaction {txnid}")
+    if tc.stuck(txnid):
+        return _error(
+            409,
+            f"transaction {txnid} is decided and stuck on a participant that does not apply "
+            f"the decision: resolve it (POST /admin/v1/transactions/{txnid}/resolve)",
+        )
     try:
         await tc.end_txn(txnid, commit=False)
     except InvalidTxnStatusError as exc:
         return _error(409, str(exc))
-    meta = tc.get(txnid)
-    assert meta is not None
-    return web.json_response(meta.to_json())
+    return web.json_response(_txn_json(tc, txnid))
+
+
+async def resolve_transaction(request: web.Request) -> web.Response:
+    """An operator's answer to a stuck transaction: ``{"action": "retry"}``
+    (try its stuck participants again now) or ``{"action": "skip"}`` (end
+    it without them, leaving them as they are); ``"participant"`` (as
+    listed under ``stuck``) narrows it to one."""
+    broker = request.app[BROKER_KEY]
+    txnid = _txnid(request)
+    if isinstance(txnid, web.Response):
+        return txnid
+    try:
+        body = json.loads(await request.read() or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        return _error(400, 'body must be JSON such as {"action": "retry"}')
+    if not isinstance(body, dict) or set(body) - {"action", "participant"}:
+        return _error(400, 'body must be {"action": "retry" | "skip", "participant": optional}')
+    action, participant = body.get("action"), body.get("participant")
+    if action not in ("retry", "skip") or not isinstance(participant, str | None):
+        return _error(400, 'action must be "retry" or "skip"; participant a string')
+    tc = broker.coordinators.get(txnid.tcid)
+    if tc is None or tc.get(txnid) is None:
+        return _error(404, f"no transaction {txnid}")
+    try:
+        count = tc.resolve(txnid, action, participant)
+    except NotStuckError as exc:
+        return _error(409, str(exc))
+    return web.json_response({"txnid": str(txnid), "action": action, "participants": count})
 
 
 async def list_coordinators(request: web.Request) -> web.Response:
@@ -214,5 +278,6 @@ def add_admin_routes(app: web.Application) -> None:
     app.router.add_get("/admin/v1/transactions", list_transactions)
     app.router.add_get("/admin/v1/transactions/{txnid}", get_transaction)
     app.router.add_post("/admin/v1/transactions/{txnid}/abort", abort_transaction)
+    app.router.add_post("/admin/v1/transactions/{txnid}/resolve", resolve_transaction)
     app.router.add_get("/admin/v1/coordinators", list_coordinators)
     app.router.add_get("/metrics", metrics)

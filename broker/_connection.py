@@ -35,7 +35,6 @@ from buffer import (
     check_subscription_name,
     check_topic_name,
 )
-from ledger import settled
 from proto import next_frame
 from proto import txnbuf_pb2 as pb
 from subscriptions import Consumer, SubType
@@ -60,6 +59,7 @@ log = logging.getLogger(__name__)
 PROTOCOL_VERSION = 5
 SERVER_VERSION = "txnbuf/0.1.0"
 MAX_MESSAGE_SIZE = 5 << 20  # bytes in one frame the client may send
+CLUSTER_ROLE = "cluster"  # coordinator-to-participant commands need it
 
 T = pb.BaseCommand
 _BODY_TYPE = {name.lower(): value for name, value in T.Type.items()}
@@ -103,14 +103,13 @@ class Connection:
         self.peer = peer
         self.producers: dict[int, _Producer] = {}
         self.consumers: dict[int, Consumer] = {}
+        # The roles this connection holds (none until it authenticates).
+        self.roles: frozenset[str] = frozenset()
         self._out: collections.deque[bytes] = collections.deque()
         self._out_ready = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self._batches = False  # the client reads BATCH frames (protocol version 2)
-        # Transactional sends waiting, in order, for their partition's
-        # registration with the coordinator: (txn, topic, partition) -> frames.
-        self._held_sends: dict[tuple[TxnID, str, int], list[pb.BaseCommand]] = {}
         # Per transaction (most, least bits): its SENDs and ACKs read here and
         # not answered yet, or one answered with an error (END_TXN after_ops).
         self._txn_ops: dict[tuple[int, int], _TxnOps] = {}
@@ -345,15 +344,13 @@ class Connection:
         self.send(self._success(req.request_id))
 
     def _on_send(self, cmd: pb.BaseCommand) -> None:
-        self._take_send(cmd)
-
-    def _take_send(self, cmd: pb.BaseCommand, counted: bool = False) -> None:
         """Handle a SEND. A transactional one is counted among its
-        transaction's unanswered operations (``counted``: it is already)
-        while it waits, so that END_TXN after_ops waits for it; one answered
-        at once is never counted, unless it failed (the END learns why)."""
+        transaction's unanswered operations while it waits, so that END_TXN
+        after_ops waits for it; one answered at once is never counted,
+        unless it failed (the END learns why)."""
         req = cmd.send
         producer = self.producers.get(req.producer_id)
+        counted = False
 
         def fail(code: pb.ServerError, message: str) -> None:
             if req.transactional:
@@ -407,40 +404,18 @@ class Connection:
         try:
             if req.transactional:
                 txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
-                topic = producer.topic.name
-                held = self._held_sends.get((txnid, topic, req.partition))
-                if held is not None:
-                    held.append(cmd)  # behind earlier sends of the transaction
-                    if not counted:
-                        self._op_read(req)
-                    return
                 # KIP-890's defense: only a transaction the coordinator knows
-                # as OPEN with this partition added may write here. A client
-                # pipelines the registration just before its first send, or
-                # (add_to_txn) asks us to add it: if it is still being logged,
-                # the send waits for it.
+                # as OPEN with this partition added may write here; the send
+                # may ask us to add it (KIP-890 part 2).
                 tc = self.broker.coordinator(txnid)
                 if req.add_to_txn:
-                    waiting = tc.join_partition(txnid, topic, req.partition)
+                    tc.add_partition(txnid, producer.topic.name, req.partition)
                 else:
-                    waiting = tc.partition_registration(txnid, topic, req.partition)
-                if waiting is not None:
-                    key = (txnid, topic, req.partition)
-                    self._held_sends[key] = [cmd]
-                    if not counted:
-                        self._op_read(req)
-                    waiting.add_done_callback(lambda _f: self._release_sends(key))
-                    return
-                # Answered once queued where the coordinator says a crash
-                # aborts the transaction (a lost send is never committed).
+                    tc.verify_partition(txnid, producer.topic.name, req.partition)
+                # Answered once queued: a crash that loses it aborts the
+                # transaction (a lost send is never committed, see `tc`).
                 pending = self.broker.publish_txn(
-                    partition,
-                    txn_key(txnid),
-                    producer.name,
-                    messages,
-                    encoded,
-                    tc.participants_answer_early,
-                    first_seq,
+                    partition, txn_key(txnid), producer.name, messages, encoded, True, first_seq
                 )
             else:
                 pending = partition.publish(producer.name, messages, encoded, first_seq)
@@ -490,12 +465,6 @@ class Connection:
             answer(result)
 
         self._spawn(receipt())
-
-    def _release_sends(self, key: tuple[TxnID, str, int]) -> None:
-        """The registration the sends of ``key`` waited for is logged (or
-        failed): handle them in order (each is checked again)."""
-        for cmd in self._held_sends.pop(key, []):
-            self._take_send(cmd, counted=True)
 
     def _on_subscribe(self, cmd: pb.BaseCommand) -> None:
         req = cmd.subscribe
@@ -571,16 +540,12 @@ class Connection:
                 if req.transactional:
                     txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
                     tc = self.broker.coordinator(txnid)
-                    # As for sends: wait for a registration still being logged.
-                    register = (
-                        tc.join_subscription if req.add_to_txn else tc.subscription_registration
-                    )
-                    waiting = register(txnid, consumer.topic, consumer.subscription)
-                    if waiting is not None:
-                        await settled(waiting)
+                    if req.add_to_txn:  # (as for a send)
+                        tc.add_subscription(txnid, consumer.topic, consumer.subscription)
+                    else:
                         tc.verify_subscription(txnid, consumer.topic, consumer.subscription)
                     key = txn_key(txnid)
-                    early = tc.participants_answer_early  # (as for a send)
+                    early = True  # (answered once queued, as a send)
                 await self.broker.subscriptions.ack_positions(
                     consumer, by_part, cumulative, key, early
                 )
@@ -663,33 +628,6 @@ class Connection:
                     "nothing changed: abort it",
                 )
 
-    def _txn_answer(self, req: Any, work: Awaitable[TxnID | None], what: str) -> None:
-        """Await ``work``; answer TXN_RESPONSE (`_txn_respond`) with its
-        error or the next transaction it returned. A future gets a done
-        callback; a coroutine runs in a task."""
-        if isinstance(work, asyncio.Future):
-
-            def done(f: asyncio.Future[TxnID | None]) -> None:
-                if f.cancelled():
-                    self._txn_respond(req, what, asyncio.CancelledError())
-                elif (error := f.exception()) is not None:
-                    self._txn_respond(req, what, error)
-                else:
-                    self._txn_respond(req, what, None, f.result())
-
-            work.add_done_callback(done)
-            return
-
-        async def run() -> None:
-            try:
-                following = await work
-            except Exception as exc:
-                self._txn_respond(req, what, exc)
-                return
-            self._txn_respond(req, what, None, following)
-
-        self._spawn(run())
-
     def _txn_respond(
         self, req: Any, what: str, exc: BaseException | None, following: TxnID | None = None
     ) -> None:
@@ -713,23 +651,19 @@ class Connection:
 
     def _on_new_txn(self, cmd: pb.BaseCommand) -> None:
         req = cmd.new_txn
-
-        async def work() -> pb.BaseCommand:
-            resp = pb.CommandNewTxnResponse(request_id=req.request_id)
-            try:
-                txnid = await self._open_txn(req.tc_id, req.txn_ttl_ms)
-                resp.txnid_most_bits = txnid.most_bits
-                resp.txnid_least_bits = txnid.least_bits
-            except Exception as exc:
-                resp.error = error_code(exc)
-                resp.message = error_text(exc)
-            return command(T.NEW_TXN_RESPONSE, "new_txn_response", resp)
-
-        self._answer(req.request_id, work(), "new transaction")
+        out = pb.BaseCommand(type=T.NEW_TXN_RESPONSE)
+        resp = out.new_txn_response
+        resp.request_id = req.request_id
+        try:
+            txnid = self._open_txn(req.tc_id, req.txn_ttl_ms)
+            resp.txnid_most_bits = txnid.most_bits
+            resp.txnid_least_bits = txnid.least_bits
+        except Exception as exc:
+            resp.error = error_code(exc)
+            resp.message = error_text(exc)
+        self.send(out)
 
     def _on_add_partition(self, cmd: pb.BaseCommand) -> None:
-        # The registration is logged starting now, before the next frame is
-        # read: a send right behind it then waits for it (see `_on_send`).
         req = cmd.add_partition_to_txn
         try:
             txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
@@ -742,13 +676,15 @@ class Connection:
                 parts.append((ref.topic, ref.partition))
             if not parts:
                 raise ValueError("name at least one partition")
-            work: Awaitable[None] = tc.add_partitions(txnid, parts)
+            for topic_name, index in parts:
+                tc.add_partition(txnid, topic_name, index)
         except Exception as exc:
-            work = _raise(exc)
-        self._txn_answer(req, work, "add partition to transaction")
+            self._txn_respond(req, "add partition to transaction", exc)
+            return
+        self._txn_respond(req, "add partition to transaction", None)
 
     def _on_add_subscription(self, cmd: pb.BaseCommand) -> None:
-        req = cmd.add_subscription_to_txn  # started at once, as `_on_add_partition`
+        req = cmd.add_subscription_to_txn
         try:
             txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
             tc = self.broker.coordinator(txnid)
@@ -758,59 +694,47 @@ class Connection:
             ]
             if not subs:
                 raise ValueError("name at least one subscription")
-            work: Awaitable[None] = tc.add_subscriptions(txnid, subs)
+            for topic_name, sub in subs:
+                tc.add_subscription(txnid, topic_name, sub)
         except Exception as exc:
-            work = _raise(exc)
-        self._txn_answer(req, work, "add subscription to transaction")
+            self._txn_respond(req, "add subscription to transaction", exc)
+            return
+        self._txn_respond(req, "add subscription to transaction", None)
 
     def _on_end_txn(self, cmd: pb.BaseCommand) -> None:
+        """END_TXN. The client may ask for its next transaction with it
+        (``next_txn_ttl_ms``): it is opened now, alongside the END, and
+        answered only if the END succeeds (else aborted: the client asks
+        anew). A COMMIT ``after_ops`` whose transaction has SENDs or ACKs
+        read here and not yet answered (or one failed) waits for them in a
+        task; otherwise the coordinator decides now, in the group commit of
+        those sends and acks, and END is answered from a callback."""
         req = cmd.end_txn
-        # Protocol version 5: the client asks for its next transaction with
-        # this END. It is opened now, alongside the END, and answered only
-        # if the END succeeds (else aborted: the client asks anew).
         following = self._open_next(req) if req.HasField("next_txn_ttl_ms") else None
-        if not isinstance(following, asyncio.Task) and self._end_at_once(req, following):
+        ops = self._txn_ops.get((req.txnid_most_bits, req.txnid_least_bits))
+        if req.after_ops and req.txn_action == pb.COMMIT and ops is not None:
+            self._spawn(self._end_after_ops(req, following))
             return
+        self._end(req, following)
 
-        async def work() -> TxnID | None:
-            txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
-            commit = req.txn_action == pb.COMMIT
-            try:
-                if req.after_ops and commit:
-                    await self._ops_answered(req)
-                await self.broker.coordinator(txnid).end_txn(txnid, commit)
-            except BaseException:
-                self._abort_following(following)
-                raise
-            self._forget_ops(txn_key(txnid))
-            if following is None or isinstance(following, TxnID):
-                return following
-            try:
-                return await following
-            except Exception as exc:  # the END stands; the client asks with NEW_TXN
-                log.debug("connection %s: opening the next transaction failed: %s", self.peer, exc)
-                return None
+    async def _end_after_ops(self, req: pb.CommandEndTxn, following: TxnID | None) -> None:
+        try:
+            await self._ops_answered(req)
+        except Exception as exc:
+            self._abort_following(following)
+            self._txn_respond(req, "end transaction", exc)
+            return
+        self._end(req, following)
 
-        self._txn_answer(req, work(), "end transaction")
-
-    def _end_at_once(self, req: pb.CommandEndTxn, following: TxnID | None) -> bool:
-        """END_TXN in the usual case, without a task: the transaction is OPEN,
-        none of its sends and acks read here is unanswered or failed, and its
-        coordinator decides at once (`end_txn_at_once`), in the group commit
-        of those sends and acks. False if not (nothing done: `_on_end_txn`
-        goes the long way, which also answers every refusal)."""
+    def _end(self, req: pb.CommandEndTxn, following: TxnID | None) -> None:
         key = (req.txnid_most_bits, req.txnid_least_bits)
-        commit = req.txn_action == pb.COMMIT
-        ops = self._txn_ops.get(key)
-        if ops is not None and req.after_ops and commit and (ops.pending or ops.error):
-            return False
         txnid = wire_txnid(*key)
         try:
-            answered = self.broker.coordinator(txnid).end_txn_at_once(txnid, commit)
-        except Exception:
-            return False  # (refused: the long way says why)
-        if answered is None:
-            return False
+            answered = self.broker.coordinator(txnid).end_txn(txnid, req.txn_action == pb.COMMIT)
+        except Exception as exc:
+            self._abort_following(following)
+            self._txn_respond(req, "end transaction", exc)
+            return
 
         def done(f: asyncio.Future[None]) -> None:
             if f.cancelled() or f.exception() is not None:
@@ -822,9 +746,8 @@ class Connection:
             self._txn_respond(req, "end transaction", None, following)
 
         answered.add_done_callback(done)
-        return True
 
-    async def _open_txn(self, tc_id: int, ttl_ms: int) -> TxnID:
+    def _open_txn(self, tc_id: int, ttl_ms: int) -> TxnID:
         """A new transaction on coordinator ``tc_id`` (NEW_TXN, or the next
         one an END_TXN asks for)."""
         tc = self.broker.coordinators.get(tc_id)
@@ -833,26 +756,17 @@ class Connection:
                 "TRANSACTION_COORDINATOR_NOT_FOUND",
                 f"no coordinator {tc_id} here (coordinators: {sorted(self.broker.coordinators)})",
             )
-        return await tc.new_txn(ttl_ms)
+        return tc.new_txn(ttl_ms)
 
-    def _open_next(self, req: pb.CommandEndTxn) -> TxnID | asyncio.Task[TxnID] | None:
+    def _open_next(self, req: pb.CommandEndTxn) -> TxnID | None:
         """Open the transaction an END_TXN asks for (its timeout, on its
-        coordinator): at once where the coordinator can (`new_txn_now`),
-        else in a task; None if it cannot be opened (the END stands, and the
+        coordinator); None if it cannot be opened (the END stands, and the
         client asks with NEW_TXN)."""
-        tc = self.broker.coordinators.get(req.next_tc_id)
-        if tc is None:
-            log.debug("connection %s: no coordinator %d for a next transaction", self.peer,
-                      req.next_tc_id)  # fmt: skip
-            return None
         try:
-            opened = tc.new_txn_now(req.next_txn_ttl_ms)
-        except ValueError as exc:
+            return self._open_txn(req.next_tc_id, req.next_txn_ttl_ms)
+        except Exception as exc:
             log.debug("connection %s: no next transaction: %s", self.peer, exc)
             return None
-        if opened is not None:
-            return opened
-        return asyncio.get_running_loop().create_task(tc.new_txn(req.next_txn_ttl_ms))
 
     def _forget_ops(self, key: tuple[int, int]) -> None:
         """The transaction ``key`` ended: forget its operations read here
@@ -861,44 +775,64 @@ class Connection:
         if ops is not None and not ops.pending:
             del self._txn_ops[key]
 
-    def _abort_following(self, following: TxnID | asyncio.Task[TxnID] | None) -> None:
+    def _abort_following(self, following: TxnID | None) -> None:
         """The END that asked for ``following`` failed: abort it (nobody
-        learns its id), at once or once its task has opened it."""
-        if isinstance(following, TxnID):
-            self._spawn(self._abort_quietly(following))
-        elif following is not None:
-            following.add_done_callback(self._abort_unanswered)
-
-    def _abort_unanswered(self, opened: asyncio.Task[TxnID]) -> None:
-        """Abort a next transaction whose END failed (nobody learns its id)."""
-        if opened.cancelled() or opened.exception() is not None:
+        learns its id; failing that, its timeout aborts it)."""
+        if following is None:
             return
-        txnid = opened.result()
-        self._spawn(self._abort_quietly(txnid))
-
-    async def _abort_quietly(self, txnid: TxnID) -> None:
         try:
-            await self.broker.coordinator(txnid).end_txn(txnid, False)
-        except Exception as exc:  # its timeout aborts it
-            log.debug("connection %s: aborting unanswered %s failed: %s", self.peer, txnid, exc)
+            self.broker.coordinator(following).end_txn(following, False).add_done_callback(_quietly)
+        except Exception as exc:
+            log.debug("connection %s: aborting unanswered %s failed: %s", self.peer, following, exc)
+
+    def _txn_answer(self, req: Any, work: Awaitable[None], what: str) -> None:
+        """Await ``work`` in a task; answer TXN_RESPONSE with its error, if any."""
+
+        async def run() -> None:
+            try:
+                await work
+            except Exception as exc:
+                self._txn_respond(req, what, exc)
+                return
+            self._txn_respond(req, what, None)
+
+        self._spawn(run())
+
+    def _require_role(self, role: str, what: str) -> None:
+        """Refuse ``what`` (AUTHORIZATION_ERROR, nothing changes) unless this
+        connection holds ``role``."""
+        if role not in self.roles:
+            raise BrokerError(
+                "AUTHORIZATION_ERROR",
+                f"{what} needs the {role!r} role, which this connection does not hold "
+                "(only a transaction's coordinator ends it on its participants)",
+            )
 
     def _on_end_txn_on_partition(self, cmd: pb.BaseCommand) -> None:
         req = cmd.end_txn_on_partition
         txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
-        work = self.broker.end_txn_on_partition(
-            req.partition.topic, req.partition.partition, txnid, req.txn_action == pb.COMMIT
-        )
+        try:
+            self._require_role(CLUSTER_ROLE, "END_TXN_ON_PARTITION")
+            work: Awaitable[None] = self.broker.end_txn_on_partition_durably(
+                req.partition.topic, req.partition.partition, txnid, req.txn_action == pb.COMMIT
+            )
+        except Exception as exc:
+            work = _raise(exc)
         self._txn_answer(req, work, "end transaction on partition")
 
     def _on_end_txn_on_subscription(self, cmd: pb.BaseCommand) -> None:
         req = cmd.end_txn_on_subscription
         txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
-        work = self.broker.end_txn_on_subscription(
-            req.subscription.topic,
-            req.subscription.subscription,
-            txnid,
-            req.txn_action == pb.COMMIT,
-        )
+        try:
+            self._require_role(CLUSTER_ROLE, "END_TXN_ON_SUBSCRIPTION")
+            work: Awaitable[None] = self.broker.end_txn_on_subscription_durably(
+                req.subscription.topic,
+                req.subscription.subscription,
+                txnid,
+                req.txn_action == pb.COMMIT,
+            )
+        except Exception as exc:
+            work = _raise(exc)
         self._txn_answer(req, work, "end transaction on subscription")
 
 
@@ -929,6 +863,11 @@ def _ack_positions(req: pb.CommandAck) -> dict[int, list[tuple[int, int]]]:
 
 async def _raise(exc: Exception) -> None:
     raise exc
+
+
+def _quietly(f: asyncio.Future[None]) -> None:
+    if not f.cancelled():
+        f.exception()  # (retrieved: a failure here is nobody's to report)
 
 
 def _request_id(cmd: pb.BaseCommand) -> int:

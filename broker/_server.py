@@ -25,7 +25,7 @@ from aiohttp import web
 from broker._connection import MAX_MESSAGE_SIZE, Connection, txn_key
 from broker._errors import BrokerError
 from buffer import Partition, PublishResult, Topics, TransactionBuffer, TxnKey
-from ledger import LedgerStore
+from ledger import LedgerError, LedgerStore, faults
 from proto import txnbuf_pb2 as pb
 from subscriptions import Subscriptions
 from tc import TransactionCoordinator, TxnID, TxnNotFoundError, TxnStatus
@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 BROKER_KEY: web.AppKey[Broker] = web.AppKey("broker")
 SWEEP_INTERVAL = 5.0  # seconds between transaction buffer sweeps
+_ABORT_DECIDED = (TxnStatus.ABORTING, TxnStatus.ABORTED)
 
 
 class Broker:
@@ -74,28 +75,26 @@ class Broker:
             data_dir,
             time.perf_counter() - t0,
         )
-        for tcid in tc_ids:
-            broker.coordinators[tcid] = await broker._open_coordinator(tcid)
-        await broker._abort_orphans()
+        try:
+            for tcid in tc_ids:
+                broker.coordinators[tcid] = await broker._open_coordinator(tcid)
+            await broker._abort_orphans()
+        except BaseException:
+            await broker.close()
+            raise
         broker._sweeper = asyncio.get_running_loop().create_task(broker._sweep_loop())
         return broker
 
     async def _open_coordinator(self, tcid: int) -> TransactionCoordinator:
-        """Coordinator ``tcid`` keeps its log in the broker's store, next to the
-        partitions and subscriptions it ends transactions on, so that they
-        write right behind its records, and answer registrations, sends and
-        acks once queued: a restart aborts the transactions left open, and
-        only END waits for an fsync (see `tc`). A data directory from before
-        that keeps using the coordinator's own file, ``tc-<id>.db``."""
+        """Coordinator ``tcid`` keeps its log in the broker's store, next to
+        the partitions and subscriptions it ends transactions on, so that
+        they write right behind its records (see `tc`)."""
         if (self.data_dir / f"tc-{tcid}.db").exists():
-            return await TransactionCoordinator.open(tcid, self.data_dir, self)
-        return await TransactionCoordinator.open(
-            tcid,
-            self.store,
-            self,
-            participants_share_store=True,
-            abort_open_on_recovery=True,
-        )
+            raise LedgerError(
+                f"{self.data_dir / f'tc-{tcid}.db'} is a coordinator log in a separate file, "
+                "which this version of txnbuf does not read (coordinators log in broker.db)"
+            )
+        return await TransactionCoordinator.open(tcid, self.store, self)
 
     async def _abort_orphans(self) -> None:
         """Abort, on the partitions and subscriptions that hold it, every
@@ -108,13 +107,13 @@ class Broker:
         decided to commit (ABORTING, ABORTED, or forgotten) aborts it here.
         A committing one is left to its coordinator, whose decision record
         names every participant. Transactions of a coordinator not running
-        here, or of one with its own log, are left alone."""
+        here are left alone."""
         held: list[tuple[TxnKey, str, Callable[[], Awaitable[None]]]] = []
 
         def decided_abort(key: TxnKey) -> bool:
             txnid = TxnID(*key)
             tc = self.coordinators.get(txnid.tcid)
-            if tc is None or not tc.participants_answer_early:
+            if tc is None:
                 return False
             meta = tc.get(txnid)
             return meta is None or meta.status in (TxnStatus.ABORTING, TxnStatus.ABORTED)
@@ -229,41 +228,87 @@ class Broker:
             except Exception as exc:
                 job.future.set_exception(exc)
 
-    async def end_txn_on_partition(
-        self, topic: str, partition: int, txnid: TxnID, commit: bool, durable: bool = True
+    def check_decided(self, txnid: TxnID, commit: bool) -> None:
+        """A participant applies only the outcome the transaction's
+        coordinator decided: raise (nothing changes) unless ``txnid``'s
+        coordinator runs here and has decided to commit (``commit``) or to
+        abort it. The coordinator's own calls always pass; an end from
+        anywhere else (END_TXN_ON_PARTITION / _SUBSCRIPTION on the wire) is
+        checked against it."""
+        tc = self.coordinators.get(txnid.tcid)
+        if tc is None:
+            raise BrokerError(
+                "NOT_ALLOWED",
+                f"transaction {txnid} belongs to coordinator {txnid.tcid}, which does not run "
+                "here: its decision cannot be checked, so nothing was changed",
+            )
+        meta = tc.get(txnid)
+        decided = (TxnStatus.COMMITTING, TxnStatus.COMMITTED) if commit else _ABORT_DECIDED
+        if meta is None or meta.status not in decided:
+            state = "unknown" if meta is None else meta.status.name
+            raise BrokerError(
+                "INVALID_TXN_STATUS",
+                f"cannot {'commit' if commit else 'abort'} transaction {txnid} on a participant: "
+                f"its coordinator {txnid.tcid} did not decide so (it is {state} there); "
+                "nothing was changed",
+            )
+
+    def end_txn_on_partition(
+        self, topic: str, partition: int, txnid: TxnID, commit: bool
+    ) -> Awaitable[None] | None:
+        """`tc.Participant`: commit (marker) or abort the transaction on a
+        partition, as its coordinator decided (`check_decided`): queued at
+        once where its transaction buffer exists and no other END of it is
+        under way there, else once it can be."""
+        self.check_decided(txnid, commit)
+        faults.refuse("broker.end_txn_on_participant")
+        part = self._partition(topic, partition, txnid)
+        if part is None:
+            return None
+        buffer = part.transaction_buffer
+        if buffer is not None and buffer.end_now(txn_key(txnid), commit):
+            return None
+        return self._end_on_partition(part, txnid, commit, durable=False)
+
+    async def end_txn_on_partition_durably(
+        self, topic: str, partition: int, txnid: TxnID, commit: bool
     ) -> None:
-        """`tc.Participant`: commit (marker) or abort the transaction on a partition."""
+        """END_TXN_ON_PARTITION from the wire: `end_txn_on_partition`,
+        returning once what it wrote is durable."""
+        self.check_decided(txnid, commit)
+        part = self._partition(topic, partition, txnid)
+        if part is not None:
+            await self._end_on_partition(part, txnid, commit, durable=True)
+
+    def _partition(self, topic: str, partition: int, txnid: TxnID) -> Partition | None:
         found = self.topics.get(topic)
         if found is None or partition >= len(found.partitions):
             log.warning("end %s on %s/%d: no such partition", txnid, topic, partition)
-            return
-        buffer = await found.partitions[partition].txn_buffer()
+            return None
+        return found.partitions[partition]
+
+    @staticmethod
+    async def _end_on_partition(part: Partition, txnid: TxnID, commit: bool, durable: bool) -> None:
+        buffer = await part.txn_buffer()
         await buffer.end(txn_key(txnid), commit, durable)
 
-    async def end_txn_on_subscription(
-        self, topic: str, subscription: str, txnid: TxnID, commit: bool, durable: bool = True
-    ) -> None:
-        """`tc.Participant`: commit or abort the transaction's pending acks."""
-        await self.subscriptions.end_txn(topic, subscription, txn_key(txnid), commit, durable)
-
-    def end_txn_on_partition_now(
-        self, topic: str, partition: int, txnid: TxnID, commit: bool
-    ) -> bool:
-        """`tc.QueuingParticipant`: `end_txn_on_partition` queued at once,
-        where the partition's transaction buffer exists and no other END of
-        the transaction is under way there."""
-        found = self.topics.get(topic)
-        if found is None or partition >= len(found.partitions):
-            return False  # (the async one says so)
-        buffer = found.partitions[partition].transaction_buffer
-        return buffer is not None and buffer.end_now(txn_key(txnid), commit)
-
-    def end_txn_on_subscription_now(
+    def end_txn_on_subscription(
         self, topic: str, subscription: str, txnid: TxnID, commit: bool
-    ) -> bool:
-        """`tc.QueuingParticipant`: `end_txn_on_subscription`, queued at once."""
+    ) -> Awaitable[None] | None:
+        """`tc.Participant`: commit or abort the transaction's pending acks,
+        as its coordinator decided (`check_decided`), queued at once."""
+        self.check_decided(txnid, commit)
+        faults.refuse("broker.end_txn_on_participant")
         self.subscriptions.end_txn_now(topic, subscription, txn_key(txnid), commit)
-        return True
+        return None
+
+    async def end_txn_on_subscription_durably(
+        self, topic: str, subscription: str, txnid: TxnID, commit: bool
+    ) -> None:
+        """END_TXN_ON_SUBSCRIPTION from the wire: `end_txn_on_subscription`,
+        returning once what it wrote is durable."""
+        self.check_decided(txnid, commit)
+        await self.subscriptions.end_txn(topic, subscription, txn_key(txnid), commit)
 
     def producer_count(self, topic: str) -> int:
         return sum(1 for t, _ in self._producer_owners if t == topic)

@@ -36,6 +36,8 @@ The tree::
         ├── SequenceTooOldError                   SEQUENCE_TOO_OLD
         ├── TopicNotFoundError                    TOPIC_NOT_FOUND
         ├── TooManyRequestsError                  TOO_MANY_REQUESTS, retriable
+        ├── AuthenticationError                   AUTHENTICATION_ERROR
+        ├── AuthorizationError                    AUTHORIZATION_ERROR
         ├── TransactionConflictError              TRANSACTION_CONFLICT
         ├── TransactionNotFoundError              TRANSACTION_NOT_FOUND
         ├── InvalidTxnStatusError                 INVALID_TXN_STATUS
@@ -57,6 +59,8 @@ from __future__ import annotations
 from proto import txnbuf_pb2 as pb
 
 __all__ = [
+    "AuthenticationError",
+    "AuthorizationError",
     "BrokerConnectionError",
     "ClientClosedError",
     "ClosedError",
@@ -261,6 +265,18 @@ class TopicNotFoundError(ServerError):
 class TooManyRequestsError(ServerError):
     code = pb.TOO_MANY_REQUESTS
     retriable = True
+
+
+class AuthenticationError(ServerError):
+    """No credentials, or credentials the broker does not accept."""
+
+    code = pb.AUTHENTICATION_ERROR
+
+
+class AuthorizationError(ServerError):
+    """The connection's role lacks the permission the message names; nothing changed."""
+
+    code = pb.AUTHORIZATION_ERROR
 
 
 class TransactionConflictError(ServerError):

@@ -1,4 +1,4 @@
-"""Test-only fault hooks: kill this process at a named step.
+"""Test-only fault hooks: kill this process at a named step, or refuse one.
 
 Crash tests start a process with ``TXNBUF_FAULT`` naming one or more steps,
 comma-separated, each optionally ``@N`` (die at its N-th hit, default 1):
@@ -9,6 +9,10 @@ comma-separated, each optionally ``@N`` (die at its N-th hit, default 1):
 When the running code reaches `hit("<step>")` for that step, the process
 sends itself SIGKILL: no cleanup, no flush, exactly like a crash. Without the
 variable `hit` is a dictionary lookup that finds nothing.
+
+``TXNBUF_REFUSE`` names steps where `refuse("<step>")` raises
+`InjectedRefusal` instead, each optionally ``@N`` (the first N hits; without
+it, every hit): a participant that refuses its coordinator's decision, say.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import os
 import signal
 import sys
 
-__all__ = ["hit"]
+__all__ = ["InjectedRefusal", "hit", "refuse"]
 
 
 def _parse(spec: str) -> dict[str, int]:
@@ -40,3 +44,27 @@ def hit(step: str) -> None:
         sys.stderr.write(f"txnbuf fault: SIGKILL at {step}\n")
         sys.stderr.flush()
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+class InjectedRefusal(Exception):
+    """Raised by `refuse` at a step ``TXNBUF_REFUSE`` names."""
+
+
+def _parse_refusals(spec: str) -> dict[str, int]:
+    steps: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, _, times = part.partition("@")
+        steps[name] = int(times) if times else -1  # (-1: every time)
+    return steps
+
+
+_refusing = _parse_refusals(os.environ.get("TXNBUF_REFUSE", ""))
+
+
+def refuse(step: str) -> None:
+    """Raise `InjectedRefusal` if the test armed ``step`` (and has refusals left)."""
+    if not _refusing or not _refusing.get(step):
+        return
+    if _refusing[step] > 0:
+        _refusing[step] -= 1
+    raise InjectedRefusal(f"refused at {step} (TXNBUF_REFUSE)")

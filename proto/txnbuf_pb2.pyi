@@ -26,6 +26,8 @@ class ServerError(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SEQUENCE_TOO_OLD: _ClassVar[ServerError]
     TOPIC_NOT_FOUND: _ClassVar[ServerError]
     TOO_MANY_REQUESTS: _ClassVar[ServerError]
+    AUTHENTICATION_ERROR: _ClassVar[ServerError]
+    AUTHORIZATION_ERROR: _ClassVar[ServerError]
     TRANSACTION_CONFLICT: _ClassVar[ServerError]
     TRANSACTION_NOT_FOUND: _ClassVar[ServerError]
     INVALID_TXN_STATUS: _ClassVar[ServerError]
@@ -62,6 +64,8 @@ NOT_ALLOWED: ServerError
 SEQUENCE_TOO_OLD: ServerError
 TOPIC_NOT_FOUND: ServerError
 TOO_MANY_REQUESTS: ServerError
+AUTHENTICATION_ERROR: ServerError
+AUTHORIZATION_ERROR: ServerError
 TRANSACTION_CONFLICT: ServerError
 TRANSACTION_NOT_FOUND: ServerError
 INVALID_TXN_STATUS: ServerError
@@ -542,19 +546,15 @@ class CommandEndTxnOnSubscription(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., subscription: _Optional[_Union[SubscriptionRef, _Mapping]] = ..., txn_action: _Optional[_Union[TxnAction, str]] = ...) -> None: ...
 
 class TransactionMetadataEntry(_message.Message):
-    __slots__ = ("metadata_op", "txnid_most_bits", "txnid_least_bits", "expected_status", "new_status", "partitions", "subscriptions", "txn_timeout_ms", "txn_start_time", "txn_last_modification_time", "timed_out", "id_bound")
+    __slots__ = ("metadata_op", "txnid_most_bits", "txnid_least_bits", "expected_status", "new_status", "partitions", "subscriptions", "txn_timeout_ms", "txn_start_time", "txn_last_modification_time", "timed_out", "boot_epoch")
     class TransactionMetadataOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         NEW: _ClassVar[TransactionMetadataEntry.TransactionMetadataOp]
-        ADD_PARTITION: _ClassVar[TransactionMetadataEntry.TransactionMetadataOp]
-        ADD_SUBSCRIPTION: _ClassVar[TransactionMetadataEntry.TransactionMetadataOp]
         UPDATE: _ClassVar[TransactionMetadataEntry.TransactionMetadataOp]
-        RESERVE_IDS: _ClassVar[TransactionMetadataEntry.TransactionMetadataOp]
+        BOOT: _ClassVar[TransactionMetadataEntry.TransactionMetadataOp]
     NEW: TransactionMetadataEntry.TransactionMetadataOp
-    ADD_PARTITION: TransactionMetadataEntry.TransactionMetadataOp
-    ADD_SUBSCRIPTION: TransactionMetadataEntry.TransactionMetadataOp
     UPDATE: TransactionMetadataEntry.TransactionMetadataOp
-    RESERVE_IDS: TransactionMetadataEntry.TransactionMetadataOp
+    BOOT: TransactionMetadataEntry.TransactionMetadataOp
     METADATA_OP_FIELD_NUMBER: _ClassVar[int]
     TXNID_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
     TXNID_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
@@ -566,7 +566,7 @@ class TransactionMetadataEntry(_message.Message):
     TXN_START_TIME_FIELD_NUMBER: _ClassVar[int]
     TXN_LAST_MODIFICATION_TIME_FIELD_NUMBER: _ClassVar[int]
     TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
-    ID_BOUND_FIELD_NUMBER: _ClassVar[int]
+    BOOT_EPOCH_FIELD_NUMBER: _ClassVar[int]
     metadata_op: TransactionMetadataEntry.TransactionMetadataOp
     txnid_most_bits: int
     txnid_least_bits: int
@@ -578,8 +578,8 @@ class TransactionMetadataEntry(_message.Message):
     txn_start_time: int
     txn_last_modification_time: int
     timed_out: bool
-    id_bound: int
-    def __init__(self, metadata_op: _Optional[_Union[TransactionMetadataEntry.TransactionMetadataOp, str]] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., expected_status: _Optional[_Union[TxnStatusValue, str]] = ..., new_status: _Optional[_Union[TxnStatusValue, str]] = ..., partitions: _Optional[_Iterable[_Union[PartitionRef, _Mapping]]] = ..., subscriptions: _Optional[_Iterable[_Union[SubscriptionRef, _Mapping]]] = ..., txn_timeout_ms: _Optional[int] = ..., txn_start_time: _Optional[int] = ..., txn_last_modification_time: _Optional[int] = ..., timed_out: _Optional[bool] = ..., id_bound: _Optional[int] = ...) -> None: ...
+    boot_epoch: int
+    def __init__(self, metadata_op: _Optional[_Union[TransactionMetadataEntry.TransactionMetadataOp, str]] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., expected_status: _Optional[_Union[TxnStatusValue, str]] = ..., new_status: _Optional[_Union[TxnStatusValue, str]] = ..., partitions: _Optional[_Iterable[_Union[PartitionRef, _Mapping]]] = ..., subscriptions: _Optional[_Iterable[_Union[SubscriptionRef, _Mapping]]] = ..., txn_timeout_ms: _Optional[int] = ..., txn_start_time: _Optional[int] = ..., txn_last_modification_time: _Optional[int] = ..., timed_out: _Optional[bool] = ..., boot_epoch: _Optional[int] = ...) -> None: ...
 
 class CommandBatch(_message.Message):
     __slots__ = ("commands",)

@@ -47,11 +47,10 @@ async def test_txnpath_round_checks_that_every_transaction_committed(
     assert result["main_us"] > 0 and result["wall_us"] > 0
     end_txn = TransactionCoordinator.end_txn
 
-    async def abort_instead(self: TransactionCoordinator, txnid: object, commit: bool) -> None:
-        await end_txn(self, txnid, False)  # type: ignore[arg-type]
+    def abort_instead(self: TransactionCoordinator, txnid: object, commit: bool) -> object:
+        return end_txn(self, txnid, False)  # type: ignore[arg-type]
 
     monkeypatch.setattr(TransactionCoordinator, "end_txn", abort_instead)
-    monkeypatch.setattr(TransactionCoordinator, "end_txn_at_once", lambda *_: None)
     with pytest.raises(SystemExit, match="0 of 30 transactions committed, 300 inputs"):
         await txnpath.one_round(30, 10, 2)
 

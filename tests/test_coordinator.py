@@ -1,102 +1,122 @@
-"""The transaction coordinator on its own: status table, log, recovery, timeouts.
+"""The transaction coordinator on its own: the status table, the transaction
+table (no I/O), and the coordinator's log, recovery, timeouts and ends.
 
-The participant here is a recorder (a unit test of the coordinator); the
-real broker participant is exercised by the integration and crash tests.
-Every request test runs twice: with the log in a file of its own (records
-applied once durable) and in a store shared with the participants (records
-applied as appended, what the broker does).
+The participant here is a recorder (a unit test of the coordinator) that
+queues its writes in the coordinator's store as the broker's do; the real
+broker participant is exercised by the integration and crash tests.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable
 from pathlib import Path
 
 import pytest
 
-import tc._coordinator as coordinator_module
-from ledger import Ledger, LedgerStore
+import tc._log as log_module
+from buffer import TxnConflictError
+from ledger import LedgerStore
 from proto import txnbuf_pb2 as pb
 from tc import (
     TRANSITIONS,
     InvalidTxnStatusError,
+    NotStuckError,
     TransactionCoordinator,
     TxnEvent,
     TxnID,
     TxnNotFoundError,
     TxnStatus,
+    TxnTable,
     TxnTimeoutError,
     check_update,
     transition,
 )
 
 Op = pb.TransactionMetadataEntry
+EPOCH = 1 << 64  # a counter is (boot epoch << 64) | sequence
 
 
 class Recorder:
-    """Records participant calls; can fail the first few, or block."""
+    """A participant: records each end, and queues a write for it in the
+    coordinator's store (behind the decision), as the broker's do. It can
+    fail the first few calls, make each one wait (``later``), or hang."""
 
-    def __init__(self, failures: int = 0, block: bool = False) -> None:
+    def __init__(self, failures: int = 0, later: bool = False, hang: bool = False) -> None:
         self.calls: list[tuple[str, str, object, TxnID, bool]] = []
-        self.durable: list[bool] = []  # the durable argument of each call
         self.failures = failures
-        self.block = block
+        self.later = later
+        self.hang = hang
+        self.store: LedgerStore | None = None
+        self.written: list[asyncio.Future[int]] = []
 
-    async def _call(self, kind: str, topic: str, what: object, txnid: TxnID, commit: bool) -> None:
-        if self.block:
-            await asyncio.Event().wait()
+    def _call(
+        self, kind: str, topic: str, what: object, txnid: TxnID, commit: bool
+    ) -> Awaitable[None] | None:
+        if self.hang:
+            return asyncio.Event().wait()  # type: ignore[return-value]
         if self.failures > 0:
             self.failures -= 1
             raise ConnectionError("participant unavailable")
+        if self.later:
+            return self._later(kind, topic, what, txnid, commit)
+        self._record(kind, topic, what, txnid, commit)
+        return None
+
+    async def _later(self, kind: str, topic: str, what: object, txnid: TxnID, commit: bool) -> None:
+        await asyncio.sleep(0.01)
+        self._record(kind, topic, what, txnid, commit)
+
+    def _record(self, kind: str, topic: str, what: object, txnid: TxnID, commit: bool) -> None:
         self.calls.append((kind, topic, what, txnid, commit))
+        if self.store is not None:
+            ledger = self.store.get_ledger("participant")
+            if ledger is not None:
+                self.written.append(ledger.append(b"commit" if commit else b"abort"))
 
-    async def end_txn_on_partition(
-        self, topic: str, partition: int, txnid: TxnID, commit: bool, durable: bool = True
-    ) -> None:
-        self.durable.append(durable)
-        await self._call("partition", topic, partition, txnid, commit)
+    def end_txn_on_partition(
+        self, topic: str, partition: int, txnid: TxnID, commit: bool
+    ) -> Awaitable[None] | None:
+        return self._call("partition", topic, partition, txnid, commit)
 
-    async def end_txn_on_subscription(
-        self, topic: str, subscription: str, txnid: TxnID, commit: bool, durable: bool = True
-    ) -> None:
-        self.durable.append(durable)
-        await self._call("subscription", topic, subscription, txnid, commit)
+    def end_txn_on_subscription(
+        self, topic: str, subscription: str, txnid: TxnID, commit: bool
+    ) -> Awaitable[None] | None:
+        return self._call("subscription", topic, subscription, txnid, commit)
 
 
 class Opener:
-    """Opens coordinators on ``tmp_path`` in one of the two log layouts; closing
-    a coordinator closes its store too (a restart reopens both)."""
+    """Opens coordinators on ``tmp_path``'s broker.db; closing a coordinator
+    closes its store too (a restart reopens both)."""
 
-    def __init__(self, path: Path, shared: bool) -> None:
+    def __init__(self, path: Path) -> None:
         self.path = path
-        self.shared = shared
+        self.stores: dict[int, LedgerStore] = {}
 
     async def __call__(self, tcid: int, participant: Recorder) -> TransactionCoordinator:
-        if not self.shared:
-            return await TransactionCoordinator.open(tcid, self.path, participant)
         store = await LedgerStore.open(self.path / "broker.db")
-        tc = await TransactionCoordinator.open(
-            tcid, store, participant, participants_share_store=True
-        )
-        tc._owns_store = True
+        await store.open_ledger("participant")
+        participant.store = store
+        tc = await TransactionCoordinator.open(tcid, store, participant)
+        self.stores[id(tc)] = store
         return tc
 
-    def counter_after_restart(self, issued: int) -> int:
-        """The first counter a reopened coordinator hands out after ``issued`` ids."""
-        return max(issued, coordinator_module.ID_BLOCK) if self.shared else issued
+    async def close(self, tc: TransactionCoordinator) -> None:
+        await tc.close()
+        await self.stores.pop(id(tc)).close()
 
 
-@pytest.fixture(params=["own-file", "shared-store"])
-def open_tc(request: pytest.FixtureRequest, tmp_path: Path) -> Opener:
-    return Opener(tmp_path, request.param == "shared-store")
+@pytest.fixture
+def open_tc(tmp_path: Path) -> Opener:
+    return Opener(tmp_path)
 
 
 async def wait_status(tc: TransactionCoordinator, txnid: TxnID, status: TxnStatus) -> None:
-    for _ in range(200):
+    for _ in range(300):
         meta = tc.get(txnid)
         if meta is not None and meta.status is status:
             return
@@ -104,7 +124,16 @@ async def wait_status(tc: TransactionCoordinator, txnid: TxnID, status: TxnStatu
     raise AssertionError(f"{txnid} never reached {status}: {tc.get(txnid)}")
 
 
-# -- the table ---------------------------------------------------------------------
+async def records(tc: TransactionCoordinator) -> list[pb.TransactionMetadataEntry]:
+    ledger = tc._log.ledger
+    return [
+        Op.FromString(e.data)
+        for e in await ledger.read(ledger.first_entry_id, ledger.last_entry_id)
+        if e.meta == 0  # a record, not a snapshot
+    ]
+
+
+# -- the status table --------------------------------------------------------------
 
 
 @pytest.mark.parametrize(("state", "event"), list(TRANSITIONS))
@@ -129,52 +158,193 @@ def test_logged_updates_are_checked_against_the_table() -> None:
         check_update(TxnStatus.OPEN, TxnStatus.COMMITTED)
 
 
-# -- requests ----------------------------------------------------------------------
+# -- the transaction table (no I/O) -------------------------------------------------
 
 
-async def test_ids_carry_the_tcid_and_the_counter_survives_restart(open_tc: Opener) -> None:
+def booted(tcid: int = 3) -> TxnTable:
+    table = TxnTable(tcid)
+    assert table.apply(table.boot())
+    return table
+
+
+def opened(table: TxnTable, timeout_ms: int = 1000, now_ms: int = 0) -> TxnID:
+    rec = table.new(timeout_ms, now_ms)
+    txnid = table.next_txnid()
+    assert table.apply(rec)
+    return txnid
+
+
+def test_the_table_hands_out_ids_of_its_boot_epoch() -> None:
+    table = TxnTable(3)
+    with pytest.raises(RuntimeError, match="not booted"):
+        table.next_txnid()
+    assert table.apply(table.boot())
+    ids = [opened(table) for _ in range(3)]
+    assert [i.tcid for i in ids] == [3, 3, 3]
+    assert [i.counter for i in ids] == [EPOCH, EPOCH + 1, EPOCH + 2]
+    assert table.apply(table.boot())  # a restart: a new epoch, ids above all before
+    assert opened(table).counter == 2 * EPOCH
+    with pytest.raises(ValueError, match="timeout"):
+        table.new(-1, 0)
+
+
+def test_the_table_decides_finishes_and_refuses_what_the_status_table_refuses() -> None:
+    table = booted()
+    txnid = opened(table)
+    table.register(txnid, partitions=[("t", 0), ("t", 0)], subscriptions=[("t", "s")])
+    table.verify_partition(txnid, "t", 0)
+    table.verify_subscription(txnid, "t", "s")
+    with pytest.raises(InvalidTxnStatusError, match="not added"):
+        table.verify_partition(txnid, "t", 1)
+    with pytest.raises(InvalidTxnStatusError):
+        table.finish(txnid, 1)  # not decided: nothing to finish
+    decision = table.decide(txnid, TxnEvent.COMMIT, 5)
+    assert table.get(txnid).status is TxnStatus.OPEN  # type: ignore[union-attr]  # (built, not applied)
+    assert [(p.topic, p.partition) for p in decision.partitions] == [("t", 0)]
+    assert [(s.topic, s.subscription) for s in decision.subscriptions] == [("t", "s")]
+    assert table.apply(decision)
+    assert not table.apply(decision)  # a repeat no longer applies
+    with pytest.raises(InvalidTxnStatusError):
+        table.decide(txnid, TxnEvent.ABORT, 6)
+    with pytest.raises(InvalidTxnStatusError):
+        table.register(txnid, partitions=[("late", 0)])
+    with pytest.raises(InvalidTxnStatusError):
+        table.verify_partition(txnid, "t", 0)  # a late write is refused
+    assert table.apply(table.finish(txnid, 7))
+    assert table.get(txnid).status is TxnStatus.COMMITTED  # type: ignore[union-attr]
+    assert txnid not in table.txns and txnid in table.ended
+    with pytest.raises(TxnNotFoundError):
+        table.live(TxnID.of(3, 999))
+    with pytest.raises(TxnNotFoundError):
+        table.live(TxnID.of(4, EPOCH))  # another coordinator's
+
+
+def test_the_table_lists_the_expired_once_and_a_decision_removes_a_deadline() -> None:
+    table = booted()
+    early = opened(table, timeout_ms=100, now_ms=0)
+    decided = opened(table, timeout_ms=50, now_ms=0)
+    late = opened(table, timeout_ms=500, now_ms=0)
+    table.apply(table.decide(decided, TxnEvent.ABORT, 1))
+    assert table.next_deadline() == 100
+    assert table.expired(99) == []
+    assert table.expired(100) == [early]
+    assert table.expired(100) == []  # each once
+    assert table.next_deadline() == 500 and table.expired(1000) == [late]
+
+
+def test_a_table_restored_from_its_snapshot_is_the_same() -> None:
+    table = booted()
+    a, b, c = opened(table), opened(table), opened(table)
+    table.register(a, partitions=[("t", 1)])
+    table.apply(table.decide(b, TxnEvent.COMMIT, 1))
+    table.apply(table.decide(c, TxnEvent.TIMEOUT, 1))
+    table.apply(table.finish(c, 2))
+    again = TxnTable(3)
+    again.restore(table.snapshot())
+    assert again.txns == table.txns and list(again.ended) == list(table.ended)
+    assert again.get(c).timed_out  # type: ignore[union-attr]
+    assert again.next_deadline() == table.next_deadline()
+    again.apply(again.boot())
+    assert again.next_txnid().counter == 2 * EPOCH  # above every id of the snapshot
+
+
+# -- the coordinator ------------------------------------------------------------------
+
+
+async def test_ids_carry_the_tcid_and_grow_across_restarts(open_tc: Opener) -> None:
     tc = await open_tc(7, Recorder())
-    ids = [await tc.new_txn() for _ in range(3)]
-    await tc.close()
+    ids = [tc.new_txn() for _ in range(3)]
+    await open_tc.close(tc)
     assert [i.tcid for i in ids] == [7, 7, 7]
-    assert [i.counter for i in ids] == [0, 1, 2]
+    assert [i.counter for i in ids] == [EPOCH, EPOCH + 1, EPOCH + 2]
     tc = await open_tc(7, Recorder())
     try:
-        again = await tc.new_txn()
-        assert again.counter == open_tc.counter_after_restart(3) and again not in ids
-        assert tc.get(ids[1]) is not None and tc.get(ids[1]).status is TxnStatus.OPEN  # type: ignore[union-attr]
+        again = tc.new_txn()
+        assert again.counter == 2 * EPOCH and again > max(ids)
     finally:
-        await tc.close()
+        await open_tc.close(tc)
 
 
 async def test_commit_tells_every_participant_then_logs_committed(open_tc: Opener) -> None:
     rec = Recorder()
     tc = await open_tc(0, rec)
     try:
-        txn = await tc.new_txn()
-        await tc.add_partitions(txn, [("out", 0), ("out", 1), ("out", 0)])
-        await tc.add_subscriptions(txn, [("in", "copier")])
+        txn = tc.new_txn()
+        tc.add_partition(txn, "out", 0)
+        tc.add_partition(txn, "out", 1)
+        tc.add_partition(txn, "out", 0)
+        tc.add_subscription(txn, "in", "copier")
         tc.verify_partition(txn, "out", 1)
         tc.verify_subscription(txn, "in", "copier")
         with pytest.raises(InvalidTxnStatusError):
             tc.verify_partition(txn, "out", 2)  # not added
-        await tc.end_txn(txn, commit=True)
-        await wait_status(tc, txn, TxnStatus.COMMITTED)
+        answered = tc.end_txn(txn, commit=True)
+        # Decided and every participant told in the turn that read the END:
+        assert tc.get(txn).status is TxnStatus.COMMITTING  # type: ignore[union-attr]
         assert rec.calls == [
             ("partition", "out", 0, txn, True),
             ("partition", "out", 1, txn, True),
             ("subscription", "in", "copier", txn, True),
         ]
+        assert not answered.done()  # (the decision is not durable yet)
+        await answered
+        await wait_status(tc, txn, TxnStatus.COMMITTED)
         await tc.end_txn(txn, commit=True)  # repeated END: success, nothing more
         with pytest.raises(InvalidTxnStatusError):
-            await tc.end_txn(txn, commit=False)
+            tc.end_txn(txn, commit=False)
         with pytest.raises(InvalidTxnStatusError):
-            await tc.add_partitions(txn, [("late", 0)])
+            tc.add_partition(txn, "late", 0)
         with pytest.raises(InvalidTxnStatusError):
             tc.verify_partition(txn, "out", 0)  # a late write is refused
         assert len(rec.calls) == 3
+        # Logged: NEW, the decision naming the participants, the end. No registration.
+        await asyncio.sleep(0.1)  # (the end is logged lazily)
+        ops = [(r.metadata_op, r.new_status) for r in await records(tc)]
+        assert ops == [
+            (Op.BOOT, pb.OPEN),
+            (Op.NEW, pb.OPEN),
+            (Op.UPDATE, pb.COMMITTING),
+            (Op.UPDATE, pb.COMMITTED),
+        ]
     finally:
-        await tc.close()
+        await open_tc.close(tc)
+
+
+async def test_participants_write_behind_the_decision_in_its_group_commit(
+    open_tc: Opener,
+) -> None:
+    rec = Recorder()
+    tc = await open_tc(0, rec)
+    try:
+        txn = tc.new_txn()
+        tc.add_partition(txn, "t", 0)
+        tc.add_subscription(txn, "t", "s")
+        await asyncio.sleep(0.05)  # (NEW durable)
+        commits = tc.store.commits
+        answered = tc.end_txn(txn, commit=True)
+        assert len(rec.written) == 2 and not any(w.done() for w in rec.written)
+        await answered
+        assert all(w.done() for w in rec.written)  # durable with the decision
+        assert tc.store.commits == commits + 1
+    finally:
+        await open_tc.close(tc)
+
+
+async def test_a_participant_that_has_to_wait_is_awaited_before_end_answers(
+    open_tc: Opener,
+) -> None:
+    rec = Recorder(later=True)
+    tc = await open_tc(0, rec)
+    try:
+        txn = tc.new_txn()
+        tc.add_partition(txn, "t", 0)
+        answered = tc.end_txn(txn, commit=False)
+        assert rec.calls == []
+        await asyncio.wait_for(answered, 5)
+        assert rec.calls == [("partition", "t", 0, txn, False)]
+        await wait_status(tc, txn, TxnStatus.ABORTED)
+    finally:
+        await open_tc.close(tc)
 
 
 async def test_unknown_transactions_are_not_found(open_tc: Opener) -> None:
@@ -182,252 +352,291 @@ async def test_unknown_transactions_are_not_found(open_tc: Opener) -> None:
     try:
         for ghost in (TxnID.of(1, 99), TxnID.of(2, 0)):
             with pytest.raises(TxnNotFoundError):
-                await tc.end_txn(ghost, commit=True)
+                tc.end_txn(ghost, commit=True)
             with pytest.raises(TxnNotFoundError):
-                await tc.add_partitions(ghost, [("t", 0)])
+                tc.add_partition(ghost, "t", 0)
             with pytest.raises(TxnNotFoundError):
                 tc.verify_partition(ghost, "t", 0)
         with pytest.raises(ValueError):
-            await tc.new_txn(timeout_ms=-1)
+            tc.new_txn(timeout_ms=-1)
     finally:
-        await tc.close()
+        await open_tc.close(tc)
 
 
 async def test_failing_participants_are_retried_until_they_answer(
     open_tc: Opener, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="tc")
     rec = Recorder(failures=3)
     tc = await open_tc(0, rec)
     try:
-        txn = await tc.new_txn()
-        await tc.add_partitions(txn, [("t", 0)])
+        txn = tc.new_txn()
+        tc.add_partition(txn, "t", 0)
         await tc.end_txn(txn, commit=False)
-        # (ABORTED logged already when the log is applied as appended)
-        assert tc.get(txn).status in (TxnStatus.ABORTING, TxnStatus.ABORTED)  # type: ignore[union-attr]
         await wait_status(tc, txn, TxnStatus.ABORTED)
         assert rec.calls == [("partition", "t", 0, txn, False)]
-        assert caplog.text.count(f"end {txn} on partition t/0 failed") == 3
+        # ERROR on the 1st and 2nd failure (then on the 4th, 8th, ...)
+        said = f"partition t/0 did not apply the decision on {txn}"
+        assert caplog.text.count(said) == 2
+        assert f"partition t/0 applied {txn} at last" in caplog.text
+        assert tc.stuck() == {}
+        assert tc.participant_failures == 3
     finally:
-        await tc.close()
+        await open_tc.close(tc)
+
+
+class Refuser(Recorder):
+    """A participant that refuses every end on partition ``t/1`` (a bug or
+    corruption there) until told to stop."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refusing = True
+
+    def end_txn_on_partition(
+        self, topic: str, partition: int, txnid: TxnID, commit: bool
+    ) -> Awaitable[None] | None:
+        if self.refusing and (topic, partition) == ("t", 1):
+            raise TxnConflictError(f"cannot commit {txnid}: it is aborted on this partition")
+        return super().end_txn_on_partition(topic, partition, txnid, commit)
+
+
+async def wait_stuck(tc: TransactionCoordinator, txnid: TxnID, attempts: int = 1) -> None:
+    for _ in range(500):
+        stuck = tc.stuck(txnid).get(txnid, [])
+        if stuck and stuck[0].attempts >= attempts:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{txnid} never stuck: {tc.stuck()}")
+
+
+async def test_a_participant_that_refuses_is_listed_stuck_until_it_applies(
+    open_tc: Opener, caplog: pytest.LogCaptureFixture
+) -> None:
+    rec = Refuser()
+    tc = await open_tc(0, rec)
+    try:
+        txn = tc.new_txn()
+        other = tc.new_txn()
+        tc.add_partition(txn, "t", 0)
+        tc.add_partition(txn, "t", 1)
+        end = tc.end_txn(txn, commit=True)
+        await wait_stuck(tc, txn, attempts=3)
+        (stuck,) = tc.stuck()[txn]
+        assert stuck.participant == "partition t/1"
+        assert "it is aborted on this partition" in stuck.reason
+        assert tc.stuck(other) == {}
+        assert tc.get(txn).status is TxnStatus.COMMITTING  # type: ignore[union-attr]
+        # ERROR once, then with backoff (the 1st, 2nd, 4th, ... failure), not every try
+        said = f"partition t/1 did not apply the decision on {txn}"
+        assert 2 <= caplog.text.count(said) < stuck.attempts
+        with pytest.raises(NotStuckError):
+            tc.resolve(other, "retry")
+        with pytest.raises(NotStuckError):
+            tc.resolve(txn, "retry", participant="partition t/0")
+        with pytest.raises(ValueError, match="retry"):
+            tc.resolve(txn, "ignore")
+        rec.refusing = False  # (repaired)
+        assert tc.resolve(txn, "retry") == 1
+        await wait_status(tc, txn, TxnStatus.COMMITTED)
+        await end
+        assert tc.stuck() == {}
+        assert ("partition", "t", 1, txn, True) in rec.calls
+    finally:
+        await open_tc.close(tc)
+
+
+async def test_an_operator_may_skip_a_stuck_participant(open_tc: Opener) -> None:
+    rec = Refuser()
+    tc = await open_tc(0, rec)
+    try:
+        txn = tc.new_txn()
+        tc.add_partition(txn, "t", 0)
+        tc.add_partition(txn, "t", 1)
+        end = tc.end_txn(txn, commit=True)
+        await wait_stuck(tc, txn)
+        assert tc.resolve(txn, "skip", participant="partition t/1") == 1
+        await wait_status(tc, txn, TxnStatus.COMMITTED)
+        await end
+        assert tc.stuck() == {}
+        assert rec.calls == [("partition", "t", 0, txn, True)]  # t/1 left as it was
+        await asyncio.sleep(0.05)  # (the end durable)
+    finally:
+        await open_tc.close(tc)
+    # The end is logged: a restart does not try the skipped participant again.
+    rec2 = Refuser()
+    tc = await open_tc(0, rec2)
+    try:
+        assert tc.get(txn).status is TxnStatus.COMMITTED  # type: ignore[union-attr]
+        await asyncio.sleep(0.1)
+        assert rec2.calls == [] and tc.stuck() == {}
+    finally:
+        await open_tc.close(tc)
 
 
 async def test_timeout_aborts_and_a_later_commit_says_timeout(open_tc: Opener) -> None:
     rec = Recorder()
     tc = await open_tc(0, rec)
     try:
-        txn = await tc.new_txn(timeout_ms=150)
-        await tc.add_subscriptions(txn, [("in", "s")])
-        keep = await tc.new_txn(timeout_ms=60_000)
+        txn = tc.new_txn(timeout_ms=150)
+        tc.add_subscription(txn, "in", "s")
+        keep = tc.new_txn(timeout_ms=60_000)
         await wait_status(tc, txn, TxnStatus.ABORTED)
         assert rec.calls == [("subscription", "in", "s", txn, False)]
         with pytest.raises(TxnTimeoutError):
-            await tc.end_txn(txn, commit=True)
+            tc.end_txn(txn, commit=True)
         await tc.end_txn(txn, commit=False)  # an abort is fine
+        with pytest.raises(TxnTimeoutError, match="timed out"):
+            tc.verify_subscription(txn, "in", "s")
         assert tc.get(keep).status is TxnStatus.OPEN  # type: ignore[union-attr]
     finally:
-        await tc.close()
+        await open_tc.close(tc)
 
 
-async def test_a_timeout_expires_in_time_whatever_the_expiry_loop_sleeps_until(
+async def test_a_timeout_expires_in_time_whatever_the_timer_was_set_for(
     open_tc: Opener,
 ) -> None:
-    """The loop sleeps until the earliest deadline: a new earlier one wakes
-    it, a later one does not need to (it wakes at a deadline whose
-    transaction ended, finds nothing, and sleeps again)."""
+    """The timer fires at the earliest deadline: a new earlier one moves it;
+    one whose transaction ended first finds nothing and waits for the next."""
     tc = await open_tc(0, Recorder())
     try:
-        keep = await tc.new_txn(timeout_ms=60_000)
-        short = await tc.new_txn(timeout_ms=150)  # earlier than the loop's wake-up
+        keep = tc.new_txn(timeout_ms=60_000)
+        short = tc.new_txn(timeout_ms=150)  # earlier than the timer
         await wait_status(tc, short, TxnStatus.ABORTED)
-        ended = await tc.new_txn(timeout_ms=200)
-        await tc.end_txn(ended, commit=True)  # the loop still sleeps until its deadline
-        later = await tc.new_txn(timeout_ms=400)
+        ended = tc.new_txn(timeout_ms=200)
+        await tc.end_txn(ended, commit=True)
+        later = tc.new_txn(timeout_ms=400)
         await wait_status(tc, later, TxnStatus.ABORTED)
         assert tc.get(later).timed_out  # type: ignore[union-attr]
+        assert not tc.get(ended).timed_out  # type: ignore[union-attr]
         assert tc.get(keep).status is TxnStatus.OPEN  # type: ignore[union-attr]
     finally:
-        await tc.close()
+        await open_tc.close(tc)
 
 
 async def test_a_decided_transaction_is_finished_after_restart(open_tc: Opener) -> None:
-    tc = await open_tc(0, Recorder(block=True))
-    txn = await tc.new_txn()
-    await tc.add_partitions(txn, [("t", 0), ("t", 1)])
-    await tc.end_txn(txn, commit=True)
+    """Decided (COMMITTING durable) and stopped before its participants
+    answered: the restarted coordinator finishes it from the decision
+    record alone (registrations are not logged)."""
+    tc = await open_tc(0, Recorder(hang=True))
+    txn = tc.new_txn()
+    tc.add_partition(txn, "t", 0)
+    tc.add_subscription(txn, "t", "s")
+    ending = tc.end_txn(txn, commit=True)
+    await asyncio.sleep(0.1)  # (the decision durable; the participants never answer)
     assert tc.get(txn).status is TxnStatus.COMMITTING  # type: ignore[union-attr]
-    await tc.close()  # "crash" while the participants never answered
+    assert not ending.done()
+    await open_tc.close(tc)
     rec = Recorder()
     tc = await open_tc(0, rec)
     try:
         await wait_status(tc, txn, TxnStatus.COMMITTED)
-        assert [c[:3] for c in rec.calls] == [("partition", "t", 0), ("partition", "t", 1)]
-        assert all(c[4] is True for c in rec.calls)
+        assert sorted(rec.calls) == [
+            ("partition", "t", 0, txn, True),
+            ("subscription", "t", "s", txn, True),
+        ]
     finally:
-        await tc.close()
+        await open_tc.close(tc)
 
 
-async def test_open_transaction_past_its_timeout_is_aborted_after_restart(
-    open_tc: Opener,
-) -> None:
+async def test_a_restart_aborts_open_transactions(open_tc: Opener) -> None:
+    """An OPEN transaction may have lost a send or ack answered before it was
+    durable, so a restart aborts it (the broker's participants abort what
+    they hold of it, see test_txn_crash); a decided one is finished as
+    decided."""
     tc = await open_tc(0, Recorder())
-    txn = await tc.new_txn(timeout_ms=200)
-    await tc.add_partitions(txn, [("t", 0)])
-    await tc.close()
-    await asyncio.sleep(0.3)
+    with_data = tc.new_txn()
+    tc.add_partition(with_data, "t", 0)
+    tc.add_subscription(with_data, "t", "s")
+    empty = tc.new_txn()
+    committed = tc.new_txn(timeout_ms=20_000)
+    tc.add_partition(committed, "t", 1)
+    await tc.end_txn(committed, commit=True)
+    await open_tc.close(tc)
     rec = Recorder()
     tc = await open_tc(0, rec)
     try:
-        await wait_status(tc, txn, TxnStatus.ABORTED)
-        assert rec.calls == [("partition", "t", 0, txn, False)]
+        await wait_status(tc, with_data, TxnStatus.ABORTED)
+        await wait_status(tc, empty, TxnStatus.ABORTED)
+        assert rec.calls == []  # (its registrations were never logged)
+        assert tc.get(committed).status is TxnStatus.COMMITTED  # type: ignore[union-attr]
+        assert tc.get(committed).partitions == [("t", 1)]  # type: ignore[union-attr]  # (from the decision)
+        assert tc.get(committed).timeout_ms == 20_000  # type: ignore[union-attr]
+        with pytest.raises(InvalidTxnStatusError, match="open when the coordinator restarted"):
+            tc.end_txn(with_data, commit=True)
+        await tc.end_txn(with_data, commit=False)  # (an abort is answered with success)
+        # One a crash forgot (its NEW not durable yet) is not known, and said why.
+        with pytest.raises(TxnNotFoundError, match="open when the coordinator restarted"):
+            tc.end_txn(TxnID.of(0, committed.counter + 100), commit=True)
     finally:
-        await tc.close()
+        await open_tc.close(tc)
+
+
+async def test_a_restart_aborts_open_transactions_kept_in_a_snapshot(
+    open_tc: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Open transactions are in the snapshots (of the table in memory, with
+    their registrations): after a restart they are known, and aborted on
+    their participants; a commit of one is refused with why."""
+    monkeypatch.setattr(log_module, "SNAPSHOT_EVERY", 1)
+    tc = await open_tc(0, Recorder())
+    open_one = tc.new_txn()
+    tc.add_partition(open_one, "t", 0)
+    other = tc.new_txn()
+    await tc.end_txn(other, commit=False)  # (logged records: a snapshot after each)
+    await open_tc.close(tc)
+    rec = Recorder()
+    tc = await open_tc(0, rec)
+    try:
+        await wait_status(tc, open_one, TxnStatus.ABORTED)
+        assert rec.calls == [("partition", "t", 0, open_one, False)]
+        with pytest.raises(InvalidTxnStatusError, match="open when the coordinator restarted"):
+            tc.end_txn(open_one, commit=True)
+    finally:
+        await open_tc.close(tc)
 
 
 async def test_snapshots_bound_the_log_and_recover_the_same_state(
     open_tc: Opener, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(coordinator_module, "SNAPSHOT_EVERY", 20)
+    monkeypatch.setattr(log_module, "SNAPSHOT_EVERY", 20)
     tc = await open_tc(3, Recorder())
-    ended, open_ = [], []
+    ended = []
     for i in range(60):
-        txn = await tc.new_txn()
-        await tc.add_partitions(txn, [("t", i % 3)])
+        txn = tc.new_txn()
+        tc.add_partition(txn, "t", i % 3)
         if i % 2:
             await tc.end_txn(txn, commit=bool(i % 4 == 1))
-            ended.append(txn)
-        else:
-            open_.append(txn)
-    for txn in ended:
-        await wait_status(
-            tc, txn, TxnStatus.COMMITTED if txn.counter % 4 == 1 else TxnStatus.ABORTED
-        )
-    before = {m.txnid: (m.status, m.partitions) for m in tc.transactions()}
-    ledger = tc._ledger
+            ended.append((txn, TxnStatus.COMMITTED if i % 4 == 1 else TxnStatus.ABORTED))
+    for txn, status in ended:
+        await wait_status(tc, txn, status)
+    await asyncio.sleep(0.05)  # (the last ends durable)
+    ledger = tc._log.ledger
     assert ledger.entry_count < 60  # trimmed behind snapshots
-    await tc.close()
+    await open_tc.close(tc)
     tc = await open_tc(3, Recorder())
     try:
-        after = {m.txnid: (m.status, m.partitions) for m in tc.transactions()}
-        assert {t: after[t] for t in open_} == {t: before[t] for t in open_}
-        assert {t: after[t][0] for t in ended} == {t: before[t][0] for t in ended}
-        assert (await tc.new_txn()).counter == open_tc.counter_after_restart(60)
+        assert [(t, tc.get(t).status) for t, _ in ended] == ended  # type: ignore[union-attr]
+        assert tc.new_txn().counter == 2 * EPOCH
     finally:
-        await tc.close()
+        await open_tc.close(tc)
 
 
 async def test_racing_ends_decide_once(open_tc: Opener) -> None:
     rec = Recorder()
     tc = await open_tc(0, rec)
     try:
-        txn = await tc.new_txn()
-        await tc.add_partitions(txn, [("t", 0)])
-        results = await asyncio.gather(
-            tc.end_txn(txn, commit=True), tc.end_txn(txn, commit=False), return_exceptions=True
-        )
-        assert results[0] is None
-        assert isinstance(results[1], InvalidTxnStatusError)
+        txn = tc.new_txn()
+        tc.add_partition(txn, "t", 0)
+        first = tc.end_txn(txn, commit=True)
+        with pytest.raises(InvalidTxnStatusError):
+            tc.end_txn(txn, commit=False)
+        again = tc.end_txn(txn, commit=True)  # the same END, while the first is under way
+        await asyncio.gather(first, again)
         await wait_status(tc, txn, TxnStatus.COMMITTED)
         assert rec.calls == [("partition", "t", 0, txn, True)]
     finally:
-        await tc.close()
-
-
-# -- a log shared with the participants ------------------------------------------
-
-
-class Writer(Recorder):
-    """A participant that writes its end of a transaction to the coordinator's
-    store, as the broker does, and notes how far the coordinator's log was
-    durable when it was asked and when its own write was."""
-
-    def __init__(self, tc_ledger: Callable[[], Ledger], store: Callable[[], LedgerStore]) -> None:
-        super().__init__()
-        self.tc_ledger = tc_ledger
-        self.store = store
-        self.seen: list[tuple[int, int]] = []  # (log durable when asked, when written)
-
-    async def end_txn_on_partition(
-        self, topic: str, partition: int, txnid: TxnID, commit: bool, durable: bool = True
-    ) -> None:
-        asked = self.tc_ledger().last_entry_id
-        mine = await self.store().open_ledger(f"marker/{topic}/{partition}")
-        await mine.append(b"commit" if commit else b"abort")
-        self.seen.append((asked, self.tc_ledger().last_entry_id))
-
-
-async def test_participants_write_behind_the_decision_without_waiting_for_it(
-    open_tc: Opener,
-) -> None:
-    tc: TransactionCoordinator | None = None
-    writer = Writer(lambda: tc._ledger, lambda: tc.store)  # type: ignore[union-attr]
-    tc = await open_tc(0, writer)
-    try:
-        txn = await tc.new_txn()
-        await tc.add_partitions(txn, [("t", 0)])
-        await tc.add_partitions(txn, [("t", 0)])  # (durable: NEW and ADD_PARTITION)
-        before = tc._ledger.last_entry_id
-        await tc.end_txn(txn, commit=True)
-        ((asked, written),) = writer.seen
-        # The participant's write is never durable before the decision...
-        assert written > before
-        # ...and only a coordinator sharing the store lets it write before
-        # the decision is durable (they then share a group commit).
-        assert asked == (before if open_tc.shared else before + 1)
-    finally:
-        await tc.close()
-
-
-async def test_only_a_shared_store_lets_participants_answer_once_queued(
-    open_tc: Opener,
-) -> None:
-    recorder = Recorder()
-    tc = await open_tc(0, recorder)
-    try:
-        for commit in (True, False):
-            txn = await tc.new_txn()
-            await tc.add_partitions(txn, [("t", 0)])
-            await tc.add_subscriptions(txn, [("t", "s")])
-            await tc.end_txn(txn, commit=commit)
-        # With its own log, what a participant queued may be durable before
-        # the decision's end record or not: it must wait for durability.
-        assert recorder.durable == [not open_tc.shared] * 4
-    finally:
-        await tc.close()
-
-
-async def test_a_shared_store_registers_at_once(open_tc: Opener) -> None:
-    tc = await open_tc(0, Recorder())
-    try:
-        txn = await tc.new_txn()
-        durable = tc.add_partitions(txn, [("t", 0)])
-        waiting = tc.partition_registration(txn, "t", 0)
-        if open_tc.shared:
-            assert waiting is None  # a send right behind it is taken at once
-            tc.verify_partition(txn, "t", 0)
-        else:
-            assert waiting is not None  # a send waits for the log write
-        await durable
-        assert tc.partition_registration(txn, "t", 0) is None
-    finally:
-        await tc.close()
-
-
-async def test_a_shared_store_reserves_ids_ahead(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(coordinator_module, "ID_BLOCK", 8)
-    opener = Opener(tmp_path, shared=True)
-    tc = await opener(0, Recorder())
-    ids = []
-    for _ in range(5):  # many waiting on one reservation, in rounds
-        ids += await asyncio.wait_for(asyncio.gather(*(tc.new_txn() for _ in range(64))), 10)
-    assert sorted(i.counter for i in ids) == list(range(320))
-    await tc.close()
-    tc = await opener(0, Recorder())
-    try:
-        assert (await tc.new_txn()).counter >= 320
-    finally:
-        await tc.close()
+        await open_tc.close(tc)
 
 
 KILLED_AFTER_NEW = r"""
@@ -436,14 +645,14 @@ from ledger import LedgerStore
 from tc import TransactionCoordinator
 
 class Nobody:
-    async def end_txn_on_partition(self, *args, **kwargs): pass
-    async def end_txn_on_subscription(self, *args, **kwargs): pass
+    def end_txn_on_partition(self, *args): return None
+    def end_txn_on_subscription(self, *args): return None
 
 async def main():
     store = await LedgerStore.open(sys.argv[1])
-    tc = await TransactionCoordinator.open(0, store, Nobody(), participants_share_store=True)
+    tc = await TransactionCoordinator.open(0, store, Nobody())
     for _ in range(int(sys.argv[2])):
-        print((await tc.new_txn()).counter, flush=True)
+        print(tc.new_txn().counter, flush=True)
     os.kill(os.getpid(), signal.SIGKILL)  # NEW records perhaps not durable yet
 
 asyncio.run(main())
@@ -451,8 +660,8 @@ asyncio.run(main())
 
 
 async def test_ids_answered_before_a_crash_are_never_reissued(tmp_path: Path) -> None:
-    """NEW is answered before its record is durable (shared store): after a
-    SIGKILL right behind it, the restarted coordinator hands out new ids."""
+    """NEW is answered before its record is durable: after a SIGKILL right
+    behind it, the restarted coordinator hands out new ids."""
     issued: set[int] = set()
     for run in range(3):
         done = await asyncio.to_thread(
@@ -466,279 +675,9 @@ async def test_ids_answered_before_a_crash_are_never_reissued(tmp_path: Path) ->
         counters = {int(line) for line in done.stdout.split()}
         assert len(counters) == 50 and not counters & issued, run
         issued |= counters
-    tc = await Opener(tmp_path, shared=True)(0, Recorder())
+    opener = Opener(tmp_path)
+    tc = await opener(0, Recorder())
     try:
-        assert (await tc.new_txn()).counter not in issued
+        assert tc.new_txn().counter > max(issued)
     finally:
-        await tc.close()
-
-
-async def _open_early(path: Path, rec: Recorder) -> TransactionCoordinator:
-    """A coordinator as the broker runs it: its log in the participants'
-    store, participants answering early, open transactions aborted on restart."""
-    store = await LedgerStore.open(path / "broker.db")
-    tc = await TransactionCoordinator.open(
-        0, store, rec, participants_share_store=True, abort_open_on_recovery=True
-    )
-    tc._owns_store = True
-    return tc
-
-
-def _logged_ops(entries: list[tuple[int, bytes]]) -> list[int]:
-    return [
-        pb.TransactionMetadataEntry.FromString(data).metadata_op
-        for meta, data in entries
-        if meta == 0
-    ]
-
-
-async def test_a_restart_aborts_open_transactions_whose_participants_answer_early(
-    tmp_path: Path,
-) -> None:
-    """``abort_open_on_recovery`` (the broker's setting): an OPEN transaction
-    may have lost a registration, send or ack answered before it was
-    durable, so a restart aborts it; a decided one is finished as decided.
-    Registrations are not logged then: the coordinator tells no participant
-    of the abort (the broker's participants abort what they hold, see
-    test_txn_crash), while a decision names its participants."""
-    tc = await _open_early(tmp_path, Recorder())
-    assert tc.participants_answer_early
-    early = tc.add_partitions(await tc.new_txn(), [("t", 9)])
-    assert early.done()  # answered once appended
-    with_data = await tc.new_txn()
-    await tc.add_partitions(with_data, [("t", 0)])
-    await tc.add_subscriptions(with_data, [("t", "s")])
-    empty = await tc.new_txn()
-    committed = tc.new_txn_now(timeout_ms=20_000)  # (at once: no turn of the loop)
-    assert committed is not None
-    await tc.add_partitions(committed, [("t", 1)])
-    await tc.end_txn(committed, commit=True)
-    await tc.close()
-    rec = Recorder()
-    tc = await _open_early(tmp_path, rec)
-    try:
-        await wait_status(tc, with_data, TxnStatus.ABORTED)
-        await wait_status(tc, empty, TxnStatus.ABORTED)
-        assert rec.calls == []
-        assert tc.get(with_data).partitions == [] and tc.get(with_data).subscriptions == []
-        assert tc.get(committed).status is TxnStatus.COMMITTED
-        assert tc.get(committed).partitions == [("t", 1)]  # (from the decision record)
-        assert tc.get(committed).timeout_ms == 20_000
-        entries = await tc._ledger.read(0, tc._ledger.last_entry_id)
-        ops = _logged_ops([(e.meta, e.data) for e in entries])
-        assert Op.ADD_PARTITION not in ops and Op.ADD_SUBSCRIPTION not in ops
-        with pytest.raises(InvalidTxnStatusError, match="open when the broker restarted"):
-            await tc.end_txn(with_data, commit=True)
-        await tc.end_txn(with_data, commit=False)  # (an abort is answered with success)
-        # One a crash forgot (its NEW not durable yet) is not known, and said why.
-        with pytest.raises(TxnNotFoundError, match="open when the broker restarted"):
-            await tc.end_txn(TxnID.of(0, committed.counter + 100), commit=True)
-    finally:
-        await tc.close()
-
-
-async def test_a_decision_whose_participants_never_answered_is_finished_after_a_restart(
-    tmp_path: Path,
-) -> None:
-    """Decided (COMMITTING durable) and stopped before its participants
-    answered, where registrations are not logged: the restarted coordinator
-    finishes it from the decision record alone."""
-    tc = await _open_early(tmp_path, Recorder(block=True))
-    txn = await tc.new_txn()
-    await tc.add_partitions(txn, [("t", 0)])
-    await tc.add_subscriptions(txn, [("t", "s")])
-    ending = asyncio.get_running_loop().create_task(tc.end_txn(txn, commit=True))
-    for _ in range(200):  # until the decision is durable
-        meta = tc.get(txn)
-        if meta.status is TxnStatus.COMMITTING and tc._ledger.last_entry_id >= 1:
-            break
-        await asyncio.sleep(0.01)
-    await tc.close()  # (the participants never answered: no COMMITTED record)
-    ending.cancel()
-    rec = Recorder()
-    tc = await _open_early(tmp_path, rec)
-    try:
-        await wait_status(tc, txn, TxnStatus.COMMITTED)
-        assert sorted(rec.calls) == [
-            ("partition", "t", 0, txn, True),
-            ("subscription", "t", "s", txn, True),
-        ]
-    finally:
-        await tc.close()
-
-
-async def test_a_restart_aborts_open_transactions_kept_in_a_snapshot(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Open transactions are in the snapshots (of the map in memory): after a
-    restart they are known, and aborted; a commit of one is refused with why,
-    an abort answered with success."""
-    monkeypatch.setattr(coordinator_module, "SNAPSHOT_EVERY", 1)
-    tc = await _open_early(tmp_path, Recorder())
-    open_one = await tc.new_txn()
-    await tc.add_partitions(open_one, [("t", 0)])
-    other = await tc.new_txn()
-    await tc.end_txn(other, commit=False)  # (logged records: a snapshot after each)
-    await tc.close()
-    rec = Recorder()
-    tc = await _open_early(tmp_path, rec)
-    try:
-        await wait_status(tc, open_one, TxnStatus.ABORTED)
-        # (The snapshot has its registrations from memory: it tells them.)
-        assert rec.calls == [("partition", "t", 0, open_one, False)]
-        with pytest.raises(InvalidTxnStatusError, match="open when the broker restarted"):
-            await tc.end_txn(open_one, commit=True)
-        await tc.end_txn(open_one, commit=False)  # (an abort is answered with success)
-    finally:
-        await tc.close()
-
-
-async def test_by_default_a_restart_keeps_open_transactions(open_tc: Opener) -> None:
-    tc = await open_tc(0, Recorder())
-    assert not tc.participants_answer_early
-    txn = await tc.new_txn()
-    await tc.add_partitions(txn, [("t", 0)])
-    await tc.close()
-    tc = await open_tc(0, Recorder())
-    try:
-        assert tc.get(txn).status is TxnStatus.OPEN
-    finally:
-        await tc.close()
-
-
-async def test_join_adds_a_participant_once_and_only_while_open(open_tc: Opener) -> None:
-    """KIP-890 part 2: the broker adds the partition / subscription that a
-    send or ack names (`join_partition`, `join_subscription`)."""
-    tc = await open_tc(0, Recorder())
-    try:
-        txn = await tc.new_txn()
-        waiting = tc.join_partition(txn, "t", 0)
-        if open_tc.shared:
-            assert waiting is None  # registered as appended: the send goes on
-        else:
-            assert waiting is not None  # the send waits for the log write
-            assert await waiting
-        assert tc.join_partition(txn, "t", 0) is None  # registered: nothing more
-        sub_waiting = tc.join_subscription(txn, "t", "s")
-        if sub_waiting is not None:
-            await sub_waiting
-        meta = tc.get(txn)
-        assert meta is not None
-        assert meta.partitions == [("t", 0)] and meta.subscriptions == [("t", "s")]
-        await tc.add_partitions(txn, [("t", 1)])  # (a barrier: every record is durable)
-        logged = [
-            pb.TransactionMetadataEntry.FromString(e.data)
-            for e in await tc._ledger.read(0, tc._ledger.last_entry_id)
-            if e.meta == 0  # a record, not a snapshot
-        ]
-        adds = [
-            [(p.topic, p.partition) for p in r.partitions]
-            + [(s.topic, s.subscription) for s in r.subscriptions]
-            for r in logged
-            if r.metadata_op in (r.ADD_PARTITION, r.ADD_SUBSCRIPTION)
-        ]
-        assert adds == [[("t", 0)], [("t", "s")], [("t", 1)]]  # one record each
-        await tc.end_txn(txn, commit=True)
-        with pytest.raises(InvalidTxnStatusError):
-            tc.join_partition(txn, "t", 2)
-        with pytest.raises(TxnNotFoundError):
-            tc.join_subscription(TxnID(0, 999_999), "t", "s")
-        assert ("t", 2) not in meta.partitions
-    finally:
-        await tc.close()
-
-
-class Queuing(Recorder):
-    """A `QueuingParticipant`: ends a transaction at once by appending its
-    record to the coordinator's store, unless told to refuse (then the
-    coordinator asks the async way)."""
-
-    def __init__(self, store: Callable[[], LedgerStore], refuse: bool = False) -> None:
-        super().__init__()
-        self.store = store
-        self.refuse = refuse
-        self.at_once: list[tuple[str, object, TxnID, bool]] = []
-        self.written: list[asyncio.Future[int]] = []
-
-    def _now(self, kind: str, what: object, txnid: TxnID, commit: bool) -> bool:
-        if self.refuse:
-            return False
-        self.at_once.append((kind, what, txnid, commit))
-        ledger = self.store().get_ledger("participant")
-        assert ledger is not None
-        self.written.append(ledger.append(b"commit" if commit else b"abort"))
-        return True
-
-    def end_txn_on_partition_now(
-        self, topic: str, partition: int, txnid: TxnID, commit: bool
-    ) -> bool:
-        return self._now("partition", partition, txnid, commit)
-
-    def end_txn_on_subscription_now(
-        self, topic: str, subscription: str, txnid: TxnID, commit: bool
-    ) -> bool:
-        return self._now("subscription", subscription, txnid, commit)
-
-
-async def test_end_at_once_decides_and_tells_every_participant_in_one_turn(
-    tmp_path: Path,
-) -> None:
-    """The broker's END path: the decision is logged and every participant
-    queues its write behind it in the same turn of the loop (one group
-    commit), and END may be answered once the decision is durable."""
-    tc: TransactionCoordinator | None = None
-    participant = Queuing(lambda: tc.store)  # type: ignore[union-attr]
-    tc = await _open_early(tmp_path, participant)
-    try:
-        await tc.store.open_ledger("participant")
-        txn = await tc.new_txn()
-        tc.join_partition(txn, "t", 0)
-        tc.join_subscription(txn, "t", "s")
-        commits = tc.store.commits
-        answered = tc.end_txn_at_once(txn, commit=True)
-        assert answered is not None and not answered.done()
-        assert participant.at_once == [
-            ("partition", 0, txn, True),
-            ("subscription", "s", txn, True),
-        ]
-        assert tc.get(txn).status is TxnStatus.COMMITTING  # (applied as appended)
-        await answered
-        assert all(w.done() for w in participant.written)  # durable with the decision
-        assert tc.store.commits == commits + 1
-        assert participant.calls == []  # (the async way was not needed)
-        await wait_status(tc, txn, TxnStatus.COMMITTED)
-        assert tc.end_txn_at_once(txn, commit=True) is None  # (a repeat: end_txn answers it)
-        await tc.end_txn(txn, commit=True)
-        with pytest.raises(TxnNotFoundError):
-            tc.end_txn_at_once(TxnID(0, 999_999), commit=True)
-    finally:
-        await tc.close()
-
-
-async def test_end_at_once_falls_back_to_telling_participants_in_a_task(
-    tmp_path: Path,
-) -> None:
-    tc: TransactionCoordinator | None = None
-    participant = Queuing(lambda: tc.store, refuse=True)  # type: ignore[union-attr]
-    tc = await _open_early(tmp_path, participant)
-    try:
-        txn = await tc.new_txn()
-        tc.join_partition(txn, "t", 0)
-        answered = tc.end_txn_at_once(txn, commit=False)
-        assert answered is not None
-        await asyncio.wait_for(answered, 5)
-        assert participant.calls == [("partition", "t", 0, txn, False)]  # the async way
-        assert participant.durable == [False]
-        await wait_status(tc, txn, TxnStatus.ABORTED)
-    finally:
-        await tc.close()
-
-
-async def test_end_at_once_needs_records_applied_as_appended(tmp_path: Path) -> None:
-    tc = await Opener(tmp_path, shared=False)(0, Recorder())
-    try:
-        txn = await tc.new_txn()
-        assert tc.end_txn_at_once(txn, commit=True) is None  # (its own log: end_txn)
-        await tc.end_txn(txn, commit=True)
-    finally:
-        await tc.close()
+        await opener.close(tc)

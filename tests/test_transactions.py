@@ -718,33 +718,15 @@ async def test_batches_are_handled_in_order_and_answers_batched(broker: BrokerPr
     assert frames < len(answers)  # the receipts of one group commit share a frame
 
 
-async def test_a_data_directory_from_before_keeps_its_coordinator_file(tmp_path: Path) -> None:
-    """Coordinator logs used to be files of their own (``tc-<id>.db``): a broker
-    started on such a directory keeps using it, transactions and all."""
-    from tc import TransactionCoordinator, TxnStatus
-
-    class Nobody:
-        async def end_txn_on_partition(self, *args: object, **kwargs: object) -> None: ...
-        async def end_txn_on_subscription(self, *args: object, **kwargs: object) -> None: ...
-
+async def test_a_data_directory_with_a_coordinator_file_is_refused(tmp_path: Path) -> None:
+    """Coordinators log in broker.db; a data directory holding a coordinator
+    log of its own (``tc-<id>.db``) is refused with a clear error, untouched."""
     data = tmp_path / "data"
-    old = await TransactionCoordinator.open(0, data, Nobody())
-    left_open = await old.new_txn(timeout_ms=3_600_000)
-    await old.close()
+    data.mkdir()
+    (data / "tc-0.db").write_bytes(b"an old coordinator log")
     broker = BrokerProcess(data, tmp_path / "broker.log")
-    broker.start()
-    try:
-        status, txn = admin_json(broker, "GET", f"/admin/v1/transactions/{left_open}")
-        assert status == 200 and txn["status"] == TxnStatus.OPEN.name
-        async with Client(broker.url) as client:
-            sink = await client.subscribe("after", "reader", initial_position="earliest")
-            producer = await client.create_producer("after")
-            async with client.transaction() as new:
-                await producer.send(b"x", txn=new)
-            assert str(new.id) == "(0,1)"  # the counter goes on from the old file
-            assert (await receive_n(sink, 1))[0].value == b"x"
-    finally:
-        broker.stop()
-    with contextlib.closing(sqlite3.connect(data / "broker.db")) as db:
-        names = {name for (name,) in db.execute("SELECT name FROM ledgers")}
-    assert "tc/0" not in names  # still in tc-0.db
+    with pytest.raises(RuntimeError, match="broker exited"):
+        broker.start()
+    assert "tc-0.db is a coordinator log in a separate file" in broker.log()
+    assert "Traceback" not in broker.log()
+    assert (data / "tc-0.db").read_bytes() == b"an old coordinator log"

@@ -1,0 +1,348 @@
+"""A coordinator's transactions as data: the transaction table, no I/O.
+
+`TxnTable` holds what one coordinator knows (PIP-31 §Transaction Log): its
+transactions that have not ended (status, timeout, participants), the
+recently ended ones, the deadlines of the OPEN ones, and where its ids are.
+It changes in exactly two ways:
+
+- `apply(record)`: a `TransactionMetadataEntry` of the log (NEW, UPDATE,
+  BOOT), live and on recovery alike;
+- `register`: a participant joins an OPEN transaction. Registrations are
+  not logged: the decision record names every participant, which is all a
+  restart needs to finish a decided transaction (one left OPEN by a crash
+  is aborted, and its participants abort what they hold of it).
+
+The records it is asked for (`new`, `decide`, `finish`, `boot`) are built,
+checked against the status table (`tc._status`) and returned, not applied:
+the coordinator logs a record, then applies it (see `tc._coordinator`).
+`snapshot` / `restore` turn the table into plain data and back.
+
+A TxnID's 112-bit counter is (boot epoch << 64) | sequence: each start of
+the coordinator logs BOOT with a new epoch before it hands out an id, so an
+id answered before its NEW record was durable (and lost in a crash) is never
+handed out again, and ids grow across restarts.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import Any
+
+from sortedcontainers import SortedList
+
+from proto import txnbuf_pb2 as pb
+from tc._status import (
+    InvalidTxnStatusError,
+    TxnEvent,
+    TxnStatus,
+    check_update,
+    status_of,
+    transition,
+)
+from tc._txnid import TxnID, wire_txnid
+
+__all__ = [
+    "DEFAULT_TIMEOUT_MS",
+    "ENDED_IN_SNAPSHOT",
+    "ENDED_KEPT",
+    "MAX_TIMEOUT_MS",
+    "Record",
+    "TxnMeta",
+    "TxnNotFoundError",
+    "TxnTable",
+    "TxnTimeoutError",
+]
+
+Record = pb.TransactionMetadataEntry
+DEFAULT_TIMEOUT_MS = 60_000
+MAX_TIMEOUT_MS = 3_600_000
+ENDED_KEPT = 10_000  # ended transactions remembered, so a repeated END is answered
+ENDED_IN_SNAPSHOT = 1000  # of which the newest survive a restart
+_SEQ_BITS = 64  # a counter is (boot epoch << 64) | sequence
+
+
+class TxnNotFoundError(LookupError):
+    """No such transaction on this coordinator (never, or ended long ago)."""
+
+
+class TxnTimeoutError(InvalidTxnStatusError):
+    """The transaction was aborted by its timeout."""
+
+
+@dataclass(slots=True)
+class TxnMeta:
+    txnid: TxnID
+    status: TxnStatus
+    timeout_ms: int
+    start_ms: int
+    last_modified_ms: int
+    partitions: list[tuple[str, int]] = field(default_factory=list)
+    subscriptions: list[tuple[str, str]] = field(default_factory=list)
+    timed_out: bool = False
+
+    @property
+    def deadline_ms(self) -> int:
+        return self.start_ms + self.timeout_ms
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "txnid": str(self.txnid),
+            "tc_id": self.txnid.tcid,
+            "status": self.status.name,
+            "timeout_ms": self.timeout_ms,
+            "start_ms": self.start_ms,
+            "last_modified_ms": self.last_modified_ms,
+            "partitions": [{"topic": t, "partition": p} for t, p in self.partitions],
+            "subscriptions": [{"topic": t, "subscription": s} for t, s in self.subscriptions],
+            "timed_out": self.timed_out,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> TxnMeta:
+        return cls(
+            txnid=TxnID.parse(d["txnid"]),
+            status=TxnStatus[d["status"]],
+            timeout_ms=int(d["timeout_ms"]),
+            start_ms=int(d["start_ms"]),
+            last_modified_ms=int(d["last_modified_ms"]),
+            partitions=[(p["topic"], int(p["partition"])) for p in d["partitions"]],
+            subscriptions=[(s["topic"], s["subscription"]) for s in d["subscriptions"]],
+            timed_out=bool(d["timed_out"]),
+        )
+
+
+def same_outcome(status: TxnStatus, commit: bool) -> bool:
+    """Has a transaction in ``status`` been decided the way ``commit`` asks?"""
+    if commit:
+        return status in (TxnStatus.COMMITTING, TxnStatus.COMMITTED)
+    return status in (TxnStatus.ABORTING, TxnStatus.ABORTED)
+
+
+class TxnTable:
+    def __init__(self, tcid: int) -> None:
+        self.tcid = tcid
+        self.txns: dict[TxnID, TxnMeta] = {}  # not ended
+        self.ended: collections.OrderedDict[TxnID, TxnMeta] = collections.OrderedDict()
+        self.deadlines: SortedList = SortedList()  # (deadline_ms, txnid) of the OPEN ones
+        self.epoch = 0  # the boot epoch of the ids handed out now
+        self.next_seq = 0  # the next id's sequence in this epoch
+        self.highest_epoch = 0  # the highest epoch any record names
+
+    # -- queries --------------------------------------------------------------------
+
+    def get(self, txnid: TxnID) -> TxnMeta | None:
+        return self.txns.get(txnid) or self.ended.get(txnid)
+
+    def live(self, txnid: TxnID) -> TxnMeta:
+        """``txnid``'s record; `TxnNotFoundError` saying why if there is none."""
+        meta = self.get(txnid)
+        if meta is None or txnid.tcid != self.tcid:
+            why = ""
+            if txnid.tcid == self.tcid and txnid.counter >> _SEQ_BITS < self.epoch:
+                why = (
+                    " (it was open when the coordinator restarted, which aborted it, or it "
+                    "ended long ago)"
+                )
+            raise TxnNotFoundError(
+                f"transaction {txnid} is not known to coordinator {self.tcid}{why}"
+            )
+        return meta
+
+    def is_open(self, txnid: TxnID) -> bool:
+        meta = self.txns.get(txnid)
+        return meta is not None and meta.status is TxnStatus.OPEN
+
+    def open_one(self, txnid: TxnID, what: str) -> TxnMeta:
+        """``txnid``'s record if it is OPEN; raises saying why not (``what``
+        names the refused request)."""
+        meta = self.live(txnid)
+        if meta.status is not TxnStatus.OPEN:
+            if meta.timed_out:
+                raise TxnTimeoutError(meta.status, f"{what} (timed out)")
+            raise InvalidTxnStatusError(meta.status, what)
+        return meta
+
+    def verify_partition(self, txnid: TxnID, topic: str, partition: int) -> None:
+        """KIP-890's check before a transactional write: OPEN, partition registered."""
+        meta = self.open_one(txnid, "write to")
+        if (topic, partition) not in meta.partitions:
+            raise InvalidTxnStatusError(
+                meta.status, f"write to partition {topic}/{partition} (not added to) "
+            )
+
+    def verify_subscription(self, txnid: TxnID, topic: str, subscription: str) -> None:
+        """The same check before a transactional acknowledgement."""
+        meta = self.open_one(txnid, "acknowledge in")
+        if (topic, subscription) not in meta.subscriptions:
+            raise InvalidTxnStatusError(
+                meta.status, f"acknowledge on {topic}/{subscription} (not added to) "
+            )
+
+    def expired(self, now_ms: int) -> list[TxnID]:
+        """The OPEN transactions whose deadline has passed (each once: they
+        leave the deadline index)."""
+        out = []
+        while self.deadlines and self.deadlines[0][0] <= now_ms:
+            _, txnid = self.deadlines.pop(0)
+            if self.is_open(txnid):
+                out.append(txnid)
+        return out
+
+    def next_deadline(self) -> int | None:
+        return self.deadlines[0][0] if self.deadlines else None
+
+    # -- records asked for ----------------------------------------------------------
+
+    def boot(self) -> Record:
+        """The BOOT record of a start: a new epoch above every one seen."""
+        return Record(metadata_op=Record.BOOT, boot_epoch=self.highest_epoch + 1)
+
+    def new(self, timeout_ms: int, now_ms: int) -> Record:
+        """The NEW record of the next transaction (its id: `next_txnid`)."""
+        if not 0 <= timeout_ms <= MAX_TIMEOUT_MS:
+            raise ValueError(
+                f"transaction timeout must be 0..{MAX_TIMEOUT_MS} ms, got {timeout_ms}"
+            )
+        txnid = self.next_txnid()
+        return Record(
+            metadata_op=Record.NEW,
+            txnid_most_bits=txnid.most_bits,
+            txnid_least_bits=txnid.least_bits,
+            new_status=pb.OPEN,
+            txn_timeout_ms=timeout_ms or DEFAULT_TIMEOUT_MS,
+            txn_start_time=now_ms,
+            txn_last_modification_time=now_ms,
+        )
+
+    def next_txnid(self) -> TxnID:
+        if self.epoch == 0:
+            raise RuntimeError(f"coordinator {self.tcid} has not booted (no BOOT record)")
+        return TxnID.of(self.tcid, (self.epoch << _SEQ_BITS) | self.next_seq)
+
+    def decide(self, txnid: TxnID, event: TxnEvent, now_ms: int) -> Record:
+        """The decision record (COMMITTING / ABORTING) of an OPEN
+        transaction; it names every participant, so a restart can finish
+        it from this record alone. Raises if ``event`` does not apply."""
+        meta = self.live(txnid)
+        rec = self._update(meta, transition(meta.status, event), now_ms)
+        rec.timed_out = event is TxnEvent.TIMEOUT
+        for topic, index in meta.partitions:
+            rec.partitions.add(topic=topic, partition=index)
+        for topic, sub in meta.subscriptions:
+            rec.subscriptions.add(topic=topic, subscription=sub)
+        return rec
+
+    def finish(self, txnid: TxnID, now_ms: int) -> Record:
+        """The end record (COMMITTED / ABORTED) of a decided transaction,
+        every participant having applied its decision."""
+        meta = self.live(txnid)
+        return self._update(meta, transition(meta.status, TxnEvent.FINISH), now_ms)
+
+    @staticmethod
+    def _update(meta: TxnMeta, new: TxnStatus, now_ms: int) -> Record:
+        return Record(
+            metadata_op=Record.UPDATE,
+            txnid_most_bits=meta.txnid.most_bits,
+            txnid_least_bits=meta.txnid.least_bits,
+            expected_status=meta.status,  # type: ignore[arg-type]
+            new_status=new,  # type: ignore[arg-type]
+            txn_last_modification_time=now_ms,
+        )
+
+    # -- changes ----------------------------------------------------------------------
+
+    def register(
+        self,
+        txnid: TxnID,
+        partitions: list[tuple[str, int]] = (),  # type: ignore[assignment]
+        subscriptions: list[tuple[str, str]] = (),  # type: ignore[assignment]
+        now_ms: int = 0,
+    ) -> None:
+        """Add participants to an OPEN transaction (each once); raises if it
+        is not OPEN."""
+        meta = self.open_one(txnid, "add participants to")
+        for p in partitions:
+            if p not in meta.partitions:
+                meta.partitions.append(p)
+        for s in subscriptions:
+            if s not in meta.subscriptions:
+                meta.subscriptions.append(s)
+        meta.last_modified_ms = max(meta.last_modified_ms, now_ms)
+
+    def apply(self, rec: Record) -> bool:
+        """Apply one log record (live and in recovery). False: ignored, the
+        transaction being unknown or no longer in the status it expects."""
+        op = rec.metadata_op
+        if op == Record.NEW:
+            return self._apply_new(rec)
+        if op == Record.UPDATE:
+            return self._apply_update(rec)
+        if op == Record.BOOT:
+            self.epoch = rec.boot_epoch
+            self.next_seq = 0
+            self.highest_epoch = max(self.highest_epoch, rec.boot_epoch)
+            return True
+        return False
+
+    def _apply_new(self, rec: Record) -> bool:
+        txnid = wire_txnid(rec.txnid_most_bits, rec.txnid_least_bits)
+        meta = TxnMeta(
+            txnid=txnid,
+            status=TxnStatus.OPEN,
+            timeout_ms=rec.txn_timeout_ms,
+            start_ms=rec.txn_start_time,
+            last_modified_ms=rec.txn_last_modification_time,
+        )
+        self.txns[txnid] = meta
+        epoch, seq = divmod(txnid.counter, 1 << _SEQ_BITS)
+        self.highest_epoch = max(self.highest_epoch, epoch)
+        if epoch == self.epoch:
+            self.next_seq = max(self.next_seq, seq + 1)
+        self.deadlines.add((meta.deadline_ms, txnid))
+        return True
+
+    def _apply_update(self, rec: Record) -> bool:
+        txnid = wire_txnid(rec.txnid_most_bits, rec.txnid_least_bits)
+        meta = self.txns.get(txnid)
+        expected = status_of(rec.expected_status)
+        if meta is None or meta.status is not expected:
+            return False
+        if expected is TxnStatus.OPEN:  # the decision: it names the participants
+            for p in rec.partitions:
+                if (p.topic, p.partition) not in meta.partitions:
+                    meta.partitions.append((p.topic, p.partition))
+            for s in rec.subscriptions:
+                if (s.topic, s.subscription) not in meta.subscriptions:
+                    meta.subscriptions.append((s.topic, s.subscription))
+            self.deadlines.discard((meta.deadline_ms, txnid))
+        meta.status = check_update(expected, status_of(rec.new_status))
+        meta.timed_out = meta.timed_out or rec.timed_out
+        meta.last_modified_ms = max(meta.last_modified_ms, rec.txn_last_modification_time)
+        if meta.status.ended:
+            del self.txns[txnid]
+            self.ended[txnid] = meta
+            while len(self.ended) > ENDED_KEPT:
+                self.ended.popitem(last=False)
+        return True
+
+    # -- snapshots ------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """The table as plain data (JSON-ready); `restore` reads it back."""
+        return {
+            "highest_epoch": self.highest_epoch,
+            "txns": [m.to_json() for m in self.txns.values()],
+            "ended": [m.to_json() for m in list(self.ended.values())[-ENDED_IN_SNAPSHOT:]],
+        }
+
+    def restore(self, snap: dict[str, Any]) -> None:
+        self.highest_epoch = max(self.highest_epoch, int(snap["highest_epoch"]))
+        for d in snap["txns"]:
+            meta = TxnMeta.from_json(d)
+            self.txns[meta.txnid] = meta
+            if meta.status is TxnStatus.OPEN:
+                self.deadlines.add((meta.deadline_ms, meta.txnid))
+        for d in snap["ended"]:
+            meta = TxnMeta.from_json(d)
+            self.ended[meta.txnid] = meta
