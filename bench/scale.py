@@ -351,11 +351,11 @@ def _git(where: str, *args: str) -> str:
 def code_under_test(root: str | None) -> str:
     where = root or str(ROOT)
     try:
-        head = _git(where, "rev-parse", "--short", "HEAD")
+        head = _git(where, "log", "-1", "--format=%h (%<(60,trunc)%s")
         dirty = _git(where, "status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.CalledProcessError):
         return where
-    return f"{where} at {head}{' with uncommitted changes' if dirty else ''}"
+    return f"{where} at {head.rstrip()}){' with uncommitted changes' if dirty else ''}"
 
 
 def uname() -> str:
