@@ -1,23 +1,44 @@
-"""The HTTP admin API (JSON under /admin/v1) and Prometheus text at /metrics.
+"""The HTTP admin API (JSON under /admin/v1), Prometheus text at /metrics,
+and at / the admin web page (broker/static/admin.html), which reads them.
 
 Errors are JSON too: ``{"error": "<what was wrong>"}`` with status 400 (bad
 input, nothing changed), 404 (no such topic) or 405/415 as aiohttp gives.
+
+When the broker authenticates (`broker._auth`), every request but
+``/admin/v1/health`` needs ``Authorization: Bearer <token>`` of a
+superuser: without a valid token it is answered 401, with a token of
+another role 403 (`_require_admin`). The ACL is managed here:
+``GET /admin/v1/acl[?role=R]``, ``POST /admin/v1/acl/grant`` and
+``POST /admin/v1/acl/revoke`` with ``{"role", "permission", "resource"}``.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
+from broker._auth import AclEntry, AclError
+from broker._errors import BrokerError
 from broker._server import BROKER_KEY, Broker
-from buffer import InvalidNameError, PartitionCountError, check_topic_name
+from buffer import InvalidNameError, PartitionCountError, check_topic_name, quoted
 from subscriptions import WHOLE_ENTRY
-from tc import InvalidTxnStatusError, NotStuckError, TransactionCoordinator, TxnID, TxnStatus
+from tc import (
+    InvalidTxnStatusError,
+    NotStuckError,
+    TransactionCoordinator,
+    TxnID,
+    TxnStatus,
+    coordinator_of,
+)
 
 __all__ = ["add_admin_routes"]
+
+ADMIN_PAGE = Path(__file__).parent / "static" / "admin.html"
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -39,7 +60,7 @@ async def put_topic(request: web.Request) -> web.Response:
         return _error(400, 'body must be a JSON object such as {"partitions": 3}')
     unknown = set(body) - {"partitions"}
     if unknown:
-        return _error(400, f"unknown field(s): {', '.join(sorted(unknown))}")
+        return _error(400, f"unknown field(s): {quoted(', '.join(sorted(unknown)))}")
     partitions = body.get("partitions", 1)
     if isinstance(partitions, bool):
         return _error(400, "partitions must be an integer")
@@ -136,6 +157,13 @@ async def metrics(request: web.Request) -> web.Response:
         "# TYPE txnbuf_participant_end_failures_total counter",
         f"txnbuf_participant_end_failures_total {failures}",
     ]
+    open_max = max((tc.active_open_time_max_ms() for tc in broker.coordinators.values()), default=0)
+    lines += [
+        "# HELP txnbuf_active_transaction_open_time_max_seconds The longest a transaction not "
+        "yet decided (open or prepared) has been open (KIP-939)",
+        "# TYPE txnbuf_active_transaction_open_time_max_seconds gauge",
+        f"txnbuf_active_transaction_open_time_max_seconds {open_max / 1000:.3f}",
+    ]
     lines.append("# TYPE txnbuf_backlog_messages gauge")
     for name in broker.topics.names():
         for sub, parts in broker.subscriptions.of_topic(name).items():
@@ -194,8 +222,8 @@ def _txnid(request: web.Request) -> TxnID | web.Response:
     text = request.match_info["txnid"]
     try:
         return TxnID.parse(text)
-    except ValueError as exc:
-        return _error(400, str(exc))
+    except ValueError:
+        return _error(400, f"not a TxnID: {quoted(text)} (expected '(most_bits,least_bits)')")
 
 
 async def get_transaction(request: web.Request) -> web.Response:
@@ -259,6 +287,49 @@ async def resolve_transaction(request: web.Request) -> web.Response:
     return web.json_response({"txnid": str(txnid), "action": action, "participants": count})
 
 
+# -- transactional producers (the producer-epoch mode) -------------------------------
+
+
+async def list_producers(request: web.Request) -> web.Response:
+    """Every transactional id, on every coordinator here."""
+    broker = request.app[BROKER_KEY]
+    found = [
+        {"tc_id": tcid, **entry.to_json()}
+        for tcid, tc in sorted(broker.coordinators.items())
+        for entry in tc.producers()
+    ]
+    found.sort(key=lambda e: e["transactional_id"])
+    return web.json_response({"producers": found})
+
+
+def _producer_coordinator(broker: Broker, transactional_id: str) -> TransactionCoordinator:
+    return broker.coordinators[coordinator_of(transactional_id, list(broker.coordinators))]
+
+
+async def get_producer(request: web.Request) -> web.Response:
+    broker = request.app[BROKER_KEY]
+    tid = request.match_info["transactional_id"]
+    tc = _producer_coordinator(broker, tid)
+    entry = tc.producer(tid)
+    if entry is None:
+        return _error(404, f"no transactional id {tid[:200]!r}")
+    return web.json_response({"tc_id": tc.tcid, **entry.to_json()})
+
+
+async def terminate_producer(request: web.Request) -> web.Response:
+    """KIP-939's forceTerminateTransaction: fence the transactional id's
+    producer and abort its ongoing transaction (prepared or not)."""
+    broker = request.app[BROKER_KEY]
+    tid = request.match_info["transactional_id"]
+    tc = _producer_coordinator(broker, tid)
+    if tc.producer(tid) is None:
+        return _error(404, f"no transactional id {tid[:200]!r}")
+    await tc.terminate_producer(tid)
+    entry = tc.producer(tid)
+    assert entry is not None
+    return web.json_response({"tc_id": tc.tcid, **entry.to_json()})
+
+
 async def list_coordinators(request: web.Request) -> web.Response:
     broker = request.app[BROKER_KEY]
     out = []
@@ -270,7 +341,91 @@ async def list_coordinators(request: web.Request) -> web.Response:
     return web.json_response({"coordinators": out})
 
 
+# -- who may use it, and the ACL ---------------------------------------------------
+
+OPEN_PATHS = frozenset({"/admin/v1/health"})
+
+
+@web.middleware
+async def _require_admin(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The admin API and /metrics serve superusers only (when the broker
+    authenticates): 401 without a valid token, 403 with another role's."""
+    path = request.path
+    if path in OPEN_PATHS or not (path.startswith("/admin/") or path == "/metrics"):
+        return await handler(request)
+    security = request.app[BROKER_KEY].security
+    try:
+        who = security.authenticate_bearer(request.headers.get("Authorization"))
+    except BrokerError as exc:
+        return web.json_response(
+            {"error": str(exc)},
+            status=401,
+            headers={"WWW-Authenticate": 'Bearer realm="txnbuf"'},
+        )
+    try:
+        security.allow_admin(who)
+    except BrokerError as exc:
+        return _error(403, str(exc))
+    return await handler(request)
+
+
+async def list_acl(request: web.Request) -> web.Response:
+    """``?role=R`` (optional): the grants, of one role or all."""
+    acl = request.app[BROKER_KEY].security.acl
+    role = request.query.get("role")
+    return web.json_response({"acl": [e.to_json() for e in acl.entries(role)]})
+
+
+async def _acl_entry(request: web.Request) -> AclEntry | web.Response:
+    try:
+        body = json.loads(await request.read() or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        body = None
+    if not isinstance(body, dict) or set(body) != {"role", "permission", "resource"}:
+        return _error(
+            400,
+            'body must be {"role": ..., "permission": "produce" | "consume" | '
+            '"two_phase_commit", "resource": "topic:<pattern>" | '
+            '"subscription:<topic pattern>/<subscription pattern>" | '
+            '"transactional-id:<pattern>"}',
+        )
+    try:
+        return AclEntry.parse(body["role"], body["permission"], body["resource"])
+    except AclError as exc:
+        return _error(400, str(exc))
+
+
+async def grant_acl(request: web.Request) -> web.Response:
+    entry = await _acl_entry(request)
+    if isinstance(entry, web.Response):
+        return entry
+    added = await request.app[BROKER_KEY].security.acl.grant(entry)
+    return web.json_response({"granted": entry.to_json(), "new": added})
+
+
+async def revoke_acl(request: web.Request) -> web.Response:
+    entry = await _acl_entry(request)
+    if isinstance(entry, web.Response):
+        return entry
+    if not await request.app[BROKER_KEY].security.acl.revoke(entry):
+        return _error(
+            404,
+            f"no such grant: {entry.role} {entry.permission.value} {entry.resource} "
+            "(GET /admin/v1/acl lists them)",
+        )
+    return web.json_response({"revoked": entry.to_json()})
+
+
+async def admin_page(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(ADMIN_PAGE, headers={"Cache-Control": "no-cache"})
+
+
 def add_admin_routes(app: web.Application) -> None:
+    app.middlewares.append(_require_admin)
+    app.router.add_get("/", admin_page)
+    app.router.add_get("/admin/v1/acl", list_acl)
+    app.router.add_post("/admin/v1/acl/grant", grant_acl)
+    app.router.add_post("/admin/v1/acl/revoke", revoke_acl)
     app.router.add_get("/admin/v1/health", health)
     app.router.add_get("/admin/v1/topics", list_topics)
     app.router.add_put("/admin/v1/topics/{topic}", put_topic)
@@ -280,4 +435,7 @@ def add_admin_routes(app: web.Application) -> None:
     app.router.add_post("/admin/v1/transactions/{txnid}/abort", abort_transaction)
     app.router.add_post("/admin/v1/transactions/{txnid}/resolve", resolve_transaction)
     app.router.add_get("/admin/v1/coordinators", list_coordinators)
+    app.router.add_get("/admin/v1/producers", list_producers)
+    app.router.add_get("/admin/v1/producers/{transactional_id}", get_producer)
+    app.router.add_post("/admin/v1/producers/{transactional_id}/terminate", terminate_producer)
     app.router.add_get("/metrics", metrics)

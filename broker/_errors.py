@@ -5,16 +5,30 @@ from __future__ import annotations
 from buffer import (
     DuplicateTooOldError,
     InvalidNameError,
+    OutOfOrderSequenceError,
     PartitionCountError,
     SendRejectedError,
+    StaleEpochError,
     TransactionBufferError,
 )
 from ledger import LedgerError
 from proto import txnbuf_pb2 as pb
 from subscriptions import SubscriptionError
-from tc import InvalidTxnStatusError, TxnNotFoundError, TxnTimeoutError
+from tc import (
+    ConcurrentTransactionsError,
+    InvalidPidMappingError,
+    InvalidProducerEpochError,
+    InvalidTransactionTimeoutError,
+    InvalidTxnStateError,
+    InvalidTxnStatusError,
+    ProducerFencedError,
+    TransactionAbortableError,
+    TwoPhaseCommitNotAllowedError,
+    TxnNotFoundError,
+    TxnTimeoutError,
+)
 
-__all__ = ["BrokerError", "error_code", "error_text"]
+__all__ = ["PRODUCER_EPOCH_CODES", "BrokerError", "error_code", "error_text"]
 
 
 class BrokerError(Exception):
@@ -25,8 +39,27 @@ class BrokerError(Exception):
         self.code = code
 
 
+# The producer-epoch mode's refusals, Kafka's names on both sides: the one
+# table a Kafka listener maps onto Kafka's error codes.
+PRODUCER_EPOCH_CODES: dict[type[BaseException], pb.ServerError] = {
+    ProducerFencedError: pb.PRODUCER_FENCED,
+    InvalidProducerEpochError: pb.INVALID_PRODUCER_EPOCH,
+    StaleEpochError: pb.INVALID_PRODUCER_EPOCH,
+    InvalidTxnStateError: pb.INVALID_TXN_STATE,
+    TransactionAbortableError: pb.TRANSACTION_ABORTABLE,
+    InvalidPidMappingError: pb.INVALID_PRODUCER_ID_MAPPING,
+    ConcurrentTransactionsError: pb.CONCURRENT_TRANSACTIONS,
+    InvalidTransactionTimeoutError: pb.INVALID_TRANSACTION_TIMEOUT,
+    OutOfOrderSequenceError: pb.OUT_OF_ORDER_SEQUENCE,
+    TwoPhaseCommitNotAllowedError: pb.AUTHORIZATION_ERROR,
+}
+
+
 def error_code(exc: BaseException) -> pb.ServerError:
     """The `ServerError` code that tells a client what went wrong."""
+    code = PRODUCER_EPOCH_CODES.get(type(exc))
+    if code is not None:
+        return code
     if isinstance(exc, (SubscriptionError, BrokerError)):
         return pb.ServerError.Value(exc.code)  # type: ignore[return-value]
     if isinstance(exc, InvalidNameError):

@@ -22,13 +22,21 @@ from pathlib import Path
 
 from aiohttp import web
 
+from broker._auth import AuthConfig, Security
 from broker._connection import MAX_MESSAGE_SIZE, Connection, txn_key
 from broker._errors import BrokerError
 from buffer import Partition, PublishResult, Topics, TransactionBuffer, TxnKey
 from ledger import LedgerError, LedgerStore, faults
 from proto import txnbuf_pb2 as pb
 from subscriptions import Subscriptions
-from tc import TransactionCoordinator, TxnID, TxnNotFoundError, TxnStatus
+from tc import (
+    ProducerSettings,
+    TransactionCoordinator,
+    TxnID,
+    TxnMeta,
+    TxnNotFoundError,
+    TxnStatus,
+)
 
 __all__ = ["BROKER_KEY", "Broker", "make_app"]
 
@@ -43,9 +51,17 @@ class Broker:
     """Create with `Broker.open`; `close` stops everything in order."""
 
     def __init__(
-        self, data_dir: Path, store: LedgerStore, topics: Topics, subs: Subscriptions, url: str
+        self,
+        data_dir: Path,
+        store: LedgerStore,
+        topics: Topics,
+        subs: Subscriptions,
+        url: str,
+        security: Security | None = None,
     ) -> None:
         self.data_dir = data_dir
+        # Authentication, the ACL and the limits on one client (`broker._auth`).
+        self.security = security or Security.load(data_dir)
         self.store = store
         self.topics = topics
         self.subscriptions = subs
@@ -60,15 +76,23 @@ class Broker:
 
     @classmethod
     async def open(
-        cls, data_dir: str | Path, url: str = "", tc_ids: tuple[int, ...] = (0,)
+        cls,
+        data_dir: str | Path,
+        url: str = "",
+        tc_ids: tuple[int, ...] = (0,),
+        auth: AuthConfig | None = None,
+        producer_settings: ProducerSettings | None = None,
     ) -> Broker:
+        """``auth``: authentication, superusers and limits (none, the
+        default: see `broker._auth`)."""
         data_dir = Path(data_dir)
         data_dir.mkdir(parents=True, exist_ok=True)
+        security = Security.load(data_dir, auth)
         t0 = time.perf_counter()
         store = await LedgerStore.open(data_dir / "broker.db")
         topics = await Topics.load(store)
         subs = await Subscriptions.load(topics)
-        broker = cls(data_dir, store, topics, subs, url)
+        broker = cls(data_dir, store, topics, subs, url, security)
         log.info(
             "recovered %d topics from %s in %.2fs",
             len(topics.all()),
@@ -77,7 +101,7 @@ class Broker:
         )
         try:
             for tcid in tc_ids:
-                broker.coordinators[tcid] = await broker._open_coordinator(tcid)
+                broker.coordinators[tcid] = await broker._open_coordinator(tcid, producer_settings)
             await broker._abort_orphans()
         except BaseException:
             await broker.close()
@@ -85,7 +109,9 @@ class Broker:
         broker._sweeper = asyncio.get_running_loop().create_task(broker._sweep_loop())
         return broker
 
-    async def _open_coordinator(self, tcid: int) -> TransactionCoordinator:
+    async def _open_coordinator(
+        self, tcid: int, settings: ProducerSettings | None = None
+    ) -> TransactionCoordinator:
         """Coordinator ``tcid`` keeps its log in the broker's store, next to
         the partitions and subscriptions it ends transactions on, so that
         they write right behind its records (see `tc`)."""
@@ -94,7 +120,7 @@ class Broker:
                 f"{self.data_dir / f'tc-{tcid}.db'} is a coordinator log in a separate file, "
                 "which this version of txnbuf does not read (coordinators log in broker.db)"
             )
-        return await TransactionCoordinator.open(tcid, self.store, self)
+        return await TransactionCoordinator.open(tcid, self.store, self, settings)
 
     async def _abort_orphans(self) -> None:
         """Abort, on the partitions and subscriptions that hold it, every
@@ -196,19 +222,23 @@ class Broker:
         encoded: bytes | None = None,
         early: bool = False,
         first_seq: int | None = None,
+        epoch_producer: tuple[int, int] | None = None,
     ) -> Awaitable[PublishResult]:
         """Queue a transactional send to ``partition``'s transaction buffer.
 
         Sends are queued in call order even while the buffer (and its sidecar
-        ledger) is being created by the first of them. ``early``: see
-        `TransactionBuffer.publish` (not for a send that creates the buffer).
+        ledger) is being created by the first of them. ``early`` and
+        ``epoch_producer``: see `TransactionBuffer.publish` (``early`` not
+        for a send that creates the buffer).
         """
         buffer = partition.transaction_buffer
         if buffer is not None and partition not in self._awaiting_buffer:
-            return buffer.publish(txn, producer, messages, encoded, early, first_seq)
+            return buffer.publish(
+                txn, producer, messages, encoded, early, first_seq, epoch_producer
+            )
         fut: asyncio.Future[Awaitable[PublishResult]] = asyncio.get_running_loop().create_future()
         waiting = self._awaiting_buffer.setdefault(partition, [])
-        waiting.append(_TxnSend(txn, producer, messages, first_seq, fut))
+        waiting.append(_TxnSend(txn, producer, messages, first_seq, fut, epoch_producer))
         if len(waiting) == 1:
             asyncio.get_running_loop().create_task(self._create_buffer(partition))
         return _published(fut)
@@ -223,12 +253,18 @@ class Broker:
         for job in self._awaiting_buffer.pop(partition):
             try:
                 job.future.set_result(
-                    buffer.publish(job.txn, job.producer, job.messages, first_seq=job.first_seq)
+                    buffer.publish(
+                        job.txn,
+                        job.producer,
+                        job.messages,
+                        first_seq=job.first_seq,
+                        epoch_producer=job.epoch_producer,
+                    )
                 )
             except Exception as exc:
                 job.future.set_exception(exc)
 
-    def check_decided(self, txnid: TxnID, commit: bool) -> None:
+    def check_decided(self, txnid: TxnID, commit: bool) -> TxnMeta:
         """A participant applies only the outcome the transaction's
         coordinator decided: raise (nothing changes) unless ``txnid``'s
         coordinator runs here and has decided to commit (``commit``) or to
@@ -252,6 +288,7 @@ class Broker:
                 f"its coordinator {txnid.tcid} did not decide so (it is {state} there); "
                 "nothing was changed",
             )
+        return meta
 
     def end_txn_on_partition(
         self, topic: str, partition: int, txnid: TxnID, commit: bool
@@ -260,25 +297,25 @@ class Broker:
         partition, as its coordinator decided (`check_decided`): queued at
         once where its transaction buffer exists and no other END of it is
         under way there, else once it can be."""
-        self.check_decided(txnid, commit)
+        producer = self.check_decided(txnid, commit).producer
         faults.refuse("broker.end_txn_on_participant")
         part = self._partition(topic, partition, txnid)
         if part is None:
             return None
         buffer = part.transaction_buffer
-        if buffer is not None and buffer.end_now(txn_key(txnid), commit):
+        if buffer is not None and buffer.end_now(txn_key(txnid), commit, producer):
             return None
-        return self._end_on_partition(part, txnid, commit, durable=False)
+        return self._end_on_partition(part, txnid, commit, False, producer)
 
     async def end_txn_on_partition_durably(
         self, topic: str, partition: int, txnid: TxnID, commit: bool
     ) -> None:
         """END_TXN_ON_PARTITION from the wire: `end_txn_on_partition`,
         returning once what it wrote is durable."""
-        self.check_decided(txnid, commit)
+        producer = self.check_decided(txnid, commit).producer
         part = self._partition(topic, partition, txnid)
         if part is not None:
-            await self._end_on_partition(part, txnid, commit, durable=True)
+            await self._end_on_partition(part, txnid, commit, True, producer)
 
     def _partition(self, topic: str, partition: int, txnid: TxnID) -> Partition | None:
         found = self.topics.get(topic)
@@ -288,9 +325,15 @@ class Broker:
         return found.partitions[partition]
 
     @staticmethod
-    async def _end_on_partition(part: Partition, txnid: TxnID, commit: bool, durable: bool) -> None:
+    async def _end_on_partition(
+        part: Partition,
+        txnid: TxnID,
+        commit: bool,
+        durable: bool,
+        producer: tuple[int, int] | None,
+    ) -> None:
         buffer = await part.txn_buffer()
-        await buffer.end(txn_key(txnid), commit, durable)
+        await buffer.end(txn_key(txnid), commit, durable, producer)
 
     def end_txn_on_subscription(
         self, topic: str, subscription: str, txnid: TxnID, commit: bool
@@ -334,6 +377,7 @@ class _TxnSend:
     messages: Sequence[pb.SingleMessage]
     first_seq: int | None
     future: asyncio.Future[Awaitable[PublishResult]]
+    epoch_producer: tuple[int, int] | None
 
 
 async def _published(fut: asyncio.Future[Awaitable[PublishResult]]) -> PublishResult:
@@ -344,6 +388,11 @@ async def _websocket(request: web.Request) -> web.WebSocketResponse:
     broker = request.app[BROKER_KEY]
     ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_SIZE + (64 << 10), heartbeat=30.0)
     await ws.prepare(request)
+    refusal = broker.security.refuse_connection(len(broker.connections))
+    if refusal is not None:  # (TOO_MANY_REQUESTS: the client tries again later)
+        await ws.send_bytes(refusal)
+        await ws.close()
+        return ws
     peer = f"{request.remote}:{id(ws) % 100000}"
     conn = Connection(broker, ws, peer)
     broker.connections.add(conn)

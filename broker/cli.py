@@ -1,8 +1,12 @@
-"""The `txnbuf` command line: ``txnbuf serve``.
+"""The `txnbuf` command line: ``txnbuf serve``, ``txnbuf check``,
+``txnbuf check-data`` (`broker._checkdata`) and ``txnbuf token`` /
+``txnbuf acl`` (`broker._auth_cli`).
 
 ``txnbuf serve`` with no arguments runs one broker on 127.0.0.1:6650 with its
-data in ./txnbuf-data. SIGTERM and SIGINT stop it cleanly: connections are
-closed, queued writes finish, the database is closed.
+data in ./txnbuf-data, authenticating nobody; it refuses another address
+without authentication unless ``--insecure`` (docs/security.md). SIGTERM and
+SIGINT stop it cleanly: connections are closed, queued writes finish, the
+database is closed.
 
 Garbage collection: recovery runs with the cyclic collector off. It
 allocates objects that live as long as the broker (about 80 per topic), and
@@ -25,13 +29,23 @@ import asyncio
 import gc
 import logging
 import signal
+import ssl
 import sys
 from collections.abc import Sequence
 
 from aiohttp import web
 
+from broker._auth import AclFileError, AuthConfig, check_listen
+from broker._auth_cli import (
+    add_security_parsers,
+    add_serve_options,
+    run_security_command,
+    serve_security,
+)
+from broker._checkdata import add_check_data_parser, run_check_data
 from broker._server import Broker, make_app
 from ledger import LedgerError
+from tc import DEFAULT_EXPIRATION_MS, MAX_TXN_TIMEOUT_MS, ProducerSettings
 
 __all__ = ["main", "serve"]
 
@@ -40,13 +54,31 @@ log = logging.getLogger("txnbuf")
 GC_GEN0_THRESHOLD = 20_000
 
 
-async def serve(data_dir: str, host: str, port: int, tc_ids: tuple[int, ...] = (0,)) -> None:
-    """Run a broker until SIGTERM or SIGINT."""
+async def serve(
+    data_dir: str,
+    host: str,
+    port: int,
+    tc_ids: tuple[int, ...] = (0,),
+    auth: AuthConfig | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+    producer_settings: ProducerSettings | None = None,
+) -> None:
+    """Run a broker until SIGTERM or SIGINT. ``auth``: authentication and
+    limits (`broker._auth`); ``ssl_context``: serve TLS."""
+    scheme = "https" if ssl_context is not None else "http"
     gc.disable()
     try:
-        broker = await Broker.open(data_dir, url=f"http://{host}:{port}", tc_ids=tc_ids)
+        broker = await Broker.open(
+            data_dir,
+            url=f"{scheme}://{host}:{port}",
+            tc_ids=tc_ids,
+            auth=auth,
+            producer_settings=producer_settings,
+        )
     except LedgerError as exc:  # (another broker on this data directory, a broken disk)
         raise SystemExit(f"txnbuf: cannot open the data in {data_dir}: {exc}") from None
+    except AclFileError as exc:
+        raise SystemExit(f"txnbuf: {exc}") from None
     finally:
         gc.enable()
     gc.freeze()
@@ -54,18 +86,20 @@ async def serve(data_dir: str, host: str, port: int, tc_ids: tuple[int, ...] = (
     runner = web.AppRunner(make_app(broker), access_log=None, handle_signals=False)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port, reuse_address=True)
+        site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_context)
         await site.start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         log.info(
-            "txnbuf broker listening on http://%s:%d (data in %s, coordinators %s)",
+            "txnbuf broker listening on %s://%s:%d (data in %s, coordinators %s, %s)",
+            scheme,
             host,
             port,
             data_dir,
             ",".join(map(str, tc_ids)),
+            "tokens required" if broker.security.enabled else "no authentication",
         )
         await stop.wait()
         log.info("stopping")
@@ -106,22 +140,67 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=(0,),
         help="transaction coordinators to run here, comma-separated TCIDs (0)",
     )
+    p.add_argument(
+        "--allow-2pc",
+        action="store_true",
+        help="let transactional producers enable two-phase commit (KIP-939; off)",
+    )
+    p.add_argument(
+        "--max-transaction-timeout",
+        type=float,
+        default=MAX_TXN_TIMEOUT_MS / 1000,
+        metavar="SECONDS",
+        help="the longest transaction timeout a transactional producer may ask for (900)",
+    )
+    p.add_argument(
+        "--transactional-id-expiration",
+        type=float,
+        default=DEFAULT_EXPIRATION_MS / 1000,
+        metavar="SECONDS",
+        help="forget a transactional id idle this long (604800: 7 days)",
+    )
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (INFO)")
+    add_serve_options(p)
     from checker._cli import add_check_parser, run_check
 
     add_check_parser(commands)
+    add_check_data_parser(commands)
+    add_security_parsers(commands)
     args = parser.parse_args(argv)
     if args.command == "check":
         return run_check(args)
+    if args.command == "check-data":
+        return run_check_data(args)
+    if args.command in ("token", "acl"):
+        return run_security_command(args)
     logging.basicConfig(
         level=args.log_level.upper(),
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     if args.command == "serve":
+        security = serve_security(args)
+        refusal = check_listen(args.host, security.auth.authenticator is not None, args.insecure)
+        if refusal is not None:
+            raise SystemExit(f"txnbuf: {refusal}")
         loop_factory = _event_loop_factory()
         with asyncio.Runner(loop_factory=loop_factory) as runner:
-            runner.run(serve(args.data_dir, args.host, args.port, args.tc_ids))
+            settings = ProducerSettings(
+                max_txn_timeout_ms=round(args.max_transaction_timeout * 1000),
+                expiration_ms=round(args.transactional_id_expiration * 1000),
+                allow_two_phase=args.allow_2pc,
+            )
+            runner.run(
+                serve(
+                    args.data_dir,
+                    args.host,
+                    args.port,
+                    args.tc_ids,
+                    security.auth,
+                    security.ssl_context,
+                    settings,
+                )
+            )
     return 0
 
 

@@ -111,6 +111,9 @@ __all__ = [
     "TXN_COMMIT",
     "TXN_DATA",
     "TXN_SNAPSHOT",
+    "EpochProducer",
+    "OutOfOrderSequenceError",
+    "StaleEpochError",
     "TransactionBuffer",
     "TransactionBufferError",
     "TxnConflictError",
@@ -119,6 +122,11 @@ __all__ = [
     "TxnInfo",
     "TxnKey",
     "TxnState",
+    "abort_record",
+    "commit_record",
+    "decode_commit_marker",
+    "decode_sidecar_record",
+    "epoch_producer_name",
     "sidecar_ledger_name",
     "transition",
 ]
@@ -184,6 +192,48 @@ class TxnEndedError(TransactionBufferError):
 
 class TxnConflictError(TransactionBufferError):
     """An END contradicts how the transaction ended (or is ending) here."""
+
+
+class StaleEpochError(TransactionBufferError):
+    """The producer-epoch mode: a send or a commit marker of an epoch (or a
+    coordinator epoch) older than this partition has seen for its producer
+    id: a late write, or a marker of a finished transaction."""
+
+
+class OutOfOrderSequenceError(TransactionBufferError):
+    """The producer-epoch mode: a send whose first sequence is not the next
+    one of its producer here (a gap, or a new epoch not starting at 0)."""
+
+
+@dataclass(slots=True)
+class EpochProducer:
+    """What a partition knows of a producer-epoch producer (KIP-98 §Broker
+    PID-Sequence Management): its latest epoch here, its transaction that
+    has not ended here (if any), and the highest coordinator epoch (the
+    boot epoch in that transaction's id) of its transactions here. The last
+    sequence is the transaction's (its `ProducerSequence`)."""
+
+    epoch: int
+    txn: TxnKey | None
+    coordinator_epoch: int
+
+
+def epoch_producer_name(producer_id: int, epoch: int) -> str:
+    """The producer name a producer-epoch send is stored under (no user
+    producer name starts with '~')."""
+    return f"~{producer_id}.{epoch}"
+
+
+def _parse_epoch_producer(name: str) -> tuple[int, int] | None:
+    if not name.startswith("~"):
+        return None
+    pid, _, epoch = name[1:].partition(".")
+    return int(pid), int(epoch)
+
+
+def _coordinator_epoch(txn: TxnKey) -> int:
+    """The boot epoch of the coordinator that issued ``txn`` (see `tc`)."""
+    return (((txn[0] & ((1 << 48) - 1)) << 64) | txn[1]) >> 64
 
 
 # -- the state table ----------------------------------------------------------------
@@ -309,10 +359,50 @@ def _encode_marker(txn: TxnKey, entries: Sequence[int]) -> bytes:
 
 
 def _decode_marker(data: bytes) -> tuple[TxnKey, tuple[int, ...]]:
+    if len(data) < _MARKER.size:
+        raise TransactionBufferError(f"malformed commit marker ({len(data)} bytes)")
     most, least, n = _MARKER.unpack_from(data)
     if len(data) != _MARKER.size + 8 * n:
         raise TransactionBufferError(f"malformed commit marker ({len(data)} bytes)")
     return (most, least), struct.unpack_from(f">{n}q", data, _MARKER.size)
+
+
+def decode_commit_marker(data: bytes) -> tuple[TxnKey, tuple[int, ...]]:
+    """A commit marker's transaction and the sidecar entry ids it names;
+    `TransactionBufferError` if ``data`` is not a marker."""
+    return _decode_marker(data)
+
+
+def decode_sidecar_record(meta: int, data: bytes) -> tuple[int, TxnKey | None, int]:
+    """``(kind, transaction, marker)`` of a sidecar record: the transaction
+    of a TXN_DATA, TXN_COMMIT or TXN_ABORT record (None for a snapshot),
+    and the commit marker entry id a TXN_COMMIT names (-1 otherwise).
+    `TransactionBufferError` if the record is malformed or of no known kind."""
+    kind = entry_kind(meta)
+    try:
+        if kind == TXN_COMMIT:
+            most, least, marker = _COMMIT.unpack(data)
+            return kind, (most, least), marker
+        if kind == TXN_ABORT:
+            return kind, _TXN.unpack(data), -1
+        if kind == TXN_DATA:
+            return kind, _TXN.unpack_from(data), -1
+    except struct.error:
+        raise TransactionBufferError(f"malformed sidecar record of kind {kind}") from None
+    if kind == TXN_SNAPSHOT:
+        return kind, None, -1
+    raise TransactionBufferError(f"unknown sidecar record kind {kind}")
+
+
+def commit_record(txn: TxnKey, marker: int) -> tuple[bytes, int]:
+    """``(data, meta)`` of the TXN_COMMIT record of ``txn`` naming its commit
+    marker's entry id (-1: none)."""
+    return _COMMIT.pack(txn[0], txn[1], marker), entry_meta(TXN_COMMIT, 0)
+
+
+def abort_record(txn: TxnKey) -> tuple[bytes, int]:
+    """``(data, meta)`` of the TXN_ABORT record of ``txn``."""
+    return _TXN.pack(*txn), entry_meta(TXN_ABORT, 0)
 
 
 async def _read_ids(ledger: Ledger, ids: Sequence[int]) -> list[Entry]:
@@ -358,6 +448,8 @@ class TransactionBuffer:
         self._cache: collections.OrderedDict[int, bytes] = collections.OrderedDict()
         self._cache_bytes = 0
         self.snapshots_written = 0
+        # The producer-epoch mode: producer id -> what this partition knows of it.
+        self.epoch_producers: dict[int, EpochProducer] = {}
         sidecar.add_listener(self._on_sidecar)
         partition_ledger.add_listener(self._on_partition)
 
@@ -438,8 +530,16 @@ class TransactionBuffer:
         encoded: bytes | None = None,
         early: bool = False,
         first_seq: int | None = None,
+        epoch_producer: tuple[int, int] | None = None,
     ) -> Awaitable[PublishResult]:
         """Store one transactional send as one TXN_DATA record, dropping re-sent messages.
+
+        ``epoch_producer``: (producer id, epoch) of a producer-epoch send,
+        stored under `epoch_producer_name`: refused with `StaleEpochError`
+        if this partition has seen a newer epoch (or coordinator epoch) of
+        the producer, and with `OutOfOrderSequenceError` unless its first
+        sequence is the next one of the producer in the transaction here (0
+        for the first send of each epoch); a re-sent one is a duplicate.
 
         ``encoded`` and ``first_seq``: as for `Partition.publish`. ``early``: when nothing is
         re-sent, the result is ready at once, before the record is durable
@@ -469,6 +569,8 @@ class TransactionBuffer:
                     "partition: a late write is refused"
                 )
         state = t.producer(producer)
+        if epoch_producer is not None:
+            self._check_epoch_send(txn, epoch_producer, seqs[0], state)
         if seqs[0] > state.pushed:  # the usual case: nothing re-sent
             queued = self._append(t, producer, messages, seqs, state, encoded)
             if not early:
@@ -486,6 +588,40 @@ class TransactionBuffer:
                 t, producer, [messages[i] for i in fresh], [seqs[i] for i in fresh], state
             )
         return self._mixed(t, seqs, fresh, state, waits, appended)
+
+    def _check_epoch_send(
+        self, txn: TxnKey, producer: tuple[int, int], first: int, state: ProducerSequence
+    ) -> None:
+        """The producer-epoch checks of a send (see `publish`); notes the
+        producer's epoch and transaction here."""
+        pid, epoch = producer
+        known = self.epoch_producers.get(pid)
+        coordinator_epoch = _coordinator_epoch(txn)
+        if known is not None and (
+            epoch < known.epoch or coordinator_epoch < known.coordinator_epoch
+        ):
+            raise StaleEpochError(
+                f"producer {pid} epoch {epoch} is older than epoch {known.epoch} on {self.name}: "
+                "a write of a finished transaction is refused"
+            )
+        if first > state.pushed + 1:
+            expected = state.pushed + 1
+            raise OutOfOrderSequenceError(
+                f"producer {pid} epoch {epoch} sent sequence {first} to {self.name}, where "
+                f"{expected} comes next{' (an epoch starts at 0)' if expected == 0 else ''}"
+            )
+        self.epoch_producers[pid] = EpochProducer(epoch, txn, coordinator_epoch)
+
+    def _note_epoch_producer(self, txn: TxnKey, name: str) -> None:
+        """Recovery: a stored send of ``name`` in ``txn``, if a producer-epoch one."""
+        producer = _parse_epoch_producer(name)
+        if producer is None:
+            return
+        pid, epoch = producer
+        known = self.epoch_producers.get(pid)
+        coordinator_epoch = _coordinator_epoch(txn)
+        if known is None or (coordinator_epoch, epoch) >= (known.coordinator_epoch, known.epoch):
+            self.epoch_producers[pid] = EpochProducer(epoch, txn, coordinator_epoch)
 
     def _append(
         self,
@@ -555,7 +691,13 @@ class TransactionBuffer:
 
     # -- end on partition -----------------------------------------------------------
 
-    async def end(self, txn: TxnKey, commit: bool, durable: bool = True) -> None:
+    async def end(
+        self,
+        txn: TxnKey,
+        commit: bool,
+        durable: bool = True,
+        producer: tuple[int, int] | None = None,
+    ) -> None:
         """End ``txn`` here (EndTxnOnPartition); idempotent, so retry until it returns.
 
         COMMIT appends the commit marker to the partition ledger, then a
@@ -574,8 +716,12 @@ class TransactionBuffer:
         decision is durable already, and what it logs after this call is
         durable only with the marker (``tc`` calls with it then, or with
         `end_now`).
+
+        ``producer``: the (producer id, epoch) the transaction belongs to
+        (the producer-epoch mode): its marker is refused (`StaleEpochError`,
+        nothing changes) if this partition has seen a newer epoch of it.
         """
-        t = self._begin_end(txn, commit)
+        t = self._begin_end(txn, commit, producer)
         if t is None or (not durable and self._end_at_once(t, commit)):
             return
         if t.lock is None:
@@ -590,7 +736,7 @@ class TransactionBuffer:
                 self._queue_end(t, commit)
                 return
             if not commit:
-                record = self.sidecar.append(_TXN.pack(*txn), meta=entry_meta(TXN_ABORT, 0))
+                record = self.sidecar.append(*abort_record(txn))
             elif t.marker < 0 and (t.entries or t.unapplied):
                 t.marker = await self._append_marker(t)  # (the partition listener set it)
                 faults.hit("buffer.after_commit_marker")
@@ -604,15 +750,17 @@ class TransactionBuffer:
                 return
             await record  # nothing else records the end here
 
-    def end_now(self, txn: TxnKey, commit: bool) -> bool:
+    def end_now(self, txn: TxnKey, commit: bool, producer: tuple[int, int] | None = None) -> bool:
         """`end` with ``durable=False``, without a turn of the loop: True once
         its writes are queued (or nothing was left to do), False if another
         END of ``txn`` is under way here (call `end`, which waits for it).
         Raises as `end` does."""
-        t = self._begin_end(txn, commit)
+        t = self._begin_end(txn, commit, producer)
         return t is None or self._end_at_once(t, commit)
 
-    def _begin_end(self, txn: TxnKey, commit: bool) -> _Txn | None:
+    def _begin_end(
+        self, txn: TxnKey, commit: bool, producer: tuple[int, int] | None = None
+    ) -> _Txn | None:
         """Check an END of ``txn`` and refuse sends from now on; None if it
         ended here already (the same way)."""
         _check_key(txn)
@@ -621,6 +769,17 @@ class TransactionBuffer:
         if ended is not None:
             transition(txn, ended[0], event)  # raises on a conflict
             return None
+        if producer is not None:
+            known = self.epoch_producers.get(producer[0])
+            if (
+                known is not None
+                and known.txn != txn
+                and (known.epoch > producer[1] or known.coordinator_epoch > _coordinator_epoch(txn))
+            ):
+                raise StaleEpochError(
+                    f"the marker of producer {producer[0]} epoch {producer[1]} is older than "
+                    f"epoch {known.epoch} on {self.name}: refused"
+                )
         t = self._txns.get(txn)
         if t is None:
             t = self._txns[txn] = _Txn(txn)
@@ -647,9 +806,7 @@ class TransactionBuffer:
         """Queue ``t``'s end record (and, for a commit with data, its marker
         first, TXN_COMMIT once the marker is durable); END is answered now."""
         if not commit:
-            self._end_later(
-                t, self.sidecar.append(_TXN.pack(*t.key), meta=entry_meta(TXN_ABORT, 0))
-            )
+            self._end_later(t, self.sidecar.append(*abort_record(t.key)))
         elif t.marker < 0 and (t.entries or t.unapplied):
             self._end_later(t, self._after_marker(t, self._append_marker(t)))
         else:
@@ -665,8 +822,7 @@ class TransactionBuffer:
 
     def _commit_record(self, t: _Txn) -> asyncio.Future[int]:
         return self.sidecar.append(
-            _COMMIT.pack(t.key[0], t.key[1], t.marker),
-            meta=entry_meta(TXN_COMMIT, 0),
+            *commit_record(t.key, t.marker),
             lazy=t.marker >= 0,  # (answered at the marker: nobody waits for it)
         )
 
@@ -826,6 +982,10 @@ class TransactionBuffer:
             "txns": txns,
             "ended": ended,
             "retained": self._retained,
+            "epoch_producers": [
+                [pid, p.epoch, p.txn, p.coordinator_epoch]
+                for pid, p in self.epoch_producers.items()
+            ],
         }
         return json.dumps(record, separators=(",", ":")).encode()
 
@@ -853,6 +1013,10 @@ class TransactionBuffer:
         for most, least, state, marker, count in record["ended"]:
             self._remember((most, least), TxnState(state), marker, count)
         self._retained = [list(block) for block in record.get("retained", [])]
+        for pid, epoch, txn, coordinator_epoch in record.get("epoch_producers", []):
+            self.epoch_producers[pid] = EpochProducer(
+                epoch, None if txn is None else (txn[0], txn[1]), coordinator_epoch
+            )
         for most, least, state, marker, count, entries, starts in record["txns"]:
             key = (most, least)
             t = self._txns[key] = _Txn(key, TxnState(state), entries, starts, count, marker)
@@ -895,9 +1059,13 @@ class TransactionBuffer:
         records = 0
         for start in range(replay_from, sidecar.last_entry_id + 1, _REPLAY_CHUNK):
             for entry in await sidecar.read(start, start + _REPLAY_CHUNK - 1):
-                if entry_kind(entry.meta) != TXN_SNAPSHOT:
+                kind = entry_kind(entry.meta)
+                if kind != TXN_SNAPSHOT:
                     self._apply(entry)
                     records += 1
+                if kind == TXN_DATA:  # (the epochs of producer-epoch sends since the snapshot)
+                    name = pb.EntryBatch.FromString(entry.data[_TXN.size :]).producer_name
+                    self._note_epoch_producer(_TXN.unpack_from(entry.data), name)
         self._since_snapshot = records
 
         if partition_meta is None:
@@ -926,12 +1094,7 @@ class TransactionBuffer:
                 "%s: completing the commit of %s (marker %d)", self.name, _txn_text(t.key), t.marker
             )
         await asyncio.gather(
-            *(
-                sidecar.append(
-                    _COMMIT.pack(t.key[0], t.key[1], t.marker), meta=entry_meta(TXN_COMMIT, 0)
-                )
-                for t in interrupted
-            )
+            *(sidecar.append(*commit_record(t.key, t.marker)) for t in interrupted)
         )
 
     # -- materialization -----------------------------------------------------------

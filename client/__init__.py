@@ -22,6 +22,7 @@ The client imports only ``proto``, the standard library and aiohttp.
 from . import errors
 from ._client import Client
 from ._consumer import Consumer
+from ._epoch import PreparedTxnState, ProducerState, TransactionalProducer
 from ._message import Message, MessageId
 from ._producer import Producer
 from ._txn import Transaction, TxnID, TxnState
@@ -31,8 +32,11 @@ __all__ = [
     "Consumer",
     "Message",
     "MessageId",
+    "PreparedTxnState",
     "Producer",
+    "ProducerState",
     "Transaction",
+    "TransactionalProducer",
     "TxnID",
     "TxnState",
     "errors",

@@ -3,7 +3,9 @@
 Every exception carries ``code`` (the wire ``ServerError`` number, or None for
 errors the client detects itself) and ``retriable`` (True when the same
 operation may succeed if tried again). Retry logic looks only at
-``retriable``.
+``retriable``. ``fatal`` (the producer-epoch mode): the transactional
+producer can do nothing more; create a new one (Kafka's "application
+recoverable" errors, KIP-1050).
 
 The tree::
 
@@ -42,8 +44,15 @@ The tree::
         ├── TransactionNotFoundError              TRANSACTION_NOT_FOUND
         ├── InvalidTxnStatusError                 INVALID_TXN_STATUS
         ├── TransactionTimeoutError               TRANSACTION_TIMEOUT
-        ├── ProducerFencedError                   PRODUCER_FENCED
-        └── TransactionCoordinatorNotFoundError   TRANSACTION_COORDINATOR_NOT_FOUND
+        ├── ProducerFencedError                   PRODUCER_FENCED, fatal
+        ├── TransactionCoordinatorNotFoundError   TRANSACTION_COORDINATOR_NOT_FOUND
+        ├── InvalidTxnStateError                  INVALID_TXN_STATE
+        ├── OutOfOrderSequenceError               OUT_OF_ORDER_SEQUENCE
+        ├── TransactionAbortableError             TRANSACTION_ABORTABLE
+        ├── InvalidPidMappingError                INVALID_PRODUCER_ID_MAPPING, fatal
+        ├── InvalidProducerEpochError             INVALID_PRODUCER_EPOCH
+        ├── ConcurrentTransactionsError           CONCURRENT_TRANSACTIONS, retriable
+        └── InvalidTransactionTimeoutError        INVALID_TRANSACTION_TIMEOUT
 
 ``for_code(code)`` turns a wire code into its class (``UnknownServerError``
 for a code this client does not know); ``from_wire(code, message)`` builds
@@ -64,17 +73,23 @@ __all__ = [
     "BrokerConnectionError",
     "ClientClosedError",
     "ClosedError",
+    "ConcurrentTransactionsError",
     "ConnectionLostError",
     "ConsumerBusyError",
     "ConsumerClosedError",
     "ConsumerNotFoundError",
     "InvalidArgumentError",
     "InvalidInputError",
+    "InvalidPidMappingError",
+    "InvalidProducerEpochError",
     "InvalidTopicNameError",
+    "InvalidTransactionTimeoutError",
+    "InvalidTxnStateError",
     "InvalidTxnStatusError",
     "MalformedFrameError",
     "NotAllowedError",
     "OperationTimeoutError",
+    "OutOfOrderSequenceError",
     "PersistenceError",
     "ProducerBusyError",
     "ProducerClosedError",
@@ -88,6 +103,7 @@ __all__ = [
     "SubscriptionTypeMismatchError",
     "TooManyRequestsError",
     "TopicNotFoundError",
+    "TransactionAbortableError",
     "TransactionConflictError",
     "TransactionCoordinatorNotFoundError",
     "TransactionNotFoundError",
@@ -106,6 +122,7 @@ class TxnbufError(Exception):
 
     code: int | None = None
     retriable: bool = False
+    fatal: bool = False
 
 
 # --- errors the client detects itself ------------------------------------
@@ -302,9 +319,62 @@ class TransactionTimeoutError(ServerError):
 
 
 class ProducerFencedError(ServerError):
-    """A newer instance of this transactional producer bumped the epoch."""
+    """A newer instance of this transactional producer bumped the epoch;
+    fatal: this one can do nothing more."""
 
     code = pb.PRODUCER_FENCED
+    fatal = True
+
+
+class InvalidTxnStateError(ServerError):
+    """The producer-epoch mode: not allowed in the transaction's state (a
+    send after prepare_transaction, prepare without enable_2pc, a send
+    after init_transactions(keep_prepared_txn=True), ...)."""
+
+    code = pb.INVALID_TXN_STATE
+
+
+class OutOfOrderSequenceError(ServerError):
+    """The producer-epoch mode: a send's sequence is not the next one the
+    partition expects (a lost send); abort the transaction."""
+
+    code = pb.OUT_OF_ORDER_SEQUENCE
+
+
+class TransactionAbortableError(ServerError):
+    """The producer-epoch mode: the transaction was aborted (its timeout, a
+    broker restart, an operator); abort_transaction() and begin the next."""
+
+    code = pb.TRANSACTION_ABORTABLE
+
+
+class InvalidPidMappingError(ServerError):
+    """The producer-epoch mode: the broker does not know the producer id
+    (its transactional id expired); fatal: create a new producer (KIP-890)."""
+
+    code = pb.INVALID_PRODUCER_ID_MAPPING
+    fatal = True
+
+
+class InvalidProducerEpochError(ServerError):
+    """The producer-epoch mode: an epoch the producer id does not hold now
+    (a late write of an ended transaction)."""
+
+    code = pb.INVALID_PRODUCER_EPOCH
+
+
+class ConcurrentTransactionsError(ServerError):
+    """The producer-epoch mode: the transactional id's previous transaction
+    or initialization is still under way."""
+
+    code = pb.CONCURRENT_TRANSACTIONS
+    retriable = True
+
+
+class InvalidTransactionTimeoutError(ServerError):
+    """The producer-epoch mode: a transaction timeout out of range."""
+
+    code = pb.INVALID_TRANSACTION_TIMEOUT
 
 
 class TransactionCoordinatorNotFoundError(ServerError):

@@ -34,6 +34,13 @@ class ServerError(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TRANSACTION_TIMEOUT: _ClassVar[ServerError]
     PRODUCER_FENCED: _ClassVar[ServerError]
     TRANSACTION_COORDINATOR_NOT_FOUND: _ClassVar[ServerError]
+    INVALID_TXN_STATE: _ClassVar[ServerError]
+    OUT_OF_ORDER_SEQUENCE: _ClassVar[ServerError]
+    TRANSACTION_ABORTABLE: _ClassVar[ServerError]
+    INVALID_PRODUCER_ID_MAPPING: _ClassVar[ServerError]
+    INVALID_PRODUCER_EPOCH: _ClassVar[ServerError]
+    CONCURRENT_TRANSACTIONS: _ClassVar[ServerError]
+    INVALID_TRANSACTION_TIMEOUT: _ClassVar[ServerError]
 
 class TxnAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -47,6 +54,7 @@ class TxnStatusValue(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COMMITTED: _ClassVar[TxnStatusValue]
     ABORTING: _ClassVar[TxnStatusValue]
     ABORTED: _ClassVar[TxnStatusValue]
+    PREPARED: _ClassVar[TxnStatusValue]
 UNKNOWN_ERROR: ServerError
 MALFORMED_FRAME: ServerError
 UNKNOWN_COMMAND: ServerError
@@ -72,6 +80,13 @@ INVALID_TXN_STATUS: ServerError
 TRANSACTION_TIMEOUT: ServerError
 PRODUCER_FENCED: ServerError
 TRANSACTION_COORDINATOR_NOT_FOUND: ServerError
+INVALID_TXN_STATE: ServerError
+OUT_OF_ORDER_SEQUENCE: ServerError
+TRANSACTION_ABORTABLE: ServerError
+INVALID_PRODUCER_ID_MAPPING: ServerError
+INVALID_PRODUCER_EPOCH: ServerError
+CONCURRENT_TRANSACTIONS: ServerError
+INVALID_TRANSACTION_TIMEOUT: ServerError
 COMMIT: TxnAction
 ABORT: TxnAction
 OPEN: TxnStatusValue
@@ -79,6 +94,7 @@ COMMITTING: TxnStatusValue
 COMMITTED: TxnStatusValue
 ABORTING: TxnStatusValue
 ABORTED: TxnStatusValue
+PREPARED: TxnStatusValue
 
 class MessageIdData(_message.Message):
     __slots__ = ("partition", "entry_id", "batch_index")
@@ -120,12 +136,16 @@ class EntryBatch(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[SingleMessage, _Mapping]]] = ..., producer_name: _Optional[str] = ...) -> None: ...
 
 class CommandConnect(_message.Message):
-    __slots__ = ("client_version", "protocol_version")
+    __slots__ = ("client_version", "protocol_version", "auth_method", "auth_data")
     CLIENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    AUTH_METHOD_FIELD_NUMBER: _ClassVar[int]
+    AUTH_DATA_FIELD_NUMBER: _ClassVar[int]
     client_version: str
     protocol_version: int
-    def __init__(self, client_version: _Optional[str] = ..., protocol_version: _Optional[int] = ...) -> None: ...
+    auth_method: str
+    auth_data: bytes
+    def __init__(self, client_version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., auth_method: _Optional[str] = ..., auth_data: _Optional[bytes] = ...) -> None: ...
 
 class CommandConnected(_message.Message):
     __slots__ = ("server_version", "protocol_version", "max_message_size", "tc_ids")
@@ -546,15 +566,19 @@ class CommandEndTxnOnSubscription(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., subscription: _Optional[_Union[SubscriptionRef, _Mapping]] = ..., txn_action: _Optional[_Union[TxnAction, str]] = ...) -> None: ...
 
 class TransactionMetadataEntry(_message.Message):
-    __slots__ = ("metadata_op", "txnid_most_bits", "txnid_least_bits", "expected_status", "new_status", "partitions", "subscriptions", "txn_timeout_ms", "txn_start_time", "txn_last_modification_time", "timed_out", "boot_epoch")
+    __slots__ = ("metadata_op", "txnid_most_bits", "txnid_least_bits", "expected_status", "new_status", "partitions", "subscriptions", "txn_timeout_ms", "txn_start_time", "txn_last_modification_time", "timed_out", "boot_epoch", "producer_id", "producer_epoch", "two_phase", "producer")
     class TransactionMetadataOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         NEW: _ClassVar[TransactionMetadataEntry.TransactionMetadataOp]
         UPDATE: _ClassVar[TransactionMetadataEntry.TransactionMetadataOp]
         BOOT: _ClassVar[TransactionMetadataEntry.TransactionMetadataOp]
+        PRODUCER: _ClassVar[TransactionMetadataEntry.TransactionMetadataOp]
+        PRODUCER_EXPIRED: _ClassVar[TransactionMetadataEntry.TransactionMetadataOp]
     NEW: TransactionMetadataEntry.TransactionMetadataOp
     UPDATE: TransactionMetadataEntry.TransactionMetadataOp
     BOOT: TransactionMetadataEntry.TransactionMetadataOp
+    PRODUCER: TransactionMetadataEntry.TransactionMetadataOp
+    PRODUCER_EXPIRED: TransactionMetadataEntry.TransactionMetadataOp
     METADATA_OP_FIELD_NUMBER: _ClassVar[int]
     TXNID_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
     TXNID_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
@@ -567,6 +591,10 @@ class TransactionMetadataEntry(_message.Message):
     TXN_LAST_MODIFICATION_TIME_FIELD_NUMBER: _ClassVar[int]
     TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
     BOOT_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TWO_PHASE_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_FIELD_NUMBER: _ClassVar[int]
     metadata_op: TransactionMetadataEntry.TransactionMetadataOp
     txnid_most_bits: int
     txnid_least_bits: int
@@ -579,7 +607,147 @@ class TransactionMetadataEntry(_message.Message):
     txn_last_modification_time: int
     timed_out: bool
     boot_epoch: int
-    def __init__(self, metadata_op: _Optional[_Union[TransactionMetadataEntry.TransactionMetadataOp, str]] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., expected_status: _Optional[_Union[TxnStatusValue, str]] = ..., new_status: _Optional[_Union[TxnStatusValue, str]] = ..., partitions: _Optional[_Iterable[_Union[PartitionRef, _Mapping]]] = ..., subscriptions: _Optional[_Iterable[_Union[SubscriptionRef, _Mapping]]] = ..., txn_timeout_ms: _Optional[int] = ..., txn_start_time: _Optional[int] = ..., txn_last_modification_time: _Optional[int] = ..., timed_out: _Optional[bool] = ..., boot_epoch: _Optional[int] = ...) -> None: ...
+    producer_id: int
+    producer_epoch: int
+    two_phase: bool
+    producer: TransactionalProducer
+    def __init__(self, metadata_op: _Optional[_Union[TransactionMetadataEntry.TransactionMetadataOp, str]] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., expected_status: _Optional[_Union[TxnStatusValue, str]] = ..., new_status: _Optional[_Union[TxnStatusValue, str]] = ..., partitions: _Optional[_Iterable[_Union[PartitionRef, _Mapping]]] = ..., subscriptions: _Optional[_Iterable[_Union[SubscriptionRef, _Mapping]]] = ..., txn_timeout_ms: _Optional[int] = ..., txn_start_time: _Optional[int] = ..., txn_last_modification_time: _Optional[int] = ..., timed_out: _Optional[bool] = ..., boot_epoch: _Optional[int] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., two_phase: _Optional[bool] = ..., producer: _Optional[_Union[TransactionalProducer, _Mapping]] = ...) -> None: ...
+
+class TransactionalProducer(_message.Message):
+    __slots__ = ("transactional_id", "producer_id", "producer_epoch", "txn_producer_id", "txn_epoch", "ongoing_most_bits", "ongoing_least_bits", "has_ongoing", "prev_producer_id", "prev_epoch", "prev_outcome", "bumped_by", "timeout_ms", "two_phase", "updated_ms")
+    TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TXN_PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    TXN_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ONGOING_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
+    ONGOING_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
+    HAS_ONGOING_FIELD_NUMBER: _ClassVar[int]
+    PREV_PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PREV_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PREV_OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    BUMPED_BY_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    TWO_PHASE_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_MS_FIELD_NUMBER: _ClassVar[int]
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    txn_producer_id: int
+    txn_epoch: int
+    ongoing_most_bits: int
+    ongoing_least_bits: int
+    has_ongoing: bool
+    prev_producer_id: int
+    prev_epoch: int
+    prev_outcome: str
+    bumped_by: str
+    timeout_ms: int
+    two_phase: bool
+    updated_ms: int
+    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., txn_producer_id: _Optional[int] = ..., txn_epoch: _Optional[int] = ..., ongoing_most_bits: _Optional[int] = ..., ongoing_least_bits: _Optional[int] = ..., has_ongoing: _Optional[bool] = ..., prev_producer_id: _Optional[int] = ..., prev_epoch: _Optional[int] = ..., prev_outcome: _Optional[str] = ..., bumped_by: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., two_phase: _Optional[bool] = ..., updated_ms: _Optional[int] = ...) -> None: ...
+
+class CommandInitProducerId(_message.Message):
+    __slots__ = ("request_id", "transactional_id", "transaction_timeout_ms", "enable_2pc", "keep_prepared_txn")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    ENABLE_2PC_FIELD_NUMBER: _ClassVar[int]
+    KEEP_PREPARED_TXN_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    transactional_id: str
+    transaction_timeout_ms: int
+    enable_2pc: bool
+    keep_prepared_txn: bool
+    def __init__(self, request_id: _Optional[int] = ..., transactional_id: _Optional[str] = ..., transaction_timeout_ms: _Optional[int] = ..., enable_2pc: _Optional[bool] = ..., keep_prepared_txn: _Optional[bool] = ...) -> None: ...
+
+class CommandInitProducerIdResponse(_message.Message):
+    __slots__ = ("request_id", "producer_id", "producer_epoch", "ongoing_txn_producer_id", "ongoing_txn_epoch", "error", "message")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ONGOING_TXN_PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    ONGOING_TXN_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    producer_id: int
+    producer_epoch: int
+    ongoing_txn_producer_id: int
+    ongoing_txn_epoch: int
+    error: ServerError
+    message: str
+    def __init__(self, request_id: _Optional[int] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., ongoing_txn_producer_id: _Optional[int] = ..., ongoing_txn_epoch: _Optional[int] = ..., error: _Optional[_Union[ServerError, str]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class CommandProduce(_message.Message):
+    __slots__ = ("request_id", "topic", "partition", "producer_id", "producer_epoch", "first_sequence", "batch")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    topic: str
+    partition: int
+    producer_id: int
+    producer_epoch: int
+    first_sequence: int
+    batch: bytes
+    def __init__(self, request_id: _Optional[int] = ..., topic: _Optional[str] = ..., partition: _Optional[int] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., first_sequence: _Optional[int] = ..., batch: _Optional[bytes] = ...) -> None: ...
+
+class CommandProducerTxnResponse(_message.Message):
+    __slots__ = ("request_id", "error", "message", "first_batch_index", "producer_id", "producer_epoch")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    FIRST_BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    error: ServerError
+    message: str
+    first_batch_index: int
+    producer_id: int
+    producer_epoch: int
+    def __init__(self, request_id: _Optional[int] = ..., error: _Optional[_Union[ServerError, str]] = ..., message: _Optional[str] = ..., first_batch_index: _Optional[int] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ...) -> None: ...
+
+class CommandTxnOffsets(_message.Message):
+    __slots__ = ("request_id", "consumer_id", "producer_id", "producer_epoch", "positions")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    consumer_id: int
+    producer_id: int
+    producer_epoch: int
+    positions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[int] = ..., consumer_id: _Optional[int] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., positions: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class CommandPrepareProducerTxn(_message.Message):
+    __slots__ = ("request_id", "producer_id", "producer_epoch")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    producer_id: int
+    producer_epoch: int
+    def __init__(self, request_id: _Optional[int] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ...) -> None: ...
+
+class CommandEndProducerTxn(_message.Message):
+    __slots__ = ("request_id", "producer_id", "producer_epoch", "txn_action")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TXN_ACTION_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    producer_id: int
+    producer_epoch: int
+    txn_action: TxnAction
+    def __init__(self, request_id: _Optional[int] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., txn_action: _Optional[_Union[TxnAction, str]] = ...) -> None: ...
 
 class CommandBatch(_message.Message):
     __slots__ = ("commands",)
@@ -588,7 +756,7 @@ class CommandBatch(_message.Message):
     def __init__(self, commands: _Optional[_Iterable[_Union[BaseCommand, _Mapping]]] = ...) -> None: ...
 
 class BaseCommand(_message.Message):
-    __slots__ = ("type", "connect", "connected", "partitioned_metadata", "partitioned_metadata_response", "lookup", "lookup_response", "producer", "producer_success", "close_producer", "send", "send_receipt", "send_error", "subscribe", "flow", "message", "ack", "ack_response", "redeliver_unacknowledged", "close_consumer", "active_consumer_change", "success", "error", "ping", "pong", "new_txn", "new_txn_response", "add_partition_to_txn", "add_subscription_to_txn", "end_txn", "txn_response", "end_txn_on_partition", "end_txn_on_subscription", "batch")
+    __slots__ = ("type", "connect", "connected", "partitioned_metadata", "partitioned_metadata_response", "lookup", "lookup_response", "producer", "producer_success", "close_producer", "send", "send_receipt", "send_error", "subscribe", "flow", "message", "ack", "ack_response", "redeliver_unacknowledged", "close_consumer", "active_consumer_change", "success", "error", "ping", "pong", "new_txn", "new_txn_response", "add_partition_to_txn", "add_subscription_to_txn", "end_txn", "txn_response", "end_txn_on_partition", "end_txn_on_subscription", "batch", "init_producer_id", "init_producer_id_response", "produce", "producer_txn_response", "txn_offsets", "prepare_producer_txn", "end_producer_txn")
     class Type(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         TYPE_UNSPECIFIED: _ClassVar[BaseCommand.Type]
@@ -625,6 +793,13 @@ class BaseCommand(_message.Message):
         END_TXN_ON_PARTITION: _ClassVar[BaseCommand.Type]
         END_TXN_ON_SUBSCRIPTION: _ClassVar[BaseCommand.Type]
         BATCH: _ClassVar[BaseCommand.Type]
+        INIT_PRODUCER_ID: _ClassVar[BaseCommand.Type]
+        INIT_PRODUCER_ID_RESPONSE: _ClassVar[BaseCommand.Type]
+        PRODUCE: _ClassVar[BaseCommand.Type]
+        PRODUCER_TXN_RESPONSE: _ClassVar[BaseCommand.Type]
+        TXN_OFFSETS: _ClassVar[BaseCommand.Type]
+        PREPARE_PRODUCER_TXN: _ClassVar[BaseCommand.Type]
+        END_PRODUCER_TXN: _ClassVar[BaseCommand.Type]
     TYPE_UNSPECIFIED: BaseCommand.Type
     CONNECT: BaseCommand.Type
     CONNECTED: BaseCommand.Type
@@ -659,6 +834,13 @@ class BaseCommand(_message.Message):
     END_TXN_ON_PARTITION: BaseCommand.Type
     END_TXN_ON_SUBSCRIPTION: BaseCommand.Type
     BATCH: BaseCommand.Type
+    INIT_PRODUCER_ID: BaseCommand.Type
+    INIT_PRODUCER_ID_RESPONSE: BaseCommand.Type
+    PRODUCE: BaseCommand.Type
+    PRODUCER_TXN_RESPONSE: BaseCommand.Type
+    TXN_OFFSETS: BaseCommand.Type
+    PREPARE_PRODUCER_TXN: BaseCommand.Type
+    END_PRODUCER_TXN: BaseCommand.Type
     TYPE_FIELD_NUMBER: _ClassVar[int]
     CONNECT_FIELD_NUMBER: _ClassVar[int]
     CONNECTED_FIELD_NUMBER: _ClassVar[int]
@@ -693,6 +875,13 @@ class BaseCommand(_message.Message):
     END_TXN_ON_PARTITION_FIELD_NUMBER: _ClassVar[int]
     END_TXN_ON_SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    INIT_PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    INIT_PRODUCER_ID_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    PRODUCE_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_TXN_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    TXN_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    PREPARE_PRODUCER_TXN_FIELD_NUMBER: _ClassVar[int]
+    END_PRODUCER_TXN_FIELD_NUMBER: _ClassVar[int]
     type: BaseCommand.Type
     connect: CommandConnect
     connected: CommandConnected
@@ -727,4 +916,11 @@ class BaseCommand(_message.Message):
     end_txn_on_partition: CommandEndTxnOnPartition
     end_txn_on_subscription: CommandEndTxnOnSubscription
     batch: CommandBatch
-    def __init__(self, type: _Optional[_Union[BaseCommand.Type, str]] = ..., connect: _Optional[_Union[CommandConnect, _Mapping]] = ..., connected: _Optional[_Union[CommandConnected, _Mapping]] = ..., partitioned_metadata: _Optional[_Union[CommandPartitionedMetadata, _Mapping]] = ..., partitioned_metadata_response: _Optional[_Union[CommandPartitionedMetadataResponse, _Mapping]] = ..., lookup: _Optional[_Union[CommandLookupTopic, _Mapping]] = ..., lookup_response: _Optional[_Union[CommandLookupTopicResponse, _Mapping]] = ..., producer: _Optional[_Union[CommandProducer, _Mapping]] = ..., producer_success: _Optional[_Union[CommandProducerSuccess, _Mapping]] = ..., close_producer: _Optional[_Union[CommandCloseProducer, _Mapping]] = ..., send: _Optional[_Union[CommandSend, _Mapping]] = ..., send_receipt: _Optional[_Union[CommandSendReceipt, _Mapping]] = ..., send_error: _Optional[_Union[CommandSendError, _Mapping]] = ..., subscribe: _Optional[_Union[CommandSubscribe, _Mapping]] = ..., flow: _Optional[_Union[CommandFlow, _Mapping]] = ..., message: _Optional[_Union[CommandMessage, _Mapping]] = ..., ack: _Optional[_Union[CommandAck, _Mapping]] = ..., ack_response: _Optional[_Union[CommandAckResponse, _Mapping]] = ..., redeliver_unacknowledged: _Optional[_Union[CommandRedeliverUnacknowledged, _Mapping]] = ..., close_consumer: _Optional[_Union[CommandCloseConsumer, _Mapping]] = ..., active_consumer_change: _Optional[_Union[CommandActiveConsumerChange, _Mapping]] = ..., success: _Optional[_Union[CommandSuccess, _Mapping]] = ..., error: _Optional[_Union[CommandError, _Mapping]] = ..., ping: _Optional[_Union[CommandPing, _Mapping]] = ..., pong: _Optional[_Union[CommandPong, _Mapping]] = ..., new_txn: _Optional[_Union[CommandNewTxn, _Mapping]] = ..., new_txn_response: _Optional[_Union[CommandNewTxnResponse, _Mapping]] = ..., add_partition_to_txn: _Optional[_Union[CommandAddPartitionToTxn, _Mapping]] = ..., add_subscription_to_txn: _Optional[_Union[CommandAddSubscriptionToTxn, _Mapping]] = ..., end_txn: _Optional[_Union[CommandEndTxn, _Mapping]] = ..., txn_response: _Optional[_Union[CommandTxnResponse, _Mapping]] = ..., end_txn_on_partition: _Optional[_Union[CommandEndTxnOnPartition, _Mapping]] = ..., end_txn_on_subscription: _Optional[_Union[CommandEndTxnOnSubscription, _Mapping]] = ..., batch: _Optional[_Union[CommandBatch, _Mapping]] = ...) -> None: ...
+    init_producer_id: CommandInitProducerId
+    init_producer_id_response: CommandInitProducerIdResponse
+    produce: CommandProduce
+    producer_txn_response: CommandProducerTxnResponse
+    txn_offsets: CommandTxnOffsets
+    prepare_producer_txn: CommandPrepareProducerTxn
+    end_producer_txn: CommandEndProducerTxn
+    def __init__(self, type: _Optional[_Union[BaseCommand.Type, str]] = ..., connect: _Optional[_Union[CommandConnect, _Mapping]] = ..., connected: _Optional[_Union[CommandConnected, _Mapping]] = ..., partitioned_metadata: _Optional[_Union[CommandPartitionedMetadata, _Mapping]] = ..., partitioned_metadata_response: _Optional[_Union[CommandPartitionedMetadataResponse, _Mapping]] = ..., lookup: _Optional[_Union[CommandLookupTopic, _Mapping]] = ..., lookup_response: _Optional[_Union[CommandLookupTopicResponse, _Mapping]] = ..., producer: _Optional[_Union[CommandProducer, _Mapping]] = ..., producer_success: _Optional[_Union[CommandProducerSuccess, _Mapping]] = ..., close_producer: _Optional[_Union[CommandCloseProducer, _Mapping]] = ..., send: _Optional[_Union[CommandSend, _Mapping]] = ..., send_receipt: _Optional[_Union[CommandSendReceipt, _Mapping]] = ..., send_error: _Optional[_Union[CommandSendError, _Mapping]] = ..., subscribe: _Optional[_Union[CommandSubscribe, _Mapping]] = ..., flow: _Optional[_Union[CommandFlow, _Mapping]] = ..., message: _Optional[_Union[CommandMessage, _Mapping]] = ..., ack: _Optional[_Union[CommandAck, _Mapping]] = ..., ack_response: _Optional[_Union[CommandAckResponse, _Mapping]] = ..., redeliver_unacknowledged: _Optional[_Union[CommandRedeliverUnacknowledged, _Mapping]] = ..., close_consumer: _Optional[_Union[CommandCloseConsumer, _Mapping]] = ..., active_consumer_change: _Optional[_Union[CommandActiveConsumerChange, _Mapping]] = ..., success: _Optional[_Union[CommandSuccess, _Mapping]] = ..., error: _Optional[_Union[CommandError, _Mapping]] = ..., ping: _Optional[_Union[CommandPing, _Mapping]] = ..., pong: _Optional[_Union[CommandPong, _Mapping]] = ..., new_txn: _Optional[_Union[CommandNewTxn, _Mapping]] = ..., new_txn_response: _Optional[_Union[CommandNewTxnResponse, _Mapping]] = ..., add_partition_to_txn: _Optional[_Union[CommandAddPartitionToTxn, _Mapping]] = ..., add_subscription_to_txn: _Optional[_Union[CommandAddSubscriptionToTxn, _Mapping]] = ..., end_txn: _Optional[_Union[CommandEndTxn, _Mapping]] = ..., txn_response: _Optional[_Union[CommandTxnResponse, _Mapping]] = ..., end_txn_on_partition: _Optional[_Union[CommandEndTxnOnPartition, _Mapping]] = ..., end_txn_on_subscription: _Optional[_Union[CommandEndTxnOnSubscription, _Mapping]] = ..., batch: _Optional[_Union[CommandBatch, _Mapping]] = ..., init_producer_id: _Optional[_Union[CommandInitProducerId, _Mapping]] = ..., init_producer_id_response: _Optional[_Union[CommandInitProducerIdResponse, _Mapping]] = ..., produce: _Optional[_Union[CommandProduce, _Mapping]] = ..., producer_txn_response: _Optional[_Union[CommandProducerTxnResponse, _Mapping]] = ..., txn_offsets: _Optional[_Union[CommandTxnOffsets, _Mapping]] = ..., prepare_producer_txn: _Optional[_Union[CommandPrepareProducerTxn, _Mapping]] = ..., end_producer_txn: _Optional[_Union[CommandEndProducerTxn, _Mapping]] = ...) -> None: ...

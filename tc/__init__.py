@@ -3,15 +3,35 @@
 `TransactionCoordinator` issues `TxnID`s, logs each transaction's status
 (`TxnStatus`, one table in `tc._status`), times transactions out, and ends
 them on every participant through the `Participant` interface. What it
-knows is a `TxnTable` (`tc._table`, no I/O), rebuilt on start from its log
-(`tc._log`).
+knows is a `TxnTable` (`tc._table`, no I/O) and, for the producer-epoch
+mode (Kafka's transactional producer), a `ProducerRegistry`
+(`tc._producers`), both rebuilt on start from its log (`tc._log`).
 """
 
 from tc._coordinator import (
     NotStuckError,
     Participant,
+    ProducerSettings,
     StuckParticipant,
     TransactionCoordinator,
+    TwoPhaseCommitNotAllowedError,
+)
+from tc._log import TxnLog
+from tc._producers import (
+    DEFAULT_EXPIRATION_MS,
+    MAX_EPOCH,
+    MAX_TXN_TIMEOUT_MS,
+    ConcurrentTransactionsError,
+    InvalidPidMappingError,
+    InvalidProducerEpochError,
+    InvalidTransactionTimeoutError,
+    InvalidTxnStateError,
+    ProducerEntry,
+    ProducerEpochError,
+    ProducerFencedError,
+    ProducerRegistry,
+    TransactionAbortableError,
+    coordinator_of,
 )
 from tc._status import (
     TRANSITIONS,
@@ -25,20 +45,37 @@ from tc._table import TxnMeta, TxnNotFoundError, TxnTable, TxnTimeoutError
 from tc._txnid import TxnID, wire_txnid
 
 __all__ = [
+    "DEFAULT_EXPIRATION_MS",
+    "MAX_EPOCH",
+    "MAX_TXN_TIMEOUT_MS",
     "TRANSITIONS",
+    "ConcurrentTransactionsError",
+    "InvalidPidMappingError",
+    "InvalidProducerEpochError",
+    "InvalidTransactionTimeoutError",
+    "InvalidTxnStateError",
     "InvalidTxnStatusError",
     "NotStuckError",
     "Participant",
+    "ProducerEntry",
+    "ProducerEpochError",
+    "ProducerFencedError",
+    "ProducerRegistry",
+    "ProducerSettings",
     "StuckParticipant",
+    "TransactionAbortableError",
     "TransactionCoordinator",
+    "TwoPhaseCommitNotAllowedError",
     "TxnEvent",
     "TxnID",
+    "TxnLog",
     "TxnMeta",
     "TxnNotFoundError",
     "TxnStatus",
     "TxnTable",
     "TxnTimeoutError",
     "check_update",
+    "coordinator_of",
     "transition",
     "wire_txnid",
 ]

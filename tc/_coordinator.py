@@ -45,6 +45,7 @@ One path per request:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import time
@@ -54,6 +55,17 @@ from typing import Any, Protocol
 
 from ledger import LedgerError, LedgerStore, faults, pass_failure
 from tc._log import TxnLog
+from tc._producers import (
+    DEFAULT_EXPIRATION_MS,
+    MAX_TXN_TIMEOUT_MS,
+    ConcurrentTransactionsError,
+    InvalidPidMappingError,
+    InvalidTransactionTimeoutError,
+    InvalidTxnStateError,
+    ProducerEntry,
+    ProducerRegistry,
+    TransactionAbortableError,
+)
 from tc._status import InvalidTxnStatusError, TxnEvent, TxnStatus
 from tc._table import Record, TxnMeta, TxnTable, TxnTimeoutError, same_outcome
 from tc._txnid import TxnID
@@ -61,8 +73,10 @@ from tc._txnid import TxnID
 __all__ = [
     "NotStuckError",
     "Participant",
+    "ProducerSettings",
     "StuckParticipant",
     "TransactionCoordinator",
+    "TwoPhaseCommitNotAllowedError",
 ]
 
 log = logging.getLogger(__name__)
@@ -74,6 +88,11 @@ END_WAIT = 5.0  # seconds END waits for the participants to apply the decision
 
 class NotStuckError(LookupError):
     """An operator resolved a transaction that has no stuck participant."""
+
+
+class TwoPhaseCommitNotAllowedError(Exception):
+    """A producer asked for two-phase commit (KIP-939) where the broker does
+    not allow it; nothing changed."""
 
 
 class Participant(Protocol):
@@ -119,6 +138,15 @@ class StuckParticipant:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class ProducerSettings:
+    """The producer-epoch mode's limits (Kafka's names in brackets)."""
+
+    max_txn_timeout_ms: int = MAX_TXN_TIMEOUT_MS  # (transaction.max.timeout.ms)
+    expiration_ms: int = DEFAULT_EXPIRATION_MS  # (transactional.id.expiration.ms)
+    allow_two_phase: bool = False  # (transaction.two.phase.commit.enable)
+
+
 # One participant of a decided transaction: its name ("partition t/0") and
 # what tells it the decision.
 _Tell = tuple[str, Callable[[], "Awaitable[None] | None"], str]
@@ -132,13 +160,22 @@ class TransactionCoordinator:
     """Create with `TransactionCoordinator.open`; `close` stops its tasks."""
 
     def __init__(
-        self, tcid: int, store: LedgerStore, txn_log: TxnLog, participant: Participant
+        self,
+        tcid: int,
+        store: LedgerStore,
+        txn_log: TxnLog,
+        participant: Participant,
+        settings: ProducerSettings | None = None,
     ) -> None:
         self.tcid = tcid
         self.store = store
         self._log = txn_log
         self._participant = participant
+        self.settings = settings or ProducerSettings()
         self._table = TxnTable(tcid)
+        self._producers = ProducerRegistry(tcid)
+        self._initializing: set[str] = set()  # transactional ids in InitProducerId now
+        self._producer_expiry: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         # Decided transactions whose participants have not all applied the
         # decision yet: done once they have.
@@ -154,13 +191,17 @@ class TransactionCoordinator:
 
     @classmethod
     async def open(
-        cls, tcid: int, store: LedgerStore, participant: Participant
+        cls,
+        tcid: int,
+        store: LedgerStore,
+        participant: Participant,
+        settings: ProducerSettings | None = None,
     ) -> TransactionCoordinator:
         """Open coordinator ``tcid``: its log is the ledger ``tc/<tcid>`` in
         ``store``, where ``participant`` keeps every partition and
         subscription it ends transactions on. Returns once recovered."""
         ledger = await store.open_ledger(f"tc/{tcid}")
-        tc = cls(tcid, store, TxnLog(ledger), participant)
+        tc = cls(tcid, store, TxnLog(ledger), participant, settings)
         await tc._recover()
         return tc
 
@@ -169,6 +210,8 @@ class TransactionCoordinator:
         self._log.closed = True
         if self._expiry is not None:
             self._expiry.cancel()
+        if self._producer_expiry is not None:
+            self._producer_expiry.cancel()
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
@@ -200,14 +243,16 @@ class TransactionCoordinator:
 
     # -- requests -----------------------------------------------------------------
 
-    def new_txn(self, timeout_ms: int = 0) -> TxnID:
+    def new_txn(
+        self, timeout_ms: int = 0, producer: tuple[int, int] | None = None, two_phase: bool = False
+    ) -> TxnID:
         """Open a transaction (§CommandNewTxn): its NEW record is appended,
         and it is OPEN from now on. ValueError for a bad timeout."""
-        rec = self._table.new(timeout_ms, _now_ms())
+        rec = self._table.new(timeout_ms, _now_ms(), producer, two_phase)
         txnid = self._table.next_txnid()
         self._append(rec, lazy=True)  # (durable with the first write that needs it)
         deadline = self._table.txns[txnid].deadline_ms
-        if not self._expiry_at or deadline < self._expiry_at:
+        if deadline is not None and (not self._expiry_at or deadline < self._expiry_at):
             self._arm_expiry(deadline)
         return txnid
 
@@ -230,7 +275,12 @@ class TransactionCoordinator:
         for a COMMIT of a transaction the timeout aborted), as an unknown
         transaction raises `TxnNotFoundError`: at once, changing nothing."""
         meta = self._table.live(txnid)
-        if meta.status is not TxnStatus.OPEN:
+        if meta.producer is not None and commit:
+            raise InvalidTxnStateError(
+                f"transaction {txnid} belongs to producer {meta.producer[0]} epoch "
+                f"{meta.producer[1]}: it commits through that producer"
+            )
+        if meta.status not in (TxnStatus.OPEN, TxnStatus.PREPARED):
             if same_outcome(meta.status, commit):
                 return self._answer(txnid, None)
             if commit and meta.timed_out:
@@ -241,7 +291,24 @@ class TransactionCoordinator:
                     "commit (it was open when the coordinator restarted, so it was aborted)",
                 )
             raise InvalidTxnStatusError(meta.status, TxnEvent.COMMIT if commit else TxnEvent.ABORT)
-        return self._decide(meta, TxnEvent.COMMIT if commit else TxnEvent.ABORT)
+        if not commit:
+            return self._abort_by_coordinator(meta, TxnEvent.ABORT)
+        return self._decide(meta, TxnEvent.COMMIT)
+
+    def prepare_txn(self, txnid: TxnID) -> asyncio.Future[int]:
+        """KIP-939's prepare of an OPEN transaction: log PREPARED (naming
+        its participants); done once it is durable, and with it every write
+        of the transaction queued before. A PREPARED transaction survives a
+        restart and never times out; it waits for `end_txn`. Preparing it
+        again is answered at once."""
+        meta = self._table.live(txnid)
+        if meta.status is TxnStatus.PREPARED:
+            done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+            done.set_result(-1)
+            return done
+        if meta.status is not TxnStatus.OPEN:
+            raise InvalidTxnStatusError(meta.status, TxnEvent.PREPARE)
+        return self._append(self._table.decide(txnid, TxnEvent.PREPARE, _now_ms()))
 
     def _decide(self, meta: TxnMeta, event: TxnEvent) -> asyncio.Future[None]:
         """Log the decision on an OPEN transaction and tell its participants;
@@ -474,6 +541,306 @@ class TransactionCoordinator:
             entry.wake.set()
         return len(entries)
 
+    # -- the producer-epoch mode (KIP-98, KIP-890, KIP-939) ---------------------------
+
+    def producers(self) -> list[ProducerEntry]:
+        """Every transactional id this coordinator holds."""
+        return list(self._producers.entries.values())
+
+    def producer(self, transactional_id: str) -> ProducerEntry | None:
+        return self._producers.get(transactional_id)
+
+    def producer_of(self, producer_id: int) -> ProducerEntry | None:
+        """The entry holding ``producer_id`` (None if none does): whose
+        transactional id a request carrying only the producer id acts for."""
+        try:
+            return self._producers.of_producer(producer_id)
+        except InvalidPidMappingError:
+            return None
+
+    async def init_producer(
+        self,
+        transactional_id: str,
+        timeout_ms: int,
+        two_phase: bool = False,
+        keep_prepared: bool = False,
+    ) -> tuple[int, int, int, int]:
+        """InitProducerId: (producer id, epoch, ongoing transaction's producer
+        id, its epoch; -1 when nothing is kept ongoing).
+
+        A new transactional id gets a new producer id, epoch 0. A known one
+        gets the next identity (an older instance is fenced from now on), and
+        its unfinished transaction is rolled back (aborted if OPEN or
+        PREPARED) or forward (waited for if decided) before the answer, unless
+        ``keep_prepared``: then it stays, with its own identity, for the new
+        instance to commit, abort or complete. Answered once durable."""
+        if not transactional_id:
+            raise InvalidTxnStateError("a transactional id is required")
+        if two_phase and not self.settings.allow_two_phase:
+            raise TwoPhaseCommitNotAllowedError(
+                f"transactional id {transactional_id!r} asked for two-phase commit "
+                "(TWO_PHASE_COMMIT), which this broker does not allow (txnbuf serve --allow-2pc)"
+            )
+        if not two_phase and not 1 <= timeout_ms <= self.settings.max_txn_timeout_ms:
+            raise InvalidTransactionTimeoutError(
+                f"transaction timeout must be 1..{self.settings.max_txn_timeout_ms} ms, "
+                f"got {timeout_ms}"
+            )
+        if transactional_id in self._initializing:
+            raise ConcurrentTransactionsError(
+                f"transactional id {transactional_id!r} is being initialized; retry"
+            )
+        self._initializing.add(transactional_id)
+        try:
+            entry = self._producers.get(transactional_id)
+            if entry is None:
+                entry = ProducerEntry(
+                    transactional_id,
+                    self._producers.allocate(),
+                    0,
+                    timeout_ms,
+                    two_phase,
+                    _now_ms(),
+                )
+                await self._append(ProducerRegistry.record(entry))
+                return (entry.producer_id, entry.epoch, -1, -1)
+            if entry.ongoing is not None and not keep_prepared:
+                await self._roll(entry.ongoing)
+                entry = self._producers.get(transactional_id) or entry
+            pid, epoch = self._producers.bump(*entry.identity)
+            kept = entry.ongoing is not None and keep_prepared
+            updated = dataclasses.replace(
+                entry,
+                producer_id=pid,
+                epoch=epoch,
+                timeout_ms=timeout_ms,
+                two_phase=two_phase,
+                updated_ms=_now_ms(),
+                bumped_by="init",
+                ongoing=entry.ongoing if kept else None,
+                txn_producer_id=entry.txn_producer_id if kept else -1,
+                txn_epoch=entry.txn_epoch if kept else -1,
+            )
+            await self._append(ProducerRegistry.record(updated))
+            ongoing = updated.txn_identity or (-1, -1)
+            return (pid, epoch, *ongoing)
+        finally:
+            self._initializing.discard(transactional_id)
+
+    async def terminate_producer(self, transactional_id: str) -> tuple[int, int]:
+        """KIP-939's forceTerminateTransaction: InitProducerId without keeping
+        the ongoing transaction (it is aborted, the producer fenced)."""
+        entry = self._producers.get(transactional_id)
+        if entry is None:
+            raise KeyError(transactional_id)
+        pid, epoch, _, _ = await self.init_producer(
+            transactional_id, entry.timeout_ms, entry.two_phase and self.settings.allow_two_phase
+        )
+        return pid, epoch
+
+    async def _roll(self, txnid: TxnID) -> None:
+        """Roll an unfinished transaction back (abort it if OPEN or PREPARED)
+        or forward (wait until its decision is applied)."""
+        meta = self._table.get(txnid)
+        if meta is None:
+            return
+        if meta.status in _WAITING:
+            await self._decide(meta, TxnEvent.ABORT)
+        else:
+            await self._answer(txnid, None)
+
+    def producer_txn(self, producer_id: int, epoch: int, what: str) -> TxnID:
+        """The ongoing transaction of the producer a send or ack (``what``)
+        comes from, begun now if it has none (KIP-890 part 2); raises the
+        producer's refusal (fenced, not allowed in its state, ...)."""
+        entry = self._producers.check(producer_id, epoch, what)
+        tid = entry.transactional_id
+        if entry.ongoing is not None:
+            if entry.txn_identity != entry.identity:
+                raise InvalidTxnStateError(
+                    f"{what} refused: {tid!r} was initialized keeping its prepared transaction: "
+                    "commit, abort or complete it first"
+                )
+            meta = self._table.get(entry.ongoing)
+            if meta is not None and meta.status is TxnStatus.OPEN:
+                return entry.ongoing
+            if meta is not None and meta.status is TxnStatus.PREPARED:
+                raise InvalidTxnStateError(
+                    f"{what} refused: the transaction of {tid!r} is prepared: commit, abort or "
+                    "complete it"
+                )
+            raise TransactionAbortableError(
+                f"{what} refused: the transaction of {tid!r} was aborted; abort it and begin "
+                "the next"
+            )
+        txnid = self.new_txn(
+            0 if entry.two_phase else entry.timeout_ms,
+            producer=entry.identity,
+            two_phase=entry.two_phase,
+        )
+        began = dataclasses.replace(
+            entry,
+            ongoing=txnid,
+            txn_producer_id=producer_id,
+            txn_epoch=epoch,
+            updated_ms=_now_ms(),
+        )
+        self._append(ProducerRegistry.record(began), lazy=True)
+        return txnid
+
+    def producer_add_partition(
+        self, producer_id: int, epoch: int, topic: str, partition: int
+    ) -> TxnID:
+        """A producer's send to a partition: its transaction, with the partition added."""
+        txnid = self.producer_txn(producer_id, epoch, f"send to {topic}/{partition}")
+        self.add_partition(txnid, topic, partition)
+        return txnid
+
+    def producer_add_subscription(
+        self, producer_id: int, epoch: int, topic: str, subscription: str
+    ) -> TxnID:
+        """send_offsets_to_transaction: the producer's transaction, with the subscription added."""
+        txnid = self.producer_txn(producer_id, epoch, f"acknowledge on {topic}/{subscription}")
+        self.add_subscription(txnid, topic, subscription)
+        return txnid
+
+    async def prepare_producer_txn(self, producer_id: int, epoch: int) -> tuple[int, int]:
+        """KIP-939's prepareTransaction: the ongoing transaction PREPARED
+        (`prepare_txn`); its identity (the client's, if nothing is ongoing:
+        completing with it commits nothing)."""
+        entry = self._producers.check(producer_id, epoch, "prepare")
+        if not entry.two_phase:
+            raise InvalidTxnStateError(
+                f"prepare refused: {entry.transactional_id!r} did not enable two-phase commit"
+            )
+        if entry.ongoing is None:
+            return entry.identity
+        if entry.txn_identity != entry.identity:
+            raise InvalidTxnStateError(
+                f"prepare refused: {entry.transactional_id!r} was initialized keeping its "
+                "prepared transaction: commit, abort or complete it"
+            )
+        meta = self._table.get(entry.ongoing)
+        if meta is None or meta.status not in _WAITING:
+            raise TransactionAbortableError(
+                f"prepare refused: the transaction of {entry.transactional_id!r} was aborted"
+            )
+        await self.prepare_txn(entry.ongoing)
+        return entry.identity
+
+    def end_producer_txn(
+        self, producer_id: int, epoch: int, commit: bool
+    ) -> asyncio.Future[tuple[int, int]]:
+        """EndTxn: commit or abort the producer's ongoing transaction (nothing
+        to do if none) and bump its identity (KIP-890); the result, the
+        identity for its next transaction, once the decision is applied and
+        the new identity durable. A retried END (the identity it ended, the
+        same outcome) is answered with the identity it was given."""
+        outcome = "commit" if commit else "abort"
+        entry = self._producers.of_producer(producer_id)
+        loop = asyncio.get_running_loop()
+        result: asyncio.Future[tuple[int, int]] = loop.create_future()
+        if (producer_id, epoch) != entry.identity and (producer_id, epoch) == (
+            entry.prev_producer_id,
+            entry.prev_epoch,
+        ):
+            if entry.prev_outcome == outcome:
+                result.set_result(entry.identity)
+                return result
+        entry = self._producers.check(producer_id, epoch, f"{outcome} transaction")
+        decided: asyncio.Future[None] | None = None
+        if entry.ongoing is not None:
+            meta = self._table.get(entry.ongoing)
+            if meta is not None and meta.status in _WAITING:
+                decided = self._decide(meta, TxnEvent.COMMIT if commit else TxnEvent.ABORT)
+            elif meta is not None and same_outcome(meta.status, commit):
+                decided = self._answer(entry.ongoing, None)
+            else:
+                raise TransactionAbortableError(
+                    f"{outcome} refused: the transaction of {entry.transactional_id!r} was "
+                    "aborted; abort it and begin the next"
+                )
+        pid, next_epoch = self._producers.bump(*entry.identity)
+        ended = dataclasses.replace(
+            entry,
+            producer_id=pid,
+            epoch=next_epoch,
+            ongoing=None,
+            txn_producer_id=-1,
+            txn_epoch=-1,
+            prev_producer_id=producer_id,
+            prev_epoch=epoch,
+            prev_outcome=outcome,
+            bumped_by="end",
+            updated_ms=_now_ms(),
+        )
+        written = self._append(ProducerRegistry.record(ended))
+        waits: list[asyncio.Future[Any]] = [written] if decided is None else [decided, written]
+        left = len(waits)
+
+        def one_done(f: asyncio.Future[Any]) -> None:
+            nonlocal left
+            left -= 1
+            if result.done() or pass_failure(f, result):
+                return
+            if left == 0:
+                result.set_result((pid, next_epoch))
+
+        for f in waits:
+            f.add_done_callback(one_done)
+        return result
+
+    def _abort_by_coordinator(self, meta: TxnMeta, event: TxnEvent) -> asyncio.Future[None]:
+        """Abort ``meta`` (a timeout, a restart, an operator): decide, and if
+        it is a producer's ongoing transaction, bump that producer's
+        identity, so a late write of it is refused and its client learns it
+        may abort and go on (TRANSACTION_ABORTABLE)."""
+        decided = self._decide(meta, event)
+        if meta.producer is not None:
+            try:
+                entry = self._producers.of_producer(meta.producer[0])
+            except Exception:
+                return decided
+            if entry.ongoing == meta.txnid and entry.txn_identity == entry.identity:
+                pid, epoch = self._producers.bump(*entry.identity)
+                self._append(
+                    ProducerRegistry.record(
+                        dataclasses.replace(
+                            entry,
+                            producer_id=pid,
+                            epoch=epoch,
+                            ongoing=None,
+                            txn_producer_id=-1,
+                            txn_epoch=-1,
+                            prev_producer_id=entry.producer_id,
+                            prev_epoch=entry.epoch,
+                            prev_outcome="abort",
+                            bumped_by="coordinator",
+                            updated_ms=_now_ms(),
+                        )
+                    )
+                )
+        return decided
+
+    def _expire_producers(self) -> None:
+        """Forget the transactional ids idle for longer than their expiration
+        (a producer of one gets INVALID_PRODUCER_ID_MAPPING); again later."""
+        self._producer_expiry = None
+        if self._closed:
+            return
+        for tid in self._producers.expired(_now_ms(), self.settings.expiration_ms):
+            log.info("coordinator %d: transactional id %r expired", self.tcid, tid)
+            self._append(ProducerRegistry.expire_record(tid), lazy=True)
+        every = min(60.0, max(0.05, self.settings.expiration_ms / 4000))
+        self._producer_expiry = asyncio.get_running_loop().call_later(every, self._expire_producers)
+
+    def active_open_time_max_ms(self) -> int:
+        """KIP-939's active-transaction-open-time-max: the longest any
+        transaction not yet decided (OPEN or PREPARED) has been open."""
+        now = _now_ms()
+        starts = [m.start_ms for m in self._table.txns.values() if m.status in _WAITING]
+        return max((now - s for s in starts), default=0)
+
     # -- timeouts -------------------------------------------------------------------
 
     def _arm_expiry(self, deadline_ms: int) -> None:
@@ -493,7 +860,7 @@ class TransactionCoordinator:
             log.info("coordinator %d: transaction %s timed out", self.tcid, txnid)
             meta = self._table.txns[txnid]
             try:
-                self._decide(meta, TxnEvent.TIMEOUT).add_done_callback(_quietly)
+                self._abort_by_coordinator(meta, TxnEvent.TIMEOUT).add_done_callback(_quietly)
             except Exception as exc:
                 log.warning("timing out %s failed: %s", txnid, exc)
         deadline = self._table.next_deadline()
@@ -506,9 +873,9 @@ class TransactionCoordinator:
         """Append ``rec`` and apply it (append order is durability order);
         the result is done once it is durable."""
         written = self._log.append(rec, lazy)
-        self._table.apply(rec)
+        self._table.apply(rec) or self._producers.apply(rec)
         if self._log.snapshot_due():
-            self._log.write_snapshot(self._table)
+            self._log.write_snapshot(self._table, self._producers)
         return written
 
     def _spawn(self, coro: Any) -> None:
@@ -521,11 +888,11 @@ class TransactionCoordinator:
 
     async def _recover(self) -> None:
         t0 = time.perf_counter()
-        replayed = await self._log.replay(self._table)
+        replayed = await self._log.replay(self._table, self._producers)
         boot = self._table.boot()
         await self._append(boot)  # (durable before any id of its epoch is handed out)
         table = self._table
-        unfinished = [m for m in table.txns.values() if m.status is not TxnStatus.OPEN]
+        unfinished = [m for m in table.txns.values() if m.status not in _WAITING]
         lost = [m for m in table.txns.values() if m.status is TxnStatus.OPEN]
         log.info(
             "coordinator %d recovered %d transactions (%d to finish, %d open to abort) from %d "
@@ -541,12 +908,16 @@ class TransactionCoordinator:
             self._tell(meta, None)
         self._aborted_at_start = {m.txnid for m in lost}
         # (all decisions logged at once: one group commit, not one each)
-        ended = [self._decide(meta, TxnEvent.ABORT) for meta in lost]
+        ended = [self._abort_by_coordinator(meta, TxnEvent.ABORT) for meta in lost]
         if ended:
             await asyncio.wait(ended, timeout=END_WAIT)
         deadline = table.next_deadline()
         if deadline is not None:
             self._arm_expiry(deadline)
+        self._expire_producers()
+
+
+_WAITING = (TxnStatus.OPEN, TxnStatus.PREPARED)  # not decided: nothing to finish
 
 
 def _quietly(f: asyncio.Future[None]) -> None:

@@ -2,14 +2,15 @@
 
 Two kinds of entries (told apart by the ledger's meta): a record, a
 serialized `TransactionMetadataEntry`; and a snapshot, the JSON of
-`TxnTable.snapshot`. A snapshot covers every entry before its own: the log
-is applied as it is appended (see `tc._coordinator`), so when a snapshot is
-appended everything before it is in the table. Once the snapshot is
+`TxnTable.snapshot` and `ProducerRegistry.snapshot`. A snapshot covers
+every entry before its own: the log is applied as it is appended (see
+`tc._coordinator`), so when a snapshot is appended everything before it is
+in the table. Once the snapshot is
 durable, the log is trimmed up to it, so recovery reads one snapshot and
 the records after it, and its time does not grow with history.
 
-`replay` rebuilds a table through the same `TxnTable.apply` that served
-the records live.
+`replay` rebuilds a table and a registry through the same `apply` that
+served the records live.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import asyncio
 import json
 
 from ledger import Ledger
+from tc._producers import ProducerRegistry
 from tc._table import Record, TxnTable
 
 __all__ = ["SNAPSHOT_EVERY", "TxnLog"]
@@ -45,10 +47,11 @@ class TxnLog:
         self._since_snapshot = 0
         return True
 
-    def write_snapshot(self, table: TxnTable) -> None:
-        """Append a snapshot of ``table`` (which holds every record appended
-        so far); once it is durable, trim the log before it."""
-        written = self.ledger.append(json.dumps(table.snapshot()).encode(), meta=_SNAPSHOT)
+    def write_snapshot(self, table: TxnTable, registry: ProducerRegistry) -> None:
+        """Append a snapshot of ``table`` and ``registry`` (which hold every
+        record appended so far); once it is durable, trim the log before it."""
+        snap = {**table.snapshot(), "producers": registry.snapshot()}
+        written = self.ledger.append(json.dumps(snap).encode(), meta=_SNAPSHOT)
 
         def trim(_f: object) -> None:
             # (Not once closing: the store may be closed; the next snapshot trims.)
@@ -57,20 +60,23 @@ class TxnLog:
 
         written.add_done_callback(trim)
 
-    async def replay(self, table: TxnTable) -> int:
-        """Apply the latest snapshot and every record after it to ``table``;
-        the number of records replayed."""
+    async def replay(self, table: TxnTable, registry: ProducerRegistry) -> int:
+        """Apply the latest snapshot and every record after it to ``table``
+        and ``registry``; the number of records replayed."""
         ledger = self.ledger
         snapshots = [entry_id for entry_id, kind in await ledger.read_meta() if kind == _SNAPSHOT]
         start = ledger.first_entry_id
         if snapshots:
             (entry,) = await ledger.read(snapshots[-1], snapshots[-1])
-            table.restore(json.loads(entry.data))
+            snap = json.loads(entry.data)
+            table.restore(snap)
+            registry.restore(snap.get("producers", []))
             start = snapshots[-1] + 1
         replayed = 0
         for entry in await ledger.read(start, ledger.last_entry_id):
             if entry.meta == _RECORD:
-                table.apply(Record.FromString(entry.data))
+                rec = Record.FromString(entry.data)
+                table.apply(rec) or registry.apply(rec)
                 replayed += 1
         self._since_snapshot = replayed
         return replayed

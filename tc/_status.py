@@ -3,10 +3,15 @@
     OPEN --COMMIT--> COMMITTING --FINISH--> COMMITTED
     OPEN --ABORT---> ABORTING ----FINISH--> ABORTED
     OPEN --TIMEOUT-> ABORTING
+    OPEN --PREPARE-> PREPARED --COMMIT--> COMMITTING
+                     PREPARED --ABORT---> ABORTING
 
 COMMITTING / ABORTING are logged before any participant is told: from that
 record on the outcome is decided and survives any crash. FINISH is logged
-once every participant has answered. `transition` is the only way a status
+once every participant has answered. PREPARED (two-phase commit, KIP-939):
+every write of the transaction is durable and it waits for a decision made
+elsewhere; it survives a restart (an OPEN one is aborted) and never times
+out. `transition` is the only way a status
 changes; the log stores (expected, new) pairs, which `check_update` checks
 against the same table on replay.
 """
@@ -36,6 +41,7 @@ class TxnStatus(enum.IntEnum):
     COMMITTED = 2
     ABORTING = 3
     ABORTED = 4
+    PREPARED = 5
 
     @property
     def ended(self) -> bool:
@@ -47,6 +53,7 @@ class TxnEvent(enum.StrEnum):
     ABORT = "ABORT"
     TIMEOUT = "TIMEOUT"
     FINISH = "FINISH"  # every participant has answered
+    PREPARE = "PREPARE"  # every write is durable; the decision is made elsewhere (2PC)
 
 
 class InvalidTxnStatusError(Exception):
@@ -63,6 +70,9 @@ TRANSITIONS: dict[tuple[TxnStatus, TxnEvent], TxnStatus] = {
     (TxnStatus.OPEN, TxnEvent.COMMIT): TxnStatus.COMMITTING,
     (TxnStatus.OPEN, TxnEvent.ABORT): TxnStatus.ABORTING,
     (TxnStatus.OPEN, TxnEvent.TIMEOUT): TxnStatus.ABORTING,
+    (TxnStatus.OPEN, TxnEvent.PREPARE): TxnStatus.PREPARED,
+    (TxnStatus.PREPARED, TxnEvent.COMMIT): TxnStatus.COMMITTING,
+    (TxnStatus.PREPARED, TxnEvent.ABORT): TxnStatus.ABORTING,
     (TxnStatus.COMMITTING, TxnEvent.FINISH): TxnStatus.COMMITTED,
     (TxnStatus.ABORTING, TxnEvent.FINISH): TxnStatus.ABORTED,
 }

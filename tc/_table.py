@@ -80,9 +80,17 @@ class TxnMeta:
     partitions: list[tuple[str, int]] = field(default_factory=list)
     subscriptions: list[tuple[str, str]] = field(default_factory=list)
     timed_out: bool = False
+    # The producer-epoch mode: the (producer id, epoch) the transaction
+    # belongs to, and whether it is two-phase (never times out).
+    producer: tuple[int, int] | None = None
+    two_phase: bool = False
 
     @property
-    def deadline_ms(self) -> int:
+    def deadline_ms(self) -> int | None:
+        """When it times out; None for a two-phase or prepared transaction,
+        which never does."""
+        if self.two_phase or self.status is TxnStatus.PREPARED:
+            return None
         return self.start_ms + self.timeout_ms
 
     def to_json(self) -> dict[str, Any]:
@@ -96,6 +104,10 @@ class TxnMeta:
             "partitions": [{"topic": t, "partition": p} for t, p in self.partitions],
             "subscriptions": [{"topic": t, "subscription": s} for t, s in self.subscriptions],
             "timed_out": self.timed_out,
+            "producer": None
+            if self.producer is None
+            else {"producer_id": self.producer[0], "producer_epoch": self.producer[1]},
+            "two_phase": self.two_phase,
         }
 
     @classmethod
@@ -109,6 +121,10 @@ class TxnMeta:
             partitions=[(p["topic"], int(p["partition"])) for p in d["partitions"]],
             subscriptions=[(s["topic"], s["subscription"]) for s in d["subscriptions"]],
             timed_out=bool(d["timed_out"]),
+            producer=None
+            if d.get("producer") is None
+            else (int(d["producer"]["producer_id"]), int(d["producer"]["producer_epoch"])),
+            two_phase=bool(d.get("two_phase", False)),
         )
 
 
@@ -198,14 +214,21 @@ class TxnTable:
         """The BOOT record of a start: a new epoch above every one seen."""
         return Record(metadata_op=Record.BOOT, boot_epoch=self.highest_epoch + 1)
 
-    def new(self, timeout_ms: int, now_ms: int) -> Record:
-        """The NEW record of the next transaction (its id: `next_txnid`)."""
+    def new(
+        self,
+        timeout_ms: int,
+        now_ms: int,
+        producer: tuple[int, int] | None = None,
+        two_phase: bool = False,
+    ) -> Record:
+        """The NEW record of the next transaction (its id: `next_txnid`);
+        ``producer`` and ``two_phase`` for the producer-epoch mode."""
         if not 0 <= timeout_ms <= MAX_TIMEOUT_MS:
             raise ValueError(
                 f"transaction timeout must be 0..{MAX_TIMEOUT_MS} ms, got {timeout_ms}"
             )
         txnid = self.next_txnid()
-        return Record(
+        rec = Record(
             metadata_op=Record.NEW,
             txnid_most_bits=txnid.most_bits,
             txnid_least_bits=txnid.least_bits,
@@ -213,7 +236,11 @@ class TxnTable:
             txn_timeout_ms=timeout_ms or DEFAULT_TIMEOUT_MS,
             txn_start_time=now_ms,
             txn_last_modification_time=now_ms,
+            two_phase=two_phase,
         )
+        if producer is not None:
+            rec.producer_id, rec.producer_epoch = producer
+        return rec
 
     def next_txnid(self) -> TxnID:
         if self.epoch == 0:
@@ -221,9 +248,10 @@ class TxnTable:
         return TxnID.of(self.tcid, (self.epoch << _SEQ_BITS) | self.next_seq)
 
     def decide(self, txnid: TxnID, event: TxnEvent, now_ms: int) -> Record:
-        """The decision record (COMMITTING / ABORTING) of an OPEN
-        transaction; it names every participant, so a restart can finish
-        it from this record alone. Raises if ``event`` does not apply."""
+        """The decision record (COMMITTING / ABORTING) of an OPEN or
+        PREPARED transaction, or the PREPARED record of an OPEN one
+        (``event`` PREPARE); it names every participant, so a restart can
+        finish it from this record alone. Raises if ``event`` does not apply."""
         meta = self.live(txnid)
         rec = self._update(meta, transition(meta.status, event), now_ms)
         rec.timed_out = event is TxnEvent.TIMEOUT
@@ -293,13 +321,16 @@ class TxnTable:
             timeout_ms=rec.txn_timeout_ms,
             start_ms=rec.txn_start_time,
             last_modified_ms=rec.txn_last_modification_time,
+            producer=(rec.producer_id, rec.producer_epoch) if rec.HasField("producer_id") else None,
+            two_phase=rec.two_phase,
         )
         self.txns[txnid] = meta
         epoch, seq = divmod(txnid.counter, 1 << _SEQ_BITS)
         self.highest_epoch = max(self.highest_epoch, epoch)
         if epoch == self.epoch:
             self.next_seq = max(self.next_seq, seq + 1)
-        self.deadlines.add((meta.deadline_ms, txnid))
+        if meta.deadline_ms is not None:
+            self.deadlines.add((meta.deadline_ms, txnid))
         return True
 
     def _apply_update(self, rec: Record) -> bool:
@@ -308,14 +339,15 @@ class TxnTable:
         expected = status_of(rec.expected_status)
         if meta is None or meta.status is not expected:
             return False
-        if expected is TxnStatus.OPEN:  # the decision: it names the participants
+        if expected is TxnStatus.OPEN:  # a decision (or PREPARED): it names the participants
             for p in rec.partitions:
                 if (p.topic, p.partition) not in meta.partitions:
                     meta.partitions.append((p.topic, p.partition))
             for s in rec.subscriptions:
                 if (s.topic, s.subscription) not in meta.subscriptions:
                     meta.subscriptions.append((s.topic, s.subscription))
-            self.deadlines.discard((meta.deadline_ms, txnid))
+            if meta.deadline_ms is not None:
+                self.deadlines.discard((meta.deadline_ms, txnid))
         meta.status = check_update(expected, status_of(rec.new_status))
         meta.timed_out = meta.timed_out or rec.timed_out
         meta.last_modified_ms = max(meta.last_modified_ms, rec.txn_last_modification_time)
@@ -341,7 +373,7 @@ class TxnTable:
         for d in snap["txns"]:
             meta = TxnMeta.from_json(d)
             self.txns[meta.txnid] = meta
-            if meta.status is TxnStatus.OPEN:
+            if meta.status is TxnStatus.OPEN and meta.deadline_ms is not None:
                 self.deadlines.add((meta.deadline_ms, meta.txnid))
         for d in snap["ended"]:
             meta = TxnMeta.from_json(d)

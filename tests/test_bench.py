@@ -154,6 +154,60 @@ def txnceiling_ways() -> tuple[str, ...]:
     return WAYS
 
 
+def test_ctp_output_check_finds_duplicates_and_losses() -> None:
+    from bench import ctp
+
+    outputs = [ctp.transform(ctp.value_of(n, 20)) for n in range(5)]
+    ctp.check_output(outputs, 5, 20)
+    with pytest.raises(ctp.OutputError, match="6 outputs for 5 inputs: 1 duplicates, 0 inputs"):
+        ctp.check_output([*outputs, outputs[2]], 5, 20)
+    with pytest.raises(ctp.OutputError, match="4 outputs for 5 inputs: 0 duplicates, 1 inputs"):
+        ctp.check_output(outputs[1:], 5, 20)
+    with pytest.raises(ctp.OutputError, match="1 outputs are not their input transformed"):
+        ctp.check_output([*outputs[:4], ctp.value_of(4, 20)], 5, 20)
+
+
+@pytest.mark.integration
+def test_ctp_benchmark_runs_every_system_installed(tmp_path: Path) -> None:
+    """bench.ctp runs txnbuf's two loops and each peer installed here
+    (bench/install-peers), checks every run's output, and reports a peer
+    that is not installed as not run, with no ratio against it."""
+    from bench import ctp
+
+    results = tmp_path / "ctp.md"
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.ctp", "--messages", "2000", "--rounds", "1",
+         "--workers", "1", "--results", str(results)],
+        cwd=ROOT, capture_output=True, text=True, check=True, timeout=120,
+    ).stdout  # fmt: skip
+    rows = {
+        cells[0]: cells[1:]
+        for line in out.splitlines()
+        if line.startswith("| ") and (cells := [c.strip() for c in line.strip("|").split("|")])
+    }
+    installed = [peer for peer in ctp.PEERS if ctp.missing(peer) is None]
+    expected = [f"{ctp.NAMES[peer]}, 1 process" for peer in installed]
+    expected += ["txnbuf, README loop, 1 process", "txnbuf, fastest loop, 1 process"]
+    assert [label for label in rows if label] == expected
+    for label in expected:
+        assert float(rows[label][1].replace(",", "")) > 0  # the median msgs/s
+    for peer in set(ctp.PEERS) - set(installed):
+        assert f"{ctp.NAMES[peer]}: not run: " in out
+    ratio = rows["txnbuf, fastest loop, 1 process"][-1]
+    if installed:  # the ratio to the best peer, who is named
+        best = max(
+            installed, key=lambda p: float(rows[f"{ctp.NAMES[p]}, 1 process"][1].replace(",", ""))
+        )
+        assert ratio.endswith(f"({ctp.NAMES[best]})") and float(ratio.split()[0]) > 0
+    else:
+        assert ratio == "no peer ran"
+    assert (
+        "Every run's output was checked: 2,000 outputs, each input transformed exactly once" in out
+    )
+    assert "- 1 process: " in out  # README loop / fastest loop
+    assert out.strip() in results.read_text()
+
+
 @pytest.mark.integration
 def test_scale_benchmark_runs_small_and_records_its_figures(tmp_path: Path) -> None:
     """bench.scale at 50 topics and 20 connections: both tables with figures,

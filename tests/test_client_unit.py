@@ -665,7 +665,17 @@ def test_every_wire_code_maps_to_its_own_class() -> None:
 
 def test_retriable_codes_are_exactly_the_documented_ones() -> None:
     retriable = {code for _, code in pb.ServerError.items() if errors.for_code(code).retriable}
-    assert retriable == {pb.PERSISTENCE_ERROR, pb.SERVICE_NOT_READY, pb.TOO_MANY_REQUESTS}
+    assert retriable == {
+        pb.PERSISTENCE_ERROR,
+        pb.SERVICE_NOT_READY,
+        pb.TOO_MANY_REQUESTS,
+        pb.CONCURRENT_TRANSACTIONS,
+    }
+
+
+def test_fatal_codes_are_exactly_the_documented_ones() -> None:
+    fatal = {code for _, code in pb.ServerError.items() if errors.for_code(code).fatal}
+    assert fatal == {pb.PRODUCER_FENCED, pb.INVALID_PRODUCER_ID_MAPPING}
 
 
 @pytest.mark.parametrize(
@@ -716,8 +726,11 @@ def test_public_names() -> None:
         "Consumer",
         "Message",
         "MessageId",
+        "PreparedTxnState",
         "Producer",
+        "ProducerState",
         "Transaction",
+        "TransactionalProducer",
         "TxnID",
         "TxnState",
         "errors",

@@ -20,7 +20,7 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize("check", [["check"], ["format", "--check"]], ids=["lint", "format"])
 def test_ruff(check: list[str]) -> None:
-    result = _run("ruff", *check, *PACKAGES, "tests", "bench", "examples")
+    result = _run("ruff", *check, *PACKAGES, "tests", "bench", "examples", "loadtests")
     assert result.returncode == 0, result.stdout + result.stderr
 
 

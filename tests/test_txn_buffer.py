@@ -890,3 +890,86 @@ async def test_an_end_queued_with_its_sends_names_them_all_in_one_group_commit(
     _, part = await stores.reopen()
     assert loaded(part).status(T1) == TxnInfo(T1, TxnState.COMMITTED, 3, 0, ())
     assert await delivered(part, 0) == [b"m0", b"m1", b"m2"]
+
+
+# -- the producer-epoch mode: per-partition producer state ---------------------------
+
+# Transactions of producer 5 (coordinator 1, boot epoch 1): one per epoch.
+E0, E1 = (1 << 48 | 1, 100), (1 << 48 | 1, 101)
+PID = 5
+
+
+async def test_an_epoch_producer_starts_each_epoch_at_0_and_sends_without_gaps(
+    stores: Stores,
+) -> None:
+    from buffer import OutOfOrderSequenceError, epoch_producer_name
+
+    _, part = await stores.open()
+    tb = await part.txn_buffer()
+    name = epoch_producer_name(PID, 0)
+    with pytest.raises(OutOfOrderSequenceError, match="an epoch starts at 0"):
+        await tb.publish(E0, name, msgs(3), first_seq=3, epoch_producer=(PID, 0))
+    assert tb.epoch_producers == {}  # refused: nothing noted
+    assert await tb.publish(E0, name, msgs(0, 1), first_seq=0, epoch_producer=(PID, 0)) == txn_ids(
+        0, 2
+    )
+    with pytest.raises(OutOfOrderSequenceError, match=r"sent sequence 5 .* where 2 comes next"):
+        await tb.publish(E0, name, msgs(5), first_seq=5, epoch_producer=(PID, 0))
+    # A re-sent batch is a duplicate, answered with the original places.
+    again = await tb.publish(E0, name, msgs(0, 1), first_seq=0, epoch_producer=(PID, 0))
+    assert again.first == 0 or again.ids == [(-1, 0), (-1, 1)]
+    assert await tb.publish(E0, name, msgs(2), first_seq=2, epoch_producer=(PID, 0)) == txn_ids(
+        2, 1
+    )
+    assert tb.status(E0).count == 3  # type: ignore[union-attr]  # stored once
+
+
+async def test_an_older_epoch_is_refused_on_send_and_on_its_marker(stores: Stores) -> None:
+    from buffer import StaleEpochError, epoch_producer_name
+
+    _, part = await stores.open()
+    tb = await part.txn_buffer()
+    await tb.publish(E0, epoch_producer_name(PID, 0), msgs(0), first_seq=0, epoch_producer=(PID, 0))
+    # The next transaction (epoch 1) begins here before epoch 0's marker came.
+    await tb.publish(E1, epoch_producer_name(PID, 1), msgs(0), first_seq=0, epoch_producer=(PID, 1))
+    with pytest.raises(StaleEpochError, match="a write of a finished transaction"):
+        await tb.publish(
+            E0, epoch_producer_name(PID, 0), msgs(1), first_seq=1, epoch_producer=(PID, 0)
+        )
+    # A delayed marker of the finished transaction (epoch 0) is refused, changing nothing.
+    with pytest.raises(StaleEpochError, match="marker of producer 5 epoch 0"):
+        await tb.end(E0, commit=True, producer=(PID, 0))
+    assert tb.status(E0).state is TxnState.OPEN  # type: ignore[union-attr]
+    assert await markers(part) == []
+    await tb.end(E1, commit=True, producer=(PID, 1))  # the current one's marker is fine
+    assert [count for _, count in await markers(part)] == [1]
+    # A transaction of an older coordinator epoch (a restarted coordinator's
+    # predecessor) is refused too.
+    old_boot = (0 << 48 | 0, 77)
+    with pytest.raises(StaleEpochError):
+        await tb.publish(
+            old_boot, epoch_producer_name(PID, 2), msgs(0), first_seq=0, epoch_producer=(PID, 2)
+        )
+
+
+async def test_the_producer_state_survives_a_restart(
+    stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from buffer import EpochProducer, StaleEpochError, epoch_producer_name
+
+    _, part = await stores.open()
+    tb = await part.txn_buffer()
+    await tb.publish(E0, epoch_producer_name(PID, 0), msgs(0), first_seq=0, epoch_producer=(PID, 0))
+    await tb.end(E0, commit=True, producer=(PID, 0))
+    await tb.publish(E1, epoch_producer_name(PID, 1), msgs(0), first_seq=0, epoch_producer=(PID, 1))
+    for snapshot_first in (False, True):
+        if snapshot_first:
+            await tb.sweep()  # (writes a snapshot: the state comes from it)
+        _, part = await stores.reopen()
+        tb = loaded(part)
+        assert tb.epoch_producers[PID] == EpochProducer(1, E1, 1)
+        late = (1 << 48 | 1, 102)  # (a transaction this partition never saw, epoch 0)
+        with pytest.raises(StaleEpochError):
+            await tb.publish(
+                late, epoch_producer_name(PID, 0), msgs(0), first_seq=0, epoch_producer=(PID, 0)
+            )

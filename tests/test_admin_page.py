@@ -1,0 +1,258 @@
+"""The admin web page at / in a real headless browser (Debian's chromium,
+driven by selenium through chromium-driver; scripts/install-system-deps
+installs both): it shows a topic and an open transaction made by the
+client, refreshes by itself, and its abort button aborts the transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from selenium import webdriver
+from selenium.common.exceptions import TimeoutException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support import expected_conditions as ec
+from selenium.webdriver.support.ui import WebDriverWait
+
+from client import Client
+from tests.conftest import BrokerProcess
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+
+
+def test_page_is_served_at_the_root(broker: BrokerProcess) -> None:
+    with urllib.request.urlopen(broker.url + "/", timeout=10) as answer:
+        assert answer.status == 200
+        assert answer.headers["Content-Type"].startswith("text/html")
+        page = answer.read().decode()
+    assert "<title>txnbuf broker</title>" in page
+    for path in (
+        '"/admin/v1"',
+        "/coordinators",
+        "/topics",
+        "/transactions",
+        '"abort"',
+        '"resolve"',
+    ):
+        assert path in page, path
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[WebDriver]:
+    for program in (CHROMIUM, CHROMEDRIVER):
+        if shutil.which(program) is None:
+            pytest.fail(f"{program} is missing: run scripts/install-system-deps")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in (
+        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}", "--window-size=1400,1000",
+    ):  # fmt: skip
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def cells(row: WebElement) -> list[str]:
+    return [cell.text for cell in row.find_elements(By.TAG_NAME, "td")]
+
+
+def abort_from_the_page(
+    driver: WebDriver, url: str, topic: str, txnid: str, screenshot: Path
+) -> dict[str, Any]:
+    """Open the page, check what it shows, click the transaction's abort
+    button and confirm; returns what the page showed."""
+    wait = WebDriverWait(driver, 15)
+    driver.get(url + "/")
+    try:
+        topic_row = wait.until(
+            ec.presence_of_element_located((By.CSS_SELECTOR, f'tr.topic[data-topic="{topic}"]'))
+        )
+        sub_row = driver.find_element(
+            By.CSS_SELECTOR, f'tr.sub[data-topic="{topic}"][data-subscription="page-sub"]'
+        )
+        txn_row = wait.until(
+            ec.presence_of_element_located((By.CSS_SELECTOR, f'tr[data-txnid="{txnid}"]'))
+        )
+        seen: dict[str, Any] = {
+            "topic": cells(topic_row),
+            "subscription": cells(sub_row),
+            "transaction": txn_row.text,
+            "state": txn_row.find_element(By.CSS_SELECTOR, "td.state").text,
+            "coordinators": driver.find_element(By.ID, "coordinators").text,
+        }
+        # The page refreshes by itself: a rate needs two readings.
+        rate_cell = f'tr.topic[data-topic="{topic}"] td:nth-child(4)'
+        wait.until(
+            lambda d: re.fullmatch(r"\d+\.\d", d.find_element(By.CSS_SELECTOR, rate_cell).text)
+        )
+        seen["in_rate"] = driver.find_element(By.CSS_SELECTOR, rate_cell).text
+        driver.find_element(By.CSS_SELECTOR, f'button.abort[data-txnid="{txnid}"]').click()
+        wait.until(ec.alert_is_present()).accept()
+        wait.until(ec.text_to_be_present_in_element((By.ID, "message"), "ABORTED"))
+        seen["message"] = driver.find_element(By.ID, "message").text
+        wait.until(
+            ec.invisibility_of_element_located((By.CSS_SELECTOR, f'tr[data-txnid="{txnid}"]'))
+        )
+        return seen
+    except TimeoutException:
+        driver.save_screenshot(str(screenshot))
+        raise AssertionError(
+            f"the page did not show what was expected (screenshot {screenshot}):\n"
+            + driver.find_element(By.TAG_NAME, "body").text
+        ) from None
+
+
+@pytest.mark.integration
+async def test_page_shows_topic_and_transaction_and_aborts_it(
+    broker: BrokerProcess, browser: WebDriver, tmp_path: Path
+) -> None:
+    topic = "page-topic"
+    async with Client(broker.url) as client:
+        consumer = await client.subscribe(topic, "page-sub", initial_position="earliest")
+        producer = await client.create_producer(topic)
+        for i in range(3):
+            await producer.send(b"plain %d" % i)
+        txn = await client.new_transaction(timeout=600)
+        await producer.send(b"in the transaction", txn=txn)
+        await consumer.acknowledge(await consumer.receive(timeout=10), txn=txn)
+        txnid = str(txn.id)
+
+        seen = await asyncio.to_thread(
+            abort_from_the_page, browser, broker.url, topic, txnid, tmp_path / "page.png"
+        )
+
+    assert seen["state"] == "OPEN"
+    assert f"{topic} partition 0" in seen["transaction"]
+    assert f"{topic} subscription page-sub" in seen["transaction"]
+    # topic: name, partitions, messages, ..., producers, consumers
+    assert seen["topic"][:3] == [topic, "1", "3"] and seen["topic"][8:10] == ["1", "1"]
+    # subscription: backlog 3 (one of them PENDING_ACK in the transaction),
+    # unacked (delivered, not acknowledged) 2, PENDING_ACK 1, consumers 1
+    sub = seen["subscription"]
+    assert sub[0] == "page-sub" and sub[5:8] == ["3", "2", "1"], sub
+    assert sub[9:] == ["1", "exclusive"], sub
+    assert "OPEN" in seen["coordinators"]
+    assert float(seen["in_rate"]) >= 0
+    assert seen["message"] == f"Transaction {txnid}: ABORTED"
+
+    status, body = broker.admin("GET", f"/admin/v1/transactions/{txnid}")
+    assert status == 200
+    assert json.loads(body)["status"] == "ABORTED"
+
+
+def skip_from_the_page(driver: WebDriver, url: str, txnid: str, screenshot: Path) -> dict[str, Any]:
+    """Open the page, check the stuck transaction's row, click its Skip
+    button and confirm; returns what the page showed."""
+    wait = WebDriverWait(driver, 20)
+    driver.get(url + "/")
+    row = f'tr.stuck[data-txnid="{txnid}"]'
+    try:
+        wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, row)))
+        seen: dict[str, Any] = {
+            "cells": cells(driver.find_element(By.CSS_SELECTOR, row)),
+            "buttons": [b.text for b in driver.find_elements(By.CSS_SELECTOR, f"{row} button")],
+            "summary": driver.find_element(By.ID, "txn-summary").text,
+        }
+        driver.find_element(By.CSS_SELECTOR, f'button.skip[data-txnid="{txnid}"]').click()
+        wait.until(ec.alert_is_present()).accept()
+        wait.until(ec.text_to_be_present_in_element((By.ID, "message"), "skip on"))
+        seen["message"] = driver.find_element(By.ID, "message").text
+        wait.until(ec.invisibility_of_element_located((By.CSS_SELECTOR, row)))
+        return seen
+    except TimeoutException:
+        driver.save_screenshot(str(screenshot))
+        raise AssertionError(
+            f"the page did not show what was expected (screenshot {screenshot}):\n"
+            + driver.find_element(By.TAG_NAME, "body").text
+        ) from None
+
+
+@pytest.mark.integration
+async def test_page_shows_a_stuck_transaction_and_skips_its_participant(
+    tmp_path: Path, browser: WebDriver
+) -> None:
+    broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log")
+    broker.env["TXNBUF_REFUSE"] = "broker.end_txn_on_participant"  # the partition never applies
+    broker.start()
+    try:
+        async with Client(broker.url) as client:
+            producer = await client.create_producer("out")
+            txn = await client.new_transaction(timeout=60)
+            await producer.send(b"never applied", txn=txn)
+            await txn.commit()  # decided; the partition refuses to apply it
+            txnid = str(txn.id)
+            seen = await asyncio.to_thread(
+                skip_from_the_page, browser, broker.url, txnid, tmp_path / "page.png"
+            )
+        status, body = broker.admin("GET", f"/admin/v1/transactions/{txnid}")
+    finally:
+        broker.stop()
+
+    txnid_cell, _, state, _, _, participants, flags, _ = seen["cells"]
+    assert (txnid_cell, state, participants) == (txnid, "COMMITTING", "out partition 0")
+    assert flags.startswith("stuck on partition out/0: ") and "TXNBUF_REFUSE" in flags
+    assert seen["buttons"] == ["Retry", "Skip"]  # (the coordinator refuses to abort it)
+    assert seen["summary"] == "1 in progress, 0 long-running, 1 stuck"
+    assert seen["message"] == f"Transaction {txnid}: skip on 1 participant(s)"
+    assert status == 200
+    meta = json.loads(body)
+    assert meta["status"] == "COMMITTED" and meta["stuck"] == []
+
+
+def sign_in_on_the_page(driver: WebDriver, url: str, token: str, screenshot: Path) -> list[str]:
+    """Open the page of a broker that authenticates: what its status says
+    before and after the token is typed in."""
+    wait = WebDriverWait(driver, 15)
+    driver.get(url + "/")
+    try:
+        wait.until(ec.text_to_be_present_in_element((By.ID, "status"), "token needed"))
+        before = driver.find_element(By.ID, "status").text
+        field = driver.find_element(By.ID, "token")
+        field.send_keys(token)
+        field.send_keys(Keys.TAB)  # (a change event)
+        wait.until(ec.text_to_be_present_in_element((By.ID, "status"), "broker up"))
+        wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, 'tr[data-topic="signed"]')))
+        return [before, driver.find_element(By.ID, "status").text]
+    except TimeoutException:
+        driver.save_screenshot(str(screenshot))
+        raise AssertionError(
+            f"the page did not show what was expected (screenshot {screenshot}):\n"
+            + driver.find_element(By.TAG_NAME, "body").text
+        ) from None
+
+
+@pytest.mark.integration
+async def test_page_of_a_broker_that_authenticates_asks_for_a_token(
+    tmp_path: Path, browser: WebDriver
+) -> None:
+    broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", auth=True)
+    broker.start()
+    try:
+        status, _ = broker.admin("PUT", "/admin/v1/topics/signed", b"{}")
+        assert status == 200
+        assert broker.token is not None
+        before, after = await asyncio.to_thread(
+            sign_in_on_the_page, browser, broker.url, broker.token, tmp_path / "page.png"
+        )
+    finally:
+        broker.stop()
+    assert before.startswith("token needed: /admin/v1/") and "needs a token" in before
+    assert after == "broker up"
