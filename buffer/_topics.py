@@ -17,6 +17,7 @@ from ledger import LedgerStore
 __all__ = ["PartitionCountError", "Topic", "Topics"]
 
 _META_LEDGER = "__meta/topics"
+LOAD_BATCH = 256  # topics loaded at once on start
 
 
 class PartitionCountError(ValueError):
@@ -47,11 +48,18 @@ class Topics:
         for entry in await meta.read(meta.first_entry_id, meta.last_entry_id):
             record = json.loads(entry.data)
             counts[record["topic"]] = int(record["partitions"])
-        for name, n in sorted(counts.items()):
-            topic = Topic(name)
-            for i in range(n):
-                topic.partitions.append(await Partition.load(store, name, i))
-            topics._topics[name] = topic
+
+        async def load_topic(name: str, n: int) -> Topic:
+            return Topic(name, [await Partition.load(store, name, i) for i in range(n)])
+
+        # Topics load independently (each reads its own ledgers): a batch
+        # at a time keeps the store's reader busy instead of one read at a
+        # time waiting for its round trip.
+        todo = sorted(counts.items())
+        for start in range(0, len(todo), LOAD_BATCH):
+            batch = todo[start : start + LOAD_BATCH]
+            for topic in await asyncio.gather(*(load_topic(name, n) for name, n in batch)):
+                topics._topics[topic.name] = topic
         return topics
 
     def __contains__(self, name: str) -> bool:
@@ -59,6 +67,10 @@ class Topics:
 
     def names(self) -> list[str]:
         return sorted(self._topics)
+
+    def all(self) -> list[Topic]:
+        """Every topic, in the order they were loaded (by name) and created."""
+        return list(self._topics.values())
 
     def get(self, name: str) -> Topic | None:
         return self._topics.get(name)
