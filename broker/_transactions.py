@@ -90,10 +90,10 @@ class Transactions:
 
     async def ops_answered(self, req: pb.CommandEndTxn) -> None:
         """END_TXN after_ops: wait until every transactional SEND and ACK of
-        the transaction read earlier on this connection is answered. Raise
-        NOT_ALLOWED (nothing changes) if one failed and the transaction is
-        still open: the client aborts it. (A transaction that an earlier END
-        committed already answers this one as a repeat.)"""
+        the transaction read earlier on this connection is answered. For a
+        COMMIT, raise NOT_ALLOWED (nothing changes) if one failed and the
+        transaction is still open: the client aborts it. (A transaction that
+        an earlier END committed already answers this one as a repeat.)"""
         key = (req.txnid_most_bits, req.txnid_least_bits)
         ops = self._txn_ops.get(key)
         if ops is None:
@@ -102,7 +102,7 @@ class Transactions:
             if ops.settled is None:
                 ops.settled = asyncio.get_running_loop().create_future()
             await asyncio.shield(ops.settled)
-        if ops.error is not None:
+        if ops.error is not None and req.txn_action == pb.COMMIT:
             txnid = wire_txnid(*key)
             if self.broker.coordinator(txnid).is_open(txnid):
                 raise BrokerError(
@@ -215,16 +215,19 @@ class Transactions:
         """END_TXN. The client may ask for its next transaction with it
         (``next_txn_ttl_ms``): it is opened now, alongside the END, and
         answered only if the END succeeds (else aborted: the client asks
-        anew). A COMMIT ``after_ops`` whose transaction has SENDs or ACKs
+        anew). An END ``after_ops`` whose transaction has SENDs or ACKs
         read here and not yet answered (or one failed) waits for them in a
-        task; otherwise the coordinator decides now, in the group commit of
-        those sends and acks, and END is answered from a callback."""
+        task: a COMMIT so that it commits only if they all succeeded, an
+        ABORT so that an ACK read before it is in PENDING_ACK when it
+        aborts, and so is redelivered. Otherwise the coordinator decides
+        now, in the group commit of those sends and acks, and END is
+        answered from a callback."""
         req = cmd.end_txn
         if not self._may_end(req):
             return
         following = self._open_next(req) if req.HasField("next_txn_ttl_ms") else None
         ops = self._txn_ops.get((req.txnid_most_bits, req.txnid_least_bits))
-        if req.after_ops and req.txn_action == pb.COMMIT and ops is not None:
+        if req.after_ops and ops is not None:
             self.conn._spawn(self._end_after_ops(req, following))
             return
         self._end(req, following)

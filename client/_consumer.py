@@ -28,14 +28,16 @@ Decisions written down here:
   will come again (at-least-once).
 * ``redeliver_unacknowledged`` also drops the local queue, like Pulsar, and
   grants back the permits those messages used.
-* Transactional acks (``acknowledge(..., txn=txn)``): concurrent acks of
-  one transaction share a frame, never with plain acks or another
-  transaction's; the ACK carries the TxnID and ``transactional=true``, and
-  the broker adds the subscription to the transaction itself (see
-  ``client._txn``). A TRANSACTION_CONFLICT answer (another transaction holds the message)
-  raises ``TransactionConflictError`` and makes the transaction's
-  ``commit()`` abort it. Transactional acks are re-sent after a reconnect
-  like the others (the broker must treat a repeated one as done).
+* Transactional acks (``acknowledge(..., txn=txn)``): acks of one
+  transaction queued in one turn of the loop share a frame (Pulsar's ack
+  grouping), never with plain acks or another transaction's; the ACK
+  carries the TxnID and ``transactional=true``, and the broker adds the
+  subscription to the transaction itself (see ``client._txn``). The call
+  returns once the ack is queued: the broker's answer is the transaction's,
+  so a refusal (e.g. TRANSACTION_CONFLICT: another transaction holds the
+  message) makes ``commit()`` abort the transaction and raise it
+  (``TransactionConflictError``). Transactional acks are re-sent after a
+  reconnect like the others (the broker treats a repeated one as done).
 * ``read_uncommitted=True`` (fixed at subscribe) asks the broker to deliver
   messages of open transactions too (PIP-31 §Isolation Levels).
 """
@@ -47,7 +49,6 @@ from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 from proto import txnbuf_pb2 as pb
 
@@ -92,6 +93,8 @@ class _AckFrame:
     data: bytes
     deadline: float
     txn: Transaction | None = None
+    # transactional: the transaction's view of the frame (``futures`` is empty)
+    tracker: asyncio.Future[None] | None = None
 
 
 def message_id_of(message: Message | MessageId) -> MessageId:
@@ -179,10 +182,12 @@ class Consumer:
         self._taken = 0
         self._queue: deque[Message] = deque()
         self._waiters: deque[asyncio.Future[Message]] = deque()
-        # individual acks waiting to be framed, by transaction (None: plain)
-        self._acks: dict[
-            Transaction | None, tuple[list[MessageId], list[asyncio.Future[None]]]
-        ] = {}
+        # batch_receive calls waiting: each wakes once this many are queued
+        self._batch_waiters: deque[tuple[asyncio.Future[None], int]] = deque()
+        # individual acks waiting to be framed: plain ones with their calls'
+        # futures (one per id), and per transaction its ids and its tracker
+        self._acks: tuple[list[MessageId], list[asyncio.Future[None]]] | None = None
+        self._txn_acks: dict[Transaction, tuple[list[MessageId], asyncio.Future[None]]] = {}
         self._ack_flush_scheduled = False
         self._inflight: dict[int, _AckFrame] = {}
         self._gen = 0
@@ -314,6 +319,59 @@ class Consumer:
             if timer is not None:
                 timer.cancel()
 
+    async def batch_receive(
+        self, max_messages: int = 100, timeout: float | None = 0.1
+    ) -> list[Message]:
+        """Up to ``max_messages`` messages in one call (Pulsar's
+        ``batchReceive``): returns as soon as that many are queued, or
+        ``timeout`` seconds after the call with those queued by then
+        (possibly none). ``timeout=None`` waits for the first message and
+        returns it with those queued behind it. At most
+        ``receiver_queue_size`` are ever queued, so a batch is never waited
+        for beyond that many."""
+        if type(max_messages) is not int or max_messages < 1:
+            raise InvalidInputError(
+                f"max_messages must be an int of at least 1, not {max_messages!r}"
+            )
+        if timeout is not None and not (isinstance(timeout, int | float) and timeout >= 0):
+            raise InvalidInputError(f"timeout must be seconds >= 0 or None, not {timeout!r}")
+        if self._closing:
+            self._raise_closed()
+        want = 1 if timeout is None else min(max_messages, self.receiver_queue_size)
+        if len(self._queue) < want or self._waiters or self._batch_waiters:
+            waiter: asyncio.Future[None] = self._loop.create_future()
+            entry = (waiter, want)
+            self._batch_waiters.append(entry)
+            timer = None if timeout is None else self._loop.call_later(timeout, _wake, waiter)
+            try:
+                await waiter
+            finally:
+                if timer is not None:
+                    timer.cancel()
+                if entry in self._batch_waiters:
+                    self._batch_waiters.remove(entry)
+            if self._closing:
+                self._raise_closed()
+        queue = self._queue
+        count = min(max_messages, len(queue))
+        batch = [queue.popleft() for _ in range(count)]
+        self._took(count)
+        self._hand_over()  # (a batch waiter behind this one may be served now)
+        return batch
+
+    def __aiter__(self) -> Consumer:
+        """``async for msg in consumer``: ``receive()`` until the consumer is
+        closed by ``close()`` (closed by an error, the error is raised)."""
+        return self
+
+    async def __anext__(self) -> Message:
+        try:
+            return await self.receive()
+        except ConsumerClosedError:
+            if self._reason is None:
+                raise StopAsyncIteration from None
+            raise
+
     def on_message(self, message: pb.CommandMessage) -> None:
         if self._closing:
             return
@@ -330,9 +388,18 @@ class Consumer:
             if not waiter.done():
                 waiter.set_result(queue.popleft())
                 self._took_one()
+        batch_waiters = self._batch_waiters
+        if batch_waiters and not waiters:
+            woken, want = batch_waiters[0]
+            if len(queue) >= want or woken.done():
+                batch_waiters.popleft()
+                _wake(woken)  # (it takes its messages when it runs)
 
     def _took_one(self) -> None:
-        self._taken += 1
+        self._took(1)
+
+    def _took(self, count: int) -> None:
+        self._taken += count
         if self._taken >= self._flow_threshold:
             if self._conn.is_current(self._gen):
                 self._conn.write(self._flow_command(self._taken))
@@ -358,45 +425,72 @@ class Consumer:
         txn: Transaction | None = None,
     ) -> None:
         """Acknowledge a message (or a list of them, sent together); returns
-        once the broker has stored the ack. With ``txn`` the ack is part of
-        that transaction (PENDING_ACK until it ends). Raises the broker's
-        error (e.g. ``UnknownMessageIdError``, ``TransactionConflictError``)
-        or ``InvalidTxnStatusError`` if ``txn`` is no longer open."""
+        once the broker has stored the ack. Raises the broker's error (e.g.
+        ``UnknownMessageIdError``).
+
+        With ``txn`` the ack is part of that transaction (PENDING_ACK until
+        it ends) and this returns once the ack is queued: the broker's
+        answer is the transaction's, and ``txn.commit()`` raises (and
+        aborts) if it refused the ack (e.g. ``TransactionConflictError``:
+        another transaction holds the message). Raises
+        ``InvalidTxnStatusError`` at once if ``txn`` is no longer open."""
         if isinstance(message, (Message, MessageId)):  # (a MessageId is a tuple too)
             mids = [message_id_of(message)]
         else:
             mids = [message_id_of(m) for m in message]
             if not mids:
                 return
-        self._check_ack(txn)
+        if txn is not None:
+            self._queue_txn_acks(mids, txn)
+            return
+        self._check_ack(None)
         future: asyncio.Future[None] = self._loop.create_future()
-        pending = self._acks.get(txn)
+        pending = self._acks
         if pending is None:
-            pending = self._acks[txn] = ([], [])
+            pending = self._acks = ([], [])
         ids, futures = pending
         ids.extend(mids)
         futures.extend([future] * len(mids))
         if len(ids) >= MAX_ACKS_PER_FRAME:
-            del self._acks[txn]
-            self._send_ack(INDIVIDUAL, ids, futures, txn)
+            self._acks = None
+            self._send_ack(INDIVIDUAL, ids, futures)
         elif not self._ack_flush_scheduled:
             self._ack_flush_scheduled = True
             self._loop.call_soon(self._flush_acks)
-        if txn is not None:
-            txn._track(future)
+        await future
+
+    def _queue_txn_acks(self, mids: list[MessageId], txn: Transaction) -> None:
+        """Queue individual acks of ``txn``: framed with the transaction's
+        other acks of this turn of the loop, or by its commit."""
+        self._check_ack(txn)
+        pending = self._txn_acks.get(txn)
+        if pending is None:
+            tracker = self._tracker(txn)
+            pending = self._txn_acks[txn] = ([], tracker)
             txn._flushes.add(self._flush_acks)
-        await _answer(future, txn)
+        ids = pending[0]
+        ids.extend(mids)
+        if len(ids) >= MAX_ACKS_PER_FRAME:
+            del self._txn_acks[txn]
+            self._send_ack(INDIVIDUAL, ids, [], txn, pending[1])
+        elif not self._ack_flush_scheduled:
+            self._ack_flush_scheduled = True
+            self._loop.call_soon(self._flush_acks)
 
     async def acknowledge_cumulative(
         self, message: Message | MessageId, *, txn: Transaction | None = None
     ) -> None:
         """Acknowledge every message up to this one on its partition (not
         allowed on shared subscriptions: ``NotAllowedError``), in ``txn`` if
-        given."""
+        given (then it returns once queued, as ``acknowledge`` does)."""
         mid = message_id_of(message)
-        future = self._new_ack(txn)
-        self._send_ack(AckType.CUMULATIVE, [mid], [future], txn)
-        await _answer(future, txn)
+        self._check_ack(txn)
+        if txn is not None:
+            self._send_ack(AckType.CUMULATIVE, [mid], [], txn, self._tracker(txn))
+            return
+        future: asyncio.Future[None] = self._loop.create_future()
+        self._send_ack(AckType.CUMULATIVE, [mid], [future])
+        await future
 
     def _check_ack(self, txn: Transaction | None) -> None:
         """Refuse an ack on a closed consumer or an ended transaction."""
@@ -405,13 +499,11 @@ class Consumer:
         if txn is not None:
             check_txn(txn, self._conn)
 
-    def _new_ack(self, txn: Transaction | None) -> asyncio.Future[None]:
-        """The future of a new ack, after the checks that refuse it."""
-        self._check_ack(txn)
-        future: asyncio.Future[None] = self._loop.create_future()
-        if txn is not None:
-            txn._track(future)
-        return future
+    def _tracker(self, txn: Transaction) -> asyncio.Future[None]:
+        """A new future that ``txn`` waits on: the outcome of an ACK frame."""
+        tracker: asyncio.Future[None] = self._loop.create_future()
+        txn._track(tracker)
+        return tracker
 
     async def negative_acknowledge(self, message: Message | MessageId) -> None:
         """Ask the broker to deliver this message again (to any consumer)."""
@@ -445,11 +537,13 @@ class Consumer:
 
     def _flush_acks(self) -> None:
         self._ack_flush_scheduled = False
-        if not self._acks:
-            return
-        acks, self._acks = self._acks, {}
-        for txn, (ids, futures) in acks.items():
-            self._send_ack(INDIVIDUAL, ids, futures, txn)
+        if self._acks is not None:
+            (ids, futures), self._acks = self._acks, None
+            self._send_ack(INDIVIDUAL, ids, futures)
+        if self._txn_acks:
+            txn_acks, self._txn_acks = self._txn_acks, {}
+            for txn, (ids, tracker) in txn_acks.items():
+                self._send_ack(INDIVIDUAL, ids, [], txn, tracker)
 
     def _send_ack(
         self,
@@ -457,12 +551,13 @@ class Consumer:
         ids: list[MessageId],
         futures: list[asyncio.Future[None]],
         txn: Transaction | None = None,
+        tracker: asyncio.Future[None] | None = None,
     ) -> None:
         request_id = self._conn.next_request_id()
         txn_id = None if txn is None else txn.id
         data = build_ack(self.consumer_id, request_id, ack_type, ids, txn_id).SerializeToString()
         deadline = self._loop.time() + self._conn.operation_timeout
-        self._inflight[request_id] = _AckFrame(ack_type, ids, futures, data, deadline, txn)
+        self._inflight[request_id] = _AckFrame(ack_type, ids, futures, data, deadline, txn, tracker)
         if self._conn.is_current(self._gen):
             self._conn.write(data)
 
@@ -470,12 +565,19 @@ class Consumer:
         frame = self._inflight.pop(response.request_id, None)
         if frame is None:
             return
+        tracker = frame.tracker
         if not response.HasField("error"):
+            if tracker is not None and not tracker.done():
+                tracker.set_result(None)
             for future in frame.futures:
                 if not future.done():
                     future.set_result(None)
             return
         exc = from_wire(response.error, response.message)
+        if tracker is not None:  # (the transaction fails whichever id was refused)
+            if not tracker.done():
+                tracker.set_exception(exc)
+            return
         if len(frame.ids) > 1 and not exc.retriable:
             # Find the guilty ids: acks are idempotent, so ask again one by one.
             self._resend_alone(frame)
@@ -503,7 +605,7 @@ class Consumer:
         frame = self._inflight.pop(request_id, None)
         if frame is None:
             return False
-        fail_all(frame.futures, exc)
+        _fail_frame(frame, exc)
         return True
 
     def expire(self, now: float) -> None:
@@ -537,6 +639,7 @@ class Consumer:
         try:
             self._flush_acks()
             pending = [f for frame in self._inflight.values() for f in frame.futures]
+            pending += [f.tracker for f in self._inflight.values() if f.tracker is not None]
             if pending:
                 await asyncio.wait(pending, timeout=self._conn.operation_timeout)
         finally:
@@ -563,12 +666,18 @@ class Consumer:
         self._queue.clear()
         waiters, self._waiters = self._waiters, deque()
         fail_all(waiters, exc)
+        batch_waiters, self._batch_waiters = self._batch_waiters, deque()
+        for waiter, _ in batch_waiters:
+            _wake(waiter)  # (it sees the consumer closed)
         frames, self._inflight = self._inflight, {}
         for frame in frames.values():
-            fail_all(frame.futures, exc)
-        acks, self._acks = self._acks, {}
-        for _, futures in acks.values():
-            fail_all(futures, exc)
+            _fail_frame(frame, exc)
+        if self._acks is not None:
+            fail_all(self._acks[1], exc)
+            self._acks = None
+        txn_acks, self._txn_acks = self._txn_acks, {}
+        for _, tracker in txn_acks.values():
+            fail_all([tracker], exc)
 
     def _fail(self, reason: TxnbufError) -> None:
         """Close the consumer after a fatal error (e.g. re-subscribing refused)."""
@@ -579,10 +688,11 @@ class Consumer:
         raise ConsumerClosedError(f"consumer {self.consumer_id} is closed") from self._reason
 
 
-async def _answer(future: asyncio.Future[Any], txn: Transaction | None) -> None:
-    """Wait for an ack's answer. A transactional one is shielded: cancelling
-    the caller leaves the ack to the transaction, which waits for it."""
-    await (future if txn is None else asyncio.shield(future))
+def _fail_frame(frame: _AckFrame, exc: TxnbufError) -> None:
+    """Fail an ACK frame's calls, or its transaction's view of it."""
+    fail_all(frame.futures, exc)
+    if frame.tracker is not None:
+        fail_all([frame.tracker], exc)
 
 
 def _settle_call(call: asyncio.Future[None], parts: asyncio.Future[list[None]]) -> None:
@@ -597,6 +707,11 @@ def _settle_call(call: asyncio.Future[None], parts: asyncio.Future[list[None]]) 
         call.set_result(None)
     else:
         call.set_exception(exc)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _time_out(waiter: asyncio.Future[Message], timeout: float) -> None:

@@ -8,6 +8,13 @@ producers and consumers do the sending.
 
 Decisions written down here:
 
+* Sends and acks of a transaction return once queued (``Producer.send``,
+  ``Consumer.acknowledge`` with ``txn=``): none costs a round trip of its
+  own, so a loop that awaits each send and ack frames the whole batch at
+  once. The transaction counts them until the broker answers
+  (``_track``); ``commit()`` waits for them and fails if one failed (Kafka's
+  ``commitTransaction``). A failure reaches the application through
+  ``commit()`` only.
 * Registration: none by the client. The broker adds the partition of a
   transactional SEND, and the subscription of a transactional ACK, to the
   transaction itself if it is not yet (KIP-890 part 2), before it takes the
@@ -33,8 +40,14 @@ Decisions written down here:
   though it committed with all its sends and acks. A send or ack that
   timed out on the client while the broker took it is committed with the
   rest when the END succeeds (the broker decides).
-* ``abort()`` sends END_TXN ABORT at once and does not wait for the sends
-  and acks still in flight: they are abandoned. The broker refuses them
+* ``abort()`` frames the sends and acks still queued, then sends END_TXN
+  ABORT at once, without waiting for their answers, and with ``after_ops``:
+  the broker aborts once it has answered the sends and acks it read
+  before the END (on this link, or re-sent before it on the next), so an
+  ack the application made before ``abort()`` is in PENDING_ACK when the
+  abort returns it to PENDING, and its message is redelivered; a refused
+  one is not the abort's concern. A send or ack made after the END is
+  refused by the broker. The broker refuses them
   once the coordinator has aborted the transaction, or they land and are
   aborted with it; each still reports its own outcome to its caller.
 * END_TXN is a control request, retried across reconnects until
@@ -81,6 +94,7 @@ from .errors import (
 
 if TYPE_CHECKING:
     from ._connection import Connection, Link
+    from ._producer import Producer
     from ._spares import SparePool
 
 log = logging.getLogger("client")
@@ -219,6 +233,11 @@ class Transaction:
         # What frames its queued sends and acks now (producers' and
         # consumers' flushes), for a commit written right behind them.
         self._flushes: set[Callable[[], None]] = set()
+        # Per (topic, partition): the place in the transaction of the next
+        # message framed there, and the producer whose batch of the
+        # transaction is filling for it (``client._producer``).
+        self._places: dict[tuple[str, int], int] = {}
+        self._filling: dict[tuple[str, int], Producer] = {}
         self._pending_ops = 0
         # What commit() waits on while sends or acks are unanswered.
         self._settled: asyncio.Future[None] | None = None
@@ -329,6 +348,8 @@ class Transaction:
         if self._state is TxnState.ABORTED and not self._ending:
             return
         self._begin(TxnEvent.ABORT)
+        for flush in self._flushes:  # (what was queued goes before the END, in order)
+            flush()
         try:
             await self._end(TxnEvent.ABORT)
         finally:
@@ -367,7 +388,8 @@ class Transaction:
         def build(request_id: int) -> Command:
             nonlocal unasked
             cmd = self._command(Command.END_TXN, "end_txn", request_id, txn_action=action)
-            cmd.end_txn.after_ops = behind_ops is not None
+            # (an ABORT always: see the module docstring)
+            cmd.end_txn.after_ops = behind_ops is not None or not committing
             if unasked is not None:
                 cmd.end_txn.next_txn_ttl_ms = unasked.ttl_ms
                 cmd.end_txn.next_tc_id = unasked.tc_id

@@ -332,7 +332,8 @@ class FakeBroker:
             if error is None and txn is None:
                 error = pb.TRANSACTION_NOT_FOUND
             if error is None and req.after_ops and txn is not None and txn.failed:
-                error = pb.NOT_ALLOWED if txn.status == "OPEN" else None
+                refused = txn.status == "OPEN" and req.txn_action == pb.COMMIT
+                error = pb.NOT_ALLOWED if refused else None
             if error is None and txn is not None:
                 error = self._end_txn_command(req, txn)
             fields = dict(

@@ -1,0 +1,203 @@
+"""The client features Pulsar users expect, against the real broker
+(docs/client.md): batch receive and ``async for``, transactional sends and
+acks that return once queued, and the rest of ``client``'s Pulsar-like
+surface.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from client import Client, MessageId, TxnState, errors
+from tests.conftest import BrokerProcess
+
+pytestmark = pytest.mark.integration
+
+
+# --- batch_receive and async for ---------------------------------------------------
+
+
+async def test_batch_receive_returns_a_full_batch_at_once(broker: BrokerProcess) -> None:
+    async with Client(broker.url) as client:
+        consumer = await client.subscribe("t", "s", initial_position="earliest")
+        producer = await client.create_producer("t")
+        await asyncio.gather(*(producer.send(b"%d" % i) for i in range(25)))
+        await asyncio.sleep(0.2)  # (all delivered into the receive queue)
+        started = time.monotonic()
+        first = await consumer.batch_receive(max_messages=10, timeout=5)
+        assert time.monotonic() - started < 1  # full: no wait for the timeout
+        second = await consumer.batch_receive(max_messages=10, timeout=5)
+        rest = await consumer.batch_receive(max_messages=10, timeout=0.2)  # 5 left: timeout
+        values = [m.value for m in first + second + rest]
+        assert values == [b"%d" % i for i in range(25)]
+        assert [len(first), len(second), len(rest)] == [10, 10, 5]
+        assert await consumer.batch_receive(max_messages=10, timeout=0.1) == []
+        await consumer.acknowledge(first + second + rest)
+
+
+async def test_batch_receive_waits_for_the_batch_to_fill_or_the_timeout(
+    broker: BrokerProcess,
+) -> None:
+    async with Client(broker.url) as client:
+        consumer = await client.subscribe("t", "s", initial_position="earliest")
+        producer = await client.create_producer("t")
+        waiting = asyncio.ensure_future(consumer.batch_receive(max_messages=3, timeout=10))
+        await producer.send(b"a")
+        await asyncio.sleep(0.2)
+        assert not waiting.done()  # 1 of 3
+        await asyncio.gather(producer.send(b"b"), producer.send(b"c"))
+        batch = await asyncio.wait_for(waiting, 5)
+        assert [m.value for m in batch] == [b"a", b"b", b"c"]
+        # timeout=None: the first message, with what is queued behind it
+        first = asyncio.ensure_future(consumer.batch_receive(max_messages=50, timeout=None))
+        await asyncio.sleep(0.2)
+        assert not first.done()
+        await producer.send(b"d")
+        assert [m.value for m in await asyncio.wait_for(first, 5)] == [b"d"]
+
+
+async def test_batch_receive_refuses_bad_arguments(broker: BrokerProcess) -> None:
+    async with Client(broker.url) as client:
+        consumer = await client.subscribe("t", "s")
+        for bad in (0, -1, 1.5, "3"):
+            with pytest.raises(errors.InvalidInputError, match="max_messages"):
+                await consumer.batch_receive(max_messages=bad)  # type: ignore[arg-type]
+        with pytest.raises(errors.InvalidInputError, match="timeout"):
+            await consumer.batch_receive(timeout=-1)
+        await consumer.close()
+        with pytest.raises(errors.ConsumerClosedError):
+            await consumer.batch_receive()
+
+
+async def test_close_wakes_a_waiting_batch_receive(broker: BrokerProcess) -> None:
+    async with Client(broker.url) as client:
+        consumer = await client.subscribe("t", "s")
+        waiting = asyncio.ensure_future(consumer.batch_receive(max_messages=5, timeout=30))
+        await asyncio.sleep(0.1)
+        await consumer.close()
+        with pytest.raises(errors.ConsumerClosedError):
+            await asyncio.wait_for(waiting, 5)
+
+
+async def test_async_for_yields_messages_until_the_consumer_is_closed(
+    broker: BrokerProcess,
+) -> None:
+    async with Client(broker.url) as client:
+        consumer = await client.subscribe("t", "s", initial_position="earliest")
+        producer = await client.create_producer("t")
+        await asyncio.gather(*(producer.send(b"%d" % i) for i in range(5)))
+        got = []
+
+        async def read() -> None:
+            async for msg in consumer:
+                got.append(msg.value)
+                await consumer.acknowledge(msg)
+                if len(got) == 5:
+                    asyncio.get_running_loop().call_soon(
+                        lambda: asyncio.ensure_future(consumer.close())
+                    )
+
+        await asyncio.wait_for(read(), 10)  # ends once closed
+        assert got == [b"%d" % i for i in range(5)]
+
+
+# --- transactional sends and acks return once queued -------------------------------
+
+
+async def test_the_readme_loop_commits_sends_and_acks(broker: BrokerProcess) -> None:
+    """Per message an awaited send and ack in the transaction: each returns
+    at once with its place, and the commit makes them all visible."""
+    async with Client(broker.url) as client:
+        seeder = await client.create_producer("in")
+        await asyncio.gather(*(seeder.send(b"m%d" % i) for i in range(30)))
+        consumer = await client.subscribe("in", "copier", initial_position="earliest")
+        producer = await client.create_producer("out")
+        reader = await client.subscribe("out", "reader", initial_position="earliest")
+        batch = await consumer.batch_receive(max_messages=30, timeout=5)
+        assert len(batch) == 30
+        ids = []
+        async with client.transaction() as txn:
+            for msg in batch:
+                ids.append(await producer.send(msg.value.upper(), txn=txn))
+                await consumer.acknowledge(msg, txn=txn)
+        assert ids == [MessageId(0, -1, i) for i in range(30)]
+        assert txn.state is TxnState.COMMITTED
+        got = [await reader.receive(timeout=5) for _ in range(30)]
+        assert [m.value for m in got] == [b"M%d" % i for i in range(30)]
+        # The final ids: the commit marker's entry id, the same places.
+        (marker,) = {m.message_id.entry_id for m in got}
+        assert [m.message_id for m in got] == [MessageId(0, marker, i) for i in range(30)]
+        await consumer.redeliver_unacknowledged()
+        assert await consumer.batch_receive(max_messages=1, timeout=0.5) == []  # all acked
+
+
+async def test_two_producers_in_one_transaction_get_the_places_the_broker_gives(
+    broker: BrokerProcess,
+) -> None:
+    async with Client(broker.url) as client:
+        a = await client.create_producer("out")
+        b = await client.create_producer("out")
+        reader = await client.subscribe("out", "reader", initial_position="earliest")
+        async with client.transaction() as txn:
+            ids = [await p.send(b"%d" % i, txn=txn) for i, p in enumerate([a, b, b, a, b])]
+        assert ids == [MessageId(0, -1, i) for i in range(5)]
+        got = [await reader.receive(timeout=5) for _ in range(5)]
+        assert [(m.value, m.message_id.batch_index) for m in got] == [
+            (b"%d" % i, i) for i in range(5)
+        ]
+
+
+async def test_a_refused_transactional_send_is_raised_by_commit(broker: BrokerProcess) -> None:
+    """A send the broker refuses (its transaction timed out on the
+    coordinator) returns at once; the commit raises and nothing is stored."""
+    async with Client(broker.url) as client:
+        producer = await client.create_producer("out")
+        txn = await client.new_transaction(timeout=0.2)
+        await asyncio.sleep(1.0)  # the coordinator aborts it
+        assert await producer.send(b"late", txn=txn) == MessageId(0, -1, 0)
+        with pytest.raises(errors.TransactionTimeoutError):
+            await txn.commit()
+        assert txn.state is TxnState.ABORTED
+        reader = await client.subscribe("out", "reader", initial_position="earliest")
+        assert await reader.batch_receive(max_messages=5, timeout=0.5) == []
+
+
+async def test_a_conflicting_transactional_ack_is_raised_by_commit(
+    broker: BrokerProcess,
+) -> None:
+    async with Client(broker.url) as client:
+        seeder = await client.create_producer("in")
+        await seeder.send(b"x")
+        consumer = await client.subscribe("in", "s", "shared", initial_position="earliest")
+        (msg,) = await consumer.batch_receive(max_messages=1, timeout=5)
+        holder, loser = await client.new_transaction(), await client.new_transaction()
+        await consumer.acknowledge(msg, txn=holder)
+        await consumer.acknowledge(msg, txn=loser)  # returns: queued
+        with pytest.raises(errors.TransactionConflictError):
+            await loser.commit()
+        assert loser.state is TxnState.ABORTED
+        await holder.commit()
+
+
+async def test_an_abort_right_behind_acks_redelivers_their_messages(
+    broker: BrokerProcess,
+) -> None:
+    """abort() goes right behind acks it did not wait for; the broker aborts
+    them with the transaction, so their messages come again."""
+    async with Client(broker.url) as client:
+        seeder = await client.create_producer("in")
+        await asyncio.gather(*(seeder.send(b"%d" % i) for i in range(10)))
+        consumer = await client.subscribe("in", "s", "shared", initial_position="earliest")
+        batch = await consumer.batch_receive(max_messages=10, timeout=5)
+        producer = await client.create_producer("out")
+        txn = await client.new_transaction()
+        for msg in batch:
+            await producer.send(msg.value, txn=txn)
+            await consumer.acknowledge(msg, txn=txn)
+        await txn.abort()
+        again = await consumer.batch_receive(max_messages=10, timeout=5)
+        assert sorted(m.value for m in again) == sorted(m.value for m in batch)
+        assert all(m.redelivery_count == 1 for m in again)
