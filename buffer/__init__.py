@@ -8,6 +8,7 @@ and sweep: `TransactionBuffer`, reached through `Partition.txn_buffer()`.
 from buffer._entries import (
     COMMIT_MARKER,
     DATA,
+    DUPLICATE_POSITION,
     DuplicateTooOldError,
     PublishResult,
     SendRejectedError,
@@ -56,6 +57,7 @@ from buffer._txnbuffer import (
 __all__ = [
     "COMMIT_MARKER",
     "DATA",
+    "DUPLICATE_POSITION",
     "MAX_PARTITIONS",
     "QUOTE_LIMIT",
     "TXN_ABORT",

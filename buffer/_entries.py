@@ -22,6 +22,7 @@ __all__ = [
     "COMMIT_MARKER",
     "COUNT_MASK",
     "DATA",
+    "DUPLICATE_POSITION",
     "DuplicateTooOldError",
     "PublishResult",
     "SendRejectedError",
@@ -121,6 +122,11 @@ class DuplicateTooOldError(Exception):
     """A re-sent message is stored already, but too long ago to know its id."""
 
 
+# The position answered for a re-sent plain message stored already, too long
+# ago to know where (Pulsar answers such a duplicate with -1:-1).
+DUPLICATE_POSITION: Position = (-1, -1)
+
+
 @dataclass(frozen=True, slots=True)
 class PublishResult:
     """Where the messages of one send are: ``ids[i]`` for message i.
@@ -130,7 +136,8 @@ class PublishResult:
     ``(entry_id, None, 0)``; a transactional one ``(-1, None, first)``,
     where ``first + i`` is message i's place in its transaction on this
     partition (its batch index once the transaction is committed). A send
-    that repeats messages stored earlier lists their ids.
+    that repeats messages stored earlier lists their ids (a plain message
+    stored too long ago to know where: `DUPLICATE_POSITION`).
     """
 
     entry_id: int

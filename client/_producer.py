@@ -14,11 +14,21 @@ Decisions written down here:
   ``zlib.crc32(key.encode()) % partitions``; keyless messages go round-robin,
   one partition per event-loop turn (per batch).
 * Sequence ids: one counter per producer across all partitions, starting
-  after the broker's ``last_sequence_id`` for this producer name. A
-  ``sequence_id`` given to ``send`` must be greater than every earlier one
-  of this producer (else ``InvalidInputError``, a ``ValueError``, and nothing
-  is sent); automatic numbering continues after it. This relies on the
-  broker deduplicating per partition (ids increase on each partition).
+  after the broker's ``last_sequence_id`` for this producer name (the
+  highest it stored for the name, on any partition). A ``sequence_id``
+  given to ``send`` must be greater than every earlier one this producer
+  object sent (else ``InvalidInputError``, a ``ValueError``, and nothing is
+  sent); automatic numbering continues after the highest one.
+* Deduplication across restarts (Pulsar's): a producer made again with the
+  same name may send ids that an earlier instance sent (e.g. from
+  ``last_sequence_id`` on, or all that it cannot tell were stored). The
+  broker deduplicates per partition, so a re-sent message must go to the
+  partition it went to (the same key on as many partitions, or one
+  partition): it is answered with its original id where the broker still
+  knows it (the last 10,000 entries of the producer; after a broker
+  restart, the last 256 entries of the partition), else with an id whose
+  ``is_duplicate`` is true (stored already, place unknown:
+  ``MessageId(partition, -1, -1)``). Never stored twice, on that partition.
 * At most ``max_pending_messages`` (default 50,000) messages wait for a
   receipt; ``send`` waits for room (within the operation timeout),
   ``send_nowait`` raises ``ProducerQueueFullError``.
@@ -254,6 +264,7 @@ class Producer:
         self.producer_id = conn.next_producer_id()
         self.partitions = 1
         self._next_sequence_id = 0
+        self._last_sent = -1  # the highest sequence id this object sent
         self._max_pending = max_pending_messages
         self._max_batch_messages = batching_max_messages
         self._batching_max_bytes = batching_max_bytes
@@ -479,7 +490,9 @@ class Producer:
                 f"message of about {size} bytes is over the frame limit of {max_bytes} bytes"
             )
         # Every check passed: from here on the message is sent.
-        self._next_sequence_id = sequence_id + 1
+        self._last_sent = sequence_id
+        if sequence_id >= self._next_sequence_id:
+            self._next_sequence_id = sequence_id + 1
         where = (partition, txn)
         batch = self._batches.get(where)
         if batch is not None and batch.size + size > max_bytes:
@@ -537,10 +550,10 @@ class Producer:
             raise InvalidInputError(
                 f"sequence_id must be an int or None, not {type(sequence_id).__name__}"
             )
-        if sequence_id < self._next_sequence_id:
+        if sequence_id <= self._last_sent:
             raise InvalidInputError(
-                f"sequence_id {sequence_id} must be greater than the last one of this "
-                f"producer ({self._next_sequence_id - 1})"
+                f"sequence_id {sequence_id} must be greater than the last one this "
+                f"producer sent ({self._last_sent})"
             )
         if sequence_id > MAX_SEQUENCE_ID:
             raise InvalidInputError(f"sequence_id {sequence_id} does not fit in 64 bits")

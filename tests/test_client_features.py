@@ -201,3 +201,82 @@ async def test_an_abort_right_behind_acks_redelivers_their_messages(
         again = await consumer.batch_receive(max_messages=10, timeout=5)
         assert sorted(m.value for m in again) == sorted(m.value for m in batch)
         assert all(m.redelivery_count == 1 for m in again)
+
+
+# --- deduplication across producer restarts -----------------------------------------
+
+OLD = 1300  # entries enough that the first are too old to place after a restart
+
+
+async def stored_one_per_entry(client: Client, n: int) -> list[MessageId]:
+    """Send ``n`` messages of producer "app-1" (sequence ids 0..n-1), each
+    an entry of its own; their ids."""
+    producer = await client.create_producer("d", producer_name="app-1", batching_max_messages=1)
+    ids = await asyncio.gather(*(producer.send(b"%d" % i, sequence_id=i) for i in range(n)))
+    assert len({m.entry_id for m in ids}) == n
+    await producer.close()
+    return ids
+
+
+async def expect_each_once(client: Client, n: int) -> None:
+    """Topic "d" holds the values 0..n-1, each once, in order."""
+    reader = await client.subscribe("d", "reader", initial_position="earliest")
+    got = []
+    while batch := await reader.batch_receive(max_messages=1000, timeout=1):
+        got += batch
+    assert [m.value for m in got] == [b"%d" % i for i in range(n)]
+
+
+async def test_a_producer_made_again_gets_the_original_ids_of_what_it_resends(
+    broker: BrokerProcess,
+) -> None:
+    async with Client(broker.url) as client:
+        reader = await client.subscribe("d", "reader", initial_position="earliest")
+        first = await client.create_producer("d", producer_name="app-1")
+        ids = [await first.send(b"%d" % i, sequence_id=i) for i in range(5)]
+        await first.close()  # (the application restarts)
+        again = await client.create_producer("d", producer_name="app-1")
+        assert again.last_sequence_id == 4
+        # It cannot tell what was stored: it sends 3.. again, then goes on.
+        resent = [await again.send(b"%d" % i, sequence_id=i) for i in range(3, 7)]
+        assert resent[:2] == ids[3:] and not any(m.is_duplicate for m in resent)
+        assert resent[2] > ids[-1]  # new ones stored after
+        assert await again.send(b"7") == MessageId(0, resent[3].entry_id + 1, 0)
+        got = await reader.batch_receive(max_messages=100, timeout=1)
+        assert [m.value for m in got] == [b"%d" % i for i in range(8)]  # never twice
+
+
+async def test_a_duplicate_too_old_to_place_is_answered_as_a_duplicate(
+    broker: BrokerProcess,
+) -> None:
+    """After a broker restart a partition replays its entries from its last
+    dedup snapshot (every 1,000 entries) or its last 256, whichever is
+    earlier: an older re-sent message is known to be stored, not where."""
+    async with Client(broker.url) as client:
+        ids = await stored_one_per_entry(client, OLD)
+    broker.restart()
+    async with Client(broker.url) as client:
+        again = await client.create_producer("d", producer_name="app-1")
+        assert again.last_sequence_id == OLD - 1
+        old, recent, new = [
+            await again.send(b"%d" % i, sequence_id=i) for i in (0, OLD - 1, OLD)
+        ]  # (one at a time: each its own send)
+        assert old.is_duplicate and old == MessageId(0, -1, -1)
+        assert recent == ids[-1] and not recent.is_duplicate
+        assert not new.is_duplicate and new.entry_id > ids[-1].entry_id
+        await expect_each_once(client, OLD + 1)
+
+
+async def test_resent_and_new_messages_in_one_send(broker: BrokerProcess) -> None:
+    """A frame mixing re-sent ids (known and too old) and new ones: each is
+    answered, the new ones are stored, once."""
+    async with Client(broker.url) as client:
+        ids = await stored_one_per_entry(client, OLD)
+    broker.restart()
+    async with Client(broker.url) as client:
+        again = await client.create_producer("d", producer_name="app-1")
+        resent = (1, OLD - 2, OLD - 1, OLD, OLD + 1)
+        answers = await asyncio.gather(*(again.send(b"%d" % i, sequence_id=i) for i in resent))
+        assert answers[0].is_duplicate and answers[1:3] == ids[-2:]
+        assert answers[3:] == [MessageId(0, answers[3].entry_id, i) for i in range(2)]
+        await expect_each_once(client, OLD + 2)
