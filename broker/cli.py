@@ -41,8 +41,10 @@ async def serve(
     port: int,
     tc_ids: tuple[int, ...] = (0,),
     producer_settings: ProducerSettings | None = None,
+    kafka: tuple[str, int] | None = None,
 ) -> None:
-    """Run a broker until SIGTERM or SIGINT."""
+    """Run a broker until SIGTERM or SIGINT; ``kafka``: (host, port) of a
+    Kafka listener beside it (`broker.kafka`)."""
     try:
         broker = await Broker.open(
             data_dir,
@@ -57,7 +59,13 @@ async def serve(
     gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
     runner = web.AppRunner(make_app(broker), access_log=None, handle_signals=False)
     await runner.setup()
+    listener = None
     try:
+        if kafka is not None:
+            from broker.kafka import KafkaListener
+
+            listener = KafkaListener(broker, *kafka)
+            await listener.start()
         site = web.TCPSite(runner, host, port, reuse_address=True)
         await site.start()
         stop = asyncio.Event()
@@ -74,6 +82,8 @@ async def serve(
         await stop.wait()
         log.info("stopping")
     finally:
+        if listener is not None:
+            await listener.close()
         await broker.close()
         await runner.cleanup()
         log.info("stopped")
@@ -129,6 +139,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="SECONDS",
         help="forget a transactional id idle this long (604800: 7 days)",
     )
+    p.add_argument(
+        "--kafka-port",
+        type=int,
+        default=None,
+        help="also serve Kafka's wire protocol on this port (off; see docs/kafka.md)",
+    )
+    p.add_argument("--kafka-host", default=None, help="address of the Kafka listener (--host)")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (INFO)")
     from checker._cli import add_check_parser, run_check
 
@@ -149,7 +166,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 expiration_ms=round(args.transactional_id_expiration * 1000),
                 allow_two_phase=args.allow_2pc,
             )
-            runner.run(serve(args.data_dir, args.host, args.port, args.tc_ids, settings))
+            kafka = None
+            if args.kafka_port is not None:
+                kafka = (args.kafka_host or args.host, args.kafka_port)
+            runner.run(serve(args.data_dir, args.host, args.port, args.tc_ids, settings, kafka))
     return 0
 
 

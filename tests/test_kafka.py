@@ -1,0 +1,306 @@
+"""Kafka's wire protocol: unmodified Kafka clients against a real broker process.
+
+For each of aiokafka, kafka-python and confluent-kafka (librdkafka): a
+transactional consume-transform-produce copier (init_transactions,
+begin_transaction, send, send_offsets_to_transaction, commit_transaction,
+every third transaction aborted) between two-partition topics, then a
+read_committed group consumer that must see every input exactly once, and
+the copier group's committed offsets at the end of the input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BrokerProcess, free_port
+
+pytestmark = [pytest.mark.integration]
+
+N = 40  # input messages
+PER_TXN = 5
+ABORT_EVERY = 3
+
+
+class KafkaBroker(BrokerProcess):
+    """A broker with a Kafka listener (``bootstrap``)."""
+
+    def __init__(self, data_dir: Path, log_path: Path) -> None:
+        super().__init__(data_dir, log_path)
+        self.kafka_port = free_port()
+        self.args = ["--kafka-port", str(self.kafka_port)]
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.kafka_port}"
+
+    def topic(self, prefix: str, partitions: int = 2) -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        body = b'{"partitions": %d}' % partitions
+        status, _ = self.admin("PUT", f"/admin/v1/topics/{name}", body)
+        assert status == 200
+        return name
+
+
+@pytest.fixture
+def kafka_broker(tmp_path: Path) -> Iterator[KafkaBroker]:
+    import sys
+
+    proc = KafkaBroker(tmp_path / "data", tmp_path / "broker.log")
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+        sys.stderr.write(f"----- broker log ({proc.log_path}) -----\n{proc.log()}\n")
+
+
+def inputs() -> list[bytes]:
+    return [b"m%d" % i for i in range(N)]
+
+
+def expected_output() -> Counter[bytes]:
+    return Counter(v.upper() for v in inputs())
+
+
+# -- aiokafka -------------------------------------------------------------------------
+
+
+async def test_aiokafka_transactional_copier_exactly_once(kafka_broker: KafkaBroker) -> None:
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+    boot = kafka_broker.bootstrap
+    src, dst = kafka_broker.topic("in"), kafka_broker.topic("out")
+    group = f"copier-{uuid.uuid4().hex[:6]}"
+    seeder = AIOKafkaProducer(bootstrap_servers=boot)
+    await seeder.start()
+    try:
+        await asyncio.gather(*(seeder.send_and_wait(src, v, key=v) for v in inputs()))
+    finally:
+        await seeder.stop()
+
+    consumer = AIOKafkaConsumer(
+        src,
+        bootstrap_servers=boot,
+        group_id=group,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+    )
+    producer = AIOKafkaProducer(bootstrap_servers=boot, transactional_id=f"{group}-tx")
+    await consumer.start()
+    await producer.start()  # (init_transactions)
+    try:
+        copied = attempts = 0
+        while copied < N:
+            batch = await consumer.getmany(timeout_ms=1000, max_records=PER_TXN)
+            records = [r for rs in batch.values() for r in rs]
+            if not records:
+                continue
+            attempts += 1
+            await producer.begin_transaction()
+            for r in records:
+                await producer.send(dst, r.value.upper(), key=r.key)
+            offsets = {TopicPartition(r.topic, r.partition): r.offset + 1 for r in records}
+            await producer.send_offsets_to_transaction(offsets, group)
+            if attempts % ABORT_EVERY == 0:
+                await producer.abort_transaction()
+                for tp in batch:
+                    committed = await consumer.committed(tp)
+                    consumer.seek(tp, 0 if committed is None else committed)
+            else:
+                await producer.commit_transaction()
+                copied += len(records)
+        ends = await consumer.end_offsets(list(consumer.assignment()))
+        for tp, end in ends.items():
+            assert await consumer.committed(tp) == end
+    finally:
+        await producer.stop()
+        await consumer.stop()
+
+    reader = AIOKafkaConsumer(
+        dst,
+        bootstrap_servers=boot,
+        group_id=f"reader-{group}",
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+    )
+    await reader.start()
+    try:
+        got: list[bytes] = []
+        deadline = time.monotonic() + 20
+        while len(got) < N and time.monotonic() < deadline:
+            batch = await reader.getmany(timeout_ms=500)
+            got += [r.value for rs in batch.values() for r in rs]
+        await asyncio.sleep(0.5)  # nothing more may come
+        got += [r.value for rs in (await reader.getmany(timeout_ms=200)).values() for r in rs]
+    finally:
+        await reader.stop()
+    assert Counter(got) == expected_output()
+    assert attempts >= N // PER_TXN + 1  # some transactions were aborted
+
+
+# -- kafka-python -------------------------------------------------------------------------
+
+
+# kafka-python reads its protocol specs with importlib.resources' legacy API.
+KAFKA_PYTHON_WARNINGS = pytest.mark.filterwarnings(
+    "ignore:(read_text|open_text) is deprecated:DeprecationWarning"
+)
+
+
+@KAFKA_PYTHON_WARNINGS
+def test_kafka_python_transactional_copier_exactly_once(kafka_broker: KafkaBroker) -> None:
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+    from kafka.structs import OffsetAndMetadata
+
+    boot = kafka_broker.bootstrap
+    src, dst = kafka_broker.topic("in"), kafka_broker.topic("out")
+    group = f"copier-{uuid.uuid4().hex[:6]}"
+    seeder = KafkaProducer(bootstrap_servers=boot)
+    for v in inputs():
+        seeder.send(src, v, key=v)
+    seeder.flush()
+    seeder.close()
+
+    consumer = KafkaConsumer(
+        src,
+        bootstrap_servers=boot,
+        group_id=group,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+    )
+    producer = KafkaProducer(bootstrap_servers=boot, transactional_id=f"{group}-tx")
+    try:
+        producer.init_transactions()
+        copied = attempts = 0
+        while copied < N:
+            batch = consumer.poll(timeout_ms=1000, max_records=PER_TXN)
+            records = [r for rs in batch.values() for r in rs]
+            if not records:
+                continue
+            attempts += 1
+            producer.begin_transaction()
+            for r in records:
+                producer.send(dst, r.value.upper(), key=r.key)
+            offsets = {
+                TopicPartition(r.topic, r.partition): OffsetAndMetadata(r.offset + 1, "", -1)
+                for r in records
+            }
+            producer.send_offsets_to_transaction(offsets, consumer.group_metadata())
+            if attempts % ABORT_EVERY == 0:
+                producer.abort_transaction()
+                for tp in batch:
+                    committed = consumer.committed(tp)
+                    consumer.seek(tp, 0 if committed is None else committed)
+            else:
+                producer.commit_transaction()
+                copied += len(records)
+        ends = consumer.end_offsets(list(consumer.assignment()))
+        for tp, end in ends.items():
+            assert consumer.committed(tp) == end
+    finally:
+        producer.close()
+        consumer.close()
+
+    reader = KafkaConsumer(
+        dst,
+        bootstrap_servers=boot,
+        group_id=f"reader-{group}",
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+        consumer_timeout_ms=3000,
+    )
+    got = [r.value for r in reader]
+    reader.close()
+    assert Counter(got) == expected_output()
+    assert attempts >= N // PER_TXN + 1
+
+
+# -- confluent-kafka (librdkafka) ---------------------------------------------------------
+
+
+def test_confluent_kafka_transactional_copier_exactly_once(kafka_broker: KafkaBroker) -> None:
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    boot = kafka_broker.bootstrap
+    src, dst = kafka_broker.topic("in"), kafka_broker.topic("out")
+    group = f"copier-{uuid.uuid4().hex[:6]}"
+    seeder = Producer({"bootstrap.servers": boot})
+    for v in inputs():
+        seeder.produce(src, v, key=v)
+    assert seeder.flush(30) == 0
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": boot,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+    )
+    consumer.subscribe([src])
+    producer = Producer({"bootstrap.servers": boot, "transactional.id": f"{group}-tx"})
+    try:
+        producer.init_transactions(30)
+        copied = attempts = 0
+        while copied < N:
+            records = [r for r in consumer.consume(PER_TXN, 1.0) if r.error() is None]
+            if not records:
+                continue
+            attempts += 1
+            producer.begin_transaction()
+            for r in records:
+                producer.produce(dst, r.value().upper(), key=r.key())
+            offsets: dict[tuple[str, int], int] = {}
+            for r in records:
+                offsets[(r.topic(), r.partition())] = r.offset() + 1
+            producer.send_offsets_to_transaction(
+                [TopicPartition(t, p, o) for (t, p), o in offsets.items()],
+                consumer.consumer_group_metadata(),
+                30,
+            )
+            if attempts % ABORT_EVERY == 0:
+                producer.abort_transaction(30)
+                parts = [TopicPartition(t, p) for t, p in offsets]
+                for tp in consumer.committed(parts, 10):
+                    consumer.seek(TopicPartition(tp.topic, tp.partition, max(tp.offset, 0)))
+            else:
+                producer.commit_transaction(30)
+                copied += len(records)
+        for tp in consumer.committed(consumer.assignment(), 10):
+            _, high = consumer.get_watermark_offsets(tp, 10)
+            assert tp.offset == high
+    finally:
+        consumer.close()
+
+    reader = Consumer(
+        {
+            "bootstrap.servers": boot,
+            "group.id": f"reader-{group}",
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+        }
+    )
+    reader.subscribe([dst])
+    got: list[bytes] = []
+    deadline = time.monotonic() + 20
+    quiet_until = None
+    while time.monotonic() < deadline:
+        batch = [r.value() for r in reader.consume(100, 0.5) if r.error() is None]
+        got += batch
+        if len(got) >= N:
+            quiet_until = quiet_until or time.monotonic() + 1.0  # nothing more may come
+            if time.monotonic() > quiet_until:
+                break
+    reader.close()
+    assert Counter(got) == expected_output()
+    assert attempts >= N // PER_TXN + 1
