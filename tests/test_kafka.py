@@ -304,3 +304,170 @@ def test_confluent_kafka_transactional_copier_exactly_once(kafka_broker: KafkaBr
     reader.close()
     assert Counter(got) == expected_output()
     assert attempts >= N // PER_TXN + 1
+
+
+# -- fencing ----------------------------------------------------------------------------
+
+
+async def test_aiokafka_zombie_is_fenced_by_a_second_producer(kafka_broker: KafkaBroker) -> None:
+    """A producer whose transactional id a second instance initialized can
+    neither write nor commit; what it wrote in its open transaction is
+    aborted, and only the second instance's transaction is read."""
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    from aiokafka.errors import KafkaError
+
+    boot = kafka_broker.bootstrap
+    dst = kafka_broker.topic("out", partitions=1)
+    tid = f"tx-{uuid.uuid4().hex[:6]}"
+    zombie = AIOKafkaProducer(bootstrap_servers=boot, transactional_id=tid)
+    await zombie.start()
+    await zombie.begin_transaction()
+    await zombie.send_and_wait(dst, b"zombie-1")
+    winner = AIOKafkaProducer(bootstrap_servers=boot, transactional_id=tid)
+    await winner.start()  # fences the zombie, aborts its open transaction
+    try:
+        async with winner.transaction():
+            await winner.send_and_wait(dst, b"winner")
+        with pytest.raises(KafkaError):
+            await zombie.send_and_wait(dst, b"zombie-2")
+            await zombie.commit_transaction()
+    finally:
+        await winner.stop()
+        await zombie.stop()
+
+    reader = AIOKafkaConsumer(
+        dst,
+        bootstrap_servers=boot,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+    )
+    await reader.start()
+    try:
+        got: list[bytes] = []
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            batch = await reader.getmany(timeout_ms=300)
+            got += [r.value for rs in batch.values() for r in rs]
+    finally:
+        await reader.stop()
+    assert got == [b"winner"]
+
+
+def test_confluent_kafka_zombie_is_fenced_by_a_second_producer(kafka_broker: KafkaBroker) -> None:
+    from confluent_kafka import Consumer, KafkaException, Producer
+
+    boot = kafka_broker.bootstrap
+    dst = kafka_broker.topic("out", partitions=1)
+    tid = f"tx-{uuid.uuid4().hex[:6]}"
+    zombie = Producer({"bootstrap.servers": boot, "transactional.id": tid})
+    zombie.init_transactions(30)
+    zombie.begin_transaction()
+    zombie.produce(dst, b"zombie-1")
+    assert zombie.flush(30) == 0
+    winner = Producer({"bootstrap.servers": boot, "transactional.id": tid})
+    winner.init_transactions(30)
+    winner.begin_transaction()
+    winner.produce(dst, b"winner")
+    winner.commit_transaction(30)
+    with pytest.raises(KafkaException) as fenced:
+        zombie.produce(dst, b"zombie-2")
+        zombie.commit_transaction(30)
+    assert fenced.value.args[0].fatal()
+
+    reader = Consumer(
+        {
+            "bootstrap.servers": boot,
+            "group.id": f"reader-{tid}",
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+        }
+    )
+    reader.subscribe([dst])
+    got: list[bytes] = []
+    deadline = time.monotonic() + 4
+    while time.monotonic() < deadline:
+        got += [r.value() for r in reader.consume(100, 0.3) if r.error() is None]
+    reader.close()
+    assert got == [b"winner"]
+
+
+# -- one topic, both protocols -----------------------------------------------------------------
+
+
+async def test_txnbuf_client_and_kafka_client_see_the_same_committed_messages(
+    kafka_broker: KafkaBroker,
+) -> None:
+    """Committed transactions of a txnbuf producer and of a Kafka producer on
+    one topic, and an aborted one of each: a txnbuf subscription and a Kafka
+    read_committed consumer read the same messages (key, value, properties
+    as headers), and neither reads the aborted ones."""
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+    from client import Client, errors
+
+    boot = kafka_broker.bootstrap
+    topic = kafka_broker.topic("shared", partitions=1)
+    async with Client(kafka_broker.url) as client:
+        consumer = await client.subscribe(topic, "native", initial_position="earliest")
+        native = await client.create_producer(topic)
+        async with client.transaction() as txn:
+            for i in range(3):
+                await native.send(
+                    b"native-%d" % i, key=f"n{i}", properties={"from": "txnbuf"}, txn=txn
+                )
+        txn = await client.new_transaction()
+        await native.send(b"native-aborted", key="nx", txn=txn)
+        await txn.abort()
+        await native.send(b"native-plain", key="np", properties={"from": "txnbuf"})
+
+        kafka = AIOKafkaProducer(bootstrap_servers=boot, transactional_id=f"tx-{topic}")
+        await kafka.start()
+        try:
+            async with kafka.transaction():
+                for i in range(3):
+                    await kafka.send(
+                        topic, b"kafka-%d" % i, key=b"k%d" % i, headers=[("from", b"kafka")]
+                    )
+            await kafka.begin_transaction()
+            await kafka.send_and_wait(topic, b"kafka-aborted", key=b"kx")
+            await kafka.abort_transaction()
+        finally:
+            await kafka.stop()
+
+        def as_tuple(key: str | None, value: bytes, props: dict[str, str]) -> tuple[object, ...]:
+            return (key, value, tuple(sorted(props.items())))
+
+        native_seen = []
+        while True:
+            try:
+                msg = await consumer.receive(timeout=1.0)
+            except errors.OperationTimeoutError:
+                break
+            native_seen.append(as_tuple(msg.key, msg.value, dict(msg.properties)))
+            await consumer.acknowledge(msg)
+
+    reader = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=boot,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+    )
+    await reader.start()
+    try:
+        kafka_seen = []
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            for rs in (await reader.getmany(timeout_ms=300)).values():
+                for r in rs:
+                    key = None if r.key is None else r.key.decode()
+                    props = {k: v.decode() for k, v in r.headers}
+                    kafka_seen.append(as_tuple(key, r.value, props))
+    finally:
+        await reader.stop()
+    expected = {
+        *(as_tuple(f"n{i}", b"native-%d" % i, {"from": "txnbuf"}) for i in range(3)),
+        as_tuple("np", b"native-plain", {"from": "txnbuf"}),
+        *(as_tuple(f"k{i}", b"kafka-%d" % i, {"from": "kafka"}) for i in range(3)),
+    }
+    assert kafka_seen == native_seen  # the same messages, in the same order
+    assert set(kafka_seen) == expected and len(kafka_seen) == len(expected)

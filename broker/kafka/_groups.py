@@ -94,6 +94,7 @@ class _Group:
     members: dict[str, Member] = field(default_factory=dict)
     pending: set[str] = field(default_factory=set)  # ids handed out by MEMBER_ID_REQUIRED
     timer: asyncio.TimerHandle | None = None
+    delaying: bool = False  # an empty group's first joins wait a little for more
 
 
 class Groups:
@@ -234,20 +235,18 @@ class Groups:
         delay = INITIAL_REBALANCE_DELAY if first else timeout / 1000
         if group.timer is not None:
             group.timer.cancel()
-        group.timer = asyncio.get_running_loop().call_later(
-            delay, self._rebalance_due, group, first
-        )
+        group.delaying = first
+        group.timer = asyncio.get_running_loop().call_later(delay, self._rebalance_due, group)
 
-    def _rebalance_due(self, group: _Group, first: bool) -> None:
+    def _rebalance_due(self, group: _Group) -> None:
         """The rebalance timeout passed (or an empty group's first delay):
         members that did not rejoin are removed, the rest get the generation."""
         group.timer = None
+        group.delaying = False
         if group.state is not State.PREPARING:
             return
         for member_id in [m for m, v in group.members.items() if v.join is None]:
             del group.members[member_id]
-        if first and not self._all_joined(group):
-            return
         self._complete(group)
 
     @staticmethod
@@ -257,7 +256,7 @@ class Groups:
     def _maybe_complete(self, group: _Group) -> None:
         if group.state is not State.PREPARING or not self._all_joined(group):
             return
-        if group.timer is not None and group.generation == 0:
+        if group.delaying:
             return  # an empty group's first delay: more first joiners may come
         self._complete(group)
 
