@@ -63,10 +63,11 @@ PRODUCER_EPOCH_CODES: dict[type[BaseException], pb.ServerError] = {
 
 
 # What a Kafka client is answered for each refusal (Kafka's error codes, see
-# `broker.kafka`). A fenced or ended producer epoch is INVALID_PRODUCER_EPOCH
-# on a Produce and PRODUCER_FENCED on the transaction APIs, as Kafka answers
-# them; TRANSACTION_ABORTABLE (KIP-890) is unknown to the clients of EndTxn
-# before v5, so theirs is the same as a fenced epoch's.
+# `broker.kafka`). A fenced producer is INVALID_PRODUCER_EPOCH, as Kafka
+# answers the request versions served there (PRODUCER_FENCED, 90, came with
+# later versions, and aiokafka does not know it); TRANSACTION_ABORTABLE
+# (KIP-890) is unknown to the clients of EndTxn before v5, so theirs is the
+# same: the client gives up on the producer and starts a new one.
 KAFKA_CODES: dict[pb.ServerError, int] = {
     pb.UNKNOWN_ERROR: -1,  # UNKNOWN_SERVER_ERROR
     pb.MALFORMED_FRAME: 42,  # INVALID_REQUEST
@@ -82,26 +83,21 @@ KAFKA_CODES: dict[pb.ServerError, int] = {
     pb.TRANSACTION_CONFLICT: 51,  # CONCURRENT_TRANSACTIONS: another transaction holds it
     pb.TRANSACTION_NOT_FOUND: 48,  # INVALID_TXN_STATE
     pb.INVALID_TXN_STATUS: 48,  # INVALID_TXN_STATE
-    pb.TRANSACTION_TIMEOUT: 90,  # PRODUCER_FENCED
-    pb.PRODUCER_FENCED: 90,  # PRODUCER_FENCED
+    pb.TRANSACTION_TIMEOUT: 47,  # INVALID_PRODUCER_EPOCH
+    pb.PRODUCER_FENCED: 47,  # INVALID_PRODUCER_EPOCH
     pb.INVALID_TXN_STATE: 48,  # INVALID_TXN_STATE
     pb.OUT_OF_ORDER_SEQUENCE: 45,  # OUT_OF_ORDER_SEQUENCE_NUMBER
-    pb.TRANSACTION_ABORTABLE: 90,  # PRODUCER_FENCED
+    pb.TRANSACTION_ABORTABLE: 47,  # INVALID_PRODUCER_EPOCH
     pb.INVALID_PRODUCER_ID_MAPPING: 49,  # INVALID_PRODUCER_ID_MAPPING
     pb.INVALID_PRODUCER_EPOCH: 47,  # INVALID_PRODUCER_EPOCH
     pb.CONCURRENT_TRANSACTIONS: 51,  # CONCURRENT_TRANSACTIONS (retriable)
     pb.INVALID_TRANSACTION_TIMEOUT: 50,  # INVALID_TRANSACTION_TIMEOUT
 }
-_KAFKA_PRODUCE_FENCED = 47  # INVALID_PRODUCER_EPOCH
 
 
-def kafka_code(exc: BaseException, produce: bool = False) -> int:
-    """The Kafka error code that tells a Kafka client what went wrong
-    (``produce``: answering a Produce request)."""
-    code = KAFKA_CODES.get(error_code(exc), -1)
-    if produce and code == 90:
-        return _KAFKA_PRODUCE_FENCED
-    return code
+def kafka_code(exc: BaseException) -> int:
+    """The Kafka error code that tells a Kafka client what went wrong."""
+    return KAFKA_CODES.get(error_code(exc), -1)
 
 
 def error_code(exc: BaseException) -> pb.ServerError:

@@ -471,3 +471,122 @@ async def test_txnbuf_client_and_kafka_client_see_the_same_committed_messages(
     }
     assert kafka_seen == native_seen  # the same messages, in the same order
     assert set(kafka_seen) == expected and len(kafka_seen) == len(expected)
+
+
+# -- crashes -------------------------------------------------------------------------------
+
+CRASH_N = 150
+CRASH_KILLS = 2
+
+
+@pytest.mark.crash
+async def test_aiokafka_copier_exactly_once_through_broker_kills(kafka_broker: KafkaBroker) -> None:
+    """The aiokafka copier while the broker is SIGKILLed and restarted
+    twice: a restart aborts the open transactions (their producers are
+    fenced: the copier starts a new producer and consumer, as a restarted
+    process would), and the output holds every input exactly once."""
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+    from aiokafka.errors import KafkaError
+
+    boot = kafka_broker.bootstrap
+    src, dst = kafka_broker.topic("in"), kafka_broker.topic("out")
+    group = f"copier-{uuid.uuid4().hex[:6]}"
+    values = [b"c%d" % i for i in range(CRASH_N)]
+    seeder = AIOKafkaProducer(bootstrap_servers=boot)
+    await seeder.start()
+    try:
+        await asyncio.gather(*(seeder.send_and_wait(src, v, key=v) for v in values))
+    finally:
+        await seeder.stop()
+
+    committed_txns = 0
+    progress = asyncio.Event()  # set on each commit
+    copied: set[bytes] = set()  # inputs whose transaction commit_transaction() confirmed
+    restarts = 0
+
+    async def copy_once() -> bool:
+        """One copier life; True when every input has been copied."""
+        nonlocal committed_txns
+        consumer = AIOKafkaConsumer(
+            src,
+            bootstrap_servers=boot,
+            group_id=group,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            request_timeout_ms=10_000,
+        )
+        producer = AIOKafkaProducer(
+            bootstrap_servers=boot, transactional_id=f"{group}-tx", request_timeout_ms=10_000
+        )
+        try:
+            await consumer.start()
+            await producer.start()
+            attempts = 0
+            while True:
+                ends = await consumer.end_offsets([TopicPartition(src, 0), TopicPartition(src, 1)])
+                positions = {tp: await consumer.committed(tp) for tp in ends}
+                if all(positions[tp] == end for tp, end in ends.items()):
+                    return True
+                batch = await consumer.getmany(timeout_ms=500, max_records=10)
+                records = [r for rs in batch.values() for r in rs]
+                if not records:
+                    continue
+                attempts += 1
+                await producer.begin_transaction()
+                for r in records:
+                    await producer.send(dst, r.value.upper(), key=r.key)
+                offsets = {TopicPartition(r.topic, r.partition): r.offset + 1 for r in records}
+                await producer.send_offsets_to_transaction(offsets, group)
+                if attempts % ABORT_EVERY == 0:
+                    await producer.abort_transaction()
+                    for tp in batch:
+                        c = await consumer.committed(tp)
+                        consumer.seek(tp, 0 if c is None else c)
+                else:
+                    await producer.commit_transaction()
+                    committed_txns += 1
+                    progress.set()
+                    copied.update(r.value for r in records)
+        except (TimeoutError, KafkaError, OSError):
+            return False
+        finally:
+            for part in (producer, consumer):
+                try:
+                    await asyncio.wait_for(part.stop(), 15)
+                except Exception:
+                    pass
+
+    async def killer() -> None:
+        nonlocal restarts
+        for kill in range(CRASH_KILLS):
+            while committed_txns < 4 * (kill + 1):
+                progress.clear()
+                await progress.wait()
+            await asyncio.to_thread(kafka_broker.kill)
+            await asyncio.to_thread(kafka_broker.start)
+            restarts += 1
+
+    killing = asyncio.ensure_future(killer())
+    deadline = time.monotonic() + 150
+    while not await copy_once():
+        assert time.monotonic() < deadline, "the copier did not finish"
+        await asyncio.sleep(0.2)
+    await killing
+    assert restarts == CRASH_KILLS
+    assert copied == set(values)
+
+    reader = AIOKafkaConsumer(
+        dst, bootstrap_servers=boot, auto_offset_reset="earliest", isolation_level="read_committed"
+    )
+    await reader.start()
+    try:
+        got: list[bytes] = []
+        quiet_until = time.monotonic() + 2
+        while time.monotonic() < quiet_until or len(got) < CRASH_N:
+            batch = await reader.getmany(timeout_ms=300)
+            got += [r.value for rs in batch.values() for r in rs]
+            assert time.monotonic() < deadline, f"read {len(got)} of {CRASH_N}"
+    finally:
+        await reader.stop()
+    assert Counter(got) == Counter(v.upper() for v in values)

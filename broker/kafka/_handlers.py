@@ -255,7 +255,7 @@ class KafkaApis:
             try:
                 out["base_offset"] = await result
             except Exception as exc:
-                out["error_code"], out["error_message"] = self._code(exc, produce=True)
+                out["error_code"], out["error_message"] = self._code(exc)
             by_topic.setdefault(topic, []).append(out)
         return {
             "responses": [{"name": t, "partition_responses": p} for t, p in by_topic.items()],
@@ -733,10 +733,10 @@ class KafkaApis:
         return tc
 
     @staticmethod
-    def _code(exc: BaseException, produce: bool = False) -> tuple[int, str]:
+    def _code(exc: BaseException) -> tuple[int, str]:
         if isinstance(exc, (KafkaError, RecordError, GroupError)):
             return exc.code, str(exc)
-        code = kafka_code(exc, produce)
+        code = kafka_code(exc)
         if code == -1:
             log.error("Kafka request failed", exc_info=exc)
         return code, str(exc) or type(exc).__name__
