@@ -205,10 +205,11 @@ class Groups:
         if member.join is not None and not member.join.done():
             member.join.cancel()  # a re-sent join replaces the one waiting
         group.protocol_type = protocol_type
-        member.join = asyncio.get_running_loop().create_future()
+        joined: asyncio.Future[JoinResult] = asyncio.get_running_loop().create_future()
+        member.join = joined
         self._prepare(group)
         self._maybe_complete(group)
-        return member.join
+        return joined
 
     @staticmethod
     def _common(group: _Group, protocols: Sequence[tuple[str, bytes]], skip: str = "") -> list[str]:
