@@ -590,3 +590,33 @@ async def test_aiokafka_copier_exactly_once_through_broker_kills(kafka_broker: K
     finally:
         await reader.stop()
     assert Counter(got) == Counter(v.upper() for v in values)
+
+
+async def test_a_fetch_reads_every_entry_of_a_long_partition(kafka_broker: KafkaBroker) -> None:
+    """More entries than one read of the ledger takes (`READ_ENTRIES`) in
+    one fetch: every message, in order, once."""
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+    boot = kafka_broker.bootstrap
+    topic = kafka_broker.topic("long", partitions=1)
+    producer = AIOKafkaProducer(bootstrap_servers=boot)
+    await producer.start()
+    try:
+        for i in range(300):  # one entry each
+            await producer.send_and_wait(topic, b"%d." % i)
+    finally:
+        await producer.stop()
+    consumer = AIOKafkaConsumer(bootstrap_servers=boot)
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        consumer.seek(tp, 0)
+        got: list[int] = []
+        deadline = time.monotonic() + 20
+        while len(got) < 300 and time.monotonic() < deadline:
+            for r in (await consumer.getmany(tp, timeout_ms=500)).get(tp, []):
+                got.append(int(r.value.split(b".")[0]))
+    finally:
+        await consumer.stop()
+    assert got == list(range(300))

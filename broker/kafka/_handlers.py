@@ -394,15 +394,17 @@ class KafkaApis:
         chunks: list[bytes] = []
         size = 0
         while entry_id <= last and (not chunks or size < max_bytes):
-            for entry in await ledger.read(entry_id, min(last, entry_id + READ_ENTRIES - 1)):
+            upto = min(last, entry_id + READ_ENTRIES - 1)
+            for entry in await ledger.read(entry_id, upto):
                 batch = await self._kafka_batches(partition, entry)
                 chunks.append(batch)
                 size += len(batch)
-                entry_id = entry.entry_id + 1
                 if size >= max_bytes:
                     break
             else:
-                entry_id = max(entry_id, min(last, entry_id + READ_ENTRIES - 1) + 1)
+                entry_id = upto + 1  # (read all of them, or they were trimmed meanwhile)
+                continue
+            break
         out["records"] = b"".join(chunks)
         return out, partition
 
