@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from broker._server import BROKER_KEY, Broker
 from buffer import InvalidNameError, PartitionCountError, check_topic_name
+from ledger import LedgerError
 from subscriptions import WHOLE_ENTRY
 from tc import (
     InvalidTxnStatusError,
@@ -115,53 +117,13 @@ async def get_topic_stats(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    """Prometheus text (see `broker._metrics`)."""
     broker = request.app[BROKER_KEY]
-    lines = [
-        "# TYPE txnbuf_uptime_seconds gauge",
-        f"txnbuf_uptime_seconds {time.time() - broker.started:.1f}",
-        "# TYPE txnbuf_connections gauge",
-        f"txnbuf_connections {len(broker.connections)}",
-        "# TYPE txnbuf_ledger_commits_total counter",
-        f"txnbuf_ledger_commits_total {broker.store.commits}",
-        "# TYPE txnbuf_ledger_appends_total counter",
-        f"txnbuf_ledger_appends_total {broker.store.appends}",
-        "# TYPE txnbuf_messages_in_total counter",
-    ]
-    for name in broker.topics.names():
-        topic = broker.topics.get(name)
-        assert topic is not None
-        for part in topic.partitions:
-            lines.append(
-                f'txnbuf_messages_in_total{{topic="{name}",partition="{part.index}"}} '
-                f"{part.messages_in}"
-            )
-    stuck = sum(len(tc.stuck()) for tc in broker.coordinators.values())
-    failures = sum(tc.participant_failures for tc in broker.coordinators.values())
-    lines += [
-        "# HELP txnbuf_transactions_stuck Decided transactions a participant has not applied yet "
-        "after failing to (GET /admin/v1/transactions?state=STUCK)",
-        "# TYPE txnbuf_transactions_stuck gauge",
-        f"txnbuf_transactions_stuck {stuck}",
-        "# HELP txnbuf_participant_end_failures_total Failed attempts to end a transaction on a "
-        "partition or subscription",
-        "# TYPE txnbuf_participant_end_failures_total counter",
-        f"txnbuf_participant_end_failures_total {failures}",
-    ]
-    open_max = max((tc.active_open_time_max_ms() for tc in broker.coordinators.values()), default=0)
-    lines += [
-        "# HELP txnbuf_active_transaction_open_time_max_seconds The longest a transaction not "
-        "yet decided (open or prepared) has been open (KIP-939)",
-        "# TYPE txnbuf_active_transaction_open_time_max_seconds gauge",
-        f"txnbuf_active_transaction_open_time_max_seconds {open_max / 1000:.3f}",
-    ]
-    lines.append("# TYPE txnbuf_backlog_messages gauge")
-    for name in broker.topics.names():
-        for sub, parts in broker.subscriptions.of_topic(name).items():
-            backlog = sum(p.backlog() for p in parts)
-            lines.append(
-                f'txnbuf_backlog_messages{{topic="{name}",subscription="{sub}"}} {backlog}'
-            )
-    return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+    try:
+        body = await broker.metrics.scrape()
+    except LedgerError as exc:
+        return _error(503, f"the broker's store refuses writes: {exc}")
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 # -- transactions -----------------------------------------------------------------

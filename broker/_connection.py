@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -353,6 +354,7 @@ class Connection:
         req = cmd.send
         producer = self.producers.get(req.producer_id)
         counted = False
+        read_at = time.perf_counter()
 
         def fail(code: pb.ServerError, message: str) -> None:
             if req.transactional:
@@ -444,6 +446,7 @@ class Connection:
                         partition=req.partition, entry_id=entry_id, batch_index=index
                     )
             self.send(out)
+            self.broker.metrics.send_seconds.observe(time.perf_counter() - read_at)
 
         if isinstance(pending, asyncio.Future) and pending.done() and not pending.cancelled():
             # Answered already (an early transactional send): no task, no
@@ -731,6 +734,7 @@ class Connection:
     def _end(self, req: pb.CommandEndTxn, following: TxnID | None) -> None:
         key = (req.txnid_most_bits, req.txnid_least_bits)
         txnid = wire_txnid(*key)
+        decided_at = time.perf_counter()
         try:
             answered = self.broker.coordinator(txnid).end_txn(txnid, req.txn_action == pb.COMMIT)
         except Exception as exc:
@@ -746,6 +750,7 @@ class Connection:
                 return
             self._forget_ops(key)
             self._txn_respond(req, "end transaction", None, following)
+            self.broker.metrics.commit_seconds.observe(time.perf_counter() - decided_at)
 
         answered.add_done_callback(done)
 

@@ -24,6 +24,7 @@ from aiohttp import web
 
 from broker._connection import MAX_MESSAGE_SIZE, Connection, txn_key
 from broker._errors import BrokerError
+from broker._metrics import BrokerMetrics
 from buffer import Partition, PublishResult, Topics, TransactionBuffer, TxnKey
 from ledger import LedgerError, LedgerStore, faults
 from proto import txnbuf_pb2 as pb
@@ -64,6 +65,7 @@ class Broker:
         # Transactional sends waiting for their partition's buffer to be created.
         self._awaiting_buffer: dict[Partition, list[_TxnSend]] = {}
         self.started = time.time()
+        self.metrics = BrokerMetrics(self)
 
     @classmethod
     async def open(
@@ -87,6 +89,7 @@ class Broker:
             time.perf_counter() - t0,
         )
         try:
+            await broker.metrics.load(store)
             for tcid in tc_ids:
                 broker.coordinators[tcid] = await broker._open_coordinator(tcid, producer_settings)
             await broker._abort_orphans()
@@ -94,6 +97,7 @@ class Broker:
             await broker.close()
             raise
         broker._sweeper = asyncio.get_running_loop().create_task(broker._sweep_loop())
+        broker.metrics.start()
         return broker
 
     async def _open_coordinator(
@@ -186,6 +190,7 @@ class Broker:
             await conn.ws.close()
         for tc in self.coordinators.values():
             await tc.close()
+        await self.metrics.close()
         await self.subscriptions.close()
         await self.store.close()
 

@@ -74,6 +74,7 @@ class Partition:
         self._counts_base = ledger.first_entry_id  # entry id of _counts[0]
         self._since_snapshot = 0
         self.messages_in = 0  # messages stored since start, for stats
+        self.bytes_in = 0  # bytes of the entries stored since start, for stats
         self._txn_buffer: TransactionBuffer | None = None
         self._buffer_watchers: list[Callable[[TransactionBuffer], None]] = []
         ledger.add_listener(self._on_entries)
@@ -144,6 +145,7 @@ class Partition:
             self._counts.append(n)
             self._kinds.append(entry_kind(e.meta))
             self.messages_in += n
+            self.bytes_in += len(e.data)
 
     def count(self, entry_id: int) -> int:
         """Number of messages in entry ``entry_id`` (0 if trimmed or unknown)."""

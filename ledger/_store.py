@@ -52,6 +52,7 @@ from typing import Any, TypeVar, cast
 import aiosqlite
 
 from ledger import _writer
+from ledger._stats import COMMIT_SECONDS_BOUNDS, COMMIT_SIZE_BOUNDS, Buckets
 
 __all__ = [
     "Entry",
@@ -369,6 +370,10 @@ class LedgerStore:
         self._failed: LedgerError | None = None
         self.commits = 0  # group commits done, for stats and benchmarks
         self.appends = 0
+        # Each group commit's appends, and how long the writer took to commit
+        # it (inserts, trims, the COMMIT and its fsync), for /metrics.
+        self.commit_sizes = Buckets(COMMIT_SIZE_BOUNDS)
+        self.commit_seconds = Buckets(COMMIT_SECONDS_BOUNDS)
         protocol.store = self
 
     @classmethod
@@ -578,7 +583,11 @@ class LedgerStore:
         _, pending = self._unanswered.popleft()
         if isinstance(pending, _Sent):
             if error is None:
-                self.commits = result  # (the writer counts its group commits)
+                commits, rows, took = result  # (the writer counts its group commits)
+                if commits != self.commits:  # (the first answer of its group commit)
+                    self.commits = commits
+                    self.commit_sizes.observe(rows)
+                    self.commit_seconds.observe(took)
                 self._settle(pending)
             else:
                 self._fail(pending.batch, error)

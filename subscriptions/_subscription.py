@@ -154,6 +154,10 @@ class PartitionSubscription:
         self.pending: dict[Position, Consumer] = {}
         self.redeliver: SortedSet = SortedSet()
         self.redelivery_counts: dict[Position, int] = {}
+        # Delivered to consumers since start (redelivered ones too), for stats.
+        self.messages_out = 0
+        self.bytes_out = 0
+        self.redelivered = 0
         self.read_entry = cursor.first_open_entry()
         self._active: Consumer | None = None
         self._rr = 0
@@ -960,6 +964,10 @@ class PartitionSubscription:
         # (entry_id, i) -> consumer for each i, without a Python loop.
         self.pending.update(zip(zip(repeat(entry_id), delivered), repeat(consumer)))
         consumer.permits -= len(delivered)
+        self.messages_out += len(delivered)
+        self.bytes_out += len(entry.data)
+        if redelivery_count:
+            self.redelivered += len(delivered)
         out.add(
             consumer,
             pb.DeliveredEntry(
