@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from broker._connection import MAX_MESSAGE_SIZE, Connection, txn_key
 from broker._errors import BrokerError
@@ -38,12 +39,15 @@ from tc import (
     TxnStatus,
 )
 
-__all__ = ["BROKER_KEY", "Broker", "make_app"]
+__all__ = ["BROKER_KEY", "MAX_REQUEST_LINE", "Broker", "make_app"]
 
 log = logging.getLogger(__name__)
 
 BROKER_KEY: web.AppKey[Broker] = web.AppKey("broker")
 SWEEP_INTERVAL = 5.0  # seconds between transaction buffer sweeps
+# The longest request line aiohttp reads (AppRunner's max_line_size): a URL
+# longer than the admin API's limit still reaches it, and is answered 414.
+MAX_REQUEST_LINE = 64 << 10
 _ABORT_DECIDED = (TxnStatus.ABORTING, TxnStatus.ABORTED)
 
 
@@ -81,6 +85,9 @@ class Broker:
         store = await LedgerStore.open(data_dir / "broker.db")
         topics = await Topics.load(store)
         subs = await Subscriptions.load(topics)
+        for name in sorted(topics.deleted):  # (a deletion that a crash interrupted)
+            await subs.delete_leftovers(name)
+            await topics.delete_ledgers(name)
         broker = cls(data_dir, store, topics, subs, url)
         log.info(
             "recovered %d topics from %s in %.2fs",
@@ -393,8 +400,25 @@ async def _websocket(request: web.Request) -> web.WebSocketResponse:
     return ws
 
 
+class _QuietParseErrors(logging.Filter):
+    """aiohttp logs a request it cannot parse (a request line over
+    `MAX_REQUEST_LINE`, a malformed header) at ERROR with a traceback, and
+    answers it 400: one line at INFO says it instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            log.info("refused an HTTP request that could not be read: %s", exc.message)
+            return False
+        return True
+
+
 def make_app(broker: Broker) -> web.Application:
     from broker._admin import add_admin_routes
+
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, _QuietParseErrors) for f in server_log.filters):
+        server_log.addFilter(_QuietParseErrors())
 
     app = web.Application(client_max_size=1 << 20)
     app[BROKER_KEY] = broker

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from broker._server import Broker, make_app
+from broker._server import MAX_REQUEST_LINE, Broker, make_app
 from ledger import LedgerError
 from tc import DEFAULT_EXPIRATION_MS, MAX_TXN_TIMEOUT_MS, ProducerSettings
 
@@ -55,7 +55,9 @@ async def serve(
     gc.collect()
     gc.freeze()
     gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
-    runner = web.AppRunner(make_app(broker), access_log=None, handle_signals=False)
+    runner = web.AppRunner(
+        make_app(broker), access_log=None, handle_signals=False, max_line_size=MAX_REQUEST_LINE
+    )
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port, reuse_address=True)

@@ -25,7 +25,8 @@ from buffer._names import (
     check_topic_name,
 )
 from buffer._partition import Partition
-from buffer._topics import PartitionCountError, Topic, Topics
+from buffer._retention import NO_RETENTION, Retention, RetentionError
+from buffer._topics import PartitionCountError, Topic, Topics, partition_ledger_prefixes
 from buffer._txnbuffer import (
     EpochProducer,
     OutOfOrderSequenceError,
@@ -45,6 +46,7 @@ __all__ = [
     "COMMIT_MARKER",
     "DATA",
     "MAX_PARTITIONS",
+    "NO_RETENTION",
     "DuplicateTooOldError",
     "EpochProducer",
     "InvalidNameError",
@@ -54,6 +56,8 @@ __all__ = [
     "PartitionCountError",
     "Position",
     "PublishResult",
+    "Retention",
+    "RetentionError",
     "SendRejectedError",
     "StaleEpochError",
     "Topic",
@@ -71,6 +75,7 @@ __all__ = [
     "entry_kind",
     "entry_meta",
     "epoch_producer_name",
+    "partition_ledger_prefixes",
     "sidecar_ledger_name",
     "txn_run_start",
 ]

@@ -222,6 +222,7 @@ class Ledger:
         self._cache_bytes = 0
         self._waiters: list[asyncio.Future[None]] = []
         self._listeners: list[Callable[[Ledger, list[Entry]], None]] = []
+        self.deleted = False  # by `LedgerStore.delete_ledger`: it takes no more writes
 
     def __repr__(self) -> str:
         return f"Ledger({self.name!r}, first={self.first_entry_id}, last={self.last_entry_id})"
@@ -288,6 +289,11 @@ class Ledger:
     async def read_meta(self) -> list[tuple[int, int]]:
         """``(entry_id, meta)`` of every entry, without reading the data."""
         return await self.store._read_meta(self)
+
+    async def read_sizes(self) -> list[tuple[int, int]]:
+        """``(entry_id, bytes of its data)`` of every entry (SQLite's
+        ``length()`` of a blob: the data is not read)."""
+        return await self.store._read_sizes(self)
 
     # Called by the store after a commit.
     def _durable(self, entries: list[Entry]) -> None:
@@ -494,6 +500,7 @@ class LedgerStore:
         ledger = self._ledgers.pop(name, None)
         if ledger is None:
             return
+        ledger.deleted = True
         self._check_open()
         await self._request("delete", ledger.id)
 
@@ -507,6 +514,8 @@ class LedgerStore:
 
     def _append(self, ledger: Ledger, data: bytes, meta: int, lazy: bool) -> asyncio.Future[int]:
         self._check_open()
+        if ledger.deleted:
+            raise LedgerError(f"ledger {ledger.name} is deleted")
         fut: asyncio.Future[int] = self._loop.create_future()
         # Its id now, in queue order (which is the order of the writes).
         self._queue.append(_Append(ledger, meta, data, fut, ledger._next))
@@ -525,6 +534,8 @@ class LedgerStore:
 
     def _trim(self, ledger: Ledger, before: int) -> asyncio.Future[None]:
         self._check_open()
+        if ledger.deleted:
+            raise LedgerError(f"ledger {ledger.name} is deleted")
         fut: asyncio.Future[None] = self._loop.create_future()
         # (Never past what is appended so far: not an entry appended after it.)
         self._queue.append(_Trim(ledger, min(before, ledger._next), fut))
@@ -683,5 +694,17 @@ class LedgerStore:
                 (_key(ledger.id, 0), _key(ledger.id, _MAX_ENTRY_ID)),
             )
             return [(k & _MAX_ENTRY_ID, m) for k, m in cur]
+
+        return await _on_thread(self._reader, read)
+
+    async def _read_sizes(self, ledger: Ledger) -> list[tuple[int, int]]:
+        self._check_open()
+
+        def read(raw: sqlite3.Connection) -> list[tuple[int, int]]:
+            cur = raw.execute(
+                "SELECT id, length(data) FROM entries WHERE id >= ? AND id <= ? ORDER BY id",
+                (_key(ledger.id, 0), _key(ledger.id, _MAX_ENTRY_ID)),
+            )
+            return [(k & _MAX_ENTRY_ID, n) for k, n in cur]
 
         return await _on_thread(self._reader, read)

@@ -2,7 +2,8 @@
 
 A subscription on a topic is one `PartitionSubscription` (one cursor) per
 partition. Retention: a partition ledger is trimmed up to the first entry
-that some subscription has not fully acknowledged; a partition with no
+that some subscription has not fully acknowledged, less what its topic's
+`buffer.Retention` keeps of the acknowledged entries; a partition with no
 subscription keeps everything (so that a later ``earliest`` subscriber
 reads it).
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from buffer import MessageId, Partition, Position, Topic, Topics
@@ -66,6 +68,32 @@ class Subscriptions:
     def _add(self, topic: str, index: int, name: str, sub: PartitionSubscription) -> None:
         self._subs[(topic, index, name)] = sub
         self._by_name.setdefault((topic, name), []).append(sub)
+
+    async def remove(self, topic: str, name: str) -> bool:
+        """Delete subscription ``name`` of ``topic``: stop it, delete its
+        ledgers. Its consumers (the caller detached them) get nothing more.
+        False if there is no such subscription."""
+        async with self._lock:
+            subs = self._by_name.pop((topic, name), [])
+            for sub in subs:
+                del self._subs[(topic, sub.partition.index, name)]
+            for sub in subs:
+                for consumer in list(sub.consumers):
+                    sub.remove_consumer(consumer)
+                await sub.delete()
+            return bool(subs)
+
+    async def delete_leftovers(self, topic: str) -> None:
+        """Delete the cursor ledgers a deleted topic left behind (a crash in
+        the middle of its deletion): they were never loaded."""
+        store = self.topics.store
+        for sample in (
+            PartitionSubscription.ledger_name(topic, 0, ""),
+            PartitionSubscription.uncommitted_ledger_name(topic, 0, ""),
+        ):
+            prefix = sample[: -len("0/")]  # ("c/<topic>/": every partition)
+            for ledger_name in store.ledger_names(prefix):
+                await store.delete_ledger(ledger_name)
 
     def all(self) -> list[PartitionSubscription]:
         """Every partition subscription."""
@@ -246,9 +274,14 @@ class Subscriptions:
             part = sub.partition
             first_open = sub.cursor.first_open_entry()
             floor[part] = min(floor.get(part, first_open), first_open)
+        now_ms = time.time_ns() // 1_000_000
         for part, first_open in floor.items():
             before = first_open - TRIM_SLACK
-            if before > part.ledger.first_entry_id:
+            topic = self.topics.get(part.topic)
+            if topic is None or before <= part.ledger.first_entry_id:
+                continue  # (deleted meanwhile, or nothing to trim)
+            before = await part.retained_from(topic.retention, before, now_ms)
+            if before > part.ledger.first_entry_id and not part.ledger.deleted:
                 await part.ledger.trim(before)
                 part.trimmed(before)
 
