@@ -31,6 +31,7 @@ from broker._operations import (
 )
 from broker._server import BROKER_KEY, Broker
 from buffer import (
+    NO_RETENTION,
     InvalidNameError,
     PartitionCountError,
     Retention,
@@ -162,7 +163,10 @@ async def put_topic(request: web.Request) -> web.Response:
     if retention is not None:
         topic = await broker.topics.set_retention(name, retention)
     await broker.subscriptions.extend(topic)
-    return web.json_response(_topic_json(broker, name) or {})
+    answer: dict[str, Any] = {"topic": topic.name, "partitions": len(topic.partitions)}
+    if topic.retention != NO_RETENTION:
+        answer["retention"] = topic.retention.to_json()
+    return web.json_response(answer)
 
 
 def _topic_json(broker: Broker, name: str) -> dict[str, Any] | None:
