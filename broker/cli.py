@@ -1,4 +1,7 @@
-"""The `txnbuf` command line: ``txnbuf serve``.
+"""The `txnbuf` command line: ``txnbuf serve``, ``txnbuf check``, and the
+admin commands ``txnbuf topics|subscriptions|transactions|producers``
+(`broker._admin_cli`). Bad options and a port in use end in one line on
+stderr (exit 2 and 1), not a traceback.
 
 ``txnbuf serve`` with no arguments runs one broker on 127.0.0.1:6650 with its
 data in ./txnbuf-data. SIGTERM and SIGINT stop it cleanly: connections are
@@ -16,11 +19,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import gc
+import importlib.metadata
 import logging
 import signal
+import socket
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from aiohttp import web
 
@@ -43,6 +50,7 @@ async def serve(
     producer_settings: ProducerSettings | None = None,
 ) -> None:
     """Run a broker until SIGTERM or SIGINT."""
+    _check_port(host, port)  # (before the data directory is opened, or created)
     try:
         broker = await Broker.open(
             data_dir,
@@ -61,7 +69,10 @@ async def serve(
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port, reuse_address=True)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:  # (taken since `_check_port`)
+            raise SystemExit(_cannot_listen(host, port, exc)) from None
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -79,6 +90,20 @@ async def serve(
         await broker.close()
         await runner.cleanup()
         log.info("stopped")
+
+
+def _cannot_listen(host: str, port: int, exc: OSError) -> str:
+    why = "in use" if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc)
+    return f"txnbuf serve: cannot listen on {host}:{port}: {why}"
+
+
+def _check_port(host: str, port: int) -> None:
+    """Exit with one line if ``host:port`` cannot be listened on."""
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as exc:
+        raise SystemExit(_cannot_listen(host, port, exc)) from None
 
 
 def _event_loop_factory() -> type[asyncio.AbstractEventLoop] | None:
@@ -99,13 +124,47 @@ def _tc_ids(text: str) -> tuple[int, ...]:
     return ids
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument error is one line (exit 2), not the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _log_level(text: str) -> str:
+    if text.upper() not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"choose from {', '.join(LOG_LEVELS)}, not {text!r}")
+    return text.upper()
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is a number from 0 to 65535, not {text!r}")
+    return port
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("txnbuf")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="txnbuf", description="txnbuf message broker")
+    parser: argparse.ArgumentParser = _Parser(prog="txnbuf", description="txnbuf message broker")
+    parser.add_argument("--version", action="version", version=f"txnbuf {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     p = commands.add_parser("serve", help="run a broker")
     p.add_argument("--data-dir", default="./txnbuf-data", help="where data lives (./txnbuf-data)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
-    p.add_argument("--port", type=int, default=6650, help="port to listen on (6650)")
+    p.add_argument("--port", type=_port, default=6650, help="port to listen on (6650)")
     p.add_argument(
         "--tc-ids",
         type=_tc_ids,
@@ -131,13 +190,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="SECONDS",
         help="forget a transactional id idle this long (604800: 7 days)",
     )
-    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (INFO)")
+    p.add_argument(
+        "--log-level", type=_log_level, default="INFO", help="DEBUG, INFO, WARNING, ERROR (INFO)"
+    )
+    from broker._admin_cli import ADMIN_COMMANDS, add_admin_parsers, run_admin
     from checker._cli import add_check_parser, run_check
 
     add_check_parser(commands)
+    add_admin_parsers(commands)
     args = parser.parse_args(argv)
     if args.command == "check":
         return run_check(args)
+    if args.command in ADMIN_COMMANDS:
+        return run_admin(args)
     logging.basicConfig(
         level=args.log_level.upper(),
         stream=sys.stderr,
