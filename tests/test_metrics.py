@@ -67,7 +67,7 @@ async def test_metrics_move_and_survive_restarts(broker: BrokerProcess) -> None:
     async with Client(broker.url) as client:
         consumer = await client.subscribe("m", "s", initial_position="earliest")
         producer = await client.create_producer("m")
-        for i in range(20):
+        for _ in range(20):
             await producer.send(b"x" * 100)
         for _ in range(20):
             msg = await consumer.receive(timeout=10)
