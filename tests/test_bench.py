@@ -92,7 +92,9 @@ def test_txnmemory_benchmark_prints_both_sides() -> None:
         cwd=ROOT, capture_output=True, text=True, check=True, timeout=120,
     ).stdout  # fmt: skip
     assert "after 200 commits" in out
-    assert [line.split()[0] for line in out.splitlines()[-2:]] == ["this", "baseline"]
+    table, legend = out.strip().split("\n\n")  # (the table, then what its columns mean)
+    assert [line.split()[0] for line in table.splitlines()[-2:]] == ["this", "baseline"]
+    assert legend.startswith("index: ")
 
 
 @pytest.mark.integration
@@ -141,8 +143,10 @@ def test_txnceiling_benchmark_runs_small() -> None:
         [sys.executable, "-m", "bench.txnceiling", "--messages", "2000", "--rounds", "1"],
         cwd=ROOT, capture_output=True, text=True, check=True, timeout=300,
     ).stdout  # fmt: skip
-    rows = {line[:18].strip(): line[18:].split() for line in out.splitlines()[2:] if line}
+    table, legend = out.strip().split("\n\n")  # (the table, then what its columns mean)
+    rows = {line[:18].strip(): line[18:].split() for line in table.splitlines()[1:]}
     assert list(rows) == ["way", *txnceiling_ways()]
+    assert legend.startswith("ratio: ")
     for way in txnceiling_ways():
         assert float(rows[way][0].replace(",", "")) > 0  # msgs/s
     assert rows["plain"][1] == "1.00"  # the ratio to itself
