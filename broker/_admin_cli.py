@@ -413,6 +413,8 @@ def add_admin_parsers(commands: argparse._SubParsersAction[argparse.ArgumentPars
         p = r.add_parser(name, help=doc)
         _common(p)
         p.add_argument("transactional_id")
+    for actions in (t, s, x, r):  # (named in a missing-one error)
+        actions.metavar = "{" + ",".join(actions.choices) + "}"
 
 
 def run_admin(args: argparse.Namespace) -> int:

@@ -198,6 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     add_check_parser(commands)
     add_admin_parsers(commands)
+    commands.metavar = "{" + ",".join(commands.choices) + "}"  # (named in a missing-one error)
     args = parser.parse_args(argv)
     if args.command == "check":
         return run_check(args)
