@@ -90,7 +90,8 @@ def _retention(r: dict[str, Any] | None) -> str:
     parts = []
     for key, unit in (("time_s", "s"), ("size_bytes", "B")):
         v = r.get(key, -1)
-        parts.append("unlimited" if v == -1 else f"{v:g}{unit}")
+        shown = str(int(v)) if float(v).is_integer() else str(v)
+        parts.append("unlimited" if v == -1 else f"{shown}{unit}")
     return "/".join(parts)
 
 
@@ -108,7 +109,9 @@ def _topics(args: argparse.Namespace) -> None:
         rows = [{**t, "retention": _retention(t.get("retention"))} for t in answer["topics"]]
         _print(args, answer, lambda _: table(rows, ["name", "partitions", "retention"]))
     elif action == "create":
-        body: dict[str, Any] = {"partitions": args.partitions}
+        body: dict[str, Any] = {}
+        if args.partitions is not None:
+            body["partitions"] = args.partitions
         retention = {
             k: v
             for k, v in (("time_s", args.retention_time), ("size_bytes", args.retention_size))
@@ -326,7 +329,9 @@ def add_admin_parsers(commands: argparse._SubParsersAction[argparse.ArgumentPars
     p = t.add_parser("create", help="create a topic, grow it, or set its retention")
     _common(p)
     p.add_argument("topic")
-    p.add_argument("--partitions", type=int, default=1, help="partitions (1; can only grow)")
+    p.add_argument(
+        "--partitions", type=int, help="partitions (a new topic: 1; a count can only grow)"
+    )
     p.add_argument(
         "--retention-time",
         type=float,

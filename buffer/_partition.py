@@ -83,7 +83,8 @@ class Partition:
         self._cum: array.array[int] | None = None
         self._cum_before = 0  # what _cum counted of the entries trimmed since
         self._cum_pending: list[tuple[int, int]] | None = None
-        self._expired_below = 0  # retention by time: entries below are older than its limit
+        # Retention by time: (its limit, the entry below which all are older).
+        self._expired_below = (0.0, 0)
         self._txn_buffer: TransactionBuffer | None = None
         self._buffer_watchers: list[Callable[[TransactionBuffer], None]] = []
         ledger.add_listener(self._on_entries)
@@ -226,7 +227,8 @@ class Partition:
                 keep = max(keep, base + 1 + bisect.bisect_left(cum, target, 0, before - base))
         if retention.time_s != -1:
             horizon = now_ms - retention.time_s * 1000
-            low, high = max(keep, self._expired_below), before
+            known = self._expired_below[1] if self._expired_below[0] == retention.time_s else 0
+            low, high = max(keep, known), before
             while low < high:
                 mid = (low + high) // 2
                 published = await self.publish_time(mid)
@@ -234,7 +236,7 @@ class Partition:
                     high = mid
                 else:
                     low = mid + 1
-            self._expired_below = low
+            self._expired_below = (retention.time_s, low)
             keep = max(keep, low)
         return keep
 

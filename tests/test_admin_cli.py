@@ -63,6 +63,8 @@ async def test_topic_and_subscription_commands(broker: BrokerProcess) -> None:
     listed = ok(broker, "topics", "list")
     assert listed.splitlines()[0].split() == ["NAME", "PARTITIONS", "RETENTION"]
     assert listed.splitlines()[1].split() == ["cli", "2", "600s/unlimited"]
+    out = ok(broker, "topics", "create", "cli", "--retention-size", "1000000")  # (keeps 2)
+    assert "cli: 2 partition(s), retention unlimited/1000000B" in out
     async with Client(broker.url) as client:
         consumer = await client.subscribe("cli", "s", initial_position="earliest")
         producer = await client.create_producer("cli")
