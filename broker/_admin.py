@@ -7,6 +7,13 @@ Errors are JSON on every route, unknown ones included (`json_errors`):
 topic, subscription, transaction or route), 405 (method; with ``Allow``),
 409 (refused in this state: in use, held by a transaction), 414 (URL over
 `MAX_URL_BYTES`); a refused request changes nothing.
+
+When the broker authenticates (`broker._auth`), every request but
+``/admin/v1/health`` needs ``Authorization: Bearer <token>`` of a
+superuser: without a valid token it is answered 401, with a token of
+another role 403 (`_require_admin`). The ACL is managed here:
+``GET /admin/v1/acl[?role=R]``, ``POST /admin/v1/acl/grant`` and
+``POST /admin/v1/acl/revoke`` with ``{"role", "permission", "resource"}``.
 """
 
 from __future__ import annotations
@@ -14,13 +21,15 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from broker._auth import AclEntry, AclError
+from broker._errors import BrokerError
 from broker._operations import (
     AdminError,
     delete_subscription,
@@ -38,6 +47,7 @@ from buffer import (
     RetentionError,
     check_subscription_name,
     check_topic_name,
+    quoted,
 )
 from ledger import LedgerError
 from subscriptions import WHOLE_ENTRY
@@ -50,8 +60,6 @@ from tc import (
     TxnStatus,
     coordinator_of,
 )
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 __all__ = ["MAX_URL_BYTES", "add_admin_routes", "json_errors"]
 
@@ -144,7 +152,7 @@ async def put_topic(request: web.Request) -> web.Response:
     body = await _body(request, '{"partitions": 3, "retention": {"time_s": 3600}}')
     unknown = set(body) - {"partitions", "retention"}
     if unknown:
-        return _error(400, f"unknown field(s): {', '.join(sorted(unknown))}")
+        return _error(400, f"unknown field(s): {quoted(', '.join(sorted(unknown)))}")
     existing = broker.topics.get(name)
     partitions = body.get("partitions", len(existing.partitions) if existing else 1)
     if isinstance(partitions, bool):
@@ -380,8 +388,8 @@ def _txnid(request: web.Request) -> TxnID | web.Response:
     text = request.match_info["txnid"]
     try:
         return TxnID.parse(text)
-    except ValueError as exc:
-        return _error(400, str(exc))
+    except ValueError:
+        return _error(400, f"not a TxnID: {quoted(text)} (expected '(most_bits,least_bits)')")
 
 
 async def get_transaction(request: web.Request) -> web.Response:
@@ -499,13 +507,92 @@ async def list_coordinators(request: web.Request) -> web.Response:
     return web.json_response({"coordinators": out})
 
 
+# -- who may use it, and the ACL ---------------------------------------------------
+
+OPEN_PATHS = frozenset({"/admin/v1/health"})
+
+
+@web.middleware
+async def _require_admin(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The admin API and /metrics serve superusers only (when the broker
+    authenticates): 401 without a valid token, 403 with another role's."""
+    path = request.path
+    if path in OPEN_PATHS or not (path.startswith("/admin/") or path == "/metrics"):
+        return await handler(request)
+    security = request.app[BROKER_KEY].security
+    try:
+        who = security.authenticate_bearer(request.headers.get("Authorization"))
+    except BrokerError as exc:
+        return web.json_response(
+            {"error": str(exc)},
+            status=401,
+            headers={"WWW-Authenticate": 'Bearer realm="txnbuf"'},
+        )
+    try:
+        security.allow_admin(who)
+    except BrokerError as exc:
+        return _error(403, str(exc))
+    return await handler(request)
+
+
+async def list_acl(request: web.Request) -> web.Response:
+    """``?role=R`` (optional): the grants, of one role or all."""
+    acl = request.app[BROKER_KEY].security.acl
+    role = request.query.get("role")
+    return web.json_response({"acl": [e.to_json() for e in acl.entries(role)]})
+
+
+async def _acl_entry(request: web.Request) -> AclEntry | web.Response:
+    try:
+        body = json.loads(await request.read() or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        body = None
+    if not isinstance(body, dict) or set(body) != {"role", "permission", "resource"}:
+        return _error(
+            400,
+            'body must be {"role": ..., "permission": "produce" | "consume" | '
+            '"two_phase_commit", "resource": "topic:<pattern>" | '
+            '"subscription:<topic pattern>/<subscription pattern>" | '
+            '"transactional-id:<pattern>"}',
+        )
+    try:
+        return AclEntry.parse(body["role"], body["permission"], body["resource"])
+    except AclError as exc:
+        return _error(400, str(exc))
+
+
+async def grant_acl(request: web.Request) -> web.Response:
+    entry = await _acl_entry(request)
+    if isinstance(entry, web.Response):
+        return entry
+    added = await request.app[BROKER_KEY].security.acl.grant(entry)
+    return web.json_response({"granted": entry.to_json(), "new": added})
+
+
+async def revoke_acl(request: web.Request) -> web.Response:
+    entry = await _acl_entry(request)
+    if isinstance(entry, web.Response):
+        return entry
+    if not await request.app[BROKER_KEY].security.acl.revoke(entry):
+        return _error(
+            404,
+            f"no such grant: {entry.role} {entry.permission.value} {entry.resource} "
+            "(GET /admin/v1/acl lists them)",
+        )
+    return web.json_response({"revoked": entry.to_json()})
+
+
 async def admin_page(request: web.Request) -> web.FileResponse:
     return web.FileResponse(ADMIN_PAGE, headers={"Cache-Control": "no-cache"})
 
 
 def add_admin_routes(app: web.Application) -> None:
-    app.middlewares.append(json_errors)
+    app.middlewares.append(json_errors)  # (outermost: whatever answers, errors are JSON)
+    app.middlewares.append(_require_admin)
     app.router.add_get("/", admin_page)
+    app.router.add_get("/admin/v1/acl", list_acl)
+    app.router.add_post("/admin/v1/acl/grant", grant_acl)
+    app.router.add_post("/admin/v1/acl/revoke", revoke_acl)
     app.router.add_get("/admin/v1/health", health)
     app.router.add_get("/admin/v1/topics", list_topics)
     app.router.add_put("/admin/v1/topics/{topic}", put_topic)

@@ -1,11 +1,15 @@
-"""The `txnbuf` command line: ``txnbuf serve``, ``txnbuf check``, and the
-admin commands ``txnbuf topics|subscriptions|transactions|producers``
-(`broker._admin_cli`). Bad options and a port in use end in one line on
-stderr (exit 2 and 1), not a traceback.
+"""The `txnbuf` command line: ``txnbuf serve``, ``txnbuf check``,
+``txnbuf check-data`` (`broker._checkdata`), ``txnbuf token`` /
+``txnbuf acl`` (`broker._auth_cli`), and the admin commands ``txnbuf
+topics|subscriptions|transactions|producers`` (`broker._admin_cli`). Bad
+options and a port in use end in one line on stderr (exit 2 and 1), not a
+traceback.
 
 ``txnbuf serve`` with no arguments runs one broker on 127.0.0.1:6650 with its
-data in ./txnbuf-data. SIGTERM and SIGINT stop it cleanly: connections are
-closed, queued writes finish, the database is closed.
+data in ./txnbuf-data, authenticating nobody; it refuses another address
+without authentication unless ``--insecure`` (docs/security.md). SIGTERM and
+SIGINT stop it cleanly: connections are closed, queued writes finish, the
+database is closed.
 
 Garbage collection: once recovered, the broker freezes what it loaded (never
 scanned again) and runs the young generation every `GC_GEN0_THRESHOLD`
@@ -25,12 +29,21 @@ import importlib.metadata
 import logging
 import signal
 import socket
+import ssl
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
 from aiohttp import web
 
+from broker._auth import AclFileError, AuthConfig, check_listen
+from broker._auth_cli import (
+    add_security_parsers,
+    add_serve_options,
+    run_security_command,
+    serve_security,
+)
+from broker._checkdata import add_check_data_parser, run_check_data
 from broker._server import MAX_REQUEST_LINE, Broker, make_app
 from ledger import LedgerError
 from tc import DEFAULT_EXPIRATION_MS, MAX_TXN_TIMEOUT_MS, ProducerSettings
@@ -47,19 +60,26 @@ async def serve(
     host: str,
     port: int,
     tc_ids: tuple[int, ...] = (0,),
+    auth: AuthConfig | None = None,
+    ssl_context: ssl.SSLContext | None = None,
     producer_settings: ProducerSettings | None = None,
 ) -> None:
-    """Run a broker until SIGTERM or SIGINT."""
+    """Run a broker until SIGTERM or SIGINT. ``auth``: authentication and
+    limits (`broker._auth`); ``ssl_context``: serve TLS."""
+    scheme = "https" if ssl_context is not None else "http"
     _check_port(host, port)  # (before the data directory is opened, or created)
     try:
         broker = await Broker.open(
             data_dir,
-            url=f"http://{host}:{port}",
+            url=f"{scheme}://{host}:{port}",
             tc_ids=tc_ids,
+            auth=auth,
             producer_settings=producer_settings,
         )
     except LedgerError as exc:  # (another broker on this data directory, a broken disk)
         raise SystemExit(f"txnbuf: cannot open the data in {data_dir}: {exc}") from None
+    except AclFileError as exc:
+        raise SystemExit(f"txnbuf: {exc}") from None
     gc.collect()
     gc.freeze()
     gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
@@ -68,7 +88,7 @@ async def serve(
     )
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port, reuse_address=True)
+        site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_context)
         try:
             await site.start()
         except OSError as exc:  # (taken since `_check_port`)
@@ -78,11 +98,13 @@ async def serve(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         log.info(
-            "txnbuf broker listening on http://%s:%d (data in %s, coordinators %s)",
+            "txnbuf broker listening on %s://%s:%d (data in %s, coordinators %s, %s)",
+            scheme,
             host,
             port,
             data_dir,
             ",".join(map(str, tc_ids)),
+            "tokens required" if broker.security.enabled else "no authentication",
         )
         await stop.wait()
         log.info("stopping")
@@ -193,15 +215,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--log-level", type=_log_level, default="INFO", help="DEBUG, INFO, WARNING, ERROR (INFO)"
     )
+    add_serve_options(p)
     from broker._admin_cli import ADMIN_COMMANDS, add_admin_parsers, run_admin
     from checker._cli import add_check_parser, run_check
 
     add_check_parser(commands)
+    add_check_data_parser(commands)
+    add_security_parsers(commands)
     add_admin_parsers(commands)
     commands.metavar = "{" + ",".join(commands.choices) + "}"  # (named in a missing-one error)
     args = parser.parse_args(argv)
     if args.command == "check":
         return run_check(args)
+    if args.command == "check-data":
+        return run_check_data(args)
+    if args.command in ("token", "acl"):
+        return run_security_command(args)
     if args.command in ADMIN_COMMANDS:
         return run_admin(args)
     logging.basicConfig(
@@ -210,6 +239,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     if args.command == "serve":
+        security = serve_security(args)
+        refusal = check_listen(args.host, security.auth.authenticator is not None, args.insecure)
+        if refusal is not None:
+            raise SystemExit(f"txnbuf: {refusal}")
         loop_factory = _event_loop_factory()
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             settings = ProducerSettings(
@@ -217,7 +250,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 expiration_ms=round(args.transactional_id_expiration * 1000),
                 allow_two_phase=args.allow_2pc,
             )
-            runner.run(serve(args.data_dir, args.host, args.port, args.tc_ids, settings))
+            runner.run(
+                serve(
+                    args.data_dir,
+                    args.host,
+                    args.port,
+                    args.tc_ids,
+                    security.auth,
+                    security.ssl_context,
+                    settings,
+                )
+            )
     return 0
 
 

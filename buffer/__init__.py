@@ -18,16 +18,24 @@ from buffer._entries import (
 )
 from buffer._names import (
     MAX_PARTITIONS,
+    QUOTE_LIMIT,
     InvalidNameError,
     MessageId,
     Position,
+    check_consumer_name,
+    check_producer_name,
     check_subscription_name,
     check_topic_name,
+    quoted,
 )
 from buffer._partition import Partition
 from buffer._retention import NO_RETENTION, Retention, RetentionError
 from buffer._topics import PartitionCountError, Topic, Topics, partition_ledger_prefixes
 from buffer._txnbuffer import (
+    TXN_ABORT,
+    TXN_COMMIT,
+    TXN_DATA,
+    TXN_SNAPSHOT,
     EpochProducer,
     OutOfOrderSequenceError,
     StaleEpochError,
@@ -38,6 +46,10 @@ from buffer._txnbuffer import (
     TxnInfo,
     TxnKey,
     TxnState,
+    abort_record,
+    commit_record,
+    decode_commit_marker,
+    decode_sidecar_record,
     epoch_producer_name,
     sidecar_ledger_name,
 )
@@ -47,6 +59,11 @@ __all__ = [
     "DATA",
     "MAX_PARTITIONS",
     "NO_RETENTION",
+    "QUOTE_LIMIT",
+    "TXN_ABORT",
+    "TXN_COMMIT",
+    "TXN_DATA",
+    "TXN_SNAPSHOT",
     "DuplicateTooOldError",
     "EpochProducer",
     "InvalidNameError",
@@ -69,13 +86,20 @@ __all__ = [
     "TxnInfo",
     "TxnKey",
     "TxnState",
+    "abort_record",
+    "check_consumer_name",
+    "check_producer_name",
     "check_subscription_name",
     "check_topic_name",
+    "commit_record",
+    "decode_commit_marker",
+    "decode_sidecar_record",
     "entry_count",
     "entry_kind",
     "entry_meta",
     "epoch_producer_name",
     "partition_ledger_prefixes",
+    "quoted",
     "sidecar_ledger_name",
     "txn_run_start",
 ]
