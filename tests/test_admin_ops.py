@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -100,6 +102,17 @@ async def test_delete_topic_refused_while_in_use_then_deleted_with_everything(
         await send_each(client, "gone", 1, "new")
         assert [m.value for m in await take(consumer, 1)] == [b"new0"]
         assert await drain(consumer, 0.5) == []
+    broker.stop()  # (check-data reads a stopped broker's data: nothing left dangling)
+    checked = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "broker", "check-data", str(broker.data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert checked.returncode == 0 and checked.stdout.rstrip().endswith("result: clean"), (
+        checked.stdout + checked.stderr
+    )
 
 
 async def test_force_delete_aborts_transactions_and_drops_clients(broker: BrokerProcess) -> None:
