@@ -2,16 +2,19 @@
 from the command line, so that an operator needs no curl.
 
 Each command makes one or two HTTP requests to a running broker (``--url``,
-http://127.0.0.1:6650 by default) and prints a table, or the API's JSON
-with ``--json``. An error the broker answers is printed as one line on
-stderr (exit 1); a broker that does not answer, too (exit 1). The routes
-are in docs/operations.md.
+http://127.0.0.1:6650 by default; a broker that authenticates wants a
+superuser's token: ``--token`` or ``$TXNBUF_TOKEN``, and ``--tls-ca`` for
+https) and prints a table, or the API's JSON with ``--json``. An error
+the broker answers is printed as one line on stderr (exit 1); a broker
+that does not answer, too (exit 1). The routes are in docs/operations.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import ssl
 import sys
 import urllib.error
 import urllib.parse
@@ -39,13 +42,22 @@ def _q(part: str) -> str:
 
 def request(url: str, method: str, path: str, body: object | None = None) -> Any:
     """The JSON answer of ``method path``; CliError with the broker's
-    ``error`` (or why there was no answer)."""
+    ``error`` (or why there was no answer). The token (``--token``, else
+    ``$TXNBUF_TOKEN``) and CA file (``--tls-ca``) are those `run_admin` set."""
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url.rstrip("/") + path, data=data, method=method)
     if data is not None:
         req.add_header("Content-Type", "application/json")
+    if _session.token:
+        req.add_header("Authorization", f"Bearer {_session.token}")
+    context = None
+    if url.startswith("https://"):
+        try:
+            context = ssl.create_default_context(cafile=_session.tls_ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise CliError(f"cannot load the CA file {_session.tls_ca}: {exc}") from None
     try:
-        with urllib.request.urlopen(req, timeout=TIMEOUT) as answer:
+        with urllib.request.urlopen(req, timeout=TIMEOUT, context=context) as answer:
             return json.loads(answer.read() or b"null")
     except urllib.error.HTTPError as exc:
         text = exc.read()
@@ -59,6 +71,14 @@ def request(url: str, method: str, path: str, body: object | None = None) -> Any
         raise CliError(f"no answer from the broker at {url}: {reason}") from None
     except ValueError:
         raise CliError(f"{method} {path}: the answer is not JSON") from None
+
+
+class _Session:
+    token: str | None = None
+    tls_ca: str | None = None
+
+
+_session = _Session()
 
 
 # -- output --------------------------------------------------------------------------
@@ -319,6 +339,8 @@ _RUN: dict[str, Callable[[argparse.Namespace], None]] = {
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default=DEFAULT_URL, help=f"the broker ({DEFAULT_URL})")
     p.add_argument("--json", action="store_true", help="print the API's JSON answer")
+    p.add_argument("--token", help="a superuser's token (default: $TXNBUF_TOKEN)")
+    p.add_argument("--tls-ca", help="CA file to check an https:// broker with")
 
 
 def add_admin_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -423,6 +445,8 @@ def add_admin_parsers(commands: argparse._SubParsersAction[argparse.ArgumentPars
 
 
 def run_admin(args: argparse.Namespace) -> int:
+    _session.token = args.token or os.environ.get("TXNBUF_TOKEN")
+    _session.tls_ca = args.tls_ca
     try:
         _RUN[args.command](args)
     except CliError as exc:

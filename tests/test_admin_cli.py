@@ -147,3 +147,21 @@ def test_no_broker_is_one_line() -> None:
     assert result.returncode == 1
     assert result.stderr.startswith("txnbuf topics list: no answer from the broker at")
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_commands_carry_a_token_to_a_broker_that_authenticates(tmp_path: Path) -> None:
+    broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log")
+    broker.enable_auth()
+    broker.start()
+    try:
+        assert broker.token is not None
+        assert "401" in refused(broker, "topics", "list")
+        app = broker.make_token("app")
+        assert "403" in refused(broker, "topics", "create", "t", "--token", app)
+        out = ok(broker, "topics", "create", "t", "--token", broker.token)
+        assert "topic t: 1 partition(s)" in out
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("TXNBUF_TOKEN", broker.token)
+            assert ok(broker, "topics", "list").splitlines()[1].split()[0] == "t"
+    finally:
+        broker.stop()
