@@ -104,7 +104,7 @@ class Broker:
         broker = cls(data_dir, store, topics, subs, url, security)
         log.info(
             "recovered %d topics from %s in %.2fs",
-            len(topics.names()),
+            len(topics.all()),
             data_dir,
             time.perf_counter() - t0,
         )
@@ -194,13 +194,12 @@ class Broker:
     def _buffers(self) -> list[tuple[str, Partition, TransactionBuffer]]:
         """(topic name, partition, its transaction buffer) of every partition
         that has one."""
-        out = []
-        for name in self.topics.names():
-            topic = self.topics.get(name)
-            for part in topic.partitions if topic is not None else ():
-                if part.transaction_buffer is not None:
-                    out.append((name, part, part.transaction_buffer))
-        return out
+        return [
+            (topic.name, part, part.transaction_buffer)
+            for topic in self.topics.all()
+            for part in topic.partitions
+            if part.transaction_buffer is not None
+        ]
 
     async def close(self) -> None:
         if self._sweeper is not None:

@@ -25,6 +25,7 @@ from ledger import LedgerStore
 __all__ = ["PartitionCountError", "Topic", "Topics", "partition_ledger_prefixes"]
 
 _META_LEDGER = "__meta/topics"
+LOAD_BATCH = 256  # topics loaded at once on start
 
 
 class PartitionCountError(ValueError):
@@ -65,15 +66,28 @@ class Topics:
         for entry in await meta.read(meta.first_entry_id, meta.last_entry_id):
             record = json.loads(entry.data)
             records[record["topic"]] = record
+
+        async def load_topic(name: str, record: dict[str, Any]) -> Topic:
+            n = int(record["partitions"])
+            return Topic(
+                name,
+                [await Partition.load(store, name, i) for i in range(n)],
+                Retention.from_json(record.get("retention")),
+            )
+
+        todo = []
         for name, record in sorted(records.items()):
-            if record.get("deleted"):
-                if any(store.ledger_names(p) for p in partition_ledger_prefixes(name)):
-                    topics.deleted.add(name)
-                continue
-            topic = Topic(name, retention=Retention.from_json(record.get("retention")))
-            for i in range(int(record["partitions"])):
-                topic.partitions.append(await Partition.load(store, name, i))
-            topics._topics[name] = topic
+            if not record.get("deleted"):
+                todo.append((name, record))
+            elif any(store.ledger_names(p) for p in partition_ledger_prefixes(name)):
+                topics.deleted.add(name)
+        # Topics load independently (each reads its own ledgers): a batch
+        # at a time keeps the store's reader busy instead of one read at a
+        # time waiting for its round trip.
+        for start in range(0, len(todo), LOAD_BATCH):
+            batch = todo[start : start + LOAD_BATCH]
+            for topic in await asyncio.gather(*(load_topic(name, r) for name, r in batch)):
+                topics._topics[topic.name] = topic
         return topics
 
     def __contains__(self, name: str) -> bool:
@@ -81,6 +95,10 @@ class Topics:
 
     def names(self) -> list[str]:
         return sorted(self._topics)
+
+    def all(self) -> list[Topic]:
+        """Every topic, in the order they were loaded (by name) and created."""
+        return list(self._topics.values())
 
     def get(self, name: str) -> Topic | None:
         return self._topics.get(name)

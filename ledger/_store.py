@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar, cast
 
 import aiosqlite
+from sortedcontainers import SortedList
 
 from ledger import _writer
 from ledger._stats import COMMIT_SECONDS_BOUNDS, COMMIT_SIZE_BOUNDS, Buckets
@@ -123,6 +124,20 @@ async def settled(future: asyncio.Future[Any]) -> None:
         await waiter
     finally:
         future.remove_done_callback(wake)
+
+
+def _prefix_end(prefix: str) -> str | None:
+    """The least string greater than every string that starts with
+    ``prefix`` (None if there is none: ``prefix`` is empty or all U+10FFFF).
+
+    ``prefix`` with its last character raised by one: a string at or after
+    ``prefix`` and before that starts with ``prefix``. A last character
+    that cannot be raised is dropped first.
+    """
+    stem = prefix.rstrip(chr(sys.maxunicode))
+    if not stem:
+        return None
+    return stem[:-1] + chr(ord(stem[-1]) + 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,6 +395,9 @@ class LedgerStore:
         self._stdin = cast(asyncio.WriteTransport, transport.get_pipe_transport(0))
         self._reader = reader
         self._ledgers: dict[str, Ledger] = {}
+        # The names of `_ledgers`, sorted: the names with a prefix are one
+        # range of it (`ledger_names`), found in O(log n).
+        self._names = SortedList()
         self._loop = asyncio.get_running_loop()
         # Appends and trims not yet handed to the writer.
         self._queue: collections.deque[_Append | _Trim] = collections.deque()
@@ -440,21 +458,22 @@ class LedgerStore:
             await protocol.ready
             reader = await aiosqlite.connect(path, isolation_level=None)
             store = cls(path, transport, protocol, reader, cache_entries, cache_bytes)
+            # Each ledger with its greatest entry key, in one statement (one
+            # range seek per ledger, not one round trip to the reader's thread).
             rows = await reader.execute_fetchall(
-                "SELECT id, name, first_entry_id, next_entry_id FROM ledgers"
+                "SELECT id, name, first_entry_id, next_entry_id, (SELECT max(e.id) FROM "
+                "entries AS e WHERE e.id >= ledgers.id << ? AND e.id <= (ledgers.id << ?) + ?) "
+                "FROM ledgers",
+                (_writer.ENTRY_BITS, _writer.ENTRY_BITS, _MAX_ENTRY_ID),
             )
-            for ledger_id, name, first, nxt in rows:
+            for ledger_id, name, first, nxt, max_key in rows:
                 # next_entry_id is written by trims only (so that ids never repeat
                 # once every entry is trimmed); otherwise the entries tell.
-                top = await reader.execute_fetchall(
-                    "SELECT max(id) FROM entries WHERE id >= ? AND id <= ?",
-                    (_key(ledger_id, 0), _key(ledger_id, _MAX_ENTRY_ID)),
-                )
-                (max_key,) = next(iter(top))
                 nxt = max(nxt, first)
                 if max_key is not None:
                     nxt = max(nxt, (max_key & _MAX_ENTRY_ID) + 1)
                 store._ledgers[name] = Ledger(store, ledger_id, name, first, nxt)
+            store._names.update(store._ledgers)
         except BaseException:
             if reader is not None:
                 await reader.close()
@@ -502,7 +521,16 @@ class LedgerStore:
         await self._reader.close()
 
     def ledger_names(self, prefix: str = "") -> list[str]:
-        return sorted(n for n in self._ledgers if n.startswith(prefix))
+        """The names of the ledgers that start with ``prefix``, sorted.
+
+        They are one range of the sorted names, from ``prefix`` up to the
+        first string after every string that starts with it (see
+        `_prefix_end`): found by bisection, in O(log n + what is returned).
+        """
+        end = _prefix_end(prefix)
+        if end is None:
+            return list(self._names.irange(minimum=prefix))
+        return list(self._names.irange(prefix, end, inclusive=(True, False)))
 
     def get_ledger(self, name: str) -> Ledger | None:
         return self._ledgers.get(name)
@@ -517,6 +545,7 @@ class LedgerStore:
         ledger = self._ledgers.get(name)  # created meanwhile by a concurrent caller?
         if ledger is None:
             ledger = self._ledgers[name] = Ledger(self, ledger_id, name, 0, 0)
+            self._names.add(name)
         return ledger
 
     async def delete_ledger(self, name: str) -> None:
@@ -524,6 +553,7 @@ class LedgerStore:
         ledger = self._ledgers.pop(name, None)
         if ledger is None:
             return
+        self._names.remove(name)
         ledger.deleted = True
         self._check_open()
         await self._request("delete", ledger.id)
