@@ -228,7 +228,9 @@ class Partition:
         if retention.time_s != -1:
             horizon = now_ms - retention.time_s * 1000
             known = self._expired_below[1] if self._expired_below[0] == retention.time_s else 0
-            low, high = max(keep, known), before
+            if known >= before:
+                return before  # (every entry below it is older than the limit)
+            low, high = max(first, known), before  # (by time alone: what the cache holds)
             while low < high:
                 mid = (low + high) // 2
                 published = await self.publish_time(mid)
