@@ -102,7 +102,7 @@ def one_run(
 def serve_free(argv: Sequence[str]) -> None:
     """Run `txnbuf serve` with the transaction machinery taken out of its
     connections (see the module docstring). Measurement only."""
-    from broker import _connection
+    from broker import _connection, _transactions
     from proto import txnbuf_pb2 as pb
     from tc import TxnID
 
@@ -118,12 +118,9 @@ def serve_free(argv: Sequence[str]) -> None:
             return
         producer = self.producers[req.producer_id]
         partition = producer.topic.partitions[req.partition]
-        if req.batch:
-            messages, encoded = pb.EntryBatch.FromString(req.batch).messages, req.batch
-        else:
-            messages, encoded = req.messages, None
+        messages = pb.EntryBatch.FromString(req.batch).messages
         first = req.first_sequence_id if req.HasField("first_sequence_id") else None
-        stored = asyncio.ensure_future(partition.publish(producer.name, messages, encoded, first))
+        stored = asyncio.ensure_future(partition.publish(producer.name, messages, req.batch, first))
         last_send[req.txnid_most_bits, req.txnid_least_bits] = stored
 
         def receipt(_stored: asyncio.Future[Any]) -> None:
@@ -136,7 +133,7 @@ def serve_free(argv: Sequence[str]) -> None:
 
         stored.add_done_callback(receipt)
 
-    def free_end_txn(self: _connection.Connection, cmd: pb.BaseCommand) -> None:
+    def free_end_txn(self: _transactions.Transactions, cmd: pb.BaseCommand) -> None:
         req = cmd.end_txn
         following = TxnID(0, next(ids)) if req.HasField("next_txn_ttl_ms") else None
         stored = last_send.pop((req.txnid_most_bits, req.txnid_least_bits), None)
@@ -150,7 +147,7 @@ def serve_free(argv: Sequence[str]) -> None:
             stored.add_done_callback(answer)
 
     conn_class._on_send = free_on_send  # type: ignore[method-assign]
-    conn_class._on_end_txn = free_end_txn  # type: ignore[method-assign]
+    _transactions.Transactions.on_end_txn = free_end_txn  # type: ignore[method-assign]
     from broker.cli import main as broker_main
 
     broker_main(list(argv))

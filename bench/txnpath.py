@@ -92,7 +92,7 @@ async def one_round(txns: int, per_txn: int, concurrency: int) -> dict[str, floa
             entry_ids = [(await s).entry_id for s in seeds]
             consumer = Consumer(1, "c", "in", "s", SubType.SHARED, push=lambda c, e: None)
             await broker.subscriptions.subscribe(src, "s", consumer, earliest=True)
-            # The sends, encoded as a client encodes them (protocol version 3),
+            # The sends, encoded as a client encodes them (CommandSend.batch),
             # with their first sequence id where the broker takes it (a baseline
             # checkout may be older).
             takes_first = "first_seq" in inspect.signature(broker.publish_txn).parameters

@@ -12,7 +12,7 @@ exclusive subscription of their own (``w<n>``). A worker loops:
   delay inside; now and then a plain send or poll outside any transaction;
   in about half the transactions the sends are not awaited one by one
   (``send_nowait``), so the commit goes right behind them (END_TXN
-  ``after_ops``, protocol version 5) while they are unanswered;
+  ``after_ops``) while they are unanswered;
 * outcomes: ``ok`` after a commit, ``fail`` when the transaction certainly
   aborted (on purpose, a conflict, a timeout), ``info`` when unknown.
 

@@ -18,7 +18,7 @@ import pytest
 
 from client import Client, Consumer, Message, errors
 from proto import txnbuf_pb2 as pb
-from tests.conftest import BrokerProcess, RawConnection
+from tests.conftest import BrokerProcess, RawConnection, send_command
 
 T = pb.BaseCommand
 
@@ -118,7 +118,7 @@ async def test_duplicate_sequence_ids_not_stored_twice_across_restart(
         )
         msgs = [pb.SingleMessage(payload=b"v%d" % i, sequence_id=i) for i in range(8, 12)]
         receipt = await raw.request(
-            T.SEND, "send", pb.CommandSend(producer_id=1, request_id=2, partition=0, messages=msgs)
+            T.SEND, "send", send_command(*msgs, producer_id=1, request_id=2, partition=0)
         )
     ids = [(m.entry_id, m.batch_index) for m in receipt.send_receipt.message_ids]
     assert ids[:2] == [(m.entry_id, m.batch_index) for m in first[8:10]]
