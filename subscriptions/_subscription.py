@@ -47,7 +47,7 @@ from itertools import repeat
 from sortedcontainers import SortedSet
 
 from buffer import DATA, Partition, Position, TransactionBuffer, entry_count, entry_kind
-from ledger import Entry, Ledger, faults, unawaited
+from ledger import Entry, Ledger, faults, read_runs, unawaited
 from proto import txnbuf_pb2 as pb
 from subscriptions._cursor import (
     CUMULATIVE,
@@ -64,6 +64,8 @@ from subscriptions._cursor import (
     check_txn_key,
     decode_record,
     encode_record,
+    replay_cursor,
+    txn_end_record,
     txn_text,
 )
 from subscriptions._state import InvalidAckTransition, MsgState
@@ -154,11 +156,16 @@ class PartitionSubscription:
         self.pending: dict[Position, Consumer] = {}
         self.redeliver: SortedSet = SortedSet()
         self.redelivery_counts: dict[Position, int] = {}
+        # Delivered to consumers since start (redelivered ones too), for stats.
+        self.messages_out = 0
+        self.bytes_out = 0
+        self.redelivered = 0
         self.read_entry = cursor.first_open_entry()
         self._active: Consumer | None = None
         self._rr = 0
         self._records_since_snapshot = 0
         self._inflight: list[AckRecord] = []  # ack records appended, not yet applied
+        self._resetting: Cursor | None = None  # the cursor a `reset` in flight moves to
         # Transactions ended here lately: a late ack of one would lock its
         # messages for ever, so it is refused (see `end_txn`).
         self._ended: OrderedDict[TxnKey, None] = OrderedDict()
@@ -224,28 +231,7 @@ class PartitionSubscription:
             uncommitted = (uledger, await _load_uncommitted(uledger))
             count = _count_without_markers(partition)
         entries = await ledger.read(ledger.first_entry_id, ledger.last_entry_id)
-        if not entries or entries[0].meta != SNAPSHOT:
-            raise RuntimeError(f"cursor ledger {ledger.name} does not start with a snapshot")
-        cursor = Cursor.from_snapshot(entries[0].data)
-        last = partition.ledger.last_entry_id
-        ended: list[TxnKey] = []
-        for entry in entries[1:]:
-            if entry.meta == SNAPSHOT:
-                cursor = Cursor.from_snapshot(entry.data)
-                continue
-            try:
-                record = AckRecord.decode(entry.meta, entry.data)
-            except ValueError as exc:
-                raise RuntimeError(
-                    f"cursor ledger {ledger.name}, entry {entry.entry_id}: {exc}"
-                ) from exc
-            try:
-                cursor.apply(record.kind, record.positions, count, last, record.txn)
-            except InvalidAckTransition as exc:
-                # Refused when it was applied live too: it changes nothing.
-                log.info("%s: record %d refused on replay: %s", ledger.name, entry.entry_id, exc)
-            if record.kind in (TXN_COMMIT, TXN_ABORT) and record.txn is not None:
-                ended.append(record.txn)
+        cursor, ended = replay_cursor(ledger.name, entries, count, partition.ledger.last_entry_id)
         sub = cls(partition, name, ledger, cursor, uncommitted)
         sub._records_since_snapshot = len(entries) - 1
         for txn in ended:
@@ -470,6 +456,8 @@ class PartitionSubscription:
         first = min(positions)
         mine: set[Position] | None = None
         for record in self._inflight:
+            if record.kind == SNAPSHOT:  # (a reset)
+                return False
             if record.kind == CUMULATIVE:
                 if max(record.positions) >= first:
                     return False
@@ -512,7 +500,7 @@ class PartitionSubscription:
             r.kind == TXN_ACK and r.txn == txn for r in self._inflight
         ):
             return None
-        return self._persist(AckRecord(TXN_COMMIT if commit else TXN_ABORT, (), txn))
+        return self._persist(txn_end_record(txn, commit))
 
     def _check_txn(self, txn: object) -> TxnKey:
         try:
@@ -641,6 +629,9 @@ class PartitionSubscription:
         state = self.cursor.copy()
         part = self.partition
         for record in self._inflight:
+            if record.kind == SNAPSHOT and self._resetting is not None:
+                state = self._resetting.copy()
+                continue
             try:
                 state.apply(
                     record.kind,
@@ -652,6 +643,91 @@ class PartitionSubscription:
             except InvalidAckTransition:
                 pass  # refused, as it will be when applied: it changes nothing
         _snapshot_then_trim(self._ledger, state.snapshot(), SNAPSHOT)
+
+    # -- operators: reset, skip ----------------------------------------------------
+
+    def check_no_txn_acks(self, what: str) -> None:
+        """Raise `SubscriptionError` NOT_ALLOWED if a transaction holds
+        acknowledgements here (PENDING_ACK, or on their way)."""
+        held = set(self.cursor.txn_acks)
+        held.update(r.txn for r in self._inflight if r.kind == TXN_ACK and r.txn is not None)
+        if held:
+            raise SubscriptionError(
+                "NOT_ALLOWED",
+                f"cannot {what} subscription {self.name!r} of {self.partition.name}: "
+                f"transaction(s) {', '.join(txn_text(t) for t in sorted(held))} hold "
+                "acknowledgements of it (PENDING_ACK); end or abort them first",
+            )
+
+    async def reset(self, mark_delete: Position) -> None:
+        """Move the cursor (durably) so that every message after
+        ``mark_delete`` is PENDING, delivered again in order from there, and
+        every one at or before it DELETED; what consumers hold unacknowledged
+        is forgotten (their late acks of it apply to the new cursor). A
+        read_uncommitted subscription's reads of open transactions stay as
+        they are. Refused (`SubscriptionError` NOT_ALLOWED, nothing changed)
+        while a transaction holds acknowledgements here."""
+        self.check_no_txn_acks("reset")
+        task, self._task = self._task, None
+        if task is not None:  # (dispatch stops while the cursor moves)
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        try:
+            while self._inflight:  # (records already queued apply to the old cursor)
+                await self._ledger.wait_for(self._ledger.next_entry_id - 1)
+                await asyncio.sleep(0)
+            self.check_no_txn_acks("reset")
+            cursor = Cursor(mark_delete)
+            marker = AckRecord(SNAPSHOT)  # (in flight: later acks are planned again)
+            self._resetting = cursor
+            self._inflight.append(marker)
+            outcome: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+            def durable(appended: asyncio.Future[int]) -> None:
+                # Applied in ledger order, before the records appended after it.
+                self._inflight.remove(marker)
+                self._resetting = None
+                if appended.cancelled() or appended.exception() is not None:
+                    if not outcome.done():
+                        outcome.set_exception(appended.exception() or asyncio.CancelledError())
+                    return
+                self.cursor = cursor
+                self.pending.clear()
+                self.redeliver.clear()
+                self.redelivery_counts.clear()
+                self.read_entry = cursor.first_open_entry()
+                self._records_since_snapshot = 0
+                if not outcome.done():
+                    outcome.set_result(None)
+
+            self._ledger.append(cursor.snapshot(), meta=SNAPSHOT).add_done_callback(durable)
+            await outcome
+        finally:
+            if not self._closed:
+                self.start()
+                self.wake()
+
+    def pending_positions(self, limit: int) -> list[Position]:
+        """The first ``limit`` PENDING messages after mark-delete (not
+        acknowledged, not locked by a transaction), in order."""
+        found: list[Position] = []
+        bound = (self.partition.ledger.last_entry_id, WHOLE_ENTRY)
+        for pos in self.cursor.messages_through(bound, self._count):
+            if len(found) >= limit:
+                break
+            if self.cursor.state(pos) is PENDING:
+                found.append(pos)
+        return found
+
+    async def skip(self, limit: int) -> int:
+        """Acknowledge the first ``limit`` PENDING messages (durably); how many there were."""
+        positions = self.pending_positions(limit)
+        if positions:
+            await self.ack(positions, cumulative=False)
+        return len(positions)
 
     async def delete(self) -> None:
         await self.close()
@@ -915,14 +991,14 @@ class PartitionSubscription:
         part = self.partition
         fetched: dict[int, Entry | None] = dict.fromkeys(entry_ids)
         committed = [e for e in entry_ids if e >= -1]
-        for entry in (await _read_runs(part.ledger, committed)).values():
+        for entry in (await read_runs(part.ledger, committed, READ_BATCH)).values():
             if entry_kind(entry.meta) != DATA:
                 entry = Entry(entry.entry_id, entry.meta, await part.materialize(entry))
             fetched[entry.entry_id] = entry
         buffer = self._buffer
         sidecar_ids = sorted(from_wire((e, 0))[0] for e in entry_ids if e < -1)
         if buffer is not None and sidecar_ids:
-            for entry in (await _read_runs(buffer.sidecar, sidecar_ids)).values():
+            for entry in (await read_runs(buffer.sidecar, sidecar_ids, READ_BATCH)).values():
                 batch = buffer.uncommitted_batch(entry)
                 if batch is not None:
                     wire_id = to_wire((entry.entry_id, 0))[0]
@@ -960,6 +1036,10 @@ class PartitionSubscription:
         # (entry_id, i) -> consumer for each i, without a Python loop.
         self.pending.update(zip(zip(repeat(entry_id), delivered), repeat(consumer)))
         consumer.permits -= len(delivered)
+        self.messages_out += len(delivered)
+        self.bytes_out += len(entry.data)
+        if redelivery_count:
+            self.redelivered += len(delivered)
         out.add(
             consumer,
             pb.DeliveredEntry(
@@ -1012,22 +1092,6 @@ def _snapshot_then_trim(ledger: Ledger, snapshot: bytes, meta: int) -> None:
             ledger.trim(fut.result())
 
     fut.add_done_callback(trim)
-
-
-async def _read_runs(ledger: Ledger, entry_ids: list[int]) -> dict[int, Entry]:
-    """The entries ``entry_ids`` (sorted) that exist, one read per run of nearby ids."""
-    found: dict[int, Entry] = {}
-    i = 0
-    while i < len(entry_ids):
-        j = i
-        while j + 1 < len(entry_ids) and entry_ids[j + 1] - entry_ids[i] < READ_BATCH:
-            j += 1
-        wanted = set(entry_ids[i : j + 1])
-        for entry in await ledger.read(entry_ids[i], entry_ids[j]):
-            if entry.entry_id in wanted:
-                found[entry.entry_id] = entry
-        i = j + 1
-    return found
 
 
 async def _load_uncommitted(ledger: Ledger) -> UncommittedCursor:
