@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 from bench._progress import Runs, counter, legend
 from bench._raw import sqlite_rows_per_second
+from bench._results import recorded
 from client import Client
 
 CHUNK = 100
@@ -215,4 +216,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded("throughput", " ".join(["python -m bench.throughput", *sys.argv[1:]])):
+        main()

@@ -44,6 +44,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from bench._progress import Runs, legend
+from bench._results import recorded
 from bench.throughput import BrokerProcess
 from bench.txn import send_in_transactions, send_pipelined
 from bench.txnpath import cpu_seconds
@@ -205,4 +206,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if "--serve-free" in sys.argv:  # (a run inside the benchmark: its caller records the figures)
+        main()
+    else:
+        with recorded("txnceiling", " ".join(["python -m bench.txnceiling", *sys.argv[1:]])):
+            main()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,10 @@ def test_acks_benchmark_prints_both_sides() -> None:
     ).stdout  # fmt: skip
     assert "baseline" in out
     assert "in order (1 worker)" in out and "windows of 4 (4 workers)" in out
+    # The figures are also recorded, with the machine and the code they came from.
+    recorded = (Path(os.environ["TXNBUF_BENCH_RESULTS"]) / "acks.md").read_text()
+    assert "python -m bench.acks --entries 40" in recorded and " cores; Python " in recorded
+    assert "in order (1 worker)" in recorded
 
 
 async def test_txnpath_round_checks_that_every_transaction_committed(
