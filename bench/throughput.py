@@ -59,14 +59,19 @@ def _free_port() -> int:
 
 
 class BrokerProcess:
-    """``txnbuf serve`` on a free port, started by ``python ENTRY...``
+    """``txnbuf serve [OPTIONS]`` on a free port, started by ``python ENTRY...``
     (``-m broker`` unless told), and waited for until it answers."""
 
-    def __init__(self, data_dir: str, entry: Sequence[str] = ("-m", "broker")) -> None:
+    def __init__(
+        self,
+        data_dir: str,
+        entry: Sequence[str] = ("-m", "broker"),
+        options: Sequence[str] = (),
+    ) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, *entry, "serve", "--data-dir", data_dir,
-               "--port", str(self.port), "--log-level", "WARNING"]  # fmt: skip
+               "--port", str(self.port), "--log-level", "WARNING", *options]  # fmt: skip
         self.proc = subprocess.Popen(cmd)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
