@@ -301,19 +301,35 @@ def _txn_offsets(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered)
 
 def _prepare(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> None:
     req = cmd.prepare_producer_txn
+    pid, epoch = req.producer_id, req.producer_epoch
 
-    async def work() -> None:
+    def answer(identity: tuple[int, int]) -> None:
+        _respond(conn, req.request_id, producer_id=identity[0], producer_epoch=identity[1])
+
+    def prepare_now() -> None:
+        # (The PREPARED record is queued in this turn: in the sends' group commit.)
         try:
-            await unanswered.settle(req.producer_id, req.producer_epoch, "prepare")
-            tc = _coordinator_of_producer(conn, req.producer_id)
-            pid, epoch = await tc.prepare_producer_txn(req.producer_id, req.producer_epoch)
+            tc = _coordinator_of_producer(conn, pid)
+            prepared = tc.prepare_producer_txn(pid, epoch)
         except Exception as exc:
             _respond(conn, req.request_id, exc)
             return
-        unanswered.forget(req.producer_id, req.producer_epoch)
-        _respond(conn, req.request_id, producer_id=pid, producer_epoch=epoch)
+        unanswered.forget(pid, epoch)
+        _when_done(prepared, answer, lambda exc: _respond(conn, req.request_id, exc))
 
-    conn._spawn(work())
+    if not unanswered.waiting(pid, epoch):
+        prepare_now()
+        return
+
+    async def after_ops() -> None:
+        try:
+            await unanswered.settle(pid, epoch, "prepare")
+        except Exception as exc:
+            _respond(conn, req.request_id, exc)
+            return
+        prepare_now()
+
+    conn._spawn(after_ops())
 
 
 def _end(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> None:
