@@ -10,7 +10,9 @@ coordinator checks the producer id and epoch, then the partition checks the
 epoch and the sequence (`buffer.TransactionBuffer.publish`). Each is
 answered with PRODUCER_TXN_RESPONSE (INIT_PRODUCER_ID with its own answer);
 a refusal carries Kafka's error name (`broker._errors.PRODUCER_EPOCH_CODES`)
-and changes nothing.
+and changes nothing. Each is checked against the ACL first (`broker._auth`):
+``produce`` on the transactional id, and on the topic of a PRODUCE, consume
+on the subscription of a TXN_OFFSETS (`_allow_producer`).
 
 A client may write END_PRODUCER_TXN COMMIT or PREPARE_PRODUCER_TXN right
 behind its PRODUCEs and TXN_OFFSETS without waiting for their answers
@@ -138,6 +140,19 @@ def _coordinator_of_producer(conn: Connection, producer_id: int) -> TransactionC
     return tc
 
 
+def _allow_producer(conn: Connection, producer_id: int) -> None:
+    """Refuse a request carrying ``producer_id`` unless the connection may
+    produce on the transactional id that holds it (Kafka's WRITE on the
+    TransactionalId). A producer id nobody holds is left to the coordinator
+    to refuse."""
+    if conn.who.superuser:
+        return
+    tc = conn.broker.coordinators.get(producer_id >> _PID_SHIFT)
+    entry = tc.producer_of(producer_id) if tc is not None else None
+    if entry is not None:
+        conn.broker.security.allow_transactional_id(conn.who, entry.transactional_id)
+
+
 def _respond(
     conn: Connection,
     request_id: int,
@@ -182,6 +197,9 @@ def _init_producer_id(conn: Connection, cmd: pb.BaseCommand) -> None:
         resp = out.init_producer_id_response
         resp.request_id = req.request_id
         try:
+            conn.broker.security.allow_transactional_id(
+                conn.who, req.transactional_id, req.enable_2pc
+            )
             coordinators = conn.broker.coordinators
             tc = coordinators[coordinator_of(req.transactional_id, list(coordinators))]
             pid, epoch, ongoing_pid, ongoing_epoch = await tc.init_producer(
@@ -204,7 +222,9 @@ def _produce(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> 
     req = cmd.produce
     pid, epoch = req.producer_id, req.producer_epoch
     try:
-        topic = conn.broker.topics.get(check_topic_name(req.topic))
+        conn.broker.security.allow_produce(conn.who, check_topic_name(req.topic))
+        _allow_producer(conn, req.producer_id)
+        topic = conn.broker.topics.get(req.topic)
         if topic is None:
             raise BrokerError("TOPIC_NOT_FOUND", f"no topic {req.topic!r}")
         if req.partition >= len(topic.partitions):
@@ -274,6 +294,8 @@ def _txn_offsets(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered)
                 raise BrokerError(
                     "CONSUMER_NOT_FOUND", f"no consumer {req.consumer_id} on this connection"
                 )
+            conn.broker.security.allow_consume(conn.who, consumer.topic, consumer.subscription)
+            _allow_producer(conn, req.producer_id)
             flat = list(req.positions)
             if not flat or len(flat) % 3:
                 raise BrokerError(
@@ -306,6 +328,12 @@ def _prepare(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> 
     def answer(identity: tuple[int, int]) -> None:
         _respond(conn, req.request_id, producer_id=identity[0], producer_epoch=identity[1])
 
+    try:
+        _allow_producer(conn, pid)
+    except Exception as exc:
+        _respond(conn, req.request_id, exc)
+        return
+
     def prepare_now() -> None:
         # (The PREPARED record is queued in this turn: in the sends' group commit.)
         try:
@@ -335,6 +363,11 @@ def _prepare(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> 
 def _end(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> None:
     req = cmd.end_producer_txn
     pid, epoch, commit = req.producer_id, req.producer_epoch, req.txn_action == pb.COMMIT
+    try:
+        _allow_producer(conn, pid)
+    except Exception as exc:
+        _respond(conn, req.request_id, exc)
+        return
     if not commit:
         unanswered.forget(pid, epoch)  # (an abort waits for nothing)
     elif unanswered.waiting(pid, epoch):
