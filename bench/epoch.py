@@ -64,7 +64,6 @@ import functools
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 import urllib.request
@@ -74,6 +73,7 @@ from pathlib import Path
 
 import aiohttp
 
+from bench._progress import Runs
 from bench.ctp import (
     DIGITS,
     GROUP,
@@ -472,19 +472,20 @@ def main() -> None:
         tempfile.TemporaryDirectory() as tmp,
         asyncio.Runner(loop_factory=_loop_factory()) as runner,
     ):
-        for r in range(args.rounds):
-            for v in round_order(variants, r, args.rounds):
-                print(f"round {r + 1}/{args.rounds}: {v.label} ...", end="", flush=True,
-                      file=sys.stderr)  # fmt: skip
-                run = one_run(v, args, tmp, runner)
-                checked = ", output checked" if v.workload == "ctp" else ""
-                print(f" {run.rate:,.0f} msgs/s{checked}", file=sys.stderr)
-                runs[v].append(run)
-            print(f"round {r + 1}/{args.rounds}: durable writes per transaction ...", end="",
-                  flush=True, file=sys.stderr)  # fmt: skip
-            writes.append(writes_run(args, tmp, runner, r))
-            print(" " + ", ".join(f"{APIS[api]} {w.commits:.2f}" for api, w in
-                                  writes[-1].items()), file=sys.stderr)  # fmt: skip
+        with Runs(args.rounds * (len(variants) + 1), "epoch") as progress:
+            for r in range(args.rounds):
+                for v in round_order(variants, r, args.rounds):
+                    progress.start(f"round {r + 1}/{args.rounds}: {v.label}")
+                    run = one_run(v, args, tmp, runner)
+                    checked = ", output checked" if v.workload == "ctp" else ""
+                    progress.done(f"{run.rate:,.0f} msgs/s{checked}")
+                    runs[v].append(run)
+                progress.start(f"round {r + 1}/{args.rounds}: durable writes per transaction")
+                writes.append(writes_run(args, tmp, runner, r))
+                progress.done(
+                    ", ".join(f"{APIS[api]} {w.commits:.2f}" for api, w in writes[-1].items())
+                    + " group commits per transaction"
+                )
     load1 = os.getloadavg()
     header += (f"; load average {load0[0]:.1f} at the start, {load1[0]:.1f} at the end "
                f"(a machine shared with other work)")  # fmt: skip

@@ -18,7 +18,8 @@ Decisions written down here:
   moves it to FATAL: only ``close()`` is left.
 * ``send`` queues the message on its partition and returns; queued messages
   are framed at the next event-loop turn (or when the transaction ends), one
-  PRODUCE per partition holding everything queued there. A partition has at
+  PRODUCE per partition holding everything queued there, written and
+  answered in a task. A partition has at
   most one PRODUCE in flight, and what queues meanwhile goes in the next one.
   Sequences are per partition and epoch, from 0.
 * ``commit_transaction`` and ``prepare_transaction`` do not wait for the
@@ -39,12 +40,12 @@ Decisions written down here:
   sends nothing. ``commit_transaction`` and ``abort_transaction`` answer the
   identity of the next transaction (the epoch bumped), which the producer
   takes.
-* ``prepare_transaction`` (2PC only) waits for every send, then asks the
-  broker to make the transaction PREPARED (durable; it survives a broker
-  restart and never times out): an explicit step, because txnbuf answers
-  sends before they are durable. ``complete_transaction(state)`` commits if
-  ``state`` names the prepared transaction, else aborts; nothing ongoing,
-  nothing to do.
+* ``prepare_transaction`` (2PC only) asks the broker to make the
+  transaction PREPARED (durable; it survives a broker restart and never
+  times out) once every send is answered (written behind them, as above):
+  an explicit step, because txnbuf answers sends before they are durable.
+  ``complete_transaction(state)`` commits if ``state`` names the prepared
+  transaction, else aborts; nothing ongoing, nothing to do.
 """
 
 from __future__ import annotations
@@ -168,7 +169,7 @@ class _Partition:
     queued: list[_Entry] = field(default_factory=list)
     futures: list[asyncio.Future[MessageId]] = field(default_factory=list)
     inflight: asyncio.Task[None] | None = None  # the PRODUCE awaiting its answer
-    link: Link | None = None  # where it was written (None: by the retrying path)
+    link: Link | None = None  # where that was written (None: not yet, or by the retrying path)
 
 
 class TransactionalProducer:
@@ -362,10 +363,8 @@ class TransactionalProducer:
             first_sequence=first,
             batch=batch.SerializeToString(),
         )
-        part.link = self._conn.ready_link()
-        sent = None if part.link is None else self._conn.begin_request(part.link, _with_id(cmd))
         part.inflight = asyncio.get_running_loop().create_task(
-            self._produced(topic, index, part, cmd, sent, futures)
+            self._produced(topic, index, part, cmd, futures, self._conn.ready_link())
         )
 
     async def _produced(
@@ -374,12 +373,13 @@ class TransactionalProducer:
         index: int,
         part: _Partition,
         cmd: Command,
-        sent: tuple[int, asyncio.Future[Command]] | None,
         futures: list[asyncio.Future[MessageId]],
+        link: Link | None,
     ) -> None:
-        """Settle a PRODUCE's futures with its answer; then frame what queued meanwhile."""
+        """Write a PRODUCE (on ``link`` if given), settle its futures with
+        its answer; then frame what queued meanwhile."""
         try:
-            reply = await self._answer(sent, cmd, f"send to {topic}/{index}")
+            reply = await self._answer(part, cmd, link, f"send to {topic}/{index}")
         except TxnbufError as exc:
             if self._failure is None:
                 self._failure = exc
@@ -395,19 +395,22 @@ class TransactionalProducer:
             self._produce(topic, index, part)
 
     async def _answer(
-        self, sent: tuple[int, asyncio.Future[Command]] | None, cmd: Command, what: str
+        self, part: _Partition, cmd: Command, link: Link | None, what: str
     ) -> Command:
-        """The answer to ``cmd``, written already (``sent``) or not (None): a
-        retriable failure of the written one (the link died, the broker was
-        busy) makes it again the retrying way."""
-        if sent is not None:
+        """The answer to ``cmd``, written on ``link`` first if one is given
+        (``part.link`` says so while it is in flight there); a retriable
+        failure there (the link died, the broker was busy), or no link, makes
+        it the retrying way."""
+        if link is not None:
+            part.link = link  # (request_on writes before it first waits)
             try:
-                return await self._conn.finish_request(
-                    sent, Type.PRODUCER_TXN_RESPONSE, what, self._conn.deadline()
+                return await self._conn.request_on(
+                    link, _with_id(cmd), Type.PRODUCER_TXN_RESPONSE, what, self._conn.deadline()
                 )
             except TxnbufError as exc:
                 if not exc.retriable or isinstance(exc, OperationTimeoutError):
                     raise self._fail(exc) from None
+            part.link = None
         return await self._request(cmd, Type.PRODUCER_TXN_RESPONSE, what)
 
     async def _sent(self) -> None:
@@ -426,13 +429,12 @@ class TransactionalProducer:
         right behind the transaction's PRODUCEs, and its answer; see the
         module docstring. Raises the first send or ack that failed, else the
         broker's refusal (through `_fail`)."""
-        link = self._pipelined_link()
+        link = await self._pipelined_link()
         refused: TxnbufError | None = None
         if link is not None:
-            sent = self._conn.begin_request(link, _with_id(cmd))
             try:
-                return await self._conn.finish_request(
-                    sent, Type.PRODUCER_TXN_RESPONSE, what, self._conn.deadline()
+                return await self._conn.request_on(
+                    link, _with_id(cmd), Type.PRODUCER_TXN_RESPONSE, what, self._conn.deadline()
                 )
             except TxnbufError as exc:
                 refused = exc
@@ -446,10 +448,14 @@ class TransactionalProducer:
             raise self._fail(refused) from None
         return await self._request(cmd, Type.PRODUCER_TXN_RESPONSE, what)
 
-    def _pipelined_link(self) -> Link | None:
+    async def _pipelined_link(self) -> Link | None:
         """The link an END or PREPARE can follow the sends on: every queued
         message framed now and written on it (else None)."""
         self._frame_queued()
+        if any(p.inflight is not None and p.link is None for p in self._partitions.values()):
+            # The PRODUCE tasks just made run first (tasks start in the order
+            # they were made) and write their frames before they wait.
+            await asyncio.sleep(0)
         link = self._conn.ready_link()
         if link is None or self._failure is not None:
             return None
