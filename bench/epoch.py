@@ -40,7 +40,7 @@ each: msgs/s of each round, the median and the spread (lowest-highest),
 CPU microseconds per message of this process (the client), the broker
 process and its ledger writer process (medians); the ratio epoch / PIP-31
 of the medians per workload and worker count, with each round's, against
-the target of 0.9.
+the target of 0.9 (2PC's ratio too, whose target is the durable writes).
 
 Durable writes per transaction: in each round one more broker runs
 ``--write-txns`` transactions of ``--per-txn`` messages one after another
@@ -405,7 +405,7 @@ def report(
         "each input transformed exactly once, none left unacknowledged; every produce run "
         f"committed {args.messages:,} messages.",
         "",
-        f"Ratio to PIP-31 (target: at least {TARGET}):",
+        f"Ratio to PIP-31 (target of the epoch mode: at least {TARGET}):",
         "",
     ]
     for v in variants:
@@ -414,7 +414,10 @@ def report(
         base = Variant(v.workload, "pip31", v.workers)
         ratio = median[v] / median[base]
         each = ", ".join(f"{a.rate / b.rate:.2f}" for a, b in zip(runs[v], runs[base], strict=True))
-        verdict = "meets the target" if ratio >= TARGET else "below the target"
+        if v.api == "2pc":  # (its target is the durable writes, below)
+            verdict = "two-phase commit: one group commit more, see below"
+        else:
+            verdict = "meets the target" if ratio >= TARGET else "below the target"
         lines.append(f"- {v.label}: {ratio:.2f} (each round: {each}); {verdict}")
     lines += [
         "",
