@@ -55,11 +55,12 @@ FREE_IDS_FROM = 1 << 40  # the stand-in's TxnIDs: far above any its coordinator 
 
 
 class Broker(BrokerProcess):
-    """A broker process on a fresh port (``free``: started by `serve_free`)."""
+    """A broker process on a fresh port (``free``: started by `serve_free`),
+    given ``options`` of ``txnbuf serve``."""
 
-    def __init__(self, data_dir: str, free: bool) -> None:
+    def __init__(self, data_dir: str, free: bool, options: Sequence[str] = ()) -> None:
         entry = ("-m", "bench.txnceiling", "--serve-free") if free else ("-m", "broker")
-        super().__init__(data_dir, entry)
+        super().__init__(data_dir, entry, options=options)
 
     def cpu(self) -> tuple[float, float]:
         """CPU seconds so far of the broker itself and of its ledger writer."""

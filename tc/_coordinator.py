@@ -748,17 +748,21 @@ class TransactionCoordinator:
         self.add_subscription(txnid, topic, subscription)
         return txnid
 
-    async def prepare_producer_txn(self, producer_id: int, epoch: int) -> tuple[int, int]:
+    def prepare_producer_txn(self, producer_id: int, epoch: int) -> asyncio.Future[tuple[int, int]]:
         """KIP-939's prepareTransaction: the ongoing transaction PREPARED
-        (`prepare_txn`); its identity (the client's, if nothing is ongoing:
-        completing with it commits nothing)."""
+        (`prepare_txn`, its record queued now, so it shares a group commit
+        with the transaction's last writes); the result, its identity (the
+        client's, if nothing is ongoing: completing with it commits nothing),
+        once that is durable. A refusal is raised at once, changing nothing."""
         entry = self._producers.check(producer_id, epoch, "prepare")
         if not entry.two_phase:
             raise InvalidTxnStateError(
                 f"prepare refused: {entry.transactional_id!r} did not enable two-phase commit"
             )
+        result: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
         if entry.ongoing is None:
-            return entry.identity
+            result.set_result(entry.identity)
+            return result
         if entry.txn_identity != entry.identity:
             raise InvalidTxnStateError(
                 f"prepare refused: {entry.transactional_id!r} was initialized keeping its "
@@ -769,8 +773,14 @@ class TransactionCoordinator:
             raise TransactionAbortableError(
                 f"prepare refused: the transaction of {entry.transactional_id!r} was aborted"
             )
-        await self.prepare_txn(entry.ongoing)
-        return entry.identity
+        identity = entry.identity
+
+        def durable(written: asyncio.Future[int]) -> None:
+            if not pass_failure(written, result) and not result.done():
+                result.set_result(identity)
+
+        self.prepare_txn(entry.ongoing).add_done_callback(durable)
+        return result
 
     def end_producer_txn(
         self, producer_id: int, epoch: int, commit: bool, bump: bool = True

@@ -218,6 +218,55 @@ def test_ctp_benchmark_runs_every_system_installed(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
+def test_epoch_benchmark_runs_small(tmp_path: Path) -> None:
+    results = tmp_path / "epoch.md"
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.epoch", "--messages", "300", "--per-txn", "10",
+         "--rounds", "1", "--workers", "2", "--write-txns", "10", "--results", str(results)],
+        cwd=ROOT, capture_output=True, text=True, check=True, timeout=120,
+    )  # fmt: skip
+    rows = {
+        cells[1].strip(): cells[2:]
+        for line in out.stdout.splitlines()
+        if line.startswith("| ") and len(cells := line.split("|")) > 3
+    }
+    for label in (
+        "transactional produce, PIP-31, 2 workers",
+        "transactional produce, epoch, 2 workers",
+        "transactional produce, epoch 2PC, 2 workers",
+        "consume-transform-produce, PIP-31, 2 workers",
+        "consume-transform-produce, epoch, 2 workers",
+    ):
+        assert float(rows[label][0].replace(",", "")) > 0, label  # round 1's msgs/s
+    for api in ("PIP-31", "epoch", "epoch 2PC"):
+        assert float(rows[api][1]) >= 1  # a transaction takes at least one group commit
+    assert "consume-transform-produce, epoch, 2 workers: " in out.stdout  # its ratio
+    assert "2PC (prepare + complete) costs " in out.stdout
+    assert out.stderr.count("output checked") == 2  # both consume-transform-produce runs
+    assert results.read_text().strip().endswith(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.integration
+async def test_epoch_benchmark_output_check_catches_a_wrong_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A consume-transform-produce run whose loop copies its inputs untransformed
+    stops the benchmark."""
+    import argparse
+
+    from bench import epoch
+
+    monkeypatch.setattr(epoch, "transform", lambda value: value)
+    args = argparse.Namespace(messages=50, per_txn=10, size=20)
+    server = epoch.Server(str(tmp_path))
+    try:
+        with pytest.raises(SystemExit, match="50 outputs are not their input transformed"):
+            await epoch.ctp_run(server, epoch.Variant("ctp", "epoch", 1), args)
+    finally:
+        server.stop()
+
+
+@pytest.mark.integration
 def test_scale_benchmark_runs_small_and_records_its_figures(tmp_path: Path) -> None:
     """bench.scale at 50 topics and 20 connections: both tables with figures,
     appended to the results file with the machine it ran on."""
