@@ -390,9 +390,11 @@ async def _websocket(request: web.Request) -> web.WebSocketResponse:
 
 def make_app(broker: Broker) -> web.Application:
     from broker._admin import add_admin_routes
+    from broker._groups import add_group_routes
 
     app = web.Application(client_max_size=1 << 20)
     app[BROKER_KEY] = broker
     app.router.add_get("/ws", _websocket)
     add_admin_routes(app)
+    add_group_routes(app)
     return app
