@@ -242,6 +242,22 @@ class Client:
         txn_id = TxnID(spare.most_bits, spare.least_bits)
         await Transaction(self._conn, txn_id, spare.tc_id, 1.0).abort()
 
+    async def partitions(self, topic: str) -> int:
+        """How many partitions ``topic`` has (it is created with one if missing)."""
+        _check_name("topic", topic)
+        await self.connect()
+        reply = await self._conn.request(
+            lambda request_id: command(
+                Command.PARTITIONED_METADATA,
+                "partitioned_metadata",
+                request_id=request_id,
+                topic=topic,
+            ),
+            Command.PARTITIONED_METADATA_RESPONSE,
+            f"partitions of {topic!r}",
+        )
+        return int(reply.partitioned_metadata_response.partitions)
+
     async def create_reader(
         self,
         topic: str,

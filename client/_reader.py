@@ -211,6 +211,22 @@ class Reader:
             self._fetched = got.next
         return self._ready.popleft()
 
+    async def look_ahead(self, max_messages: int, end: Position | None = None) -> ReadResult:
+        """Where a read of at most ``max_messages`` from ``position`` (none at
+        or after ``end``) would stop, and how many messages it covers
+        (``covered``, ``next``), without reading them; ``position`` stays."""
+        if type(max_messages) is not int or max_messages <= 0:
+            raise InvalidInputError(f"max_messages must be a positive int, not {max_messages!r}")
+        return await read_entries(
+            self._conn,
+            self.topic,
+            self.partition,
+            self.position,
+            end=None if end is None else _position(end, "end"),
+            max_messages=max_messages,
+            positions_only=True,
+        )
+
     async def end(self) -> Position:
         """The partition's end now: the position after its last committed message."""
         got = await read_entries(
