@@ -3,6 +3,13 @@ and at / the admin web page (broker/static/admin.html), which reads them.
 
 Errors are JSON too: ``{"error": "<what was wrong>"}`` with status 400 (bad
 input, nothing changed), 404 (no such topic) or 405/415 as aiohttp gives.
+
+When the broker authenticates (`broker._auth`), every request but
+``/admin/v1/health`` needs ``Authorization: Bearer <token>`` of a
+superuser: without a valid token it is answered 401, with a token of
+another role 403 (`_require_admin`). The ACL is managed here:
+``GET /admin/v1/acl[?role=R]``, ``POST /admin/v1/acl/grant`` and
+``POST /admin/v1/acl/revoke`` with ``{"role", "permission", "resource"}``.
 """
 
 from __future__ import annotations
@@ -13,9 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
+from broker._auth import AclEntry, AclError
+from broker._errors import BrokerError
 from broker._server import BROKER_KEY, Broker
-from buffer import InvalidNameError, PartitionCountError, check_topic_name
+from buffer import InvalidNameError, PartitionCountError, check_topic_name, quoted
 from subscriptions import WHOLE_ENTRY
 from tc import (
     InvalidTxnStatusError,
@@ -50,7 +60,7 @@ async def put_topic(request: web.Request) -> web.Response:
         return _error(400, 'body must be a JSON object such as {"partitions": 3}')
     unknown = set(body) - {"partitions"}
     if unknown:
-        return _error(400, f"unknown field(s): {', '.join(sorted(unknown))}")
+        return _error(400, f"unknown field(s): {quoted(', '.join(sorted(unknown)))}")
     partitions = body.get("partitions", 1)
     if isinstance(partitions, bool):
         return _error(400, "partitions must be an integer")
@@ -212,8 +222,8 @@ def _txnid(request: web.Request) -> TxnID | web.Response:
     text = request.match_info["txnid"]
     try:
         return TxnID.parse(text)
-    except ValueError as exc:
-        return _error(400, str(exc))
+    except ValueError:
+        return _error(400, f"not a TxnID: {quoted(text)} (expected '(most_bits,least_bits)')")
 
 
 async def get_transaction(request: web.Request) -> web.Response:
@@ -331,12 +341,91 @@ async def list_coordinators(request: web.Request) -> web.Response:
     return web.json_response({"coordinators": out})
 
 
+# -- who may use it, and the ACL ---------------------------------------------------
+
+OPEN_PATHS = frozenset({"/admin/v1/health"})
+
+
+@web.middleware
+async def _require_admin(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The admin API and /metrics serve superusers only (when the broker
+    authenticates): 401 without a valid token, 403 with another role's."""
+    path = request.path
+    if path in OPEN_PATHS or not (path.startswith("/admin/") or path == "/metrics"):
+        return await handler(request)
+    security = request.app[BROKER_KEY].security
+    try:
+        who = security.authenticate_bearer(request.headers.get("Authorization"))
+    except BrokerError as exc:
+        return web.json_response(
+            {"error": str(exc)},
+            status=401,
+            headers={"WWW-Authenticate": 'Bearer realm="txnbuf"'},
+        )
+    try:
+        security.allow_admin(who)
+    except BrokerError as exc:
+        return _error(403, str(exc))
+    return await handler(request)
+
+
+async def list_acl(request: web.Request) -> web.Response:
+    """``?role=R`` (optional): the grants, of one role or all."""
+    acl = request.app[BROKER_KEY].security.acl
+    role = request.query.get("role")
+    return web.json_response({"acl": [e.to_json() for e in acl.entries(role)]})
+
+
+async def _acl_entry(request: web.Request) -> AclEntry | web.Response:
+    try:
+        body = json.loads(await request.read() or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        body = None
+    if not isinstance(body, dict) or set(body) != {"role", "permission", "resource"}:
+        return _error(
+            400,
+            'body must be {"role": ..., "permission": "produce" | "consume" | '
+            '"two_phase_commit", "resource": "topic:<pattern>" | '
+            '"subscription:<topic pattern>/<subscription pattern>" | '
+            '"transactional-id:<pattern>"}',
+        )
+    try:
+        return AclEntry.parse(body["role"], body["permission"], body["resource"])
+    except AclError as exc:
+        return _error(400, str(exc))
+
+
+async def grant_acl(request: web.Request) -> web.Response:
+    entry = await _acl_entry(request)
+    if isinstance(entry, web.Response):
+        return entry
+    added = await request.app[BROKER_KEY].security.acl.grant(entry)
+    return web.json_response({"granted": entry.to_json(), "new": added})
+
+
+async def revoke_acl(request: web.Request) -> web.Response:
+    entry = await _acl_entry(request)
+    if isinstance(entry, web.Response):
+        return entry
+    if not await request.app[BROKER_KEY].security.acl.revoke(entry):
+        return _error(
+            404,
+            f"no such grant: {entry.role} {entry.permission.value} {entry.resource} "
+            "(GET /admin/v1/acl lists them)",
+        )
+    return web.json_response({"revoked": entry.to_json()})
+
+
 async def admin_page(request: web.Request) -> web.FileResponse:
     return web.FileResponse(ADMIN_PAGE, headers={"Cache-Control": "no-cache"})
 
 
 def add_admin_routes(app: web.Application) -> None:
+    app.middlewares.append(_require_admin)
     app.router.add_get("/", admin_page)
+    app.router.add_get("/admin/v1/acl", list_acl)
+    app.router.add_post("/admin/v1/acl/grant", grant_acl)
+    app.router.add_post("/admin/v1/acl/revoke", revoke_acl)
     app.router.add_get("/admin/v1/health", health)
     app.router.add_get("/admin/v1/topics", list_topics)
     app.router.add_put("/admin/v1/topics/{topic}", put_topic)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import WSMsgType, web
 from google.protobuf.message import DecodeError
 
+from broker._auth import NOBODY, Principal
 from broker._epoch import epoch_handlers
 from broker._errors import BrokerError, error_code, error_text
 from broker._pipelines import pipeline_handlers
@@ -34,6 +36,8 @@ from buffer import (
     MessageId,
     PublishResult,
     Topic,
+    check_consumer_name,
+    check_producer_name,
     check_subscription_name,
     check_topic_name,
 )
@@ -105,8 +109,14 @@ class Connection:
         self.peer = peer
         self.producers: dict[int, _Producer] = {}
         self.consumers: dict[int, Consumer] = {}
-        # The roles this connection holds (none until it authenticates).
-        self.roles: frozenset[str] = frozenset()
+        # Who this connection is (`broker._auth`): until it authenticates,
+        # NOBODY, which may send nothing but CONNECT; the anonymous
+        # principal if the broker authenticates nobody. ``roles``: what
+        # `_require_role` looks for.
+        self.who: Principal = broker.security.anonymous
+        self.roles: frozenset[str] = self.who.roles
+        self._expiry: asyncio.TimerHandle | None = None  # the token's end
+        self._hangup = False  # close the socket once the answers queued are written
         self._out: collections.deque[bytes] = collections.deque()
         self._out_ready = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -172,6 +182,8 @@ class Connection:
                     log.info("connection %s: write failed: %s", self.peer, exc)
                     self._out.clear()
                     break
+            if self._hangup and not self.ws.closed:
+                await self.ws.close()
             if self._closed:
                 return
 
@@ -186,6 +198,8 @@ class Connection:
         if self._closed:
             return
         self._closed = True
+        if self._expiry is not None:
+            self._expiry.cancel()
         for consumer in self.consumers.values():
             self.broker.subscriptions.detach(consumer)
         self.consumers.clear()
@@ -219,6 +233,9 @@ class Connection:
                 self._handle(inner)
 
     def _handle(self, cmd: pb.BaseCommand) -> None:
+        if self.who is NOBODY and cmd.type != T.CONNECT:
+            self._refuse_unauthenticated(cmd)
+            return
         handler = self._handlers.get(cmd.type)
         body = cmd.WhichOneof("command")
         if handler is None or body is None or _BODY_TYPE.get(body) != cmd.type:
@@ -265,6 +282,8 @@ class Connection:
     # -- handlers -------------------------------------------------------------------
 
     def _on_connect(self, cmd: pb.BaseCommand) -> None:
+        if not self._authenticate(cmd.connect):
+            return
         self._batches = cmd.connect.protocol_version >= 2
         self.send(
             command(
@@ -288,7 +307,9 @@ class Connection:
         async def work() -> pb.BaseCommand:
             resp = pb.CommandPartitionedMetadataResponse(request_id=req.request_id)
             try:
-                topic = await self.broker.topics.get_or_create(check_topic_name(req.topic))
+                name = check_topic_name(req.topic)
+                self.broker.security.allow_lookup(self.who, name)
+                topic = await self.broker.topics.get_or_create(name)
                 resp.partitions = len(topic.partitions)
             except InvalidNameError as exc:
                 resp.error = pb.INVALID_TOPIC_NAME
@@ -304,8 +325,12 @@ class Connection:
         )
         try:
             check_topic_name(req.topic)
+            self.broker.security.allow_lookup(self.who, req.topic)
         except InvalidNameError as exc:
             resp.error = pb.INVALID_TOPIC_NAME
+            resp.message = str(exc)
+        except BrokerError as exc:
+            resp.error = error_code(exc)
             resp.message = str(exc)
         self.send(command(T.LOOKUP_RESPONSE, "lookup_response", resp))
 
@@ -313,11 +338,15 @@ class Connection:
         req = cmd.producer
 
         async def work() -> pb.BaseCommand:
-            topic = await self.broker.topics.get_or_create(check_topic_name(req.topic))
+            name = check_topic_name(req.topic)
+            self.broker.security.allow_produce(self.who, name)
             if not req.producer_name:
                 raise ValueError("producer_name is required")
+            check_producer_name(req.producer_name)
+            topic = await self.broker.topics.get_or_create(name)
             if req.producer_id in self.producers:
                 raise ValueError(f"producer id {req.producer_id} is in use on this connection")
+            self.broker.security.allow_another("producer", len(self.producers))
             self.broker.claim_producer(topic.name, req.producer_name, self)
             self.producers[req.producer_id] = _Producer(req.producer_id, req.producer_name, topic)
             last = max(p.dedup.last_sequence_id(req.producer_name) for p in topic.partitions)
@@ -379,6 +408,11 @@ class Connection:
                 pb.PRODUCER_NOT_FOUND,
                 f"no producer {req.producer_id} on this connection (closed, or never created)",
             )
+            return
+        try:  # (a grant revoked since the producer was created)
+            self.broker.security.allow_produce(self.who, producer.topic.name)
+        except BrokerError as exc:
+            fail(pb.AUTHORIZATION_ERROR, str(exc))
             return
         if req.partition >= len(producer.topic.partitions):
             fail(
@@ -476,10 +510,14 @@ class Connection:
         async def work() -> pb.BaseCommand:
             topic_name = check_topic_name(req.topic)
             sub_name = check_subscription_name(req.subscription)
+            self.broker.security.allow_consume(self.who, topic_name, sub_name)
+            if req.consumer_name:
+                check_consumer_name(req.consumer_name)
             if req.sub_type not in _SUB_TYPES:
                 raise ValueError(f"unknown subscription type {req.sub_type}")
             if req.consumer_id in self.consumers:
                 raise ValueError(f"consumer id {req.consumer_id} is in use on this connection")
+            self.broker.security.allow_another("consumer", len(self.consumers))
             topic = await self.broker.topics.get_or_create(topic_name)
             consumer = Consumer(
                 consumer_id=req.consumer_id,
@@ -524,6 +562,8 @@ class Connection:
         if consumer is None:
             self._error(0, pb.CONSUMER_NOT_FOUND, f"no consumer {cmd.flow.consumer_id}")
             return
+        if not self._may_consume(consumer):
+            return
         consumer.add_permits(cmd.flow.permits)
 
     def _on_ack(self, cmd: pb.BaseCommand) -> None:
@@ -537,6 +577,7 @@ class Connection:
             try:
                 if consumer is None:
                     raise LookupError(f"no consumer {req.consumer_id} on this connection")
+                self.broker.security.allow_consume(self.who, consumer.topic, consumer.subscription)
                 by_part = _ack_positions(req)
                 cumulative = req.ack_type == pb.CommandAck.CUMULATIVE
                 key = None
@@ -567,6 +608,8 @@ class Connection:
         consumer = self.consumers.get(req.consumer_id)
         if consumer is None:
             self._error(0, pb.CONSUMER_NOT_FOUND, f"no consumer {req.consumer_id}")
+            return
+        if not self._may_consume(consumer):
             return
         ids = [MessageId(m.partition, m.entry_id, m.batch_index) for m in req.message_ids]
         self.broker.subscriptions.redeliver(consumer, ids or None)
@@ -675,6 +718,7 @@ class Connection:
             parts = []
             for ref in req.partitions:
                 topic = self.broker.topics.get(check_topic_name(ref.topic))
+                self.broker.security.allow_produce(self.who, ref.topic)
                 if topic is None or ref.partition >= len(topic.partitions):
                     raise ValueError(f"no partition {ref.topic}/{ref.partition}")
                 parts.append((ref.topic, ref.partition))
@@ -698,6 +742,8 @@ class Connection:
             ]
             if not subs:
                 raise ValueError("name at least one subscription")
+            for topic_name, sub in subs:  # (all checked before any is added)
+                self.broker.security.allow_consume(self.who, topic_name, sub)
             for topic_name, sub in subs:
                 tc.add_subscription(txnid, topic_name, sub)
         except Exception as exc:
@@ -714,6 +760,8 @@ class Connection:
         task; otherwise the coordinator decides now, in the group commit of
         those sends and acks, and END is answered from a callback."""
         req = cmd.end_txn
+        if not self._may_end(req):
+            return
         following = self._open_next(req) if req.HasField("next_txn_ttl_ms") else None
         ops = self._txn_ops.get((req.txnid_most_bits, req.txnid_least_bits))
         if req.after_ops and req.txn_action == pb.COMMIT and ops is not None:
@@ -811,6 +859,82 @@ class Connection:
                 f"{what} needs the {role!r} role, which this connection does not hold "
                 "(only a transaction's coordinator ends it on its participants)",
             )
+
+    # -- authentication and authorization (`broker._auth`) ---------------------------
+
+    def _authenticate(self, req: pb.CommandConnect) -> bool:
+        """CONNECT's credentials make the connection's principal (a repeated
+        CONNECT must keep the role). False if refused: AUTHENTICATION_ERROR
+        is answered and the connection closed."""
+        try:
+            who = self.broker.security.authenticate(req.auth_method, req.auth_data)
+            if self.who is not NOBODY and who.role != self.who.role:
+                raise BrokerError(
+                    "AUTHENTICATION_ERROR",
+                    f"this connection is {self.who.name}; a CONNECT cannot change it",
+                )
+        except BrokerError as exc:
+            self._error(0, error_code(exc), error_text(exc))
+            self._hang_up()
+            return False
+        self.who, self.roles = who, who.roles
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        if who.expires is not None:
+            delay = max(0.0, who.expires - time.time())
+            self._expiry = asyncio.get_running_loop().call_later(delay, self._token_expired)
+        return True
+
+    def _token_expired(self) -> None:
+        self._error(0, pb.AUTHENTICATION_ERROR, "the token has expired: connect with a new one")
+        self._hang_up()
+
+    def _refuse_unauthenticated(self, cmd: pb.BaseCommand) -> None:
+        if not self._hangup:
+            name = T.Type.Name(cmd.type) if cmd.type in T.Type.values() else str(cmd.type)
+            self._error(
+                _request_id(cmd),
+                pb.AUTHENTICATION_ERROR,
+                f"{name} before a CONNECT with a valid token: this broker serves only "
+                "authenticated connections",
+            )
+            self._hang_up()
+
+    def _hang_up(self) -> None:
+        """Serve nothing more; close the socket once the answers queued are out."""
+        self.who = NOBODY
+        self.roles = frozenset()
+        self._hangup = True
+        self._out_ready.set()
+
+    def _may_consume(self, consumer: Consumer) -> bool:
+        """FLOW and REDELIVER (no answer of their own): False, after an
+        ERROR, if the connection may no longer consume there."""
+        try:
+            self.broker.security.allow_consume(self.who, consumer.topic, consumer.subscription)
+        except BrokerError as exc:
+            self._error(0, error_code(exc), error_text(exc))
+            return False
+        return True
+
+    def _may_end(self, req: pb.CommandEndTxn) -> bool:
+        """END_TXN needs what writing the transaction needed (`broker._auth`).
+        False, after a refusal, if this connection lacks it. A transaction
+        unknown here is left to the END to answer."""
+        if self.who.superuser:
+            return True
+        txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
+        tc = self.broker.coordinators.get(txnid.tcid)
+        meta = tc.get(txnid) if tc is not None else None
+        if meta is None:
+            return True
+        try:
+            self.broker.security.allow_end(self.who, meta.partitions, meta.subscriptions)
+        except BrokerError as exc:
+            self._txn_respond(req, "end transaction", exc)
+            return False
+        return True
 
     def _on_end_txn_on_partition(self, cmd: pb.BaseCommand) -> None:
         req = cmd.end_txn_on_partition

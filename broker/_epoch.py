@@ -10,7 +10,9 @@ coordinator checks the producer id and epoch, then the partition checks the
 epoch and the sequence (`buffer.TransactionBuffer.publish`). Each is
 answered with PRODUCER_TXN_RESPONSE (INIT_PRODUCER_ID with its own answer);
 a refusal carries Kafka's error name (`broker._errors.PRODUCER_EPOCH_CODES`)
-and changes nothing.
+and changes nothing. Each is checked against the ACL first (`broker._auth`):
+``produce`` on the transactional id, and on the topic of a PRODUCE, consume
+on the subscription of a TXN_OFFSETS (`_allow_producer`).
 """
 
 from __future__ import annotations
@@ -60,6 +62,19 @@ def _coordinator_of_producer(conn: Connection, producer_id: int) -> TransactionC
     return tc
 
 
+def _allow_producer(conn: Connection, producer_id: int) -> None:
+    """Refuse a request carrying ``producer_id`` unless the connection may
+    produce on the transactional id that holds it (Kafka's WRITE on the
+    TransactionalId). A producer id nobody holds is left to the coordinator
+    to refuse."""
+    if conn.who.superuser:
+        return
+    tc = conn.broker.coordinators.get(producer_id >> _PID_SHIFT)
+    entry = tc.producer_of(producer_id) if tc is not None else None
+    if entry is not None:
+        conn.broker.security.allow_transactional_id(conn.who, entry.transactional_id)
+
+
 def _respond(
     conn: Connection,
     request_id: int,
@@ -104,6 +119,9 @@ def _init_producer_id(conn: Connection, cmd: pb.BaseCommand) -> None:
         resp = out.init_producer_id_response
         resp.request_id = req.request_id
         try:
+            conn.broker.security.allow_transactional_id(
+                conn.who, req.transactional_id, req.enable_2pc
+            )
             coordinators = conn.broker.coordinators
             tc = coordinators[coordinator_of(req.transactional_id, list(coordinators))]
             pid, epoch, ongoing_pid, ongoing_epoch = await tc.init_producer(
@@ -125,7 +143,9 @@ def _init_producer_id(conn: Connection, cmd: pb.BaseCommand) -> None:
 def _produce(conn: Connection, cmd: pb.BaseCommand) -> None:
     req = cmd.produce
     try:
-        topic = conn.broker.topics.get(check_topic_name(req.topic))
+        conn.broker.security.allow_produce(conn.who, check_topic_name(req.topic))
+        _allow_producer(conn, req.producer_id)
+        topic = conn.broker.topics.get(req.topic)
         if topic is None:
             raise BrokerError("TOPIC_NOT_FOUND", f"no topic {req.topic!r}")
         if req.partition >= len(topic.partitions):
@@ -180,6 +200,8 @@ def _txn_offsets(conn: Connection, cmd: pb.BaseCommand) -> None:
                 raise BrokerError(
                     "CONSUMER_NOT_FOUND", f"no consumer {req.consumer_id} on this connection"
                 )
+            conn.broker.security.allow_consume(conn.who, consumer.topic, consumer.subscription)
+            _allow_producer(conn, req.producer_id)
             flat = list(req.positions)
             if not flat or len(flat) % 3:
                 raise BrokerError(
@@ -208,6 +230,7 @@ def _prepare(conn: Connection, cmd: pb.BaseCommand) -> None:
 
     async def work() -> None:
         try:
+            _allow_producer(conn, req.producer_id)
             tc = _coordinator_of_producer(conn, req.producer_id)
             pid, epoch = await tc.prepare_producer_txn(req.producer_id, req.producer_epoch)
         except Exception as exc:
@@ -221,6 +244,7 @@ def _prepare(conn: Connection, cmd: pb.BaseCommand) -> None:
 def _end(conn: Connection, cmd: pb.BaseCommand) -> None:
     req = cmd.end_producer_txn
     try:
+        _allow_producer(conn, req.producer_id)
         tc = _coordinator_of_producer(conn, req.producer_id)
         ended = tc.end_producer_txn(
             req.producer_id, req.producer_epoch, req.txn_action == pb.COMMIT

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from broker._auth import AuthConfig, Security
 from broker._connection import MAX_MESSAGE_SIZE, Connection, txn_key
 from broker._errors import BrokerError
 from buffer import Partition, PublishResult, Topics, TransactionBuffer, TxnKey
@@ -50,9 +51,17 @@ class Broker:
     """Create with `Broker.open`; `close` stops everything in order."""
 
     def __init__(
-        self, data_dir: Path, store: LedgerStore, topics: Topics, subs: Subscriptions, url: str
+        self,
+        data_dir: Path,
+        store: LedgerStore,
+        topics: Topics,
+        subs: Subscriptions,
+        url: str,
+        security: Security | None = None,
     ) -> None:
         self.data_dir = data_dir
+        # Authentication, the ACL and the limits on one client (`broker._auth`).
+        self.security = security or Security.load(data_dir)
         self.store = store
         self.topics = topics
         self.subscriptions = subs
@@ -71,15 +80,19 @@ class Broker:
         data_dir: str | Path,
         url: str = "",
         tc_ids: tuple[int, ...] = (0,),
+        auth: AuthConfig | None = None,
         producer_settings: ProducerSettings | None = None,
     ) -> Broker:
+        """``auth``: authentication, superusers and limits (none, the
+        default: see `broker._auth`)."""
         data_dir = Path(data_dir)
         data_dir.mkdir(parents=True, exist_ok=True)
+        security = Security.load(data_dir, auth)
         t0 = time.perf_counter()
         store = await LedgerStore.open(data_dir / "broker.db")
         topics = await Topics.load(store)
         subs = await Subscriptions.load(topics)
-        broker = cls(data_dir, store, topics, subs, url)
+        broker = cls(data_dir, store, topics, subs, url, security)
         log.info(
             "recovered %d topics from %s in %.2fs",
             len(topics.names()),
@@ -376,6 +389,11 @@ async def _websocket(request: web.Request) -> web.WebSocketResponse:
     broker = request.app[BROKER_KEY]
     ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_SIZE + (64 << 10), heartbeat=30.0)
     await ws.prepare(request)
+    refusal = broker.security.refuse_connection(len(broker.connections))
+    if refusal is not None:  # (TOO_MANY_REQUESTS: the client tries again later)
+        await ws.send_bytes(refusal)
+        await ws.close()
+        return ws
     peer = f"{request.remote}:{id(ws) % 100000}"
     conn = Connection(broker, ws, peer)
     broker.connections.add(conn)

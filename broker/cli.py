@@ -1,8 +1,12 @@
-"""The `txnbuf` command line: ``txnbuf serve``.
+"""The `txnbuf` command line: ``txnbuf serve``, ``txnbuf check``,
+``txnbuf check-data`` (`broker._checkdata`) and ``txnbuf token`` /
+``txnbuf acl`` (`broker._auth_cli`).
 
 ``txnbuf serve`` with no arguments runs one broker on 127.0.0.1:6650 with its
-data in ./txnbuf-data. SIGTERM and SIGINT stop it cleanly: connections are
-closed, queued writes finish, the database is closed.
+data in ./txnbuf-data, authenticating nobody; it refuses another address
+without authentication unless ``--insecure`` (docs/security.md). SIGTERM and
+SIGINT stop it cleanly: connections are closed, queued writes finish, the
+database is closed.
 
 Garbage collection: once recovered, the broker freezes what it loaded (never
 scanned again) and runs the young generation every `GC_GEN0_THRESHOLD`
@@ -19,11 +23,20 @@ import asyncio
 import gc
 import logging
 import signal
+import ssl
 import sys
 from collections.abc import Sequence
 
 from aiohttp import web
 
+from broker._auth import AclFileError, AuthConfig, check_listen
+from broker._auth_cli import (
+    add_security_parsers,
+    add_serve_options,
+    run_security_command,
+    serve_security,
+)
+from broker._checkdata import add_check_data_parser, run_check_data
 from broker._server import Broker, make_app
 from ledger import LedgerError
 from tc import DEFAULT_EXPIRATION_MS, MAX_TXN_TIMEOUT_MS, ProducerSettings
@@ -40,36 +53,45 @@ async def serve(
     host: str,
     port: int,
     tc_ids: tuple[int, ...] = (0,),
+    auth: AuthConfig | None = None,
+    ssl_context: ssl.SSLContext | None = None,
     producer_settings: ProducerSettings | None = None,
 ) -> None:
-    """Run a broker until SIGTERM or SIGINT."""
+    """Run a broker until SIGTERM or SIGINT. ``auth``: authentication and
+    limits (`broker._auth`); ``ssl_context``: serve TLS."""
+    scheme = "https" if ssl_context is not None else "http"
     try:
         broker = await Broker.open(
             data_dir,
-            url=f"http://{host}:{port}",
+            url=f"{scheme}://{host}:{port}",
             tc_ids=tc_ids,
+            auth=auth,
             producer_settings=producer_settings,
         )
     except LedgerError as exc:  # (another broker on this data directory, a broken disk)
         raise SystemExit(f"txnbuf: cannot open the data in {data_dir}: {exc}") from None
+    except AclFileError as exc:
+        raise SystemExit(f"txnbuf: {exc}") from None
     gc.collect()
     gc.freeze()
     gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
     runner = web.AppRunner(make_app(broker), access_log=None, handle_signals=False)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port, reuse_address=True)
+        site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_context)
         await site.start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         log.info(
-            "txnbuf broker listening on http://%s:%d (data in %s, coordinators %s)",
+            "txnbuf broker listening on %s://%s:%d (data in %s, coordinators %s, %s)",
+            scheme,
             host,
             port,
             data_dir,
             ",".join(map(str, tc_ids)),
+            "tokens required" if broker.security.enabled else "no authentication",
         )
         await stop.wait()
         log.info("stopping")
@@ -130,18 +152,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="forget a transactional id idle this long (604800: 7 days)",
     )
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (INFO)")
+    add_serve_options(p)
     from checker._cli import add_check_parser, run_check
 
     add_check_parser(commands)
+    add_check_data_parser(commands)
+    add_security_parsers(commands)
     args = parser.parse_args(argv)
     if args.command == "check":
         return run_check(args)
+    if args.command == "check-data":
+        return run_check_data(args)
+    if args.command in ("token", "acl"):
+        return run_security_command(args)
     logging.basicConfig(
         level=args.log_level.upper(),
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     if args.command == "serve":
+        security = serve_security(args)
+        refusal = check_listen(args.host, security.auth.authenticator is not None, args.insecure)
+        if refusal is not None:
+            raise SystemExit(f"txnbuf: {refusal}")
         loop_factory = _event_loop_factory()
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             settings = ProducerSettings(
@@ -149,7 +182,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 expiration_ms=round(args.transactional_id_expiration * 1000),
                 allow_two_phase=args.allow_2pc,
             )
-            runner.run(serve(args.data_dir, args.host, args.port, args.tc_ids, settings))
+            runner.run(
+                serve(
+                    args.data_dir,
+                    args.host,
+                    args.port,
+                    args.tc_ids,
+                    security.auth,
+                    security.ssl_context,
+                    settings,
+                )
+            )
     return 0
 
 

@@ -1,4 +1,11 @@
-"""Names of topics, partitions and subscriptions, and message ids."""
+"""Names of topics, partitions, subscriptions, producers and consumers,
+message ids, and `quoted`, how an error message shows bad input.
+
+Every name a client chooses follows one rule (`_NAME`): 1-200 characters
+from A-Z a-z 0-9 . _ -, starting with a letter or digit. An error quotes at
+most `QUOTE_LIMIT` characters of what was given (`quoted`), so a client
+cannot make the broker echo a megabyte back or fill its log.
+"""
 
 from __future__ import annotations
 
@@ -7,19 +14,35 @@ from dataclasses import dataclass
 
 __all__ = [
     "MAX_PARTITIONS",
+    "QUOTE_LIMIT",
     "InvalidNameError",
     "MessageId",
     "Position",
+    "check_consumer_name",
+    "check_producer_name",
     "check_subscription_name",
     "check_topic_name",
+    "quoted",
 ]
 
 MAX_PARTITIONS = 1024
+QUOTE_LIMIT = 200  # characters of bad input an error message shows at most
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
 # A message's place in one partition: (entry id, batch index).
 Position = tuple[int, int]
+
+
+def quoted(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """``repr(value)`` for an error message, of at most ``limit`` characters
+    of a string or bytes value, and then how long it was."""
+    if isinstance(value, str | bytes) and len(value) > limit:
+        return f"{value[:limit]!r}... ({len(value)} characters)"
+    text = repr(value)
+    if len(text) > limit + 2:
+        return f"{text[:limit]}... ({len(text)} characters)"
+    return text
 
 
 class InvalidNameError(ValueError):
@@ -34,7 +57,7 @@ def _check(kind: str, name: str) -> str:
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise InvalidNameError(
             kind,
-            f"invalid {kind} name {name!r}: use 1-200 characters from A-Z a-z 0-9 . _ -, "
+            f"invalid {kind} name {quoted(name)}: use 1-200 characters from A-Z a-z 0-9 . _ -, "
             "starting with a letter or digit",
         )
     return name
@@ -48,6 +71,16 @@ def check_topic_name(name: str) -> str:
 def check_subscription_name(name: str) -> str:
     """Return ``name`` if it is a legal subscription name, else raise `InvalidNameError`."""
     return _check("subscription", name)
+
+
+def check_producer_name(name: str) -> str:
+    """Return ``name`` if it is a legal producer name, else raise `InvalidNameError`."""
+    return _check("producer", name)
+
+
+def check_consumer_name(name: str) -> str:
+    """Return ``name`` if it is a legal consumer name, else raise `InvalidNameError`."""
+    return _check("consumer", name)
 
 
 @dataclass(frozen=True, slots=True, order=True)

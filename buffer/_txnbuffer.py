@@ -122,6 +122,10 @@ __all__ = [
     "TxnInfo",
     "TxnKey",
     "TxnState",
+    "abort_record",
+    "commit_record",
+    "decode_commit_marker",
+    "decode_sidecar_record",
     "epoch_producer_name",
     "sidecar_ledger_name",
     "transition",
@@ -355,10 +359,50 @@ def _encode_marker(txn: TxnKey, entries: Sequence[int]) -> bytes:
 
 
 def _decode_marker(data: bytes) -> tuple[TxnKey, tuple[int, ...]]:
+    if len(data) < _MARKER.size:
+        raise TransactionBufferError(f"malformed commit marker ({len(data)} bytes)")
     most, least, n = _MARKER.unpack_from(data)
     if len(data) != _MARKER.size + 8 * n:
         raise TransactionBufferError(f"malformed commit marker ({len(data)} bytes)")
     return (most, least), struct.unpack_from(f">{n}q", data, _MARKER.size)
+
+
+def decode_commit_marker(data: bytes) -> tuple[TxnKey, tuple[int, ...]]:
+    """A commit marker's transaction and the sidecar entry ids it names;
+    `TransactionBufferError` if ``data`` is not a marker."""
+    return _decode_marker(data)
+
+
+def decode_sidecar_record(meta: int, data: bytes) -> tuple[int, TxnKey | None, int]:
+    """``(kind, transaction, marker)`` of a sidecar record: the transaction
+    of a TXN_DATA, TXN_COMMIT or TXN_ABORT record (None for a snapshot),
+    and the commit marker entry id a TXN_COMMIT names (-1 otherwise).
+    `TransactionBufferError` if the record is malformed or of no known kind."""
+    kind = entry_kind(meta)
+    try:
+        if kind == TXN_COMMIT:
+            most, least, marker = _COMMIT.unpack(data)
+            return kind, (most, least), marker
+        if kind == TXN_ABORT:
+            return kind, _TXN.unpack(data), -1
+        if kind == TXN_DATA:
+            return kind, _TXN.unpack_from(data), -1
+    except struct.error:
+        raise TransactionBufferError(f"malformed sidecar record of kind {kind}") from None
+    if kind == TXN_SNAPSHOT:
+        return kind, None, -1
+    raise TransactionBufferError(f"unknown sidecar record kind {kind}")
+
+
+def commit_record(txn: TxnKey, marker: int) -> tuple[bytes, int]:
+    """``(data, meta)`` of the TXN_COMMIT record of ``txn`` naming its commit
+    marker's entry id (-1: none)."""
+    return _COMMIT.pack(txn[0], txn[1], marker), entry_meta(TXN_COMMIT, 0)
+
+
+def abort_record(txn: TxnKey) -> tuple[bytes, int]:
+    """``(data, meta)`` of the TXN_ABORT record of ``txn``."""
+    return _TXN.pack(*txn), entry_meta(TXN_ABORT, 0)
 
 
 async def _read_ids(ledger: Ledger, ids: Sequence[int]) -> list[Entry]:
@@ -692,7 +736,7 @@ class TransactionBuffer:
                 self._queue_end(t, commit)
                 return
             if not commit:
-                record = self.sidecar.append(_TXN.pack(*txn), meta=entry_meta(TXN_ABORT, 0))
+                record = self.sidecar.append(*abort_record(txn))
             elif t.marker < 0 and (t.entries or t.unapplied):
                 t.marker = await self._append_marker(t)  # (the partition listener set it)
                 faults.hit("buffer.after_commit_marker")
@@ -762,9 +806,7 @@ class TransactionBuffer:
         """Queue ``t``'s end record (and, for a commit with data, its marker
         first, TXN_COMMIT once the marker is durable); END is answered now."""
         if not commit:
-            self._end_later(
-                t, self.sidecar.append(_TXN.pack(*t.key), meta=entry_meta(TXN_ABORT, 0))
-            )
+            self._end_later(t, self.sidecar.append(*abort_record(t.key)))
         elif t.marker < 0 and (t.entries or t.unapplied):
             self._end_later(t, self._after_marker(t, self._append_marker(t)))
         else:
@@ -780,8 +822,7 @@ class TransactionBuffer:
 
     def _commit_record(self, t: _Txn) -> asyncio.Future[int]:
         return self.sidecar.append(
-            _COMMIT.pack(t.key[0], t.key[1], t.marker),
-            meta=entry_meta(TXN_COMMIT, 0),
+            *commit_record(t.key, t.marker),
             lazy=t.marker >= 0,  # (answered at the marker: nobody waits for it)
         )
 
@@ -1053,12 +1094,7 @@ class TransactionBuffer:
                 "%s: completing the commit of %s (marker %d)", self.name, _txn_text(t.key), t.marker
             )
         await asyncio.gather(
-            *(
-                sidecar.append(
-                    _COMMIT.pack(t.key[0], t.key[1], t.marker), meta=entry_meta(TXN_COMMIT, 0)
-                )
-                for t in interrupted
-            )
+            *(sidecar.append(*commit_record(t.key, t.marker)) for t in interrupted)
         )
 
     # -- materialization -----------------------------------------------------------

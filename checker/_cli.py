@@ -1,7 +1,7 @@
 """``txnbuf check``: run the queue workload under faults, then check the history.
 
     txnbuf check [--duration 60] [--faults kill,pause] [--seed N] [--clients 4]
-                 [--topics 3] [--history PATH] [--workdir DIR]
+                 [--topics 3] [--history PATH] [--workdir DIR] [--auth]
 
 Prints a progress bar while it runs, then the summary table (ops,
 ok/fail/info, each anomaly class and its count), the seed and the fault
@@ -37,6 +37,11 @@ def add_check_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     p.add_argument("--topics", type=int, default=3, help="keys: single-partition topics (3)")
     p.add_argument("--history", help="write the history here (default: in the work dir)")
     p.add_argument("--workdir", help="broker data and logs (default: a temporary dir)")
+    p.add_argument(
+        "--auth",
+        action="store_true",
+        help="the broker authenticates; the clients hold a token of a role with grants",
+    )
 
 
 def _faults(text: str) -> tuple[str, ...]:
@@ -59,6 +64,7 @@ def run_check(args: argparse.Namespace) -> int:
         topics=args.topics,
         seed=seed,
         faults=_faults(args.faults),
+        auth=args.auth,
         progress=lambda line: print("\r" + line, end="", file=sys.stderr, flush=True),
     )
     with tempfile.TemporaryDirectory() as tmp:
@@ -67,7 +73,8 @@ def run_check(args: argparse.Namespace) -> int:
         history_path = Path(args.history) if args.history else workdir / "history.jsonl"
         history_path.parent.mkdir(parents=True, exist_ok=True)
         print(f"txnbuf check: seed {seed}, {cfg.duration:.0f}s, {cfg.clients} clients, "
-              f"faults {','.join(cfg.faults) or 'none'}; history {history_path}",
+              f"faults {','.join(cfg.faults) or 'none'}{', tokens' if cfg.auth else ''}; "
+              f"history {history_path}",
               file=sys.stderr)  # fmt: skip
         with Recorder(history_path) as rec:
             stats = asyncio.run(run_workload(cfg, workdir, rec))

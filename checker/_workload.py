@@ -29,6 +29,12 @@ the history as ``nemesis`` ops. Everything random comes from ``seed``.
 The final phase stops the faults, then fresh subscriptions read every topic
 from the start until every acknowledged send has been seen (or a time limit
 passes), and records whether that completed.
+
+With ``auth`` the broker authenticates (docs/security.md): the workers hold
+a token of the role ``workload``, granted produce and consume on the
+topics and nothing else, so every one of their commands goes through the
+ACL; the admin calls use a superuser's token. The keys and tokens are made
+with the real CLI (``txnbuf token``).
 """
 
 from __future__ import annotations
@@ -74,6 +80,17 @@ class WorkloadConfig:
     quiet: float = 2.0  # no new fault this long after one ends
     final_read_timeout: float = 60.0
     progress: Callable[[str], None] | None = None
+    auth: bool = False  # the broker authenticates; the workers hold a "workload" token
+
+
+def _txnbuf(*args: str) -> str:
+    """Run the ``txnbuf`` command line; its output (SystemExit if it fails)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "broker", *args], capture_output=True, text=True, timeout=60
+    )
+    if result.returncode != 0:
+        raise SystemExit(f"txnbuf {args[0]} {args[1]} failed: {result.stderr.strip()}")
+    return result.stdout
 
 
 def _free_port() -> int:
@@ -83,19 +100,54 @@ def _free_port() -> int:
 
 
 class BrokerUnderTest:
-    """`txnbuf serve` as a subprocess that the nemesis kills and pauses."""
+    """`txnbuf serve` as a subprocess that the nemesis kills and pauses.
+    ``auth``: it authenticates; ``token`` is the workers' (role
+    ``workload``), ``admin_token`` a superuser's."""
 
-    def __init__(self, data_dir: Path, log_path: Path) -> None:
+    def __init__(self, data_dir: Path, log_path: Path, auth: bool = False) -> None:
         self.data_dir = data_dir
         self.log_path = log_path
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.key_file: Path | None = None
+        self.token = ""
+        self.admin_token = ""
+        if auth:
+            self.key_file = data_dir.parent / "secret.key"
+            _txnbuf("token", "create-secret-key", "--output", str(self.key_file))
+            self.token = self._token("workload")
+            self.admin_token = self._token("admin")
+
+    def _token(self, role: str) -> str:
+        return _txnbuf(
+            "token", "create", "--subject", role, "--secret-key-file", str(self.key_file)
+        ).strip()
+
+    def admin(self, path: str, body: dict[str, Any] | None = None) -> bytes:
+        """An admin API request (POST with ``body``), with the superuser's token."""
+        headers = {"Authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, headers=headers)
+        with urllib.request.urlopen(req, timeout=10) as r:
+            answer: bytes = r.read()
+            return answer
+
+    def grant_workload(self, topics: list[str]) -> None:
+        """The workers' role may produce and consume on ``topics``, nothing else."""
+        for topic in topics:
+            for permission in ("produce", "consume"):
+                self.admin(
+                    "/admin/v1/acl/grant",
+                    {"role": "workload", "permission": permission, "resource": f"topic:{topic}"},
+                )
 
     def start(self, timeout: float = 30.0) -> None:
         with open(self.log_path, "ab") as log:
             cmd = [sys.executable, "-m", "broker", "serve", "--data-dir", str(self.data_dir),
                    "--port", str(self.port), "--log-level", "WARNING"]  # fmt: skip
+            if self.key_file is not None:
+                cmd += ["--auth-secret-key-file", str(self.key_file)]
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -225,7 +277,7 @@ class _Worker:
             txnid, dropped = self.doubtful
             await asyncio.to_thread(shared.end_transaction, txnid, not dropped)
             self.doubtful = None
-        self.client = Client(shared.url, operation_timeout=8.0)
+        self.client = Client(shared.url, operation_timeout=8.0, token=shared.token)
         await self.client.connect()
         for topic in shared.topics:
             self.consumers[topic] = await self.client.subscribe(
@@ -436,9 +488,18 @@ class _Reconnected(Exception):
 
 class _Shared:
     def __init__(
-        self, url: str, rec: Recorder, nemesis: Nemesis, cfg: WorkloadConfig, topics: list[str]
+        self,
+        broker: BrokerUnderTest,
+        rec: Recorder,
+        nemesis: Nemesis,
+        cfg: WorkloadConfig,
+        topics: list[str],
     ) -> None:
-        self.url = url
+        self.url = broker.url
+        self.token = broker.token  # the workers' ("" without authentication)
+        self._admin_headers = (
+            {"Authorization": f"Bearer {broker.admin_token}"} if broker.admin_token else {}
+        )
         self.rec = rec
         self.nemesis = nemesis
         self.cfg = cfg
@@ -456,10 +517,13 @@ class _Shared:
         while time.monotonic() < deadline:
             try:
                 if abort:
-                    req = urllib.request.Request(url + "/abort", method="POST")
+                    req = urllib.request.Request(
+                        url + "/abort", method="POST", headers=self._admin_headers
+                    )
                     with urllib.request.urlopen(req, timeout=10):
                         return  # aborted, and applied by every participant
-                with urllib.request.urlopen(url, timeout=10) as r:
+                req = urllib.request.Request(url, headers=self._admin_headers)
+                with urllib.request.urlopen(req, timeout=10) as r:
                     if json.loads(r.read())["status"] in ("COMMITTED", "ABORTED"):
                         return
             except urllib.error.HTTPError as exc:
@@ -491,7 +555,7 @@ async def _final_reads(shared: _Shared, deadline: float) -> bool:
     rec = shared.rec
     wanted = {key: set(values) for key, values in shared.stats.acked_sends.items()}
     seen: dict[str, set[int]] = {}
-    async with Client(shared.url, operation_timeout=30.0) as client:
+    async with Client(shared.url, operation_timeout=30.0, token=shared.token) as client:
         for i, topic in enumerate(shared.topics):
             key = f"{topic}/0"
             consumer = await client.subscribe(topic, f"final-{i}", initial_position="earliest")
@@ -522,17 +586,21 @@ async def _final_reads(shared: _Shared, deadline: float) -> bool:
 async def run_workload(cfg: WorkloadConfig, workdir: Path, rec: Recorder) -> dict[str, Any]:
     """Run the workload against a fresh broker in ``workdir``; returns stats."""
     await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
-    broker = BrokerUnderTest(workdir / "data", workdir / "broker.log")
+    broker = await asyncio.to_thread(
+        BrokerUnderTest, workdir / "data", workdir / "broker.log", cfg.auth
+    )
     await asyncio.to_thread(broker.start)
     topics = [f"q{i}" for i in range(cfg.topics)]
+    if cfg.auth:
+        await asyncio.to_thread(broker.grant_workload, topics)
     # The final readers' subscriptions exist from the start: they hold back
     # retention, so the final phase can read every message ever committed.
-    async with Client(broker.url) as client:
+    async with Client(broker.url, token=broker.token) as client:
         for i, topic in enumerate(topics):
             consumer = await client.subscribe(topic, f"final-{i}", initial_position="earliest")
             await consumer.close()
     nemesis = Nemesis(broker, rec, cfg)
-    shared = _Shared(broker.url, rec, nemesis, cfg, topics)
+    shared = _Shared(broker, rec, nemesis, cfg, topics)
     rng = random.Random(cfg.seed)
     start = time.monotonic()
     until = start + cfg.duration

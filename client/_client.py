@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
 import uuid
 from collections.abc import AsyncIterator
 from types import TracebackType
@@ -12,12 +13,13 @@ from types import TracebackType
 from ._connection import Command, Connection, command
 from ._consumer import Consumer
 from ._epoch import TransactionalProducer
+from ._foreign import tls_context
 from ._producer import Producer
 from ._reader import Position, Reader
 from ._reader import _position as _reader_position
 from ._spares import Spare, SparePool
 from ._txn import Transaction, TxnID, TxnState
-from .errors import BrokerConnectionError, ClientClosedError, InvalidInputError
+from .errors import ClientClosedError, InvalidInputError, TxnbufError
 
 MAX_TXN_TTL_MS = 2**64 - 1
 
@@ -43,16 +45,37 @@ class Client:
             await producer.send(b"out", txn=txn)
             await consumer.acknowledge(msg, txn=txn)
         # committed here; aborted (and the exception re-raised) on an exception
+
+    Security (docs/security.md): ``token`` is a JWT the broker accepts,
+    whose subject is the client's role; without one the client takes
+    ``TXNBUF_TOKEN`` from the environment (``token=""``: none at all). A
+    broker that refuses it makes ``connect`` raise ``AuthenticationError``
+    at once. An ``https://`` URL connects over TLS; ``tls_ca`` names a PEM
+    file of the CA certificates to trust (default: the system's).
     """
 
-    def __init__(self, url: str, *, operation_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        operation_timeout: float = 30.0,
+        token: str | None = None,
+        tls_ca: str | os.PathLike[str] | None = None,
+    ) -> None:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise InvalidInputError(f"url must look like http://host:port, not {url!r}")
         if not operation_timeout > 0:
             raise InvalidInputError("operation_timeout must be positive")
+        if token is None:
+            token = os.environ.get("TXNBUF_TOKEN", "")
+        if not isinstance(token, str) or not token.isascii():
+            raise InvalidInputError("token must be a str of ASCII characters (a JWT)")
+        if tls_ca is not None and not url.startswith("https://"):
+            raise InvalidInputError("tls_ca is for https:// URLs")
+        context = tls_context(tls_ca) if tls_ca is not None else None
         self.url = url
         self.operation_timeout = operation_timeout
-        self._conn = Connection(url, operation_timeout)
+        self._conn = Connection(url, operation_timeout, token or None, context)
         self._closed = False
         self._next_tc = 0  # round robin over the broker's coordinators
         self._spares = SparePool(self._spare_tc, self._abort_spare, self._conn.is_current)
@@ -88,8 +111,9 @@ class Client:
         self._check_open()
         try:
             await self._conn.start()
-        except BrokerConnectionError:
-            self._closed = True  # the connection gave up; make a new Client
+        except TxnbufError:
+            if self._conn.closed:
+                self._closed = True  # the connection gave up; make a new Client
             raise
 
     async def create_transactional_producer(

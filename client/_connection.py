@@ -30,7 +30,12 @@ Decisions written down here:
   coordinator times out). Closing a producer or consumer is one attempt:
   if the connection is down or drops, the broker has dropped it anyway. The
   first connection also retries until ``operation_timeout``, then raises
-  ``BrokerConnectionError``.
+  ``BrokerConnectionError``; but a first connection refused for good (a
+  token the broker does not accept: ``AuthenticationError``; a TLS
+  certificate the client does not trust: ``BrokerConnectionError`` that is
+  not retriable) raises that error at once.
+* Credentials: a token goes in CONNECT (``auth_method`` "token"); TLS
+  (``https://`` URLs) uses the SSL context the Client made from its CA.
 * Timeouts of sends and acks (the hot path) are enforced by one sweeper
   task ticking every ``operation_timeout / 10`` (at most 1 s, at least
   10 ms), not by a timer per message.
@@ -56,6 +61,7 @@ import asyncio
 import contextlib
 import copy as copy_module
 import logging
+import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol, TypeVar
@@ -277,11 +283,19 @@ class Link:
 class Connection:
     """The client's connection to one broker. See the module docstring."""
 
-    def __init__(self, url: str, operation_timeout: float) -> None:
+    def __init__(
+        self,
+        url: str,
+        operation_timeout: float,
+        token: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         if not url.startswith(("http://", "https://")):
             raise InvalidInputError(f"broker url must start with http:// or https://, got {url!r}")
         self.url = url.rstrip("/")
         self.operation_timeout = operation_timeout
+        self._token = token
+        self._ssl: ssl.SSLContext | bool = ssl_context if ssl_context is not None else True
         self.max_message_size = DEFAULT_MAX_MESSAGE_SIZE
         self.tc_ids: tuple[int, ...] = ()  # from the last CONNECTED
         self.broker_protocol = 0  # the protocol version of the last CONNECTED
@@ -296,6 +310,7 @@ class Connection:
         self._last_producer_id = 0
         self._last_consumer_id = 0
         self._last_error: TxnbufError | None = None
+        self._fatal: TxnbufError | None = None  # why the first connection can never succeed
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -351,6 +366,10 @@ class Connection:
             raise BrokerConnectionError(
                 f"could not connect to {self.url} within {self.operation_timeout} s: {cause}"
             ) from cause
+        except TxnbufError:
+            if self._fatal is not None:
+                await self.close()
+            raise
 
     async def close(self) -> None:
         """Stop reconnecting, close the socket and the session. Idempotent."""
@@ -371,6 +390,8 @@ class Connection:
         """The current link once it is up and every producer and consumer is
         re-created on it."""
         while True:
+            if self._fatal is not None:
+                raise copy_error(self._fatal)
             if self._closed:
                 raise ClientClosedError("the client is closed")
             if self._ready.is_set() and self.link is not None:
@@ -493,6 +514,10 @@ class Connection:
             except TxnbufError as exc:
                 self._last_error = exc
                 log.info("connection to %s: %s", self.url, exc)
+                if self.gen == 0 and not exc.retriable:  # (see the module docstring)
+                    self._fatal = exc
+                    self._ready.set()
+                    return
             except Exception:
                 log.exception("connection to %s failed unexpectedly", self.url)
             if self._closed:
@@ -534,6 +559,7 @@ class Connection:
                         self.url + "/ws",
                         max_msg_size=0,
                         timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=2.0),
+                        ssl=self._ssl,
                     )
                     hello = command(
                         Type.CONNECT,
@@ -541,6 +567,9 @@ class Connection:
                         client_version=CLIENT_VERSION,
                         protocol_version=PROTOCOL_VERSION,
                     )
+                    if self._token:
+                        hello.connect.auth_method = "token"
+                        hello.connect.auth_data = self._token.encode()
                     await ws.send_bytes(hello.SerializeToString())
                     msg = await ws.receive()
             if msg.type != aiohttp.WSMsgType.BINARY:

@@ -3,17 +3,20 @@
 Everything durable in txnbuf is a ledger: partition logs, sidecar transaction
 logs, subscription cursors and coordinator logs. A `LedgerStore` is one
 SQLite database (WAL, ``synchronous=FULL``) holding many ledgers, written by
-group commits. `faults.hit(step)` is the test-only crash hook
+group commits; `ReadOnlyStore` opens one for reading only (tools that inspect
+a stopped broker's data). `faults.hit(step)` is the test-only crash hook
 every layer uses (it sits here, on the lowest floor).
 """
 
 from ledger import _faults as faults
+from ledger._readonly import ReadOnlyLedger, ReadOnlyStore
 from ledger._store import (
     Entry,
     Ledger,
     LedgerError,
     LedgerStore,
     pass_failure,
+    read_runs,
     settled,
     unawaited,
 )
@@ -23,8 +26,11 @@ __all__ = [
     "Ledger",
     "LedgerError",
     "LedgerStore",
+    "ReadOnlyLedger",
+    "ReadOnlyStore",
     "faults",
     "pass_failure",
+    "read_runs",
     "settled",
     "unawaited",
 ]

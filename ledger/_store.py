@@ -44,10 +44,10 @@ import os
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import aiosqlite
 
@@ -59,6 +59,7 @@ __all__ = [
     "LedgerError",
     "LedgerStore",
     "pass_failure",
+    "read_runs",
     "settled",
     "unawaited",
 ]
@@ -128,6 +129,29 @@ class Entry:
     entry_id: int
     meta: int
     data: bytes
+
+
+class Readable(Protocol):
+    """What reads a ledger's entries by range (`Ledger`, `ReadOnlyLedger`)."""
+
+    async def read(self, start: int, end: int) -> list[Entry]: ...
+
+
+async def read_runs(ledger: Readable, entry_ids: Sequence[int], window: int) -> dict[int, Entry]:
+    """The entries ``entry_ids`` (sorted) of ``ledger`` that exist, by id: one
+    read per run of ids that lie within ``window`` of its first."""
+    found: dict[int, Entry] = {}
+    i = 0
+    while i < len(entry_ids):
+        j = i
+        while j + 1 < len(entry_ids) and entry_ids[j + 1] - entry_ids[i] < window:
+            j += 1
+        wanted = set(entry_ids[i : j + 1])
+        for entry in await ledger.read(entry_ids[i], entry_ids[j]):
+            if entry.entry_id in wanted:
+                found[entry.entry_id] = entry
+        i = j + 1
+    return found
 
 
 async def _on_thread(conn: aiosqlite.Connection, fn: Callable[..., _T], *args: Any) -> _T:

@@ -212,10 +212,15 @@ def widen(fd: int) -> None:
         pass  # (not Linux, or above /proc/sys/fs/pipe-max-size: keep the default)
 
 
+def lock_path(path: str) -> str:
+    """The lock file of the database ``path``: its writer holds it exclusively."""
+    return path + ".lock"
+
+
 def lock(path: str, wait: float) -> int:
-    """Lock ``path + ".lock"``, waiting at most ``wait`` seconds for another
+    """Lock `lock_path`, waiting at most ``wait`` seconds for another
     writer of the database to go."""
-    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(lock_path(path), os.O_RDWR | os.O_CREAT, 0o644)
     deadline = time.monotonic() + wait
     while True:
         try:

@@ -150,7 +150,7 @@ def _rows(schema: Any, topic: str, partition: int, messages: list[Message]) -> p
             pa.array([f"{p}:{e}:{i}" for p, e, i in ids], pa.string()),
             pa.array([m.publish_time_ms * 1000 for m in messages], pa.timestamp("us", tz="UTC")),
             pa.array(
-                [list(m._single.properties.items()) for m in messages],
+                [list(m.properties.items()) for m in messages],
                 pa.map_(pa.string(), pa.string()),
             ),
         ],

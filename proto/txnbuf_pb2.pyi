@@ -136,12 +136,16 @@ class EntryBatch(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[SingleMessage, _Mapping]]] = ..., producer_name: _Optional[str] = ...) -> None: ...
 
 class CommandConnect(_message.Message):
-    __slots__ = ("client_version", "protocol_version")
+    __slots__ = ("client_version", "protocol_version", "auth_method", "auth_data")
     CLIENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    AUTH_METHOD_FIELD_NUMBER: _ClassVar[int]
+    AUTH_DATA_FIELD_NUMBER: _ClassVar[int]
     client_version: str
     protocol_version: int
-    def __init__(self, client_version: _Optional[str] = ..., protocol_version: _Optional[int] = ...) -> None: ...
+    auth_method: str
+    auth_data: bytes
+    def __init__(self, client_version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., auth_method: _Optional[str] = ..., auth_data: _Optional[bytes] = ...) -> None: ...
 
 class CommandConnected(_message.Message):
     __slots__ = ("server_version", "protocol_version", "max_message_size", "tc_ids")

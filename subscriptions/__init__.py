@@ -6,7 +6,14 @@ redelivered) them; the locks are records of the cursor ledger. A transaction
 is a `TxnKey`, ``(most_bits, least_bits)``: this package does not import tc.
 """
 
-from subscriptions._cursor import WHOLE_ENTRY, AckConflict, Cursor, TxnKey
+from subscriptions._cursor import (
+    WHOLE_ENTRY,
+    AckConflict,
+    Cursor,
+    TxnKey,
+    replay_cursor,
+    txn_end_record,
+)
 from subscriptions._manager import Subscriptions
 from subscriptions._state import TRANSITIONS, AckEvent, InvalidAckTransition, MsgState, transition
 from subscriptions._subscription import Consumer, PartitionSubscription, SubscriptionError, SubType
@@ -25,5 +32,7 @@ __all__ = [
     "SubscriptionError",
     "Subscriptions",
     "TxnKey",
+    "replay_cursor",
     "transition",
+    "txn_end_record",
 ]

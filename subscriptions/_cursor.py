@@ -34,14 +34,16 @@ import bisect
 import collections
 import itertools
 import json
+import logging
 from array import array
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 
 from sortedcontainers import SortedSet
 
 from buffer import Position
+from ledger import Entry
 from subscriptions._state import AckEvent, InvalidAckTransition, MsgState, transition
 
 __all__ = [
@@ -59,8 +61,12 @@ __all__ = [
     "check_txn_key",
     "decode_record",
     "encode_record",
+    "replay_cursor",
+    "txn_end_record",
     "txn_text",
 ]
+
+log = logging.getLogger(__name__)
 
 # A batch index meaning "every message of the entry": mark-delete (e, WHOLE_ENTRY)
 # says entry e is done.
@@ -163,6 +169,13 @@ class AckRecord:
         head = array("Q")
         head.frombytes(data[:16])
         return cls(kind, tuple(decode_record(data[16:])), (head[0], head[1]))
+
+
+def txn_end_record(txn: TxnKey, commit: bool) -> AckRecord:
+    """The record that ends ``txn`` on a cursor (EndTxnOnSubscription):
+    TXN_COMMIT or TXN_ABORT. Stored as ``record.encode()`` with ledger meta
+    ``record.kind``."""
+    return AckRecord(TXN_COMMIT if commit else TXN_ABORT, (), txn)
 
 
 _EVENTS = {
@@ -565,6 +578,38 @@ class Cursor:
         other.txn_acks = {txn: dict(mine) for txn, mine in self.txn_acks.items()}
         other._locked_entries = dict(self._locked_entries)
         return other
+
+
+def replay_cursor(
+    name: str, entries: Sequence[Entry], count: Callable[[int], int], last: int
+) -> tuple[Cursor, list[TxnKey]]:
+    """Rebuild a cursor from the entries of its ledger ``name``: a snapshot
+    first, then records (and later snapshots), each through `Cursor.apply`;
+    ``count`` and ``last`` as there. Returns the cursor and the transactions
+    whose end (TXN_COMMIT / TXN_ABORT) it replayed, in order. A record the
+    table refuses changes nothing, as when it was applied live. Raises
+    RuntimeError naming the ledger and entry if the ledger does not start
+    with a snapshot or holds a malformed record."""
+    if not entries or entries[0].meta != SNAPSHOT:
+        raise RuntimeError(f"cursor ledger {name} does not start with a snapshot")
+    cursor = Cursor.from_snapshot(entries[0].data)
+    ended: list[TxnKey] = []
+    for entry in entries[1:]:
+        if entry.meta == SNAPSHOT:
+            cursor = Cursor.from_snapshot(entry.data)
+            continue
+        try:
+            record = AckRecord.decode(entry.meta, entry.data)
+        except ValueError as exc:
+            raise RuntimeError(f"cursor ledger {name}, entry {entry.entry_id}: {exc}") from exc
+        try:
+            cursor.apply(record.kind, record.positions, count, last, record.txn)
+        except InvalidAckTransition as exc:
+            # Refused when it was applied live too: it changes nothing.
+            log.info("%s: record %d refused on replay: %s", name, entry.entry_id, exc)
+        if record.kind in (TXN_COMMIT, TXN_ABORT) and record.txn is not None:
+            ended.append(record.txn)
+    return cursor, ended
 
 
 def _run_length(acked: SortedSet, first: Position, end: int) -> int:

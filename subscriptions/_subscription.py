@@ -47,7 +47,7 @@ from itertools import repeat
 from sortedcontainers import SortedSet
 
 from buffer import DATA, Partition, Position, TransactionBuffer, entry_count, entry_kind
-from ledger import Entry, Ledger, faults, unawaited
+from ledger import Entry, Ledger, faults, read_runs, unawaited
 from proto import txnbuf_pb2 as pb
 from subscriptions._cursor import (
     CUMULATIVE,
@@ -64,6 +64,8 @@ from subscriptions._cursor import (
     check_txn_key,
     decode_record,
     encode_record,
+    replay_cursor,
+    txn_end_record,
     txn_text,
 )
 from subscriptions._state import InvalidAckTransition, MsgState
@@ -224,28 +226,7 @@ class PartitionSubscription:
             uncommitted = (uledger, await _load_uncommitted(uledger))
             count = _count_without_markers(partition)
         entries = await ledger.read(ledger.first_entry_id, ledger.last_entry_id)
-        if not entries or entries[0].meta != SNAPSHOT:
-            raise RuntimeError(f"cursor ledger {ledger.name} does not start with a snapshot")
-        cursor = Cursor.from_snapshot(entries[0].data)
-        last = partition.ledger.last_entry_id
-        ended: list[TxnKey] = []
-        for entry in entries[1:]:
-            if entry.meta == SNAPSHOT:
-                cursor = Cursor.from_snapshot(entry.data)
-                continue
-            try:
-                record = AckRecord.decode(entry.meta, entry.data)
-            except ValueError as exc:
-                raise RuntimeError(
-                    f"cursor ledger {ledger.name}, entry {entry.entry_id}: {exc}"
-                ) from exc
-            try:
-                cursor.apply(record.kind, record.positions, count, last, record.txn)
-            except InvalidAckTransition as exc:
-                # Refused when it was applied live too: it changes nothing.
-                log.info("%s: record %d refused on replay: %s", ledger.name, entry.entry_id, exc)
-            if record.kind in (TXN_COMMIT, TXN_ABORT) and record.txn is not None:
-                ended.append(record.txn)
+        cursor, ended = replay_cursor(ledger.name, entries, count, partition.ledger.last_entry_id)
         sub = cls(partition, name, ledger, cursor, uncommitted)
         sub._records_since_snapshot = len(entries) - 1
         for txn in ended:
@@ -512,7 +493,7 @@ class PartitionSubscription:
             r.kind == TXN_ACK and r.txn == txn for r in self._inflight
         ):
             return None
-        return self._persist(AckRecord(TXN_COMMIT if commit else TXN_ABORT, (), txn))
+        return self._persist(txn_end_record(txn, commit))
 
     def _check_txn(self, txn: object) -> TxnKey:
         try:
@@ -915,14 +896,14 @@ class PartitionSubscription:
         part = self.partition
         fetched: dict[int, Entry | None] = dict.fromkeys(entry_ids)
         committed = [e for e in entry_ids if e >= -1]
-        for entry in (await _read_runs(part.ledger, committed)).values():
+        for entry in (await read_runs(part.ledger, committed, READ_BATCH)).values():
             if entry_kind(entry.meta) != DATA:
                 entry = Entry(entry.entry_id, entry.meta, await part.materialize(entry))
             fetched[entry.entry_id] = entry
         buffer = self._buffer
         sidecar_ids = sorted(from_wire((e, 0))[0] for e in entry_ids if e < -1)
         if buffer is not None and sidecar_ids:
-            for entry in (await _read_runs(buffer.sidecar, sidecar_ids)).values():
+            for entry in (await read_runs(buffer.sidecar, sidecar_ids, READ_BATCH)).values():
                 batch = buffer.uncommitted_batch(entry)
                 if batch is not None:
                     wire_id = to_wire((entry.entry_id, 0))[0]
@@ -1012,22 +993,6 @@ def _snapshot_then_trim(ledger: Ledger, snapshot: bytes, meta: int) -> None:
             ledger.trim(fut.result())
 
     fut.add_done_callback(trim)
-
-
-async def _read_runs(ledger: Ledger, entry_ids: list[int]) -> dict[int, Entry]:
-    """The entries ``entry_ids`` (sorted) that exist, one read per run of nearby ids."""
-    found: dict[int, Entry] = {}
-    i = 0
-    while i < len(entry_ids):
-        j = i
-        while j + 1 < len(entry_ids) and entry_ids[j + 1] - entry_ids[i] < READ_BATCH:
-            j += 1
-        wanted = set(entry_ids[i : j + 1])
-        for entry in await ledger.read(entry_ids[i], entry_ids[j]):
-            if entry.entry_id in wanted:
-                found[entry.entry_id] = entry
-        i = j + 1
-    return found
 
 
 async def _load_uncommitted(ledger: Ledger) -> UncommittedCursor:

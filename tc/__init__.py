@@ -16,6 +16,7 @@ from tc._coordinator import (
     TransactionCoordinator,
     TwoPhaseCommitNotAllowedError,
 )
+from tc._log import TxnLog
 from tc._producers import (
     DEFAULT_EXPIRATION_MS,
     MAX_EPOCH,
@@ -67,6 +68,7 @@ __all__ = [
     "TwoPhaseCommitNotAllowedError",
     "TxnEvent",
     "TxnID",
+    "TxnLog",
     "TxnMeta",
     "TxnNotFoundError",
     "TxnStatus",

@@ -65,6 +65,7 @@ from tc._producers import (
     DEFAULT_EXPIRATION_MS,
     MAX_TXN_TIMEOUT_MS,
     ConcurrentTransactionsError,
+    InvalidPidMappingError,
     InvalidTransactionTimeoutError,
     InvalidTxnStateError,
     ProducerEntry,
@@ -632,6 +633,14 @@ class TransactionCoordinator:
 
     def producer(self, transactional_id: str) -> ProducerEntry | None:
         return self._producers.get(transactional_id)
+
+    def producer_of(self, producer_id: int) -> ProducerEntry | None:
+        """The entry holding ``producer_id`` (None if none does): whose
+        transactional id a request carrying only the producer id acts for."""
+        try:
+            return self._producers.of_producer(producer_id)
+        except InvalidPidMappingError:
+            return None
 
     async def init_producer(
         self,

@@ -4,6 +4,11 @@
 directory, waits until /admin/v1/health answers, and always stops it. A
 test can `kill()` it (SIGKILL) and `start()` it again on the same port and
 data directory. On failure the broker's log is shown (captured teardown output).
+
+A test (or module) marked ``auth`` gets a broker that authenticates: a
+secret key beside its data directory, and a superuser's token in
+``TXNBUF_TOKEN`` (which `client.Client` reads) and in `BrokerProcess.token`
+(which `BrokerProcess.admin` sends).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -22,6 +28,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from broker._auth import create_secret_key, create_token, load_signing_key
 from proto import txnbuf_pb2 as pb
 
 
@@ -34,7 +41,9 @@ def free_port() -> int:
 class BrokerProcess:
     """A `txnbuf serve` subprocess that tests may kill and restart."""
 
-    def __init__(self, data_dir: Path, log_path: Path, port: int | None = None) -> None:
+    def __init__(
+        self, data_dir: Path, log_path: Path, port: int | None = None, auth: bool = False
+    ) -> None:
         self.data_dir = data_dir
         self.log_path = log_path
         self.port = port or free_port()
@@ -42,10 +51,34 @@ class BrokerProcess:
         self.env: dict[str, str] = {}  # extra environment, e.g. TXNBUF_FAULT
         self.args: list[str] = []  # extra `txnbuf serve` arguments
         self.new_session = False  # its own process group (a terminal's Ctrl-C reaches all of it)
+        self.secret_key_file: Path | None = None  # set: the broker authenticates
+        self.token: str | None = None  # a superuser's, sent by `admin`
+        self.tls: tuple[Path, Path, Path] | None = None  # (cert, key, CA): serve https
+        if auth:
+            self.enable_auth()
+
+    def enable_auth(self) -> None:
+        """Authenticate tokens signed with a secret key kept beside the data
+        directory; `token` becomes a superuser's (role ``admin``)."""
+        key_file = self.data_dir.parent / f"{self.data_dir.name}-secret.key"
+        if not key_file.exists():
+            key_file.write_text(create_secret_key())
+        self.secret_key_file = key_file
+        self.token = self.make_token("admin")
+
+    def make_token(self, role: str, expires_in: float | None = None) -> str:
+        """A token for ``role`` signed with this broker's secret key."""
+        assert self.secret_key_file is not None, "enable_auth() first"
+        key, algorithm = load_signing_key(self.secret_key_file)
+        return create_token(role, key, algorithm, expires_in)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
+
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        return None if self.tls is None else ssl.create_default_context(cafile=self.tls[2])
 
     def start(self, timeout: float = 30.0) -> None:
         assert self.proc is None or self.proc.poll() is not None, "broker already running"
@@ -64,6 +97,10 @@ class BrokerProcess:
             "INFO",
             *self.args,
         ]
+        if self.secret_key_file is not None:
+            cmd += ["--auth-secret-key-file", str(self.secret_key_file)]
+        if self.tls is not None:
+            cmd += ["--tls-cert", str(self.tls[0]), "--tls-key", str(self.tls[1])]
         self.proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=self.new_session
         )
@@ -73,7 +110,8 @@ class BrokerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"broker exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                with urllib.request.urlopen(self.url + "/admin/v1/health", timeout=1) as r:
+                health = self.url + "/admin/v1/health"
+                with urllib.request.urlopen(health, timeout=1, context=self._ssl_context()) as r:
                     if r.status == 200:
                         return
             except OSError:
@@ -109,18 +147,28 @@ class BrokerProcess:
         except FileNotFoundError:
             return ""
 
-    def admin(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
-        req = urllib.request.Request(self.url + path, data=body, method=method)
+    def admin(
+        self, method: str, path: str, body: bytes | None = None, token: str | None = None
+    ) -> tuple[int, bytes]:
+        """An admin API request with ``token`` (default: `token`, if any)."""
+        token = token if token is not None else self.token
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        req = urllib.request.Request(self.url + path, data=body, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(req, timeout=10) as r:
+            with urllib.request.urlopen(req, timeout=10, context=self._ssl_context()) as r:
                 return r.status, r.read()
         except urllib.error.HTTPError as e:
             return e.code, e.read()
 
 
 @pytest.fixture
-def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    proc = BrokerProcess(tmp_path / "data", tmp_path / "broker.log")
+def broker(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[BrokerProcess]:
+    auth = request.node.get_closest_marker("auth") is not None
+    proc = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", auth=auth)
+    if proc.token is not None:
+        monkeypatch.setenv("TXNBUF_TOKEN", proc.token)
     proc.start()
     try:
         yield proc
@@ -133,18 +181,19 @@ def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
 class RawConnection:
     """A bare WebSocket speaking BaseCommand frames, for protocol-level tests."""
 
-    def __init__(self, url: str, protocol_version: int = 1) -> None:
+    def __init__(self, url: str, protocol_version: int = 1, token: str | None = None) -> None:
         self.url = url
         self.protocol_version = protocol_version  # 2: the broker may answer in BATCH frames
+        self.token = token if token is not None else os.environ.get("TXNBUF_TOKEN", "")
 
     async def __aenter__(self) -> RawConnection:
         self._session = aiohttp.ClientSession()
         self.ws = await self._session.ws_connect(self.url + "/ws")
-        connected = await self.request(
-            pb.BaseCommand.CONNECT,
-            "connect",
-            pb.CommandConnect(protocol_version=self.protocol_version),
-        )
+        hello = pb.CommandConnect(protocol_version=self.protocol_version)
+        if self.token:
+            hello.auth_method = "token"
+            hello.auth_data = self.token.encode()
+        connected = await self.request(pb.BaseCommand.CONNECT, "connect", hello)
         assert connected.type == pb.BaseCommand.CONNECTED
         return self
 

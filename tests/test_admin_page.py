@@ -20,6 +20,7 @@ from selenium import webdriver
 from selenium.common.exceptions import TimeoutException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support import expected_conditions as ec
@@ -214,3 +215,44 @@ async def test_page_shows_a_stuck_transaction_and_skips_its_participant(
     assert status == 200
     meta = json.loads(body)
     assert meta["status"] == "COMMITTED" and meta["stuck"] == []
+
+
+def sign_in_on_the_page(driver: WebDriver, url: str, token: str, screenshot: Path) -> list[str]:
+    """Open the page of a broker that authenticates: what its status says
+    before and after the token is typed in."""
+    wait = WebDriverWait(driver, 15)
+    driver.get(url + "/")
+    try:
+        wait.until(ec.text_to_be_present_in_element((By.ID, "status"), "token needed"))
+        before = driver.find_element(By.ID, "status").text
+        field = driver.find_element(By.ID, "token")
+        field.send_keys(token)
+        field.send_keys(Keys.TAB)  # (a change event)
+        wait.until(ec.text_to_be_present_in_element((By.ID, "status"), "broker up"))
+        wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, 'tr[data-topic="signed"]')))
+        return [before, driver.find_element(By.ID, "status").text]
+    except TimeoutException:
+        driver.save_screenshot(str(screenshot))
+        raise AssertionError(
+            f"the page did not show what was expected (screenshot {screenshot}):\n"
+            + driver.find_element(By.TAG_NAME, "body").text
+        ) from None
+
+
+@pytest.mark.integration
+async def test_page_of_a_broker_that_authenticates_asks_for_a_token(
+    tmp_path: Path, browser: WebDriver
+) -> None:
+    broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", auth=True)
+    broker.start()
+    try:
+        status, _ = broker.admin("PUT", "/admin/v1/topics/signed", b"{}")
+        assert status == 200
+        assert broker.token is not None
+        before, after = await asyncio.to_thread(
+            sign_in_on_the_page, browser, broker.url, broker.token, tmp_path / "page.png"
+        )
+    finally:
+        broker.stop()
+    assert before.startswith("token needed: /admin/v1/") and "needs a token" in before
+    assert after == "broker up"

@@ -93,6 +93,28 @@ async def test_illegal_subscription_name(broker: BrokerProcess) -> None:
             await client.subscribe("t", "bad sub")
 
 
+async def test_producer_and_consumer_names_follow_the_name_rule(broker: BrokerProcess) -> None:
+    long = "n" * 10_000
+    async with Client(broker.url) as client:
+        for name in (long, "bad name", "a/b"):
+            with pytest.raises(errors.InvalidArgumentError, match="invalid producer name") as info:
+                await client.create_producer("names", name)
+            assert len(str(info.value)) < 400  # (at most 200 characters of it quoted)
+            with pytest.raises(errors.InvalidArgumentError, match="invalid consumer name") as info:
+                await client.subscribe("names", "s", consumer_name=name)
+            assert len(str(info.value)) < 400
+        with pytest.raises(errors.InvalidArgumentError, match="10000 characters") as info:
+            await client.subscribe("names", long)
+        assert len(str(info.value)) < 400
+        producer = await client.create_producer("names", "n" * 200)
+        await producer.send(b"x")
+    assert topics(broker) == ["names"]
+    status, body = broker.admin("PUT", "/admin/v1/topics/t", json.dumps({long: 1}).encode())
+    assert status == 400 and len(body) < 400 and b"unknown field" in body
+    status, body = broker.admin("GET", "/admin/v1/transactions/" + "9" * 5000)
+    assert status == 400 and len(body) < 400 and b"not a TxnID" in body
+
+
 async def test_send_to_closed_producer(broker: BrokerProcess) -> None:
     async with Client(broker.url) as client:
         producer = await client.create_producer("closed")

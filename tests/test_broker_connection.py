@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
+from broker._auth import AclStore, Security
 from broker._connection import Connection
 from broker._errors import BrokerError
 from proto import txnbuf_pb2 as pb
@@ -24,6 +26,7 @@ class _Coordinator:
 class _Broker:
     def __init__(self) -> None:
         self.tc = _Coordinator()
+        self.security = Security(AclStore(Path("unused-acl.json")))  # (never written)
 
     def coordinator(self, txnid: TxnID) -> _Coordinator:
         return self.tc

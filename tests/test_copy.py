@@ -22,7 +22,7 @@ import pytest
 from client import Client, Consumer, Message, errors
 from tests.conftest import BrokerProcess
 
-pytestmark = [pytest.mark.integration, pytest.mark.crash]
+pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.auth]
 
 N = 10_000
 PER_TXN = 100

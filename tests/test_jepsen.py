@@ -3,12 +3,15 @@
 Runs `txnbuf check` (the real CLI: a broker subprocess, concurrent
 transactional clients, faults, a history, the checker) and fails on any
 anomaly. Faults: SIGKILL and SIGSTOP/SIGCONT of the broker at seeded times,
-and client crashes mid-transaction. The long runs (README) use the same
-command with a longer ``--duration``.
+and client crashes mid-transaction. The broker authenticates (``--auth``):
+the clients hold a token of a role granted produce and consume on the
+queues only. The long runs (README) use the same command with a longer
+``--duration``.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -41,6 +44,7 @@ def test_queue_workload_under_kills_pauses_and_client_crashes_has_no_anomalies(
             str(history),
             "--workdir",
             str(tmp_path / "work"),
+            "--auth",
         ],
         capture_output=True,
         text=True,
@@ -58,3 +62,9 @@ def test_queue_workload_under_kills_pauses_and_client_crashes_has_no_anomalies(
                    if line.startswith("operations")))  # fmt: skip
     assert ops > 1000
     assert history.stat().st_size > 0
+    assert ", tokens;" in result.stderr
+    grants = json.loads((tmp_path / "work" / "data" / "acl.json").read_text())["grants"]
+    assert {(g["role"], g["permission"]) for g in grants} == {
+        ("workload", "produce"),
+        ("workload", "consume"),
+    }

@@ -19,8 +19,11 @@ from buffer import (
     PublishResult,
     SendRejectedError,
     Topics,
+    check_consumer_name,
+    check_producer_name,
     check_subscription_name,
     check_topic_name,
+    quoted,
 )
 from ledger import LedgerStore
 from proto import txnbuf_pb2 as pb
@@ -103,10 +106,22 @@ def test_invalid_names(name: str) -> None:
     with pytest.raises(InvalidNameError) as info:
         check_topic_name(name)
     assert info.value.kind == "topic"
-    assert repr(name) in str(info.value)
+    assert repr(name[:200]) in str(info.value)  # (quoted whole up to 200 characters)
     with pytest.raises(InvalidNameError) as info:
         check_subscription_name(name)
     assert info.value.kind == "subscription"
+
+
+def test_an_error_quotes_at_most_200_characters_of_a_name() -> None:
+    for check in (check_topic_name, check_producer_name, check_consumer_name):
+        with pytest.raises(InvalidNameError) as info:
+            check("y" * 10_000)
+        text = str(info.value)
+        assert "y" * 200 in text and "y" * 201 not in text
+        assert "(10000 characters)" in text and len(text) < 400
+    assert quoted("ab") == "'ab'"
+    assert quoted(b"z" * 300) == repr(b"z" * 200) + "... (300 characters)"
+    assert len(quoted(list(range(1000)))) < 230
 
 
 def test_non_string_name_is_invalid() -> None:

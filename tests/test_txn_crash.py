@@ -20,7 +20,7 @@ import pytest
 from client import Client, errors
 from tests.conftest import BrokerProcess
 
-pytestmark = [pytest.mark.integration, pytest.mark.crash]
+pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.auth]
 
 N_INPUTS = 6
 
