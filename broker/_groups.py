@@ -10,6 +10,9 @@ exactly-once sink (`pipelines`) needs of the coordinators.
   idempotently under (group, sequence) (`tc.TransactionCoordinator.commit_group`).
 - ABORT_TAGGED: abort the undecided transactions of a tag (or a tag prefix).
 
+PREPARE_TXN, COMMIT_GROUP and ABORT_TAGGED decide transactions: they need
+what ending each of them by END_TXN needs (`broker._auth`).
+
 Admin (HTTP JSON): ``GET /admin/v1/tagged-transactions?tag=T[&prefix=true]``
 lists the transactions not ended with that tag on every coordinator, and
 ``POST /admin/v1/tagged-transactions/abort?tag=T[&prefix=true]`` aborts the
@@ -27,7 +30,7 @@ from aiohttp import web
 
 from broker._errors import BrokerError, error_code, error_text
 from proto import txnbuf_pb2 as pb
-from tc import TransactionCoordinator, TxnID, wire_txnid
+from tc import TransactionCoordinator, TxnID, TxnMeta, wire_txnid
 
 if TYPE_CHECKING:
     from broker._connection import Connection
@@ -56,6 +59,13 @@ def group_handlers(conn: Connection) -> dict[int, Callable[[pb.BaseCommand], Non
         T.COMMIT_GROUP: lambda cmd: _commit_group(conn, cmd),
         T.ABORT_TAGGED: lambda cmd: _abort_tagged(conn, cmd),
     }
+
+
+def _may_end(conn: Connection, metas: list[TxnMeta]) -> None:
+    """Deciding transactions needs what writing them needed, as END_TXN
+    (`broker._auth`); refused whole if one is refused."""
+    for meta in metas:
+        conn.broker.security.allow_end(conn.who, meta.partitions, meta.subscriptions)
 
 
 def _coordinator(conn: Connection, tc_id: int) -> TransactionCoordinator:
@@ -92,6 +102,8 @@ def _prepare_txn(conn: Connection, cmd: pb.BaseCommand) -> None:
         txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
         tc = conn.broker.coordinator(txnid)
         meta = tc.get(txnid)
+        if meta is not None:
+            _may_end(conn, [meta])
         if meta is not None and meta.producer is not None:
             raise BrokerError(
                 "NOT_ALLOWED",
@@ -158,6 +170,9 @@ def _commit_group(conn: Connection, cmd: pb.BaseCommand) -> None:
                 f"these belong to {others}",
             )
         tc = _coordinator(conn, req.tc_id)
+        named = [m for m in map(tc.get, txnids) if m is not None]
+        tagged = tc.transactions_tagged(req.abort_tag) if req.abort_tag else []
+        _may_end(conn, [*named, *tagged])
         duplicate, committed, aborted, done = tc.commit_group(
             req.group, req.sequence, txnids, req.abort_tag
         )
@@ -172,7 +187,9 @@ def _commit_group(conn: Connection, cmd: pb.BaseCommand) -> None:
 def _abort_tagged(conn: Connection, cmd: pb.BaseCommand) -> None:
     req = cmd.abort_tagged
     try:
-        aborted, done = _coordinator(conn, req.tc_id).abort_tagged(req.tag, req.prefix)
+        tc = _coordinator(conn, req.tc_id)
+        _may_end(conn, tc.transactions_tagged(req.tag, req.prefix) if req.tag else [])
+        aborted, done = tc.abort_tagged(req.tag, req.prefix)
     except Exception as exc:
         _group_respond(conn, req.request_id, exc)
         return

@@ -26,7 +26,9 @@ index); the position after the last message of an entry is (entry id + 1,
   again.
 
 A position before the first entry not trimmed, or past the end, is refused
-with INVALID_ARGUMENT naming the partition's range; nothing changes.
+with INVALID_ARGUMENT naming the partition's range; nothing changes. Who
+may (`broker._auth`): READ_ENTRIES needs consume on the topic, CURSOR
+consume on the topic and the subscription.
 """
 
 from __future__ import annotations
@@ -152,7 +154,8 @@ async def _read_entries(conn: Connection, req: pb.CommandReadEntries) -> None:
 async def _fill_read(
     conn: Connection, req: pb.CommandReadEntries, resp: pb.CommandReadEntriesResponse
 ) -> None:
-    part = _partition(conn.broker.topics.get(check_topic_name(req.topic)), req.topic, req.partition)
+    conn.broker.security.allow_read(conn.who, check_topic_name(req.topic))
+    part = _partition(conn.broker.topics.get(req.topic), req.topic, req.partition)
     if req.max_messages > MAX_MAX_MESSAGES:
         raise BrokerError(
             "INVALID_ARGUMENT",
@@ -222,8 +225,9 @@ async def _cursor(conn: Connection, req: pb.CommandCursor) -> None:
     resp.request_id = req.request_id
     try:
         broker = conn.broker
-        topic = await broker.topics.get_or_create(check_topic_name(req.topic))
         name = check_subscription_name(req.subscription)
+        broker.security.allow_consume(conn.who, check_topic_name(req.topic), name)
+        topic = await broker.topics.get_or_create(req.topic)
         by_index = {p.partition: p for p in req.acknowledge_before}
         if len(by_index) != len(req.acknowledge_before):
             raise BrokerError("INVALID_ARGUMENT", "acknowledge_before names a partition twice")

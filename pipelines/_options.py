@@ -59,6 +59,7 @@ class SourceOptions:
     """``spark.readStream.format("txnbuf")`` / ``spark.read.format("txnbuf")``."""
 
     service_url: str
+    token: str | None  # a JWT for an authenticating broker (None: TXNBUF_TOKEN)
     topic: str
     subscription: str  # the query's durable subscription (default: spark-<topic>)
     starting: str  # "earliest" / "latest" (a new subscription's position)
@@ -72,6 +73,7 @@ class SourceOptions:
         topic = _required(options, "topic")
         return cls(
             service_url=_url(options),
+            token=_get(options, "token") or None,
             topic=topic,
             subscription=_get(options, "subscription") or f"spark-{topic}",
             starting=_choice(
@@ -93,6 +95,7 @@ class SinkOptions:
     """``df.writeStream.format("txnbuf")`` / ``df.write.format("txnbuf")``."""
 
     service_url: str
+    token: str | None  # a JWT for an authenticating broker (None: TXNBUF_TOKEN)
     topic: str | None  # None: each row's ``topic`` column
     checkpoint: str | None  # checkpointLocation (finds the query id when no task reported it)
     transaction_timeout_ms: int  # a task's transaction is aborted if not prepared by then
@@ -102,6 +105,7 @@ class SinkOptions:
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
         return cls(
             service_url=_url(options),
+            token=_get(options, "token") or None,
             topic=_get(options, "topic") or None,
             checkpoint=_get(options, "checkpointLocation") or None,
             transaction_timeout_ms=_int(options, "transactionTimeoutMs", 600_000),

@@ -3,7 +3,7 @@
 Spark calls a data source from plain threads (the driver's source and
 commit processes, the executors' Python workers), and a Python worker is
 reused for many tasks. Each process gets one event loop in a daemon thread
-and keeps one `client.Client` per broker URL on it, so a reused worker or
+and keeps one `client.Client` per broker URL and token on it, so a reused worker or
 the long-lived source process connects once. `run` submits a coroutine to
 that loop and waits for its result. A process forked after the loop was
 started (Spark's workers are forked from a daemon) starts its own.
@@ -29,16 +29,17 @@ OPERATION_TIMEOUT = 60.0  # seconds a request to the broker may take
 class _Loop:
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self.clients: dict[str, Client] = {}
+        self.clients: dict[tuple[str, str | None], Client] = {}
         self.thread = threading.Thread(
             target=self.loop.run_forever, name="txnbuf-pipelines", daemon=True
         )
         self.thread.start()
 
-    async def client(self, url: str) -> Client:
-        client = self.clients.get(url)
+    async def client(self, url: str, token: str | None) -> Client:
+        client = self.clients.get((url, token))
         if client is None or client._closed:
-            client = self.clients[url] = Client(url, operation_timeout=OPERATION_TIMEOUT)
+            client = Client(url, operation_timeout=OPERATION_TIMEOUT, token=token)
+            self.clients[(url, token)] = client
             await client.connect()
         return client
 
@@ -80,12 +81,13 @@ async def _wrap(coro: Awaitable[T]) -> T:
     return await coro
 
 
-def with_client(url: str, work: Callable[[Client], Awaitable[T]]) -> T:
-    """``work(client)`` on this process's client of ``url``, run to its end."""
+def with_client(url: str, work: Callable[[Client], Awaitable[T]], token: str | None = None) -> T:
+    """``work(client)`` on this process's client of ``url`` (authenticated
+    with ``token``; None: ``TXNBUF_TOKEN``, if set), run to its end."""
     loop = _current()
 
     async def go() -> T:
-        return await work(await loop.client(url))
+        return await work(await loop.client(url, token))
 
     return run(go())
 

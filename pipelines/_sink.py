@@ -190,9 +190,9 @@ def write_task(
     try:
         for batch in batches:
             if batch.num_rows:
-                with_client(url, functools.partial(_send, task, batch))
+                with_client(url, functools.partial(_send, task, batch), options.token)
             _faults.hit("sink.task_write")
-        txn = with_client(url, lambda client: task.prepare())
+        txn = with_client(url, lambda client: task.prepare(), options.token)
     except BaseException:
         run(task.abort())
         raise
@@ -230,7 +230,7 @@ def commit_batch(
                 result.aborted,
             )
 
-    with_client(options.service_url, work)
+    with_client(options.service_url, work, options.token)
     _faults.hit("sink.after_commit")
 
 
@@ -254,7 +254,7 @@ def abort_batch(options: SinkOptions, messages: list[SinkCommit | None], batch_i
         for qid in ids:
             await groups.abort_tagged(batch_tag(qid, batch_id))
 
-    with_client(options.service_url, work)
+    with_client(options.service_url, work, options.token)
 
 
 def checkpoint_query_id(checkpoint: str | None) -> str | None:

@@ -171,7 +171,9 @@ def read_range(
         return got, reader.position
 
     while start < end:
-        messages, after = with_client(options.service_url, functools.partial(next_batch, start))
+        messages, after = with_client(
+            options.service_url, functools.partial(next_batch, start), options.token
+        )
         if not messages or after <= start:
             raise RuntimeError(
                 f"txnbuf: {options.topic!r} partition {part.partition} gave no messages from "
@@ -200,7 +202,7 @@ class TxnbufStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         async def work(client: Client) -> dict[int, Position]:
             return await self._cursor(client, name, self.options.starting).positions()
 
-        return _offset(name, with_client(self.options.service_url, work))
+        return _offset(name, with_client(self.options.service_url, work, self.options.token))
 
     def _ends(self, start: dict[str, Any], limit: int | None) -> dict[str, Any]:
         """The end offset of a batch from ``start``: every partition's end,
@@ -230,7 +232,7 @@ class TxnbufStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     ends[p] = (await readers[p].look_ahead(n, cap[p])).next
             return ends
 
-        return _offset(name, with_client(self.options.service_url, work))
+        return _offset(name, with_client(self.options.service_url, work, self.options.token))
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         if isinstance(limit, ReadMaxRows):
@@ -253,7 +255,7 @@ class TxnbufStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             partitions = range(await client.partitions(topic))
             return {p: await (await client.create_reader(topic, p)).end() for p in partitions}
 
-        self._target = with_client(self.options.service_url, work)
+        self._target = with_client(self.options.service_url, work, self.options.token)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[_Range]:
         starts, ends = positions_of(start), positions_of(end)
@@ -272,7 +274,7 @@ class TxnbufStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             cursor = self._cursor(client, end["subscription"], self.options.starting)
             await cursor.acknowledge_before(positions)
 
-        with_client(self.options.service_url, work)
+        with_client(self.options.service_url, work, self.options.token)
 
     def stop(self) -> None:
         pass
@@ -305,7 +307,7 @@ class TxnbufBatchReader(DataSourceReader):
                     out.append(_Range(p, start, end))
             return out
 
-        return with_client(self.options.service_url, work)
+        return with_client(self.options.service_url, work, self.options.token)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_range(self.options, self.schema, _range(partition))

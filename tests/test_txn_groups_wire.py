@@ -10,8 +10,9 @@ import time
 
 import pytest
 
-from client import Client, TransactionGroups
+from client import Client, Position, SubscriptionCursor, TransactionGroups
 from client.errors import (
+    AuthorizationError,
     InvalidInputError,
     InvalidTxnStatusError,
     TransactionCoordinatorNotFoundError,
@@ -158,3 +159,40 @@ async def test_orphans_are_found_and_aborted_by_tag_or_by_their_timeout(
             status, body = broker.admin("GET", f"/admin/v1/transactions/{txn.id}")
             assert json.loads(body)["status"] == "ABORTED"
         assert await values(client, "out") == []
+
+
+@pytest.mark.auth
+async def test_reading_and_deciding_need_the_permissions_of_writing(
+    broker: BrokerProcess,
+) -> None:
+    for permission, resource in (("consume", "topic:in"), ("produce", "topic:out")):
+        body = json.dumps({"role": "job", "permission": permission, "resource": resource})
+        assert broker.admin("POST", "/admin/v1/acl/grant", body.encode())[0] == 200
+    body = json.dumps({"role": "stranger", "permission": "consume", "resource": "topic:in"})
+    assert broker.admin("POST", "/admin/v1/acl/grant", body.encode())[0] == 200
+    async with Client(broker.url) as admin:  # (TXNBUF_TOKEN: a superuser)
+        await (await admin.create_producer("in")).send(b"input")
+    async with (
+        Client(broker.url, token=broker.make_token("job")) as job,
+        Client(broker.url, token=broker.make_token("stranger")) as stranger,
+    ):
+        assert await values(job, "in") == [b"input"]
+        assert await SubscriptionCursor(job, "in", "job-sub", "earliest").positions() == {
+            0: Position(0, 0)
+        }
+        with pytest.raises(AuthorizationError, match="consume"):
+            await values(job, "out")  # (produce only)
+        groups = TransactionGroups(job)
+        txn = await groups.new_transaction("job/0")
+        await (await job.create_producer("out")).send(b"output", txn=txn)
+        await txn.prepare()
+        theirs = TransactionGroups(stranger)
+        with pytest.raises(AuthorizationError, match="produce"):
+            await theirs.commit("job", 0, [txn.id], tc_id=0)
+        with pytest.raises(AuthorizationError, match="produce"):
+            await theirs.abort_tagged("job/0")
+        with pytest.raises(AuthorizationError, match="consume"):
+            await SubscriptionCursor(stranger, "out", "theirs").positions()
+        assert await groups.commit("job", 0, [txn.id], tc_id=0) == (False, 1, 0)
+    async with Client(broker.url) as admin:
+        assert await values(admin, "out") == [b"output"]
