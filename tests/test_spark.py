@@ -8,6 +8,7 @@ tests/test_spark_crash.py."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import collections
 import importlib.util
@@ -273,3 +274,21 @@ def test_the_join_example_enriches_each_order_once(
     assert sorted(o["order_id"] for o in joined) == sorted(f"o-{i}" for i in range(140))
     assert {o["tier"] for o in joined if o["customer"] == "c-6"} == {"unknown"}
     assert {o["name"] for o in joined if o["customer"] == "c-1"} == {"Customer 1"}
+
+
+def test_the_benchmark_runs_small(spark: Any, module_broker: BrokerProcess, tmp_path: Path) -> None:
+    from bench import spark as bench_spark
+
+    url = module_broker.url
+    names = [bench_spark.subscription(f"{sink}-0") for sink in ("txnbuf", "parquet")]
+    asyncio.run(bench_spark.load(url, 3000, 50, names))
+    runs = {
+        sink: [bench_spark.spark_run(spark, url, sink, 0, 500, tmp_path, 3000, 50)]
+        for sink in ("txnbuf", "parquet")
+    }
+    # (each run checked its output: every input once, upper-cased)
+    assert [len(r[0].batches) for r in runs.values()] == [6, 6]
+    assert all(r[0].rate > 0 and r[0].latency(0.5) > 0 for r in runs.values())
+    args = argparse.Namespace(messages=3000, size=50, batch=500, rounds=1)
+    text = bench_spark.report(args, runs, [1000.0])
+    assert "txnbuf sink / parquet sink" in text and "| direct CTP" in text
