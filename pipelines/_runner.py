@@ -56,6 +56,9 @@ class _Loop:
             except Exception:  # (closing on the way out: nothing left to tell)
                 pass
             self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(5)
+        if not self.thread.is_alive():
+            self.loop.close()
 
 
 _loops: dict[int, _Loop] = {}

@@ -13,6 +13,7 @@ import asyncio
 import collections
 import importlib.util
 import json
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,6 +50,7 @@ def spark(faults: Path) -> Iterator[Any]:
         yield session
     finally:
         session.stop()
+        os.environ.pop("TXNBUF_SPARK_FAULT_DIR", None)
 
 
 @pytest.fixture
