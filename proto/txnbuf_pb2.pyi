@@ -328,18 +328,20 @@ class CommandFlow(_message.Message):
     def __init__(self, consumer_id: _Optional[int] = ..., permits: _Optional[int] = ...) -> None: ...
 
 class DeliveredEntry(_message.Message):
-    __slots__ = ("partition", "entry_id", "data", "indexes", "redelivery_count")
+    __slots__ = ("partition", "entry_id", "data", "indexes", "redelivery_count", "first_index")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     INDEXES_FIELD_NUMBER: _ClassVar[int]
     REDELIVERY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    FIRST_INDEX_FIELD_NUMBER: _ClassVar[int]
     partition: int
     entry_id: int
     data: bytes
     indexes: _containers.RepeatedScalarFieldContainer[int]
     redelivery_count: int
-    def __init__(self, partition: _Optional[int] = ..., entry_id: _Optional[int] = ..., data: _Optional[bytes] = ..., indexes: _Optional[_Iterable[int]] = ..., redelivery_count: _Optional[int] = ...) -> None: ...
+    first_index: int
+    def __init__(self, partition: _Optional[int] = ..., entry_id: _Optional[int] = ..., data: _Optional[bytes] = ..., indexes: _Optional[_Iterable[int]] = ..., redelivery_count: _Optional[int] = ..., first_index: _Optional[int] = ...) -> None: ...
 
 class CommandMessage(_message.Message):
     __slots__ = ("consumer_id", "entries")

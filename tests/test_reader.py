@@ -156,3 +156,21 @@ async def test_a_cursor_holds_retention_up_to_what_it_acknowledged(
         with pytest.raises(InvalidInputError):
             SubscriptionCursor(client, "kept", "job-1", "middle")
         assert await cursor.positions() == {0: Position(40, 0)}
+
+
+async def test_part_of_a_large_transaction_is_sent_alone(broker: BrokerProcess) -> None:
+    async with Client(broker.url) as client:
+        producer = await client.create_producer("big")
+        async with client.transaction() as txn:
+            for i in range(3000):
+                producer.send_nowait(b"%05d" % i, txn=txn)
+        conn = client._conn
+        part = await read_entries(conn, "big", 0, Position(0, 1000), max_messages=500)
+        assert [m.value for m in part.messages] == [b"%05d" % i for i in range(1000, 1500)]
+        assert [m.message_id for m in part.messages][:2] == [(0, 0, 1000), (0, 0, 1001)]
+        assert part.next == Position(0, 1500)
+        reader = await client.create_reader("big", batch=1000)
+        seen = []
+        while batch := await reader.read_batch():
+            seen.extend(m.value for m in batch)
+        assert seen == [b"%05d" % i for i in range(3000)]
