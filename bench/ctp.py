@@ -82,6 +82,7 @@ from typing import Any
 
 import aiohttp
 
+from bench._progress import Runs
 from bench.txn import copy_in_one_txn, take
 from bench.txnceiling import Broker
 from bench.txnpath import cpu_seconds
@@ -837,14 +838,14 @@ def main() -> None:
             tempfile.TemporaryDirectory() as tmp,
             asyncio.Runner(loop_factory=_loop_factory()) as runner,
         ):
-            for r in range(args.rounds):
-                shift = r * len(variants) // args.rounds
-                for v in variants[shift:] + variants[:shift]:
-                    print(f"round {r + 1}/{args.rounds}: {v.label} ...", end="", flush=True,
-                          file=sys.stderr)  # fmt: skip
-                    run = one_run(v, args, tmp, cluster, runner)
-                    print(f" {run.rate:,.0f} msgs/s, output checked", file=sys.stderr)
-                    runs[v].append(run)
+            with Runs(args.rounds * len(variants), "ctp") as progress:
+                for r in range(args.rounds):
+                    shift = r * len(variants) // args.rounds
+                    for v in variants[shift:] + variants[:shift]:
+                        progress.start(f"round {r + 1}/{args.rounds}: {v.label}")
+                        run = one_run(v, args, tmp, cluster, runner)
+                        progress.done(f"{run.rate:,.0f} msgs/s, output checked")
+                        runs[v].append(run)
     finally:
         if cluster is not None:
             cluster.remove()

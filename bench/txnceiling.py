@@ -43,6 +43,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from bench._progress import Runs, legend
 from bench.throughput import BrokerProcess
 from bench.txn import send_in_transactions, send_pipelined
 from bench.txnpath import cpu_seconds
@@ -101,7 +102,7 @@ def one_run(
 def serve_free(argv: Sequence[str]) -> None:
     """Run `txnbuf serve` with the transaction machinery taken out of its
     connections (see the module docstring). Measurement only."""
-    from broker import _connection
+    from broker import _connection, _transactions
     from proto import txnbuf_pb2 as pb
     from tc import TxnID
 
@@ -117,12 +118,9 @@ def serve_free(argv: Sequence[str]) -> None:
             return
         producer = self.producers[req.producer_id]
         partition = producer.topic.partitions[req.partition]
-        if req.batch:
-            messages, encoded = pb.EntryBatch.FromString(req.batch).messages, req.batch
-        else:
-            messages, encoded = req.messages, None
+        messages = pb.EntryBatch.FromString(req.batch).messages
         first = req.first_sequence_id if req.HasField("first_sequence_id") else None
-        stored = asyncio.ensure_future(partition.publish(producer.name, messages, encoded, first))
+        stored = asyncio.ensure_future(partition.publish(producer.name, messages, req.batch, first))
         last_send[req.txnid_most_bits, req.txnid_least_bits] = stored
 
         def receipt(_stored: asyncio.Future[Any]) -> None:
@@ -135,7 +133,7 @@ def serve_free(argv: Sequence[str]) -> None:
 
         stored.add_done_callback(receipt)
 
-    def free_end_txn(self: _connection.Connection, cmd: pb.BaseCommand) -> None:
+    def free_end_txn(self: _transactions.Transactions, cmd: pb.BaseCommand) -> None:
         req = cmd.end_txn
         following = TxnID(0, next(ids)) if req.HasField("next_txn_ttl_ms") else None
         stored = last_send.pop((req.txnid_most_bits, req.txnid_least_bits), None)
@@ -149,7 +147,7 @@ def serve_free(argv: Sequence[str]) -> None:
             stored.add_done_callback(answer)
 
     conn_class._on_send = free_on_send  # type: ignore[method-assign]
-    conn_class._on_end_txn = free_end_txn  # type: ignore[method-assign]
+    _transactions.Transactions.on_end_txn = free_end_txn  # type: ignore[method-assign]
     from broker.cli import main as broker_main
 
     broker_main(list(argv))
@@ -173,11 +171,15 @@ def main() -> None:
     except ImportError:
         loop_factory = None
     runs: dict[str, list[tuple[float, float, float, float]]] = {way: [] for way in WAYS}
-    with asyncio.Runner(loop_factory=loop_factory) as runner:
+    with (
+        asyncio.Runner(loop_factory=loop_factory) as runner,
+        Runs(args.rounds * len(WAYS), "txnceiling") as progress,
+    ):
         for r in range(args.rounds):
             for way in WAYS[r % 3 :] + WAYS[: r % 3]:
-                print(f"round {r + 1}: {way} ...", file=sys.stderr)
+                progress.start(f"round {r + 1}: {way}")
                 runs[way].append(one_run(way, args, runner))
+                progress.done(f"{runs[way][-1][0]:,.0f} msgs/s")
 
     def median(way: str, column: int) -> float:
         return statistics.median(run[column] for run in runs[way])
@@ -194,6 +196,12 @@ def main() -> None:
         each = ", ".join(f"{run[0] / base[0]:.2f}" for run, base in pairs)
         cpu = "".join(f" {median(way, column):>7.2f}" for column in (1, 2, 3))
         print(f"{way:<18} {rate:>9,.0f} {rate / plain:>6.2f}{cpu}   (ratio each round: {each})")
+    legend(
+        "ratio: msgs/s over plain's; client / broker / writer: CPU microseconds per message of "
+        "this process / the broker's event loop / its ledger writer",
+        "'txn, no machinery' is the ceiling: the same client work against a broker that "
+        "skips the transaction machinery (not a broker to serve data with)",
+    )
 
 
 if __name__ == "__main__":

@@ -4,10 +4,14 @@ The read loop decodes each frame and hands it to the handler of its type.
 Work that must keep the order of frames (queueing a send's append, granting
 permits) happens in the read loop; work that waits (durable acks, receipts,
 topic creation) runs in tasks, so one slow request never stalls the others.
-Answers go through one writer task, in order; to a client that speaks
-protocol version 2, the answers ready at once go as one BATCH frame (one
-write, one wake-up on each side), and a BATCH from the client is handled
-command by command.
+Answers go through one writer task, in order; the answers ready at once go
+as one BATCH frame (one write, one wake-up on each side), and a BATCH from
+the client is handled command by command. The transaction commands are
+`broker._transactions`' (one `Transactions` per connection).
+
+The connection speaks one protocol version, `PROTOCOL_VERSION` (see
+proto/txnbuf.proto): a CONNECT asking for another is answered with an ERROR
+naming both, and the connection is closed.
 
 Bad input (an undecodable frame, an unknown command, an illegal name, a send
 on a closed producer, an ack of an unknown message) is answered with an
@@ -20,7 +24,7 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +35,7 @@ from broker._auth import NOBODY, Principal
 from broker._epoch import epoch_handlers
 from broker._errors import BrokerError, error_code, error_text
 from broker._pipelines import pipeline_handlers
+from broker._transactions import CLUSTER_ROLE, Transactions
 from buffer import (
     InvalidNameError,
     MessageId,
@@ -55,17 +60,13 @@ def txn_key(txnid: TxnID) -> tuple[int, int]:
     return (txnid.most_bits, txnid.least_bits)
 
 
-__all__ = ["Connection"]
+__all__ = ["CLUSTER_ROLE", "PROTOCOL_VERSION", "Connection"]
 
 log = logging.getLogger(__name__)
 
-# 2: BATCH frames; 3: CommandAck.positions, CommandSend.batch; 4: add_to_txn
-# on transactional SENDs and ACKs; 5: END_TXN may open the next transaction
-# (next_txn_ttl_ms).
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6  # the only one served (proto/txnbuf.proto)
 SERVER_VERSION = "txnbuf/0.1.0"
 MAX_MESSAGE_SIZE = 5 << 20  # bytes in one frame the client may send
-CLUSTER_ROLE = "cluster"  # coordinator-to-participant commands need it
 
 T = pb.BaseCommand
 _BODY_TYPE = {name.lower(): value for name, value in T.Type.items()}
@@ -74,19 +75,6 @@ _SUB_TYPES = {
     pb.CommandSubscribe.SHARED: SubType.SHARED,
     pb.CommandSubscribe.FAILOVER: SubType.FAILOVER,
 }
-
-
-class _TxnOps:
-    """A transaction's SENDs and ACKs that a connection has read and not yet
-    answered, and the first error it answered one with: what an END_TXN
-    ``after_ops`` waits for."""
-
-    __slots__ = ("error", "pending", "settled")
-
-    def __init__(self) -> None:
-        self.pending = 0
-        self.error: str | None = None
-        self.settled: asyncio.Future[None] | None = None
 
 
 @dataclass(slots=True)
@@ -121,10 +109,7 @@ class Connection:
         self._out_ready = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
-        self._batches = False  # the client reads BATCH frames (protocol version 2)
-        # Per transaction (most, least bits): its SENDs and ACKs read here and
-        # not answered yet, or one answered with an error (END_TXN after_ops).
-        self._txn_ops: dict[tuple[int, int], _TxnOps] = {}
+        self.txns = txns = Transactions(self)
         self._handlers: dict[int, Callable[[pb.BaseCommand], None]] = {
             T.CONNECT: self._on_connect,
             T.PARTITIONED_METADATA: self._on_partitioned_metadata,
@@ -139,12 +124,12 @@ class Connection:
             T.CLOSE_CONSUMER: self._on_close_consumer,
             T.PING: self._on_ping,
             T.PONG: lambda cmd: None,
-            T.NEW_TXN: self._on_new_txn,
-            T.ADD_PARTITION_TO_TXN: self._on_add_partition,
-            T.ADD_SUBSCRIPTION_TO_TXN: self._on_add_subscription,
-            T.END_TXN: self._on_end_txn,
-            T.END_TXN_ON_PARTITION: self._on_end_txn_on_partition,
-            T.END_TXN_ON_SUBSCRIPTION: self._on_end_txn_on_subscription,
+            T.NEW_TXN: txns.on_new_txn,
+            T.ADD_PARTITION_TO_TXN: txns.on_add_partition,
+            T.ADD_SUBSCRIPTION_TO_TXN: txns.on_add_subscription,
+            T.END_TXN: txns.on_end_txn,
+            T.END_TXN_ON_PARTITION: txns.on_end_txn_on_partition,
+            T.END_TXN_ON_SUBSCRIPTION: txns.on_end_txn_on_subscription,
             T.BATCH: self._on_batch,
         }
         self._handlers.update(epoch_handlers(self))  # (the producer-epoch mode)
@@ -177,7 +162,7 @@ class Connection:
                     self._out.clear()
                     break
                 try:
-                    await self.ws.send_bytes(next_frame(self._out, self._batches))
+                    await self.ws.send_bytes(next_frame(self._out))
                 except (ConnectionError, RuntimeError) as exc:
                     log.info("connection %s: write failed: %s", self.peer, exc)
                     self._out.clear()
@@ -282,9 +267,19 @@ class Connection:
     # -- handlers -------------------------------------------------------------------
 
     def _on_connect(self, cmd: pb.BaseCommand) -> None:
+        version = cmd.connect.protocol_version
+        if version != PROTOCOL_VERSION:
+            self._error(
+                0,
+                pb.INVALID_ARGUMENT,
+                f"CONNECT asks for wire protocol version {version}, but this broker "
+                f"({SERVER_VERSION}) speaks version {PROTOCOL_VERSION} only: use a client "
+                "that speaks it",
+            )
+            self._hang_up()
+            return
         if not self._authenticate(cmd.connect):
             return
-        self._batches = cmd.connect.protocol_version >= 2
         self.send(
             command(
                 T.CONNECTED,
@@ -377,19 +372,21 @@ class Connection:
         self.send(self._success(req.request_id))
 
     def _on_send(self, cmd: pb.BaseCommand) -> None:
-        """Handle a SEND. A transactional one is counted among its
-        transaction's unanswered operations while it waits, so that END_TXN
-        after_ops waits for it; one answered at once is never counted,
-        unless it failed (the END learns why)."""
+        """Handle a SEND. A transactional one adds its partition to the
+        transaction (KIP-890 part 2), and is counted among its transaction's
+        unanswered operations while it waits, so that END_TXN after_ops
+        waits for it; one answered at once is never counted, unless it
+        failed (the END learns why)."""
         req = cmd.send
         producer = self.producers.get(req.producer_id)
         counted = False
+        read_at = time.perf_counter()
 
         def fail(code: pb.ServerError, message: str) -> None:
             if req.transactional:
                 if not counted:
-                    self._op_read(req)
-                self._op_answered(req, message)
+                    self.txns.op_read(req)
+                self.txns.op_answered(req, message)
             self.send(
                 command(
                     T.SEND_ERROR,
@@ -421,49 +418,43 @@ class Connection:
             )
             return
         partition = producer.topic.partitions[req.partition]
-        messages: Sequence[pb.SingleMessage] = req.messages
-        encoded: bytes | None = None
-        if req.batch:  # (protocol version 3) the messages, encoded as they will be stored
-            try:
-                batch = pb.EntryBatch.FromString(req.batch)
-            except DecodeError:
-                fail(pb.MALFORMED_FRAME, "SEND batch is not a valid EntryBatch")
-                return
-            if req.messages or batch.producer_name:
-                fail(
-                    pb.INVALID_ARGUMENT,
-                    "a SEND carries its messages one way: both batch and messages were given"
-                    if req.messages
-                    else "a SEND batch must not name a producer",
-                )
-                return
-            messages, encoded = batch.messages, req.batch
+        try:
+            batch = pb.EntryBatch.FromString(req.batch)  # (the messages, as they will be stored)
+        except DecodeError:
+            fail(pb.MALFORMED_FRAME, "SEND batch is not a valid EntryBatch")
+            return
+        messages = batch.messages
+        if not messages or batch.producer_name:
+            fail(
+                pb.INVALID_ARGUMENT,
+                "a SEND batch must not name a producer"
+                if messages
+                else "a SEND carries its messages in batch (an encoded EntryBatch): none given",
+            )
+            return
         first_seq = req.first_sequence_id if req.HasField("first_sequence_id") else None
         try:
             if req.transactional:
                 txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
-                # KIP-890's defense: only a transaction the coordinator knows
-                # as OPEN with this partition added may write here; the send
-                # may ask us to add it (KIP-890 part 2).
-                tc = self.broker.coordinator(txnid)
-                if req.add_to_txn:
-                    tc.add_partition(txnid, producer.topic.name, req.partition)
-                else:
-                    tc.verify_partition(txnid, producer.topic.name, req.partition)
+                # KIP-890's defense, part 2: the coordinator adds this
+                # partition to the transaction, or refuses one not OPEN.
+                self.broker.coordinator(txnid).add_partition(
+                    txnid, producer.topic.name, req.partition
+                )
                 # Answered once queued: a crash that loses it aborts the
                 # transaction (a lost send is never committed, see `tc`).
                 pending = self.broker.publish_txn(
-                    partition, txn_key(txnid), producer.name, messages, encoded, True, first_seq
+                    partition, txn_key(txnid), producer.name, messages, req.batch, True, first_seq
                 )
             else:
-                pending = partition.publish(producer.name, messages, encoded, first_seq)
+                pending = partition.publish(producer.name, messages, req.batch, first_seq)
         except Exception as exc:
             fail(error_code(exc), error_text(exc))
             return
 
         def answer(result: PublishResult) -> None:
             if counted:
-                self._op_answered(req, None)
+                self.txns.op_answered(req, None)
             out = pb.BaseCommand(type=T.SEND_RECEIPT)
             ack = out.send_receipt  # (filled in place: no copy)
             ack.producer_id = req.producer_id
@@ -480,6 +471,7 @@ class Connection:
                         partition=req.partition, entry_id=entry_id, batch_index=index
                     )
             self.send(out)
+            self.broker.metrics.send_seconds.observe(time.perf_counter() - read_at)
 
         if isinstance(pending, asyncio.Future) and pending.done() and not pending.cancelled():
             # Answered already (an early transactional send): no task, no
@@ -491,7 +483,7 @@ class Connection:
                 fail(error_code(error), error_text(error))
             return
         if req.transactional and not counted:
-            self._op_read(req)
+            self.txns.op_read(req)
             counted = True
 
         async def receipt() -> None:
@@ -570,7 +562,7 @@ class Connection:
         req = cmd.ack
         consumer = self.consumers.get(req.consumer_id)
         if req.transactional:
-            self._op_read(req)
+            self.txns.op_read(req)
 
         async def work() -> None:
             resp = pb.CommandAckResponse(consumer_id=req.consumer_id, request_id=req.request_id)
@@ -584,11 +576,9 @@ class Connection:
                 early = False
                 if req.transactional:
                     txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
-                    tc = self.broker.coordinator(txnid)
-                    if req.add_to_txn:  # (as for a send)
-                        tc.add_subscription(txnid, consumer.topic, consumer.subscription)
-                    else:
-                        tc.verify_subscription(txnid, consumer.topic, consumer.subscription)
+                    self.broker.coordinator(txnid).add_subscription(  # (as for a send)
+                        txnid, consumer.topic, consumer.subscription
+                    )
                     key = txn_key(txnid)
                     early = True  # (answered once queued, as a send)
                 await self.broker.subscriptions.ack_positions(
@@ -598,7 +588,7 @@ class Connection:
                 resp.error = error_code(exc)
                 resp.message = error_text(exc)
             if req.transactional:
-                self._op_answered(req, resp.message if resp.HasField("error") else None)
+                self.txns.op_answered(req, resp.message if resp.HasField("error") else None)
             self.send(command(T.ACK_RESPONSE, "ack_response", resp))
 
         self._spawn(work())
@@ -626,229 +616,6 @@ class Connection:
             return
         self.broker.subscriptions.detach(consumer)
         self.send(self._success(req.request_id))
-
-    # -- transactions (PIP-31 §TC Request Processing) -------------------------------
-
-    def _op_read(self, req: pb.CommandSend | pb.CommandAck) -> None:
-        """A transactional SEND or ACK is read: END_TXN after_ops waits for it."""
-        key = (req.txnid_most_bits, req.txnid_least_bits)
-        ops = self._txn_ops.get(key)
-        if ops is None:
-            ops = self._txn_ops[key] = _TxnOps()
-        ops.pending += 1
-
-    def _op_answered(self, req: pb.CommandSend | pb.CommandAck, error: str | None) -> None:
-        """A transactional SEND or ACK is answered, with ``error`` if it failed."""
-        key = (req.txnid_most_bits, req.txnid_least_bits)
-        ops = self._txn_ops.get(key)
-        if ops is None:
-            return
-        ops.pending -= 1
-        if error is not None and ops.error is None:
-            ops.error = error
-        if ops.pending == 0:
-            if ops.settled is not None and not ops.settled.done():
-                ops.settled.set_result(None)
-            if ops.error is None:  # (a failure is kept for the END that comes)
-                del self._txn_ops[key]
-
-    async def _ops_answered(self, req: pb.CommandEndTxn) -> None:
-        """END_TXN after_ops: wait until every transactional SEND and ACK of
-        the transaction read earlier on this connection is answered. Raise
-        NOT_ALLOWED (nothing changes) if one failed and the transaction is
-        still open: the client aborts it. (A transaction that an earlier END
-        committed already answers this one as a repeat.)"""
-        key = (req.txnid_most_bits, req.txnid_least_bits)
-        ops = self._txn_ops.get(key)
-        if ops is None:
-            return
-        if ops.pending:
-            if ops.settled is None:
-                ops.settled = asyncio.get_running_loop().create_future()
-            await asyncio.shield(ops.settled)
-        if ops.error is not None:
-            txnid = wire_txnid(*key)
-            if self.broker.coordinator(txnid).is_open(txnid):
-                raise BrokerError(
-                    "NOT_ALLOWED",
-                    f"commit of {txnid} refused: a send or ack of it failed ({ops.error}); "
-                    "nothing changed: abort it",
-                )
-
-    def _txn_respond(
-        self, req: Any, what: str, exc: BaseException | None, following: TxnID | None = None
-    ) -> None:
-        """Answer TXN_RESPONSE to ``req``: with the error set if ``exc``,
-        and with the next transaction if ``following`` (END_TXN's
-        ``next_txn_ttl_ms``)."""
-        cmd = pb.BaseCommand(type=T.TXN_RESPONSE)
-        resp = cmd.txn_response  # (filled in place: no copy)
-        resp.request_id = req.request_id
-        resp.txnid_most_bits = req.txnid_most_bits
-        resp.txnid_least_bits = req.txnid_least_bits
-        if following is not None:
-            resp.next_txnid_most_bits = following.most_bits
-            resp.next_txnid_least_bits = following.least_bits
-        if exc is not None:
-            resp.error = error_code(exc)
-            resp.message = error_text(exc)
-            if resp.error == pb.UNKNOWN_ERROR:
-                log.error("connection %s: %s failed", self.peer, what, exc_info=exc)
-        self.send(cmd)
-
-    def _on_new_txn(self, cmd: pb.BaseCommand) -> None:
-        req = cmd.new_txn
-        out = pb.BaseCommand(type=T.NEW_TXN_RESPONSE)
-        resp = out.new_txn_response
-        resp.request_id = req.request_id
-        try:
-            txnid = self._open_txn(req.tc_id, req.txn_ttl_ms)
-            resp.txnid_most_bits = txnid.most_bits
-            resp.txnid_least_bits = txnid.least_bits
-        except Exception as exc:
-            resp.error = error_code(exc)
-            resp.message = error_text(exc)
-        self.send(out)
-
-    def _on_add_partition(self, cmd: pb.BaseCommand) -> None:
-        req = cmd.add_partition_to_txn
-        try:
-            txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
-            tc = self.broker.coordinator(txnid)
-            parts = []
-            for ref in req.partitions:
-                topic = self.broker.topics.get(check_topic_name(ref.topic))
-                self.broker.security.allow_produce(self.who, ref.topic)
-                if topic is None or ref.partition >= len(topic.partitions):
-                    raise ValueError(f"no partition {ref.topic}/{ref.partition}")
-                parts.append((ref.topic, ref.partition))
-            if not parts:
-                raise ValueError("name at least one partition")
-            for topic_name, index in parts:
-                tc.add_partition(txnid, topic_name, index)
-        except Exception as exc:
-            self._txn_respond(req, "add partition to transaction", exc)
-            return
-        self._txn_respond(req, "add partition to transaction", None)
-
-    def _on_add_subscription(self, cmd: pb.BaseCommand) -> None:
-        req = cmd.add_subscription_to_txn
-        try:
-            txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
-            tc = self.broker.coordinator(txnid)
-            subs = [
-                (check_topic_name(ref.topic), check_subscription_name(ref.subscription))
-                for ref in req.subscriptions
-            ]
-            if not subs:
-                raise ValueError("name at least one subscription")
-            for topic_name, sub in subs:  # (all checked before any is added)
-                self.broker.security.allow_consume(self.who, topic_name, sub)
-            for topic_name, sub in subs:
-                tc.add_subscription(txnid, topic_name, sub)
-        except Exception as exc:
-            self._txn_respond(req, "add subscription to transaction", exc)
-            return
-        self._txn_respond(req, "add subscription to transaction", None)
-
-    def _on_end_txn(self, cmd: pb.BaseCommand) -> None:
-        """END_TXN. The client may ask for its next transaction with it
-        (``next_txn_ttl_ms``): it is opened now, alongside the END, and
-        answered only if the END succeeds (else aborted: the client asks
-        anew). A COMMIT ``after_ops`` whose transaction has SENDs or ACKs
-        read here and not yet answered (or one failed) waits for them in a
-        task; otherwise the coordinator decides now, in the group commit of
-        those sends and acks, and END is answered from a callback."""
-        req = cmd.end_txn
-        if not self._may_end(req):
-            return
-        following = self._open_next(req) if req.HasField("next_txn_ttl_ms") else None
-        ops = self._txn_ops.get((req.txnid_most_bits, req.txnid_least_bits))
-        if req.after_ops and req.txn_action == pb.COMMIT and ops is not None:
-            self._spawn(self._end_after_ops(req, following))
-            return
-        self._end(req, following)
-
-    async def _end_after_ops(self, req: pb.CommandEndTxn, following: TxnID | None) -> None:
-        try:
-            await self._ops_answered(req)
-        except Exception as exc:
-            self._abort_following(following)
-            self._txn_respond(req, "end transaction", exc)
-            return
-        self._end(req, following)
-
-    def _end(self, req: pb.CommandEndTxn, following: TxnID | None) -> None:
-        key = (req.txnid_most_bits, req.txnid_least_bits)
-        txnid = wire_txnid(*key)
-        try:
-            answered = self.broker.coordinator(txnid).end_txn(txnid, req.txn_action == pb.COMMIT)
-        except Exception as exc:
-            self._abort_following(following)
-            self._txn_respond(req, "end transaction", exc)
-            return
-
-        def done(f: asyncio.Future[None]) -> None:
-            if f.cancelled() or f.exception() is not None:
-                self._abort_following(following)
-                error = asyncio.CancelledError() if f.cancelled() else f.exception()
-                self._txn_respond(req, "end transaction", error)
-                return
-            self._forget_ops(key)
-            self._txn_respond(req, "end transaction", None, following)
-
-        answered.add_done_callback(done)
-
-    def _open_txn(self, tc_id: int, ttl_ms: int) -> TxnID:
-        """A new transaction on coordinator ``tc_id`` (NEW_TXN, or the next
-        one an END_TXN asks for)."""
-        tc = self.broker.coordinators.get(tc_id)
-        if tc is None:
-            raise BrokerError(
-                "TRANSACTION_COORDINATOR_NOT_FOUND",
-                f"no coordinator {tc_id} here (coordinators: {sorted(self.broker.coordinators)})",
-            )
-        return tc.new_txn(ttl_ms)
-
-    def _open_next(self, req: pb.CommandEndTxn) -> TxnID | None:
-        """Open the transaction an END_TXN asks for (its timeout, on its
-        coordinator); None if it cannot be opened (the END stands, and the
-        client asks with NEW_TXN)."""
-        try:
-            return self._open_txn(req.next_tc_id, req.next_txn_ttl_ms)
-        except Exception as exc:
-            log.debug("connection %s: no next transaction: %s", self.peer, exc)
-            return None
-
-    def _forget_ops(self, key: tuple[int, int]) -> None:
-        """The transaction ``key`` ended: forget its operations read here
-        (and a failure remembered for its END)."""
-        ops = self._txn_ops.get(key)
-        if ops is not None and not ops.pending:
-            del self._txn_ops[key]
-
-    def _abort_following(self, following: TxnID | None) -> None:
-        """The END that asked for ``following`` failed: abort it (nobody
-        learns its id; failing that, its timeout aborts it)."""
-        if following is None:
-            return
-        try:
-            self.broker.coordinator(following).end_txn(following, False).add_done_callback(_quietly)
-        except Exception as exc:
-            log.debug("connection %s: aborting unanswered %s failed: %s", self.peer, following, exc)
-
-    def _txn_answer(self, req: Any, work: Awaitable[None], what: str) -> None:
-        """Await ``work`` in a task; answer TXN_RESPONSE with its error, if any."""
-
-        async def run() -> None:
-            try:
-                await work
-            except Exception as exc:
-                self._txn_respond(req, what, exc)
-                return
-            self._txn_respond(req, what, None)
-
-        self._spawn(run())
 
     def _require_role(self, role: str, what: str) -> None:
         """Refuse ``what`` (AUTHORIZATION_ERROR, nothing changes) unless this
@@ -918,84 +685,25 @@ class Connection:
             return False
         return True
 
-    def _may_end(self, req: pb.CommandEndTxn) -> bool:
-        """END_TXN needs what writing the transaction needed (`broker._auth`).
-        False, after a refusal, if this connection lacks it. A transaction
-        unknown here is left to the END to answer."""
-        if self.who.superuser:
-            return True
-        txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
-        tc = self.broker.coordinators.get(txnid.tcid)
-        meta = tc.get(txnid) if tc is not None else None
-        if meta is None:
-            return True
-        try:
-            self.broker.security.allow_end(self.who, meta.partitions, meta.subscriptions)
-        except BrokerError as exc:
-            self._txn_respond(req, "end transaction", exc)
-            return False
-        return True
-
-    def _on_end_txn_on_partition(self, cmd: pb.BaseCommand) -> None:
-        req = cmd.end_txn_on_partition
-        txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
-        try:
-            self._require_role(CLUSTER_ROLE, "END_TXN_ON_PARTITION")
-            work: Awaitable[None] = self.broker.end_txn_on_partition_durably(
-                req.partition.topic, req.partition.partition, txnid, req.txn_action == pb.COMMIT
-            )
-        except Exception as exc:
-            work = _raise(exc)
-        self._txn_answer(req, work, "end transaction on partition")
-
-    def _on_end_txn_on_subscription(self, cmd: pb.BaseCommand) -> None:
-        req = cmd.end_txn_on_subscription
-        txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
-        try:
-            self._require_role(CLUSTER_ROLE, "END_TXN_ON_SUBSCRIPTION")
-            work: Awaitable[None] = self.broker.end_txn_on_subscription_durably(
-                req.subscription.topic,
-                req.subscription.subscription,
-                txnid,
-                req.txn_action == pb.COMMIT,
-            )
-        except Exception as exc:
-            work = _raise(exc)
-        self._txn_answer(req, work, "end transaction on subscription")
-
 
 def _ack_positions(req: pb.CommandAck) -> dict[int, list[tuple[int, int]]]:
-    """An ACK's messages, ``partition -> [(entry_id, batch_index), ...]``:
-    from ``positions`` (triples, protocol version 3) or ``message_ids``."""
-    if not req.positions:
-        by_part: dict[int, list[tuple[int, int]]] = {}
-        for m in req.message_ids:
-            by_part.setdefault(m.partition, []).append((m.entry_id, m.batch_index))
-        return by_part
-    if req.message_ids:
-        raise BrokerError("INVALID_ARGUMENT", "an ACK names its messages one way: both were given")
+    """An ACK's messages, ``partition -> [(entry_id, batch_index), ...]``,
+    from its ``positions`` triples."""
     flat = list(req.positions)
-    if len(flat) % 3:
+    if not flat or len(flat) % 3:
         raise BrokerError(
-            "INVALID_ARGUMENT", f"ACK positions come in triples, got {len(flat)} numbers"
+            "INVALID_ARGUMENT",
+            "ACK positions come in (partition, entry_id, batch_index) triples, at least one; "
+            f"got {len(flat)} numbers",
         )
     partitions = flat[0::3]
     first = partitions[0]
     if partitions.count(first) == len(partitions):  # the usual case: one partition
         return {first: list(zip(flat[1::3], flat[2::3], strict=True))}
-    by_part = {}
+    by_part: dict[int, list[tuple[int, int]]] = {}
     for partition, entry_id, index in zip(partitions, flat[1::3], flat[2::3], strict=True):
         by_part.setdefault(partition, []).append((entry_id, index))
     return by_part
-
-
-async def _raise(exc: Exception) -> None:
-    raise exc
-
-
-def _quietly(f: asyncio.Future[None]) -> None:
-    if not f.cancelled():
-        f.exception()  # (retrieved: a failure here is nobody's to report)
 
 
 def _request_id(cmd: pb.BaseCommand) -> int:

@@ -112,14 +112,31 @@ def _prepare_txn(conn: Connection, cmd: pb.BaseCommand) -> None:
             )
         written = tc.prepare_txn(txnid)
     except Exception as exc:
-        conn._txn_respond(req, what, exc)
+        _txn_respond(conn, req, what, exc)
         return
 
     def done(f: asyncio.Future[int]) -> None:
         error = asyncio.CancelledError() if f.cancelled() else f.exception()
-        conn._txn_respond(req, what, error)
+        _txn_respond(conn, req, what, error)
 
     written.add_done_callback(done)
+
+
+def _txn_respond(
+    conn: Connection, req: pb.CommandPrepareTxn, what: str, exc: BaseException | None
+) -> None:
+    """PREPARE_TXN's answer: TXN_RESPONSE, with the error if ``exc``."""
+    out = pb.BaseCommand(type=T.TXN_RESPONSE)
+    resp = out.txn_response
+    resp.request_id = req.request_id
+    resp.txnid_most_bits = req.txnid_most_bits
+    resp.txnid_least_bits = req.txnid_least_bits
+    if exc is not None:
+        resp.error = error_code(exc)
+        resp.message = error_text(exc)
+        if resp.error == pb.UNKNOWN_ERROR:
+            log.error("connection %s: %s failed", conn.peer, what, exc_info=exc)
+    conn.send(out)
 
 
 def _group_respond(

@@ -29,7 +29,8 @@ from buffer._names import (
     quoted,
 )
 from buffer._partition import Partition
-from buffer._topics import PartitionCountError, Topic, Topics
+from buffer._retention import NO_RETENTION, Retention, RetentionError
+from buffer._topics import PartitionCountError, Topic, Topics, partition_ledger_prefixes
 from buffer._txnbuffer import (
     TXN_ABORT,
     TXN_COMMIT,
@@ -57,6 +58,7 @@ __all__ = [
     "COMMIT_MARKER",
     "DATA",
     "MAX_PARTITIONS",
+    "NO_RETENTION",
     "QUOTE_LIMIT",
     "TXN_ABORT",
     "TXN_COMMIT",
@@ -71,6 +73,8 @@ __all__ = [
     "PartitionCountError",
     "Position",
     "PublishResult",
+    "Retention",
+    "RetentionError",
     "SendRejectedError",
     "StaleEpochError",
     "Topic",
@@ -94,6 +98,7 @@ __all__ = [
     "entry_kind",
     "entry_meta",
     "epoch_producer_name",
+    "partition_ledger_prefixes",
     "quoted",
     "sidecar_ledger_name",
     "txn_run_start",

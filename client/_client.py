@@ -78,7 +78,7 @@ class Client:
         self._conn = Connection(url, operation_timeout, token or None, context)
         self._closed = False
         self._next_tc = 0  # round robin over the broker's coordinators
-        self._spares = SparePool(self._spare_tc, self._abort_spare, self._conn.is_current)
+        self._spares = SparePool(self._round_robin_tc, self._abort_spare, self._conn.is_current)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
@@ -239,13 +239,6 @@ class Client:
         tc_id = tc_ids[self._next_tc % len(tc_ids)]
         self._next_tc += 1
         return tc_id
-
-    def _spare_tc(self) -> int | None:
-        """The coordinator of the next spare, if the broker opens spares
-        (protocol version 5: END_TXN may ask for the next transaction)."""
-        if self._conn.broker_protocol < 5:
-            return None
-        return self._round_robin_tc()
 
     async def _new_txn(self, ttl_ms: int) -> Spare:
         """NEW_TXN to the next coordinator (round robin)."""

@@ -21,11 +21,13 @@ Decisions written down here:
   dropped and the reconnect starts over. Any other error closes that
   producer or consumer for good, with the error as the ``__cause__`` of its
   ``ClosedError``.
+* One wire protocol version, ``PROTOCOL_VERSION``: a broker that announces
+  another in CONNECTED is refused (``ProtocolError`` naming both versions),
+  as such a broker refuses this client's CONNECT.
 * Control requests (partitioned metadata, create producer, subscribe, and
-  the coordinator requests NEW_TXN, ADD_PARTITION_TO_TXN,
-  ADD_SUBSCRIPTION_TO_TXN, END_TXN) are retried: on a new connection after
-  a drop, and after a backoff on retriable server errors, until
-  ``operation_timeout``. They are all safe to repeat (a repeated NEW_TXN
+  the coordinator requests NEW_TXN and END_TXN) are retried: on a new
+  connection after a drop, and after a backoff on retriable server errors,
+  until ``operation_timeout``. They are all safe to repeat (a repeated NEW_TXN
   whose first answer was lost leaves an unused transaction that the
   coordinator times out). Closing a producer or consumer is one attempt:
   if the connection is down or drops, the broker has dropped it anyway. The
@@ -90,18 +92,7 @@ Command = pb.BaseCommand
 Type = pb.BaseCommand.Type
 
 CLIENT_VERSION = "txnbuf-python/0.1.0"
-# 2: the client reads BATCH frames (several commands in one WebSocket message).
-# It writes one command per message: joining its own frames measured 15-20%
-# slower at 4 and 16 consume-transform-produce workers (bench.txn), though
-# each side then spent less CPU per message.
-# 3: with a broker that announced 3, ACKs name messages as positions (flat
-# triples) and SENDs carry an encoded EntryBatch (`Connection.broker_protocol`).
-# 4: with a broker that announced 4, transactional SENDs and ACKs ask it to add
-# their partition / subscription to the transaction (add_to_txn): no
-# ADD_PARTITION_TO_TXN / ADD_SUBSCRIPTION_TO_TXN requests (see client._txn).
-# 5: with a broker that announced 5, a transaction's END_TXN asks for the next
-# transaction (next_txn_ttl_ms): no NEW_TXN request (see client._spares).
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6  # the only one spoken (proto/txnbuf.proto)
 # Used until the broker's CONNECTED says otherwise.
 DEFAULT_MAX_MESSAGE_SIZE = 5 * 1024 * 1024
 BACKOFF_MIN = 0.05
@@ -249,17 +240,13 @@ class BusyClock:
 class Link:
     """One WebSocket of a connection, and the task that writes to it in order.
 
-    ``batches``: the broker reads BATCH frames (protocol version 2), so the
-    frames queued together go as one (`proto.next_frame`): a send and an
-    ack of one transaction, written in one turn of the loop, cost the
+    The frames queued together go as one BATCH (`proto.next_frame`): a send
+    and an ack of one transaction, written in one turn of the loop, cost the
     broker one wake-up, not two."""
 
-    def __init__(
-        self, ws: aiohttp.ClientWebSocketResponse, gen: int, batches: bool = False
-    ) -> None:
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse, gen: int) -> None:
         self.ws = ws
         self.gen = gen
-        self.batches = batches
         self.closed = False
         self._out: deque[bytes] = deque()
         self._wake = asyncio.Event()
@@ -277,7 +264,7 @@ class Link:
             await self._wake.wait()
             self._wake.clear()
             while out:
-                await self.ws.send_bytes(next_frame(out, self.batches))
+                await self.ws.send_bytes(next_frame(out))
 
 
 class Connection:
@@ -298,7 +285,6 @@ class Connection:
         self._ssl: ssl.SSLContext | bool = ssl_context if ssl_context is not None else True
         self.max_message_size = DEFAULT_MAX_MESSAGE_SIZE
         self.tc_ids: tuple[int, ...] = ()  # from the last CONNECTED
-        self.broker_protocol = 0  # the protocol version of the last CONNECTED
         self.gen = 0
         self.link: Link | None = None
         self.producers: dict[int, ProducerHandler] = {}
@@ -449,38 +435,14 @@ class Connection:
         what: str,
         deadline: float,
     ) -> Command:
-        """One attempt of a control request on ``link``, no retries."""
+        """One attempt of a control request on ``link``, no retries: its
+        answer (raised if an error)."""
         if link.closed:
             raise ConnectionLostError(f"{what}: connection lost")
-        sent = self.begin_request(link, build)
-        return await self.finish_request(sent, expect, what, deadline)
-
-    def ready_link(self) -> Link | None:
-        """The current link if requests may be written on it now."""
-        link = self.link
-        if self._ready.is_set() and link is not None and not link.closed:
-            return link
-        return None
-
-    def begin_request(
-        self, link: Link, build: Callable[[int], Command]
-    ) -> tuple[int, asyncio.Future[Command]]:
-        """Write a control request on ``link`` now; `finish_request` awaits its answer."""
         request_id = self.next_request_id()
         future: asyncio.Future[Command] = asyncio.get_running_loop().create_future()
         self._requests[request_id] = future
         link.write(build(request_id).SerializeToString())
-        return request_id, future
-
-    async def finish_request(
-        self,
-        sent: tuple[int, asyncio.Future[Command]],
-        expect: Type,
-        what: str,
-        deadline: float,
-    ) -> Command:
-        """The answer to a request written by `begin_request` (raised if an error)."""
-        request_id, future = sent
         try:
             reply = await wait_future_until(future, deadline, what)
         finally:
@@ -497,6 +459,13 @@ class Connection:
             if answer.HasField("error"):
                 raise from_wire(answer.error, answer.message)
         return reply
+
+    def ready_link(self) -> Link | None:
+        """The current link if requests may be written on it now."""
+        link = self.link
+        if self._ready.is_set() and link is not None and not link.closed:
+            return link
+        return None
 
     def _fail_requests(self, exc: TxnbufError) -> None:
         requests, self._requests = self._requests, {}
@@ -534,7 +503,7 @@ class Connection:
         """Connect, re-create producers and consumers, serve until the link dies."""
         ws = await self._open_socket()
         self.gen += 1
-        link = Link(ws, self.gen, batches=self.broker_protocol >= 2)
+        link = Link(ws, self.gen)
         self.link = link
         reader = asyncio.create_task(self._read(link), name="txnbuf-reader")
         writer = asyncio.create_task(link.run_writer(), name="txnbuf-writer")
@@ -580,6 +549,12 @@ class Connection:
                 raise from_wire(reply.error.error, reply.error.message)
             if reply.type != Type.CONNECTED:
                 raise ProtocolError(f"expected CONNECTED, got {Type.Name(reply.type)}")
+            if reply.connected.protocol_version != PROTOCOL_VERSION:
+                raise ProtocolError(
+                    f"the broker at {self.url} ({reply.connected.server_version}) speaks wire "
+                    f"protocol version {reply.connected.protocol_version}; this client "
+                    f"({CLIENT_VERSION}) speaks version {PROTOCOL_VERSION} only"
+                )
         except BaseException:
             if ws is not None:
                 await ws.close()
@@ -587,7 +562,6 @@ class Connection:
         if reply.connected.max_message_size > 0:
             self.max_message_size = reply.connected.max_message_size
         self.tc_ids = tuple(reply.connected.tc_ids)
-        self.broker_protocol = reply.connected.protocol_version
         return ws
 
     async def _reattach(self, link: Link) -> None:

@@ -30,10 +30,9 @@ Decisions written down here:
   grants back the permits those messages used.
 * Transactional acks (``acknowledge(..., txn=txn)``): concurrent acks of
   one transaction share a frame, never with plain acks or another
-  transaction's; the ACK carries the TxnID and ``transactional=true``. Like
-  a transactional send, the frame follows the subscription's registration
-  with the coordinator (see ``client._txn``). A
-  TRANSACTION_CONFLICT answer (another transaction holds the message)
+  transaction's; the ACK carries the TxnID and ``transactional=true``, and
+  the broker adds the subscription to the transaction itself (see
+  ``client._txn``). A TRANSACTION_CONFLICT answer (another transaction holds the message)
   raises ``TransactionConflictError`` and makes the transaction's
   ``commit()`` abort it. Transactional acks are re-sent after a reconnect
   like the others (the broker must treat a repeated one as done).
@@ -54,15 +53,7 @@ from proto import txnbuf_pb2 as pb
 
 from ._connection import BusyClock, Command, Connection, Link, Type, command, fail_all
 from ._message import Message, MessageId, decode_entry
-from ._txn import (
-    Transaction,
-    TxnID,
-    check_txn,
-    registration_error,
-    release_held,
-    resend_after_reconnect,
-    write_behind_registration,
-)
+from ._txn import Transaction, TxnID, check_txn
 from .errors import (
     ConnectionLostError,
     ConsumerBusyError,
@@ -101,9 +92,6 @@ class _AckFrame:
     data: bytes
     deadline: float
     txn: Transaction | None = None
-    held: bool = False  # waits for the subscription's registration with the coordinator
-    registration: asyncio.Future[None] | None = None  # the subscription's, in a transaction
-    positions: bool = False  # ``data`` names the messages as triples (protocol version 3)
 
 
 def message_id_of(message: Message | MessageId) -> MessageId:
@@ -125,30 +113,16 @@ def build_ack(
     ack_type: AckType,
     ids: Iterable[MessageId],
     txn_id: TxnID | None = None,
-    positions: bool = False,
-    add_to_txn: bool = False,
 ) -> Command:
-    """The ACK frame; ``positions``: name the messages as flat triples
-    (protocol version 3: far cheaper for many messages) instead of
-    ``message_ids``; ``add_to_txn``: the broker adds the subscription to the
-    transaction (protocol version 4)."""
+    """The ACK frame, naming the messages as flat (partition, entry_id,
+    batch_index) triples, in transaction ``txn_id`` if given."""
     cmd = command(
         Command.ACK, "ack", consumer_id=consumer_id, request_id=request_id, ack_type=ack_type
     )
     if txn_id is not None:
         cmd.ack.txnid_most_bits, cmd.ack.txnid_least_bits = txn_id
         cmd.ack.transactional = True
-        cmd.ack.add_to_txn = add_to_txn
-    if positions:
-        cmd.ack.positions.extend([x for message_id in ids for x in message_id])
-        return cmd
-    add = cmd.ack.message_ids.add
-    for partition, entry_id, batch_index in ids:
-        # Field by field, not add(**fields): cheaper in upb (see build_send).
-        data = add()
-        data.partition = partition
-        data.entry_id = entry_id
-        data.batch_index = batch_index
+    cmd.ack.positions.extend([x for message_id in ids for x in message_id])
     return cmd
 
 
@@ -246,24 +220,14 @@ class Consumer:
         ).SerializeToString()
 
     async def _subscribe(self) -> None:
-        """Make the topic exist, subscribe, grant the first permits."""
+        """Subscribe (the broker creates the topic, once it has checked the
+        request: a refused one creates nothing), grant the first permits."""
         # Registered first: the broker may speak to it (ACTIVE_CONSUMER_CHANGE)
         # before SUCCESS arrives. It is re-created on reconnect only once
         # attached.
         self._conn.consumers[self.consumer_id] = self
         deadline = self._conn.deadline()
         try:
-            await self._conn.request(
-                lambda request_id: command(
-                    Type.PARTITIONED_METADATA,
-                    "partitioned_metadata",
-                    request_id=request_id,
-                    topic=self.topic,
-                ),
-                Type.PARTITIONED_METADATA_RESPONSE,
-                f"metadata of topic {self.topic!r}",
-                deadline,
-            )
             await self._conn.request(
                 self._subscribe_command,
                 Type.SUCCESS,
@@ -306,15 +270,8 @@ class Consumer:
         self._gen = link.gen
         self._queue.clear()
         self._taken = 0
-        if self._conn.broker_protocol < 3:  # (a broker older than the last one)
-            for request_id, frame in self._inflight.items():
-                if frame.positions:
-                    frame.positions = False
-                    txn_id = None if frame.txn is None else frame.txn.id
-                    frame.data = build_ack(
-                        self.consumer_id, request_id, frame.ack_type, frame.ids, txn_id
-                    ).SerializeToString()
-        resend_after_reconnect(link, self._inflight, self._registered)
+        for frame in self._inflight.values():  # (in order: acks are idempotent)
+            link.write(frame.data)
         link.write(self._flow_command(self.receiver_queue_size))
 
     # --- receiving -------------------------------------------------------------
@@ -492,56 +449,23 @@ class Consumer:
         txn: Transaction | None = None,
     ) -> None:
         request_id = self._conn.next_request_id()
-        protocol = self._conn.broker_protocol
-        positions = protocol >= 3
         txn_id = None if txn is None else txn.id
-        data = build_ack(
-            self.consumer_id, request_id, ack_type, ids, txn_id, positions, protocol >= 4
-        ).SerializeToString()
+        data = build_ack(self.consumer_id, request_id, ack_type, ids, txn_id).SerializeToString()
         deadline = self._loop.time() + self._conn.operation_timeout
-        frame = _AckFrame(ack_type, ids, futures, data, deadline, txn, positions=positions)
-        self._inflight[request_id] = frame
-        if txn is None or protocol >= 4:  # (4: the broker adds the subscription itself)
-            if self._conn.is_current(self._gen):
-                self._conn.write(data)
-            return
-        registration = txn._subscription_registered(self.topic, self.subscription)
-        write_behind_registration(
-            self._conn, self._gen, txn, registration, request_id, frame, self._registered
-        )
-
-    def _registered(self, request_id: int, registration: asyncio.Future[None]) -> None:
-        """The subscription of a held frame is registered (or refused)."""
-        frame = self._inflight.get(request_id)
-        release_held(self._conn, self._gen, frame, request_id, registration, self.fail_request)
+        self._inflight[request_id] = _AckFrame(ack_type, ids, futures, data, deadline, txn)
+        if self._conn.is_current(self._gen):
+            self._conn.write(data)
 
     def on_ack_response(self, response: pb.CommandAckResponse) -> None:
-        frame = self._inflight.get(response.request_id)
+        frame = self._inflight.pop(response.request_id, None)
         if frame is None:
             return
         if not response.HasField("error"):
-            del self._inflight[response.request_id]
             for future in frame.futures:
                 if not future.done():
                     future.set_result(None)
             return
         exc = from_wire(response.error, response.message)
-        registration = frame.registration
-        if registration is not None and not registration.done():
-            # Written right behind its registration: wait to see if that was refused.
-            registration.add_done_callback(lambda _r: self._ack_refused(response.request_id, exc))
-            return
-        self._ack_refused(response.request_id, exc)
-
-    def _ack_refused(self, request_id: int, exc: TxnbufError) -> None:
-        frame = self._inflight.pop(request_id, None)
-        if frame is None:
-            return
-        if frame.registration is not None and frame.registration.done():
-            cause = registration_error(frame.registration)
-            if cause is not None:  # the ack was refused for want of it
-                fail_all(frame.futures, cause)
-                return
         if len(frame.ids) > 1 and not exc.retriable:
             # Find the guilty ids: acks are idempotent, so ask again one by one.
             self._resend_alone(frame)

@@ -37,11 +37,8 @@ Decisions written down here:
   partition: a SEND frame never mixes transactions, nor transactional and
   plain messages. It carries the TxnID and ``transactional=true`` and uses
   the producer's sequence ids (the broker deduplicates transactional sends
-  by (TxnID, producer name, sequence id)). The frame is written right behind the
-  partition's registration with the coordinator, or, if it cannot follow
-  it on the same link, once that is answered (see ``client._txn``), so it
-  may reach the broker after later plain sends of this producer; within one
-  transaction and partition the order is kept. Its receipt must list
+  by (TxnID, producer name, sequence id)); the broker adds the partition to
+  the transaction itself (see ``client._txn``). Its receipt must list
   ``message_ids`` (or give ``first_batch_index`` when the places are
   consecutive): a transactional message's id is
   ``MessageId(partition, -1, batch_index)``, where -1 stands for the
@@ -65,16 +62,7 @@ from proto import txnbuf_pb2 as pb
 
 from ._connection import BusyClock, Command, Connection, Link, Type, command, fail_all, wait_until
 from ._message import MessageId, new_message_id
-from ._txn import (
-    _OPEN,
-    Transaction,
-    TxnID,
-    check_txn,
-    registration_error,
-    release_held,
-    resend_after_reconnect,
-    write_behind_registration,
-)
+from ._txn import _OPEN, Transaction, TxnID, check_txn
 from .errors import (
     ConnectionLostError,
     InvalidInputError,
@@ -124,9 +112,7 @@ class _Frame:
     futures: list[asyncio.Future[MessageId]]
     deadline: float
     transactional: bool = False
-    held: bool = False  # waits for the partition's registration with the coordinator
     tracker: asyncio.Future[None] | None = None  # the transaction's view of this frame
-    registration: asyncio.Future[None] | None = None  # the partition's, in a transaction
 
 
 def _resolve(
@@ -150,14 +136,11 @@ def build_send(
     entries: list[_Entry],
     now_ms: int,
     txn_id: TxnID | None = None,
-    encoded: bool = False,
-    add_to_txn: bool = False,
 ) -> Command:
     """The SEND frame for one batch (every message stamped ``now_ms``), in
-    transaction ``txn_id`` if given. ``encoded``: the messages go as one
-    serialized EntryBatch in ``batch`` (protocol version 3), which the broker
-    stores without encoding them again. ``add_to_txn``: the broker adds the
-    partition to the transaction (protocol version 4)."""
+    transaction ``txn_id`` if given. The messages go as one serialized
+    EntryBatch in ``batch``, which the broker stores without encoding them
+    again."""
     cmd = Command(type=Command.SEND)  # (Command.SEND: Type.SEND is a slow lookup)
     send = cmd.send
     send.producer_id = producer_id
@@ -166,9 +149,8 @@ def build_send(
     if txn_id is not None:
         send.txnid_most_bits, send.txnid_least_bits = txn_id
         send.transactional = True
-        send.add_to_txn = add_to_txn
-    batch = pb.EntryBatch() if encoded else None
-    add = send.messages.add if batch is None else batch.messages.add
+    batch = pb.EntryBatch()
+    add = batch.messages.add
     for value, key, properties, sequence_id in entries:
         # Field by field: upb looks up each keyword argument of add() by
         # name, which costs more than the attribute stores (per message).
@@ -180,25 +162,13 @@ def build_send(
             single.key = key
         if properties:
             single.properties.update(properties)
-    if batch is not None:
-        send.batch = batch.SerializeToString()
+    send.batch = batch.SerializeToString()
     # (A producer's ids increase, so ends that span as many ids as there are
     # messages mean consecutive ones: the broker need not read the others.)
     first = entries[0][3]
     if entries[-1][3] - first + 1 == len(entries):
         send.first_sequence_id = first
     return cmd
-
-
-def without_batch(data: bytes) -> bytes:
-    """A SEND frame with ``batch`` rewritten as ``messages``, for a broker
-    older than protocol version 3 (a frame re-sent after a reconnect)."""
-    cmd = Command.FromString(data)
-    if not cmd.send.batch:
-        return data
-    cmd.send.messages.extend(pb.EntryBatch.FromString(cmd.send.batch).messages)
-    cmd.send.ClearField("batch")
-    return cmd.SerializeToString()
 
 
 class Producer:
@@ -337,10 +307,8 @@ class Producer:
             link.write(self._close_command(self._conn.next_request_id()).SerializeToString())
             return
         self._created(reply.producer_success, self.partitions, link.gen)
-        if self._conn.broker_protocol < 3:  # (a broker older than the last one)
-            for frame in self._inflight.values():
-                frame.data = without_batch(frame.data)
-        resend_after_reconnect(link, self._inflight, self._registered)
+        for frame in self._inflight.values():  # (in order: the broker deduplicates)
+            link.write(frame.data)
 
     # --- sending -------------------------------------------------------------
 
@@ -491,7 +459,6 @@ class Producer:
     def _frame(self, partition: int, batch: _Batch) -> None:
         request_id = self._conn.next_request_id()
         txn = batch.txn
-        protocol = self._conn.broker_protocol
         data = build_send(
             self.producer_id,
             request_id,
@@ -499,25 +466,13 @@ class Producer:
             batch.entries,
             time.time_ns() // 1_000_000,
             None if txn is None else txn.id,
-            protocol >= 3,
-            protocol >= 4,
         ).SerializeToString()
-        frame = _Frame(request_id, data, batch.futures, batch.deadline, tracker=batch.tracker)
-        self._inflight[request_id] = frame
-        frame.transactional = txn is not None
-        if txn is None or protocol >= 4:  # (4: the broker adds the partition itself)
-            if self._conn.is_current(self._gen):
-                self._conn.write(data)
-            return
-        registration = txn._partition_registered(self.topic, partition)
-        write_behind_registration(
-            self._conn, self._gen, txn, registration, request_id, frame, self._registered
+        frame = _Frame(
+            request_id, data, batch.futures, batch.deadline, txn is not None, batch.tracker
         )
-
-    def _registered(self, request_id: int, registration: asyncio.Future[None]) -> None:
-        """The partition of a held frame is registered (or refused)."""
-        frame = self._inflight.get(request_id)
-        release_held(self._conn, self._gen, frame, request_id, registration, self.fail_request)
+        self._inflight[request_id] = frame
+        if self._conn.is_current(self._gen):
+            self._conn.write(data)
 
     # --- answers -------------------------------------------------------------
 
@@ -526,58 +481,48 @@ class Producer:
         if frame is None:
             return  # timed out already, or a late duplicate
         futures = frame.futures
+        ids = receipt.message_ids
+        first_index = receipt.HasField("first_batch_index")
         error: ProtocolError | None = None  # of the messages the receipt leaves unanswered
-        if receipt.HasField("first_batch_index"):
-            # A transaction's consecutive places: message i is (partition, -1, first + i).
-            _resolve(futures, receipt.partition, -1, receipt.first_batch_index)
-        elif receipt.message_ids:
-            ids = receipt.message_ids
-            for future, data in zip(futures, ids, strict=False):
-                if not future.done():
-                    future.set_result(
-                        new_message_id((data.partition, data.entry_id, data.batch_index))
-                    )
-            if len(ids) < len(futures):
-                error = ProtocolError(f"receipt has {len(ids)} ids for {len(futures)} messages")
-                fail_all(futures[len(ids) :], error)
-        elif frame.transactional:
+        if not first_index and ids and len(ids) < len(futures):
+            error = ProtocolError(f"receipt has {len(ids)} ids for {len(futures)} messages")
+        elif not first_index and not ids and frame.transactional:
             error = ProtocolError("the receipt of a transactional send has no ids")
-            fail_all(futures, error)
-        else:
-            _resolve(futures, receipt.partition, receipt.entry_id, 0)
-        # The transaction's view of the frame: failed if a message was.
+        # The transaction's view of the frame, failed if a message was, first:
+        # its callbacks then run before those of the messages' callers.
         tracker = frame.tracker
         if tracker is not None and not tracker.done():
             if error is None:
                 tracker.set_result(None)
             else:
                 tracker.set_exception(error)
+        if first_index:
+            # A transaction's consecutive places: message i is (partition, -1, first + i).
+            _resolve(futures, receipt.partition, -1, receipt.first_batch_index)
+        elif ids:
+            for future, data in zip(futures, ids, strict=False):
+                if not future.done():
+                    future.set_result(
+                        new_message_id((data.partition, data.entry_id, data.batch_index))
+                    )
+            if error is not None:
+                fail_all(futures[len(ids) :], error)
+        elif error is not None:
+            fail_all(futures, error)
+        else:
+            _resolve(futures, receipt.partition, receipt.entry_id, 0)
         self._released(len(futures))
 
     def on_send_error(self, error: pb.CommandSendError) -> None:
-        exc = from_wire(error.error, error.message)
-        frame = self._inflight.get(error.request_id)
-        registration = None if frame is None else frame.registration
-        if registration is None:
-            self.fail_request(error.request_id, exc)
-            return
-
-        # Written right behind its registration: if that was refused, it is the cause.
-        def settled(done: asyncio.Future[None]) -> None:
-            self.fail_request(error.request_id, registration_error(done) or exc)
-
-        if registration.done():
-            settled(registration)
-        else:
-            registration.add_done_callback(settled)
+        self.fail_request(error.request_id, from_wire(error.error, error.message))
 
     def fail_request(self, request_id: int, exc: TxnbufError) -> bool:
         frame = self._inflight.pop(request_id, None)
         if frame is None:
             return False
-        fail_all(frame.futures, exc)
         if frame.tracker is not None and not frame.tracker.done():
-            frame.tracker.set_exception(exc)
+            frame.tracker.set_exception(exc)  # (first, as in on_receipt)
+        fail_all(frame.futures, exc)
         self._released(len(frame.futures))
         return True
 

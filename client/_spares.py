@@ -6,16 +6,15 @@ time. Kafka has no such trip (``beginTransaction`` is local; the
 coordinator learns of a transaction at its first AddPartitionsToTxn). Here
 a TxnID must come from a coordinator, so the client asks for it early:
 
-* With a broker of protocol version 5 or later, a transaction's first
-  END_TXN (commit or abort) also asks the broker to open the next
-  transaction, with the same timeout, on the next coordinator in turn
-  (``next_txn_ttl_ms``); the END's answer carries its id: a *spare*. So
-  the next ``Client.new_transaction`` with that timeout sends nothing.
-  Folding the request into END saves a request and an answer per
-  transaction on both ends (until version 5 it was a NEW_TXN of its own,
-  sent with the END). An END retried after a lost answer does not ask
+* A transaction's first END_TXN (commit or abort) also asks the broker to
+  open the next transaction, with the same timeout, on the next
+  coordinator in turn (``next_txn_ttl_ms``); the END's answer carries its
+  id: a *spare*. So the next ``Client.new_transaction`` with that timeout
+  sends nothing. Folding the request into END saves a request and an
+  answer per transaction on both ends (a NEW_TXN of its own, sent with the
+  END, would cost them). An END retried after a lost answer does not ask
   again; an END that fails brings no spare (the broker aborts the one it
-  opened). With an older broker there are no spares: NEW_TXN each time.
+  opened).
 * There are never more spares, held or asked for, than ``MAX_SPARES``: a
   spare exists only where the application has just ended a transaction.
 * A coordinator counts a transaction's timeout from its opening. A spare is
@@ -75,15 +74,14 @@ class Ask(NamedTuple):
 class SparePool:
     """The spares of one client, by timeout in milliseconds.
 
-    ``next_tc()`` names the coordinator for the next spare, or None when the
-    broker cannot open one with an END (older than protocol version 5);
+    ``next_tc()`` names the coordinator for the next spare;
     ``abort(spare)`` sends END_TXN ABORT for one; ``is_current(gen)`` tells
     whether the link a spare was answered on is still up.
     """
 
     def __init__(
         self,
-        next_tc: Callable[[], int | None],
+        next_tc: Callable[[], int],
         abort: Callable[[Spare], Coroutine[Any, Any, None]],
         is_current: Callable[[int], bool],
     ) -> None:
@@ -98,15 +96,12 @@ class SparePool:
 
     def ask(self, ttl_ms: int) -> Ask | None:
         """A spare to ask for with an END_TXN now (a transaction with a
-        timeout of ``ttl_ms`` is ending), or None if there is no room or the
-        broker cannot. Every Ask is answered with `answered`."""
+        timeout of ``ttl_ms`` is ending), or None if there is no room. Every
+        Ask is answered with `answered`."""
         if self._closed or self._count >= MAX_SPARES:
             return None
-        tc_id = self._next_tc()
-        if tc_id is None:
-            return None
         self._count += 1
-        return Ask(ttl_ms, tc_id, asyncio.get_running_loop().time())
+        return Ask(ttl_ms, self._next_tc(), asyncio.get_running_loop().time())
 
     def answered(self, ask: Ask, most_bits: int, least_bits: int, gen: int) -> None:
         """The END that asked answered with the spare ``(most_bits,

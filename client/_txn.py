@@ -2,59 +2,37 @@
 
 A ``Transaction`` is made by ``Client.new_transaction`` (NEW_TXN to one of
 the coordinators the broker serves) and used by ``Producer.send(...,
-txn=txn)`` and ``Consumer.acknowledge(..., txn=txn)``. It keeps what the
-coordinator must know (which partitions and subscriptions were registered)
-and what ``commit`` must wait for (its sends and acks still unanswered); the
+txn=txn)`` and ``Consumer.acknowledge(..., txn=txn)``. It keeps what
+``commit`` must wait for (its sends and acks still unanswered); the
 producers and consumers do the sending.
 
 Decisions written down here:
 
-* Registration, with a broker of protocol version 4 or later: none by the
-  client. Every transactional SEND and ACK carries ``add_to_txn``, and the
-  broker adds the partition or subscription to the transaction itself if
-  it is not yet (KIP-890 part 2), before it takes the frame. A frame built
-  for such a broker and re-sent after a reconnect to an older one is
-  refused there (its partition was never added), so the commit aborts.
-* Registration, with an older broker: the first transactional send to a
-  partition (topic, partition index) starts one ADD_PARTITION_TO_TXN; the
-  first transactional ack on a subscription (topic, subscription) one
-  ADD_SUBSCRIPTION_TO_TXN.
-  Each is a future per (transaction, partition / subscription). Pipelined:
-  the ADD frame is written at once, and the transaction's SEND and ACK
-  frames there go right behind it on the same link, without waiting for
-  its answer; the broker reads frames in order and holds a send or ack
-  whose registration is still being logged until it is durable (so the
-  coordinator always knows a participant before it holds data of the
-  transaction). Frames that cannot follow their ADD on the same link (no
-  link when it was written, or a reconnect before it was answered) are
-  held and written once the future has succeeded (in the order they were
-  built: done-callbacks run first in, first out). A refused registration
-  fails those frames with its error, and ``commit()`` reports it rather
-  than the refusals of the frames that followed it. Registrations are
-  control requests, retried across reconnects (ADD_* is idempotent on the
-  coordinator).
-* ``commit()`` waits until every send and ack of the transaction is
-  answered (their frames go out within one event-loop turn; each has its
-  own ``operation_timeout``; commit itself gives up after twice that). If
-  any of them failed (a TRANSACTION_CONFLICT on an ack, a send error, a
-  timeout, a refused registration), it sends END_TXN ABORT instead and
-  raises the first of those errors; else END_TXN COMMIT.
-* With a broker of protocol version 5 or later, ``commit()`` does not wait
-  for them first: it frames what is still queued and writes END_TXN COMMIT
-  with ``after_ops`` right behind it, on the same link. The broker reads
-  frames in order, so it has read every send and ack of the transaction
-  before the END; it commits once they are all answered, and only if none
-  failed. Their answers come before the END's. If one failed, the broker
-  refuses the commit (NOT_ALLOWED, nothing changed), and the client aborts
-  and raises that error, as above. This saves a round trip per
-  transaction. If the link dies before the END's answer, the client waits
-  for the sends and acks (re-sent on the next link) and commits, or aborts,
-  as without version 5. So, in the rare case where the first END had
-  committed, a re-sent send may be refused as too late, and ``commit()``
-  then raises with the transaction ended (state ENDED: outcome unknown to
-  the client), though it committed with all its sends and acks.
-  A send or ack that timed out on the client while the broker took it is
-  committed with the rest when the END succeeds (the broker decides).
+* Registration: none by the client. The broker adds the partition of a
+  transactional SEND, and the subscription of a transactional ACK, to the
+  transaction itself if it is not yet (KIP-890 part 2), before it takes the
+  frame; so no ADD_PARTITION_TO_TXN / ADD_SUBSCRIPTION_TO_TXN is sent.
+* ``commit()`` with sends or acks still unanswered frames what is still
+  queued and writes END_TXN COMMIT with ``after_ops`` right behind them, on
+  the same link, without waiting for their answers. The broker reads frames in
+  order, so it has read every send and ack of the transaction before the
+  END; it commits once they are all answered, and only if none failed.
+  Their answers come before the END's. If one failed, the broker refuses
+  the commit (NOT_ALLOWED, nothing changed), and the client sends END_TXN
+  ABORT and raises that send's or ack's error (else the refusal).
+* When that cannot be done (no link up, or a send or ack of the
+  transaction failed already) or the link dies before the END's answer,
+  ``commit()`` waits until every send and ack of the transaction is
+  answered (re-sent on the next link; each has its own
+  ``operation_timeout``; commit itself gives up after twice that), then
+  sends END_TXN COMMIT, or, if any of them failed (a TRANSACTION_CONFLICT
+  on an ack, a send error, a timeout), END_TXN ABORT and raises the first
+  of those errors. So, in the rare case where the first END had committed,
+  a re-sent send may be refused as too late, and ``commit()`` then raises
+  with the transaction ended (state ENDED: outcome unknown to the client),
+  though it committed with all its sends and acks. A send or ack that
+  timed out on the client while the broker took it is committed with the
+  rest when the END succeeds (the broker decides).
 * ``abort()`` sends END_TXN ABORT at once and does not wait for the sends
   and acks still in flight: they are abandoned. The broker refuses them
   once the coordinator has aborted the transaction, or they land and are
@@ -84,9 +62,8 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import Callable, Mapping
-from functools import partial
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from proto import txnbuf_pb2 as pb
 
@@ -198,16 +175,6 @@ def transition(state: TxnState, event: TxnEvent, txn_id: TxnID) -> TxnState:
 # --- the transaction ----------------------------------------------------------
 
 
-def registration_error(registration: asyncio.Future[None]) -> TxnbufError | None:
-    """Why a (done) registration future failed, or None if it succeeded."""
-    if registration.cancelled():
-        return OperationTimeoutError("registration with the coordinator was cancelled")
-    exc = registration.exception()
-    if exc is None or isinstance(exc, TxnbufError):
-        return exc
-    return TxnbufError(f"registration with the coordinator failed: {exc!r}")
-
-
 def check_txn(txn: Transaction, conn: Connection) -> None:
     """Raise unless a send or ack on ``conn`` may join ``txn`` now (nothing
     is sent otherwise)."""
@@ -219,78 +186,6 @@ def check_txn(txn: Transaction, conn: Connection) -> None:
         raise InvalidTxnStatusError(
             f"transaction {txn.id} is {txn._state.value}: no more sends or acks"
         )
-
-
-class _TxnFrame(Protocol):
-    """What `resend_after_reconnect` needs of a producer's or consumer's frame."""
-
-    data: bytes
-    held: bool
-    registration: asyncio.Future[None] | None
-
-
-def write_behind_registration(
-    conn: Connection,
-    gen: int,
-    txn: Transaction,
-    registration: asyncio.Future[None],
-    request_id: int,
-    frame: _TxnFrame,
-    registered: Callable[[int, asyncio.Future[None]], None],
-) -> None:
-    """Write a new transactional frame of the link of generation ``gen``
-    right behind its ``registration`` if it may follow it there; else hold
-    it, and ``registered(request_id, registration)`` writes it once the
-    registration is answered (`release_held`)."""
-    frame.registration = registration
-    if conn.is_current(gen) and txn._may_follow(registration, conn.link):
-        conn.write(frame.data)
-        return
-    frame.held = True
-    registration.add_done_callback(partial(registered, request_id))
-
-
-def release_held(
-    conn: Connection,
-    gen: int,
-    frame: _TxnFrame | None,
-    request_id: int,
-    registration: asyncio.Future[None],
-    fail_request: Callable[[int, TxnbufError], bool],
-) -> None:
-    """A held frame's registration is answered: write the frame, or fail it
-    with the registration's error. ``frame`` None: it failed or timed out
-    meanwhile."""
-    if frame is None:
-        return
-    error = registration_error(registration)
-    if error is not None:
-        fail_request(request_id, error)
-        return
-    frame.held = False
-    if conn.is_current(gen):
-        conn.write(frame.data)
-
-
-def resend_after_reconnect(
-    link: Link,
-    frames: Mapping[int, _TxnFrame],
-    registered: Callable[[int, asyncio.Future[None]], None],
-) -> None:
-    """Re-send the frames still awaiting an answer on a new ``link``, in
-    order. A frame held for its registration stays held; one that was written
-    right behind a registration not answered yet is held now (the
-    registration is retried on this link after this), and ``registered(request
-    id, registration)`` writes it once it is answered."""
-    for request_id, frame in frames.items():
-        if frame.held:
-            continue  # it goes out once registered
-        registration = frame.registration
-        if registration is not None and not registration.done():
-            frame.held = True
-            registration.add_done_callback(partial(registered, request_id))
-            continue
-        link.write(frame.data)
 
 
 class Transaction:
@@ -321,10 +216,6 @@ class Transaction:
         self.timeout = timeout
         self._state = TxnState.OPEN
         self._ending = False  # a commit() or abort() is running
-        self._partitions: dict[tuple[str, int], asyncio.Future[None]] = {}
-        self._subscriptions: dict[tuple[str, str], asyncio.Future[None]] = {}
-        self._written_on: dict[asyncio.Future[None], Link] = {}  # registration -> its link
-        self._tasks: set[asyncio.Task[None]] = set()
         # What frames its queued sends and acks now (producers' and
         # consumers' flushes), for a commit written right behind them.
         self._flushes: set[Callable[[], None]] = set()
@@ -361,92 +252,6 @@ class Transaction:
         settled = self._settled
         if not self._pending_ops and settled is not None and not settled.done():
             settled.set_result(None)
-
-    def _partition_registered(self, topic: str, partition: int) -> asyncio.Future[None]:
-        """The future of this partition's ADD_PARTITION_TO_TXN (started on
-        the first call)."""
-        future = self._partitions.get((topic, partition))
-        if future is None:
-            # Command.X, not Type.X, here and below: a plain int, where the
-            # enum wrapper's attribute costs a Python call (once per transaction).
-            future = self._partitions[topic, partition] = self._register(
-                f"add partition {topic!r}:{partition} to transaction {self.id}",
-                Command.ADD_PARTITION_TO_TXN,
-                "add_partition_to_txn",
-                lambda cmd: cmd.add_partition_to_txn.partitions.add(
-                    topic=topic, partition=partition
-                ),
-            )
-        return future
-
-    def _subscription_registered(self, topic: str, subscription: str) -> asyncio.Future[None]:
-        """The future of this subscription's ADD_SUBSCRIPTION_TO_TXN (started
-        on the first call)."""
-        future = self._subscriptions.get((topic, subscription))
-        if future is None:
-            future = self._subscriptions[topic, subscription] = self._register(
-                f"add subscription {subscription!r} on {topic!r} to transaction {self.id}",
-                Command.ADD_SUBSCRIPTION_TO_TXN,
-                "add_subscription_to_txn",
-                lambda cmd: cmd.add_subscription_to_txn.subscriptions.add(
-                    topic=topic, subscription=subscription
-                ),
-            )
-        return future
-
-    def _register(
-        self, what: str, kind: Type, field: str, add: Callable[[Command], object]
-    ) -> asyncio.Future[None]:
-        def build(request_id: int) -> Command:
-            cmd = self._command(kind, field, request_id)
-            add(cmd)
-            return cmd
-
-        future: asyncio.Future[None] = self._loop.create_future()
-        link = self._conn.ready_link()
-        sent = None
-        if link is not None:  # written now: the frames of the transaction may follow it
-            sent = self._conn.begin_request(link, build)
-            self._written_on[future] = link
-        task = self._loop.create_task(self._run_registration(future, build, what, sent))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return future
-
-    def _may_follow(self, registration: asyncio.Future[None], link: Link | None) -> bool:
-        """May a frame that needs ``registration`` be written on ``link`` now?
-        Yes once it succeeded, or while it is pending and was written on
-        ``link`` (the broker reads them in order)."""
-        if registration.done():
-            return registration_error(registration) is None
-        return link is not None and self._written_on.get(registration) is link
-
-    async def _run_registration(
-        self,
-        future: asyncio.Future[None],
-        build: Callable[[int], Command],
-        what: str,
-        sent: tuple[int, asyncio.Future[Command]] | None,
-    ) -> None:
-        conn = self._conn
-        deadline = conn.deadline()
-        try:
-            try:
-                if sent is None:
-                    raise ConnectionLostError(f"{what}: not connected")
-                await conn.finish_request(sent, Command.TXN_RESPONSE, what, deadline)
-            except TxnbufError as exc:
-                if not exc.retriable or isinstance(exc, OperationTimeoutError):
-                    raise
-                await conn.request(build, Command.TXN_RESPONSE, what, deadline, link_bound=False)
-        except TxnbufError as exc:
-            future.set_exception(exc)
-            future.exception()  # read by the frames waiting on it, not by a task
-        except asyncio.CancelledError:
-            future.cancel()
-            raise
-        else:
-            future.set_result(None)
 
     def _command(self, kind: Type, field: str, request_id: int, **fields: object) -> Command:
         return command(
@@ -487,7 +292,6 @@ class Transaction:
             if error is None:
                 await self._end(TxnEvent.COMMIT)
                 return
-            error = await self._registration_failure() or error
             self._state = transition(self._state, TxnEvent.ABORT, self.id)
             try:
                 await self._end(TxnEvent.ABORT)
@@ -498,16 +302,15 @@ class Transaction:
             self._ending = False
 
     async def _commit_behind_ops(self) -> bool | NotAllowedError:
-        """Protocol version 5: write END_TXN COMMIT right behind the sends and
-        acks still unanswered (``after_ops``: the broker commits only once
-        they all succeeded), one attempt on the current link. True if
-        committed; the broker's refusal if one of them failed (nothing
-        changed); False if it was not tried (no version 5 link, or a send or
-        ack failed already) or the link died (outcome unknown). Unless True,
-        the caller waits for the sends and acks, then commits or aborts, as
-        before version 5."""
+        """Write END_TXN COMMIT right behind the sends and acks still
+        unanswered (``after_ops``: the broker commits only once they all
+        succeeded), one attempt on the current link. True if committed; the
+        broker's refusal if one of them failed (nothing changed); False if
+        it was not tried (no link up, or a send or ack failed already) or
+        the link died (outcome unknown). Unless True, the caller waits for
+        the sends and acks, then commits or aborts."""
         link = self._conn.ready_link()
-        if link is None or self._error is not None or self._conn.broker_protocol < 5:
+        if link is None or self._error is not None:
             return False
         for flush in self._flushes:  # (their frames go before the END, in order)
             flush()
@@ -518,20 +321,6 @@ class Transaction:
         except ConnectionLostError:
             return False
         return True
-
-    async def _registration_failure(self) -> TxnbufError | None:
-        """The error of a refused registration, if one was: the frames written
-        behind it were refused for want of it, so it is the cause to report."""
-        registrations = [*self._partitions.values(), *self._subscriptions.values()]
-        pending = [r for r in registrations if not r.done()]
-        if pending:
-            await asyncio.wait(pending, timeout=self._conn.operation_timeout)
-        for registration in registrations:
-            if registration.done():
-                error = registration_error(registration)
-                if error is not None:
-                    return error
-        return None
 
     async def prepare(self) -> None:
         """Make the transaction PREPARED (for a group commit, see

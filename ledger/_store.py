@@ -50,8 +50,10 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar, cast
 
 import aiosqlite
+from sortedcontainers import SortedList
 
 from ledger import _writer
+from ledger._stats import COMMIT_SECONDS_BOUNDS, COMMIT_SIZE_BOUNDS, Buckets
 
 __all__ = [
     "Entry",
@@ -122,6 +124,20 @@ async def settled(future: asyncio.Future[Any]) -> None:
         await waiter
     finally:
         future.remove_done_callback(wake)
+
+
+def _prefix_end(prefix: str) -> str | None:
+    """The least string greater than every string that starts with
+    ``prefix`` (None if there is none: ``prefix`` is empty or all U+10FFFF).
+
+    ``prefix`` with its last character raised by one: a string at or after
+    ``prefix`` and before that starts with ``prefix``. A last character
+    that cannot be raised is dropped first.
+    """
+    stem = prefix.rstrip(chr(sys.maxunicode))
+    if not stem:
+        return None
+    return stem[:-1] + chr(ord(stem[-1]) + 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,6 +261,7 @@ class Ledger:
         self._cache_bytes = 0
         self._waiters: list[asyncio.Future[None]] = []
         self._listeners: list[Callable[[Ledger, list[Entry]], None]] = []
+        self.deleted = False  # by `LedgerStore.delete_ledger`: it takes no more writes
 
     def __repr__(self) -> str:
         return f"Ledger({self.name!r}, first={self.first_entry_id}, last={self.last_entry_id})"
@@ -312,6 +329,11 @@ class Ledger:
         """``(entry_id, meta)`` of every entry, without reading the data."""
         return await self.store._read_meta(self)
 
+    async def read_sizes(self) -> list[tuple[int, int]]:
+        """``(entry_id, bytes of its data)`` of every entry (SQLite's
+        ``length()`` of a blob: the data is not read)."""
+        return await self.store._read_sizes(self)
+
     # Called by the store after a commit.
     def _durable(self, entries: list[Entry]) -> None:
         limit_n, limit_bytes = self.store.cache_entries, self.store.cache_bytes
@@ -373,6 +395,9 @@ class LedgerStore:
         self._stdin = cast(asyncio.WriteTransport, transport.get_pipe_transport(0))
         self._reader = reader
         self._ledgers: dict[str, Ledger] = {}
+        # The names of `_ledgers`, sorted: the names with a prefix are one
+        # range of it (`ledger_names`), found in O(log n).
+        self._names = SortedList()
         self._loop = asyncio.get_running_loop()
         # Appends and trims not yet handed to the writer.
         self._queue: collections.deque[_Append | _Trim] = collections.deque()
@@ -393,6 +418,10 @@ class LedgerStore:
         self._failed: LedgerError | None = None
         self.commits = 0  # group commits done, for stats and benchmarks
         self.appends = 0
+        # Each group commit's appends, and how long the writer took to commit
+        # it (inserts, trims, the COMMIT and its fsync), for /metrics.
+        self.commit_sizes = Buckets(COMMIT_SIZE_BOUNDS)
+        self.commit_seconds = Buckets(COMMIT_SECONDS_BOUNDS)
         protocol.store = self
 
     @classmethod
@@ -429,21 +458,22 @@ class LedgerStore:
             await protocol.ready
             reader = await aiosqlite.connect(path, isolation_level=None)
             store = cls(path, transport, protocol, reader, cache_entries, cache_bytes)
+            # Each ledger with its greatest entry key, in one statement (one
+            # range seek per ledger, not one round trip to the reader's thread).
             rows = await reader.execute_fetchall(
-                "SELECT id, name, first_entry_id, next_entry_id FROM ledgers"
+                "SELECT id, name, first_entry_id, next_entry_id, (SELECT max(e.id) FROM "
+                "entries AS e WHERE e.id >= ledgers.id << ? AND e.id <= (ledgers.id << ?) + ?) "
+                "FROM ledgers",
+                (_writer.ENTRY_BITS, _writer.ENTRY_BITS, _MAX_ENTRY_ID),
             )
-            for ledger_id, name, first, nxt in rows:
+            for ledger_id, name, first, nxt, max_key in rows:
                 # next_entry_id is written by trims only (so that ids never repeat
                 # once every entry is trimmed); otherwise the entries tell.
-                top = await reader.execute_fetchall(
-                    "SELECT max(id) FROM entries WHERE id >= ? AND id <= ?",
-                    (_key(ledger_id, 0), _key(ledger_id, _MAX_ENTRY_ID)),
-                )
-                (max_key,) = next(iter(top))
                 nxt = max(nxt, first)
                 if max_key is not None:
                     nxt = max(nxt, (max_key & _MAX_ENTRY_ID) + 1)
                 store._ledgers[name] = Ledger(store, ledger_id, name, first, nxt)
+            store._names.update(store._ledgers)
         except BaseException:
             if reader is not None:
                 await reader.close()
@@ -491,7 +521,16 @@ class LedgerStore:
         await self._reader.close()
 
     def ledger_names(self, prefix: str = "") -> list[str]:
-        return sorted(n for n in self._ledgers if n.startswith(prefix))
+        """The names of the ledgers that start with ``prefix``, sorted.
+
+        They are one range of the sorted names, from ``prefix`` up to the
+        first string after every string that starts with it (see
+        `_prefix_end`): found by bisection, in O(log n + what is returned).
+        """
+        end = _prefix_end(prefix)
+        if end is None:
+            return list(self._names.irange(minimum=prefix))
+        return list(self._names.irange(prefix, end, inclusive=(True, False)))
 
     def get_ledger(self, name: str) -> Ledger | None:
         return self._ledgers.get(name)
@@ -506,6 +545,7 @@ class LedgerStore:
         ledger = self._ledgers.get(name)  # created meanwhile by a concurrent caller?
         if ledger is None:
             ledger = self._ledgers[name] = Ledger(self, ledger_id, name, 0, 0)
+            self._names.add(name)
         return ledger
 
     async def delete_ledger(self, name: str) -> None:
@@ -513,6 +553,8 @@ class LedgerStore:
         ledger = self._ledgers.pop(name, None)
         if ledger is None:
             return
+        self._names.remove(name)
+        ledger.deleted = True
         self._check_open()
         await self._request("delete", ledger.id)
 
@@ -526,6 +568,8 @@ class LedgerStore:
 
     def _append(self, ledger: Ledger, data: bytes, meta: int, lazy: bool) -> asyncio.Future[int]:
         self._check_open()
+        if ledger.deleted:
+            raise LedgerError(f"ledger {ledger.name} is deleted")
         fut: asyncio.Future[int] = self._loop.create_future()
         # Its id now, in queue order (which is the order of the writes).
         self._queue.append(_Append(ledger, meta, data, fut, ledger._next))
@@ -544,6 +588,8 @@ class LedgerStore:
 
     def _trim(self, ledger: Ledger, before: int) -> asyncio.Future[None]:
         self._check_open()
+        if ledger.deleted:
+            raise LedgerError(f"ledger {ledger.name} is deleted")
         fut: asyncio.Future[None] = self._loop.create_future()
         # (Never past what is appended so far: not an entry appended after it.)
         self._queue.append(_Trim(ledger, min(before, ledger._next), fut))
@@ -602,7 +648,11 @@ class LedgerStore:
         _, pending = self._unanswered.popleft()
         if isinstance(pending, _Sent):
             if error is None:
-                self.commits = result  # (the writer counts its group commits)
+                commits, rows, took = result  # (the writer counts its group commits)
+                if commits != self.commits:  # (the first answer of its group commit)
+                    self.commits = commits
+                    self.commit_sizes.observe(rows)
+                    self.commit_seconds.observe(took)
                 self._settle(pending)
             else:
                 self._fail(pending.batch, error)
@@ -698,5 +748,17 @@ class LedgerStore:
                 (_key(ledger.id, 0), _key(ledger.id, _MAX_ENTRY_ID)),
             )
             return [(k & _MAX_ENTRY_ID, m) for k, m in cur]
+
+        return await _on_thread(self._reader, read)
+
+    async def _read_sizes(self, ledger: Ledger) -> list[tuple[int, int]]:
+        self._check_open()
+
+        def read(raw: sqlite3.Connection) -> list[tuple[int, int]]:
+            cur = raw.execute(
+                "SELECT id, length(data) FROM entries WHERE id >= ? AND id <= ? ORDER BY id",
+                (_key(ledger.id, 0), _key(ledger.id, _MAX_ENTRY_ID)),
+            )
+            return [(k & _MAX_ENTRY_ID, n) for k, n in cur]
 
         return await _on_thread(self._reader, read)

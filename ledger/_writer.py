@@ -13,7 +13,10 @@ Requests, each with a sequence number ``seq`` the store counts up from 1:
     (seq, "delete", ledger_id)
 
 Answers: ``(seq, None, result)``, or ``(seq, "error text", None)``. The first
-frame written is ``(0, None, "ready")``, once the schema exists.
+frame written is ``(0, None, "ready")``, once the schema exists. A write's
+result is ``(commits, rows, seconds)``: the group commits done so far, and
+the rows and duration of the group commit that wrote it (inserts, trims
+and the COMMIT with its fsync).
 
 Group commit happens here: the writes that arrived while a commit was
 running are committed together, as one SQLite transaction (one fsync, WAL
@@ -243,40 +246,71 @@ class Writer:
         self.commits = 0  # group commits done (each write's answer carries the count)
 
     def handle(self, batch: list[tuple[Any, ...]]) -> list[bytes]:
-        """Answers to ``batch``, in order: consecutive writes as one group commit."""
+        """Answers to ``batch``, in order: consecutive writes as one group
+        commit, consecutive creations as one transaction."""
         answers: list[bytes] = []
         writes: list[tuple[Any, ...]] = []
+        creates: list[tuple[Any, ...]] = []
         for request in batch:
-            if request[1] == "write":
+            kind = request[1]
+            if kind != "create":  # (what was asked before goes first)
+                answers.extend(self.create(creates))
+                creates = []
+            if kind != "write":
+                answers.extend(self.write(writes))
+                writes = []
+            if kind == "write":
                 writes.append(request)
-                continue
-            answers.extend(self.write(writes))  # (a creation or deletion waits for them)
-            writes = []
-            seq, kind, arg = request
-            try:
-                if self.failed is not None:
-                    raise RuntimeError(self.failed)
-                result = create(self.raw, arg) if kind == "create" else None
-                if kind == "delete":
-                    delete(self.raw, arg)
-                answers.append(frame((seq, None, result)))
-            except Exception as exc:
-                answers.append(frame((seq, f"{type(exc).__name__}: {exc}", None)))
+            elif kind == "create":
+                creates.append(request)
+            else:
+                seq, _, ledger_id = request
+                try:
+                    if self.failed is not None:
+                        raise RuntimeError(self.failed)
+                    delete(self.raw, ledger_id)
+                    answers.append(frame((seq, None, None)))
+                except Exception as exc:
+                    answers.append(frame((seq, f"{type(exc).__name__}: {exc}", None)))
         answers.extend(self.write(writes))
+        answers.extend(self.create(creates))
         return answers
+
+    def create(self, creates: list[tuple[Any, ...]]) -> list[bytes]:
+        """Create the ledgers of ``creates`` in one transaction (one fsync:
+        a broker creating many topics at once creates their ledgers together)."""
+        if not creates:
+            return []
+        try:
+            if self.failed is not None:
+                raise RuntimeError(self.failed)
+            self.raw.execute("BEGIN IMMEDIATE")
+            try:
+                ids = [create(self.raw, name) for _, _, name in creates]
+                self.raw.execute("COMMIT")
+            except BaseException:
+                self.raw.execute("ROLLBACK")
+                raise
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            return [frame((seq, error, None)) for seq, _, _ in creates]
+        return [
+            frame((seq, None, ledger_id))
+            for (seq, _, _), ledger_id in zip(creates, ids, strict=True)
+        ]
 
     def write(self, writes: list[tuple[Any, ...]]) -> list[bytes]:
         if not writes:
             return []
         if self.failed is None:
             try:
-                commit(
-                    self.raw,
-                    [row for w in writes for row in w[2]],
-                    [trim for w in writes for trim in w[3]],
-                )
+                rows = [row for w in writes for row in w[2]]
+                started = time.perf_counter()
+                commit(self.raw, rows, [trim for w in writes for trim in w[3]])
+                took = time.perf_counter() - started
                 self.commits += 1
-                return [frame((w[0], None, self.commits)) for w in writes]
+                result = (self.commits, len(rows), took)
+                return [frame((w[0], None, result)) for w in writes]
             except Exception as exc:
                 self.failed = f"{type(exc).__name__}: {exc}"
         return [frame((w[0], self.failed, None)) for w in writes]

@@ -42,14 +42,13 @@ def batch_frame(frames: Sequence[bytes]) -> bytes:
     return b"".join((_TYPE, _BODY_TAG, _varint(len(body)), body))
 
 
-def next_frame(out: deque[bytes], batches: bool) -> bytes:
+def next_frame(out: deque[bytes]) -> bytes:
     """The next WebSocket message to write from the queue ``out`` of
-    serialized commands: the first, or, when the other end reads batches
-    (protocol version 2) and more are queued, a BATCH of as many as fit in
-    `BATCH_MAX_BYTES` (one write and one wake-up on each side instead of
-    one per command)."""
+    serialized commands: the first alone, or, when more are queued, a BATCH
+    of as many as fit in `BATCH_MAX_BYTES` (one write and one wake-up on
+    each side instead of one per command)."""
     frame = out.popleft()
-    if not batches or not out or len(frame) + len(out[0]) > BATCH_MAX_BYTES:
+    if not out or len(frame) + len(out[0]) > BATCH_MAX_BYTES:
         return frame
     frames, size = [frame], len(frame)
     while out and size + len(out[0]) <= BATCH_MAX_BYTES:

@@ -234,28 +234,24 @@ class CommandCloseProducer(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., producer_id: _Optional[int] = ...) -> None: ...
 
 class CommandSend(_message.Message):
-    __slots__ = ("producer_id", "request_id", "partition", "messages", "txnid_most_bits", "txnid_least_bits", "transactional", "batch", "add_to_txn", "first_sequence_id")
+    __slots__ = ("producer_id", "request_id", "partition", "txnid_most_bits", "txnid_least_bits", "transactional", "batch", "first_sequence_id")
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
-    MESSAGES_FIELD_NUMBER: _ClassVar[int]
     TXNID_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
     TXNID_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
     TRANSACTIONAL_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
-    ADD_TO_TXN_FIELD_NUMBER: _ClassVar[int]
     FIRST_SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
     producer_id: int
     request_id: int
     partition: int
-    messages: _containers.RepeatedCompositeFieldContainer[SingleMessage]
     txnid_most_bits: int
     txnid_least_bits: int
     transactional: bool
     batch: bytes
-    add_to_txn: bool
     first_sequence_id: int
-    def __init__(self, producer_id: _Optional[int] = ..., request_id: _Optional[int] = ..., partition: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[SingleMessage, _Mapping]]] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., transactional: _Optional[bool] = ..., batch: _Optional[bytes] = ..., add_to_txn: _Optional[bool] = ..., first_sequence_id: _Optional[int] = ...) -> None: ...
+    def __init__(self, producer_id: _Optional[int] = ..., request_id: _Optional[int] = ..., partition: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., transactional: _Optional[bool] = ..., batch: _Optional[bytes] = ..., first_sequence_id: _Optional[int] = ...) -> None: ...
 
 class CommandSendReceipt(_message.Message):
     __slots__ = ("producer_id", "request_id", "partition", "entry_id", "message_ids", "first_batch_index")
@@ -352,7 +348,7 @@ class CommandMessage(_message.Message):
     def __init__(self, consumer_id: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[DeliveredEntry, _Mapping]]] = ...) -> None: ...
 
 class CommandAck(_message.Message):
-    __slots__ = ("consumer_id", "request_id", "ack_type", "message_ids", "txnid_most_bits", "txnid_least_bits", "transactional", "positions", "add_to_txn")
+    __slots__ = ("consumer_id", "request_id", "ack_type", "txnid_most_bits", "txnid_least_bits", "transactional", "positions")
     class AckType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         INDIVIDUAL: _ClassVar[CommandAck.AckType]
@@ -362,22 +358,18 @@ class CommandAck(_message.Message):
     CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ACK_TYPE_FIELD_NUMBER: _ClassVar[int]
-    MESSAGE_IDS_FIELD_NUMBER: _ClassVar[int]
     TXNID_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
     TXNID_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
     TRANSACTIONAL_FIELD_NUMBER: _ClassVar[int]
     POSITIONS_FIELD_NUMBER: _ClassVar[int]
-    ADD_TO_TXN_FIELD_NUMBER: _ClassVar[int]
     consumer_id: int
     request_id: int
     ack_type: CommandAck.AckType
-    message_ids: _containers.RepeatedCompositeFieldContainer[MessageIdData]
     txnid_most_bits: int
     txnid_least_bits: int
     transactional: bool
     positions: _containers.RepeatedScalarFieldContainer[int]
-    add_to_txn: bool
-    def __init__(self, consumer_id: _Optional[int] = ..., request_id: _Optional[int] = ..., ack_type: _Optional[_Union[CommandAck.AckType, str]] = ..., message_ids: _Optional[_Iterable[_Union[MessageIdData, _Mapping]]] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., transactional: _Optional[bool] = ..., positions: _Optional[_Iterable[int]] = ..., add_to_txn: _Optional[bool] = ...) -> None: ...
+    def __init__(self, consumer_id: _Optional[int] = ..., request_id: _Optional[int] = ..., ack_type: _Optional[_Union[CommandAck.AckType, str]] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., transactional: _Optional[bool] = ..., positions: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CommandAckResponse(_message.Message):
     __slots__ = ("consumer_id", "request_id", "error", "message")

@@ -2,7 +2,8 @@
 
 A subscription on a topic is one `PartitionSubscription` (one cursor) per
 partition. Retention: a partition ledger is trimmed up to the first entry
-that some subscription has not fully acknowledged; a partition with no
+that some subscription has not fully acknowledged, less what its topic's
+`buffer.Retention` keeps of the acknowledged entries; a partition with no
 subscription keeps everything (so that a later ``earliest`` subscriber
 reads it).
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from buffer import MessageId, Partition, Position, Topic, Topics
@@ -23,6 +25,7 @@ log = logging.getLogger(__name__)
 
 TRIM_INTERVAL = 1.0  # seconds between retention passes
 TRIM_SLACK = 16  # leave this many consumed entries (cheap re-reads, fewer deletes)
+LOAD_BATCH = 256  # partitions whose subscriptions load at once on start
 
 
 class Subscriptions:
@@ -31,9 +34,11 @@ class Subscriptions:
     def __init__(self, topics: Topics) -> None:
         self.topics = topics
         self._subs: dict[tuple[str, int, str], PartitionSubscription] = {}
-        # (topic, name) -> its partition subscriptions: ending a transaction
-        # on a subscription looks there, not through every subscription.
-        self._by_name: dict[tuple[str, str], list[PartitionSubscription]] = {}
+        # topic -> subscription name -> its partition subscriptions (in
+        # partition order): what looks up one topic's subscriptions (ending a
+        # transaction, stats, the sweep's floor) looks there, not through
+        # every subscription of the broker.
+        self._by_topic: dict[str, dict[str, list[PartitionSubscription]]] = {}
         self._lock = asyncio.Lock()
         self._trim_task: asyncio.Task[None] | None = None
         self._order = 0
@@ -42,17 +47,26 @@ class Subscriptions:
     async def load(cls, topics: Topics) -> Subscriptions:
         subs = cls(topics)
         store = topics.store
-        for name in topics.names():
-            topic = topics.get(name)
-            assert topic is not None
-            for part in topic.partitions:
-                prefix = PartitionSubscription.ledger_name(name, part.index, "")
-                for ledger_name in store.ledger_names(prefix):
-                    ledger = store.get_ledger(ledger_name)
-                    assert ledger is not None
-                    sub_name = ledger_name[len(prefix) :]
-                    sub = await PartitionSubscription.load(part, sub_name, ledger)
-                    subs._add(name, part.index, sub_name, sub)
+
+        async def load_partition(part: Partition) -> list[tuple[str, PartitionSubscription]]:
+            # (One at a time: they add listeners to the partition in name order.)
+            prefix = PartitionSubscription.ledger_name(part.topic, part.index, "")
+            loaded = []
+            for ledger_name in store.ledger_names(prefix):
+                ledger = store.get_ledger(ledger_name)
+                assert ledger is not None
+                sub_name = ledger_name[len(prefix) :]
+                loaded.append((sub_name, await PartitionSubscription.load(part, sub_name, ledger)))
+            return loaded
+
+        # Partitions load independently, a batch at a time (see `Topics.load`).
+        parts = [part for topic in topics.all() for part in topic.partitions]
+        for start in range(0, len(parts), LOAD_BATCH):
+            batch = parts[start : start + LOAD_BATCH]
+            results = await asyncio.gather(*(load_partition(part) for part in batch))
+            for part, loaded in zip(batch, results, strict=True):
+                for sub_name, sub in loaded:
+                    subs._add(part.topic, part.index, sub_name, sub)
                     sub.start()
         subs._trim_task = asyncio.get_running_loop().create_task(subs._trim_loop())
         return subs
@@ -65,7 +79,47 @@ class Subscriptions:
 
     def _add(self, topic: str, index: int, name: str, sub: PartitionSubscription) -> None:
         self._subs[(topic, index, name)] = sub
-        self._by_name.setdefault((topic, name), []).append(sub)
+        subs = self._by_topic.setdefault(topic, {}).setdefault(name, [])
+        subs.append(sub)
+        subs.sort(key=lambda s: s.partition.index)
+
+    def _of_partition(self, topic: str, index: int) -> dict[str, PartitionSubscription]:
+        """Subscription name -> its partition subscription on partition ``index``."""
+        return {
+            name: sub
+            for name, subs in self._by_topic.get(topic, {}).items()
+            for sub in subs
+            if sub.partition.index == index
+        }
+
+    async def remove(self, topic: str, name: str) -> bool:
+        """Delete subscription ``name`` of ``topic``: stop it, delete its
+        ledgers. Its consumers (the caller detached them) get nothing more.
+        False if there is no such subscription."""
+        async with self._lock:
+            by_name = self._by_topic.get(topic, {})
+            subs = by_name.pop(name, [])
+            if not by_name:
+                self._by_topic.pop(topic, None)
+            for sub in subs:
+                del self._subs[(topic, sub.partition.index, name)]
+            for sub in subs:
+                for consumer in list(sub.consumers):
+                    sub.remove_consumer(consumer)
+                await sub.delete()
+            return bool(subs)
+
+    async def delete_leftovers(self, topic: str) -> None:
+        """Delete the cursor ledgers a deleted topic left behind (a crash in
+        the middle of its deletion): they were never loaded."""
+        store = self.topics.store
+        for sample in (
+            PartitionSubscription.ledger_name(topic, 0, ""),
+            PartitionSubscription.uncommitted_ledger_name(topic, 0, ""),
+        ):
+            prefix = sample[: -len("0/")]  # ("c/<topic>/": every partition)
+            for ledger_name in store.ledger_names(prefix):
+                await store.delete_ledger(ledger_name)
 
     def all(self) -> list[PartitionSubscription]:
         """Every partition subscription."""
@@ -73,11 +127,8 @@ class Subscriptions:
 
     def of_topic(self, topic: str) -> dict[str, list[PartitionSubscription]]:
         """Subscription name -> its partition subscriptions, for one topic."""
-        out: dict[str, list[PartitionSubscription]] = {}
-        for (t, _, name), sub in sorted(self._subs.items()):
-            if t == topic:
-                out.setdefault(name, []).append(sub)
-        return out
+        by_name = self._by_topic.get(topic, {})
+        return {name: list(by_name[name]) for name in sorted(by_name)}
 
     # -- consumers ------------------------------------------------------------------
 
@@ -234,7 +285,7 @@ class Subscriptions:
         `PartitionSubscription.end_txn`); harmless to repeat. Nothing to do
         if the subscription does not exist (or holds nothing of ``txn``).
         """
-        subs = self._by_name.get((topic, subscription), [])
+        subs = self._by_topic.get(topic, {}).get(subscription, [])
         if len(subs) == 1:
             await subs[0].end_txn(txn, commit, durable)
             return
@@ -242,7 +293,7 @@ class Subscriptions:
 
     def end_txn_now(self, topic: str, subscription: str, txn: TxnKey, commit: bool) -> None:
         """`end_txn` with ``durable=False``, without a turn of the loop."""
-        for sub in self._by_name.get((topic, subscription), []):
+        for sub in self._by_topic.get(topic, {}).get(subscription, []):
             sub.end_txn_now(txn, commit)
 
     def uncommitted_floor(self, topic: str, index: int) -> int | None:
@@ -250,8 +301,8 @@ class Subscriptions:
         subscription still needs (None if it has none): its sweep keeps it."""
         floors = [
             f
-            for (t, i, _), sub in self._subs.items()
-            if t == topic and i == index and (f := sub.uncommitted_floor()) is not None
+            for sub in self._of_partition(topic, index).values()
+            if (f := sub.uncommitted_floor()) is not None
         ]
         return min(floors) if floors else None
 
@@ -266,14 +317,30 @@ class Subscriptions:
                 log.exception("retention pass failed")
 
     async def trim_once(self) -> None:
+        """Trim each partition up to ``TRIM_SLACK`` entries before the first
+        entry some subscription has not fully acknowledged.
+
+        A partition that holds ``TRIM_SLACK`` entries or fewer is passed
+        over without looking at its cursors (a cursor is at most one past
+        the last entry, so nothing would be trimmed): on a broker of many
+        quiet topics, the pass costs a comparison per subscription.
+        """
         floor: dict[Partition, int] = {}
         for sub in self._subs.values():
             part = sub.partition
+            ledger = part.ledger
+            if ledger.last_entry_id - ledger.first_entry_id < TRIM_SLACK:
+                continue
             first_open = sub.cursor.first_open_entry()
             floor[part] = min(floor.get(part, first_open), first_open)
+        now_ms = time.time_ns() // 1_000_000
         for part, first_open in floor.items():
             before = first_open - TRIM_SLACK
-            if before > part.ledger.first_entry_id:
+            topic = self.topics.get(part.topic)
+            if topic is None or before <= part.ledger.first_entry_id:
+                continue  # (deleted meanwhile, or nothing to trim)
+            before = await part.retained_from(topic.retention, before, now_ms)
+            if before > part.ledger.first_entry_id and not part.ledger.deleted:
                 await part.ledger.trim(before)
                 part.trimmed(before)
 
@@ -281,15 +348,14 @@ class Subscriptions:
 
     def stats(self, topic: str, index: int) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for (t, i, name), sub in sorted(self._subs.items()):
-            if t == topic and i == index:
-                out[name] = {
-                    "type": sub.sub_type.value if sub.sub_type else None,
-                    "backlog": sub.backlog(),
-                    "consumers": len(sub.consumers),
-                    "unacked": len(sub.pending),
-                    "pending_ack": len(sub.cursor.pending_ack),
-                    "read_uncommitted": sub.read_uncommitted,
-                    "mark_delete": list(sub.cursor.mark_delete),
-                }
+        for name, sub in sorted(self._of_partition(topic, index).items()):
+            out[name] = {
+                "type": sub.sub_type.value if sub.sub_type else None,
+                "backlog": sub.backlog(),
+                "consumers": len(sub.consumers),
+                "unacked": len(sub.pending),
+                "pending_ack": len(sub.cursor.pending_ack),
+                "read_uncommitted": sub.read_uncommitted,
+                "mark_delete": list(sub.cursor.mark_delete),
+            }
         return out

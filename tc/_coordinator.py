@@ -194,6 +194,12 @@ class TransactionCoordinator:
         # decision: txnid -> participant -> what went wrong.
         self._stuck: dict[TxnID, dict[str, StuckParticipant]] = {}
         self.participant_failures = 0  # failed attempts to end on a participant, ever
+        # Transactions opened, ended (committed / aborted, the timed out
+        # ones among the aborted) since start, for stats.
+        self.txns_begun = 0
+        self.txns_committed = 0
+        self.txns_aborted = 0
+        self.txns_timed_out = 0
 
     @classmethod
     async def open(
@@ -262,6 +268,7 @@ class TransactionCoordinator:
         `tc._table`. ValueError for a bad timeout or tag."""
         rec = self._table.new(timeout_ms, _now_ms(), producer, two_phase, tag, prepared_timeout_ms)
         txnid = self._table.next_txnid()
+        self.txns_begun += 1
         self._append(rec, lazy=True)  # (durable with the first write that needs it)
         self._arm_for(txnid)
         return txnid
@@ -509,9 +516,14 @@ class TransactionCoordinator:
         if applied is not None and not applied.done():
             applied.set_result(None)
         try:
-            written = self._append(self._table.finish(meta.txnid, _now_ms()), lazy=True)
+            rec = self._table.finish(meta.txnid, _now_ms())
         except InvalidTxnStatusError:
             return  # (ended already: a repeated finish after a restart)
+        written = self._append(rec, lazy=True)
+        if TxnStatus(rec.new_status) is TxnStatus.COMMITTED:
+            self.txns_committed += 1
+        else:
+            self.txns_aborted += 1
         written.add_done_callback(functools.partial(self._end_logged, meta.txnid))
 
     def _end_logged(self, txnid: TxnID, written: asyncio.Future[int]) -> None:
@@ -945,6 +957,7 @@ class TransactionCoordinator:
             meta = self._table.txns[txnid]
             try:
                 self._abort_by_coordinator(meta, TxnEvent.TIMEOUT).add_done_callback(_quietly)
+                self.txns_timed_out += 1
             except Exception as exc:
                 log.warning("timing out %s failed: %s", txnid, exc)
         deadline = self._table.next_deadline()

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ import aiohttp
 import pytest
 
 from broker._auth import create_secret_key, create_token, load_signing_key
+from broker._connection import PROTOCOL_VERSION
 from proto import txnbuf_pb2 as pb
 
 
@@ -179,17 +181,20 @@ def broker(
 
 
 class RawConnection:
-    """A bare WebSocket speaking BaseCommand frames, for protocol-level tests."""
+    """A bare WebSocket speaking BaseCommand frames (the broker's protocol
+    version), for protocol-level tests. The broker may answer several
+    commands in one BATCH frame: `receive` hands out the commands one by
+    one, `receive_frame` a frame as it came."""
 
-    def __init__(self, url: str, protocol_version: int = 1, token: str | None = None) -> None:
+    def __init__(self, url: str, token: str | None = None) -> None:
         self.url = url
-        self.protocol_version = protocol_version  # 2: the broker may answer in BATCH frames
         self.token = token if token is not None else os.environ.get("TXNBUF_TOKEN", "")
+        self._unread: deque[Any] = deque()  # commands of a BATCH not handed out yet
 
     async def __aenter__(self) -> RawConnection:
         self._session = aiohttp.ClientSession()
         self.ws = await self._session.ws_connect(self.url + "/ws")
-        hello = pb.CommandConnect(protocol_version=self.protocol_version)
+        hello = pb.CommandConnect(protocol_version=PROTOCOL_VERSION)
         if self.token:
             hello.auth_method = "token"
             hello.auth_data = self.token.encode()
@@ -209,10 +214,30 @@ class RawConnection:
         getattr(cmd, field).CopyFrom(body)
         await self.ws.send_bytes(cmd.SerializeToString())
 
-    async def receive(self, timeout: float = 10.0) -> Any:
+    async def receive_frame(self, timeout: float = 10.0) -> Any:
+        """The next WebSocket message, a BaseCommand (maybe a BATCH)."""
+        assert not self._unread, "commands of a BATCH are still to be received"
         msg = await self.ws.receive(timeout=timeout)
         return pb.BaseCommand.FromString(msg.data)
+
+    async def receive(self, timeout: float = 10.0) -> Any:
+        """The next command, out of a BATCH frame if one came."""
+        if not self._unread:
+            frame = await self.receive_frame(timeout)
+            self._unread.extend(unbatch(frame))
+        return self._unread.popleft()
 
     async def request(self, kind: int, field: str, body: object) -> Any:
         await self.send(kind, field, body)
         return await self.receive()
+
+
+def unbatch(frame: Any) -> list[Any]:
+    """The commands of one frame: those of a BATCH, else the frame itself."""
+    return list(frame.batch.commands) if frame.type == pb.BaseCommand.BATCH else [frame]
+
+
+def send_command(*messages: Any, **fields: Any) -> Any:
+    """A CommandSend with ``fields``, carrying ``messages`` (SingleMessage)
+    as its batch, as a client sends them."""
+    return pb.CommandSend(batch=pb.EntryBatch(messages=messages).SerializeToString(), **fields)

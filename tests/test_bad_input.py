@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 
+import aiohttp
 import pytest
 
+from broker._connection import PROTOCOL_VERSION
 from client import Client, errors
 from proto import txnbuf_pb2 as pb
-from tests.conftest import BrokerProcess, RawConnection
+from tests.conftest import BrokerProcess, RawConnection, send_command
 
 pytestmark = pytest.mark.integration
 
@@ -134,9 +136,7 @@ async def test_send_to_closed_producer(broker: BrokerProcess) -> None:
         )
         assert closed.type == T.SUCCESS
         msg = pb.SingleMessage(payload=b"lost", sequence_id=1)
-        answer = await raw.request(
-            T.SEND, "send", pb.CommandSend(producer_id=7, request_id=3, messages=[msg])
-        )
+        answer = await raw.request(T.SEND, "send", send_command(msg, producer_id=7, request_id=3))
         assert answer.type == T.SEND_ERROR
         assert answer.send_error.error == pb.PRODUCER_NOT_FOUND
         assert answer.send_error.request_id == 3
@@ -153,19 +153,17 @@ async def test_send_with_bad_sequence_ids_or_partition(broker: BrokerProcess) ->
             pb.CommandProducer(request_id=1, producer_id=1, topic="seq", producer_name="p"),
         )
         msgs = [pb.SingleMessage(payload=b"a", sequence_id=5), pb.SingleMessage(sequence_id=4)]
-        answer = await raw.request(
-            T.SEND, "send", pb.CommandSend(producer_id=1, request_id=2, messages=msgs)
-        )
+        answer = await raw.request(T.SEND, "send", send_command(*msgs, producer_id=1, request_id=2))
         assert answer.send_error.error == pb.INVALID_ARGUMENT
         assert "must increase" in answer.send_error.message
         answer = await raw.request(
-            T.SEND, "send", pb.CommandSend(producer_id=1, request_id=3, partition=9, messages=msgs)
+            T.SEND, "send", send_command(*msgs, producer_id=1, request_id=3, partition=9)
         )
         assert answer.send_error.error == pb.INVALID_ARGUMENT
         empty = await raw.request(T.SEND, "send", pb.CommandSend(producer_id=1, request_id=4))
         assert empty.send_error.error == pb.INVALID_ARGUMENT
         ends = [pb.SingleMessage(payload=b"a", sequence_id=4), pb.SingleMessage(sequence_id=6)]
-        claim = pb.CommandSend(producer_id=1, request_id=5, messages=ends, first_sequence_id=4)
+        claim = send_command(*ends, producer_id=1, request_id=5, first_sequence_id=4)
         answer = await raw.request(T.SEND, "send", claim)
         assert answer.send_error.error == pb.INVALID_ARGUMENT
         assert "first_sequence_id 4 says the 2 messages" in answer.send_error.message
@@ -227,13 +225,13 @@ async def test_admin_partition_count_cannot_shrink(broker: BrokerProcess) -> Non
     assert status == 404
 
 
-async def test_ack_positions_must_be_triples_and_alone(broker: BrokerProcess) -> None:
-    """CommandAck.positions (protocol version 3): whole (partition, entry,
-    index) triples, never together with message_ids; a refused ACK acks nothing."""
+async def test_ack_positions_must_be_whole_triples(broker: BrokerProcess) -> None:
+    """CommandAck.positions: whole (partition, entry, index) triples, at
+    least one; a refused ACK acks nothing."""
     async with Client(broker.url) as client:
         producer = await client.create_producer("triples")
         await producer.send(b"one")
-    async with RawConnection(broker.url, protocol_version=3) as raw:
+    async with RawConnection(broker.url) as raw:
         subscribed = await raw.request(
             T.SUBSCRIBE,
             "subscribe",
@@ -252,16 +250,12 @@ async def test_ack_positions_must_be_triples_and_alone(broker: BrokerProcess) ->
         entry = delivered.message.entries[0]
         bad = [
             pb.CommandAck(consumer_id=1, request_id=2, positions=[0, entry.entry_id]),
-            pb.CommandAck(
-                consumer_id=1,
-                request_id=3,
-                positions=[0, entry.entry_id, 0],
-                message_ids=[pb.MessageIdData(partition=0, entry_id=entry.entry_id)],
-            ),
+            pb.CommandAck(consumer_id=1, request_id=3),  # names no message
         ]
         for ack in bad:
             answer = await raw.request(T.ACK, "ack", ack)
             assert answer.ack_response.error == pb.INVALID_ARGUMENT, answer
+            assert "triples" in answer.ack_response.message
         _, body = broker.admin("GET", "/admin/v1/topics/triples/stats")
         assert json.loads(body)["partitions"][0]["subscriptions"]["s"]["backlog"] == 1
         good = pb.CommandAck(consumer_id=1, request_id=4, positions=[0, entry.entry_id, 0])
@@ -272,11 +266,11 @@ async def test_ack_positions_must_be_triples_and_alone(broker: BrokerProcess) ->
 
 
 async def test_send_batch_is_checked_and_stored_as_sent(broker: BrokerProcess) -> None:
-    """CommandSend.batch (protocol version 3): a valid EntryBatch without a
-    producer name, never together with messages; refused ones store nothing."""
+    """CommandSend.batch: a valid EntryBatch of at least one message,
+    without a producer name; refused ones store nothing."""
     msg = pb.SingleMessage(payload=b"kept", sequence_id=1, key="k")
     good = pb.EntryBatch(messages=[msg]).SerializeToString()
-    async with RawConnection(broker.url, protocol_version=3) as raw:
+    async with RawConnection(broker.url) as raw:
         await raw.request(
             T.PRODUCER,
             "producer",
@@ -284,10 +278,7 @@ async def test_send_batch_is_checked_and_stored_as_sent(broker: BrokerProcess) -
         )
         bad = [
             (pb.CommandSend(producer_id=1, request_id=2, batch=b"\xff\xff"), pb.MALFORMED_FRAME),
-            (
-                pb.CommandSend(producer_id=1, request_id=3, batch=good, messages=[msg]),
-                pb.INVALID_ARGUMENT,
-            ),
+            (pb.CommandSend(producer_id=1, request_id=3), pb.INVALID_ARGUMENT),  # no messages
             (
                 pb.CommandSend(
                     producer_id=1,
@@ -310,3 +301,22 @@ async def test_send_batch_is_checked_and_stored_as_sent(broker: BrokerProcess) -
         assert (got.value, got.key) == (b"kept", "k")
     _, body = broker.admin("GET", "/admin/v1/topics/encoded/stats")
     assert json.loads(body)["partitions"][0]["messages"] == 1
+
+
+async def test_connect_with_another_protocol_version_is_refused(broker: BrokerProcess) -> None:
+    """A CONNECT asking for another wire protocol version is answered with
+    an ERROR naming both versions; nothing after it is served and the broker
+    closes the connection. Other connections are served as ever."""
+    hello = pb.BaseCommand(type=T.CONNECT, connect=pb.CommandConnect(protocol_version=5))
+    ping = pb.BaseCommand(type=T.PING, ping=pb.CommandPing())
+    async with aiohttp.ClientSession() as session, session.ws_connect(broker.url + "/ws") as ws:
+        await ws.send_bytes(hello.SerializeToString())
+        await ws.send_bytes(ping.SerializeToString())  # right behind: not answered
+        answer = pb.BaseCommand.FromString((await ws.receive(timeout=10)).data)
+        assert answer.type == T.ERROR and answer.error.error == pb.INVALID_ARGUMENT
+        assert "CONNECT asks for wire protocol version 5" in answer.error.message
+        assert f"speaks version {PROTOCOL_VERSION} only" in answer.error.message
+        closing = await ws.receive(timeout=10)
+        assert closing.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED), closing
+    async with RawConnection(broker.url) as raw:
+        await still_works(raw)

@@ -92,7 +92,9 @@ def test_txnmemory_benchmark_prints_both_sides() -> None:
         cwd=ROOT, capture_output=True, text=True, check=True, timeout=120,
     ).stdout  # fmt: skip
     assert "after 200 commits" in out
-    assert [line.split()[0] for line in out.splitlines()[-2:]] == ["this", "baseline"]
+    table, legend = out.strip().split("\n\n")  # (the table, then what its columns mean)
+    assert [line.split()[0] for line in table.splitlines()[-2:]] == ["this", "baseline"]
+    assert legend.startswith("index: ")
 
 
 @pytest.mark.integration
@@ -141,8 +143,10 @@ def test_txnceiling_benchmark_runs_small() -> None:
         [sys.executable, "-m", "bench.txnceiling", "--messages", "2000", "--rounds", "1"],
         cwd=ROOT, capture_output=True, text=True, check=True, timeout=300,
     ).stdout  # fmt: skip
-    rows = {line[:18].strip(): line[18:].split() for line in out.splitlines()[2:] if line}
+    table, legend = out.strip().split("\n\n")  # (the table, then what its columns mean)
+    rows = {line[:18].strip(): line[18:].split() for line in table.splitlines()[1:]}
     assert list(rows) == ["way", *txnceiling_ways()]
+    assert legend.startswith("ratio: ")
     for way in txnceiling_ways():
         assert float(rows[way][0].replace(",", "")) > 0  # msgs/s
     assert rows["plain"][1] == "1.00"  # the ratio to itself
@@ -206,3 +210,24 @@ def test_ctp_benchmark_runs_every_system_installed(tmp_path: Path) -> None:
     )
     assert "- 1 process: " in out  # README loop / fastest loop
     assert out.strip() in results.read_text()
+
+
+@pytest.mark.integration
+def test_scale_benchmark_runs_small_and_records_its_figures(tmp_path: Path) -> None:
+    """bench.scale at 50 topics and 20 connections: both tables with figures,
+    appended to the results file with the machine it ran on."""
+    results = tmp_path / "scale.md"
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.scale", "--topics", "50", "--connections", "20",
+         "--rounds", "2", "--quiet-sends", "20", "--results", str(results),
+         "--work-dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, check=True, timeout=120,
+    ).stdout  # fmt: skip
+    rows = {line.split("|")[2].strip(): line.split("|")[3:-1] for line in out.splitlines()
+            if line.startswith("| this | ")}  # fmt: skip
+    topics, connections = rows["50"], rows["20"]
+    healthy, read_again, rss, per_topic = (float(topics[i].replace(",", "")) for i in (1, 2, 5, 9))
+    assert 0 < healthy <= read_again and rss > 0 and per_topic > 0
+    assert [float(connections[i]) > 0 for i in (1, 3)] == [True, True]  # quiet, loaded p50
+    recorded = results.read_text()
+    assert recorded.startswith("## ") and "nproc" in recorded and "| 50 |" in recorded

@@ -1,5 +1,6 @@
 """Unit tests of one piece of the broker's connection: what END_TXN
-``after_ops`` waits for (a stub stands in for the broker's coordinator)."""
+``after_ops`` waits for (`broker._transactions`; a stub stands in for the
+broker's coordinator)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from broker._auth import AclStore, Security
 from broker._connection import Connection
 from broker._errors import BrokerError
+from broker._transactions import Transactions
 from proto import txnbuf_pb2 as pb
 from tc import TxnID
 
@@ -35,9 +37,9 @@ class _Broker:
 IDS = dict(txnid_most_bits=0, txnid_least_bits=5)
 
 
-def connection() -> tuple[Connection, _Broker]:
+def connection() -> tuple[Transactions, _Broker]:
     broker = _Broker()
-    return Connection(broker, None, "test"), broker  # type: ignore[arg-type]
+    return Connection(broker, None, "test").txns, broker  # type: ignore[arg-type]
 
 
 async def test_end_after_ops_waits_for_every_op_read_before_it() -> None:
@@ -46,15 +48,15 @@ async def test_end_after_ops_waits_for_every_op_read_before_it() -> None:
     ack = pb.CommandAck(transactional=True, **IDS)
     other = pb.CommandSend(transactional=True, txnid_most_bits=0, txnid_least_bits=6)
     for op in (send, ack, other):
-        conn._op_read(op)
+        conn.op_read(op)
     end = pb.CommandEndTxn(txn_action=pb.COMMIT, after_ops=True, **IDS)
-    waiting = asyncio.ensure_future(conn._ops_answered(end))
+    waiting = asyncio.ensure_future(conn.ops_answered(end))
     await asyncio.sleep(0.01)
-    conn._op_answered(send, None)
-    conn._op_answered(other, None)  # (another transaction's)
+    conn.op_answered(send, None)
+    conn.op_answered(other, None)  # (another transaction's)
     await asyncio.sleep(0.01)
     assert not waiting.done()
-    conn._op_answered(ack, None)
+    conn.op_answered(ack, None)
     await asyncio.wait_for(waiting, 1.0)
     assert conn._txn_ops == {}  # nothing kept once all succeeded
 
@@ -62,18 +64,18 @@ async def test_end_after_ops_waits_for_every_op_read_before_it() -> None:
 async def test_end_after_ops_is_refused_while_a_failed_op_is_remembered() -> None:
     conn, broker = connection()
     send = pb.CommandSend(transactional=True, **IDS)
-    conn._op_read(send)
-    conn._op_read(send)
+    conn.op_read(send)
+    conn.op_read(send)
     end = pb.CommandEndTxn(txn_action=pb.COMMIT, after_ops=True, **IDS)
-    waiting = asyncio.ensure_future(conn._ops_answered(end))
-    conn._op_answered(send, "no such partition")
+    waiting = asyncio.ensure_future(conn.ops_answered(end))
+    conn.op_answered(send, "no such partition")
     await asyncio.sleep(0.01)
     assert not waiting.done()  # one still unanswered
-    conn._op_answered(send, None)
+    conn.op_answered(send, None)
     with pytest.raises(BrokerError, match="no such partition") as refused:
         await asyncio.wait_for(waiting, 1.0)
     assert refused.value.code == "NOT_ALLOWED"
     with pytest.raises(BrokerError):  # asked again: still refused
-        await conn._ops_answered(end)
+        await conn.ops_answered(end)
     broker.tc.open = False  # ended already (an earlier END): answered as a repeat
-    await conn._ops_answered(end)
+    await conn.ops_answered(end)

@@ -2,10 +2,10 @@
 ``FakeBroker`` of ``test_client_unit.py`` playing broker and coordinator.
 
 The pure pieces (TxnID, the state table, frame building) are tested
-directly; registration, framing, commit/abort and reconnects against the
-fake. The fake records a violation (checked at teardown) whenever a
-transactional SEND or ACK arrives before its partition or subscription was
-registered with the coordinator.
+directly; framing, commit/abort, spares and reconnects against the fake,
+which adds a transactional SEND's partition and ACK's subscription to the
+transaction, as the broker does, and answers END_TXN after_ops only once
+the transaction's sends and acks are answered (NOT_ALLOWED if one failed).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import itertools
 from typing import Any
 
 import pytest
-from test_client_unit import FakeBroker, frame, until
+from test_client_unit import FakeBroker, ack_ids, frame, messages_of, until
 
 import client
 from client import Client, MessageId, Transaction, TxnID, TxnState, errors
@@ -185,92 +185,38 @@ async def test_new_transaction_refused_or_bad_timeout(fake: FakeBroker, cli: Cli
     assert len(fake.of_type(T.NEW_TXN)) == 3 and txn.state is TxnState.OPEN
 
 
-# --- registration ---------------------------------------------------------------
+# --- participants ---------------------------------------------------------------
 
 
-async def test_partition_is_registered_once_right_before_the_first_send(
-    fake: FakeBroker, cli: Client
-) -> None:
-    fake.partitions["t"] = 2
-    producer = await cli.create_producer("t")
-    txn = await cli.new_transaction()
-    fake.hold = {T.ADD_PARTITION_TO_TXN}
-    keys = [key_for(0, 2), key_for(1, 2)]
-    futures = [producer.send_nowait(b"%d" % i, key=keys[i % 2], txn=txn) for i in range(6)]
-    # Pipelined: the sends go right behind their registrations, unanswered
-    # as those are (the broker reads frames in order; see client._txn).
-    ids = await asyncio.wait_for(asyncio.gather(*futures), 5)
-    assert len(fake.of_type(T.ADD_PARTITION_TO_TXN)) == 2 and len(fake.held) == 2
-    fake.hold = set()
-    await fake.release()
-    assert sorted(ids) == [MessageId(p, -1, i) for p in (0, 1) for i in range(3)]
-    adds = [cmd.add_partition_to_txn for cmd in fake.of_type(T.ADD_PARTITION_TO_TXN)]
-    assert sorted((a.partitions[0].topic, a.partitions[0].partition) for a in adds) == [
-        ("t", 0),
-        ("t", 1),
-    ]
-    assert all((a.txnid_most_bits, a.txnid_least_bits) == txn.id for a in adds)
-    for p in (0, 1):
-        first_add = index_of_first(
-            fake,
-            lambda c, p=p: (
-                c.type == T.ADD_PARTITION_TO_TXN
-                and c.add_partition_to_txn.partitions[0].partition == p
-            ),
-        )
-        first_send = index_of_first(fake, lambda c, p=p: c.type == T.SEND and c.send.partition == p)
-        assert first_add < first_send
-    await producer.send(b"later", key=keys[0], txn=txn)  # registered already
-    assert len(fake.of_type(T.ADD_PARTITION_TO_TXN)) == 2
-    other = await cli.new_transaction()  # a new transaction registers anew
-    await producer.send(b"other", key=keys[0], txn=other)
-    assert len(fake.of_type(T.ADD_PARTITION_TO_TXN)) == 3
-
-
-async def test_subscription_is_registered_once_right_before_the_first_ack(
-    fake: FakeBroker, cli: Client
-) -> None:
+async def test_the_broker_adds_the_participants(fake: FakeBroker, cli: Client) -> None:
+    """No ADD_PARTITION_TO_TXN / ADD_SUBSCRIPTION_TO_TXN: the transactional
+    SENDs and ACKs (individual and cumulative) carry the TxnID, and the
+    broker adds their partition and subscription itself."""
     producer = await cli.create_producer("t")
     consumer = await cli.subscribe("t", "s")
-    for i in range(3):
-        await producer.send(b"%d" % i)
-    msgs = [await consumer.receive(timeout=5) for _ in range(3)]
+    await asyncio.gather(*(producer.send(b"in-%d" % i) for i in range(2)))
+    msgs = [await consumer.receive(timeout=5) for _ in range(2)]
+    out = await cli.create_producer("out")
     txn = await cli.new_transaction()
-    fake.hold = {T.ADD_SUBSCRIPTION_TO_TXN}
-    acks = asyncio.gather(
-        consumer.acknowledge(msgs[0], txn=txn), consumer.acknowledge_cumulative(msgs[1], txn=txn)
-    )
-    await asyncio.wait_for(acks, 5)  # right behind the registration, unanswered as it is
-    assert len(fake.of_type(T.ADD_SUBSCRIPTION_TO_TXN)) == 1 and len(fake.held) == 1
-    fake.hold = set()
-    await fake.release()
-    await consumer.acknowledge(msgs[2], txn=txn)
-    (add,) = [cmd.add_subscription_to_txn for cmd in fake.of_type(T.ADD_SUBSCRIPTION_TO_TXN)]
-    assert [(r.topic, r.subscription) for r in add.subscriptions] == [("t", "s")]
-    first_add = index_of_first(fake, lambda c: c.type == T.ADD_SUBSCRIPTION_TO_TXN)
-    assert first_add < index_of_first(fake, lambda c: c.type == T.ACK)
-    sent = [cmd.ack for cmd in fake.of_type(T.ACK)]
-    assert all(a.transactional and (a.txnid_most_bits, a.txnid_least_bits) == txn.id for a in sent)
-    assert {a.ack_type for a in sent} == {pb.CommandAck.INDIVIDUAL, pb.CommandAck.CUMULATIVE}
-    assert len(fake.pending_acks) == 3  # PENDING_ACK, not acked yet
+    await asyncio.gather(*(out.send_nowait(b"%d" % i, txn=txn) for i in range(3)))
+    await consumer.acknowledge(msgs[0], txn=txn)
+    await consumer.acknowledge_cumulative(msgs[1], txn=txn)
+    assert len(fake.pending_acks) == 2  # PENDING_ACK, not acked yet
     await txn.commit()
+    assert set(fake.types()) <= {
+        "CONNECT", "PARTITIONED_METADATA", "PRODUCER", "SUBSCRIBE", "FLOW", "SEND", "ACK",
+        "NEW_TXN", "END_TXN",
+    }  # fmt: skip
+    sends = [s for s in fake.sends() if s.transactional]
+    acks = [a for a in fake.acks() if a.transactional]
+    assert sends and all((s.txnid_most_bits, s.txnid_least_bits) == txn.id for s in sends)
+    assert acks and all((a.txnid_most_bits, a.txnid_least_bits) == txn.id for a in acks)
+    assert {a.ack_type for a in acks} == {pb.CommandAck.INDIVIDUAL, pb.CommandAck.CUMULATIVE}
+    assert fake.txn(txn.id).status == "COMMITTED"
+    assert fake.txn(txn.id).partitions == {("out", 0)}
+    assert fake.txn(txn.id).subscriptions == {("t", "s")}
+    assert fake.stored("out") == [b"0", b"1", b"2"]
     assert not fake.subs["t", "s"].unacked and not fake.pending_acks
-
-
-async def test_refused_registration_fails_the_sends_and_the_commit(
-    fake: FakeBroker, cli: Client
-) -> None:
-    producer = await cli.create_producer("t")
-    txn = await cli.new_transaction()
-    fake.txn_errors[T.ADD_PARTITION_TO_TXN] = [pb.TRANSACTION_TIMEOUT]
-    results = await asyncio.gather(
-        producer.send(b"a", txn=txn), producer.send(b"b", txn=txn), return_exceptions=True
-    )
-    assert all(isinstance(r, errors.TransactionTimeoutError) for r in results), results
-    assert producer.pending == 0 and not fake.txn(txn.id).buffers["t", 0]
-    with pytest.raises(errors.TransactionTimeoutError):
-        await txn.commit()
-    assert end_actions(fake) == [pb.ABORT] and txn.state is TxnState.ABORTED
 
 
 # --- framing --------------------------------------------------------------------
@@ -285,15 +231,16 @@ async def test_txn_and_plain_messages_never_share_a_frame(fake: FakeBroker, cli:
     sends = fake.sends()
     assert len(sends) == 3  # one frame per owner: plain, a, b
     for send in sends:
-        owner = owners[int(send.messages[0].payload)]
-        assert [owners[int(m.payload)] for m in send.messages] == [owner] * 4
+        messages = messages_of(send)
+        owner = owners[int(messages[0].payload)]
+        assert [owners[int(m.payload)] for m in messages] == [owner] * 4
         if owner is None:
             assert not send.transactional
         else:
             assert send.transactional
             assert (send.txnid_most_bits, send.txnid_least_bits) == owner.id
     # one sequence-id counter for the producer, transactional or not
-    seqs = sorted(m.sequence_id for s in sends for m in s.messages)
+    seqs = sorted(m.sequence_id for s in sends for m in messages_of(s))
     assert seqs == list(range(12))
     assert futures[0].result() == MessageId(0, 0, 0)
     assert [futures[i].result() for i in (1, 4, 7, 10)] == [MessageId(0, -1, i) for i in range(4)]
@@ -322,10 +269,10 @@ async def test_txn_acks_never_share_a_frame(fake: FakeBroker, cli: Client) -> No
     a, b = await cli.new_transaction(), await cli.new_transaction()
     owner_of = dict(zip((m.message_id for m in msgs), [None, a, b] * 2, strict=True))
     await asyncio.gather(*(consumer.acknowledge(mid, txn=t) for mid, t in owner_of.items()))
-    acks = [cmd.ack for cmd in fake.of_type(T.ACK)]
+    acks = fake.acks()
     assert len(acks) == 3  # one frame per owner: plain, a, b
     for ack in acks:
-        ids = [MessageId(m.partition, m.entry_id, m.batch_index) for m in ack.message_ids]
+        ids = [MessageId(*position) for position in ack_ids(ack)]
         owners = {owner_of[mid] for mid in ids}
         assert len(ids) == 2 and len(owners) == 1
         (owner,) = owners
@@ -348,8 +295,9 @@ async def test_commit_waits_for_sends_in_flight(fake: FakeBroker, cli: Client) -
     cancelled.cancel()  # the caller gives up; the transaction still waits for it
     committing = asyncio.ensure_future(txn.commit())
     await asyncio.sleep(0.1)
-    assert not committing.done() and not fake.of_type(T.END_TXN)
-    assert txn.state is TxnState.COMMITTING
+    # Written right behind the sends; the broker commits once they are answered.
+    assert [cmd.end_txn.after_ops for cmd in fake.of_type(T.END_TXN)] == [True]
+    assert not committing.done() and txn.state is TxnState.COMMITTING
     with pytest.raises(errors.InvalidTxnStatusError):
         await producer.send(b"late", txn=txn)  # no joining a transaction being committed
     with pytest.raises(errors.InvalidTxnStatusError, match="already"):
@@ -359,7 +307,7 @@ async def test_commit_waits_for_sends_in_flight(fake: FakeBroker, cli: Client) -
         await asyncio.sleep(0.05)
         assert not committing.done()
         ids = []
-        for single in send.messages:
+        for single in messages_of(send):
             ids.append(pb.MessageIdData(partition=0, entry_id=-1, batch_index=len(buffer)))
             buffer.append(("p", single))
         await fake.push(
@@ -409,10 +357,11 @@ async def test_failed_send_makes_commit_abort(fake: FakeBroker, cli: Client) -> 
     await producer.send(b"ok", txn=txn)
     fake.send_error = pb.PERSISTENCE_ERROR
     failed = producer.send_nowait(b"lost", txn=txn)  # never awaited by the app
-    with pytest.raises(errors.PersistenceError):
+    with pytest.raises(errors.PersistenceError):  # the send's error, not the refusal
         await txn.commit()
     assert failed.done() and isinstance(failed.exception(), errors.PersistenceError)
-    assert end_actions(fake) == [pb.ABORT] and txn.state is TxnState.ABORTED
+    # The commit behind the failed send is refused, then the client aborts.
+    assert end_actions(fake) == [pb.COMMIT, pb.ABORT] and txn.state is TxnState.ABORTED
     assert fake.stored("t") == []
 
 
@@ -602,29 +551,6 @@ async def test_txn_send_in_flight_is_resent_after_reconnect(fake: FakeBroker, cl
     assert fake.stored("t") == [b"x"]  # stored once
 
 
-async def test_registration_in_flight_is_resent_after_reconnect(
-    fake: FakeBroker, cli: Client
-) -> None:
-    producer = await cli.create_producer("t")
-    txn = await cli.new_transaction()
-    fake.hold = {T.ADD_PARTITION_TO_TXN}  # registered, but the answer is lost
-    fake.store_without_receipt = True  # and so is the send's, right behind it
-    pending = producer.send_nowait(b"x", txn=txn)
-    await until(lambda: len(fake.sends()) == 1)
-    fake.hold = set()
-    fake.store_without_receipt = False
-    await fake.drop_connections()
-    assert await asyncio.wait_for(pending, 5) == MessageId(0, -1, 0)
-    assert len(fake.of_type(T.ADD_PARTITION_TO_TXN)) == 2
-    # On the new link the send waits for the registration's answer.
-    last_add = max(i for i, c in enumerate(fake.received) if c.type == T.ADD_PARTITION_TO_TXN)
-    last_send = max(i for i, c in enumerate(fake.received) if c.type == T.SEND)
-    assert last_send > last_add
-    assert len(fake.sends()) == 2
-    await txn.commit()
-    assert fake.stored("t") == [b"x"]  # stored once
-
-
 async def test_txn_ack_in_flight_is_resent_after_reconnect(fake: FakeBroker, cli: Client) -> None:
     producer = await cli.create_producer("t")
     consumer = await cli.subscribe("t", "s")
@@ -644,7 +570,6 @@ async def test_txn_ack_in_flight_is_resent_after_reconnect(fake: FakeBroker, cli
     await asyncio.wait_for(pending, 5)
     first, resent = (cmd.ack for cmd in fake.of_type(T.ACK))
     assert first == resent and resent.transactional
-    assert len(fake.of_type(T.ADD_SUBSCRIPTION_TO_TXN)) == 1
     await txn.commit()
     assert not fake.subs["t", "s"].unacked
 
@@ -751,38 +676,29 @@ def txn_key(txn: Transaction) -> tuple[int, int]:
     return (txn.id.most_bits, txn.id.least_bits)
 
 
-@pytest.fixture
-async def cli5(fake: FakeBroker) -> Any:
-    """A client of a broker of protocol version 5 (END_TXN opens spares)."""
-    fake.protocol_version = 5
-    async with Client(fake.url, operation_timeout=5.0) as c:
-        yield c
-    assert not fake.violations
-
-
 def open_txns(fake: FakeBroker) -> list[tuple[int, int]]:
     return [k for k, t in fake.txns.items() if t.status == "OPEN"]
 
 
-async def test_ending_a_transaction_asks_for_the_next_one(fake: FakeBroker, cli5: Client) -> None:
+async def test_ending_a_transaction_asks_for_the_next_one(fake: FakeBroker, cli: Client) -> None:
     fake.tc_ids = []
-    first = await cli5.new_transaction(timeout=30)
+    first = await cli.new_transaction(timeout=30)
     assert fake.types().count("NEW_TXN") == 1
     await first.commit()
     (end,) = [cmd.end_txn for cmd in fake.of_type(T.END_TXN)]
     assert end.next_txn_ttl_ms == 30_000 and end.next_tc_id == 0
     (spare,) = open_txns(fake)
-    second = await cli5.new_transaction(timeout=30)
+    second = await cli.new_transaction(timeout=30)
     assert txn_key(second) == spare and fake.types().count("NEW_TXN") == 1  # nothing sent
     assert second.timeout == 30 and second.state is TxnState.OPEN
     await second.abort()  # an abort asks for a spare too
     assert fake.of_type(T.END_TXN)[-1].end_txn.next_txn_ttl_ms == 30_000
-    third = await cli5.new_transaction(timeout=30)
+    third = await cli.new_transaction(timeout=30)
     assert fake.types().count("NEW_TXN") == 1 and txn_key(third) not in (spare, txn_key(first))
 
 
 async def test_spares_go_round_robin_over_the_coordinators(fake: FakeBroker) -> None:
-    fake.protocol_version, fake.tc_ids = 5, [3, 7]
+    fake.tc_ids = [3, 7]
     async with Client(fake.url, operation_timeout=5.0) as c:
         txn = await c.new_transaction()
         for _ in range(3):
@@ -792,40 +708,31 @@ async def test_spares_go_round_robin_over_the_coordinators(fake: FakeBroker) -> 
     assert [cmd.end_txn.next_tc_id for cmd in fake.of_type(T.END_TXN)][:3] == [7, 3, 7]
 
 
-async def test_a_broker_before_version_5_is_asked_with_new_txn(
-    fake: FakeBroker, cli: Client
-) -> None:
+async def test_a_spare_is_only_for_the_same_timeout(fake: FakeBroker, cli: Client) -> None:
     await (await cli.new_transaction(timeout=30)).commit()
-    await cli.new_transaction(timeout=30)
-    assert not fake.of_type(T.END_TXN)[0].end_txn.HasField("next_txn_ttl_ms")
-    assert fake.types().count("NEW_TXN") == 2 and not fake.violations
-
-
-async def test_a_spare_is_only_for_the_same_timeout(fake: FakeBroker, cli5: Client) -> None:
-    await (await cli5.new_transaction(timeout=30)).commit()
-    other = await cli5.new_transaction(timeout=10)
+    other = await cli.new_transaction(timeout=10)
     assert [cmd.new_txn.txn_ttl_ms for cmd in fake.of_type(T.NEW_TXN)] == [30_000, 10_000]
     assert fake.txn(other.id).ttl_ms == 10_000
 
 
 async def test_a_failed_end_brings_no_spare_and_its_retry_asks_for_none(
-    fake: FakeBroker, cli5: Client
+    fake: FakeBroker, cli: Client
 ) -> None:
-    txn = await cli5.new_transaction(timeout=30)
+    txn = await cli.new_transaction(timeout=30)
     fake.txn_errors[T.END_TXN] = [pb.SERVICE_NOT_READY]  # retriable: END is sent again
     await txn.commit()
     asked = [cmd.end_txn.HasField("next_txn_ttl_ms") for cmd in fake.of_type(T.END_TXN)]
     assert asked == [True, False]
     assert open_txns(fake) == []  # (the fake, like the broker, opens none for a failed END)
-    await cli5.new_transaction(timeout=30)
+    await cli.new_transaction(timeout=30)
     assert fake.types().count("NEW_TXN") == 2
 
 
 async def test_spares_asked_for_are_bounded(
-    fake: FakeBroker, cli5: Client, monkeypatch: pytest.MonkeyPatch
+    fake: FakeBroker, cli: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(client._spares, "MAX_SPARES", 3)
-    txns = [await cli5.new_transaction(timeout=30) for _ in range(5)]
+    txns = [await cli.new_transaction(timeout=30) for _ in range(5)]
     fake.hold = {T.END_TXN}
     commits = [asyncio.ensure_future(t.commit()) for t in txns]
     await until(lambda: len(fake.of_type(T.END_TXN)) == 5)
@@ -835,31 +742,31 @@ async def test_spares_asked_for_are_bounded(
     await fake.release()
     await asyncio.gather(*commits)
     assert len(open_txns(fake)) == 3
-    await asyncio.gather(*(cli5.new_transaction(timeout=30) for _ in range(3)))
+    await asyncio.gather(*(cli.new_transaction(timeout=30) for _ in range(3)))
     assert fake.types().count("NEW_TXN") == 5  # all three were spares
-    await (await cli5.new_transaction(timeout=30)).commit()  # room again: it asks
+    await (await cli.new_transaction(timeout=30)).commit()  # room again: it asks
     assert fake.of_type(T.END_TXN)[-1].end_txn.HasField("next_txn_ttl_ms")
 
 
 async def test_a_spare_too_old_is_aborted_not_used(
-    fake: FakeBroker, cli5: Client, monkeypatch: pytest.MonkeyPatch
+    fake: FakeBroker, cli: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(client._spares, "MAX_AGE", 0.05)
-    await (await cli5.new_transaction(timeout=30)).commit()
+    await (await cli.new_transaction(timeout=30)).commit()
     (spare,) = open_txns(fake)
     await until(lambda: fake.txns[spare].status == "ABORTED")  # nobody took it in time
-    fresh = await cli5.new_transaction(timeout=30)
+    fresh = await cli.new_transaction(timeout=30)
     assert txn_key(fresh) != spare and fake.txn(fresh.id).status == "OPEN"
     assert fake.types().count("NEW_TXN") == 2
 
 
 async def test_spares_grown_old_are_all_aborted(
-    fake: FakeBroker, cli5: Client, monkeypatch: pytest.MonkeyPatch
+    fake: FakeBroker, cli: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One timer watches them all: it wakes for each spare in turn."""
     monkeypatch.setattr(client._spares, "MAX_AGE", 0.2)
-    first = await cli5.new_transaction(timeout=30)
-    second = await cli5.new_transaction(timeout=20)
+    first = await cli.new_transaction(timeout=30)
+    second = await cli.new_transaction(timeout=20)
     await first.commit()
     await asyncio.sleep(0.1)
     await second.commit()
@@ -871,41 +778,40 @@ async def test_spares_grown_old_are_all_aborted(
 
 
 async def test_a_spare_with_a_short_timeout_is_aborted_after_a_tenth_of_it(
-    fake: FakeBroker, cli5: Client, monkeypatch: pytest.MonkeyPatch
+    fake: FakeBroker, cli: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A spare loses at most a tenth of its timeout: one nobody takes is
     aborted then, not only after MAX_AGE (a minute here)."""
     monkeypatch.setattr(client._spares, "MAX_AGE", 60.0)
-    await (await cli5.new_transaction(timeout=0.5)).commit()  # a spare of 0.5 s: 50 ms
+    await (await cli.new_transaction(timeout=0.5)).commit()  # a spare of 0.5 s: 50 ms
     (spare,) = open_txns(fake)
     await until(lambda: fake.txns[spare].status == "ABORTED", timeout=5.0)
 
 
-async def test_a_spare_from_before_a_reconnect_is_not_used(fake: FakeBroker, cli5: Client) -> None:
+async def test_a_spare_from_before_a_reconnect_is_not_used(fake: FakeBroker, cli: Client) -> None:
     # A restarted broker aborts the transactions it found open: a spare
     # answered on an earlier link may be one of them.
-    await (await cli5.new_transaction(timeout=30)).commit()
+    await (await cli.new_transaction(timeout=30)).commit()
     (spare,) = open_txns(fake)
     await fake.drop_connections()
-    await until(lambda: cli5.connections == 2)
-    fresh = await cli5.new_transaction(timeout=30)
+    await until(lambda: cli.connections == 2)
+    fresh = await cli.new_transaction(timeout=30)
     assert txn_key(fresh) != spare
     assert fake.types().count("NEW_TXN") == 2
 
 
 async def test_close_aborts_the_spares(fake: FakeBroker) -> None:
-    fake.protocol_version = 5
     async with Client(fake.url, operation_timeout=5.0) as c:
         await (await c.new_transaction(timeout=30)).commit()
     assert [t.status for t in fake.txns.values()] == ["COMMITTED", "ABORTED"]
 
 
-# --- protocol version 5: the commit goes right behind the sends (after_ops) ---------
+# --- the commit goes right behind the sends (after_ops) -----------------------------
 
 
-async def test_a_commit_is_written_right_behind_its_sends(fake: FakeBroker, cli5: Client) -> None:
-    producer = await cli5.create_producer("t")
-    txn = await cli5.new_transaction()
+async def test_a_commit_is_written_right_behind_its_sends(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t")
+    txn = await cli.new_transaction()
     futures = [producer.send_nowait(b"%d" % i, txn=txn) for i in range(3)]
     await txn.commit()
     (end,) = fake.of_type(T.END_TXN)
@@ -916,12 +822,11 @@ async def test_a_commit_is_written_right_behind_its_sends(fake: FakeBroker, cli5
     assert txn.state is TxnState.COMMITTED and fake.txn(txn.id).status == "COMMITTED"
 
 
-async def test_a_commit_refused_behind_a_failed_send_aborts(fake: FakeBroker, cli5: Client) -> None:
-    producer = await cli5.create_producer("t")
-    txn = await cli5.new_transaction()
+async def test_a_commit_refused_behind_a_failed_send_aborts(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t")
+    txn = await cli.new_transaction()
     fake.send_error = pb.TOPIC_NOT_FOUND
     future = producer.send_nowait(b"x", txn=txn)
-    fake.txn_errors[T.END_TXN] = [pb.NOT_ALLOWED]  # (as the broker answers it)
     with pytest.raises(errors.TopicNotFoundError):  # the send's error, not the refusal
         await txn.commit()
     assert end_actions(fake) == [pb.COMMIT, pb.ABORT]
@@ -932,10 +837,10 @@ async def test_a_commit_refused_behind_a_failed_send_aborts(fake: FakeBroker, cl
 
 
 async def test_a_commit_refused_without_a_failed_send_aborts_too(
-    fake: FakeBroker, cli5: Client
+    fake: FakeBroker, cli: Client
 ) -> None:
-    producer = await cli5.create_producer("t")
-    txn = await cli5.new_transaction()
+    producer = await cli.create_producer("t")
+    txn = await cli.new_transaction()
     producer.send_nowait(b"x", txn=txn)
     fake.txn_errors[T.END_TXN] = [pb.NOT_ALLOWED]
     with pytest.raises(errors.NotAllowedError):
@@ -944,13 +849,13 @@ async def test_a_commit_refused_without_a_failed_send_aborts_too(
 
 
 async def test_a_commit_behind_sends_cut_off_is_asked_again_after_them(
-    fake: FakeBroker, cli5: Client
+    fake: FakeBroker, cli: Client
 ) -> None:
     """The link dies before the END's answer: its outcome is unknown, so the
     client waits for the sends (re-sent on the new link), then sends END
-    COMMIT again, as before version 5 (not right behind them)."""
-    producer = await cli5.create_producer("t")
-    txn = await cli5.new_transaction()
+    COMMIT again, not right behind them."""
+    producer = await cli.create_producer("t")
+    txn = await cli.new_transaction()
     producer.send_nowait(b"x", txn=txn)
     fake.hold = {T.END_TXN}
     committing = asyncio.ensure_future(txn.commit())
@@ -960,41 +865,3 @@ async def test_a_commit_behind_sends_cut_off_is_asked_again_after_them(
     await committing
     assert [cmd.end_txn.after_ops for cmd in fake.of_type(T.END_TXN)] == [True, False]
     assert txn.state is TxnState.COMMITTED and fake.stored("t") == [b"x"]
-
-
-# --- protocol version 4: the broker adds participants (add_to_txn) -----------------
-
-
-async def test_a_version_4_broker_adds_the_participants_itself(fake: FakeBroker) -> None:
-    fake.protocol_version = 4
-    async with Client(fake.url, operation_timeout=5.0) as cli:
-        producer = await cli.create_producer("t")
-        consumer = await cli.subscribe("t", "s")
-        await producer.send(b"in")
-        msg = await consumer.receive(timeout=5)
-        out = await cli.create_producer("out")
-        txn = await cli.new_transaction()
-        await asyncio.gather(*(out.send_nowait(b"%d" % i, txn=txn) for i in range(3)))
-        await consumer.acknowledge(msg, txn=txn)
-        await txn.commit()
-    assert not fake.of_type(T.ADD_PARTITION_TO_TXN)
-    assert not fake.of_type(T.ADD_SUBSCRIPTION_TO_TXN)
-    sends = [s for s in fake.sends() if s.transactional]
-    acks = [a.ack for a in fake.of_type(T.ACK) if a.ack.transactional]
-    assert sends and all(s.add_to_txn for s in sends)
-    assert acks and all(a.add_to_txn for a in acks)
-    assert fake.txn(txn.id).status == "COMMITTED"
-    assert fake.txn(txn.id).partitions == {("out", 0)}
-    assert fake.txn(txn.id).subscriptions == {("t", "s")}
-    assert fake.stored("out") == [b"0", b"1", b"2"]
-
-
-async def test_an_older_broker_gets_registrations_not_add_to_txn(
-    fake: FakeBroker, cli: Client
-) -> None:
-    producer = await cli.create_producer("out")
-    txn = await cli.new_transaction()
-    await producer.send(b"x", txn=txn)
-    await txn.commit()
-    assert len(fake.of_type(T.ADD_PARTITION_TO_TXN)) == 1
-    assert not any(s.add_to_txn for s in fake.sends())

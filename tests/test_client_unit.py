@@ -5,9 +5,10 @@ building) are tested directly; request/receipt matching, batching, flow
 control, acks and the reconnect path run against ``FakeBroker``, a small
 in-process aiohttp WebSocket server speaking the txnbuf protocol with
 in-memory storage and per-partition deduplication. It also plays the
-transaction coordinator (NEW_TXN, ADD_PARTITION_TO_TXN,
-ADD_SUBSCRIPTION_TO_TXN, END_TXN) and the transactional side of SEND and
-ACK, for ``test_client_txn_unit.py``.
+transaction coordinator (NEW_TXN, END_TXN) and the transactional side of
+SEND and ACK (which add their partition / subscription to the
+transaction), for ``test_client_txn_unit.py``. It records a violation,
+checked at teardown, for any command or field the protocol does not allow.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ from aiohttp import WSMsgType, web
 
 import client
 from client import Client, Message, MessageId, errors
+from client._connection import PROTOCOL_VERSION
 from client._consumer import build_ack
 from client._message import decode_entry
-from client._producer import build_send, partition_for_key, without_batch
-from client._txn import TxnID
+from client._producer import build_send, partition_for_key
 from proto import txnbuf_pb2 as pb
 
 T = pb.BaseCommand
@@ -68,8 +69,7 @@ class FakeTxn:
         default_factory=lambda: defaultdict(list)
     )
     seen: dict[tuple[str, int, str, int], int] = field(default_factory=dict)  # -> index
-    # A refused ADD_*: the broker refuses the sends / acks behind it alike.
-    refused: dict[tuple[str, int] | tuple[str, str], int] = field(default_factory=dict)
+    failed: bool = False  # a SEND or ACK of it was refused (END_TXN after_ops is refused)
 
 
 @dataclass
@@ -102,9 +102,7 @@ class FakeBroker:
         self.refuse_producer: list[int] = []  # error codes for the next PRODUCER requests
         self.last_sequence_id: dict[str, int] = {}
         self.max_message_size = 5 * 1024 * 1024
-        self.protocol_version = 2  # announced in CONNECTED (3: ACKs may use positions)
-        self.ack_frames: list[pb.CommandAck] = []
-        self.send_frames: list[pb.CommandSend] = []  # as received
+        self.protocol_version = PROTOCOL_VERSION  # announced in CONNECTED
         # the coordinator
         self.tc_ids: list[int] = []  # CONNECTED.tc_ids
         self.txns: dict[tuple[int, int], FakeTxn] = {}
@@ -112,6 +110,10 @@ class FakeBroker:
         # (topic, subscription, message id) -> the txn holding it in PENDING_ACK
         self.pending_acks: dict[tuple[str, str, tuple[int, int, int]], tuple[int, int]] = {}
         self.txn_errors: dict[int, list[int]] = defaultdict(list)  # type -> next error codes
+        # END_TXN after_ops: the transactional SENDs / ACKs not answered yet
+        # (request id -> txn), and the ENDs waiting for them (txn -> END).
+        self.unanswered: dict[int, tuple[int, int]] = {}
+        self.ends_waiting: dict[tuple[int, int], tuple[web.WebSocketResponse, Any]] = {}
         self.hold: set[int] = set()  # request types whose answers wait for release()
         self.held: list[tuple[web.WebSocketResponse, bytes]] = []
         self.close_after: set[int] = set()  # request types after whose answer the socket closes
@@ -160,6 +162,9 @@ class FakeBroker:
     def sends(self) -> list[pb.CommandSend]:
         return [cmd.send for cmd in self.received if cmd.type == T.SEND]
 
+    def acks(self) -> list[pb.CommandAck]:
+        return [cmd.ack for cmd in self.received if cmd.type == T.ACK]
+
     def stored(self, topic: str, partition: int = 0) -> list[bytes]:
         return [m.payload for b in self.ledgers[topic, partition] for m in b.messages]
 
@@ -183,7 +188,7 @@ class FakeBroker:
                 if msg.type != WSMsgType.BINARY:
                     continue
                 outer = pb.BaseCommand.FromString(msg.data)
-                # (Protocol version 2: the client joins what it queued at once.)
+                # (The client joins what it queued at once.)
                 batch = outer.batch.commands if outer.type == T.BATCH else [outer]
                 for cmd in batch:
                     self.received.append(cmd)
@@ -256,8 +261,8 @@ class FakeBroker:
             req = cmd.subscribe
             key = (req.topic, req.subscription)
             sub = self.subs.get(key)
-            if sub is None:
-                n = self.partitions[req.topic]
+            if sub is None:  # (the topic is created, as the broker does)
+                n = self.partitions.setdefault(req.topic, self.default_partitions)
                 cursor = {
                     p: 0 if req.initial_position == 1 else len(self.ledgers[req.topic, p])
                     for p in range(n)
@@ -295,8 +300,10 @@ class FakeBroker:
             await ws.send_bytes(
                 frame(T.SUCCESS, "success", request_id=cmd.close_consumer.request_id)
             )
-        elif kind in (T.NEW_TXN, T.ADD_PARTITION_TO_TXN, T.ADD_SUBSCRIPTION_TO_TXN, T.END_TXN):
+        elif kind in (T.NEW_TXN, T.END_TXN):
             await self._on_coordinator(ws, cmd)
+        elif kind != T.PONG:
+            self.violations.append(f"the client sent {T.Type.Name(kind)}")
 
     # --- the coordinator ------------------------------------------------------
 
@@ -318,30 +325,29 @@ class FakeBroker:
             answer = frame(T.NEW_TXN_RESPONSE, "new_txn_response", **fields)
         else:
             key = (req.txnid_most_bits, req.txnid_least_bits)
+            if req.after_ops and key in self.unanswered.values():
+                self.ends_waiting[key] = (ws, cmd)  # (answered once they are)
+                return
             txn = self.txns.get(key)
             if error is None and txn is None:
                 error = pb.TRANSACTION_NOT_FOUND
+            if error is None and req.after_ops and txn is not None and txn.failed:
+                error = pb.NOT_ALLOWED if txn.status == "OPEN" else None
             if error is None and txn is not None:
-                error = self._apply_txn_command(kind, req, txn)
-            elif txn is not None and kind == T.ADD_PARTITION_TO_TXN:
-                txn.refused.update(((p.topic, p.partition), error) for p in req.partitions)
-            elif txn is not None and kind == T.ADD_SUBSCRIPTION_TO_TXN:
-                txn.refused.update(((r.topic, r.subscription), error) for r in req.subscriptions)
+                error = self._end_txn_command(req, txn)
             fields = dict(
                 request_id=req.request_id, txnid_most_bits=key[0], txnid_least_bits=key[1]
             )
             if error is not None:
                 fields.update(error=error, message="fake coordinator")
-            if kind == T.END_TXN and req.HasField("next_txn_ttl_ms"):
-                if self.protocol_version < 5:
-                    self.violations.append("END_TXN next_txn_ttl_ms sent to a broker before 5")
-                elif error is None:  # (the broker answers a spare only with a success)
-                    most, least = self._open_txn(req.next_tc_id, req.next_txn_ttl_ms)
-                    fields.update(next_txnid_most_bits=most, next_txnid_least_bits=least)
+            if req.HasField("next_txn_ttl_ms") and error is None:
+                # (the broker answers a spare only with a success)
+                most, least = self._open_txn(req.next_tc_id, req.next_txn_ttl_ms)
+                fields.update(next_txnid_most_bits=most, next_txnid_least_bits=least)
             answer = frame(T.TXN_RESPONSE, "txn_response", **fields)
         if kind in self.hold:
             self.held.append((ws, answer))
-        else:
+        elif not ws.closed:
             await ws.send_bytes(answer)
         if kind in self.close_after:
             self.close_after.discard(kind)
@@ -351,28 +357,41 @@ class FakeBroker:
                 if any(topic == sub_topic for topic, _ in txn.buffers):
                     await self._deliver(sub_topic, sub)
 
+    async def _reply(self, ws: web.WebSocketResponse, data: bytes) -> None:
+        """Send the answer ``data`` to a SEND or ACK (see `_answered`)."""
+        if not ws.closed:
+            await ws.send_bytes(data)
+        await self._answered(data)
+
+    async def _answered(self, data: bytes) -> None:
+        """``data`` answered a SEND or ACK: an END_TXN after_ops waiting for
+        it goes on once its transaction's are all answered."""
+        cmd = pb.BaseCommand.FromString(data)
+        if cmd.type not in (T.SEND_RECEIPT, T.SEND_ERROR, T.ACK_RESPONSE):
+            return
+        body = getattr(cmd, cmd.WhichOneof("command") or "")
+        key = self.unanswered.pop(body.request_id, None)
+        if key is None:
+            return
+        if cmd.type == T.SEND_ERROR or (cmd.type == T.ACK_RESPONSE and body.HasField("error")):
+            self.txns[key].failed = True
+        if key in self.ends_waiting and key not in self.unanswered.values():
+            await self._on_coordinator(*self.ends_waiting.pop(key))
+
     def _open_txn(self, tc_id: int, ttl_ms: int) -> tuple[int, int]:
         self.txn_counters[tc_id] += 1
         most, least = tc_id << 48, self.txn_counters[tc_id]
         self.txns[most, least] = FakeTxn(tc_id, ttl_ms)
         return most, least
 
-    def _apply_txn_command(self, kind: int, req: Any, txn: FakeTxn) -> int | None:
-        if kind == T.END_TXN:
-            wanted = "COMMITTED" if req.txn_action == pb.COMMIT else "ABORTED"
-            if txn.status == wanted:
-                return None  # idempotent
-            if txn.status != "OPEN":
-                return pb.INVALID_TXN_STATUS
-            txn.status = wanted
-            self._end_txn((req.txnid_most_bits, req.txnid_least_bits), txn)
-            return None
+    def _end_txn_command(self, req: pb.CommandEndTxn, txn: FakeTxn) -> int | None:
+        wanted = "COMMITTED" if req.txn_action == pb.COMMIT else "ABORTED"
+        if txn.status == wanted:
+            return None  # idempotent
         if txn.status != "OPEN":
             return pb.INVALID_TXN_STATUS
-        if kind == T.ADD_PARTITION_TO_TXN:
-            txn.partitions.update((p.topic, p.partition) for p in req.partitions)
-        else:
-            txn.subscriptions.update((s.topic, s.subscription) for s in req.subscriptions)
+        txn.status = wanted
+        self._end_txn((req.txnid_most_bits, req.txnid_least_bits), txn)
         return None
 
     def _end_txn(self, key: tuple[int, int], txn: FakeTxn) -> None:
@@ -394,16 +413,22 @@ class FakeBroker:
     async def _on_send(
         self, ws: web.WebSocketResponse, send: pb.CommandSend, producers: dict[int, Any]
     ) -> None:
-        self.send_frames.append(pb.CommandSend.FromString(send.SerializeToString()))
-        if send.batch:  # (protocol version 3) read it as messages, as the broker does
-            if self.protocol_version < 3:
-                self.violations.append("SEND batch sent to a broker older than version 3")
-            send.messages.extend(pb.EntryBatch.FromString(send.batch).messages)
-            send.ClearField("batch")
+        messages = messages_of(send)
+        if not messages:
+            self.violations.append("a SEND without messages in its batch")
+        seqs = [m.sequence_id for m in messages]
+        consecutive = seqs == list(range(seqs[0], seqs[0] + len(seqs))) if seqs else False
+        if send.HasField("first_sequence_id") != consecutive or (
+            consecutive and send.first_sequence_id != seqs[0]
+        ):
+            self.violations.append(f"SEND sequence ids {seqs}, first_sequence_id wrong")
+        if send.transactional and (send.txnid_most_bits, send.txnid_least_bits) in self.txns:
+            self.unanswered[send.request_id] = (send.txnid_most_bits, send.txnid_least_bits)
         if self.ignore_sends:
             return
         if self.send_error is not None:
-            await ws.send_bytes(
+            await self._reply(
+                ws,
                 frame(
                     T.SEND_ERROR,
                     "send_error",
@@ -411,19 +436,19 @@ class FakeBroker:
                     request_id=send.request_id,
                     error=self.send_error,
                     message="injected",
-                )
+                ),
             )
             return
         topic, name = producers[send.producer_id]
         if send.transactional:
-            await self._on_txn_send(ws, send, topic, name)
+            await self._on_txn_send(ws, send, messages, topic, name)
             return
         seen = self.dedup[topic, send.partition, name]
         ledger = self.ledgers[topic, send.partition]
         entry_id = len(ledger)
         batch = pb.EntryBatch(producer_name=name)
         ids = []
-        for single in send.messages:
+        for single in messages:
             if single.sequence_id in seen:
                 ids.append(seen[single.sequence_id])
                 continue
@@ -441,17 +466,22 @@ class FakeBroker:
             partition=send.partition,
             entry_id=entry_id,
         )
-        if len(batch.messages) != len(send.messages):
+        if len(batch.messages) != len(messages):
             fields["message_ids"] = [
                 pb.MessageIdData(partition=p, entry_id=e, batch_index=i) for p, e, i in ids
             ]
-        await ws.send_bytes(frame(T.SEND_RECEIPT, "send_receipt", **fields))
+        await self._reply(ws, frame(T.SEND_RECEIPT, "send_receipt", **fields))
         for (sub_topic, _), sub in self.subs.items():
             if sub_topic == topic:
                 await self._deliver(topic, sub)
 
     async def _on_txn_send(
-        self, ws: web.WebSocketResponse, send: pb.CommandSend, topic: str, name: str
+        self,
+        ws: web.WebSocketResponse,
+        send: pb.CommandSend,
+        messages: list[pb.SingleMessage],
+        topic: str,
+        name: str,
     ) -> None:
         txn = self.txns.get((send.txnid_most_bits, send.txnid_least_bits))
         error = None
@@ -459,30 +489,23 @@ class FakeBroker:
             error = pb.TRANSACTION_NOT_FOUND
         elif txn.status != "OPEN":
             error = pb.INVALID_TXN_STATUS
-        elif (topic, send.partition) in txn.refused:
-            error = txn.refused[topic, send.partition]
-        elif send.add_to_txn and self.protocol_version < 4:
-            self.violations.append("SEND add_to_txn sent to a broker older than version 4")
-            error = pb.NOT_ALLOWED
-        elif send.add_to_txn:
-            txn.partitions.add((topic, send.partition))  # (protocol version 4)
-        elif (topic, send.partition) not in txn.partitions:
-            self.violations.append(f"SEND to {topic}:{send.partition} before ADD_PARTITION")
-            error = pb.NOT_ALLOWED
+        else:
+            txn.partitions.add((topic, send.partition))  # (the broker adds it)
         if txn is None or error is not None:
-            await ws.send_bytes(
+            await self._reply(
+                ws,
                 frame(
                     T.SEND_ERROR,
                     "send_error",
                     producer_id=send.producer_id,
                     request_id=send.request_id,
                     error=error,
-                )
+                ),
             )
             return
         buffer = txn.buffers[topic, send.partition]
         ids = []
-        for single in send.messages:
+        for single in messages:
             where = (topic, send.partition, name, single.sequence_id)
             if where not in txn.seen:
                 txn.seen[where] = len(buffer)
@@ -492,7 +515,8 @@ class FakeBroker:
             )
         if self.store_without_receipt:
             return
-        await ws.send_bytes(
+        await self._reply(
+            ws,
             frame(
                 T.SEND_RECEIPT,
                 "send_receipt",
@@ -501,7 +525,7 @@ class FakeBroker:
                 partition=send.partition,
                 entry_id=-1,
                 message_ids=ids,
-            )
+            ),
         )
 
     async def _deliver(self, topic: str, sub: Sub) -> None:
@@ -543,9 +567,10 @@ class FakeBroker:
             )
 
     async def _on_ack(self, ws: web.WebSocketResponse, ack: pb.CommandAck) -> None:
-        self.ack_frames.append(ack)
-        if ack.positions and self.protocol_version < 3:
-            self.violations.append("ACK positions sent to a broker older than version 3")
+        if not ack.positions or len(ack.positions) % 3:
+            self.violations.append(f"ACK positions not whole triples: {list(ack.positions)}")
+        if ack.transactional and (ack.txnid_most_bits, ack.txnid_least_bits) in self.txns:
+            self.unanswered[ack.request_id] = (ack.txnid_most_bits, ack.txnid_least_bits)
         error = None
         for (topic, name), sub in self.subs.items():
             if sub.consumer != (ws, ack.consumer_id):
@@ -569,7 +594,7 @@ class FakeBroker:
         fields: dict[str, Any] = dict(consumer_id=ack.consumer_id, request_id=ack.request_id)
         if error is not None:
             fields["error"] = error
-        await ws.send_bytes(frame(T.ACK_RESPONSE, "ack_response", **fields))
+        await self._reply(ws, frame(T.ACK_RESPONSE, "ack_response", **fields))
 
     def _txn_ack(self, topic: str, name: str, sub: Sub, ack: pb.CommandAck) -> int | None:
         """PENDING -> PENDING_ACK for the txn, all ids or none."""
@@ -579,16 +604,7 @@ class FakeBroker:
             return pb.TRANSACTION_NOT_FOUND
         if txn.status != "OPEN":
             return pb.INVALID_TXN_STATUS
-        if (topic, name) in txn.refused:
-            return txn.refused[topic, name]
-        if ack.add_to_txn and self.protocol_version < 4:
-            self.violations.append("ACK add_to_txn sent to a broker older than version 4")
-            return pb.NOT_ALLOWED
-        if ack.add_to_txn:
-            txn.subscriptions.add((topic, name))  # (protocol version 4)
-        if (topic, name) not in txn.subscriptions:
-            self.violations.append(f"ACK on {topic}/{name} before ADD_SUBSCRIPTION")
-            return pb.NOT_ALLOWED
+        txn.subscriptions.add((topic, name))  # (the broker adds it)
         ids = ack_ids(ack)
         if ack.ack_type == pb.CommandAck.CUMULATIVE:
             (last,) = ids
@@ -604,16 +620,22 @@ class FakeBroker:
         return None
 
     async def push(self, data: bytes) -> None:
+        """Send ``data`` on every socket (an answer to a SEND or ACK counts
+        as answered, see `_reply`)."""
         for ws in list(self.sockets):
             await ws.send_bytes(data)
+        await self._answered(data)
 
 
 def ack_ids(ack: pb.CommandAck) -> list[tuple[int, int, int]]:
-    """The messages an ACK names, from ``message_ids`` or ``positions``."""
-    if ack.positions:
-        flat = list(ack.positions)
-        return list(zip(flat[0::3], flat[1::3], flat[2::3], strict=True))
-    return [(m.partition, m.entry_id, m.batch_index) for m in ack.message_ids]
+    """The messages an ACK names (its ``positions`` triples)."""
+    flat = list(ack.positions)
+    return list(zip(flat[0::3], flat[1::3], flat[2::3], strict=True))
+
+
+def messages_of(send: pb.CommandSend) -> list[pb.SingleMessage]:
+    """The messages a SEND carries (its encoded ``batch``)."""
+    return list(pb.EntryBatch.FromString(send.batch).messages)
 
 
 @pytest.fixture
@@ -813,21 +835,23 @@ def test_build_send_frame() -> None:
     assert parsed.type == T.SEND and parsed.WhichOneof("command") == "send"
     send = parsed.send
     assert (send.producer_id, send.request_id, send.partition) == (3, 17, 2)
-    assert [m.sequence_id for m in send.messages] == [5, 6]
-    assert not send.messages[0].HasField("key") and send.messages[1].key == "k"
-    assert dict(send.messages[1].properties) == {"a": "b"}
-    assert {m.publish_time_ms for m in send.messages} == {1234}
+    batch = pb.EntryBatch.FromString(send.batch)
+    assert not batch.producer_name  # the broker adds it
+    messages = batch.messages
+    assert [m.sequence_id for m in messages] == [5, 6]
+    assert not messages[0].HasField("key") and messages[1].key == "k"
+    assert dict(messages[1].properties) == {"a": "b"}
+    assert {m.publish_time_ms for m in messages} == {1234}
     assert send.first_sequence_id == 5  # consecutive: the broker reads only the ends
-    gap = build_send(3, 18, 2, [*entries, (b"z", None, None, 8)], 1234, encoded=True).send
+    gap = build_send(3, 18, 2, [*entries, (b"z", None, None, 8)], 1234).send
     assert not gap.HasField("first_sequence_id")
-    assert [m.sequence_id for m in pb.EntryBatch.FromString(gap.batch).messages] == [5, 6, 8]
+    assert [m.sequence_id for m in messages_of(gap)] == [5, 6, 8]
 
 
 def test_build_ack_frame() -> None:
     cmd = build_ack(4, 9, pb.CommandAck.INDIVIDUAL, [MessageId(1, 2, 3), MessageId(0, 1, 0)])
     assert cmd.type == T.ACK and cmd.WhichOneof("command") == "ack"
-    ids = [(m.partition, m.entry_id, m.batch_index) for m in cmd.ack.message_ids]
-    assert ids == [(1, 2, 3), (0, 1, 0)]
+    assert list(cmd.ack.positions) == [1, 2, 3, 0, 1, 0]  # flat triples
 
 
 # --- producer against the fake broker -----------------------------------------
@@ -852,13 +876,13 @@ async def test_concurrent_sends_share_one_frame(fake: FakeBroker, cli: Client) -
     ids = await asyncio.gather(*(producer.send(b"m%d" % i) for i in range(50)))
     assert len(fake.sends()) == 1
     assert ids == [MessageId(0, 0, i) for i in range(50)]
-    assert [m.sequence_id for m in fake.sends()[0].messages] == list(range(50))
+    assert [m.sequence_id for m in messages_of(fake.sends()[0])] == list(range(50))
 
 
 async def test_batch_is_split_at_the_message_limit(fake: FakeBroker, cli: Client) -> None:
     producer = await cli.create_producer("t", batching_max_messages=10)
     await asyncio.gather(*(producer.send(b"x") for i in range(25)))
-    assert [len(s.messages) for s in fake.sends()] == [10, 10, 5]
+    assert [len(messages_of(s)) for s in fake.sends()] == [10, 10, 5]
 
 
 async def test_batch_is_split_at_the_byte_limit(fake: FakeBroker, cli: Client) -> None:
@@ -906,7 +930,7 @@ async def test_sequence_ids_continue_after_the_brokers_last(fake: FakeBroker, cl
     await producer.send(b"a")
     await producer.send(b"b", sequence_id=100)
     await producer.send(b"c")
-    seqs = [m.sequence_id for s in fake.sends() for m in s.messages]
+    seqs = [m.sequence_id for s in fake.sends() for m in messages_of(s)]
     assert seqs == [42, 100, 101]
 
 
@@ -922,7 +946,7 @@ async def test_sequence_id_must_increase(fake: FakeBroker, cli: Client) -> None:
     await asyncio.sleep(0.05)
     assert len(fake.received) == before  # nothing sent
     await producer.send(b"c")
-    assert fake.sends()[-1].messages[0].sequence_id == 11
+    assert messages_of(fake.sends()[-1])[0].sequence_id == 11
 
 
 async def test_bad_arguments_are_refused(cli: Client) -> None:
@@ -1049,6 +1073,19 @@ async def test_connect_failure_raises_connection_error() -> None:
     assert info.value.retriable
 
 
+async def test_a_broker_of_another_protocol_version_is_refused(fake: FakeBroker) -> None:
+    """A broker whose CONNECTED announces another wire protocol version is
+    refused at once, with an error naming both versions; nothing else is sent."""
+    fake.protocol_version = PROTOCOL_VERSION - 1
+    with pytest.raises(errors.ProtocolError) as info:
+        async with Client(fake.url, operation_timeout=5.0):
+            pass
+    assert not info.value.retriable
+    assert f"speaks wire protocol version {PROTOCOL_VERSION - 1};" in str(info.value)
+    assert f"speaks version {PROTOCOL_VERSION} only" in str(info.value)
+    assert fake.connects == 1 and fake.types() == ["CONNECT"]
+
+
 async def test_ping_is_answered(fake: FakeBroker, cli: Client) -> None:
     await fake.push(frame(T.PING, "ping"))
     await until(lambda: "PONG" in fake.types())
@@ -1123,82 +1160,6 @@ async def test_pending_acks_are_resent_after_reconnect(fake: FakeBroker, cli: Cl
     assert not sub.unacked
 
 
-async def test_acks_name_positions_with_a_version_3_broker(fake: FakeBroker) -> None:
-    fake.protocol_version = 3
-    async with Client(fake.url, operation_timeout=5.0) as cli:
-        producer = await cli.create_producer("t")
-        consumer = await cli.subscribe("t", "s", subscription_type="shared")
-        await asyncio.gather(*(producer.send(b"x") for _ in range(3)))
-        msgs = [await consumer.receive(timeout=5) for _ in range(3)]
-        await consumer.acknowledge(msgs)
-        (ack,) = fake.ack_frames
-        assert not ack.message_ids
-        assert list(ack.positions) == [x for m in msgs for x in m.message_id]
-        assert not fake.subs["t", "s"].unacked
-
-
-async def test_acks_in_flight_are_rebuilt_for_an_older_broker(fake: FakeBroker) -> None:
-    """An ACK written with positions, then re-sent to a broker that came back
-    older (version 2), names its messages in message_ids there."""
-    fake.protocol_version = 3
-    async with Client(fake.url, operation_timeout=5.0) as cli:
-        producer = await cli.create_producer("t")
-        consumer = await cli.subscribe("t", "s")
-        await producer.send(b"x")
-        msg = await consumer.receive(timeout=5)
-        await drop_sockets(fake)  # the ack goes into a dead socket
-        fake.protocol_version = 2
-        await asyncio.wait_for(consumer.acknowledge(msg), 5)
-        assert not fake.subs["t", "s"].unacked
-        last = fake.ack_frames[-1]
-        assert not last.positions
-        assert len(last.message_ids) == 1
-        assert ack_ids(last) == [tuple(msg.message_id)]
-    # (the fake records a violation, checked by the fixture, for positions sent to it at 2)
-
-
-async def test_sends_carry_an_encoded_batch_with_a_version_3_broker(fake: FakeBroker) -> None:
-    fake.protocol_version = 3
-    async with Client(fake.url, operation_timeout=5.0) as cli:
-        producer = await cli.create_producer("t")
-        ids = await asyncio.gather(*(producer.send(b"m%d" % i, key="k") for i in range(3)))
-        assert ids == [MessageId(0, 0, i) for i in range(3)]
-        (send,) = fake.send_frames
-        assert not send.messages
-        batch = pb.EntryBatch.FromString(send.batch)
-        assert [m.payload for m in batch.messages] == [b"m0", b"m1", b"m2"]
-        assert not batch.producer_name  # the broker adds it
-
-
-async def test_sends_in_flight_are_rebuilt_for_an_older_broker(fake: FakeBroker) -> None:
-    """A SEND written with an encoded batch, then re-sent to a broker that
-    came back older (version 2), carries its messages in messages there."""
-    fake.protocol_version = 3
-    async with Client(fake.url, operation_timeout=5.0) as cli:
-        producer = await cli.create_producer("t")
-        await producer.send(b"first")
-        fake.ignore_sends = True  # the next SEND is not answered: in flight
-        pending = producer.send_nowait(b"second")
-        await until(lambda: len(fake.send_frames) == 2)
-        assert fake.send_frames[-1].batch
-        fake.protocol_version, fake.ignore_sends = 2, False
-        await drop_sockets(fake)
-        assert await asyncio.wait_for(pending, 5) == MessageId(0, 1, 0)
-        last = fake.send_frames[-1]
-        assert not last.batch
-        assert [m.payload for m in last.messages] == [b"second"]
-
-
-def test_without_batch_moves_the_messages_back() -> None:
-    cmd = build_send(1, 2, 0, [(b"a", "k", {"p": "q"}, 7)], 99, TxnID(3, 4), encoded=True)
-    plain = build_send(1, 2, 0, [(b"a", "k", {"p": "q"}, 7)], 99, TxnID(3, 4))
-    assert cmd.send.batch and not cmd.send.messages
-    rebuilt = pb.BaseCommand.FromString(without_batch(cmd.SerializeToString()))
-    assert rebuilt == plain
-    data = plain.SerializeToString()
-    assert without_batch(data) is data  # nothing to rewrite
-
-
 async def test_create_producer_waits_for_reconnect(fake: FakeBroker, cli: Client) -> None:
     await fake.stop()
     task = asyncio.ensure_future(cli.create_producer("t"))
@@ -1233,8 +1194,8 @@ async def test_concurrent_acks_share_one_frame(fake: FakeBroker, cli: Client) ->
     await asyncio.gather(*(producer.send(b"x") for _ in range(20)))
     msgs = [await consumer.receive(timeout=5) for _ in range(20)]
     await asyncio.gather(*(consumer.acknowledge(m) for m in msgs))
-    acks = [c.ack for c in fake.received if c.type == T.ACK]
-    assert len(acks) == 1 and len(acks[0].message_ids) == 20
+    acks = fake.acks()
+    assert len(acks) == 1 and len(ack_ids(acks[0])) == 20
     assert not fake.subs["t", "s"].unacked
 
 
@@ -1491,9 +1452,8 @@ async def received(cli: Client, n: int) -> tuple[Any, list[Message]]:
 async def test_list_ack_is_one_frame(fake: FakeBroker, cli: Client) -> None:
     consumer, msgs = await received(cli, 5)
     await consumer.acknowledge(msgs)
-    (ack,) = fake.of_type(T.ACK)
-    sent = [MessageId(m.partition, m.entry_id, m.batch_index) for m in ack.ack.message_ids]
-    assert sent == [m.message_id for m in msgs]
+    (ack,) = fake.acks()
+    assert ack_ids(ack) == [tuple(m.message_id) for m in msgs]
     assert not fake.subs["t", "s"].unacked
 
 
@@ -1510,8 +1470,7 @@ async def test_bad_id_fails_only_the_list_it_is_in(fake: FakeBroker, cli: Client
     assert isinstance(results[1], errors.UnknownMessageIdError)
     assert results[2] is None
     # One frame of all six ids, refused; then each id alone.
-    acks = fake.of_type(T.ACK)
-    assert [len(a.ack.message_ids) for a in acks] == [6, 1, 1, 1, 1, 1, 1]
+    assert [len(ack_ids(a)) for a in fake.acks()] == [6, 1, 1, 1, 1, 1, 1]
     assert not fake.subs["t", "s"].unacked  # the good ids of the failed call too
 
 
@@ -1537,7 +1496,7 @@ async def test_cancelled_list_ack_still_goes_out(fake: FakeBroker, cli: Client) 
 
 
 async def test_a_batch_from_the_broker_is_handled_command_by_command() -> None:
-    """Protocol version 2: each command of a BATCH is dispatched, in order,
+    """Each command of a BATCH is dispatched, in order,
     and one that fails to be handled does not stop the others."""
     from client._connection import Connection, Link
     from proto import batch_frame
@@ -1614,9 +1573,8 @@ async def test_the_reader_lets_waiters_run_after_every_few_answers() -> None:
 
 
 async def test_frames_queued_together_go_to_a_broker_as_one_batch() -> None:
-    """Protocol version 2 both ways: what the client queues in one turn of
-    the loop (a transaction's send and ack) is one WebSocket message, a
-    BATCH of the commands in order; to an older broker, one message each."""
+    """What the client queues in one turn of the loop (a transaction's send
+    and ack) is one WebSocket message, a BATCH of the commands in order."""
     from client._connection import Link
 
     class Socket:
@@ -1630,18 +1588,14 @@ async def test_frames_queued_together_go_to_a_broker_as_one_batch() -> None:
         pb.BaseCommand(type=pb.BaseCommand.PING, ping=pb.CommandPing()).SerializeToString(),
         pb.BaseCommand(type=pb.BaseCommand.PONG, pong=pb.CommandPong()).SerializeToString(),
     ]
-    for batches, messages in ((True, 1), (False, 2)):
-        ws = Socket()
-        link = Link(ws, 1, batches=batches)  # type: ignore[arg-type]
-        writer = asyncio.create_task(link.run_writer())
-        for data in commands:
-            link.write(data)
-        await asyncio.sleep(0)
-        writer.cancel()
-        assert len(ws.sent) == messages
-        if batches:
-            batch = pb.BaseCommand.FromString(ws.sent[0])
-            assert batch.type == pb.BaseCommand.BATCH
-            assert [c.SerializeToString() for c in batch.batch.commands] == commands
-        else:
-            assert ws.sent == commands
+    ws = Socket()
+    link = Link(ws, 1)  # type: ignore[arg-type]
+    writer = asyncio.create_task(link.run_writer())
+    for data in commands:
+        link.write(data)
+    await asyncio.sleep(0)
+    writer.cancel()
+    (sent,) = ws.sent
+    batch = pb.BaseCommand.FromString(sent)
+    assert batch.type == pb.BaseCommand.BATCH
+    assert [c.SerializeToString() for c in batch.batch.commands] == commands

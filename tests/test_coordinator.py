@@ -26,6 +26,7 @@ from tc import (
     TRANSITIONS,
     InvalidTxnStatusError,
     NotStuckError,
+    ProducerSettings,
     TransactionCoordinator,
     TxnEvent,
     TxnID,
@@ -97,11 +98,13 @@ class Opener:
         self.path = path
         self.stores: dict[int, LedgerStore] = {}
 
-    async def __call__(self, tcid: int, participant: Recorder) -> TransactionCoordinator:
+    async def __call__(
+        self, tcid: int, participant: Recorder, settings: ProducerSettings | None = None
+    ) -> TransactionCoordinator:
         store = await LedgerStore.open(self.path / "broker.db")
         await store.open_ledger("participant")
         participant.store = store
-        tc = await TransactionCoordinator.open(tcid, store, participant)
+        tc = await TransactionCoordinator.open(tcid, store, participant, settings)
         self.stores[id(tc)] = store
         return tc
 

@@ -32,14 +32,8 @@ def test_next_frame_joins_what_fits_and_sends_a_big_one_alone() -> None:
     small = [message_of(n).SerializeToString() for n in (100, 200, 300)]
     big = message_of(BATCH_MAX_BYTES).SerializeToString()
     out = deque([*small, big, small[0]])
-    first = pb.BaseCommand.FromString(next_frame(out, batches=True))
+    first = pb.BaseCommand.FromString(next_frame(out))
     assert [c.SerializeToString() for c in first.batch.commands] == small
-    assert next_frame(out, batches=True) == big  # over the limit: alone, not in a BATCH
-    assert next_frame(out, batches=True) == small[0]  # the last one: alone too
+    assert next_frame(out) == big  # over the limit: alone, not in a BATCH
+    assert next_frame(out) == small[0]  # the last one: alone too
     assert not out
-
-
-def test_next_frame_to_an_old_peer_is_one_command() -> None:
-    out = deque([message_of(n).SerializeToString() for n in (1, 2)])
-    assert next_frame(out, batches=False) == message_of(1).SerializeToString()
-    assert len(out) == 1

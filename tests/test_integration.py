@@ -18,7 +18,7 @@ import pytest
 
 from client import Client, Consumer, Message, errors
 from proto import txnbuf_pb2 as pb
-from tests.conftest import BrokerProcess, RawConnection
+from tests.conftest import BrokerProcess, RawConnection, send_command
 
 T = pb.BaseCommand
 
@@ -118,7 +118,7 @@ async def test_duplicate_sequence_ids_not_stored_twice_across_restart(
         )
         msgs = [pb.SingleMessage(payload=b"v%d" % i, sequence_id=i) for i in range(8, 12)]
         receipt = await raw.request(
-            T.SEND, "send", pb.CommandSend(producer_id=1, request_id=2, partition=0, messages=msgs)
+            T.SEND, "send", send_command(*msgs, producer_id=1, request_id=2, partition=0)
         )
     ids = [(m.entry_id, m.batch_index) for m in receipt.send_receipt.message_ids]
     assert ids[:2] == [(m.entry_id, m.batch_index) for m in first[8:10]]
@@ -318,3 +318,56 @@ async def test_growing_a_topic_extends_its_subscriptions(broker: BrokerProcess) 
         assert {m.message_id for m in got} == set(ids)
     s = stats(broker, "grows")
     assert [sorted(p["subscriptions"]) for p in s["partitions"]] == [["s"], ["s"], ["s"]]
+
+
+async def test_a_restart_recovers_every_topic_and_subscription(broker: BrokerProcess) -> None:
+    """300 topics whose names are prefixes of each other (t1, t10, t100),
+    some with a second subscription whose name sorts around "/" ("s-x"),
+    and 10 topics of 3 partitions: after a SIGKILL every topic comes back
+    with its partitions, and every subscription with its cursor (the same
+    stats; the acked message stays acked, the unacked one comes again)."""
+    names = [f"t{i}" for i in range(300)]
+    partitioned = [f"p{i}" for i in range(10)]
+    limit = asyncio.Semaphore(32)
+
+    async def set_up(client: Client, name: str) -> None:
+        async with limit:
+            consumer = await client.subscribe(name, "s", initial_position="earliest")
+            if name.endswith("3"):
+                await (await client.subscribe(name, "s-x", initial_position="earliest")).close()
+            producer = await client.create_producer(name)
+            await producer.send(b"acked")
+            await producer.send(b"unacked")
+            first, second = await receive_all(consumer, 2)
+            assert (first.value, second.value) == (b"acked", b"unacked")
+            await consumer.acknowledge(first)
+            await asyncio.gather(producer.close(), consumer.close())
+
+    for name in partitioned:
+        assert broker.admin("PUT", f"/admin/v1/topics/{name}", b'{"partitions": 3}')[0] == 200
+    async with Client(broker.url) as client:
+        await asyncio.gather(*(set_up(client, name) for name in names))
+        for name in partitioned:
+            await (await client.subscribe(name, "s")).close()
+    before = {name: stats(broker, name) for name in names + partitioned}
+
+    await asyncio.to_thread(broker.restart)
+    status, body = broker.admin("GET", "/admin/v1/topics")
+    assert status == 200, body
+    listed = {t["name"]: t["partitions"] for t in json.loads(body)["topics"]}
+    assert listed == {**{n: 1 for n in names}, **{n: 3 for n in partitioned}}
+    after = {name: stats(broker, name) for name in names + partitioned}
+    assert after == before
+    assert set(after["t13"]["partitions"][0]["subscriptions"]) == {"s", "s-x"}
+    assert [set(p["subscriptions"]) for p in after["p1"]["partitions"]] == [{"s"}] * 3
+
+    async def read_again(client: Client, name: str) -> bytes:
+        async with limit:
+            consumer = await client.subscribe(name, "s")
+            message = await consumer.receive(timeout=15)
+            await consumer.close()
+            return message.value
+
+    async with Client(broker.url) as client:
+        again = await asyncio.gather(*(read_again(client, name) for name in names))
+    assert again == [b"unacked"] * len(names)

@@ -420,6 +420,89 @@ async def test_concurrent_open_ledger_of_a_new_name_gives_one_ledger(store: Ledg
     assert store.ledger_names() == ["new"]
 
 
+# Names whose characters sort around "/" ("-" "." "/" "0" are 0x2d-0x30), and
+# topics whose names are prefixes of each other (t1, t10, t1-x, t1.x).
+PREFIX_NAMES = [
+    "c/t1/0/s", "c/t1/0/s2", "c/t1/1/s", "c/t1/10/s", "c/t10/0/s", "c/t1-x/0/s",
+    "c/t1.x/0/s", "c/t1/0/s-x", "c/t1/0/s.x", "c/t10", "c/t1", "d/t1/0", "p/t1/0",
+    "c/t0/0/s", "c/t2/0/s", "c0", "c", "b/z", "c/t1/\U0010ffff", "c/t1/\U0010ffffz",
+    "c/t1\U0010ffff/0/s", "c/t2\U0010ffff",
+]  # fmt: skip
+PREFIXES = [
+    "", "c", "c/", "c/t1", "c/t1/", "c/t1/0/", "c/t1/1/", "c/t10/", "c/t1-x/", "c/t1.",
+    "c/t1/0/s", "c/t3/", "zzz", "a", "c/t1/\U0010ffff", "c/t1\U0010ffff", "\U0010ffff",
+]  # fmt: skip
+
+
+async def test_ledger_names_by_prefix_are_exactly_the_names_with_that_prefix(db: Path) -> None:
+    """A prefix is a range of the sorted names: t1's names, not t10's or
+    t1-x's; empty for a prefix nothing has; the same after a reopen, and
+    after a deletion and a creation."""
+    store = await LedgerStore.open(db)
+    try:
+        await asyncio.gather(*(store.open_ledger(n) for n in PREFIX_NAMES))
+
+        def check(names: list[str]) -> None:
+            for prefix in PREFIXES:
+                want = sorted(n for n in names if n.startswith(prefix))
+                assert store.ledger_names(prefix) == want, prefix
+
+        check(PREFIX_NAMES)
+        assert store.ledger_names("c/t1/") == [
+            "c/t1/0/s", "c/t1/0/s-x", "c/t1/0/s.x", "c/t1/0/s2", "c/t1/1/s", "c/t1/10/s",
+            "c/t1/\U0010ffff", "c/t1/\U0010ffffz",
+        ]  # fmt: skip
+        assert store.ledger_names("c/t1/1/") == ["c/t1/1/s"]
+        assert store.ledger_names("c/t3/") == []
+        await store.close()
+
+        store = await LedgerStore.open(db)
+        check(PREFIX_NAMES)
+        await store.delete_ledger("c/t1/0/s")
+        await store.open_ledger("c/t1/0/r")
+        names = [n for n in PREFIX_NAMES if n != "c/t1/0/s"] + ["c/t1/0/r"]
+        check(names)
+        want = ["c/t1/0/r", "c/t1/0/s-x", "c/t1/0/s.x", "c/t1/0/s2"]
+        assert store.ledger_names("c/t1/0/") == want
+    finally:
+        await store.close()
+
+
+def test_prefix_end_is_the_first_string_past_the_prefix() -> None:
+    from ledger._store import _prefix_end
+
+    assert _prefix_end("c/t1/") == "c/t10"
+    assert _prefix_end("a\U0010ffff\U0010ffff") == "b"
+    assert _prefix_end("") is None
+    assert _prefix_end("\U0010ffff") is None
+
+
+async def test_ledgers_created_together_get_their_own_ids_and_keep_order(db: Path) -> None:
+    """Creations that reach the writer together are one transaction; each
+    gets its own id, an append queued before them is durable with them,
+    and all of them are there after a reopen."""
+    store = await LedgerStore.open(db)
+    first = await store.open_ledger("first")
+    appended = first.append(b"before")
+    ledgers = await asyncio.gather(*(store.open_ledger(f"n/{i}") for i in range(50)))
+    assert len({lg.id for lg in ledgers}) == 50
+    assert await appended == 0
+    await asyncio.gather(*(lg.append(lg.name.encode()) for lg in ledgers))
+    await store.close()
+
+    store = await LedgerStore.open(db)
+    try:
+        first = await store.open_ledger("first")
+        assert store.ledger_names("n/") == sorted(f"n/{i}" for i in range(50))
+        for i in range(50):
+            ledger = store.get_ledger(f"n/{i}")
+            assert ledger is not None
+            assert [e.data for e in await ledger.read(0, 5)] == [f"n/{i}".encode()]
+        assert [e.data for e in await first.read(0, 5)] == [b"before"]
+    finally:
+        await store.close()
+
+
 async def test_delete_ledger_removes_it_and_its_entries(db: Path) -> None:
     store = await LedgerStore.open(db)
     a = await store.open_ledger("a")

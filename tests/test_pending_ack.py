@@ -1334,3 +1334,34 @@ async def test_first_unknown_names_the_first_position_without_a_message(
 ) -> None:
     assert h.sub.first_unknown(positions) == unknown
     assert unknown is None or not h.sub.knows(unknown)
+
+
+async def test_retention_trims_behind_the_slowest_subscription_only(tmp_path: Path) -> None:
+    """A partition is trimmed to TRIM_SLACK entries before the first entry
+    its slowest subscription has not acknowledged; one that holds TRIM_SLACK
+    entries or fewer, or has no subscription, keeps everything."""
+    from subscriptions._manager import TRIM_SLACK
+
+    store = await LedgerStore.open(tmp_path / "broker.db")
+    try:
+        topics = await Topics.load(store)
+        sizes = {"long": 40, "short": TRIM_SLACK, "free": 40}
+        for name, n in sizes.items():
+            part = (await topics.create(name, 1)).partitions[0]
+            await asyncio.gather(*(part.publish("p", msgs(i, 1)) for i in range(n)))
+        subs = await Subscriptions.load(topics)
+        try:
+            for topic, sub, acked_through in (("long", "s", 29), ("long", "s2", 34),
+                                              ("short", "s", TRIM_SLACK - 1)):  # fmt: skip
+                consumer = Consumer(1, "c", topic, sub, SubType.EXCLUSIVE, lambda c, e: None)
+                found = topics.get(topic)
+                assert found is not None
+                await subs.subscribe(found, sub, consumer, earliest=True)
+                await subs.ack(consumer, [MessageId(0, acked_through, 0)], True)
+            await subs.trim_once()
+            firsts = {t.name: t.partitions[0].ledger.first_entry_id for t in topics.all()}
+            assert firsts == {"long": 30 - TRIM_SLACK, "short": 0, "free": 0}
+        finally:
+            await subs.close()
+    finally:
+        await store.close()

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 import tc._producers as producers_module
-from ledger import LedgerStore
 from tc import (
     MAX_EPOCH,
     InvalidPidMappingError,
@@ -26,30 +25,19 @@ from tc import (
     TxnStatus,
     coordinator_of,
 )
+from tests.test_coordinator import Opener as CoordinatorOpener
 from tests.test_coordinator import Recorder, wait_status
 
 TWO_PC = ProducerSettings(allow_two_phase=True)
 
 
-class Opener:
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.stores: dict[int, LedgerStore] = {}
+class Opener(CoordinatorOpener):
+    """test_coordinator's opener, for coordinator 3, 2PC allowed by default."""
 
-    async def __call__(
+    async def __call__(  # type: ignore[override]
         self, participant: Recorder | None = None, settings: ProducerSettings = TWO_PC
     ) -> TransactionCoordinator:
-        store = await LedgerStore.open(self.path / "broker.db")
-        await store.open_ledger("participant")
-        participant = participant or Recorder()
-        participant.store = store
-        tc = await TransactionCoordinator.open(3, store, participant, settings)
-        self.stores[id(tc)] = store
-        return tc
-
-    async def close(self, tc: TransactionCoordinator) -> None:
-        await tc.close()
-        await self.stores.pop(id(tc)).close()
+        return await super().__call__(3, participant or Recorder(), settings)
 
 
 @pytest.fixture

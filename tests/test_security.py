@@ -26,9 +26,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from broker._connection import PROTOCOL_VERSION
 from client import Client, Consumer, errors
 from proto import txnbuf_pb2 as pb
-from tests.conftest import BrokerProcess, RawConnection, free_port
+from tests.conftest import BrokerProcess, RawConnection, free_port, send_command
 
 pytestmark = [pytest.mark.integration, pytest.mark.auth]
 
@@ -93,7 +94,7 @@ def frame(kind: int, field: str, body: Any) -> T:
 
 
 def connect(token: str = "", method: str = "token") -> T:
-    hello = pb.CommandConnect(protocol_version=5)
+    hello = pb.CommandConnect(protocol_version=PROTOCOL_VERSION)
     if token:
         hello.auth_method = method
         hello.auth_data = token.encode()
@@ -108,7 +109,7 @@ COMMANDS = [
     (T.PRODUCER, "producer",
      pb.CommandProducer(request_id=3, producer_id=1, topic="secret", producer_name="p")),
     (T.SEND, "send",
-     pb.CommandSend(producer_id=1, request_id=4, messages=[pb.SingleMessage(payload=b"x")])),
+     send_command(pb.SingleMessage(payload=b"x"), producer_id=1, request_id=4)),
     (T.CLOSE_PRODUCER, "close_producer", pb.CommandCloseProducer(request_id=5, producer_id=1)),
     (T.SUBSCRIBE, "subscribe",
      pb.CommandSubscribe(request_id=6, consumer_id=1, topic="secret", subscription="s")),

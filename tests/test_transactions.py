@@ -14,7 +14,7 @@ import pytest
 
 from client import Client, Consumer, Message, errors
 from proto import txnbuf_pb2 as pb
-from tests.conftest import BrokerProcess, RawConnection
+from tests.conftest import BrokerProcess, RawConnection, send_command, unbatch
 
 pytestmark = pytest.mark.integration
 
@@ -108,7 +108,7 @@ async def test_spare_transactions_are_used_and_aborted_at_close(broker: BrokerPr
 async def test_end_txn_opens_the_next_transaction_only_when_it_succeeds(
     broker: BrokerProcess,
 ) -> None:
-    """Protocol version 5: END_TXN with next_txn_ttl_ms opens the next
+    """END_TXN with next_txn_ttl_ms opens the next
     transaction (its timeout, on next_tc_id) and answers its id; an END that
     fails answers none and leaves none open; a next transaction that cannot
     be opened (no such coordinator, a bad timeout) leaves the END as it is."""
@@ -279,10 +279,10 @@ async def test_late_transactional_write_is_refused(broker: BrokerProcess) -> Non
         answer = await raw.request(
             T.SEND,
             "send",
-            pb.CommandSend(
+            send_command(
+                msg,
                 producer_id=1,
                 request_id=2,
-                messages=[msg],
                 transactional=True,
                 txnid_most_bits=txn.id.most_bits,
                 txnid_least_bits=txn.id.least_bits,
@@ -290,25 +290,9 @@ async def test_late_transactional_write_is_refused(broker: BrokerProcess) -> Non
         )
         assert answer.type == T.SEND_ERROR
         assert answer.send_error.error == pb.INVALID_TXN_STATUS
-        # A transaction that never added this partition may not write to it either.
-        answer = await raw.request(
-            T.NEW_TXN, "new_txn", pb.CommandNewTxn(request_id=3, txn_ttl_ms=10_000)
-        )
-        fresh = answer.new_txn_response
-        answer = await raw.request(
-            T.SEND,
-            "send",
-            pb.CommandSend(
-                producer_id=1,
-                request_id=4,
-                messages=[msg],
-                transactional=True,
-                txnid_most_bits=fresh.txnid_most_bits,
-                txnid_least_bits=fresh.txnid_least_bits,
-            ),
-        )
-        assert answer.send_error.error == pb.INVALID_TXN_STATUS
-        assert "not added" in answer.send_error.message
+    _, meta = admin_json(broker, "GET", f"/admin/v1/transactions/{txn.id}")
+    assert meta["status"] == "ABORTED"
+    assert meta["partitions"] == [{"topic": "late", "partition": 0}]  # nothing added late
 
 
 async def raw_copier(broker: BrokerProcess, raw: RawConnection, topic: str) -> int:
@@ -357,7 +341,7 @@ async def open_until_aborted(
 async def test_a_commit_written_behind_its_sends_and_acks_waits_for_them(
     broker: BrokerProcess,
 ) -> None:
-    """Protocol version 5: END_TXN COMMIT with after_ops, written right behind
+    """END_TXN COMMIT with after_ops, written right behind
     the transaction's SENDs and ACK before they are answered, commits once
     they are: their answers come first. If one of them failed, the commit is
     refused with NOT_ALLOWED and changes nothing (again if asked again), and
@@ -374,15 +358,14 @@ async def test_a_commit_written_behind_its_sends_and_acks_waits_for_them(
 
         def send(ids: dict[str, int], request_id: int, seq: int) -> pb.CommandSend:
             msg = pb.SingleMessage(payload=b"out-%d" % seq, sequence_id=seq)
-            return pb.CommandSend(
-                producer_id=1, request_id=request_id, messages=[msg], transactional=True,
-                add_to_txn=True, **ids,
-            )  # fmt: skip
+            return send_command(
+                msg, producer_id=1, request_id=request_id, transactional=True, **ids
+            )
 
         def ack(ids: dict[str, int], request_id: int, entry: int) -> pb.CommandAck:
             return pb.CommandAck(
                 consumer_id=1, request_id=request_id, ack_type=pb.CommandAck.INDIVIDUAL,
-                positions=[0, entry, 0], transactional=True, add_to_txn=True, **ids,
+                positions=[0, entry, 0], transactional=True, **ids,
             )  # fmt: skip
 
         def commit(ids: dict[str, int], request_id: int) -> pb.CommandEndTxn:
@@ -439,9 +422,9 @@ async def test_a_send_refused_at_once_refuses_the_commit_behind_it(
 
         def send(request_id: int, partition: int, seq: int) -> pb.CommandSend:
             msg = pb.SingleMessage(payload=b"out-%d" % seq, sequence_id=seq)
-            return pb.CommandSend(
-                producer_id=1, request_id=request_id, partition=partition, messages=[msg],
-                transactional=True, add_to_txn=True, **ids,
+            return send_command(
+                msg, producer_id=1, request_id=request_id, partition=partition,
+                transactional=True, **ids,
             )  # fmt: skip
 
         await raw.send(T.SEND, "send", send(4, 0, 0))  # accepted
@@ -463,12 +446,12 @@ async def test_a_send_refused_at_once_refuses_the_commit_behind_it(
         await nothing_more(sink)  # (out-0 was aborted with the transaction)
 
 
-async def test_add_to_txn_sends_and_acks_register_their_participants(
+async def test_transactional_sends_and_acks_add_their_participants(
     broker: BrokerProcess,
 ) -> None:
-    """Protocol version 4 (KIP-890 part 2): a transactional SEND or ACK with
-    add_to_txn adds its partition / subscription itself; without it, an
-    unregistered one is still refused; a transaction not OPEN gains nothing."""
+    """KIP-890 part 2: a transactional SEND or ACK adds its partition /
+    subscription to the transaction itself (once); a transaction not OPEN
+    gains nothing, and the send is refused."""
     async with RawConnection(broker.url) as raw:
         entry_id = await raw_copier(broker, raw, "joined")
         answer = await raw.request(
@@ -478,38 +461,21 @@ async def test_add_to_txn_sends_and_acks_register_their_participants(
         ids = dict(txnid_most_bits=txn.txnid_most_bits, txnid_least_bits=txn.txnid_least_bits)
         txnid = f"({txn.txnid_most_bits},{txn.txnid_least_bits})"
 
-        def send(request_id: int, seq: int, add: bool) -> pb.CommandSend:
+        def send(request_id: int, seq: int) -> pb.CommandSend:
             msg = pb.SingleMessage(payload=b"out-%d" % seq, sequence_id=seq)
-            return pb.CommandSend(
-                producer_id=1,
-                request_id=request_id,
-                messages=[msg],
-                transactional=True,
-                add_to_txn=add,
-                **ids,
+            return send_command(
+                msg, producer_id=1, request_id=request_id, transactional=True, **ids
             )
 
-        def ack(request_id: int, add: bool) -> pb.CommandAck:
-            return pb.CommandAck(
-                consumer_id=1,
-                request_id=request_id,
-                ack_type=pb.CommandAck.INDIVIDUAL,
-                positions=[0, entry_id, 0],
-                transactional=True,
-                add_to_txn=add,
-                **ids,
-            )
-
-        refused = await raw.request(T.SEND, "send", send(4, 0, add=False))
-        assert refused.send_error.error == pb.INVALID_TXN_STATUS
-        refused = await raw.request(T.ACK, "ack", ack(5, add=False))
-        assert refused.ack_response.error == pb.INVALID_TXN_STATUS
         _, meta = admin_json(broker, "GET", f"/admin/v1/transactions/{txnid}")
         assert meta["partitions"] == [] and meta["subscriptions"] == []
-
-        assert (await raw.request(T.SEND, "send", send(6, 0, add=True))).type == T.SEND_RECEIPT
-        assert (await raw.request(T.SEND, "send", send(7, 1, add=True))).type == T.SEND_RECEIPT
-        answer = await raw.request(T.ACK, "ack", ack(8, add=True))
+        assert (await raw.request(T.SEND, "send", send(6, 0))).type == T.SEND_RECEIPT
+        assert (await raw.request(T.SEND, "send", send(7, 1))).type == T.SEND_RECEIPT
+        ack = pb.CommandAck(
+            consumer_id=1, request_id=8, ack_type=pb.CommandAck.INDIVIDUAL,
+            positions=[0, entry_id, 0], transactional=True, **ids,
+        )  # fmt: skip
+        answer = await raw.request(T.ACK, "ack", ack)
         assert not answer.ack_response.HasField("error"), answer
         _, meta = admin_json(broker, "GET", f"/admin/v1/transactions/{txnid}")
         assert meta["partitions"] == [{"topic": "joined", "partition": 0}]  # added once
@@ -518,7 +484,7 @@ async def test_add_to_txn_sends_and_acks_register_their_participants(
             T.END_TXN, "end_txn", pb.CommandEndTxn(request_id=9, txn_action=pb.COMMIT, **ids)
         )
         assert not answer.txn_response.HasField("error")
-        late = await raw.request(T.SEND, "send", send(10, 2, add=True))
+        late = await raw.request(T.SEND, "send", send(10, 2))
         assert late.send_error.error == pb.INVALID_TXN_STATUS  # ended: nothing is added
     async with Client(broker.url) as client:
         sink = await client.subscribe("joined", "reader", initial_position="earliest")
@@ -528,12 +494,12 @@ async def test_add_to_txn_sends_and_acks_register_their_participants(
         await nothing_more(source)  # the acked input is gone
 
 
-async def test_a_send_and_an_ack_right_behind_their_registration_wait_for_it(
-    broker: BrokerProcess,
-) -> None:
-    """Pipelined registration on the wire: ADD then SEND (or ACK) without
-    waiting for the ADD's answer. The broker holds the send until the
-    registration is logged; a send behind a refused one is refused."""
+async def test_pip31_registrations_are_answered(broker: BrokerProcess) -> None:
+    """PIP-31's ADD_PARTITION_TO_TXN / ADD_SUBSCRIPTION_TO_TXN, for a client
+    that registers first, each written right before the SEND (or ACK) of
+    the transaction without waiting for its answer: all are answered, and
+    the transaction commits. A registration of an ended transaction is
+    refused, as is the send behind it."""
     async with RawConnection(broker.url) as raw:
         entry_id = await raw_copier(broker, raw, "piped")
         answer = await raw.request(
@@ -554,7 +520,7 @@ async def test_a_send_and_an_ack_right_behind_their_registration_wait_for_it(
         await raw.send(
             T.SEND,
             "send",
-            pb.CommandSend(producer_id=1, request_id=5, messages=[msg], transactional=True, **ids),
+            send_command(msg, producer_id=1, request_id=5, transactional=True, **ids),
         )
         await raw.send(
             T.ADD_SUBSCRIPTION_TO_TXN,
@@ -572,7 +538,7 @@ async def test_a_send_and_an_ack_right_behind_their_registration_wait_for_it(
                 consumer_id=1,
                 request_id=7,
                 ack_type=pb.CommandAck.INDIVIDUAL,
-                message_ids=[pb.MessageIdData(partition=0, entry_id=entry_id, batch_index=0)],
+                positions=[0, entry_id, 0],
                 transactional=True,
                 **ids,
             ),
@@ -602,10 +568,10 @@ async def test_a_send_and_an_ack_right_behind_their_registration_wait_for_it(
         await raw.send(
             T.SEND,
             "send",
-            pb.CommandSend(
+            send_command(
+                pb.SingleMessage(payload=b"late", sequence_id=1),
                 producer_id=1,
                 request_id=10,
-                messages=[pb.SingleMessage(payload=b"late", sequence_id=1)],
                 transactional=True,
                 **ids,
             ),
@@ -680,8 +646,8 @@ async def test_isolation_level_mismatch_is_refused_clearly(broker: BrokerProcess
 
 
 async def test_batches_are_handled_in_order_and_answers_batched(broker: BrokerProcess) -> None:
-    """Protocol version 2: a BATCH frame is handled command by command, and
-    answers ready at once come back as one BATCH."""
+    """A BATCH frame is handled command by command, and answers ready at
+    once come back as one BATCH."""
 
     def frame(kind: int, field: str, body: object) -> pb.BaseCommand:
         cmd = pb.BaseCommand(type=kind)  # type: ignore[arg-type]
@@ -689,7 +655,7 @@ async def test_batches_are_handled_in_order_and_answers_batched(broker: BrokerPr
         return cmd
 
     T = pb.BaseCommand
-    async with RawConnection(broker.url, protocol_version=2) as conn:
+    async with RawConnection(broker.url) as conn:
         created = await conn.request(
             T.PRODUCER,
             "producer",
@@ -698,17 +664,16 @@ async def test_batches_are_handled_in_order_and_answers_batched(broker: BrokerPr
         assert created.type == T.PRODUCER_SUCCESS
         batch = pb.BaseCommand(type=T.BATCH)
         for i in range(3):
-            send = pb.CommandSend(producer_id=1, request_id=10 + i, partition=0)
-            send.messages.add(payload=b"%d" % i, sequence_id=i)
+            msg = pb.SingleMessage(payload=b"%d" % i, sequence_id=i)
+            send = send_command(msg, producer_id=1, request_id=10 + i, partition=0)
             batch.batch.commands.append(frame(T.SEND, "send", send))
         batch.batch.commands.append(frame(T.BATCH, "batch", pb.CommandBatch()))  # refused
         await conn.send_raw(batch.SerializeToString())
         answers: list[pb.BaseCommand] = []
         frames = 0
         while len(answers) < 4:
-            got = await conn.receive()
+            answers.extend(unbatch(await conn.receive_frame()))
             frames += 1
-            answers.extend(got.batch.commands if got.type == T.BATCH else [got])
     errors = [a for a in answers if a.type == T.ERROR]
     assert len(errors) == 1 and "BATCH may not hold a BATCH" in errors[0].error.message
     receipts = sorted((a.send_receipt for a in answers if a.type == T.SEND_RECEIPT),

@@ -1,0 +1,355 @@
+"""The transaction commands of one connection (PIP-31 §TC Request Processing).
+
+A `Transactions` belongs to one `broker._connection.Connection`, which hands
+it NEW_TXN, ADD_PARTITION_TO_TXN, ADD_SUBSCRIPTION_TO_TXN, END_TXN and the
+coordinator's END_TXN_ON_PARTITION / END_TXN_ON_SUBSCRIPTION, and tells it
+of each transactional SEND and ACK it reads and answers (`op_read`,
+`op_answered`): what an END_TXN ``after_ops`` waits for. Answers go out
+through the connection's writer, like every other answer. A handler
+answers at once or from a callback of the coordinator's future; only an END
+that must wait for operations still unanswered, and the ends on
+participants, run in a task.
+
+END_TXN may also open the client's next transaction (``next_txn_ttl_ms``):
+it is opened alongside the END and answered with it only if the END
+succeeds; otherwise it is aborted and the client asks with NEW_TXN.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any
+
+from broker._errors import BrokerError, error_code, error_text
+from buffer import check_subscription_name, check_topic_name
+from proto import txnbuf_pb2 as pb
+from tc import TxnID, wire_txnid
+
+if TYPE_CHECKING:
+    from broker._connection import Connection
+
+__all__ = ["CLUSTER_ROLE", "Transactions"]
+
+log = logging.getLogger(__name__)
+
+CLUSTER_ROLE = "cluster"  # coordinator-to-participant commands need it
+
+T = pb.BaseCommand
+
+
+class _TxnOps:
+    """A transaction's SENDs and ACKs that a connection has read and not yet
+    answered, and the first error it answered one with: what an END_TXN
+    ``after_ops`` waits for."""
+
+    __slots__ = ("error", "pending", "settled")
+
+    def __init__(self) -> None:
+        self.pending = 0
+        self.error: str | None = None
+        self.settled: asyncio.Future[None] | None = None
+
+
+class Transactions:
+    """The transaction commands of ``conn`` (see the module docstring)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.broker = conn.broker
+        self.send = conn.send
+        # Per transaction (most, least bits): its SENDs and ACKs read here and
+        # not answered yet, or one answered with an error (END_TXN after_ops).
+        self._txn_ops: dict[tuple[int, int], _TxnOps] = {}
+
+    # -- the operations an END_TXN after_ops waits for ------------------------------
+
+    def op_read(self, req: pb.CommandSend | pb.CommandAck) -> None:
+        """A transactional SEND or ACK is read: END_TXN after_ops waits for it."""
+        key = (req.txnid_most_bits, req.txnid_least_bits)
+        ops = self._txn_ops.get(key)
+        if ops is None:
+            ops = self._txn_ops[key] = _TxnOps()
+        ops.pending += 1
+
+    def op_answered(self, req: pb.CommandSend | pb.CommandAck, error: str | None) -> None:
+        """A transactional SEND or ACK is answered, with ``error`` if it failed."""
+        key = (req.txnid_most_bits, req.txnid_least_bits)
+        ops = self._txn_ops.get(key)
+        if ops is None:
+            return
+        ops.pending -= 1
+        if error is not None and ops.error is None:
+            ops.error = error
+        if ops.pending == 0:
+            if ops.settled is not None and not ops.settled.done():
+                ops.settled.set_result(None)
+            if ops.error is None:  # (a failure is kept for the END that comes)
+                del self._txn_ops[key]
+
+    async def ops_answered(self, req: pb.CommandEndTxn) -> None:
+        """END_TXN after_ops: wait until every transactional SEND and ACK of
+        the transaction read earlier on this connection is answered. Raise
+        NOT_ALLOWED (nothing changes) if one failed and the transaction is
+        still open: the client aborts it. (A transaction that an earlier END
+        committed already answers this one as a repeat.)"""
+        key = (req.txnid_most_bits, req.txnid_least_bits)
+        ops = self._txn_ops.get(key)
+        if ops is None:
+            return
+        if ops.pending:
+            if ops.settled is None:
+                ops.settled = asyncio.get_running_loop().create_future()
+            await asyncio.shield(ops.settled)
+        if ops.error is not None:
+            txnid = wire_txnid(*key)
+            if self.broker.coordinator(txnid).is_open(txnid):
+                raise BrokerError(
+                    "NOT_ALLOWED",
+                    f"commit of {txnid} refused: a send or ack of it failed ({ops.error}); "
+                    "nothing changed: abort it",
+                )
+
+    def _forget_ops(self, key: tuple[int, int]) -> None:
+        """The transaction ``key`` ended: forget its operations read here
+        (and a failure remembered for its END)."""
+        ops = self._txn_ops.get(key)
+        if ops is not None and not ops.pending:
+            del self._txn_ops[key]
+
+    # -- answers --------------------------------------------------------------------
+
+    def _txn_respond(
+        self, req: Any, what: str, exc: BaseException | None, following: TxnID | None = None
+    ) -> None:
+        """Answer TXN_RESPONSE to ``req``: with the error set if ``exc``,
+        and with the next transaction if ``following`` (END_TXN's
+        ``next_txn_ttl_ms``)."""
+        cmd = pb.BaseCommand(type=T.TXN_RESPONSE)
+        resp = cmd.txn_response  # (filled in place: no copy)
+        resp.request_id = req.request_id
+        resp.txnid_most_bits = req.txnid_most_bits
+        resp.txnid_least_bits = req.txnid_least_bits
+        if following is not None:
+            resp.next_txnid_most_bits = following.most_bits
+            resp.next_txnid_least_bits = following.least_bits
+        if exc is not None:
+            resp.error = error_code(exc)
+            resp.message = error_text(exc)
+            if resp.error == pb.UNKNOWN_ERROR:
+                log.error("connection %s: %s failed", self.conn.peer, what, exc_info=exc)
+        self.send(cmd)
+
+    def _txn_answer(self, req: Any, work: Awaitable[None], what: str) -> None:
+        """Await ``work`` in a task; answer TXN_RESPONSE with its error, if any."""
+
+        async def run() -> None:
+            try:
+                await work
+            except Exception as exc:
+                self._txn_respond(req, what, exc)
+                return
+            self._txn_respond(req, what, None)
+
+        self.conn._spawn(run())
+
+    # -- the client's commands ------------------------------------------------------
+
+    def on_new_txn(self, cmd: pb.BaseCommand) -> None:
+        req = cmd.new_txn
+        out = pb.BaseCommand(type=T.NEW_TXN_RESPONSE)
+        resp = out.new_txn_response
+        resp.request_id = req.request_id
+        try:
+            txnid = self._open_txn(req.tc_id, req.txn_ttl_ms)
+            resp.txnid_most_bits = txnid.most_bits
+            resp.txnid_least_bits = txnid.least_bits
+        except Exception as exc:
+            resp.error = error_code(exc)
+            resp.message = error_text(exc)
+        self.send(out)
+
+    def on_add_partition(self, cmd: pb.BaseCommand) -> None:
+        req = cmd.add_partition_to_txn
+        try:
+            txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
+            tc = self.broker.coordinator(txnid)
+            parts = []
+            for ref in req.partitions:
+                topic = self.broker.topics.get(check_topic_name(ref.topic))
+                self.broker.security.allow_produce(self.conn.who, ref.topic)
+                if topic is None or ref.partition >= len(topic.partitions):
+                    raise ValueError(f"no partition {ref.topic}/{ref.partition}")
+                parts.append((ref.topic, ref.partition))
+            if not parts:
+                raise ValueError("name at least one partition")
+            for topic_name, index in parts:
+                tc.add_partition(txnid, topic_name, index)
+        except Exception as exc:
+            self._txn_respond(req, "add partition to transaction", exc)
+            return
+        self._txn_respond(req, "add partition to transaction", None)
+
+    def on_add_subscription(self, cmd: pb.BaseCommand) -> None:
+        req = cmd.add_subscription_to_txn
+        try:
+            txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
+            tc = self.broker.coordinator(txnid)
+            subs = [
+                (check_topic_name(ref.topic), check_subscription_name(ref.subscription))
+                for ref in req.subscriptions
+            ]
+            if not subs:
+                raise ValueError("name at least one subscription")
+            for topic_name, sub in subs:  # (all checked before any is added)
+                self.broker.security.allow_consume(self.conn.who, topic_name, sub)
+            for topic_name, sub in subs:
+                tc.add_subscription(txnid, topic_name, sub)
+        except Exception as exc:
+            self._txn_respond(req, "add subscription to transaction", exc)
+            return
+        self._txn_respond(req, "add subscription to transaction", None)
+
+    def on_end_txn(self, cmd: pb.BaseCommand) -> None:
+        """END_TXN. The client may ask for its next transaction with it
+        (``next_txn_ttl_ms``): it is opened now, alongside the END, and
+        answered only if the END succeeds (else aborted: the client asks
+        anew). A COMMIT ``after_ops`` whose transaction has SENDs or ACKs
+        read here and not yet answered (or one failed) waits for them in a
+        task; otherwise the coordinator decides now, in the group commit of
+        those sends and acks, and END is answered from a callback."""
+        req = cmd.end_txn
+        if not self._may_end(req):
+            return
+        following = self._open_next(req) if req.HasField("next_txn_ttl_ms") else None
+        ops = self._txn_ops.get((req.txnid_most_bits, req.txnid_least_bits))
+        if req.after_ops and req.txn_action == pb.COMMIT and ops is not None:
+            self.conn._spawn(self._end_after_ops(req, following))
+            return
+        self._end(req, following)
+
+    def _may_end(self, req: pb.CommandEndTxn) -> bool:
+        """END_TXN needs what writing the transaction needed (`broker._auth`).
+        False, after a refusal, if this connection lacks it. A transaction
+        unknown here is left to the END to answer."""
+        who = self.conn.who
+        if who.superuser:
+            return True
+        txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
+        tc = self.broker.coordinators.get(txnid.tcid)
+        meta = tc.get(txnid) if tc is not None else None
+        if meta is None:
+            return True
+        try:
+            self.broker.security.allow_end(who, meta.partitions, meta.subscriptions)
+        except BrokerError as exc:
+            self._txn_respond(req, "end transaction", exc)
+            return False
+        return True
+
+    async def _end_after_ops(self, req: pb.CommandEndTxn, following: TxnID | None) -> None:
+        try:
+            await self.ops_answered(req)
+        except Exception as exc:
+            self._abort_following(following)
+            self._txn_respond(req, "end transaction", exc)
+            return
+        self._end(req, following)
+
+    def _end(self, req: pb.CommandEndTxn, following: TxnID | None) -> None:
+        key = (req.txnid_most_bits, req.txnid_least_bits)
+        txnid = wire_txnid(*key)
+        decided_at = time.perf_counter()
+        try:
+            answered = self.broker.coordinator(txnid).end_txn(txnid, req.txn_action == pb.COMMIT)
+        except Exception as exc:
+            self._abort_following(following)
+            self._txn_respond(req, "end transaction", exc)
+            return
+
+        def done(f: asyncio.Future[None]) -> None:
+            if f.cancelled() or f.exception() is not None:
+                self._abort_following(following)
+                error = asyncio.CancelledError() if f.cancelled() else f.exception()
+                self._txn_respond(req, "end transaction", error)
+                return
+            self._forget_ops(key)
+            self._txn_respond(req, "end transaction", None, following)
+            self.broker.metrics.commit_seconds.observe(time.perf_counter() - decided_at)
+
+        answered.add_done_callback(done)
+
+    # -- the next transaction -------------------------------------------------------
+
+    def _open_txn(self, tc_id: int, ttl_ms: int) -> TxnID:
+        """A new transaction on coordinator ``tc_id`` (NEW_TXN, or the next
+        one an END_TXN asks for)."""
+        tc = self.broker.coordinators.get(tc_id)
+        if tc is None:
+            raise BrokerError(
+                "TRANSACTION_COORDINATOR_NOT_FOUND",
+                f"no coordinator {tc_id} here (coordinators: {sorted(self.broker.coordinators)})",
+            )
+        return tc.new_txn(ttl_ms)
+
+    def _open_next(self, req: pb.CommandEndTxn) -> TxnID | None:
+        """Open the transaction an END_TXN asks for (its timeout, on its
+        coordinator); None if it cannot be opened (the END stands, and the
+        client asks with NEW_TXN)."""
+        try:
+            return self._open_txn(req.next_tc_id, req.next_txn_ttl_ms)
+        except Exception as exc:
+            log.debug("connection %s: no next transaction: %s", self.conn.peer, exc)
+            return None
+
+    def _abort_following(self, following: TxnID | None) -> None:
+        """The END that asked for ``following`` failed: abort it (nobody
+        learns its id; failing that, its timeout aborts it)."""
+        if following is None:
+            return
+        try:
+            self.broker.coordinator(following).end_txn(following, False).add_done_callback(_quietly)
+        except Exception as exc:
+            log.debug(
+                "connection %s: aborting unanswered %s failed: %s", self.conn.peer, following, exc
+            )
+
+    # -- the coordinator's commands to its participants -----------------------------
+
+    def on_end_txn_on_partition(self, cmd: pb.BaseCommand) -> None:
+        req = cmd.end_txn_on_partition
+        txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
+        try:
+            self.conn._require_role(CLUSTER_ROLE, "END_TXN_ON_PARTITION")
+            work: Awaitable[None] = self.broker.end_txn_on_partition_durably(
+                req.partition.topic, req.partition.partition, txnid, req.txn_action == pb.COMMIT
+            )
+        except Exception as exc:
+            work = _raise(exc)
+        self._txn_answer(req, work, "end transaction on partition")
+
+    def on_end_txn_on_subscription(self, cmd: pb.BaseCommand) -> None:
+        req = cmd.end_txn_on_subscription
+        txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
+        try:
+            self.conn._require_role(CLUSTER_ROLE, "END_TXN_ON_SUBSCRIPTION")
+            work: Awaitable[None] = self.broker.end_txn_on_subscription_durably(
+                req.subscription.topic,
+                req.subscription.subscription,
+                txnid,
+                req.txn_action == pb.COMMIT,
+            )
+        except Exception as exc:
+            work = _raise(exc)
+        self._txn_answer(req, work, "end transaction on subscription")
+
+
+async def _raise(exc: Exception) -> None:
+    raise exc
+
+
+def _quietly(f: asyncio.Future[None]) -> None:
+    if not f.cancelled():
+        f.exception()  # (retrieved: a failure here is nobody's to report)
