@@ -183,6 +183,23 @@ class Subscriptions:
                 out.append(sub)
             return out
 
+    def get(self, topic: str, index: int, name: str) -> PartitionSubscription | None:
+        """Subscription ``name`` on partition ``index`` of ``topic``, if it exists."""
+        return self._subs.get((topic, index, name))
+
+    async def cursor_of(self, topic: Topic, index: int, name: str) -> PartitionSubscription:
+        """Subscription ``name`` on partition ``index`` of ``topic``, created
+        at the earliest position (with no consumer) if it does not exist: a
+        reader that keeps its own position (a Kafka consumer group) acks
+        through it."""
+        async with self._lock:
+            sub = self._subs.get((topic.name, index, name))
+            if sub is None:
+                sub = await PartitionSubscription.create(topic.partitions[index], name, True)
+                self._add(topic.name, index, name, sub)
+                sub.start()
+            return sub
+
     async def extend(self, topic: Topic) -> None:
         """After a topic grew: give every subscription a cursor on the new partitions.
 

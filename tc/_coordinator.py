@@ -750,6 +750,51 @@ class TransactionCoordinator:
         comes from, begun now if it has none (KIP-890 part 2); raises the
         producer's refusal (fenced, not allowed in its state, ...)."""
         entry = self._producers.check(producer_id, epoch, what)
+        ongoing = self._ongoing_of(entry, what)
+        if ongoing is not None:
+            return ongoing
+        txnid = self.new_txn(
+            0 if entry.two_phase else entry.timeout_ms,
+            producer=entry.identity,
+            two_phase=entry.two_phase,
+        )
+        began = dataclasses.replace(
+            entry,
+            ongoing=txnid,
+            txn_producer_id=producer_id,
+            txn_epoch=epoch,
+            updated_ms=_now_ms(),
+        )
+        self._append(ProducerRegistry.record(began), lazy=True)
+        return txnid
+
+    def producer_verified_partition(
+        self, producer_id: int, epoch: int, topic: str, partition: int
+    ) -> TxnID:
+        """A send of a producer that adds its partitions explicitly (Kafka's
+        AddPartitionsToTxn before KIP-890 part 2): its ongoing transaction, if
+        the partition was added to it (KIP-890 part 1's verification);
+        `InvalidTxnStateError` if not, and nothing begins."""
+        what = f"send to {topic}/{partition}"
+        entry = self._producers.check(producer_id, epoch, what)
+        ongoing = self._ongoing_of(entry, what)
+        if ongoing is None:
+            raise InvalidTxnStateError(
+                f"{what} refused: {entry.transactional_id!r} has no ongoing transaction "
+                "(add the partition to one first)"
+            )
+        try:
+            self.verify_partition(ongoing, topic, partition)
+        except Exception as exc:
+            raise InvalidTxnStateError(
+                f"{what} refused: the partition was not added to the transaction of "
+                f"{entry.transactional_id!r}"
+            ) from exc
+        return ongoing
+
+    def _ongoing_of(self, entry: ProducerEntry, what: str) -> TxnID | None:
+        """``entry``'s OPEN transaction (None if none); raises if it has one
+        that a send or ack may not join."""
         tid = entry.transactional_id
         if entry.ongoing is not None:
             if entry.txn_identity != entry.identity:
@@ -769,20 +814,7 @@ class TransactionCoordinator:
                 f"{what} refused: the transaction of {tid!r} was aborted; abort it and begin "
                 "the next"
             )
-        txnid = self.new_txn(
-            0 if entry.two_phase else entry.timeout_ms,
-            producer=entry.identity,
-            two_phase=entry.two_phase,
-        )
-        began = dataclasses.replace(
-            entry,
-            ongoing=txnid,
-            txn_producer_id=producer_id,
-            txn_epoch=epoch,
-            updated_ms=_now_ms(),
-        )
-        self._append(ProducerRegistry.record(began), lazy=True)
-        return txnid
+        return None
 
     def producer_add_partition(
         self, producer_id: int, epoch: int, topic: str, partition: int
@@ -825,13 +857,18 @@ class TransactionCoordinator:
         return entry.identity
 
     def end_producer_txn(
-        self, producer_id: int, epoch: int, commit: bool
+        self, producer_id: int, epoch: int, commit: bool, bump: bool = True
     ) -> asyncio.Future[tuple[int, int]]:
         """EndTxn: commit or abort the producer's ongoing transaction (nothing
         to do if none) and bump its identity (KIP-890); the result, the
         identity for its next transaction, once the decision is applied and
         the new identity durable. A retried END (the identity it ended, the
-        same outcome) is answered with the identity it was given."""
+        same outcome) is answered with the identity it was given.
+
+        ``bump=False``: Kafka's EndTxn before version 5 (transactions before
+        KIP-890 part 2), whose producer keeps its identity for the next
+        transaction: the identity stays, and the producer's sends must name
+        partitions added explicitly (`producer_verified_partition`)."""
         outcome = "commit" if commit else "abort"
         entry = self._producers.of_producer(producer_id)
         loop = asyncio.get_running_loop()
@@ -856,20 +893,26 @@ class TransactionCoordinator:
                     f"{outcome} refused: the transaction of {entry.transactional_id!r} was "
                     "aborted; abort it and begin the next"
                 )
-        pid, next_epoch = self._producers.bump(*entry.identity)
-        ended = dataclasses.replace(
-            entry,
-            producer_id=pid,
-            epoch=next_epoch,
-            ongoing=None,
-            txn_producer_id=-1,
-            txn_epoch=-1,
-            prev_producer_id=producer_id,
-            prev_epoch=epoch,
-            prev_outcome=outcome,
-            bumped_by="end",
-            updated_ms=_now_ms(),
-        )
+        if bump:
+            pid, next_epoch = self._producers.bump(*entry.identity)
+            ended = dataclasses.replace(
+                entry,
+                producer_id=pid,
+                epoch=next_epoch,
+                ongoing=None,
+                txn_producer_id=-1,
+                txn_epoch=-1,
+                prev_producer_id=producer_id,
+                prev_epoch=epoch,
+                prev_outcome=outcome,
+                bumped_by="end",
+                updated_ms=_now_ms(),
+            )
+        else:
+            pid, next_epoch = entry.identity
+            ended = dataclasses.replace(
+                entry, ongoing=None, txn_producer_id=-1, txn_epoch=-1, updated_ms=_now_ms()
+            )
         written = self._append(ProducerRegistry.record(ended))
         waits: list[asyncio.Future[Any]] = [written] if decided is None else [decided, written]
         left = len(waits)
