@@ -23,7 +23,7 @@ fails the check stops the benchmark).
 - txnbuf, two loops, each against a broker of its own (`bench.txnceiling`'s
   ``Broker``, as `bench.throughput` starts one):
   ``README loop``: what the README shows a user: receive a batch
-  (``consumer.batch_receive(max_messages=--per-txn, timeout=0.05)``, as
+  (``consumer.batch_receive(max_messages=--per-txn, timeout=0.1)``, as
   ``examples/consume_transform_produce.py`` does), then in
   ``async with client.transaction()`` per message ``await
   producer.send(..., txn=txn)`` and ``await consumer.acknowledge(msg,
@@ -75,13 +75,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from bench._progress import Runs
 from bench.txn import copy_in_one_txn, take
 from bench.txnceiling import Broker
 from bench.txnpath import cpu_seconds
@@ -404,8 +405,8 @@ class Redis(Server):
 class Txnbuf(Server):
     name = "txnbuf"
 
-    def __init__(self, tmp: str) -> None:
-        self.broker = Broker(tempfile.mkdtemp(dir=tmp, prefix="txnbuf-"), free=False)
+    def __init__(self, tmp: str, options: Sequence[str] = ()) -> None:
+        self.broker = Broker(tempfile.mkdtemp(dir=tmp, prefix="txnbuf-"), False, options)
         self.proc = self.broker.proc
         self.address = self.broker.url
 
@@ -532,7 +533,7 @@ def readme_loop(client: Client, consumer: Consumer, producer: Producer, per_txn:
     """The README's consume-transform-produce, as a user writes it."""
 
     async def step() -> int:
-        batch = await consumer.batch_receive(max_messages=per_txn, timeout=0.05)
+        batch = await consumer.batch_receive(max_messages=per_txn, timeout=0.1)
         if not batch:
             return 0
         async with client.transaction(timeout=30) as txn:
@@ -831,14 +832,14 @@ def main() -> None:
             tempfile.TemporaryDirectory() as tmp,
             asyncio.Runner(loop_factory=_loop_factory()) as runner,
         ):
-            for r in range(args.rounds):
-                shift = r * len(variants) // args.rounds
-                for v in variants[shift:] + variants[:shift]:
-                    print(f"round {r + 1}/{args.rounds}: {v.label} ...", end="", flush=True,
-                          file=sys.stderr)  # fmt: skip
-                    run = one_run(v, args, tmp, cluster, runner)
-                    print(f" {run.rate:,.0f} msgs/s, output checked", file=sys.stderr)
-                    runs[v].append(run)
+            with Runs(args.rounds * len(variants), "ctp") as progress:
+                for r in range(args.rounds):
+                    shift = r * len(variants) // args.rounds
+                    for v in variants[shift:] + variants[:shift]:
+                        progress.start(f"round {r + 1}/{args.rounds}: {v.label}")
+                        run = one_run(v, args, tmp, cluster, runner)
+                        progress.done(f"{run.rate:,.0f} msgs/s, output checked")
+                        runs[v].append(run)
     finally:
         if cluster is not None:
             cluster.remove()

@@ -36,7 +36,9 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from bench._progress import Runs, counter, legend
 from bench._raw import sqlite_rows_per_second
+from bench._results import recorded
 from client import Client
 
 CHUNK = 100
@@ -59,13 +61,14 @@ def _free_port() -> int:
 
 
 class BrokerProcess:
-    """``txnbuf serve`` on a free port, started by ``python ENTRY...``
+    """``txnbuf serve [OPTIONS]`` on a free port, started by ``python ENTRY...``
     (``-m broker`` unless told), and waited for until it answers.
 
     ``root``: run the broker from another checkout's code (its directory
     first on the path; nothing is written there). ``log``: a file for the
     broker's log (INFO), else WARNING to this stderr. ``timeout``: seconds
-    to wait for /admin/v1/health. ``started_in`` is how long that took."""
+    to wait for /admin/v1/health. ``options``: more options of ``txnbuf
+    serve``. ``started_in`` is how long starting took."""
 
     def __init__(
         self,
@@ -76,11 +79,12 @@ class BrokerProcess:
         root: str | None = None,
         log: str | None = None,
         timeout: float = 30.0,
+        options: Sequence[str] = (),
     ) -> None:
         self.port = port or _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, *entry, "serve", "--data-dir", data_dir, "--port", str(self.port),
-               "--log-level", "WARNING" if log is None else "INFO"]  # fmt: skip
+               "--log-level", "WARNING" if log is None else "INFO", *options]  # fmt: skip
         env = None
         if root is not None:
             env = {**os.environ, "PYTHONPATH": root, "PYTHONDONTWRITEBYTECODE": "1"}
@@ -118,10 +122,12 @@ async def run_case(
         prods = [await client.create_producer(topic) for _ in range(producers)]
 
         async def consume() -> float:
-            for n in range(1, total + 1):
-                msg = await consumer.receive()
-                if n % 500 == 0 or n == total:
-                    await consumer.acknowledge_cumulative(msg)
+            with counter(total, "received") as received:
+                for n in range(1, total + 1):
+                    msg = await consumer.receive()
+                    if n % 500 == 0 or n == total:
+                        await consumer.acknowledge_cumulative(msg)
+                        received.update(500 if n % 500 == 0 else n % 500)
             return time.perf_counter()
 
         async def produce(producer) -> None:  # type: ignore[no-untyped-def]
@@ -182,13 +188,14 @@ def main() -> None:
         url = args.url or broker.url  # type: ignore[union-attr]
         tag = os.getpid()
         try:
-            for producers in args.producers:
-                print(f"running {producers} producer(s), {args.messages} x {args.size} B ...",
-                      file=sys.stderr)  # fmt: skip
-                with asyncio.Runner(loop_factory=loop_factory) as runner:
-                    results.append(runner.run(run_case(
-                        url, f"bench-{tag}-{producers}", producers, args.messages, args.size,
-                        args.window)))  # fmt: skip
+            with Runs(len(args.producers), "throughput") as runs:
+                for producers in args.producers:
+                    runs.start(f"{producers} producer(s), {args.messages} x {args.size} B")
+                    with asyncio.Runner(loop_factory=loop_factory) as runner:
+                        results.append(runner.run(run_case(
+                            url, f"bench-{tag}-{producers}", producers, args.messages,
+                            args.size, args.window)))  # fmt: skip
+                    runs.done(f"{results[-1].e2e_rate:,.0f} msgs/s end to end")
         finally:
             if broker is not None:
                 broker.stop()
@@ -202,7 +209,14 @@ def main() -> None:
         print(f"{r.producers:>9} {r.messages:>9} {r.e2e_rate:>11,.0f} {r.produce_rate:>15,.0f} "
               f"{r.p50_ms:>12.1f} {r.p99_ms:>12.1f} {r.e2e_rate / raw:>8.2f}")  # fmt: skip
     print(f"raw SQLite WAL synchronous=FULL, 100 rows/txn: {raw:,.0f} rows/s")
+    legend(
+        "e2e msgs/s: from the first send until the consumer holds every message",
+        "produce msgs/s: from the first send until the last receipt",
+        "send p50/p99 ms: send() called -> its receipt (the last send of each chunk of 100)",
+        "e2e/raw: the end-to-end rate over raw SQLite's rows/s (the disk's limit), this run",
+    )
 
 
 if __name__ == "__main__":
-    main()
+    with recorded("throughput", " ".join(["python -m bench.throughput", *sys.argv[1:]])):
+        main()

@@ -44,6 +44,8 @@ import tempfile
 import time
 from collections.abc import Callable
 
+from bench._progress import Runs, legend
+from bench._results import recorded
 from bench.throughput import BrokerProcess
 from bench.txnpath import cpu_seconds
 from client import Client, Consumer, Message, MessageId, Producer, errors
@@ -252,18 +254,20 @@ def main() -> None:
         broker = None if args.url else BrokerProcess(os.path.join(tmp, "data"))
         url = args.url or broker.url  # type: ignore[union-attr]
         try:
-            with asyncio.Runner(loop_factory=loop_factory) as runner:
+            total = len(args.workers) + (0 if args.no_produce else 1)
+            with asyncio.Runner(loop_factory=loop_factory) as runner, Runs(total, "txn") as runs:
                 for workers in args.workers:
-                    print(f"consume-transform-produce, {workers} worker(s) ...", file=sys.stderr)
+                    runs.start(f"consume-transform-produce, {workers} worker(s)")
                     pid = broker.proc.pid if broker is not None else None
                     rate, lat, client_us, broker_us = runner.run(
                         ctp(url, workers, args.messages, args.per_txn, args.size, pid)
                     )
                     p50, p99 = statistics.median(lat) * 1000, pct(lat, 0.99)
                     rows.append((workers, rate, p50, p99, client_us, broker_us))
+                    runs.done(f"{rate:,.0f} msgs/s")
                 produced: dict[str, list[float]] = {}
                 if not args.no_produce:
-                    print("produce, plain vs transactional ...", file=sys.stderr)
+                    runs.start("produce, plain vs transactional")
                     produced = runner.run(
                         produce(
                             url,
@@ -274,6 +278,7 @@ def main() -> None:
                             args.produce_rounds,
                         )
                     )
+                    runs.done()
         finally:
             if broker is not None:
                 broker.stop()
@@ -290,6 +295,13 @@ def main() -> None:
             f"{workers:>7} {rate:>9,.0f} {p50:>14.1f} {p99:>14.1f} {client_us:>14.1f} {broker_cpu}"
         )
     print("peers (PostgreSQL, Redis) in the same run: python -m bench.ctp")
+    legend(
+        "msgs/s: inputs copied per second (each transaction: receive, send transformed, "
+        "acknowledge in the transaction, commit)",
+        "commit p50/p99 ms: commit() called -> answered",
+        "client/broker us/msg: CPU per message copied, of this process / of the broker and "
+        "its ledger writer ('-': a broker this run did not start)",
+    )
     if args.no_produce:
         return
     plains, pipelined, txns = produced["plain"], produced["pipelined"], produced["txn"]
@@ -310,7 +322,12 @@ def main() -> None:
         print(f"  {label:<{width}}  {rate:>9,.0f} msgs/s")
     print(f"  ratio to plain in windows {txn / plain:.2f} (each round: {each}); to plain with as "
           f"many in flight {txn / piped:.2f} (each round: {each_piped})")  # fmt: skip
+    legend(
+        "ratio: transactional msgs/s over plain msgs/s (1.00: transactions cost nothing); "
+        "'each round' compares runs made next to each other",
+    )
 
 
 if __name__ == "__main__":
-    main()
+    with recorded("txn", " ".join(["python -m bench.txn", *sys.argv[1:]])):
+        main()

@@ -43,6 +43,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from bench._progress import Runs, legend
+from bench._results import recorded
 from bench.throughput import BrokerProcess
 from bench.txn import send_in_transactions, send_pipelined
 from bench.txnpath import cpu_seconds
@@ -53,11 +55,12 @@ FREE_IDS_FROM = 1 << 40  # the stand-in's TxnIDs: far above any its coordinator 
 
 
 class Broker(BrokerProcess):
-    """A broker process on a fresh port (``free``: started by `serve_free`)."""
+    """A broker process on a fresh port (``free``: started by `serve_free`),
+    given ``options`` of ``txnbuf serve``."""
 
-    def __init__(self, data_dir: str, free: bool) -> None:
+    def __init__(self, data_dir: str, free: bool, options: Sequence[str] = ()) -> None:
         entry = ("-m", "bench.txnceiling", "--serve-free") if free else ("-m", "broker")
-        super().__init__(data_dir, entry)
+        super().__init__(data_dir, entry, options=options)
 
     def cpu(self) -> tuple[float, float]:
         """CPU seconds so far of the broker itself and of its ledger writer."""
@@ -170,11 +173,15 @@ def main() -> None:
     except ImportError:
         loop_factory = None
     runs: dict[str, list[tuple[float, float, float, float]]] = {way: [] for way in WAYS}
-    with asyncio.Runner(loop_factory=loop_factory) as runner:
+    with (
+        asyncio.Runner(loop_factory=loop_factory) as runner,
+        Runs(args.rounds * len(WAYS), "txnceiling") as progress,
+    ):
         for r in range(args.rounds):
             for way in WAYS[r % 3 :] + WAYS[: r % 3]:
-                print(f"round {r + 1}: {way} ...", file=sys.stderr)
+                progress.start(f"round {r + 1}: {way}")
                 runs[way].append(one_run(way, args, runner))
+                progress.done(f"{runs[way][-1][0]:,.0f} msgs/s")
 
     def median(way: str, column: int) -> float:
         return statistics.median(run[column] for run in runs[way])
@@ -191,7 +198,17 @@ def main() -> None:
         each = ", ".join(f"{run[0] / base[0]:.2f}" for run, base in pairs)
         cpu = "".join(f" {median(way, column):>7.2f}" for column in (1, 2, 3))
         print(f"{way:<18} {rate:>9,.0f} {rate / plain:>6.2f}{cpu}   (ratio each round: {each})")
+    legend(
+        "ratio: msgs/s over plain's; client / broker / writer: CPU microseconds per message of "
+        "this process / the broker's event loop / its ledger writer",
+        "'txn, no machinery' is the ceiling: the same client work against a broker that "
+        "skips the transaction machinery (not a broker to serve data with)",
+    )
 
 
 if __name__ == "__main__":
-    main()
+    if "--serve-free" in sys.argv:  # (a run inside the benchmark: its caller records the figures)
+        main()
+    else:
+        with recorded("txnceiling", " ".join(["python -m bench.txnceiling", *sys.argv[1:]])):
+            main()

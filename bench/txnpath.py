@@ -37,6 +37,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench._progress import Runs, legend
+from bench._results import recorded
+
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -222,15 +225,18 @@ def main() -> None:
     if args.baseline:
         sides["baseline"] = Path(args.baseline).resolve()
     results: dict[tuple[int, str], list[dict[str, float]]] = {}
-    for concurrency in args.concurrency:
-        for r in range(args.rounds):
-            order = list(sides.items())
-            if r % 2:
-                order.reverse()
-            for name, checkout in order:
-                print(f"concurrency {concurrency}, round {r + 1}: {name} ...", file=sys.stderr)
-                result = run_checkout(checkout, args, concurrency)
-                results.setdefault((concurrency, name), []).append(result)
+    total = len(args.concurrency) * args.rounds * len(sides)
+    with Runs(total, "txnpath") as runs:
+        for concurrency in args.concurrency:
+            for r in range(args.rounds):
+                order = list(sides.items())
+                if r % 2:
+                    order.reverse()
+                for name, checkout in order:
+                    runs.start(f"concurrency {concurrency}, round {r + 1}: {name}")
+                    result = run_checkout(checkout, args, concurrency)
+                    results.setdefault((concurrency, name), []).append(result)
+                    runs.done()
     print()
     print(
         f"the broker's side of a transaction ({args.per_txn} msgs sent + {args.per_txn} acked),"
@@ -244,7 +250,16 @@ def main() -> None:
             values = [row[k] for row in rows]
             cells.append(f"{statistics.median(values):>8.0f} ({min(values):.0f})")
         print(f"{concurrency:>7} {name:>9} " + " ".join(f"{c:>16}" for c in cells))
+    legend(
+        "main / writer: CPU microseconds per transaction of the broker's event loop thread / "
+        "of its ledger writer process; wall: elapsed time per transaction",
+        "each cell: the median of the rounds, the fastest in brackets",
+    )
 
 
 if __name__ == "__main__":
-    main()
+    if "--one-round" in sys.argv:  # (a run inside the benchmark: its caller records the figures)
+        main()
+    else:
+        with recorded("txnpath", " ".join(["python -m bench.txnpath", *sys.argv[1:]])):
+            main()

@@ -1,8 +1,12 @@
 """The HTTP admin API (JSON under /admin/v1), Prometheus text at /metrics,
 and at / the admin web page (broker/static/admin.html), which reads them.
+docs/operations.md lists the routes.
 
-Errors are JSON too: ``{"error": "<what was wrong>"}`` with status 400 (bad
-input, nothing changed), 404 (no such topic) or 405/415 as aiohttp gives.
+Errors are JSON on every route, unknown ones included (`json_errors`):
+``{"error": "<what was wrong>"}`` with status 400 (bad input), 404 (no such
+topic, subscription, transaction or route), 405 (method; with ``Allow``),
+409 (refused in this state: in use, held by a transaction), 414 (URL over
+`MAX_URL_BYTES`); a refused request changes nothing.
 
 When the broker authenticates (`broker._auth`), every request but
 ``/admin/v1/health`` needs ``Authorization: Bearer <token>`` of a
@@ -15,34 +19,124 @@ another role 403 (`_require_admin`). The ACL is managed here:
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from broker._auth import AclEntry, AclError
 from broker._errors import BrokerError
+from broker._operations import (
+    AdminError,
+    delete_subscription,
+    delete_topic,
+    reset_subscription,
+    skip_messages,
+    subscriptions_json,
+)
 from broker._server import BROKER_KEY, Broker
-from buffer import InvalidNameError, PartitionCountError, check_topic_name, quoted
+from buffer import (
+    NO_RETENTION,
+    InvalidNameError,
+    PartitionCountError,
+    Retention,
+    RetentionError,
+    check_subscription_name,
+    check_topic_name,
+    quoted,
+)
+from ledger import LedgerError
 from subscriptions import WHOLE_ENTRY
 from tc import (
     InvalidTxnStatusError,
     NotStuckError,
     TransactionCoordinator,
     TxnID,
+    TxnMeta,
     TxnStatus,
     coordinator_of,
 )
 
-__all__ = ["add_admin_routes"]
+__all__ = ["MAX_URL_BYTES", "add_admin_routes", "json_errors"]
+
+log = logging.getLogger(__name__)
 
 ADMIN_PAGE = Path(__file__).parent / "static" / "admin.html"
+MAX_URL_BYTES = 8 << 10  # a longer path and query is answered 414
 
 
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error as JSON: aiohttp's own (no such route, method not
+    allowed, body too large), an `AdminError`, and an unexpected failure
+    (500, logged)."""
+    if len(request.raw_path) > MAX_URL_BYTES:
+        return _error(414, f"URL longer than {MAX_URL_BYTES} bytes ({len(request.raw_path)})")
+    try:
+        return await handler(request)
+    except AdminError as exc:
+        return _error(exc.status, str(exc))
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        if isinstance(exc, web.HTTPMethodNotAllowed):
+            allowed = ", ".join(sorted(exc.allowed_methods))
+            return _error(
+                405,
+                f"method {request.method} not allowed on {request.path[:200]} (allowed: {allowed})",
+                {"Allow": allowed},
+            )
+        if isinstance(exc, web.HTTPNotFound):
+            return _error(404, f"no route {request.method} {request.path[:200]}")
+        return _error(exc.status, exc.text or exc.reason)
+    except Exception:
+        log.exception("admin request %s %s failed", request.method, request.path[:200])
+        return _error(500, "internal error (see the broker's log)")
+
+
+async def _body(request: web.Request, example: str) -> dict[str, Any]:
+    """The request's JSON object body ({} if empty); AdminError 400 if not one."""
+    try:
+        body = json.loads(await request.read() or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        raise AdminError(400, f"body must be JSON such as {example}") from None
+    if not isinstance(body, dict):
+        raise AdminError(400, f"body must be a JSON object such as {example}")
+    return body
+
+
+def _flag(request: web.Request, name: str) -> bool:
+    """A true/false query parameter (absent: false; ``?name`` alone: true)."""
+    value = request.query.get(name, "false").lower()
+    if value not in ("true", "false", "1", "0", ""):
+        raise AdminError(400, f"{name} must be true or false, not {value[:50]!r}")
+    return value in ("true", "1", "")
+
+
+def _force(request: web.Request) -> bool:
+    return _flag(request, "force")
+
+
+def _topic_name(request: web.Request) -> str:
+    try:
+        return check_topic_name(request.match_info["topic"])
+    except InvalidNameError as exc:
+        raise AdminError(400, str(exc)) from None
+
+
+def _sub_name(request: web.Request) -> str:
+    try:
+        return check_subscription_name(request.match_info["subscription"])
+    except InvalidNameError as exc:
+        raise AdminError(400, str(exc)) from None
 
 
 async def health(request: web.Request) -> web.Response:
@@ -50,26 +144,106 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def put_topic(request: web.Request) -> web.Response:
+    """Create a topic, grow it to ``partitions``, set its ``retention``
+    (``{"time_s": T, "size_bytes": S}``, -1 for no limit, null for none:
+    see `buffer.Retention`). Everything is checked before anything changes."""
     broker = request.app[BROKER_KEY]
-    name = request.match_info["topic"]
-    try:
-        body = json.loads(await request.read() or b"{}")
-    except (ValueError, UnicodeDecodeError):
-        return _error(400, 'body must be JSON such as {"partitions": 3}')
-    if not isinstance(body, dict):
-        return _error(400, 'body must be a JSON object such as {"partitions": 3}')
-    unknown = set(body) - {"partitions"}
+    name = _topic_name(request)
+    body = await _body(request, '{"partitions": 3, "retention": {"time_s": 3600}}')
+    unknown = set(body) - {"partitions", "retention"}
     if unknown:
         return _error(400, f"unknown field(s): {quoted(', '.join(sorted(unknown)))}")
-    partitions = body.get("partitions", 1)
+    existing = broker.topics.get(name)
+    partitions = body.get("partitions", len(existing.partitions) if existing else 1)
     if isinstance(partitions, bool):
         return _error(400, "partitions must be an integer")
     try:
-        topic = await broker.topics.create(check_topic_name(name), partitions)
-    except (InvalidNameError, PartitionCountError) as exc:
+        retention = Retention.from_json(body["retention"]) if "retention" in body else None
+        if existing is not None and isinstance(partitions, int):
+            if partitions < len(existing.partitions):
+                raise PartitionCountError(
+                    f"topic {name!r} has {len(existing.partitions)} partitions; "
+                    "the count can grow but not shrink"
+                )
+        topic = await broker.topics.create(name, partitions)
+    except (PartitionCountError, RetentionError) as exc:
         return _error(400, str(exc))
+    if retention is not None:
+        topic = await broker.topics.set_retention(name, retention)
     await broker.subscriptions.extend(topic)
-    return web.json_response({"topic": topic.name, "partitions": len(topic.partitions)})
+    answer: dict[str, Any] = {"topic": topic.name, "partitions": len(topic.partitions)}
+    if topic.retention != NO_RETENTION:
+        answer["retention"] = topic.retention.to_json()
+    return web.json_response(answer)
+
+
+def _topic_json(broker: Broker, name: str) -> dict[str, Any] | None:
+    topic = broker.topics.get(name)
+    if topic is None:
+        return None
+    return {
+        "topic": topic.name,
+        "partitions": len(topic.partitions),
+        "retention": topic.retention.to_json(),
+        "subscriptions": list(broker.subscriptions.of_topic(name)),
+    }
+
+
+async def get_topic(request: web.Request) -> web.Response:
+    found = _topic_json(request.app[BROKER_KEY], _topic_name(request))
+    if found is None:
+        return _error(404, f"no topic {request.match_info['topic']!r}")
+    return web.json_response(found)
+
+
+async def delete_topic_route(request: web.Request) -> web.Response:
+    """``?force=true``: see `broker._operations`."""
+    force = _force(request)
+    return web.json_response(
+        await delete_topic(request.app[BROKER_KEY], _topic_name(request), force)
+    )
+
+
+async def list_subscriptions(request: web.Request) -> web.Response:
+    broker = request.app[BROKER_KEY]
+    name = _topic_name(request)
+    return web.json_response({"topic": name, "subscriptions": subscriptions_json(broker, name)})
+
+
+async def reset_subscription_route(request: web.Request) -> web.Response:
+    body = await _body(request, '{"position": "earliest"}')
+    return web.json_response(
+        await reset_subscription(
+            request.app[BROKER_KEY], _topic_name(request), _sub_name(request), body
+        )
+    )
+
+
+async def skip_route(request: web.Request) -> web.Response:
+    body = await _body(request, '{"messages": 10}')
+    if not set(body) <= {"messages", "partition"} or "messages" not in body:
+        return _error(400, 'body must be {"messages": N} (and optionally "partition": P)')
+    count, partition = body["messages"], body.get("partition")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        return _error(400, f"messages must be a whole number >= 1, not {count!r}")
+    if partition is not None and (
+        isinstance(partition, bool) or not isinstance(partition, int) or partition < 0
+    ):
+        return _error(400, f"partition must be a whole number >= 0, not {partition!r}")
+    return web.json_response(
+        await skip_messages(
+            request.app[BROKER_KEY], _topic_name(request), _sub_name(request), count, partition
+        )
+    )
+
+
+async def delete_subscription_route(request: web.Request) -> web.Response:
+    force = _force(request)
+    return web.json_response(
+        await delete_subscription(
+            request.app[BROKER_KEY], _topic_name(request), _sub_name(request), force
+        )
+    )
 
 
 async def list_topics(request: web.Request) -> web.Response:
@@ -78,7 +252,13 @@ async def list_topics(request: web.Request) -> web.Response:
     for name in broker.topics.names():
         topic = broker.topics.get(name)
         assert topic is not None
-        topics.append({"name": name, "partitions": len(topic.partitions)})
+        topics.append(
+            {
+                "name": name,
+                "partitions": len(topic.partitions),
+                "retention": topic.retention.to_json(),
+            }
+        )
     return web.json_response({"topics": topics})
 
 
@@ -108,7 +288,12 @@ def topic_stats(broker: Broker, name: str) -> dict[str, Any] | None:
                 "transaction_buffer": None if buffer is None else buffer.stats(),
             }
         )
-    return {"topic": name, "producers": producers, "partitions": partitions}
+    return {
+        "topic": name,
+        "producers": producers,
+        "retention": topic.retention.to_json(),
+        "partitions": partitions,
+    }
 
 
 async def get_topic_stats(request: web.Request) -> web.Response:
@@ -125,53 +310,13 @@ async def get_topic_stats(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    """Prometheus text (see `broker._metrics`)."""
     broker = request.app[BROKER_KEY]
-    lines = [
-        "# TYPE txnbuf_uptime_seconds gauge",
-        f"txnbuf_uptime_seconds {time.time() - broker.started:.1f}",
-        "# TYPE txnbuf_connections gauge",
-        f"txnbuf_connections {len(broker.connections)}",
-        "# TYPE txnbuf_ledger_commits_total counter",
-        f"txnbuf_ledger_commits_total {broker.store.commits}",
-        "# TYPE txnbuf_ledger_appends_total counter",
-        f"txnbuf_ledger_appends_total {broker.store.appends}",
-        "# TYPE txnbuf_messages_in_total counter",
-    ]
-    for name in broker.topics.names():
-        topic = broker.topics.get(name)
-        assert topic is not None
-        for part in topic.partitions:
-            lines.append(
-                f'txnbuf_messages_in_total{{topic="{name}",partition="{part.index}"}} '
-                f"{part.messages_in}"
-            )
-    stuck = sum(len(tc.stuck()) for tc in broker.coordinators.values())
-    failures = sum(tc.participant_failures for tc in broker.coordinators.values())
-    lines += [
-        "# HELP txnbuf_transactions_stuck Decided transactions a participant has not applied yet "
-        "after failing to (GET /admin/v1/transactions?state=STUCK)",
-        "# TYPE txnbuf_transactions_stuck gauge",
-        f"txnbuf_transactions_stuck {stuck}",
-        "# HELP txnbuf_participant_end_failures_total Failed attempts to end a transaction on a "
-        "partition or subscription",
-        "# TYPE txnbuf_participant_end_failures_total counter",
-        f"txnbuf_participant_end_failures_total {failures}",
-    ]
-    open_max = max((tc.active_open_time_max_ms() for tc in broker.coordinators.values()), default=0)
-    lines += [
-        "# HELP txnbuf_active_transaction_open_time_max_seconds The longest a transaction not "
-        "yet decided (open or prepared) has been open (KIP-939)",
-        "# TYPE txnbuf_active_transaction_open_time_max_seconds gauge",
-        f"txnbuf_active_transaction_open_time_max_seconds {open_max / 1000:.3f}",
-    ]
-    lines.append("# TYPE txnbuf_backlog_messages gauge")
-    for name in broker.topics.names():
-        for sub, parts in broker.subscriptions.of_topic(name).items():
-            backlog = sum(p.backlog() for p in parts)
-            lines.append(
-                f'txnbuf_backlog_messages{{topic="{name}",subscription="{sub}"}} {backlog}'
-            )
-    return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+    try:
+        body = await broker.metrics.scrape()
+    except LedgerError as exc:
+        return _error(503, f"the broker's store refuses writes: {exc}")
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 # -- transactions -----------------------------------------------------------------
@@ -191,17 +336,33 @@ def _txn_json(tc: TransactionCoordinator, txnid: TxnID) -> dict[str, Any] | None
     return out
 
 
+_NOT_ENDED = (TxnStatus.OPEN, TxnStatus.PREPARED, TxnStatus.COMMITTING, TxnStatus.ABORTING)
+
+
+def _unused(meta: TxnMeta) -> bool:
+    """An aborted transaction that never had a participant: a spare one the
+    client opened in advance and aborted unused (``client._spares``)."""
+    return meta.status is TxnStatus.ABORTED and not meta.partitions and not meta.subscriptions
+
+
 async def list_transactions(request: web.Request) -> web.Response:
-    """``?state=OPEN&running_longer_than_ms=N`` (both optional). ``STUCK``:
-    the decided transactions a participant failed to apply."""
+    """``?state=OPEN&running_longer_than_ms=N&all=true`` (all optional).
+    ``STUCK``: the decided transactions a participant failed to apply.
+    ``running_longer_than_ms``: only transactions not ended yet (OPEN,
+    PREPARED, COMMITTING, ABORTING) open that long. Aborted transactions
+    that never had a participant (a client's unused spares) are left out
+    unless ``all=true``."""
     broker = request.app[BROKER_KEY]
     state = request.query.get("state")
     if state is not None and state.upper() not in _STATES:
         return _error(400, f"state must be one of {', '.join(_STATES)}")
-    try:
-        longer = int(request.query.get("running_longer_than_ms", "0"))
-    except ValueError:
-        return _error(400, "running_longer_than_ms must be an integer")
+    longer: int | None = None
+    if "running_longer_than_ms" in request.query:
+        try:
+            longer = int(request.query["running_longer_than_ms"])
+        except ValueError:
+            return _error(400, "running_longer_than_ms must be an integer")
+    show_all = _flag(request, "all")
     now = int(time.time() * 1000)
     found = []
     for tc in broker.coordinators.values():
@@ -212,8 +373,13 @@ async def list_transactions(request: web.Request) -> web.Response:
                 m for m in tc.transactions() if state is None or m.status.name == state.upper()
             ]
         for meta in metas:
-            if now - meta.start_ms >= longer:
-                found.append(_txn_json(tc, meta.txnid))
+            if longer is not None and (
+                meta.status not in _NOT_ENDED or now - meta.start_ms < longer
+            ):
+                continue
+            if not show_all and _unused(meta):
+                continue
+            found.append(_txn_json(tc, meta.txnid))
     found.sort(key=lambda m: m["start_ms"] if m else 0)
     return web.json_response({"transactions": found})
 
@@ -421,6 +587,7 @@ async def admin_page(request: web.Request) -> web.FileResponse:
 
 
 def add_admin_routes(app: web.Application) -> None:
+    app.middlewares.append(json_errors)  # (outermost: whatever answers, errors are JSON)
     app.middlewares.append(_require_admin)
     app.router.add_get("/", admin_page)
     app.router.add_get("/admin/v1/acl", list_acl)
@@ -429,6 +596,13 @@ def add_admin_routes(app: web.Application) -> None:
     app.router.add_get("/admin/v1/health", health)
     app.router.add_get("/admin/v1/topics", list_topics)
     app.router.add_put("/admin/v1/topics/{topic}", put_topic)
+    app.router.add_get("/admin/v1/topics/{topic}", get_topic)
+    app.router.add_delete("/admin/v1/topics/{topic}", delete_topic_route)
+    subs = "/admin/v1/topics/{topic}/subscriptions"
+    app.router.add_get(subs, list_subscriptions)
+    app.router.add_post(subs + "/{subscription}/reset", reset_subscription_route)
+    app.router.add_post(subs + "/{subscription}/skip", skip_route)
+    app.router.add_delete(subs + "/{subscription}", delete_subscription_route)
     app.router.add_get("/admin/v1/topics/{topic}/stats", get_topic_stats)
     app.router.add_get("/admin/v1/transactions", list_transactions)
     app.router.add_get("/admin/v1/transactions/{txnid}", get_transaction)

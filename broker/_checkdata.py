@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
 
+from broker._metrics import COUNTERS_LEDGER
 from buffer import (
     COMMIT_MARKER,
     TXN_ABORT,
@@ -498,7 +499,7 @@ class _Check:
         coordinators: list[tuple[int, str]] = []
         for name in self.names:
             parts = name.split("/")
-            if name == _TOPICS:
+            if name in (_TOPICS, COUNTERS_LEDGER):
                 continue
             if parts[0] == "tc" and len(parts) == 2 and parts[1].isdigit():
                 coordinators.append((int(parts[1]), name))
@@ -533,7 +534,10 @@ class _Check:
         try:
             async for entry in _chunks(log):
                 record = json.loads(entry.data)
-                topics[str(record["topic"])] = int(record["partitions"])
+                if record.get("deleted"):  # (its ledgers are dangling until deleted)
+                    topics.pop(str(record["topic"]), None)
+                else:
+                    topics[str(record["topic"])] = int(record["partitions"])
         except (ValueError, KeyError, TypeError) as exc:
             self.topics = None
             self.find(

@@ -34,6 +34,7 @@ from google.protobuf.message import DecodeError
 from broker._auth import NOBODY, Principal
 from broker._epoch import epoch_handlers
 from broker._errors import BrokerError, error_code, error_text
+from broker._pipelines import pipeline_handlers
 from broker._transactions import CLUSTER_ROLE, Transactions
 from buffer import (
     InvalidNameError,
@@ -132,6 +133,7 @@ class Connection:
             T.BATCH: self._on_batch,
         }
         self._handlers.update(epoch_handlers(self))  # (the producer-epoch mode)
+        self._handlers.update(pipeline_handlers(self))  # (reading by position, txn groups)
 
     # -- the loops ------------------------------------------------------------------
 
@@ -378,6 +380,7 @@ class Connection:
         req = cmd.send
         producer = self.producers.get(req.producer_id)
         counted = False
+        read_at = time.perf_counter()
 
         def fail(code: pb.ServerError, message: str) -> None:
             if req.transactional:
@@ -468,6 +471,7 @@ class Connection:
                         partition=req.partition, entry_id=entry_id, batch_index=index
                     )
             self.send(out)
+            self.broker.metrics.send_seconds.observe(time.perf_counter() - read_at)
 
         if isinstance(pending, asyncio.Future) and pending.done() and not pending.cancelled():
             # Answered already (an early transactional send): no task, no

@@ -21,10 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from broker._auth import AuthConfig, Security
 from broker._connection import MAX_MESSAGE_SIZE, Connection, txn_key
 from broker._errors import BrokerError
+from broker._metrics import BrokerMetrics
 from buffer import Partition, PublishResult, Topics, TransactionBuffer, TxnKey
 from ledger import LedgerError, LedgerStore, faults
 from proto import txnbuf_pb2 as pb
@@ -38,12 +40,15 @@ from tc import (
     TxnStatus,
 )
 
-__all__ = ["BROKER_KEY", "Broker", "make_app"]
+__all__ = ["BROKER_KEY", "MAX_REQUEST_LINE", "Broker", "make_app"]
 
 log = logging.getLogger(__name__)
 
 BROKER_KEY: web.AppKey[Broker] = web.AppKey("broker")
 SWEEP_INTERVAL = 5.0  # seconds between transaction buffer sweeps
+# The longest request line aiohttp reads (AppRunner's max_line_size): a URL
+# longer than the admin API's limit still reaches it, and is answered 414.
+MAX_REQUEST_LINE = 64 << 10
 _ABORT_DECIDED = (TxnStatus.ABORTING, TxnStatus.ABORTED)
 
 
@@ -73,6 +78,7 @@ class Broker:
         # Transactional sends waiting for their partition's buffer to be created.
         self._awaiting_buffer: dict[Partition, list[_TxnSend]] = {}
         self.started = time.time()
+        self.metrics = BrokerMetrics(self)
 
     @classmethod
     async def open(
@@ -92,6 +98,9 @@ class Broker:
         store = await LedgerStore.open(data_dir / "broker.db")
         topics = await Topics.load(store)
         subs = await Subscriptions.load(topics)
+        for name in sorted(topics.deleted):  # (a deletion that a crash interrupted)
+            await subs.delete_leftovers(name)
+            await topics.delete_ledgers(name)
         broker = cls(data_dir, store, topics, subs, url, security)
         log.info(
             "recovered %d topics from %s in %.2fs",
@@ -100,6 +109,7 @@ class Broker:
             time.perf_counter() - t0,
         )
         try:
+            await broker.metrics.load(store)
             for tcid in tc_ids:
                 broker.coordinators[tcid] = await broker._open_coordinator(tcid, producer_settings)
             await broker._abort_orphans()
@@ -107,6 +117,7 @@ class Broker:
             await broker.close()
             raise
         broker._sweeper = asyncio.get_running_loop().create_task(broker._sweep_loop())
+        broker.metrics.start()
         return broker
 
     async def _open_coordinator(
@@ -198,6 +209,7 @@ class Broker:
             await conn.ws.close()
         for tc in self.coordinators.values():
             await tc.close()
+        await self.metrics.close()
         await self.subscriptions.close()
         await self.store.close()
 
@@ -405,11 +417,30 @@ async def _websocket(request: web.Request) -> web.WebSocketResponse:
     return ws
 
 
+class _QuietParseErrors(logging.Filter):
+    """aiohttp logs a request it cannot parse (a request line over
+    `MAX_REQUEST_LINE`, a malformed header) at ERROR with a traceback, and
+    answers it 400: one line at INFO says it instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            log.info("refused an HTTP request that could not be read: %s", exc.message)
+            return False
+        return True
+
+
 def make_app(broker: Broker) -> web.Application:
     from broker._admin import add_admin_routes
+    from broker._groups import add_group_routes
+
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, _QuietParseErrors) for f in server_log.filters):
+        server_log.addFilter(_QuietParseErrors())
 
     app = web.Application(client_max_size=1 << 20)
     app[BROKER_KEY] = broker
     app.router.add_get("/ws", _websocket)
     add_admin_routes(app)
+    add_group_routes(app)
     return app

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
@@ -263,6 +264,7 @@ class Transactions:
     def _end(self, req: pb.CommandEndTxn, following: TxnID | None) -> None:
         key = (req.txnid_most_bits, req.txnid_least_bits)
         txnid = wire_txnid(*key)
+        decided_at = time.perf_counter()
         try:
             answered = self.broker.coordinator(txnid).end_txn(txnid, req.txn_action == pb.COMMIT)
         except Exception as exc:
@@ -278,6 +280,7 @@ class Transactions:
                 return
             self._forget_ops(key)
             self._txn_respond(req, "end transaction", None, following)
+            self.broker.metrics.commit_seconds.observe(time.perf_counter() - decided_at)
 
         answered.add_done_callback(done)
 

@@ -1,6 +1,9 @@
 """The `txnbuf` command line: ``txnbuf serve``, ``txnbuf check``,
-``txnbuf check-data`` (`broker._checkdata`) and ``txnbuf token`` /
-``txnbuf acl`` (`broker._auth_cli`).
+``txnbuf check-data`` (`broker._checkdata`), ``txnbuf token`` /
+``txnbuf acl`` (`broker._auth_cli`), and the admin commands ``txnbuf
+topics|subscriptions|transactions|producers`` (`broker._admin_cli`). Bad
+options and a port in use end in one line on stderr (exit 2 and 1), not a
+traceback.
 
 ``txnbuf serve`` with no arguments runs one broker on 127.0.0.1:6650 with its
 data in ./txnbuf-data, authenticating nobody; it refuses another address
@@ -26,12 +29,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import gc
+import importlib.metadata
 import logging
 import signal
+import socket
 import ssl
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from aiohttp import web
 
@@ -43,7 +50,7 @@ from broker._auth_cli import (
     serve_security,
 )
 from broker._checkdata import add_check_data_parser, run_check_data
-from broker._server import Broker, make_app
+from broker._server import MAX_REQUEST_LINE, Broker, make_app
 from ledger import LedgerError
 from tc import DEFAULT_EXPIRATION_MS, MAX_TXN_TIMEOUT_MS, ProducerSettings
 
@@ -62,10 +69,13 @@ async def serve(
     auth: AuthConfig | None = None,
     ssl_context: ssl.SSLContext | None = None,
     producer_settings: ProducerSettings | None = None,
+    kafka: tuple[str, int] | None = None,
 ) -> None:
     """Run a broker until SIGTERM or SIGINT. ``auth``: authentication and
-    limits (`broker._auth`); ``ssl_context``: serve TLS."""
+    limits (`broker._auth`); ``ssl_context``: serve TLS; ``kafka``: (host,
+    port) of a Kafka listener beside it (`broker.kafka`)."""
     scheme = "https" if ssl_context is not None else "http"
+    _check_port(host, port)  # (before the data directory is opened, or created)
     gc.disable()
     try:
         broker = await Broker.open(
@@ -83,11 +93,22 @@ async def serve(
         gc.enable()
     gc.freeze()
     gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
-    runner = web.AppRunner(make_app(broker), access_log=None, handle_signals=False)
+    runner = web.AppRunner(
+        make_app(broker), access_log=None, handle_signals=False, max_line_size=MAX_REQUEST_LINE
+    )
     await runner.setup()
+    listener = None
     try:
+        if kafka is not None:
+            from broker.kafka import KafkaListener
+
+            listener = KafkaListener(broker, *kafka)
+            await listener.start()
         site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_context)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:  # (taken since `_check_port`)
+            raise SystemExit(_cannot_listen(host, port, exc)) from None
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -104,9 +125,25 @@ async def serve(
         await stop.wait()
         log.info("stopping")
     finally:
+        if listener is not None:
+            await listener.close()
         await broker.close()
         await runner.cleanup()
         log.info("stopped")
+
+
+def _cannot_listen(host: str, port: int, exc: OSError) -> str:
+    why = "in use" if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc)
+    return f"txnbuf serve: cannot listen on {host}:{port}: {why}"
+
+
+def _check_port(host: str, port: int) -> None:
+    """Exit with one line if ``host:port`` cannot be listened on."""
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as exc:
+        raise SystemExit(_cannot_listen(host, port, exc)) from None
 
 
 def _event_loop_factory() -> type[asyncio.AbstractEventLoop] | None:
@@ -127,13 +164,47 @@ def _tc_ids(text: str) -> tuple[int, ...]:
     return ids
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument error is one line (exit 2), not the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _log_level(text: str) -> str:
+    if text.upper() not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"choose from {', '.join(LOG_LEVELS)}, not {text!r}")
+    return text.upper()
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is a number from 0 to 65535, not {text!r}")
+    return port
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("txnbuf")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="txnbuf", description="txnbuf message broker")
+    parser: argparse.ArgumentParser = _Parser(prog="txnbuf", description="txnbuf message broker")
+    parser.add_argument("--version", action="version", version=f"txnbuf {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     p = commands.add_parser("serve", help="run a broker")
     p.add_argument("--data-dir", default="./txnbuf-data", help="where data lives (./txnbuf-data)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
-    p.add_argument("--port", type=int, default=6650, help="port to listen on (6650)")
+    p.add_argument("--port", type=_port, default=6650, help="port to listen on (6650)")
     p.add_argument(
         "--tc-ids",
         type=_tc_ids,
@@ -159,13 +230,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="SECONDS",
         help="forget a transactional id idle this long (604800: 7 days)",
     )
-    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (INFO)")
+    p.add_argument(
+        "--kafka-port",
+        type=int,
+        default=None,
+        help="also serve Kafka's wire protocol on this port (off; see docs/kafka.md)",
+    )
+    p.add_argument("--kafka-host", default=None, help="address of the Kafka listener (--host)")
+    p.add_argument(
+        "--log-level", type=_log_level, default="INFO", help="DEBUG, INFO, WARNING, ERROR (INFO)"
+    )
     add_serve_options(p)
+    from broker._admin_cli import ADMIN_COMMANDS, add_admin_parsers, run_admin
     from checker._cli import add_check_parser, run_check
 
     add_check_parser(commands)
     add_check_data_parser(commands)
     add_security_parsers(commands)
+    add_admin_parsers(commands)
+    commands.metavar = "{" + ",".join(commands.choices) + "}"  # (named in a missing-one error)
     args = parser.parse_args(argv)
     if args.command == "check":
         return run_check(args)
@@ -173,6 +256,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_check_data(args)
     if args.command in ("token", "acl"):
         return run_security_command(args)
+    if args.command in ADMIN_COMMANDS:
+        return run_admin(args)
     logging.basicConfig(
         level=args.log_level.upper(),
         stream=sys.stderr,
@@ -190,6 +275,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 expiration_ms=round(args.transactional_id_expiration * 1000),
                 allow_two_phase=args.allow_2pc,
             )
+            kafka = None
+            if args.kafka_port is not None:
+                kafka = (args.kafka_host or args.host, args.kafka_port)
             runner.run(
                 serve(
                     args.data_dir,
@@ -199,6 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     security.auth,
                     security.ssl_context,
                     settings,
+                    kafka,
                 )
             )
     return 0

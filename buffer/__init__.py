@@ -30,7 +30,8 @@ from buffer._names import (
     quoted,
 )
 from buffer._partition import Partition
-from buffer._topics import PartitionCountError, Topic, Topics
+from buffer._retention import NO_RETENTION, Retention, RetentionError
+from buffer._topics import PartitionCountError, Topic, Topics, partition_ledger_prefixes
 from buffer._txnbuffer import (
     TXN_ABORT,
     TXN_COMMIT,
@@ -59,6 +60,7 @@ __all__ = [
     "DATA",
     "DUPLICATE_POSITION",
     "MAX_PARTITIONS",
+    "NO_RETENTION",
     "QUOTE_LIMIT",
     "TXN_ABORT",
     "TXN_COMMIT",
@@ -73,6 +75,8 @@ __all__ = [
     "PartitionCountError",
     "Position",
     "PublishResult",
+    "Retention",
+    "RetentionError",
     "SendRejectedError",
     "StaleEpochError",
     "Topic",
@@ -96,6 +100,7 @@ __all__ = [
     "entry_kind",
     "entry_meta",
     "epoch_producer_name",
+    "partition_ledger_prefixes",
     "quoted",
     "sidecar_ledger_name",
     "txn_run_start",

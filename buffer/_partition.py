@@ -13,6 +13,7 @@ the marker's entry id.
 from __future__ import annotations
 
 import array
+import bisect
 import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -34,6 +35,7 @@ from buffer._entries import (
     stored_sequence_ids,
 )
 from buffer._names import Position
+from buffer._retention import Retention
 from buffer._txnbuffer import TransactionBuffer, TransactionBufferError, sidecar_ledger_name
 from ledger import Entry, Ledger, LedgerStore
 from proto import txnbuf_pb2 as pb
@@ -75,6 +77,15 @@ class Partition:
         self._counts_base = ledger.first_entry_id  # entry id of _counts[0]
         self._since_snapshot = 0
         self.messages_in = 0  # messages stored since start, for stats
+        self.bytes_in = 0  # bytes of the entries stored since start, for stats
+        # Retention by size (loaded when first needed): bytes of the entries
+        # from _counts_base on, summed (_cum[i]: entries _counts_base .. +i),
+        # and the entries stored while they load.
+        self._cum: array.array[int] | None = None
+        self._cum_before = 0  # what _cum counted of the entries trimmed since
+        self._cum_pending: list[tuple[int, int]] | None = None
+        # Retention by time: (its limit, the entry below which all are older).
+        self._expired_below = (0.0, 0)
         self._txn_buffer: TransactionBuffer | None = None
         self._buffer_watchers: list[Callable[[TransactionBuffer], None]] = []
         ledger.add_listener(self._on_entries)
@@ -145,6 +156,11 @@ class Partition:
             self._counts.append(n)
             self._kinds.append(entry_kind(e.meta))
             self.messages_in += n
+            self.bytes_in += len(e.data)
+            if self._cum is not None:
+                self._cum.append((self._cum[-1] if self._cum else 0) + len(e.data))
+            elif self._cum_pending is not None:
+                self._cum_pending.append((e.entry_id, len(e.data)))
 
     def count(self, entry_id: int) -> int:
         """Number of messages in entry ``entry_id`` (0 if trimmed or unknown)."""
@@ -183,7 +199,91 @@ class Partition:
         if drop > 0:
             del self._counts[:drop]
             del self._kinds[:drop]
+            if self._cum is not None:
+                if self._cum:
+                    self._cum_before = self._cum[min(drop, len(self._cum)) - 1]
+                del self._cum[:drop]
             self._counts_base = before
+
+    # -- retention ------------------------------------------------------------
+
+    async def retained_from(self, retention: Retention, before: int, now_ms: int) -> int:
+        """The first entry below ``before`` (what every subscription has
+        acknowledged) that ``retention`` keeps; ``before`` if none: the
+        partition may be trimmed up to there (see `buffer._retention`)."""
+        first = self.ledger.first_entry_id
+        if retention.keeps_nothing or before <= first:
+            return before
+        keep = first
+        if retention.size_bytes != -1:
+            cum = await self._cumulative_sizes()
+            if cum is None:
+                return first  # (not known yet: keep everything this time)
+            # cum[j]: bytes of entries base .. base + j. The first entry k
+            # with bytes(k .. before - 1) <= size_bytes is one past the first
+            # j with cum[j] >= cum[before - 1 - base] - size_bytes.
+            base = self._counts_base
+            target = (cum[before - 1 - base] if before > base else 0) - retention.size_bytes
+            if target > self._cum_before:
+                keep = max(keep, base + 1 + bisect.bisect_left(cum, target, 0, before - base))
+        if retention.time_s != -1:
+            horizon = now_ms - retention.time_s * 1000
+            known = self._expired_below[1] if self._expired_below[0] == retention.time_s else 0
+            if known >= before:
+                return before  # (every entry below it is older than the limit)
+            low, high = max(first, known), before  # (by time alone: what the cache holds)
+            while low < high:
+                mid = (low + high) // 2
+                published = await self.publish_time(mid)
+                if published is not None and published >= horizon:
+                    high = mid
+                else:
+                    low = mid + 1
+            self._expired_below = (retention.time_s, low)
+            keep = max(keep, low)
+        return keep
+
+    async def publish_time(self, entry_id: int) -> int | None:
+        """The ``publish_time_ms`` of entry ``entry_id``'s first message
+        (None if the entry is trimmed or holds none)."""
+        entries = await self.ledger.read(entry_id, entry_id)
+        if not entries:
+            return None
+        try:
+            batch = pb.EntryBatch.FromString(await self.materialize(entries[0]))
+        except Exception as exc:
+            log.debug("%s: no publish time for entry %d: %s", self.name, entry_id, exc)
+            return None
+        return batch.messages[0].publish_time_ms if batch.messages else None
+
+    async def _cumulative_sizes(self) -> array.array[int] | None:
+        """`_cum`, loaded on first use (None if the entries moved while they
+        loaded: the next call tries again)."""
+        if self._cum is not None:
+            return self._cum
+        if self._cum_pending is not None:
+            return None  # (another call is loading them)
+        self._cum_pending = []
+        try:
+            rows = await self.ledger.read_sizes()
+        finally:
+            pending, self._cum_pending = self._cum_pending, None
+        base = self._counts_base
+        rows = [row for row in rows if row[0] >= base]
+        last = rows[-1][0] if rows else base - 1
+        rows += [row for row in pending if row[0] > last]
+        expected = range(base, base + len(rows))
+        if any(entry_id != want for (entry_id, _), want in zip(rows, expected, strict=True)):
+            return None
+        if len(rows) != len(self._counts):
+            return None
+        cum: array.array[int] = array.array("q")
+        total = 0
+        for _, size in rows:
+            total += size
+            cum.append(total)
+        self._cum, self._cum_before = cum, 0
+        return cum
 
     async def materialize(self, entry: Entry) -> bytes:
         """The serialized `EntryBatch` to deliver for a partition entry.

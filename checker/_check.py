@@ -26,7 +26,7 @@ from ._cycles import find_cycles
 from ._model import ClientOp, Model, Offset
 from .history import History, gc_paused
 
-__all__ = ["CLASSES", "DEFAULT_INFORMATIONAL", "Result", "check"]
+__all__ = ["CLASSES", "DEFAULT_INFORMATIONAL", "LEGEND", "Result", "check", "legend"]
 
 Example = dict[str, Any]
 
@@ -123,6 +123,28 @@ class Result:
         verdict = "valid" if self.valid else "INVALID: " + ", ".join(self.failures)
         lines.append(f"result: {verdict}")
         return "\n".join(lines)
+
+
+LEGEND = """\
+ok / fail / info: operations that certainly happened / certainly did not (refused,
+  or their transaction aborted) / whose outcome is unknown (a timeout, a crash
+  while in flight): the checker accepts either outcome for those.
+ANOMALY: a class that makes the result INVALID; ok: none found.
+(informational): found but allowed by this model, so not counted against the
+  result: G0 (write cycles: a partition orders concurrent transactions' messages
+  as they land, which Jepsen allows for Kafka too) and G-single (one
+  anti-dependency edge: plain consumer lag looks like one).
+unseen counts only when the final reads completed (read every topic to its end)."""
+
+
+def legend(result: Result) -> str:
+    """What the summary table's words mean, and each class it found."""
+    lines = [LEGEND]
+    found = [name for name in CLASSES if result.counts[name]]
+    if found:
+        lines.append("found:")
+        lines += [f"  {name}: {CLASSES[name]}" for name in found]
+    return "\n".join(lines)
 
 
 class _Found:

@@ -3,10 +3,12 @@
     txnbuf check [--duration 60] [--faults kill,pause] [--seed N] [--clients 4]
                  [--topics 3] [--history PATH] [--workdir DIR] [--auth]
 
-Prints a progress bar while it runs, then the summary table (ops,
-ok/fail/info, each anomaly class and its count), the seed and the fault
-schedule (to replay a failure: the same seed gives the same schedule), and
-exits 1 if the checker found any anomaly.
+Shows progress bars while it runs (tqdm, on stderr: the workload with its
+operation counts, faults done, then the final reads), then prints the
+summary table (ops, ok/fail/info, each anomaly class and its count), what
+its words mean, the seed and the fault schedule (to replay a failure: the
+same seed gives the same schedule), and exits 1 if the checker found any
+anomaly.
 """
 
 from __future__ import annotations
@@ -16,10 +18,14 @@ import asyncio
 import json
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Never
 
-from ._check import check
+from tqdm import tqdm
+
+from ._check import check, legend
 from ._workload import WorkloadConfig, run_workload
 from .history import History, Recorder
 
@@ -58,6 +64,7 @@ def run_check(args: argparse.Namespace) -> int:
     import random
 
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
+    bars = _Bars()
     cfg = WorkloadConfig(
         duration=args.duration,
         clients=args.clients,
@@ -65,7 +72,7 @@ def run_check(args: argparse.Namespace) -> int:
         seed=seed,
         faults=_faults(args.faults),
         auth=args.auth,
-        progress=lambda line: print("\r" + line, end="", file=sys.stderr, flush=True),
+        progress=bars,
     )
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(args.workdir or tmp)
@@ -77,10 +84,16 @@ def run_check(args: argparse.Namespace) -> int:
               f"history {history_path}",
               file=sys.stderr)  # fmt: skip
         with Recorder(history_path) as rec:
-            stats = asyncio.run(run_workload(cfg, workdir, rec))
-        print(file=sys.stderr)
+            try:
+                stats = asyncio.run(run_workload(cfg, workdir, rec))
+            finally:
+                bars.close()
+        print(f"checking {stats['ops']} operations ...", file=sys.stderr)
+        started = time.monotonic()
         result = check(History.load(history_path))
+        print(f"checked in {time.monotonic() - started:.1f}s", file=sys.stderr)
         print(result.summary_table())
+        print(legend(result))
         print(
             f"client crashes {stats['client_crashes']}, broker kills {stats['kills']}, "
             f"pauses {stats['pauses']}, final reads complete: {stats['final_reads_complete']}"
@@ -94,6 +107,32 @@ def run_check(args: argparse.Namespace) -> int:
                 print(f"copied to {keep}", file=sys.stderr)
             return 1
     return 0
+
+
+class _Bars:
+    """One tqdm bar per phase of the workload (see `WorkloadConfig.progress`)."""
+
+    def __init__(self) -> None:
+        self._bars: dict[str, tqdm[Never]] = {}
+
+    def __call__(self, phase: str, done: float, counts: dict[str, int]) -> None:
+        if phase not in self._bars:
+            self.close()
+            self._bars[phase] = tqdm(
+                total=100,
+                desc=phase,
+                file=sys.stderr,
+                bar_format="{desc}: {percentage:3.0f}%|{bar:30}| {elapsed}{postfix}",
+            )
+        bar = self._bars[phase]
+        bar.n = round(done * 100)
+        bar.set_postfix(counts, refresh=False)
+        bar.refresh()
+
+    def close(self) -> None:
+        for bar in self._bars.values():
+            if not bar.disable:
+                bar.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

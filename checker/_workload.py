@@ -79,7 +79,9 @@ class WorkloadConfig:
     fault_interval: tuple[float, float] = (3.0, 8.0)  # random wait between faults
     quiet: float = 2.0  # no new fault this long after one ends
     final_read_timeout: float = 60.0
-    progress: Callable[[str], None] | None = None
+    # Told how far it got, about once a second while the workload runs and
+    # after each poll of the final reads: (phase, fraction done, counts).
+    progress: Callable[[str, float, dict[str, int]], None] | None = None
     auth: bool = False  # the broker authenticates; the workers hold a "workload" token
 
 
@@ -549,6 +551,15 @@ class _Shared:
         return False
 
 
+def _report_reads(shared: _Shared, wanted: dict[str, set[int]], seen: dict[str, set[int]]) -> None:
+    report = shared.cfg.progress
+    if report is None:
+        return
+    total = sum(len(values) for values in wanted.values())
+    read = sum(len(values & seen.get(key, set())) for key, values in wanted.items())
+    report("final reads", read / total if total else 1.0, {"read": read, "acknowledged": total})
+
+
 async def _final_reads(shared: _Shared, deadline: float) -> bool:
     """Fresh subscriptions read every topic from the start; True if they saw
     every acknowledged send."""
@@ -578,6 +589,7 @@ async def _final_reads(shared: _Shared, deadline: float) -> bool:
                 ]
                 rec.complete(op, "ok", [["poll", {key: read}]])
                 seen.setdefault(key, set()).update(values)
+                _report_reads(shared, wanted, seen)
                 if got:
                     await consumer.acknowledge(got)
     return True
@@ -642,10 +654,8 @@ async def _progress(shared: _Shared, start: float, until: float) -> None:
     total = until - start
     while True:
         done = min(1.0, (time.monotonic() - start) / total)
-        bar = "#" * int(done * 30)
         s = shared.stats
-        report(
-            f"[{bar:<30}] {done:4.0%} ops {s.ops} ok {s.ok} fail {s.fail} info {s.info} "
-            f"kills {shared.nemesis.kills} pauses {shared.nemesis.pauses}"
-        )
+        nemesis = shared.nemesis
+        counts = {"ops": s.ops, "ok": s.ok, "fail": s.fail, "info": s.info}
+        report("workload", done, {**counts, "kills": nemesis.kills, "pauses": nemesis.pauses})
         await asyncio.sleep(1.0)

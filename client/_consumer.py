@@ -225,24 +225,14 @@ class Consumer:
         ).SerializeToString()
 
     async def _subscribe(self) -> None:
-        """Make the topic exist, subscribe, grant the first permits."""
+        """Subscribe (the broker creates the topic, once it has checked the
+        request: a refused one creates nothing), grant the first permits."""
         # Registered first: the broker may speak to it (ACTIVE_CONSUMER_CHANGE)
         # before SUCCESS arrives. It is re-created on reconnect only once
         # attached.
         self._conn.consumers[self.consumer_id] = self
         deadline = self._conn.deadline()
         try:
-            await self._conn.request(
-                lambda request_id: command(
-                    Type.PARTITIONED_METADATA,
-                    "partitioned_metadata",
-                    request_id=request_id,
-                    topic=self.topic,
-                ),
-                Type.PARTITIONED_METADATA_RESPONSE,
-                f"metadata of topic {self.topic!r}",
-                deadline,
-            )
             await self._conn.request(
                 self._subscribe_command,
                 Type.SUCCESS,
@@ -467,7 +457,7 @@ class Consumer:
         if pending is None:
             tracker = self._tracker(txn)
             pending = self._txn_acks[txn] = ([], tracker)
-            txn._flushes.add(self._flush_acks)
+            txn._flushes[self._flush_acks] = None
         ids = pending[0]
         ids.extend(mids)
         if len(ids) >= MAX_ACKS_PER_FRAME:

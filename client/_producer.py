@@ -533,7 +533,7 @@ class Producer:
         batch.first_index = txn._places.get(spot, 0)
         batch.tracker = self._loop.create_future()
         txn._track(batch.tracker)
-        txn._flushes.add(self._flush)
+        txn._flushes[self._flush] = None
         return batch
 
     def _frame_filling(self, partition: int, txn: Transaction) -> None:

@@ -231,8 +231,9 @@ class Transaction:
         self._state = TxnState.OPEN
         self._ending = False  # a commit() or abort() is running
         # What frames its queued sends and acks now (producers' and
-        # consumers' flushes), for a commit written right behind them.
-        self._flushes: set[Callable[[], None]] = set()
+        # consumers' flushes), for a commit written right behind them; in
+        # the order they first queued something (a dict as an ordered set).
+        self._flushes: dict[Callable[[], None], None] = {}
         # Per (topic, partition): the place in the transaction of the next
         # message framed there, and the producer whose batch of the
         # transaction is filling for it (``client._producer``).
@@ -340,6 +341,16 @@ class Transaction:
         except ConnectionLostError:
             return False
         return True
+
+    async def prepare(self) -> None:
+        """Make the transaction PREPARED (for a group commit, see
+        ``client._groups``): wait for its sends and acks (aborting it and
+        raising the first failure, as ``commit``), then PREPARE_TXN. Once
+        this returns, its writes are durable and it waits for its decision;
+        the broker refuses further sends and acks in it."""
+        from ._groups import prepare_transaction
+
+        await prepare_transaction(self)
 
     async def abort(self) -> None:
         """Abort the transaction now (sends and acks in flight are

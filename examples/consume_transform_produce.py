@@ -33,8 +33,8 @@ async def main(args: argparse.Namespace) -> int:
         copied = 0
         last_input = time.monotonic()
         while True:
-            # Up to --batch messages, waiting at most 50 ms for the batch to fill.
-            batch = await consumer.batch_receive(max_messages=args.batch, timeout=0.05)
+            # Up to --batch messages, waiting at most 0.1 s for the batch to fill.
+            batch = await consumer.batch_receive(max_messages=args.batch, timeout=0.1)
             if not batch:
                 if time.monotonic() - last_input > args.idle:
                     break  # no input for a while: done

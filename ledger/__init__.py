@@ -10,6 +10,7 @@ every layer uses (it sits here, on the lowest floor).
 
 from ledger import _faults as faults
 from ledger._readonly import ReadOnlyLedger, ReadOnlyStore
+from ledger._stats import Buckets
 from ledger._store import (
     Entry,
     Ledger,
@@ -22,6 +23,7 @@ from ledger._store import (
 )
 
 __all__ = [
+    "Buckets",
     "Entry",
     "Ledger",
     "LedgerError",

@@ -53,6 +53,7 @@ import aiosqlite
 from sortedcontainers import SortedList
 
 from ledger import _writer
+from ledger._stats import COMMIT_SECONDS_BOUNDS, COMMIT_SIZE_BOUNDS, Buckets
 
 __all__ = [
     "Entry",
@@ -260,6 +261,7 @@ class Ledger:
         self._cache_bytes = 0
         self._waiters: list[asyncio.Future[None]] = []
         self._listeners: list[Callable[[Ledger, list[Entry]], None]] = []
+        self.deleted = False  # by `LedgerStore.delete_ledger`: it takes no more writes
 
     def __repr__(self) -> str:
         return f"Ledger({self.name!r}, first={self.first_entry_id}, last={self.last_entry_id})"
@@ -326,6 +328,11 @@ class Ledger:
     async def read_meta(self) -> list[tuple[int, int]]:
         """``(entry_id, meta)`` of every entry, without reading the data."""
         return await self.store._read_meta(self)
+
+    async def read_sizes(self) -> list[tuple[int, int]]:
+        """``(entry_id, bytes of its data)`` of every entry (SQLite's
+        ``length()`` of a blob: the data is not read)."""
+        return await self.store._read_sizes(self)
 
     # Called by the store after a commit.
     def _durable(self, entries: list[Entry]) -> None:
@@ -411,6 +418,10 @@ class LedgerStore:
         self._failed: LedgerError | None = None
         self.commits = 0  # group commits done, for stats and benchmarks
         self.appends = 0
+        # Each group commit's appends, and how long the writer took to commit
+        # it (inserts, trims, the COMMIT and its fsync), for /metrics.
+        self.commit_sizes = Buckets(COMMIT_SIZE_BOUNDS)
+        self.commit_seconds = Buckets(COMMIT_SECONDS_BOUNDS)
         protocol.store = self
 
     @classmethod
@@ -543,6 +554,7 @@ class LedgerStore:
         if ledger is None:
             return
         self._names.remove(name)
+        ledger.deleted = True
         self._check_open()
         await self._request("delete", ledger.id)
 
@@ -556,6 +568,8 @@ class LedgerStore:
 
     def _append(self, ledger: Ledger, data: bytes, meta: int, lazy: bool) -> asyncio.Future[int]:
         self._check_open()
+        if ledger.deleted:
+            raise LedgerError(f"ledger {ledger.name} is deleted")
         fut: asyncio.Future[int] = self._loop.create_future()
         # Its id now, in queue order (which is the order of the writes).
         self._queue.append(_Append(ledger, meta, data, fut, ledger._next))
@@ -574,6 +588,8 @@ class LedgerStore:
 
     def _trim(self, ledger: Ledger, before: int) -> asyncio.Future[None]:
         self._check_open()
+        if ledger.deleted:
+            raise LedgerError(f"ledger {ledger.name} is deleted")
         fut: asyncio.Future[None] = self._loop.create_future()
         # (Never past what is appended so far: not an entry appended after it.)
         self._queue.append(_Trim(ledger, min(before, ledger._next), fut))
@@ -632,7 +648,11 @@ class LedgerStore:
         _, pending = self._unanswered.popleft()
         if isinstance(pending, _Sent):
             if error is None:
-                self.commits = result  # (the writer counts its group commits)
+                commits, rows, took = result  # (the writer counts its group commits)
+                if commits != self.commits:  # (the first answer of its group commit)
+                    self.commits = commits
+                    self.commit_sizes.observe(rows)
+                    self.commit_seconds.observe(took)
                 self._settle(pending)
             else:
                 self._fail(pending.batch, error)
@@ -728,5 +748,17 @@ class LedgerStore:
                 (_key(ledger.id, 0), _key(ledger.id, _MAX_ENTRY_ID)),
             )
             return [(k & _MAX_ENTRY_ID, m) for k, m in cur]
+
+        return await _on_thread(self._reader, read)
+
+    async def _read_sizes(self, ledger: Ledger) -> list[tuple[int, int]]:
+        self._check_open()
+
+        def read(raw: sqlite3.Connection) -> list[tuple[int, int]]:
+            cur = raw.execute(
+                "SELECT id, length(data) FROM entries WHERE id >= ? AND id <= ? ORDER BY id",
+                (_key(ledger.id, 0), _key(ledger.id, _MAX_ENTRY_ID)),
+            )
+            return [(k & _MAX_ENTRY_ID, n) for k, n in cur]
 
         return await _on_thread(self._reader, read)

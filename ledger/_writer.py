@@ -13,7 +13,10 @@ Requests, each with a sequence number ``seq`` the store counts up from 1:
     (seq, "delete", ledger_id)
 
 Answers: ``(seq, None, result)``, or ``(seq, "error text", None)``. The first
-frame written is ``(0, None, "ready")``, once the schema exists.
+frame written is ``(0, None, "ready")``, once the schema exists. A write's
+result is ``(commits, rows, seconds)``: the group commits done so far, and
+the rows and duration of the group commit that wrote it (inserts, trims
+and the COMMIT with its fsync).
 
 Group commit happens here: the writes that arrived while a commit was
 running are committed together, as one SQLite transaction (one fsync, WAL
@@ -301,13 +304,13 @@ class Writer:
             return []
         if self.failed is None:
             try:
-                commit(
-                    self.raw,
-                    [row for w in writes for row in w[2]],
-                    [trim for w in writes for trim in w[3]],
-                )
+                rows = [row for w in writes for row in w[2]]
+                started = time.perf_counter()
+                commit(self.raw, rows, [trim for w in writes for trim in w[3]])
+                took = time.perf_counter() - started
                 self.commits += 1
-                return [frame((w[0], None, self.commits)) for w in writes]
+                result = (self.commits, len(rows), took)
+                return [frame((w[0], None, result)) for w in writes]
             except Exception as exc:
                 self.failed = f"{type(exc).__name__}: {exc}"
         return [frame((w[0], self.failed, None)) for w in writes]

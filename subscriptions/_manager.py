@@ -2,7 +2,8 @@
 
 A subscription on a topic is one `PartitionSubscription` (one cursor) per
 partition. Retention: a partition ledger is trimmed up to the first entry
-that some subscription has not fully acknowledged; a partition with no
+that some subscription has not fully acknowledged, less what its topic's
+`buffer.Retention` keeps of the acknowledged entries; a partition with no
 subscription keeps everything (so that a later ``earliest`` subscriber
 reads it).
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from buffer import MessageId, Partition, Position, Topic, Topics
@@ -90,6 +92,35 @@ class Subscriptions:
             if sub.partition.index == index
         }
 
+    async def remove(self, topic: str, name: str) -> bool:
+        """Delete subscription ``name`` of ``topic``: stop it, delete its
+        ledgers. Its consumers (the caller detached them) get nothing more.
+        False if there is no such subscription."""
+        async with self._lock:
+            by_name = self._by_topic.get(topic, {})
+            subs = by_name.pop(name, [])
+            if not by_name:
+                self._by_topic.pop(topic, None)
+            for sub in subs:
+                del self._subs[(topic, sub.partition.index, name)]
+            for sub in subs:
+                for consumer in list(sub.consumers):
+                    sub.remove_consumer(consumer)
+                await sub.delete()
+            return bool(subs)
+
+    async def delete_leftovers(self, topic: str) -> None:
+        """Delete the cursor ledgers a deleted topic left behind (a crash in
+        the middle of its deletion): they were never loaded."""
+        store = self.topics.store
+        for sample in (
+            PartitionSubscription.ledger_name(topic, 0, ""),
+            PartitionSubscription.uncommitted_ledger_name(topic, 0, ""),
+        ):
+            prefix = sample[: -len("0/")]  # ("c/<topic>/": every partition)
+            for ledger_name in store.ledger_names(prefix):
+                await store.delete_ledger(ledger_name)
+
     def all(self) -> list[PartitionSubscription]:
         """Every partition subscription."""
         return list(self._subs.values())
@@ -126,6 +157,48 @@ class Subscriptions:
             consumer.order = self._order
             for part in parts:
                 self._subs[(topic.name, part.index, name)].add_consumer(consumer)
+
+    async def ensure(self, topic: Topic, name: str, earliest: bool) -> list[PartitionSubscription]:
+        """Subscription ``name`` on every partition of ``topic``, created
+        where missing (at the earliest or latest position, durably) with no
+        consumer: a cursor its owner moves by position (a stream source's
+        progress, see `broker._reader`). Raises `SubscriptionError`
+        (nothing created) if it exists as a read_uncommitted one."""
+        async with self._lock:
+            parts = list(topic.partitions)
+            existing = [self._subs.get((topic.name, p.index, name)) for p in parts]
+            for sub in existing:
+                if sub is not None and sub.read_uncommitted:
+                    raise SubscriptionError(
+                        "NOT_ALLOWED",
+                        f"subscription {name!r} on {topic.name!r} reads uncommitted messages; "
+                        "a cursor moved by position reads committed ones",
+                    )
+            out = []
+            for part, sub in zip(parts, existing, strict=True):
+                if sub is None:
+                    sub = await PartitionSubscription.create(part, name, earliest)
+                    self._add(topic.name, part.index, name, sub)
+                    sub.start()
+                out.append(sub)
+            return out
+
+    def get(self, topic: str, index: int, name: str) -> PartitionSubscription | None:
+        """Subscription ``name`` on partition ``index`` of ``topic``, if it exists."""
+        return self._subs.get((topic, index, name))
+
+    async def cursor_of(self, topic: Topic, index: int, name: str) -> PartitionSubscription:
+        """Subscription ``name`` on partition ``index`` of ``topic``, created
+        at the earliest position (with no consumer) if it does not exist: a
+        reader that keeps its own position (a Kafka consumer group) acks
+        through it."""
+        async with self._lock:
+            sub = self._subs.get((topic.name, index, name))
+            if sub is None:
+                sub = await PartitionSubscription.create(topic.partitions[index], name, True)
+                self._add(topic.name, index, name, sub)
+                sub.start()
+            return sub
 
     async def extend(self, topic: Topic) -> None:
         """After a topic grew: give every subscription a cursor on the new partitions.
@@ -277,9 +350,14 @@ class Subscriptions:
                 continue
             first_open = sub.cursor.first_open_entry()
             floor[part] = min(floor.get(part, first_open), first_open)
+        now_ms = time.time_ns() // 1_000_000
         for part, first_open in floor.items():
             before = first_open - TRIM_SLACK
-            if before > part.ledger.first_entry_id:
+            topic = self.topics.get(part.topic)
+            if topic is None or before <= part.ledger.first_entry_id:
+                continue  # (deleted meanwhile, or nothing to trim)
+            before = await part.retained_from(topic.retention, before, now_ms)
+            if before > part.ledger.first_entry_id and not part.ledger.deleted:
                 await part.ledger.trim(before)
                 part.trimmed(before)
 

@@ -156,11 +156,16 @@ class PartitionSubscription:
         self.pending: dict[Position, Consumer] = {}
         self.redeliver: SortedSet = SortedSet()
         self.redelivery_counts: dict[Position, int] = {}
+        # Delivered to consumers since start (redelivered ones too), for stats.
+        self.messages_out = 0
+        self.bytes_out = 0
+        self.redelivered = 0
         self.read_entry = cursor.first_open_entry()
         self._active: Consumer | None = None
         self._rr = 0
         self._records_since_snapshot = 0
         self._inflight: list[AckRecord] = []  # ack records appended, not yet applied
+        self._resetting: Cursor | None = None  # the cursor a `reset` in flight moves to
         # Transactions ended here lately: a late ack of one would lock its
         # messages for ever, so it is refused (see `end_txn`).
         self._ended: OrderedDict[TxnKey, None] = OrderedDict()
@@ -451,6 +456,8 @@ class PartitionSubscription:
         first = min(positions)
         mine: set[Position] | None = None
         for record in self._inflight:
+            if record.kind == SNAPSHOT:  # (a reset)
+                return False
             if record.kind == CUMULATIVE:
                 if max(record.positions) >= first:
                     return False
@@ -622,6 +629,9 @@ class PartitionSubscription:
         state = self.cursor.copy()
         part = self.partition
         for record in self._inflight:
+            if record.kind == SNAPSHOT and self._resetting is not None:
+                state = self._resetting.copy()
+                continue
             try:
                 state.apply(
                     record.kind,
@@ -633,6 +643,91 @@ class PartitionSubscription:
             except InvalidAckTransition:
                 pass  # refused, as it will be when applied: it changes nothing
         _snapshot_then_trim(self._ledger, state.snapshot(), SNAPSHOT)
+
+    # -- operators: reset, skip ----------------------------------------------------
+
+    def check_no_txn_acks(self, what: str) -> None:
+        """Raise `SubscriptionError` NOT_ALLOWED if a transaction holds
+        acknowledgements here (PENDING_ACK, or on their way)."""
+        held = set(self.cursor.txn_acks)
+        held.update(r.txn for r in self._inflight if r.kind == TXN_ACK and r.txn is not None)
+        if held:
+            raise SubscriptionError(
+                "NOT_ALLOWED",
+                f"cannot {what} subscription {self.name!r} of {self.partition.name}: "
+                f"transaction(s) {', '.join(txn_text(t) for t in sorted(held))} hold "
+                "acknowledgements of it (PENDING_ACK); end or abort them first",
+            )
+
+    async def reset(self, mark_delete: Position) -> None:
+        """Move the cursor (durably) so that every message after
+        ``mark_delete`` is PENDING, delivered again in order from there, and
+        every one at or before it DELETED; what consumers hold unacknowledged
+        is forgotten (their late acks of it apply to the new cursor). A
+        read_uncommitted subscription's reads of open transactions stay as
+        they are. Refused (`SubscriptionError` NOT_ALLOWED, nothing changed)
+        while a transaction holds acknowledgements here."""
+        self.check_no_txn_acks("reset")
+        task, self._task = self._task, None
+        if task is not None:  # (dispatch stops while the cursor moves)
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        try:
+            while self._inflight:  # (records already queued apply to the old cursor)
+                await self._ledger.wait_for(self._ledger.next_entry_id - 1)
+                await asyncio.sleep(0)
+            self.check_no_txn_acks("reset")
+            cursor = Cursor(mark_delete)
+            marker = AckRecord(SNAPSHOT)  # (in flight: later acks are planned again)
+            self._resetting = cursor
+            self._inflight.append(marker)
+            outcome: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+            def durable(appended: asyncio.Future[int]) -> None:
+                # Applied in ledger order, before the records appended after it.
+                self._inflight.remove(marker)
+                self._resetting = None
+                if appended.cancelled() or appended.exception() is not None:
+                    if not outcome.done():
+                        outcome.set_exception(appended.exception() or asyncio.CancelledError())
+                    return
+                self.cursor = cursor
+                self.pending.clear()
+                self.redeliver.clear()
+                self.redelivery_counts.clear()
+                self.read_entry = cursor.first_open_entry()
+                self._records_since_snapshot = 0
+                if not outcome.done():
+                    outcome.set_result(None)
+
+            self._ledger.append(cursor.snapshot(), meta=SNAPSHOT).add_done_callback(durable)
+            await outcome
+        finally:
+            if not self._closed:
+                self.start()
+                self.wake()
+
+    def pending_positions(self, limit: int) -> list[Position]:
+        """The first ``limit`` PENDING messages after mark-delete (not
+        acknowledged, not locked by a transaction), in order."""
+        found: list[Position] = []
+        bound = (self.partition.ledger.last_entry_id, WHOLE_ENTRY)
+        for pos in self.cursor.messages_through(bound, self._count):
+            if len(found) >= limit:
+                break
+            if self.cursor.state(pos) is PENDING:
+                found.append(pos)
+        return found
+
+    async def skip(self, limit: int) -> int:
+        """Acknowledge the first ``limit`` PENDING messages (durably); how many there were."""
+        positions = self.pending_positions(limit)
+        if positions:
+            await self.ack(positions, cumulative=False)
+        return len(positions)
 
     async def delete(self) -> None:
         await self.close()
@@ -941,6 +1036,10 @@ class PartitionSubscription:
         # (entry_id, i) -> consumer for each i, without a Python loop.
         self.pending.update(zip(zip(repeat(entry_id), delivered), repeat(consumer)))
         consumer.permits -= len(delivered)
+        self.messages_out += len(delivered)
+        self.bytes_out += len(entry.data)
+        if redelivery_count:
+            self.redelivered += len(delivered)
         out.add(
             consumer,
             pb.DeliveredEntry(

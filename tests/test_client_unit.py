@@ -261,8 +261,8 @@ class FakeBroker:
             req = cmd.subscribe
             key = (req.topic, req.subscription)
             sub = self.subs.get(key)
-            if sub is None:
-                n = self.partitions[req.topic]
+            if sub is None:  # (the topic is created, as the broker does)
+                n = self.partitions.setdefault(req.topic, self.default_partitions)
                 cursor = {
                     p: 0 if req.initial_position == 1 else len(self.ledgers[req.topic, p])
                     for p in range(n)
@@ -747,12 +747,18 @@ def test_public_names() -> None:
     assert set(client.__all__) == {
         "Client",
         "Consumer",
+        "GroupResult",
         "Message",
         "MessageId",
+        "Position",
         "PreparedTxnState",
         "Producer",
         "ProducerState",
+        "ReadResult",
+        "Reader",
+        "SubscriptionCursor",
         "Transaction",
+        "TransactionGroups",
         "TransactionalProducer",
         "TxnID",
         "TxnState",

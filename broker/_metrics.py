@@ -1,0 +1,418 @@
+"""The broker's Prometheus metrics (``GET /metrics``), with prometheus_client.
+
+One `CollectorRegistry` per broker, holding one collector that reads the
+live state when scraped: nothing is counted twice and no metric object has
+to be kept in step with topics, subscriptions or coordinators coming and
+going. The hot paths only add to plain numbers (a partition's
+``messages_in``, a subscription's ``messages_out``, a coordinator's
+``txns_committed``, the `ledger.Buckets` of send and commit latency); the
+collector turns them into metric families.
+
+Counters that survive restarts: messages and bytes in and out, redeliveries,
+transactions begun / committed / aborted / timed out and failed participant
+ends. The live objects count from 0 at each start; their totals are kept in
+the ledger ``__meta/counters`` of the broker's store, one JSON record of
+every such series, written every `SNAPSHOT_INTERVAL` seconds, when the broker
+stops, and before a scrape is answered (only when something changed; the
+record before it is trimmed). On start the last record is the base each
+series adds to. So a scrape never shows a value that a later start could
+show lower: after a crash a counter goes on from the last record written,
+at least what any scrape showed (the counts between that record and the
+crash are lost: it is an undercount, never a reset). A deleted topic's
+series are dropped.
+
+Not kept across restarts (process figures, as in any exporter): uptime,
+connections, the ledger's commits and appends, and the histograms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from ledger import Buckets, Ledger, LedgerError, LedgerStore
+from tc import TxnStatus
+
+if TYPE_CHECKING:
+    from broker._server import Broker
+
+__all__ = ["LATENCY_BOUNDS", "BrokerMetrics"]
+
+log = logging.getLogger(__name__)
+
+COUNTERS_LEDGER = "__meta/counters"
+SNAPSHOT_INTERVAL = 10.0  # seconds between records of the counters' totals
+# Upper bounds (seconds) of the buckets of the send and commit latency histograms.
+LATENCY_BOUNDS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+_NOT_ENDED = (TxnStatus.OPEN, TxnStatus.PREPARED, TxnStatus.COMMITTING, TxnStatus.ABORTING)
+
+# The counters kept across restarts: name -> (help, label names). Values are
+# keyed by their label values joined with a tab (no name may hold one).
+COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "txnbuf_messages_in": (
+        "Messages stored in a partition (a transaction's messages when it commits)",
+        ("topic", "partition"),
+    ),
+    "txnbuf_bytes_in": (
+        "Bytes of the entries stored in a partition (a committed transaction's "
+        "entry is its commit marker)",
+        ("topic", "partition"),
+    ),
+    "txnbuf_messages_out": (
+        "Messages delivered to the consumers of a subscription, redeliveries included",
+        ("topic", "subscription"),
+    ),
+    "txnbuf_bytes_out": (
+        "Bytes of the entries delivered to the consumers of a subscription",
+        ("topic", "subscription"),
+    ),
+    "txnbuf_redeliveries": (
+        "Messages delivered again (negatively acknowledged, left unacknowledged by a consumer "
+        "that went, or released by an aborted transaction)",
+        ("topic", "subscription"),
+    ),
+    "txnbuf_transactions_begun": ("Transactions opened on a coordinator", ("tc_id",)),
+    "txnbuf_transactions_committed": ("Transactions a coordinator committed", ("tc_id",)),
+    "txnbuf_transactions_aborted": (
+        "Transactions a coordinator aborted (on request, timed out, or unused ones "
+        "the client opened in advance and aborted)",
+        ("tc_id",),
+    ),
+    "txnbuf_transactions_timed_out": (
+        "Transactions a coordinator aborted because they passed their timeout",
+        ("tc_id",),
+    ),
+    "txnbuf_participant_end_failures": (
+        "Failed attempts to end a transaction on a partition or subscription",
+        (),
+    ),
+}
+
+Totals = dict[str, dict[str, float]]
+
+
+def _key(*values: object) -> str:
+    return "\t".join(str(v) for v in values)
+
+
+def _histogram(name: str, doc: str, buckets: Buckets) -> HistogramMetricFamily:
+    return HistogramMetricFamily(
+        name,
+        doc,
+        buckets=[
+            ("+Inf" if bound == float("inf") else repr(float(bound)), count)
+            for bound, count in buckets.cumulative()
+        ],
+        sum_value=buckets.sum,
+    )
+
+
+class BrokerMetrics:
+    """The metrics of one broker: open with `load`, then `start`; `close`
+    writes the counters' totals one last time."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        # A SEND read -> its receipt queued; an END_TXN read -> answered.
+        self.send_seconds = Buckets(LATENCY_BOUNDS)
+        self.commit_seconds = Buckets(LATENCY_BOUNDS)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Collector(self))
+        self._base: Totals = {}  # the totals of the last record, as loaded at start
+        self._written: Totals | None = None  # what the last record holds
+        self._ledger: Ledger | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._write_lock = asyncio.Lock()
+        self._totals: Totals = {}  # computed for the scrape being rendered
+
+    async def load(self, store: LedgerStore) -> None:
+        """Read the last record of the counters' totals (the base to add to)."""
+        ledger = self._ledger = await store.open_ledger(COUNTERS_LEDGER)
+        if ledger.last_entry_id < ledger.first_entry_id:
+            return
+        (entry,) = await ledger.read(ledger.last_entry_id, ledger.last_entry_id)
+        try:
+            record = json.loads(entry.data)
+            self._base = {
+                name: {str(k): float(v) for k, v in series.items()}
+                for name, series in record.items()
+                if name in COUNTERS and isinstance(series, dict)
+            }
+        except (ValueError, TypeError, AttributeError) as exc:
+            log.error("%s: unreadable counters record, counting from 0: %s", ledger.name, exc)
+        self._written = self._base
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._snapshot_loop())
+
+    async def close(self) -> None:
+        """Stop the periodic record and write the totals as they are now."""
+        if self._task is not None:
+            self._task.cancel()
+        try:
+            await self.write_totals()
+        except LedgerError as exc:
+            log.warning("writing the counters' totals on close failed: %s", exc)
+
+    def forget_topic(self, topic: str) -> None:
+        """A deleted topic: its series go (from the base too, so that a topic
+        created again under its name counts from 0)."""
+        for series in self._base.values():
+            for key in [k for k in series if k.split("\t", 1)[0] == topic]:
+                del series[key]
+
+    async def _snapshot_loop(self) -> None:
+        while True:
+            await asyncio.sleep(SNAPSHOT_INTERVAL)
+            try:
+                await self.write_totals()
+            except LedgerError as exc:
+                log.warning("writing the counters' totals failed: %s", exc)
+
+    # -- totals ---------------------------------------------------------------------
+
+    def _live(self) -> Totals:
+        """What the live objects counted since start."""
+        live: Totals = {name: {} for name in COUNTERS}
+        broker = self.broker
+        for topic in (broker.topics.get(n) for n in broker.topics.names()):
+            if topic is None:
+                continue
+            for part in topic.partitions:
+                live["txnbuf_messages_in"][_key(topic.name, part.index)] = part.messages_in
+                live["txnbuf_bytes_in"][_key(topic.name, part.index)] = part.bytes_in
+            for sub_name, subs in broker.subscriptions.of_topic(topic.name).items():
+                key = _key(topic.name, sub_name)
+                live["txnbuf_messages_out"][key] = sum(s.messages_out for s in subs)
+                live["txnbuf_bytes_out"][key] = sum(s.bytes_out for s in subs)
+                live["txnbuf_redeliveries"][key] = sum(s.redelivered for s in subs)
+        failures = 0
+        for tcid, tc in broker.coordinators.items():
+            live["txnbuf_transactions_begun"][_key(tcid)] = tc.txns_begun
+            live["txnbuf_transactions_committed"][_key(tcid)] = tc.txns_committed
+            live["txnbuf_transactions_aborted"][_key(tcid)] = tc.txns_aborted
+            live["txnbuf_transactions_timed_out"][_key(tcid)] = tc.txns_timed_out
+            failures += tc.participant_failures
+        live["txnbuf_participant_end_failures"][""] = failures
+        return live
+
+    def totals(self) -> Totals:
+        """Each counter: the base loaded at start plus what was counted since.
+        A series of the base with nothing live (a topic deleted by another
+        broker's run, a coordinator not run here now) is still shown."""
+        out: Totals = {}
+        live = self._live()
+        for name in COUNTERS:
+            series = dict(self._base.get(name, {}))
+            for key, value in live[name].items():
+                series[key] = series.get(key, 0.0) + value
+            out[name] = series
+        return out
+
+    async def write_totals(self, totals: Totals | None = None) -> Totals:
+        """Make ``totals`` (now's if None) the durable record, unless it
+        holds them already; return them."""
+        async with self._write_lock:
+            if totals is None:
+                totals = self.totals()
+            ledger = self._ledger
+            if ledger is None or totals == self._written:
+                return totals
+            first_new = ledger.next_entry_id
+            await ledger.append(json.dumps(totals, separators=(",", ":")).encode(), meta=0)
+            self._written = totals
+            ledger.trim(first_new)  # (the records before it; lazy: nobody waits)
+            return totals
+
+    async def scrape(self) -> bytes:
+        """The exposition text: the counters' totals are made durable first."""
+        self._totals = await self.write_totals()
+        try:
+            return generate_latest(self.registry)
+        finally:
+            self._totals = {}
+
+    # -- what the collector reads ---------------------------------------------------
+
+    def collect(self) -> Iterator[Metric]:
+        broker = self.broker
+        totals = self._totals or self.totals()
+        for name, (doc, labels) in COUNTERS.items():
+            family = CounterMetricFamily(name, doc, labels=labels)
+            for key, value in sorted(totals.get(name, {}).items()):
+                family.add_metric(key.split("\t") if labels else [], value)
+            yield family
+        yield GaugeMetricFamily(
+            "txnbuf_uptime_seconds",
+            "Seconds since this broker process started",
+            value=time.time() - broker.started,
+        )
+        yield GaugeMetricFamily(
+            "txnbuf_connections", "Open client connections", value=len(broker.connections)
+        )
+        yield from self._subscription_gauges()
+        yield from self._transaction_gauges()
+        store = broker.store
+        yield CounterMetricFamily(
+            "txnbuf_ledger_commits",
+            "Group commits of the broker's store since start (one fsync each)",
+            value=store.commits,
+        )
+        yield CounterMetricFamily(
+            "txnbuf_ledger_appends",
+            "Entries appended to the broker's store since start",
+            value=store.appends,
+        )
+        yield _histogram(
+            "txnbuf_ledger_group_commit_size",
+            "Entries written by one group commit",
+            store.commit_sizes,
+        )
+        yield _histogram(
+            "txnbuf_ledger_fsync_seconds",
+            "Duration of one group commit in the store's writer process: its inserts and "
+            "trims and the COMMIT with its fsync (WAL, synchronous=FULL)",
+            store.commit_seconds,
+        )
+        yield _histogram(
+            "txnbuf_send_latency_seconds",
+            "From a SEND read off the connection to its receipt queued to the client "
+            "(a plain send once durable, a transactional one once in its transaction buffer)",
+            self.send_seconds,
+        )
+        yield _histogram(
+            "txnbuf_commit_latency_seconds",
+            "From an END_TXN (commit or abort) read off the connection to its answer queued: "
+            "the decision durable and applied by every participant",
+            self.commit_seconds,
+        )
+        yield GaugeMetricFamily(
+            "txnbuf_data_dir_bytes",
+            "Bytes of the files in the broker's data directory (database, WAL)",
+            value=_dir_bytes(broker.data_dir),
+        )
+
+    def _subscription_gauges(self) -> Iterable[Metric]:
+        broker = self.broker
+        labels = ["topic", "subscription"]
+        backlog = GaugeMetricFamily(
+            "txnbuf_backlog_messages",
+            "Messages of a subscription not acknowledged yet (PENDING and PENDING_ACK)",
+            labels=labels,
+        )
+        unacked = GaugeMetricFamily(
+            "txnbuf_unacked_messages",
+            "Messages delivered to a subscription's consumers and not acknowledged yet",
+            labels=labels,
+        )
+        pending_ack = GaugeMetricFamily(
+            "txnbuf_pending_ack_messages",
+            "Messages of a subscription acknowledged in a transaction not ended yet (PENDING_ACK)",
+            labels=labels,
+        )
+        consumers = GaugeMetricFamily(
+            "txnbuf_consumers", "Consumers attached to a subscription", labels=labels
+        )
+        producers = GaugeMetricFamily(
+            "txnbuf_producers", "Producers connected to a topic", labels=["topic"]
+        )
+        for name in broker.topics.names():
+            producers.add_metric([name], broker.producer_count(name))
+            for sub, parts in broker.subscriptions.of_topic(name).items():
+                backlog.add_metric([name, sub], sum(p.backlog() for p in parts))
+                unacked.add_metric([name, sub], sum(len(p.pending) for p in parts))
+                pending_ack.add_metric([name, sub], sum(len(p.cursor.pending_ack) for p in parts))
+                consumers.add_metric([name, sub], len(parts[0].consumers) if parts else 0)
+        return [backlog, unacked, pending_ack, consumers, producers]
+
+    def _transaction_gauges(self) -> Iterable[Metric]:
+        broker = self.broker
+        now_ms = time.time_ns() // 1_000_000
+        open_txns = GaugeMetricFamily(
+            "txnbuf_transactions_open",
+            "Transactions of a coordinator not ended yet (OPEN, PREPARED, COMMITTING, ABORTING)",
+            labels=["tc_id"],
+        )
+        oldest = GaugeMetricFamily(
+            "txnbuf_transaction_oldest_open_seconds",
+            "Age of a coordinator's oldest transaction not ended yet (0 if none)",
+            labels=["tc_id"],
+        )
+        for tcid, tc in sorted(broker.coordinators.items()):
+            starts = [m.start_ms for m in tc.transactions() if m.status in _NOT_ENDED]
+            open_txns.add_metric([str(tcid)], len(starts))
+            oldest.add_metric([str(tcid)], (now_ms - min(starts)) / 1000 if starts else 0.0)
+        stuck = sum(len(tc.stuck()) for tc in broker.coordinators.values())
+        open_max = max(
+            (tc.active_open_time_max_ms() for tc in broker.coordinators.values()), default=0
+        )
+        return [
+            open_txns,
+            oldest,
+            GaugeMetricFamily(
+                "txnbuf_transactions_stuck",
+                "Decided transactions a participant has not applied yet after failing to "
+                "(GET /admin/v1/transactions?state=STUCK)",
+                value=stuck,
+            ),
+            GaugeMetricFamily(
+                "txnbuf_active_transaction_open_time_max_seconds",
+                "The longest a transaction not yet decided (open or prepared) has been open "
+                "(KIP-939)",
+                value=open_max / 1000,
+            ),
+        ]
+
+
+class _Collector(Collector):
+    def __init__(self, metrics: BrokerMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        return self._metrics.collect()
+
+
+def _dir_bytes(path: os.PathLike[str] | str) -> int:
+    """Bytes of the regular files directly in ``path`` (a stat each: the
+    data directory holds the database, its WAL and lock files)."""
+    total = 0
+    try:
+        with os.scandir(path) as entries:
+            for entry in entries:
+                try:
+                    if entry.is_file(follow_symlinks=False):
+                        total += entry.stat(follow_symlinks=False).st_size
+                except OSError:
+                    continue
+    except OSError:
+        return 0
+    return total
