@@ -61,6 +61,8 @@ changes; a refusal is AUTHORIZATION_ERROR naming the permission):
   transaction they decide (a group is refused whole if one is refused).
 - READ_ENTRIES (`broker._reader`): consume on the topic; CURSOR: consume on
   the topic and on its subscription, as SUBSCRIBE.
+- SEEK, UNSUBSCRIBE (`broker._seek`): consume on the topic and on the
+  subscription, as SUBSCRIBE.
 - CLOSE_PRODUCER, CLOSE_CONSUMER, PING: nothing (a client may always stop
   what it started).
 - The admin API and /metrics: a superuser; ``/admin/v1/health`` is open

@@ -35,6 +35,7 @@ from broker._auth import NOBODY, Principal
 from broker._epoch import epoch_handlers
 from broker._errors import BrokerError, error_code, error_text
 from broker._pipelines import pipeline_handlers
+from broker._seek import seek_handlers
 from broker._transactions import CLUSTER_ROLE, Transactions
 from buffer import (
     InvalidNameError,
@@ -134,6 +135,7 @@ class Connection:
         }
         self._handlers.update(epoch_handlers(self))  # (the producer-epoch mode)
         self._handlers.update(pipeline_handlers(self))  # (reading by position, txn groups)
+        self._handlers.update(seek_handlers(self))  # (a consumer's seek and unsubscribe)
 
     # -- the loops ------------------------------------------------------------------
 

@@ -35,6 +35,7 @@ __all__ = [
     "AdminError",
     "delete_subscription",
     "delete_topic",
+    "holding_transactions",
     "reset_subscription",
     "skip_messages",
     "subscriptions_json",
@@ -83,6 +84,14 @@ def _holding(broker: Broker, topic: str, subscription: str | None = None) -> lis
                 keys.update(sub.cursor.txn_acks)
     found.update(TxnID(*key) for key in keys)
     return sorted(found, key=lambda t: (t.most_bits, t.least_bits))
+
+
+def holding_transactions(
+    broker: Broker, topic: str, subscription: str | None = None
+) -> list[TxnID]:
+    """The transactions not ended that hold ``topic`` (or only its
+    ``subscription``), as a deletion finds them."""
+    return _holding(broker, topic, subscription)
 
 
 def _touches(meta: TxnMeta, topic: str, subscription: str | None) -> bool:

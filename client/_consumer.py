@@ -513,6 +513,78 @@ class Consumer:
         if dropped and self._conn.is_current(self._gen):
             self._conn.write(self._flow_command(dropped))
 
+    async def seek(self, target: Message | MessageId | int) -> None:
+        """Reset the subscription (for all its consumers) to ``target``: a
+        ``MessageId`` (or ``Message``), so that the next message delivered
+        on its partition is that one (the other partitions stay as they
+        are), or an ``int`` of milliseconds since the epoch, so that on
+        every partition delivery starts at the first message published at or
+        after it (the producers' clocks). Messages queued in this consumer
+        are dropped; delivery goes on from there. Raises ``NotAllowedError``
+        (nothing changed) while a transaction holds acknowledgements of the
+        subscription, ``InvalidInputError`` for anything else as target.
+        Other consumers of the subscription are not told: what they hold
+        unacknowledged is forgotten by the broker (their late acks apply to
+        the new position)."""
+        if self._closing:
+            self._raise_closed()
+        seek = pb.CommandSeek(consumer_id=self.consumer_id)
+        if isinstance(target, Message | MessageId):
+            mid = message_id_of(target)
+            if mid.entry_id < 0 or mid.batch_index < 0:
+                raise InvalidInputError(f"cannot seek to {mid}: not a stored message's id")
+            seek.message_id.partition = mid.partition
+            seek.message_id.entry_id = mid.entry_id
+            seek.message_id.batch_index = mid.batch_index
+        elif type(target) is int and target >= 0:
+            seek.publish_time_ms = target
+        else:
+            raise InvalidInputError(
+                "seek to a MessageId, a Message or an int of milliseconds since the epoch, "
+                f"not {target!r}"
+            )
+
+        def build(request_id: int) -> Command:
+            cmd = Command(type=Command.SEEK)
+            cmd.seek.CopyFrom(seek)
+            cmd.seek.request_id = request_id
+            return cmd
+
+        await self._conn.request(
+            build, Type.SUCCESS, f"seek on {self.subscription!r} of {self.topic!r}"
+        )
+        # Whatever was queued or pushed before the answer came is from before
+        # the reset: dropped, and whatever the broker still counts as this
+        # consumer's is asked for again.
+        await self.redeliver_unacknowledged()
+
+    async def unsubscribe(self) -> None:
+        """Delete the subscription on the broker (its position and every
+        message it has not acknowledged) and close this consumer. Raises
+        ``NotAllowedError`` (nothing changed, the consumer stays) while
+        another consumer is connected to the subscription or a transaction
+        not ended holds it. One attempt: if the connection drops meanwhile,
+        ``ConnectionLostError`` (the outcome is unknown; the consumer is
+        subscribed again on the next connection)."""
+        if self._closing:
+            self._raise_closed()
+        what = f"unsubscribe from {self.subscription!r} of {self.topic!r}"
+        deadline = self._conn.deadline()
+        link = await self._conn.wait_ready(deadline, what)
+        await self._conn.request_on(
+            link,
+            lambda request_id: command(
+                Type.UNSUBSCRIBE,
+                "unsubscribe",
+                request_id=request_id,
+                consumer_id=self.consumer_id,
+            ),
+            Type.SUCCESS,
+            what,
+            deadline,
+        )
+        self._shut()  # (the broker has dropped the consumer with its subscription)
+
     def _redeliver(self, ids: list[MessageId]) -> None:
         if not self._conn.is_current(self._gen):
             return

@@ -7,6 +7,7 @@ surface.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import pytest
@@ -280,3 +281,103 @@ async def test_resent_and_new_messages_in_one_send(broker: BrokerProcess) -> Non
         assert answers[0].is_duplicate and answers[1:3] == ids[-2:]
         assert answers[3:] == [MessageId(0, answers[3].entry_id, i) for i in range(2)]
         await expect_each_once(client, OLD + 2)
+
+
+# --- seek and unsubscribe ---------------------------------------------------------------
+
+
+async def test_seek_to_a_message_id_delivers_from_it_again(broker: BrokerProcess) -> None:
+    async with Client(broker.url) as client:
+        consumer = await client.subscribe("t", "s", initial_position="earliest")
+        producer = await client.create_producer("t")
+        ids = [await producer.send(b"%d" % i) for i in range(6)]
+        first = await consumer.batch_receive(max_messages=6, timeout=5)
+        await consumer.acknowledge(first)
+        await consumer.seek(ids[2])  # back
+        again = await consumer.batch_receive(max_messages=10, timeout=1)
+        assert [m.value for m in again] == [b"2", b"3", b"4", b"5"]
+        await consumer.acknowledge(again)
+        await consumer.seek(first[4])  # a Message will do; forward past nothing new
+        assert [m.value for m in await consumer.batch_receive(max_messages=10, timeout=1)] == [
+            b"4",
+            b"5",
+        ]
+
+
+async def test_seek_to_a_time_delivers_what_was_published_from_then(
+    broker: BrokerProcess,
+) -> None:
+    async with Client(broker.url) as client:
+        consumer = await client.subscribe("t", "s", initial_position="earliest")
+        producer = await client.create_producer("t")
+        await producer.send(b"old")
+        await asyncio.sleep(0.05)
+        since = int(time.time() * 1000)
+        await asyncio.sleep(0.05)
+        await producer.send(b"new")
+        got = await consumer.batch_receive(max_messages=2, timeout=5)
+        await consumer.acknowledge(got)
+        await consumer.seek(since)
+        assert [m.value for m in await consumer.batch_receive(max_messages=5, timeout=1)] == [
+            b"new"
+        ]
+        await consumer.seek(0)  # the beginning of time: everything kept
+        values = [m.value for m in await consumer.batch_receive(max_messages=5, timeout=1)]
+        assert values == [b"old", b"new"]
+
+
+async def test_seek_refuses_bad_targets_and_a_subscription_a_transaction_holds(
+    broker: BrokerProcess,
+) -> None:
+    async with Client(broker.url) as client:
+        consumer = await client.subscribe("t", "s", initial_position="earliest")
+        producer = await client.create_producer("t")
+        await producer.send(b"x")
+        (msg,) = await consumer.batch_receive(max_messages=1, timeout=5)
+        for bad in (-1, 1.5, "0:1:0", True, MessageId(0, -1, 0)):
+            with pytest.raises(errors.InvalidInputError):
+                await consumer.seek(bad)  # type: ignore[arg-type]
+        txn = await client.new_transaction()
+        await consumer.acknowledge(msg, txn=txn)
+        await asyncio.sleep(0.2)  # (the broker holds it PENDING_ACK)
+        with pytest.raises(errors.NotAllowedError, match="PENDING_ACK"):
+            await consumer.seek(0)
+        await txn.commit()
+        await consumer.seek(0)  # nothing holds it now
+        assert [m.value for m in await consumer.batch_receive(max_messages=5, timeout=1)] == [b"x"]
+
+
+async def test_unsubscribe_deletes_the_subscription_and_closes_the_consumer(
+    broker: BrokerProcess,
+) -> None:
+    async with Client(broker.url) as client:
+        consumer = await client.subscribe("t", "s", initial_position="earliest")
+        producer = await client.create_producer("t")
+        await producer.send(b"unread")
+        await consumer.unsubscribe()
+        with pytest.raises(errors.ConsumerClosedError):
+            await consumer.receive(timeout=0.1)
+        status, body = broker.admin("GET", "/admin/v1/topics/t/stats")
+        assert status == 200 and json.loads(body)["partitions"][0]["subscriptions"] == {}
+        # Subscribing again makes a new subscription, at its initial position.
+        again = await client.subscribe("t", "s", initial_position="latest")
+        await producer.send(b"after")
+        assert [m.value for m in await again.batch_receive(max_messages=5, timeout=1)] == [b"after"]
+
+
+async def test_unsubscribe_is_refused_while_another_consumer_is_connected(
+    broker: BrokerProcess,
+) -> None:
+    async with Client(broker.url) as client:
+        one = await client.subscribe("t", "s", "shared", initial_position="earliest")
+        other = await client.subscribe("t", "s", "shared")
+        with pytest.raises(errors.NotAllowedError, match="1 other consumer"):
+            await one.unsubscribe()
+        producer = await client.create_producer("t")
+        await producer.send(b"still here")  # the consumer still works
+        got = await one.batch_receive(max_messages=1, timeout=1) or await other.batch_receive(
+            max_messages=1, timeout=1
+        )
+        assert [m.value for m in got] == [b"still here"]
+        await other.close()
+        await one.unsubscribe()
