@@ -47,7 +47,7 @@ from buffer import (
     check_subscription_name,
     check_topic_name,
 )
-from proto import next_frame
+from proto import MAX_MESSAGE_SIZE, next_frame, oversized
 from proto import txnbuf_pb2 as pb
 from subscriptions import Consumer, SubType
 from tc import TxnID, wire_txnid
@@ -67,7 +67,6 @@ log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 6  # the only one served (proto/txnbuf.proto)
 SERVER_VERSION = "txnbuf/0.1.0"
-MAX_MESSAGE_SIZE = 5 << 20  # bytes in one frame the client may send
 
 T = pb.BaseCommand
 _BODY_TYPE = {name.lower(): value for name, value in T.Type.items()}
@@ -426,6 +425,9 @@ class Connection:
             fail(pb.MALFORMED_FRAME, "SEND batch is not a valid EntryBatch")
             return
         messages = batch.messages
+        if len(req.batch) > MAX_MESSAGE_SIZE and (too_big := oversized(messages)):
+            fail(pb.INVALID_ARGUMENT, too_big)
+            return
         if not messages or batch.producer_name:
             fail(
                 pb.INVALID_ARGUMENT,

@@ -34,6 +34,7 @@ from google.protobuf.message import DecodeError
 
 from broker._errors import BrokerError, error_code, error_text
 from buffer import PublishResult, check_topic_name, epoch_producer_name
+from proto import MAX_MESSAGE_SIZE, oversized
 from proto import txnbuf_pb2 as pb
 from tc import TransactionAbortableError, TransactionCoordinator, coordinator_of
 
@@ -241,6 +242,8 @@ def _produce(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> 
             raise BrokerError(
                 "INVALID_ARGUMENT", "a PRODUCE batch holds messages and names no producer"
             )
+        if len(req.batch) > MAX_MESSAGE_SIZE and (too_big := oversized(batch.messages)):
+            raise BrokerError("INVALID_ARGUMENT", too_big)
         tc = _coordinator_of_producer(conn, pid)
         txnid = tc.producer_add_partition(pid, epoch, topic.name, req.partition)
         pending = conn.broker.publish_txn(

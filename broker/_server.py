@@ -24,11 +24,12 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from broker._auth import AuthConfig, Security
-from broker._connection import MAX_MESSAGE_SIZE, Connection, txn_key
+from broker._connection import Connection, txn_key
 from broker._errors import BrokerError
 from broker._metrics import BrokerMetrics
 from buffer import Partition, PublishResult, Topics, TransactionBuffer, TxnKey
 from ledger import LedgerError, LedgerStore, faults
+from proto import FRAME_SLACK, MAX_MESSAGE_SIZE
 from proto import txnbuf_pb2 as pb
 from subscriptions import Subscriptions
 from tc import (
@@ -398,7 +399,7 @@ async def _published(fut: asyncio.Future[Awaitable[PublishResult]]) -> PublishRe
 
 async def _websocket(request: web.Request) -> web.WebSocketResponse:
     broker = request.app[BROKER_KEY]
-    ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_SIZE + (64 << 10), heartbeat=30.0)
+    ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_SIZE + FRAME_SLACK, heartbeat=30.0)
     await ws.prepare(request)
     refusal = broker.security.refuse_connection(len(broker.connections))
     if refusal is not None:  # (TOO_MANY_REQUESTS: the client tries again later)

@@ -70,7 +70,7 @@ from typing import Any, Protocol, TypeVar
 
 import aiohttp
 
-from proto import next_frame
+from proto import MAX_MESSAGE_SIZE, next_frame
 from proto import txnbuf_pb2 as pb
 
 from ._foreign import decoding, socket_errors
@@ -93,8 +93,8 @@ Type = pb.BaseCommand.Type
 
 CLIENT_VERSION = "txnbuf-python/0.1.0"
 PROTOCOL_VERSION = 6  # the only one spoken (proto/txnbuf.proto)
-# Used until the broker's CONNECTED says otherwise.
-DEFAULT_MAX_MESSAGE_SIZE = 5 * 1024 * 1024
+# Used until the broker's CONNECTED says otherwise (see `proto.MAX_MESSAGE_SIZE`).
+DEFAULT_MAX_MESSAGE_SIZE = MAX_MESSAGE_SIZE
 BACKOFF_MIN = 0.05
 BACKOFF_MAX = 2.0
 # The types of the answers to control requests (``Connection.request``).

@@ -8,8 +8,13 @@ Decisions written down here:
   share frames. A batch is framed at once when it reaches
   ``batching_max_messages`` (default 1000) or would pass
   ``batching_max_bytes`` (default 1 MiB, lowered to fit the broker's
-  ``max_message_size``). One message too big for a frame is refused with
-  ``InvalidInputError``.
+  ``max_message_size``). A message too big for a batch goes in a
+  frame of its own.
+* Size: one limit, the broker's ``max_message_size`` (5 MiB,
+  `proto.MAX_MESSAGE_SIZE`, announced in CONNECTED) on the encoded message
+  (payload, key, properties). A message over it is refused before anything
+  is sent, with ``MessageTooBigError`` naming the limit; messages are not
+  chunked (the broker refuses one too, should a client send it).
 * Routing: a message with a key goes to partition
   ``zlib.crc32(key.encode()) % partitions``; keyless messages go round-robin,
   one partition per event-loop turn (per batch).
@@ -76,6 +81,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from proto import oversized
 from proto import txnbuf_pb2 as pb
 
 from ._connection import (
@@ -94,6 +100,7 @@ from ._txn import _OPEN, Transaction, TxnID, check_txn
 from .errors import (
     ConnectionLostError,
     InvalidInputError,
+    MessageTooBigError,
     OperationTimeoutError,
     ProducerBusyError,
     ProducerClosedError,
@@ -111,6 +118,10 @@ MAX_SEQUENCE_ID = 2**64 - 1
 # property entry beyond its strings at most 12, the BaseCommand / CommandSend
 # envelope (type, ids, partition) at most 36.
 MESSAGE_OVERHEAD = 32
+# More than a message's encoding adds to its payload, key (4 bytes a
+# character at most) and properties: below the limit by this much, a message
+# needs no exact check.
+MAX_ENVELOPE = 1024
 PROPERTY_OVERHEAD = 12
 FRAME_OVERHEAD = 64
 
@@ -485,17 +496,16 @@ class Producer:
         else:
             self._check_sequence_id(sequence_id)
         max_bytes = self._max_batch_bytes
-        if size > max_bytes:
-            raise InvalidInputError(
-                f"message of about {size} bytes is over the frame limit of {max_bytes} bytes"
-            )
+        alone = size > max_bytes  # (a frame of its own, if not too big)
+        if alone:
+            _check_size(value, key, properties, sequence_id, self._conn.max_message_size)
         # Every check passed: from here on the message is sent.
         self._last_sent = sequence_id
         if sequence_id >= self._next_sequence_id:
             self._next_sequence_id = sequence_id + 1
         where = (partition, txn)
         batch = self._batches.get(where)
-        if batch is not None and batch.size + size > max_bytes:
+        if batch is not None and (alone or batch.size + size > max_bytes):
             self._frame(partition, self._batches.pop(where))
             batch = None
         if batch is None:
@@ -510,7 +520,7 @@ class Producer:
             batch.futures.append(queued)
         else:
             queued = new_message_id((partition, -1, batch.first_index + len(entries) - 1))
-        if len(entries) >= self._max_batch_messages:
+        if alone or len(entries) >= self._max_batch_messages:
             self._frame(partition, self._batches.pop(where))
         elif not self._flush_scheduled:
             self._flush_scheduled = True
@@ -737,6 +747,25 @@ class Producer:
 
     def _raise_closed(self) -> None:
         raise ProducerClosedError(f"producer {self.name!r} is closed") from self._reason
+
+
+def _check_size(
+    value: bytes,
+    key: str | None,
+    properties: Mapping[str, str] | None,
+    sequence_id: int,
+    limit: int,
+) -> None:
+    """Raise ``MessageTooBigError`` if the message, encoded, is over
+    ``limit`` (the broker's ``max_message_size``)."""
+    single = pb.SingleMessage(payload=value, sequence_id=sequence_id, publish_time_ms=2**41)
+    if key is not None:
+        single.key = key
+    if properties:
+        single.properties.update(properties)
+    too_big = oversized([single], limit)
+    if too_big is not None:
+        raise MessageTooBigError(f"cannot send: {too_big}")
 
 
 def _properties_size(properties: Mapping[str, str]) -> int:

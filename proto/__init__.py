@@ -10,5 +10,14 @@ owns this name in its environment; `tests/test_packaging.py` checks it.
 
 from proto import txnbuf_pb2
 from proto._framing import BATCH_MAX_BYTES, batch_frame, next_frame
+from proto._limits import FRAME_SLACK, MAX_MESSAGE_SIZE, oversized
 
-__all__ = ["BATCH_MAX_BYTES", "batch_frame", "next_frame", "txnbuf_pb2"]
+__all__ = [
+    "BATCH_MAX_BYTES",
+    "FRAME_SLACK",
+    "MAX_MESSAGE_SIZE",
+    "batch_frame",
+    "next_frame",
+    "oversized",
+    "txnbuf_pb2",
+]

@@ -13,7 +13,11 @@ import time
 import pytest
 
 from client import Client, MessageId, TxnState, errors
-from tests.conftest import BrokerProcess
+from proto import MAX_MESSAGE_SIZE
+from proto import txnbuf_pb2 as pb
+from tests.conftest import BrokerProcess, RawConnection, send_command
+
+T = pb.BaseCommand
 
 pytestmark = pytest.mark.integration
 
@@ -381,3 +385,70 @@ async def test_unsubscribe_is_refused_while_another_consumer_is_connected(
         assert [m.value for m in got] == [b"still here"]
         await other.close()
         await one.unsubscribe()
+
+
+# --- the message size limit -------------------------------------------------------------
+
+
+async def test_a_message_over_max_message_size_is_refused_before_it_is_sent(
+    broker: BrokerProcess,
+) -> None:
+    async with Client(broker.url) as client:
+        consumer = await client.subscribe("big", "s", initial_position="earliest")
+        producer = await client.create_producer("big")
+        with pytest.raises(errors.MessageTooBigError, match=r"over max_message_size \(5,242,880"):
+            await producer.send(b"x" * MAX_MESSAGE_SIZE)
+        with pytest.raises(errors.MessageTooBigError, match="max_message_size"):
+            await producer.send(b"x", properties={"p": "y" * MAX_MESSAGE_SIZE})
+        assert producer.pending == 0
+        # Up to the limit a message goes, alone in its frame if need be
+        # (bigger than a batch may be, 1 MiB).
+        big = b"b" * (MAX_MESSAGE_SIZE - 64)
+        middle = b"m" * (2 * 1024 * 1024)
+        ids = await asyncio.gather(
+            producer.send(b"small"), producer.send(big), producer.send(middle)
+        )
+        assert len({m.entry_id for m in ids}) == 3
+        got = [await consumer.receive(timeout=10) for _ in range(3)]
+        assert [m.value for m in got] == [b"small", big, middle]
+
+
+async def test_the_broker_refuses_a_message_over_max_message_size(broker: BrokerProcess) -> None:
+    """A client that does not check is refused by the broker, naming the
+    limit; the connection goes on."""
+    async with RawConnection(broker.url) as raw:
+        created = await raw.request(
+            T.PRODUCER,
+            "producer",
+            pb.CommandProducer(request_id=1, producer_id=1, topic="big", producer_name="p"),
+        )
+        assert created.type == T.PRODUCER_SUCCESS
+        too_big = pb.SingleMessage(payload=b"x" * MAX_MESSAGE_SIZE, sequence_id=0)
+        answer = await raw.request(
+            T.SEND, "send", send_command(too_big, producer_id=1, request_id=2)
+        )
+        assert answer.type == T.SEND_ERROR and answer.send_error.error == pb.INVALID_ARGUMENT
+        assert "over max_message_size (5,242,880 bytes)" in answer.send_error.message
+        fine = pb.SingleMessage(payload=b"ok", sequence_id=1)
+        answer = await raw.request(T.SEND, "send", send_command(fine, producer_id=1, request_id=3))
+        assert answer.type == T.SEND_RECEIPT
+
+
+async def test_the_transactional_producer_refuses_a_message_over_the_limit(
+    broker: BrokerProcess,
+) -> None:
+    async with Client(broker.url) as client:
+        producer = await client.create_transactional_producer("big-1")
+        await producer.init_transactions()
+        await producer.begin_transaction()
+        with pytest.raises(errors.MessageTooBigError, match="max_message_size"):
+            await producer.send("big", b"x" * MAX_MESSAGE_SIZE)
+        with pytest.raises(errors.MessageTooBigError, match="max_message_size"):
+            await producer.send("big", b"x", key="k" * MAX_MESSAGE_SIZE)
+        # Messages adding up to more than a frame may hold go in several.
+        sent = [await producer.send("big", b"y" * (1024 * 1024)) for _ in range(8)]
+        await producer.commit_transaction()
+        assert all(f.done() and not f.exception() for f in sent)
+        reader = await client.subscribe("big", "r", initial_position="earliest")
+        got = [await reader.receive(timeout=10) for _ in range(8)]
+        assert all(len(m.value) == 1024 * 1024 for m in got)
