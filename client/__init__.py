@@ -22,6 +22,7 @@ The client imports only ``proto``, the standard library and aiohttp.
 from . import errors
 from ._client import Client
 from ._consumer import Consumer
+from ._deadletter import DeadLetterPolicy
 from ._epoch import PreparedTxnState, ProducerState, TransactionalProducer
 from ._groups import GroupResult, TransactionGroups
 from ._message import Message, MessageId
@@ -32,6 +33,7 @@ from ._txn import Transaction, TxnID, TxnState
 __all__ = [
     "Client",
     "Consumer",
+    "DeadLetterPolicy",
     "GroupResult",
     "Message",
     "MessageId",

@@ -12,6 +12,7 @@ from types import TracebackType
 
 from ._connection import Command, Connection, command
 from ._consumer import Consumer
+from ._deadletter import DeadLetterPolicy, DeadLetters
 from ._epoch import TransactionalProducer
 from ._foreign import tls_context
 from ._producer import Producer
@@ -177,6 +178,8 @@ class Client:
         consumer_name: str | None = None,
         receiver_queue_size: int = 1000,
         read_uncommitted: bool = False,
+        negative_ack_redelivery_delay: float = 1.0,
+        dead_letter_policy: DeadLetterPolicy | None = None,
     ) -> Consumer:
         """A consumer of ``subscription`` on ``topic`` (both created if missing).
 
@@ -186,7 +189,14 @@ class Client:
         ``receiver_queue_size`` messages are queued in the client.
         ``read_uncommitted=True`` also receives messages of transactions not
         committed (yet); the default reads committed messages only.
+        ``negative_acknowledge`` asks for a message again
+        ``negative_ack_redelivery_delay`` seconds later. ``dead_letter_policy``
+        (``DeadLetterPolicy(max_redeliver_count, dead_letter_topic=None)``)
+        moves a message redelivered more often than that to the dead letter
+        topic instead of handing it out (see ``client._deadletter``).
         """
+        if dead_letter_policy is not None and not isinstance(dead_letter_policy, DeadLetterPolicy):
+            raise InvalidInputError("dead_letter_policy must be a DeadLetterPolicy or None")
         _check_name("topic", topic)
         _check_name("subscription", subscription)
         if consumer_name is not None and not isinstance(consumer_name, str):
@@ -201,7 +211,10 @@ class Client:
             consumer_name=consumer_name,
             receiver_queue_size=receiver_queue_size,
             read_uncommitted=read_uncommitted,
+            negative_ack_redelivery_delay=negative_ack_redelivery_delay,
         )
+        if dead_letter_policy is not None:
+            consumer._dead_letters = DeadLetters(self, consumer, dead_letter_policy)
         await consumer._subscribe()
         return consumer
 

@@ -15,10 +15,15 @@ Decisions written down here:
   if one of them does). ``acknowledge_cumulative`` sends its own
   frame. Acks unanswered after ``operation_timeout`` fail with
   ``OperationTimeoutError``.
-* ``negative_acknowledge`` sends REDELIVER_UNACKNOWLEDGED at once and does
-  not wait (the broker does not answer). While disconnected it sends
-  nothing: the broker redelivers every unacked message after a reconnect
-  anyway.
+* ``negative_acknowledge`` sends REDELIVER_UNACKNOWLEDGED
+  ``negative_ack_redelivery_delay`` seconds later (default 1 s; 0: at once;
+  Pulsar's default is 60 s), those due together in one request, and does
+  not wait (the broker does not answer). A disconnect drops the negative
+  acks not sent yet: the broker redelivers every unacked message after a
+  reconnect anyway.
+* A redelivery limit (``dead_letter_policy``, see ``client._deadletter``):
+  a message delivered more often than it allows is moved to the dead
+  letter topic instead of being handed out.
 * Reconnect: as soon as the socket drops, messages queued but not yet
   taken by ``receive`` are dropped (the broker redelivers everything
   unacked) and a failover consumer counts as inactive. On the new socket
@@ -53,6 +58,7 @@ from functools import partial
 from proto import txnbuf_pb2 as pb
 
 from ._connection import BusyClock, Command, Connection, Link, Type, command, fail_all
+from ._deadletter import DeadLetters
 from ._message import Message, MessageId, decode_entry
 from ._txn import Transaction, TxnID, check_txn
 from .errors import (
@@ -149,6 +155,7 @@ class Consumer:
         consumer_name: str | None = None,
         receiver_queue_size: int = 1000,
         read_uncommitted: bool = False,
+        negative_ack_redelivery_delay: float = 1.0,
     ) -> None:
         sub_type = SUBSCRIPTION_TYPES.get(subscription_type)
         if sub_type is None:
@@ -166,6 +173,11 @@ class Consumer:
             raise InvalidInputError("receiver_queue_size must be an int of at least 1")
         if not isinstance(read_uncommitted, bool):
             raise InvalidInputError("read_uncommitted must be a bool")
+        delay = negative_ack_redelivery_delay
+        if isinstance(delay, bool) or not isinstance(delay, int | float) or not 0 <= delay < 1e9:
+            raise InvalidInputError(
+                f"negative_ack_redelivery_delay must be seconds >= 0, not {delay!r}"
+            )
         self._conn = conn
         self._loop = asyncio.get_running_loop()
         self.topic = topic
@@ -175,6 +187,11 @@ class Consumer:
         self.consumer_id = conn.next_consumer_id()
         self.receiver_queue_size = receiver_queue_size
         self.read_uncommitted = read_uncommitted
+        self.negative_ack_redelivery_delay = float(delay)
+        # negative acks waiting for their delay: (when, id), in time order
+        self._nacks: deque[tuple[float, MessageId]] = deque()
+        self._nack_timer: asyncio.TimerHandle | None = None
+        self._dead_letters: DeadLetters | None = None  # set by Client.subscribe
         self.is_active = sub_type != SubType.FAILOVER
         self._sub_type = sub_type
         self._position = position
@@ -366,7 +383,14 @@ class Consumer:
         if self._closing:
             return
         queue = self._queue
+        dead = self._dead_letters
         for entry in message.entries:
+            if dead is not None and entry.redelivery_count > dead.max_redeliver_count:
+                # Delivered once too often: not for the application.
+                doomed = decode_entry(self.topic, entry)
+                dead.take(doomed)
+                self._took(len(doomed))
+                continue
             queue.extend(decode_entry(self.topic, entry))
         self._hand_over()
 
@@ -397,9 +421,11 @@ class Consumer:
 
     def on_disconnect(self) -> None:
         # The broker redelivers every unacked message after the reconnect:
-        # what is still queued here would only come twice.
+        # what is still queued here (or waits to be negatively acked) would
+        # only come twice.
         self._queue.clear()
         self._taken = 0
+        self._drop_nacks()
         if self._sub_type == SubType.FAILOVER:
             self.is_active = False  # until the broker says so again
 
@@ -496,11 +522,39 @@ class Consumer:
         return tracker
 
     async def negative_acknowledge(self, message: Message | MessageId) -> None:
-        """Ask the broker to deliver this message again (to any consumer)."""
+        """Ask the broker to deliver this message again (to any consumer of
+        the subscription), ``negative_ack_redelivery_delay`` seconds from
+        now (negative acks due together go in one request)."""
         mid = message_id_of(message)
         if self._closing:
             self._raise_closed()
-        self._redeliver([mid])
+        delay = self.negative_ack_redelivery_delay
+        if delay <= 0:
+            self._redeliver([mid])
+            return
+        self._nacks.append((self._loop.time() + delay, mid))
+        if self._nack_timer is None:
+            self._nack_timer = self._loop.call_at(self._nacks[0][0], self._send_nacks)
+
+    def _send_nacks(self) -> None:
+        """Ask for the negative acks that are due (and those due within a
+        tenth of the delay, to share the request)."""
+        self._nack_timer = None
+        nacks = self._nacks
+        horizon = self._loop.time() + self.negative_ack_redelivery_delay / 10
+        due = []
+        while nacks and nacks[0][0] <= horizon:
+            due.append(nacks.popleft()[1])
+        if due:
+            self._redeliver(due)
+        if nacks:
+            self._nack_timer = self._loop.call_at(nacks[0][0], self._send_nacks)
+
+    def _drop_nacks(self) -> None:
+        self._nacks.clear()
+        if self._nack_timer is not None:
+            self._nack_timer.cancel()
+            self._nack_timer = None
 
     async def redeliver_unacknowledged(self) -> None:
         """Ask the broker to deliver again every message this consumer has not
@@ -569,6 +623,7 @@ class Consumer:
         if self._closing:
             self._raise_closed()
         what = f"unsubscribe from {self.subscription!r} of {self.topic!r}"
+        await self._stop_dead_letters()  # (their transactions hold the subscription)
         deadline = self._conn.deadline()
         link = await self._conn.wait_ready(deadline, what)
         await self._conn.request_on(
@@ -699,6 +754,7 @@ class Consumer:
             return
         self._closing = True
         try:
+            await self._stop_dead_letters()
             self._flush_acks()
             pending = [f for frame in self._inflight.values() for f in frame.futures]
             pending += [f.tracker for f in self._inflight.values() if f.tracker is not None]
@@ -719,6 +775,11 @@ class Consumer:
             except (ConnectionLostError, ConsumerNotFoundError):
                 pass  # the broker dropped it already
 
+    async def _stop_dead_letters(self) -> None:
+        dead, self._dead_letters = self._dead_letters, None
+        if dead is not None:
+            await dead.close()
+
     def _shut(self) -> None:
         """Closed for good: waiting receives and acks fail with ConsumerClosedError."""
         exc = ConsumerClosedError(f"consumer {self.consumer_id} was closed")
@@ -726,6 +787,7 @@ class Consumer:
         self._closing = self._closed = True
         self._conn.consumers.pop(self.consumer_id, None)
         self._queue.clear()
+        self._drop_nacks()
         waiters, self._waiters = self._waiters, deque()
         fail_all(waiters, exc)
         batch_waiters, self._batch_waiters = self._batch_waiters, deque()

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from client import Client, MessageId, TxnState, errors
+from client import Client, DeadLetterPolicy, MessageId, TxnState, errors
 from proto import MAX_MESSAGE_SIZE
 from proto import txnbuf_pb2 as pb
 from tests.conftest import BrokerProcess, RawConnection, send_command
@@ -452,3 +452,79 @@ async def test_the_transactional_producer_refuses_a_message_over_the_limit(
         reader = await client.subscribe("big", "r", initial_position="earliest")
         got = [await reader.receive(timeout=10) for _ in range(8)]
         assert all(len(m.value) == 1024 * 1024 for m in got)
+
+
+# --- negative acks: a delay, and a redelivery limit with a dead letter topic ------------
+
+
+async def test_a_negative_ack_redelivers_after_the_delay(broker: BrokerProcess) -> None:
+    async with Client(broker.url) as client:
+        consumer = await client.subscribe(
+            "n", "s", initial_position="earliest", negative_ack_redelivery_delay=0.5
+        )
+        producer = await client.create_producer("n")
+        await producer.send(b"again")
+        msg = await consumer.receive(timeout=5)
+        started = time.monotonic()
+        await consumer.negative_acknowledge(msg)
+        with pytest.raises(errors.OperationTimeoutError):
+            await consumer.receive(timeout=0.3)
+        again = await consumer.receive(timeout=5)
+        assert time.monotonic() - started >= 0.5
+        assert again.message_id == msg.message_id and again.redelivery_count == 1
+        with pytest.raises(errors.InvalidInputError, match="negative_ack_redelivery_delay"):
+            await client.subscribe("n", "t", negative_ack_redelivery_delay=-1)
+
+
+async def test_a_message_redelivered_too_often_goes_to_the_dead_letter_topic(
+    broker: BrokerProcess,
+) -> None:
+    policy = DeadLetterPolicy(max_redeliver_count=2, initial_subscription_name="ops")
+    async with Client(broker.url) as client:
+        consumer = await client.subscribe(
+            "orders",
+            "billing",
+            "shared",
+            initial_position="earliest",
+            negative_ack_redelivery_delay=0.05,
+            dead_letter_policy=policy,
+        )
+        producer = await client.create_producer("orders")
+        poison = await producer.send(b"poison", key="k", properties={"p": "1"})
+        await producer.send(b"fine")
+        seen = []
+        for _ in range(4):  # the first delivery and 2 redeliveries of poison, and fine
+            msg = await consumer.receive(timeout=5)
+            seen.append((msg.value, msg.redelivery_count))
+            if msg.value == b"poison":
+                await consumer.negative_acknowledge(msg)
+            else:
+                await consumer.acknowledge(msg)
+        assert sorted(seen) == [(b"fine", 0), (b"poison", 0), (b"poison", 1), (b"poison", 2)]
+        with pytest.raises(errors.OperationTimeoutError):  # the 4th time it is not handed out
+            await consumer.receive(timeout=1)
+        dlq = await client.subscribe("orders-billing-DLQ", "ops")  # (made before it was sent)
+        dead = await dlq.receive(timeout=5)
+        assert (dead.value, dead.key) == (b"poison", "k")
+        assert dead.properties == {
+            "p": "1",
+            "REAL_TOPIC": "orders",
+            "ORIGIN_MESSAGE_ID": str(poison),
+        }
+        await dlq.acknowledge(dead)
+    _, stats = admin_stats(broker, "orders")
+    billing = stats["partitions"][0]["subscriptions"]["billing"]
+    assert billing["backlog"] == 0 and billing["unacked"] == 0 and billing["pending_ack"] == 0
+
+
+def admin_stats(broker: BrokerProcess, topic: str) -> tuple[int, dict]:  # type: ignore[type-arg]
+    status, body = broker.admin("GET", f"/admin/v1/topics/{topic}/stats")
+    return status, json.loads(body)
+
+
+def test_dead_letter_policy_refuses_bad_values() -> None:
+    for bad in (-1, 1.5, None):
+        with pytest.raises(errors.InvalidInputError, match="max_redeliver_count"):
+            DeadLetterPolicy(max_redeliver_count=bad)  # type: ignore[arg-type]
+    with pytest.raises(errors.InvalidInputError, match="dead_letter_topic"):
+        DeadLetterPolicy(1, dead_letter_topic="")

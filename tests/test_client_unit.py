@@ -747,6 +747,7 @@ def test_public_names() -> None:
     assert set(client.__all__) == {
         "Client",
         "Consumer",
+        "DeadLetterPolicy",
         "GroupResult",
         "Message",
         "MessageId",
@@ -1245,6 +1246,21 @@ async def test_negative_ack_redelivers(fake: FakeBroker, cli: Client) -> None:
     assert again.message_id == msg.message_id and again.redelivery_count == 1
     redeliver = next(c for c in fake.received if c.type == T.REDELIVER_UNACKNOWLEDGED)
     assert len(redeliver.redeliver_unacknowledged.message_ids) == 1
+
+
+async def test_negative_acks_due_together_share_one_request(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t")
+    consumer = await cli.subscribe("t", "s", negative_ack_redelivery_delay=0.2)
+    await asyncio.gather(*(producer.send(b"%d" % i) for i in range(3)))
+    msgs = [await consumer.receive(timeout=5) for _ in range(3)]
+    for msg in msgs:
+        await consumer.negative_acknowledge(msg)
+    await asyncio.sleep(0.1)
+    assert not fake.of_type(T.REDELIVER_UNACKNOWLEDGED)  # not yet: the delay
+    again = [await consumer.receive(timeout=5) for _ in range(3)]
+    assert [m.message_id for m in again] == [m.message_id for m in msgs]
+    (redeliver,) = fake.of_type(T.REDELIVER_UNACKNOWLEDGED)
+    assert len(redeliver.redeliver_unacknowledged.message_ids) == 3
 
 
 async def test_redeliver_unacknowledged_sends_empty_list(fake: FakeBroker, cli: Client) -> None:
