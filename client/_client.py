@@ -143,6 +143,7 @@ class Client:
         max_pending_messages: int = 50_000,
         batching_max_messages: int = 1000,
         batching_max_bytes: int = 1024 * 1024,
+        partitions_update_interval: float | None = 60.0,
     ) -> Producer:
         """A producer on ``topic`` (created with one partition if missing).
 
@@ -150,6 +151,9 @@ class Client:
         deduplicates sends by (name, sequence id); without one the client
         makes up a unique name, kept across reconnects. Automatic sequence
         ids continue after the highest one the broker stored for the name.
+        Every ``partitions_update_interval`` seconds (None: never) the
+        producer asks how many partitions the topic has, and routes over
+        the new ones once it grew.
         """
         _check_name("topic", topic)
         if producer_name is None:
@@ -164,6 +168,7 @@ class Client:
             max_pending_messages=max_pending_messages,
             batching_max_messages=batching_max_messages,
             batching_max_bytes=batching_max_bytes,
+            partitions_update_interval=partitions_update_interval,
         )
         await producer._create()
         return producer

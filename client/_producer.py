@@ -18,6 +18,13 @@ Decisions written down here:
 * Routing: a message with a key goes to partition
   ``zlib.crc32(key.encode()) % partitions``; keyless messages go round-robin,
   one partition per event-loop turn (per batch).
+* Partitions: the count comes with the producer's creation, and the
+  producer asks again every ``partitions_update_interval`` seconds (default
+  60, Pulsar's autoUpdatePartitionsInterval; None: never); once the topic
+  grew, its messages are routed over the new partitions too (so a key may
+  move to another partition: order per key holds only between growths).
+  The broker gives the subscriptions of a grown topic the new partitions,
+  read from their start.
 * Sequence ids: one counter per producer across all partitions, starting
   after the broker's ``last_sequence_id`` for this producer name (the
   highest it stored for the name, on any partition). A ``sequence_id``
@@ -74,6 +81,7 @@ Decisions written down here:
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import zlib
 from collections import deque
@@ -110,6 +118,8 @@ from .errors import (
     TxnbufError,
     from_wire,
 )
+
+log = logging.getLogger("client")
 
 MAX_SEQUENCE_ID = 2**64 - 1
 # Upper bounds of the protobuf encoding, so a frame never passes the
@@ -261,6 +271,7 @@ class Producer:
         max_pending_messages: int = 50_000,
         batching_max_messages: int = 1000,
         batching_max_bytes: int = 1024 * 1024,
+        partitions_update_interval: float | None = 60.0,
     ) -> None:
         if max_pending_messages < 1:
             raise InvalidInputError("max_pending_messages must be at least 1")
@@ -268,6 +279,13 @@ class Producer:
             raise InvalidInputError("batching_max_messages must be at least 1")
         if batching_max_bytes < 1024:
             raise InvalidInputError("batching_max_bytes must be at least 1024")
+        interval = partitions_update_interval
+        if interval is not None and (
+            isinstance(interval, bool) or not isinstance(interval, int | float) or interval <= 0
+        ):
+            raise InvalidInputError(
+                f"partitions_update_interval must be seconds > 0 or None, not {interval!r}"
+            )
         self._conn = conn
         self._loop = asyncio.get_running_loop()
         self.topic = topic
@@ -291,6 +309,8 @@ class Producer:
         self._closed = False
         self._reason: TxnbufError | None = None
         self._busy = BusyClock()
+        self._partitions_update_interval = interval
+        self._watcher: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return f"<Producer {self.name!r} topic={self.topic!r} id={self.producer_id}>"
@@ -353,6 +373,38 @@ class Producer:
             reply.producer_success, meta.partitioned_metadata_response.partitions, self._conn.gen
         )
         self._conn.producers[self.producer_id] = self
+        if self._partitions_update_interval is not None:
+            self._watcher = self._loop.create_task(
+                self._watch_partitions(self._partitions_update_interval),
+                name=f"txnbuf-partitions-{self.producer_id}",
+            )
+
+    async def _watch_partitions(self, interval: float) -> None:
+        """Ask the broker how many partitions the topic has every
+        ``interval`` seconds; route over the new ones once it grew."""
+        while not self._closing:
+            await asyncio.sleep(interval)
+            try:
+                count = await self._partition_count()
+            except TxnbufError as exc:
+                log.debug("partitions of %r: %s", self.topic, exc)
+                continue
+            if count > self.partitions:
+                log.info("topic %r grew to %d partitions", self.topic, count)
+                self.partitions = count
+
+    async def _partition_count(self) -> int:
+        reply = await self._conn.request(
+            lambda request_id: command(
+                Type.PARTITIONED_METADATA,
+                "partitioned_metadata",
+                request_id=request_id,
+                topic=self.topic,
+            ),
+            Type.PARTITIONED_METADATA_RESPONSE,
+            f"metadata of topic {self.topic!r}",
+        )
+        return int(reply.partitioned_metadata_response.partitions)
 
     async def reattach(self, link: Link) -> None:
         if self._closed:
@@ -696,6 +748,7 @@ class Producer:
         if self._closing:
             return
         self._closing = True
+        self._stop_watching()
         try:
             await self.flush()
         except OperationTimeoutError:
@@ -728,6 +781,7 @@ class Producer:
         """Close the producer after a fatal error; pending sends fail with it."""
         self._reason = reason
         self._closing = self._closed = True
+        self._stop_watching()
         self._conn.producers.pop(self.producer_id, None)
         frames, self._inflight = self._inflight, {}
         batches, self._batches = self._batches, {}
@@ -738,6 +792,11 @@ class Producer:
                 part.tracker.set_exception(copy_error(reason))
         self._released(self._pending)
         self._wake_room_waiters()
+
+    def _stop_watching(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            self._watcher = None
 
     def _wake_room_waiters(self) -> None:
         while self._room_waiters:

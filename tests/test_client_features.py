@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import zlib
 
 import pytest
 
@@ -528,3 +529,36 @@ def test_dead_letter_policy_refuses_bad_values() -> None:
             DeadLetterPolicy(max_redeliver_count=bad)  # type: ignore[arg-type]
     with pytest.raises(errors.InvalidInputError, match="dead_letter_topic"):
         DeadLetterPolicy(1, dead_letter_topic="")
+
+
+# --- a topic that grows ----------------------------------------------------------------
+
+
+async def test_a_producer_learns_that_its_topic_grew_and_uses_the_new_partitions(
+    broker: BrokerProcess,
+) -> None:
+    async with Client(broker.url) as client:
+        consumer = await client.subscribe("grows", "s", initial_position="earliest")
+        producer = await client.create_producer("grows", partitions_update_interval=0.2)
+        assert producer.partitions == 1
+        before = [await producer.send(b"a%d" % i) for i in range(3)]
+        assert {m.partition for m in before} == {0}
+        status, _ = broker.admin("PUT", "/admin/v1/topics/grows", b'{"partitions": 3}')
+        assert status == 200
+        for _ in range(50):
+            if producer.partitions == 3:
+                break
+            await asyncio.sleep(0.1)
+        assert producer.partitions == 3
+        after = [await producer.send(b"b%d" % i) for i in range(6)]  # round robin
+        keyed = await producer.send(b"k", key="k")
+        assert {m.partition for m in after} == {0, 1, 2}
+        assert keyed.partition == zlib.crc32(b"k") % 3
+        # The subscription got the new partitions: everything is delivered.
+        got = [await consumer.receive(timeout=5) for _ in range(10)]
+        assert sorted(m.value for m in got) == sorted(
+            [b"a0", b"a1", b"a2", b"k"] + [b"b%d" % i for i in range(6)]
+        )
+    with pytest.raises(errors.InvalidInputError, match="partitions_update_interval"):
+        async with Client(broker.url) as client:
+            await client.create_producer("grows", partitions_update_interval=0)
