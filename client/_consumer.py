@@ -60,7 +60,7 @@ from proto import txnbuf_pb2 as pb
 from ._connection import BusyClock, Command, Connection, Link, Type, command, fail_all
 from ._deadletter import DeadLetters
 from ._message import Message, MessageId, decode_entry
-from ._txn import Transaction, TxnID, check_txn
+from ._txn import _OPEN, Transaction, TxnID, check_txn
 from .errors import (
     ConnectionLostError,
     ConsumerBusyError,
@@ -450,6 +450,22 @@ class Consumer:
         aborts) if it refused the ack (e.g. ``TransactionConflictError``:
         another transaction holds the message). Raises
         ``InvalidTxnStatusError`` at once if ``txn`` is no longer open."""
+        if (
+            type(message) is Message
+            and txn is not None
+            and (queued := self._txn_acks.get(txn)) is not None
+            and txn._state is _OPEN
+            and not self._closing
+        ):
+            # The usual case of a loop acking a batch one by one: the
+            # transaction's acks of this turn are queued already (and its
+            # client checked then), so no call and no list per message.
+            queued_ids = queued[0]
+            queued_ids.append(message._id)
+            if len(queued_ids) >= MAX_ACKS_PER_FRAME:
+                del self._txn_acks[txn]
+                self._send_ack(INDIVIDUAL, queued_ids, [], txn, queued[1])
+            return
         if isinstance(message, (Message, MessageId)):  # (a MessageId is a tuple too)
             mids = [message_id_of(message)]
         else:
