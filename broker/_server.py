@@ -281,6 +281,8 @@ class Broker:
                 if decided_abort(key):
                     where = f"subscription {sub.name!r} of {sub.partition.name}"
                     held.append((key, where, functools.partial(sub.end_txn, key, commit=False)))
+        if not held:
+            return
         # All at once: they share group commits.
         results = await asyncio.gather(*(end() for _, _, end in held), return_exceptions=True)
         for (key, where, _), result in zip(held, results, strict=True):
@@ -289,14 +291,13 @@ class Broker:
                 log.error("aborting transaction (%d,%d) on %s failed: %s", *key, where, result)
             else:
                 log.debug("aborted transaction (%d,%d) left open on %s", *key, where)
-        if held:
-            log.info(
-                "aborted %d transactions left open by the restart on %d partitions and "
-                "subscriptions of %s",
-                len({key for key, _, _ in held}),
-                len({where for _, where, _ in held}),
-                ", ".join(repr(t.name) for t in topics[:3]) + (" ..." if len(topics) > 3 else ""),
-            )
+        log.info(
+            "aborted %d transactions left open by the restart on %d partitions and "
+            "subscriptions of %s",
+            len({key for key, _, _ in held}),
+            len({where for _, where, _ in held}),
+            ", ".join(repr(t.name) for t in topics[:3]) + (" ..." if len(topics) > 3 else ""),
+        )
 
     async def _sweep_loop(self) -> None:
         """Reclaim sidecar entries of aborted transactions and of committed ones
