@@ -295,7 +295,7 @@ class Ledger:
         self._first = first
         self._cache: collections.deque[Entry] | None = None
         self._cache_bytes = 0
-        self._waiters: list[asyncio.Future[None]] = []
+        self._waiters: list[asyncio.Future[None]] | None = None  # (made when one waits)
         self._listeners: list[Callable[[Ledger, list[Entry]], None]] = []
         self.deleted = False  # by `LedgerStore.delete_ledger`: it takes no more writes
         # By `LedgerStore.release_ledger`: this object takes no more writes
@@ -351,6 +351,8 @@ class Ledger:
         """Wait until the entry ``entry_id`` is durable."""
         while self.last_entry_id < entry_id:
             fut = asyncio.get_running_loop().create_future()
+            if self._waiters is None:
+                self._waiters = []
             self._waiters.append(fut)
             await fut
 
@@ -393,8 +395,8 @@ class Ledger:
             self.last_entry_id = entry.entry_id
         while cache and (len(cache) > limit_n or self._cache_bytes > limit_bytes):
             self._cache_bytes -= len(cache.popleft().data)
-        waiters, self._waiters = self._waiters, []
-        for fut in waiters:
+        waiters, self._waiters = self._waiters, None
+        for fut in waiters or ():
             if not fut.done():
                 fut.set_result(None)
         for callback in list(self._listeners):

@@ -156,7 +156,9 @@ class PartitionSubscription:
         self._buffer: TransactionBuffer | None = None
         self.consumers: list[Consumer] = []
         self.pending: dict[Position, Consumer] = {}
-        self.redeliver: SortedSet = SortedSet()
+        # (Shared and empty until something is to be redelivered: a
+        # SortedSet costs about 1 KB, and most subscriptions never need one.)
+        self.redeliver: SortedSet = _NO_REDELIVERIES
         self.redelivery_counts: dict[Position, int] = {}
         # Delivered to consumers since start (redelivered ones too), for stats.
         self.messages_out = 0
@@ -395,8 +397,14 @@ class PartitionSubscription:
             del self.pending[pos]
             if self.state(pos) is not PENDING:
                 continue
-            self.redeliver.add(pos)
+            self._redelivering().add(pos)
             self.redelivery_counts[pos] = self.redelivery_counts.get(pos, 0) + 1
+
+    def _redelivering(self) -> SortedSet:
+        """The redelivery set, to add to (made on first use)."""
+        if self.redeliver is _NO_REDELIVERIES:
+            self.redeliver = SortedSet()
+        return self.redeliver
 
     # -- acknowledgements ---------------------------------------------------------
 
@@ -627,7 +635,7 @@ class PartitionSubscription:
             # yet it delivers in turn.
             for pos in changed:
                 if pos[0] < self.read_entry:
-                    self.redeliver.add(pos)
+                    self._redelivering().add(pos)
                     self.redelivery_counts[pos] = self.redelivery_counts.get(pos, 0) + 1
             if changed:
                 self.wake()
@@ -1103,6 +1111,22 @@ class PartitionSubscription:
                 redelivery_count=redelivery_count,
             ),
         )
+
+
+class _NoRedeliveries(SortedSet):  # type: ignore[misc]
+    """The redelivery set of every subscription that has nothing to
+    redeliver yet: shared, so it refuses additions (`_redelivering` gives a
+    subscription its own set first); removing from it and clearing it change
+    nothing."""
+
+    def add(self, value: object) -> None:
+        raise TypeError("the shared empty redelivery set takes no positions")
+
+    def update(self, *iterables: object) -> SortedSet:
+        raise TypeError("the shared empty redelivery set takes no positions")
+
+
+_NO_REDELIVERIES = _NoRedeliveries()
 
 
 class _Out:
