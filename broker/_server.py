@@ -338,6 +338,7 @@ class Broker:
         for conn in list(self.connections):
             conn.close()
             await conn.ws.close()
+        await self.topics.close()
         for tc in self.coordinators.values():
             await tc.close()
         await self.metrics.close()

@@ -427,6 +427,27 @@ async def _stop(transport: asyncio.SubprocessTransport, protocol: _WriterProtoco
     transport.close()
 
 
+def _read_catalog(raw: sqlite3.Connection) -> dict[str, int]:
+    """Every ledger's name -> its packed ids (`_pack`), on the reader's
+    thread: each with its greatest entry key, in one statement (one range
+    seek per ledger), row by row (no list of every row at once: the start of
+    a store of many ledgers leaves less memory behind)."""
+    catalog: dict[str, int] = {}
+    for ledger_id, name, first, nxt, max_key in raw.execute(
+        "SELECT id, name, first_entry_id, next_entry_id, (SELECT max(e.id) FROM "
+        "entries AS e WHERE e.id >= ledgers.id << ? AND e.id <= (ledgers.id << ?) + ?) "
+        "FROM ledgers",
+        (_writer.ENTRY_BITS, _writer.ENTRY_BITS, _MAX_ENTRY_ID),
+    ):
+        # next_entry_id is written by trims only (so that ids never repeat
+        # once every entry is trimmed); otherwise the entries tell.
+        nxt = max(nxt, first)
+        if max_key is not None:
+            nxt = max(nxt, (max_key & _MAX_ENTRY_ID) + 1)
+        catalog[name] = _pack(ledger_id, first, nxt)
+    return catalog
+
+
 class LedgerStore:
     """A SQLite database of ledgers, written by a group-committing writer process."""
 
@@ -517,21 +538,7 @@ class LedgerStore:
             await protocol.ready
             reader = await aiosqlite.connect(path, isolation_level=None)
             store = cls(path, transport, protocol, reader, cache_entries, cache_bytes)
-            # Each ledger with its greatest entry key, in one statement (one
-            # range seek per ledger, not one round trip to the reader's thread).
-            rows = await reader.execute_fetchall(
-                "SELECT id, name, first_entry_id, next_entry_id, (SELECT max(e.id) FROM "
-                "entries AS e WHERE e.id >= ledgers.id << ? AND e.id <= (ledgers.id << ?) + ?) "
-                "FROM ledgers",
-                (_writer.ENTRY_BITS, _writer.ENTRY_BITS, _MAX_ENTRY_ID),
-            )
-            for ledger_id, name, first, nxt, max_key in rows:
-                # next_entry_id is written by trims only (so that ids never repeat
-                # once every entry is trimmed); otherwise the entries tell.
-                nxt = max(nxt, first)
-                if max_key is not None:
-                    nxt = max(nxt, (max_key & _MAX_ENTRY_ID) + 1)
-                store._catalog[name] = _pack(ledger_id, first, nxt)
+            store._catalog = await _on_thread(reader, _read_catalog)
             store._names.update(store._catalog)
         except BaseException:
             if reader is not None:
