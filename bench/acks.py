@@ -26,6 +26,7 @@ from types import ModuleType
 
 import subscriptions._cursor as this_cursor
 from bench._progress import Runs, legend
+from bench._results import recorded
 
 
 def load_cursor(checkout: str) -> ModuleType:
@@ -113,4 +114,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded("acks", " ".join(["python -m bench.acks", *sys.argv[1:]])):
+        main()

@@ -75,7 +75,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -405,8 +405,8 @@ class Redis(Server):
 class Txnbuf(Server):
     name = "txnbuf"
 
-    def __init__(self, tmp: str) -> None:
-        self.broker = Broker(tempfile.mkdtemp(dir=tmp, prefix="txnbuf-"), free=False)
+    def __init__(self, tmp: str, options: Sequence[str] = ()) -> None:
+        self.broker = Broker(tempfile.mkdtemp(dir=tmp, prefix="txnbuf-"), False, options)
         self.proc = self.broker.proc
         self.address = self.broker.url
 

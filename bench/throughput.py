@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 from bench._progress import Runs, counter, legend
 from bench._raw import sqlite_rows_per_second
+from bench._results import recorded
 from client import Client
 
 CHUNK = 100
@@ -60,13 +61,14 @@ def _free_port() -> int:
 
 
 class BrokerProcess:
-    """``txnbuf serve`` on a free port, started by ``python ENTRY...``
+    """``txnbuf serve [OPTIONS]`` on a free port, started by ``python ENTRY...``
     (``-m broker`` unless told), and waited for until it answers.
 
     ``root``: run the broker from another checkout's code (its directory
     first on the path; nothing is written there). ``log``: a file for the
     broker's log (INFO), else WARNING to this stderr. ``timeout``: seconds
-    to wait for /admin/v1/health. ``started_in`` is how long that took."""
+    to wait for /admin/v1/health. ``options``: more options of ``txnbuf
+    serve``. ``started_in`` is how long starting took."""
 
     def __init__(
         self,
@@ -77,11 +79,12 @@ class BrokerProcess:
         root: str | None = None,
         log: str | None = None,
         timeout: float = 30.0,
+        options: Sequence[str] = (),
     ) -> None:
         self.port = port or _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, *entry, "serve", "--data-dir", data_dir, "--port", str(self.port),
-               "--log-level", "WARNING" if log is None else "INFO"]  # fmt: skip
+               "--log-level", "WARNING" if log is None else "INFO", *options]  # fmt: skip
         env = None
         if root is not None:
             env = {**os.environ, "PYTHONPATH": root, "PYTHONDONTWRITEBYTECODE": "1"}
@@ -215,4 +218,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded("throughput", " ".join(["python -m bench.throughput", *sys.argv[1:]])):
+        main()

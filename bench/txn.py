@@ -39,11 +39,13 @@ import asyncio
 import collections
 import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 
 from bench._progress import Runs, legend
+from bench._results import recorded
 from bench.throughput import BrokerProcess
 from bench.txnpath import cpu_seconds
 from client import Client, Consumer, Message, MessageId, Producer, errors
@@ -327,4 +329,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded("txn", " ".join(["python -m bench.txn", *sys.argv[1:]])):
+        main()

@@ -44,6 +44,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from bench._progress import Runs, legend
+from bench._results import recorded
 from bench.throughput import BrokerProcess
 from bench.txn import send_in_transactions, send_pipelined
 from bench.txnpath import cpu_seconds
@@ -54,11 +55,12 @@ FREE_IDS_FROM = 1 << 40  # the stand-in's TxnIDs: far above any its coordinator 
 
 
 class Broker(BrokerProcess):
-    """A broker process on a fresh port (``free``: started by `serve_free`)."""
+    """A broker process on a fresh port (``free``: started by `serve_free`),
+    given ``options`` of ``txnbuf serve``."""
 
-    def __init__(self, data_dir: str, free: bool) -> None:
+    def __init__(self, data_dir: str, free: bool, options: Sequence[str] = ()) -> None:
         entry = ("-m", "bench.txnceiling", "--serve-free") if free else ("-m", "broker")
-        super().__init__(data_dir, entry)
+        super().__init__(data_dir, entry, options=options)
 
     def cpu(self) -> tuple[float, float]:
         """CPU seconds so far of the broker itself and of its ledger writer."""
@@ -205,4 +207,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if "--serve-free" in sys.argv:  # (a run inside the benchmark: its caller records the figures)
+        main()
+    else:
+        with recorded("txnceiling", " ".join(["python -m bench.txnceiling", *sys.argv[1:]])):
+            main()

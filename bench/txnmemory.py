@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import json
 import os
+import sys
 import tempfile
 import time
 import tracemalloc
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._progress import Runs, legend
+from bench._results import recorded
 
 
 async def one_side(commits: int, per_txn: int) -> dict[str, float]:
@@ -123,4 +125,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if "--one-side" in sys.argv:  # (a run inside the benchmark: its caller records the figures)
+        main()
+    else:
+        with recorded("txnmemory", " ".join(["python -m bench.txnmemory", *sys.argv[1:]])):
+            main()

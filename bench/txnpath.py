@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._progress import Runs, legend
+from bench._results import recorded
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -257,4 +258,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if "--one-round" in sys.argv:  # (a run inside the benchmark: its caller records the figures)
+        main()
+    else:
+        with recorded("txnpath", " ".join(["python -m bench.txnpath", *sys.argv[1:]])):
+            main()

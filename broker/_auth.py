@@ -56,6 +56,11 @@ changes; a refusal is AUTHORIZATION_ERROR naming the permission):
   may not commit or abort them. One that registered nothing may be ended
   by any role.
 - END_TXN_ON_PARTITION, END_TXN_ON_SUBSCRIPTION: the ``cluster`` role.
+- Transaction groups (`broker._groups`): NEW_TXN with a tag as NEW_TXN;
+  PREPARE_TXN, COMMIT_GROUP and ABORT_TAGGED as END_TXN, for every
+  transaction they decide (a group is refused whole if one is refused).
+- READ_ENTRIES (`broker._reader`): consume on the topic; CURSOR: consume on
+  the topic and on its subscription, as SUBSCRIBE.
 - CLOSE_PRODUCER, CLOSE_CONSUMER, PING: nothing (a client may always stop
   what it started).
 - The admin API and /metrics: a superuser; ``/admin/v1/health`` is open
@@ -711,6 +716,14 @@ class Security:
                 f"subscription {quoted(subscription)} of topic {quoted(topic)} "
                 "(it is open only to the roles granted it)",
             )
+
+    def allow_read(self, who: Principal, topic: str) -> None:
+        """Reading a partition by position (READ_ENTRIES): consume on the
+        topic (it names no subscription)."""
+        if who.superuser:
+            return
+        if not self._grants(who, Permission.CONSUME, ResourceType.TOPIC, topic):
+            raise self._refuse(who, "'consume'", f"topic {quoted(topic)}")
 
     def allow_end(
         self,

@@ -34,6 +34,7 @@ from google.protobuf.message import DecodeError
 from broker._auth import NOBODY, Principal
 from broker._epoch import epoch_handlers
 from broker._errors import BrokerError, error_code, error_text
+from broker._pipelines import pipeline_handlers
 from broker._transactions import CLUSTER_ROLE, Transactions
 from buffer import (
     InvalidNameError,
@@ -132,6 +133,7 @@ class Connection:
             T.BATCH: self._on_batch,
         }
         self._handlers.update(epoch_handlers(self))  # (the producer-epoch mode)
+        self._handlers.update(pipeline_handlers(self))  # (reading by position, txn groups)
 
     # -- the loops ------------------------------------------------------------------
 

@@ -13,6 +13,13 @@ a refusal carries Kafka's error name (`broker._errors.PRODUCER_EPOCH_CODES`)
 and changes nothing. Each is checked against the ACL first (`broker._auth`):
 ``produce`` on the transactional id, and on the topic of a PRODUCE, consume
 on the subscription of a TXN_OFFSETS (`_allow_producer`).
+
+A client may write END_PRODUCER_TXN COMMIT or PREPARE_PRODUCER_TXN right
+behind its PRODUCEs and TXN_OFFSETS without waiting for their answers
+(`_Unanswered`): frames are read in order, so the broker has read them all;
+it goes on once each is answered, and only if none failed (else it refuses
+with TRANSACTION_ABORTABLE, changing nothing: the client aborts). A PRODUCE
+stored at once (the usual case) is answered before the next frame is read.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from google.protobuf.message import DecodeError
@@ -27,7 +35,7 @@ from google.protobuf.message import DecodeError
 from broker._errors import BrokerError, error_code, error_text
 from buffer import PublishResult, Topic, check_topic_name, epoch_producer_name
 from proto import txnbuf_pb2 as pb
-from tc import TransactionCoordinator, coordinator_of
+from tc import TransactionAbortableError, TransactionCoordinator, coordinator_of
 
 if TYPE_CHECKING:
     from broker._connection import Connection
@@ -42,13 +50,83 @@ _PID_SHIFT = 47  # (see tc._producers: a producer id carries its coordinator)
 
 def epoch_handlers(conn: Connection) -> dict[int, Callable[[pb.BaseCommand], None]]:
     """The handlers of the producer-epoch commands, for ``conn``'s dispatch table."""
+    unanswered = _Unanswered()
     return {
         T.INIT_PRODUCER_ID: lambda cmd: _init_producer_id(conn, cmd),
-        T.PRODUCE: lambda cmd: _produce(conn, cmd),
-        T.TXN_OFFSETS: lambda cmd: _txn_offsets(conn, cmd),
-        T.PREPARE_PRODUCER_TXN: lambda cmd: _prepare(conn, cmd),
-        T.END_PRODUCER_TXN: lambda cmd: _end(conn, cmd),
+        T.PRODUCE: lambda cmd: _produce(conn, cmd, unanswered),
+        T.TXN_OFFSETS: lambda cmd: _txn_offsets(conn, cmd, unanswered),
+        T.PREPARE_PRODUCER_TXN: lambda cmd: _prepare(conn, cmd, unanswered),
+        T.END_PRODUCER_TXN: lambda cmd: _end(conn, cmd, unanswered),
     }
+
+
+@dataclass(slots=True)
+class _Ops:
+    """A producer identity's PRODUCEs and TXN_OFFSETS read on a connection:
+    how many are not answered yet, and the first that failed."""
+
+    epoch: int
+    pending: int = 0
+    failure: BaseException | None = None
+    settled: asyncio.Future[None] | None = None  # done when pending drops to 0
+
+
+class _Unanswered:
+    """A connection's `_Ops`, one per producer id (its current epoch): an
+    entry lives while a request is unanswered, or until the END or PREPARE
+    after a failure."""
+
+    def __init__(self) -> None:
+        self._by_pid: dict[int, _Ops] = {}
+
+    def read(self, pid: int, epoch: int) -> _Ops:
+        """A request of (``pid``, ``epoch``) is read; `answered` once it is answered."""
+        ops = self._by_pid.get(pid)
+        if ops is None or ops.epoch != epoch:
+            ops = self._by_pid[pid] = _Ops(epoch)
+        ops.pending += 1
+        return ops
+
+    def answered(self, pid: int, ops: _Ops, error: BaseException | None) -> None:
+        ops.pending -= 1
+        if error is not None and ops.failure is None:
+            ops.failure = error
+        if ops.pending == 0:
+            if ops.settled is not None and not ops.settled.done():
+                ops.settled.set_result(None)
+            if ops.failure is None and self._by_pid.get(pid) is ops:
+                del self._by_pid[pid]
+
+    def failed(self, pid: int, epoch: int, error: BaseException) -> None:
+        """A request of (``pid``, ``epoch``) refused as it was read."""
+        self.answered(pid, self.read(pid, epoch), error)
+
+    def waiting(self, pid: int, epoch: int) -> bool:
+        """Whether a request of (``pid``, ``epoch``) is unanswered or failed."""
+        ops = self._by_pid.get(pid)
+        return ops is not None and ops.epoch == epoch
+
+    async def settle(self, pid: int, epoch: int, what: str) -> None:
+        """Wait until every request of (``pid``, ``epoch``) read so far is
+        answered; raise `TransactionAbortableError` if one failed."""
+        ops = self._by_pid.get(pid)
+        if ops is None or ops.epoch != epoch:
+            return
+        if ops.pending:
+            if ops.settled is None:
+                ops.settled = asyncio.get_running_loop().create_future()
+            await asyncio.shield(ops.settled)
+        if ops.failure is not None:
+            raise TransactionAbortableError(
+                f"{what} refused: a send or acknowledgement of the transaction of producer "
+                f"{pid} epoch {epoch} failed ({error_text(ops.failure)}); nothing changed: "
+                "abort it"
+            )
+
+    def forget(self, pid: int, epoch: int) -> None:
+        ops = self._by_pid.get(pid)
+        if ops is not None and ops.epoch == epoch and not ops.pending:
+            del self._by_pid[pid]
 
 
 def _coordinator_of_producer(conn: Connection, producer_id: int) -> TransactionCoordinator:
@@ -140,8 +218,9 @@ def _init_producer_id(conn: Connection, cmd: pb.BaseCommand) -> None:
     conn._spawn(work())
 
 
-def _produce(conn: Connection, cmd: pb.BaseCommand) -> None:
+def _produce(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> None:
     req = cmd.produce
+    pid, epoch = req.producer_id, req.producer_epoch
     try:
         conn.broker.security.allow_produce(conn.who, check_topic_name(req.topic))
         _allow_producer(conn, req.producer_id)
@@ -162,7 +241,6 @@ def _produce(conn: Connection, cmd: pb.BaseCommand) -> None:
             raise BrokerError(
                 "INVALID_ARGUMENT", "a PRODUCE batch holds messages and names no producer"
             )
-        pid, epoch = req.producer_id, req.producer_epoch
         tc = _coordinator_of_producer(conn, pid)
         txnid = tc.producer_add_partition(pid, epoch, req.topic, req.partition)
 
@@ -184,6 +262,7 @@ def _produce(conn: Connection, cmd: pb.BaseCommand) -> None:
         else:  # (queued in order with the other sends waiting for the topic to load)
             pending = _flattened(conn.broker.topics.after_load(req.topic, publish))
     except Exception as exc:
+        unanswered.failed(pid, epoch, exc)
         _respond(conn, req.request_id, exc)
         return
 
@@ -191,19 +270,34 @@ def _produce(conn: Connection, cmd: pb.BaseCommand) -> None:
         first = result.first if result.ids is None else result.ids[0][1]
         _respond(conn, req.request_id, first_batch_index=first)
 
+    if isinstance(pending, asyncio.Future) and pending.done() and not pending.cancelled():
+        # Stored at once (queued: the send is answered before it is durable).
+        if (error := pending.exception()) is None:
+            answer(pending.result())
+        else:
+            unanswered.failed(pid, epoch, error)
+            _respond(conn, req.request_id, error)
+        return
+    ops = unanswered.read(pid, epoch)
+
     def fail(exc: BaseException) -> None:
+        unanswered.answered(pid, ops, exc)
         _respond(conn, req.request_id, exc)
 
-    future = asyncio.ensure_future(pending)
-    _when_done(future, answer, fail)
+    def succeed(result: PublishResult) -> None:
+        unanswered.answered(pid, ops, None)
+        answer(result)
+
+    _when_done(asyncio.ensure_future(pending), succeed, fail)
 
 
 async def _flattened(outer: Awaitable[Awaitable[PublishResult]]) -> PublishResult:
     return await (await outer)
 
 
-def _txn_offsets(conn: Connection, cmd: pb.BaseCommand) -> None:
+def _txn_offsets(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> None:
     req = cmd.txn_offsets
+    ops = unanswered.read(req.producer_id, req.producer_epoch)
 
     async def work() -> None:
         try:
@@ -230,33 +324,81 @@ def _txn_offsets(conn: Connection, cmd: pb.BaseCommand) -> None:
                 consumer, by_part, False, (txnid.most_bits, txnid.least_bits), True
             )
         except Exception as exc:
+            unanswered.answered(req.producer_id, ops, exc)
             _respond(conn, req.request_id, exc)
             return
+        unanswered.answered(req.producer_id, ops, None)
         _respond(conn, req.request_id)
 
     conn._spawn(work())
 
 
-def _prepare(conn: Connection, cmd: pb.BaseCommand) -> None:
+def _prepare(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> None:
     req = cmd.prepare_producer_txn
+    pid, epoch = req.producer_id, req.producer_epoch
 
-    async def work() -> None:
+    def answer(identity: tuple[int, int]) -> None:
+        _respond(conn, req.request_id, producer_id=identity[0], producer_epoch=identity[1])
+
+    try:
+        _allow_producer(conn, pid)
+    except Exception as exc:
+        _respond(conn, req.request_id, exc)
+        return
+
+    def prepare_now() -> None:
+        # (The PREPARED record is queued in this turn: in the sends' group commit.)
         try:
-            _allow_producer(conn, req.producer_id)
-            tc = _coordinator_of_producer(conn, req.producer_id)
-            pid, epoch = await tc.prepare_producer_txn(req.producer_id, req.producer_epoch)
+            tc = _coordinator_of_producer(conn, pid)
+            prepared = tc.prepare_producer_txn(pid, epoch)
         except Exception as exc:
             _respond(conn, req.request_id, exc)
             return
-        _respond(conn, req.request_id, producer_id=pid, producer_epoch=epoch)
+        unanswered.forget(pid, epoch)
+        _when_done(prepared, answer, lambda exc: _respond(conn, req.request_id, exc))
 
-    conn._spawn(work())
+    if not unanswered.waiting(pid, epoch):
+        prepare_now()
+        return
+
+    async def after_ops() -> None:
+        try:
+            await unanswered.settle(pid, epoch, "prepare")
+        except Exception as exc:
+            _respond(conn, req.request_id, exc)
+            return
+        prepare_now()
+
+    conn._spawn(after_ops())
 
 
-def _end(conn: Connection, cmd: pb.BaseCommand) -> None:
+def _end(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> None:
     req = cmd.end_producer_txn
+    pid, epoch, commit = req.producer_id, req.producer_epoch, req.txn_action == pb.COMMIT
     try:
-        _allow_producer(conn, req.producer_id)
+        _allow_producer(conn, pid)
+    except Exception as exc:
+        _respond(conn, req.request_id, exc)
+        return
+    if not commit:
+        unanswered.forget(pid, epoch)  # (an abort waits for nothing)
+    elif unanswered.waiting(pid, epoch):
+
+        async def after_ops() -> None:
+            try:
+                await unanswered.settle(pid, epoch, "commit")
+            except Exception as exc:
+                _respond(conn, req.request_id, exc)
+                return
+            _end_now(conn, req, unanswered)
+
+        conn._spawn(after_ops())
+        return
+    _end_now(conn, req, unanswered)
+
+
+def _end_now(conn: Connection, req: pb.CommandEndProducerTxn, unanswered: _Unanswered) -> None:
+    try:
         tc = _coordinator_of_producer(conn, req.producer_id)
         ended = tc.end_producer_txn(
             req.producer_id, req.producer_epoch, req.txn_action == pb.COMMIT
@@ -264,6 +406,7 @@ def _end(conn: Connection, cmd: pb.BaseCommand) -> None:
     except Exception as exc:
         _respond(conn, req.request_id, exc)
         return
+    unanswered.forget(req.producer_id, req.producer_epoch)
 
     def answer(identity: tuple[int, int]) -> None:
         _respond(conn, req.request_id, producer_id=identity[0], producer_epoch=identity[1])

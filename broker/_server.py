@@ -590,6 +590,7 @@ class _QuietParseErrors(logging.Filter):
 
 def make_app(broker: Broker) -> web.Application:
     from broker._admin import add_admin_routes
+    from broker._groups import add_group_routes
 
     server_log = logging.getLogger("aiohttp.server")
     if not any(isinstance(f, _QuietParseErrors) for f in server_log.filters):
@@ -599,4 +600,5 @@ def make_app(broker: Broker) -> web.Application:
     app[BROKER_KEY] = broker
     app.router.add_get("/ws", _websocket)
     add_admin_routes(app)
+    add_group_routes(app)
     return app

@@ -70,11 +70,13 @@ async def serve(
     auth: AuthConfig | None = None,
     ssl_context: ssl.SSLContext | None = None,
     producer_settings: ProducerSettings | None = None,
+    kafka: tuple[str, int] | None = None,
     preload: bool = True,
     unload_after: float | None = UNLOAD_AFTER,
 ) -> None:
     """Run a broker until SIGTERM or SIGINT. ``auth``: authentication and
-    limits (`broker._auth`); ``ssl_context``: serve TLS; ``preload`` and
+    limits (`broker._auth`); ``ssl_context``: serve TLS; ``kafka``: (host,
+    port) of a Kafka listener beside it (`broker.kafka`); ``preload`` and
     ``unload_after``: see `Broker.open`."""
     scheme = "https" if ssl_context is not None else "http"
     _check_port(host, port)  # (before the data directory is opened, or created)
@@ -101,7 +103,13 @@ async def serve(
         make_app(broker), access_log=None, handle_signals=False, max_line_size=MAX_REQUEST_LINE
     )
     await runner.setup()
+    listener = None
     try:
+        if kafka is not None:
+            from broker.kafka import KafkaListener
+
+            listener = KafkaListener(broker, *kafka)
+            await listener.start()
         site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_context)
         try:
             await site.start()
@@ -123,6 +131,8 @@ async def serve(
         await stop.wait()
         log.info("stopping")
     finally:
+        if listener is not None:
+            await listener.close()
         await broker.close()
         await runner.cleanup()
         log.info("stopped")
@@ -251,6 +261,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"(it loads again on use); 0: never ({UNLOAD_AFTER:.0f})",
     )
     p.add_argument(
+        "--kafka-port",
+        type=int,
+        default=None,
+        help="also serve Kafka's wire protocol on this port (off; see docs/kafka.md)",
+    )
+    p.add_argument("--kafka-host", default=None, help="address of the Kafka listener (--host)")
+    p.add_argument(
         "--log-level", type=_log_level, default="INFO", help="DEBUG, INFO, WARNING, ERROR (INFO)"
     )
     add_serve_options(p)
@@ -288,6 +305,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 expiration_ms=round(args.transactional_id_expiration * 1000),
                 allow_two_phase=args.allow_2pc,
             )
+            kafka = None
+            if args.kafka_port is not None:
+                kafka = (args.kafka_host or args.host, args.kafka_port)
             runner.run(
                 serve(
                     args.data_dir,
@@ -297,6 +317,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     security.auth,
                     security.ssl_context,
                     settings,
+                    kafka,
                     args.preload,
                     args.unload_after or None,
                 )

@@ -187,6 +187,12 @@ class Topics:
             return None
         return await asyncio.shield(self._start_load(name))
 
+    def request_load(self, name: str) -> None:
+        """Start loading ``name`` if it exists and is not loaded (for a
+        synchronous caller that answers "try again")."""
+        if name in self._known and name not in self._topics:
+            self._start_load(name)
+
     def after_load(self, name: str, work: Callable[[Topic], _T]) -> asyncio.Future[_T]:
         """``work(topic)``'s result: called now if ``name`` is loaded, else
         in the step that makes it visible, after the calls queued before it

@@ -23,19 +23,27 @@ from . import errors
 from ._client import Client
 from ._consumer import Consumer
 from ._epoch import PreparedTxnState, ProducerState, TransactionalProducer
+from ._groups import GroupResult, TransactionGroups
 from ._message import Message, MessageId
 from ._producer import Producer
+from ._reader import Position, Reader, ReadResult, SubscriptionCursor
 from ._txn import Transaction, TxnID, TxnState
 
 __all__ = [
     "Client",
     "Consumer",
+    "GroupResult",
     "Message",
     "MessageId",
+    "Position",
     "PreparedTxnState",
     "Producer",
     "ProducerState",
+    "ReadResult",
+    "Reader",
+    "SubscriptionCursor",
     "Transaction",
+    "TransactionGroups",
     "TransactionalProducer",
     "TxnID",
     "TxnState",

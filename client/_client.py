@@ -15,6 +15,8 @@ from ._consumer import Consumer
 from ._epoch import TransactionalProducer
 from ._foreign import tls_context
 from ._producer import Producer
+from ._reader import Position, Reader
+from ._reader import _position as _reader_position
 from ._spares import Spare, SparePool
 from ._txn import Transaction, TxnID, TxnState
 from .errors import ClientClosedError, InvalidInputError, TxnbufError
@@ -256,6 +258,54 @@ class Client:
     async def _abort_spare(self, spare: Spare) -> None:
         txn_id = TxnID(spare.most_bits, spare.least_bits)
         await Transaction(self._conn, txn_id, spare.tc_id, 1.0).abort()
+
+    async def partitions(self, topic: str) -> int:
+        """How many partitions ``topic`` has (it is created with one if missing)."""
+        _check_name("topic", topic)
+        await self.connect()
+        reply = await self._conn.request(
+            lambda request_id: command(
+                Command.PARTITIONED_METADATA,
+                "partitioned_metadata",
+                request_id=request_id,
+                topic=topic,
+            ),
+            Command.PARTITIONED_METADATA_RESPONSE,
+            f"partitions of {topic!r}",
+        )
+        return int(reply.partitioned_metadata_response.partitions)
+
+    async def create_reader(
+        self,
+        topic: str,
+        partition: int = 0,
+        start: str | tuple[int, int] = "earliest",
+        *,
+        batch: int = 1000,
+    ) -> Reader:
+        """A reader of one partition of ``topic`` in its committed order
+        (see ``client._reader``), from ``start``: ``"earliest"`` (the first
+        message not trimmed), ``"latest"`` (the next one committed) or a
+        ``Position(entry_id, index)``. It reads up to ``batch`` messages
+        per request."""
+        _check_name("topic", topic)
+        if type(partition) is not int or partition < 0:
+            raise InvalidInputError(f"partition must be an int >= 0, not {partition!r}")
+        if type(batch) is not int or batch <= 0:
+            raise InvalidInputError(f"batch must be a positive int, not {batch!r}")
+        await self.connect()
+        reader = Reader(self._conn, topic, partition, Position(0, 0), batch)
+        if start == "earliest":
+            reader._fetched = await reader.first()
+        elif start == "latest":
+            reader._fetched = await reader.end()
+        elif isinstance(start, tuple):
+            reader._fetched = _reader_position(start)
+        else:
+            raise InvalidInputError(
+                f"start must be 'earliest', 'latest' or a Position, not {start!r}"
+            )
+        return reader
 
     @contextlib.asynccontextmanager
     async def transaction(self, timeout: float = 60.0) -> AsyncIterator[Transaction]:

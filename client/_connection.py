@@ -109,6 +109,10 @@ ANSWERS = frozenset(
         Type.TXN_RESPONSE,
         Type.INIT_PRODUCER_ID_RESPONSE,
         Type.PRODUCER_TXN_RESPONSE,
+        # reading by position and transaction groups (client._reader, client._groups)
+        Type.READ_ENTRIES_RESPONSE,
+        Type.CURSOR_RESPONSE,
+        Type.TXN_GROUP_RESPONSE,
     }
 )
 # Answers handed out in a row before the reader yields to their waiters
@@ -122,6 +126,9 @@ ANSWERS_WITH_ERROR = {
     Type.TXN_RESPONSE: "txn_response",
     Type.INIT_PRODUCER_ID_RESPONSE: "init_producer_id_response",
     Type.PRODUCER_TXN_RESPONSE: "producer_txn_response",
+    Type.READ_ENTRIES_RESPONSE: "read_entries_response",
+    Type.CURSOR_RESPONSE: "cursor_response",
+    Type.TXN_GROUP_RESPONSE: "txn_group_response",
 }
 
 

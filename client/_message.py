@@ -163,7 +163,8 @@ def decode_entry(topic: str, entry: pb.DeliveredEntry) -> list[Message]:
     """The messages of one delivered ledger entry, in batch order.
 
     Message ``i`` of the entry's ``EntryBatch`` has id
-    ``(partition, entry_id, i)``; ``entry.indexes`` names the ones this
+    ``(partition, entry_id, first_index + i)`` (``first_index`` 0 but for a
+    read of part of an entry); ``entry.indexes`` names the ones this
     consumer gets (all of them when empty).
     """
     with decoding("EntryBatch"):
@@ -181,7 +182,7 @@ def decode_entry(topic: str, entry: pb.DeliveredEntry) -> list[Message]:
                 raise ProtocolError(f"entry {partition}:{entry_id} has no batch index {i}")
         chosen = [(i, singles[i]) for i in entry.indexes]
     else:
-        chosen = enumerate(singles)
+        chosen = enumerate(singles, entry.first_index)
     # Made field by field, without __init__ (which would build a SingleMessage):
     # this runs once per message received.
     messages = []

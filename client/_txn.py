@@ -322,6 +322,16 @@ class Transaction:
             return False
         return True
 
+    async def prepare(self) -> None:
+        """Make the transaction PREPARED (for a group commit, see
+        ``client._groups``): wait for its sends and acks (aborting it and
+        raising the first failure, as ``commit``), then PREPARE_TXN. Once
+        this returns, its writes are durable and it waits for its decision;
+        the broker refuses further sends and acks in it."""
+        from ._groups import prepare_transaction
+
+        await prepare_transaction(self)
+
     async def abort(self) -> None:
         """Abort the transaction now (sends and acks in flight are
         abandoned). Returns at once if it was aborted already; raises

@@ -324,18 +324,20 @@ class CommandFlow(_message.Message):
     def __init__(self, consumer_id: _Optional[int] = ..., permits: _Optional[int] = ...) -> None: ...
 
 class DeliveredEntry(_message.Message):
-    __slots__ = ("partition", "entry_id", "data", "indexes", "redelivery_count")
+    __slots__ = ("partition", "entry_id", "data", "indexes", "redelivery_count", "first_index")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     INDEXES_FIELD_NUMBER: _ClassVar[int]
     REDELIVERY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    FIRST_INDEX_FIELD_NUMBER: _ClassVar[int]
     partition: int
     entry_id: int
     data: bytes
     indexes: _containers.RepeatedScalarFieldContainer[int]
     redelivery_count: int
-    def __init__(self, partition: _Optional[int] = ..., entry_id: _Optional[int] = ..., data: _Optional[bytes] = ..., indexes: _Optional[_Iterable[int]] = ..., redelivery_count: _Optional[int] = ...) -> None: ...
+    first_index: int
+    def __init__(self, partition: _Optional[int] = ..., entry_id: _Optional[int] = ..., data: _Optional[bytes] = ..., indexes: _Optional[_Iterable[int]] = ..., redelivery_count: _Optional[int] = ..., first_index: _Optional[int] = ...) -> None: ...
 
 class CommandMessage(_message.Message):
     __slots__ = ("consumer_id", "entries")
@@ -446,14 +448,18 @@ class SubscriptionRef(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., subscription: _Optional[str] = ...) -> None: ...
 
 class CommandNewTxn(_message.Message):
-    __slots__ = ("request_id", "txn_ttl_ms", "tc_id")
+    __slots__ = ("request_id", "txn_ttl_ms", "tc_id", "tag", "prepared_ttl_ms")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TXN_TTL_MS_FIELD_NUMBER: _ClassVar[int]
     TC_ID_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    PREPARED_TTL_MS_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     txn_ttl_ms: int
     tc_id: int
-    def __init__(self, request_id: _Optional[int] = ..., txn_ttl_ms: _Optional[int] = ..., tc_id: _Optional[int] = ...) -> None: ...
+    tag: str
+    prepared_ttl_ms: int
+    def __init__(self, request_id: _Optional[int] = ..., txn_ttl_ms: _Optional[int] = ..., tc_id: _Optional[int] = ..., tag: _Optional[str] = ..., prepared_ttl_ms: _Optional[int] = ...) -> None: ...
 
 class CommandNewTxnResponse(_message.Message):
     __slots__ = ("request_id", "txnid_most_bits", "txnid_least_bits", "error", "message")
@@ -558,7 +564,7 @@ class CommandEndTxnOnSubscription(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., subscription: _Optional[_Union[SubscriptionRef, _Mapping]] = ..., txn_action: _Optional[_Union[TxnAction, str]] = ...) -> None: ...
 
 class TransactionMetadataEntry(_message.Message):
-    __slots__ = ("metadata_op", "txnid_most_bits", "txnid_least_bits", "expected_status", "new_status", "partitions", "subscriptions", "txn_timeout_ms", "txn_start_time", "txn_last_modification_time", "timed_out", "boot_epoch", "producer_id", "producer_epoch", "two_phase", "producer")
+    __slots__ = ("metadata_op", "txnid_most_bits", "txnid_least_bits", "expected_status", "new_status", "partitions", "subscriptions", "txn_timeout_ms", "txn_start_time", "txn_last_modification_time", "timed_out", "boot_epoch", "producer_id", "producer_epoch", "two_phase", "producer", "tag", "prepared_timeout_ms", "group_id", "group_sequence", "group_duplicate", "group_updates")
     class TransactionMetadataOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         NEW: _ClassVar[TransactionMetadataEntry.TransactionMetadataOp]
@@ -566,11 +572,13 @@ class TransactionMetadataEntry(_message.Message):
         BOOT: _ClassVar[TransactionMetadataEntry.TransactionMetadataOp]
         PRODUCER: _ClassVar[TransactionMetadataEntry.TransactionMetadataOp]
         PRODUCER_EXPIRED: _ClassVar[TransactionMetadataEntry.TransactionMetadataOp]
+        GROUP: _ClassVar[TransactionMetadataEntry.TransactionMetadataOp]
     NEW: TransactionMetadataEntry.TransactionMetadataOp
     UPDATE: TransactionMetadataEntry.TransactionMetadataOp
     BOOT: TransactionMetadataEntry.TransactionMetadataOp
     PRODUCER: TransactionMetadataEntry.TransactionMetadataOp
     PRODUCER_EXPIRED: TransactionMetadataEntry.TransactionMetadataOp
+    GROUP: TransactionMetadataEntry.TransactionMetadataOp
     METADATA_OP_FIELD_NUMBER: _ClassVar[int]
     TXNID_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
     TXNID_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
@@ -587,6 +595,12 @@ class TransactionMetadataEntry(_message.Message):
     PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     TWO_PHASE_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    PREPARED_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_UPDATES_FIELD_NUMBER: _ClassVar[int]
     metadata_op: TransactionMetadataEntry.TransactionMetadataOp
     txnid_most_bits: int
     txnid_least_bits: int
@@ -603,7 +617,13 @@ class TransactionMetadataEntry(_message.Message):
     producer_epoch: int
     two_phase: bool
     producer: TransactionalProducer
-    def __init__(self, metadata_op: _Optional[_Union[TransactionMetadataEntry.TransactionMetadataOp, str]] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., expected_status: _Optional[_Union[TxnStatusValue, str]] = ..., new_status: _Optional[_Union[TxnStatusValue, str]] = ..., partitions: _Optional[_Iterable[_Union[PartitionRef, _Mapping]]] = ..., subscriptions: _Optional[_Iterable[_Union[SubscriptionRef, _Mapping]]] = ..., txn_timeout_ms: _Optional[int] = ..., txn_start_time: _Optional[int] = ..., txn_last_modification_time: _Optional[int] = ..., timed_out: _Optional[bool] = ..., boot_epoch: _Optional[int] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., two_phase: _Optional[bool] = ..., producer: _Optional[_Union[TransactionalProducer, _Mapping]] = ...) -> None: ...
+    tag: str
+    prepared_timeout_ms: int
+    group_id: str
+    group_sequence: int
+    group_duplicate: bool
+    group_updates: _containers.RepeatedCompositeFieldContainer[TransactionMetadataEntry]
+    def __init__(self, metadata_op: _Optional[_Union[TransactionMetadataEntry.TransactionMetadataOp, str]] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., expected_status: _Optional[_Union[TxnStatusValue, str]] = ..., new_status: _Optional[_Union[TxnStatusValue, str]] = ..., partitions: _Optional[_Iterable[_Union[PartitionRef, _Mapping]]] = ..., subscriptions: _Optional[_Iterable[_Union[SubscriptionRef, _Mapping]]] = ..., txn_timeout_ms: _Optional[int] = ..., txn_start_time: _Optional[int] = ..., txn_last_modification_time: _Optional[int] = ..., timed_out: _Optional[bool] = ..., boot_epoch: _Optional[int] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., two_phase: _Optional[bool] = ..., producer: _Optional[_Union[TransactionalProducer, _Mapping]] = ..., tag: _Optional[str] = ..., prepared_timeout_ms: _Optional[int] = ..., group_id: _Optional[str] = ..., group_sequence: _Optional[int] = ..., group_duplicate: _Optional[bool] = ..., group_updates: _Optional[_Iterable[_Union[TransactionMetadataEntry, _Mapping]]] = ...) -> None: ...
 
 class TransactionalProducer(_message.Message):
     __slots__ = ("transactional_id", "producer_id", "producer_epoch", "txn_producer_id", "txn_epoch", "ongoing_most_bits", "ongoing_least_bits", "has_ongoing", "prev_producer_id", "prev_epoch", "prev_outcome", "bumped_by", "timeout_ms", "two_phase", "updated_ms")
@@ -741,6 +761,150 @@ class CommandEndProducerTxn(_message.Message):
     txn_action: TxnAction
     def __init__(self, request_id: _Optional[int] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., txn_action: _Optional[_Union[TxnAction, str]] = ...) -> None: ...
 
+class TxnIdData(_message.Message):
+    __slots__ = ("most_bits", "least_bits")
+    MOST_BITS_FIELD_NUMBER: _ClassVar[int]
+    LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
+    most_bits: int
+    least_bits: int
+    def __init__(self, most_bits: _Optional[int] = ..., least_bits: _Optional[int] = ...) -> None: ...
+
+class CommandPrepareTxn(_message.Message):
+    __slots__ = ("request_id", "txnid_most_bits", "txnid_least_bits")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TXNID_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
+    TXNID_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    txnid_most_bits: int
+    txnid_least_bits: int
+    def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ...) -> None: ...
+
+class CommandCommitGroup(_message.Message):
+    __slots__ = ("request_id", "tc_id", "group", "sequence", "txns", "abort_tag")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TC_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    TXNS_FIELD_NUMBER: _ClassVar[int]
+    ABORT_TAG_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    tc_id: int
+    group: str
+    sequence: int
+    txns: _containers.RepeatedCompositeFieldContainer[TxnIdData]
+    abort_tag: str
+    def __init__(self, request_id: _Optional[int] = ..., tc_id: _Optional[int] = ..., group: _Optional[str] = ..., sequence: _Optional[int] = ..., txns: _Optional[_Iterable[_Union[TxnIdData, _Mapping]]] = ..., abort_tag: _Optional[str] = ...) -> None: ...
+
+class CommandAbortTagged(_message.Message):
+    __slots__ = ("request_id", "tc_id", "tag", "prefix")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TC_ID_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    tc_id: int
+    tag: str
+    prefix: bool
+    def __init__(self, request_id: _Optional[int] = ..., tc_id: _Optional[int] = ..., tag: _Optional[str] = ..., prefix: _Optional[bool] = ...) -> None: ...
+
+class CommandTxnGroupResponse(_message.Message):
+    __slots__ = ("request_id", "error", "message", "duplicate", "committed", "aborted")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    ABORTED_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    error: ServerError
+    message: str
+    duplicate: bool
+    committed: int
+    aborted: int
+    def __init__(self, request_id: _Optional[int] = ..., error: _Optional[_Union[ServerError, str]] = ..., message: _Optional[str] = ..., duplicate: _Optional[bool] = ..., committed: _Optional[int] = ..., aborted: _Optional[int] = ...) -> None: ...
+
+class PartitionPosition(_message.Message):
+    __slots__ = ("partition", "entry_id", "index")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    entry_id: int
+    index: int
+    def __init__(self, partition: _Optional[int] = ..., entry_id: _Optional[int] = ..., index: _Optional[int] = ...) -> None: ...
+
+class CommandReadEntries(_message.Message):
+    __slots__ = ("request_id", "topic", "partition", "start_entry", "start_index", "end_entry", "end_index", "max_messages", "positions_only", "wait_ms")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    START_ENTRY_FIELD_NUMBER: _ClassVar[int]
+    START_INDEX_FIELD_NUMBER: _ClassVar[int]
+    END_ENTRY_FIELD_NUMBER: _ClassVar[int]
+    END_INDEX_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_ONLY_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    topic: str
+    partition: int
+    start_entry: int
+    start_index: int
+    end_entry: int
+    end_index: int
+    max_messages: int
+    positions_only: bool
+    wait_ms: int
+    def __init__(self, request_id: _Optional[int] = ..., topic: _Optional[str] = ..., partition: _Optional[int] = ..., start_entry: _Optional[int] = ..., start_index: _Optional[int] = ..., end_entry: _Optional[int] = ..., end_index: _Optional[int] = ..., max_messages: _Optional[int] = ..., positions_only: _Optional[bool] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+
+class CommandReadEntriesResponse(_message.Message):
+    __slots__ = ("request_id", "error", "message", "entries", "next_entry", "next_index", "messages", "first_entry", "end_entry")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_ENTRY_FIELD_NUMBER: _ClassVar[int]
+    NEXT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    FIRST_ENTRY_FIELD_NUMBER: _ClassVar[int]
+    END_ENTRY_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    error: ServerError
+    message: str
+    entries: _containers.RepeatedCompositeFieldContainer[DeliveredEntry]
+    next_entry: int
+    next_index: int
+    messages: int
+    first_entry: int
+    end_entry: int
+    def __init__(self, request_id: _Optional[int] = ..., error: _Optional[_Union[ServerError, str]] = ..., message: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[DeliveredEntry, _Mapping]]] = ..., next_entry: _Optional[int] = ..., next_index: _Optional[int] = ..., messages: _Optional[int] = ..., first_entry: _Optional[int] = ..., end_entry: _Optional[int] = ...) -> None: ...
+
+class CommandCursor(_message.Message):
+    __slots__ = ("request_id", "topic", "subscription", "initial_position", "acknowledge_before")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    INITIAL_POSITION_FIELD_NUMBER: _ClassVar[int]
+    ACKNOWLEDGE_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    topic: str
+    subscription: str
+    initial_position: CommandSubscribe.InitialPosition
+    acknowledge_before: _containers.RepeatedCompositeFieldContainer[PartitionPosition]
+    def __init__(self, request_id: _Optional[int] = ..., topic: _Optional[str] = ..., subscription: _Optional[str] = ..., initial_position: _Optional[_Union[CommandSubscribe.InitialPosition, str]] = ..., acknowledge_before: _Optional[_Iterable[_Union[PartitionPosition, _Mapping]]] = ...) -> None: ...
+
+class CommandCursorResponse(_message.Message):
+    __slots__ = ("request_id", "error", "message", "positions")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    error: ServerError
+    message: str
+    positions: _containers.RepeatedCompositeFieldContainer[PartitionPosition]
+    def __init__(self, request_id: _Optional[int] = ..., error: _Optional[_Union[ServerError, str]] = ..., message: _Optional[str] = ..., positions: _Optional[_Iterable[_Union[PartitionPosition, _Mapping]]] = ...) -> None: ...
+
 class CommandBatch(_message.Message):
     __slots__ = ("commands",)
     COMMANDS_FIELD_NUMBER: _ClassVar[int]
@@ -748,7 +912,7 @@ class CommandBatch(_message.Message):
     def __init__(self, commands: _Optional[_Iterable[_Union[BaseCommand, _Mapping]]] = ...) -> None: ...
 
 class BaseCommand(_message.Message):
-    __slots__ = ("type", "connect", "connected", "partitioned_metadata", "partitioned_metadata_response", "lookup", "lookup_response", "producer", "producer_success", "close_producer", "send", "send_receipt", "send_error", "subscribe", "flow", "message", "ack", "ack_response", "redeliver_unacknowledged", "close_consumer", "active_consumer_change", "success", "error", "ping", "pong", "new_txn", "new_txn_response", "add_partition_to_txn", "add_subscription_to_txn", "end_txn", "txn_response", "end_txn_on_partition", "end_txn_on_subscription", "batch", "init_producer_id", "init_producer_id_response", "produce", "producer_txn_response", "txn_offsets", "prepare_producer_txn", "end_producer_txn")
+    __slots__ = ("type", "connect", "connected", "partitioned_metadata", "partitioned_metadata_response", "lookup", "lookup_response", "producer", "producer_success", "close_producer", "send", "send_receipt", "send_error", "subscribe", "flow", "message", "ack", "ack_response", "redeliver_unacknowledged", "close_consumer", "active_consumer_change", "success", "error", "ping", "pong", "new_txn", "new_txn_response", "add_partition_to_txn", "add_subscription_to_txn", "end_txn", "txn_response", "end_txn_on_partition", "end_txn_on_subscription", "batch", "prepare_txn", "commit_group", "abort_tagged", "txn_group_response", "init_producer_id", "init_producer_id_response", "produce", "producer_txn_response", "txn_offsets", "prepare_producer_txn", "end_producer_txn", "read_entries", "read_entries_response", "cursor", "cursor_response")
     class Type(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         TYPE_UNSPECIFIED: _ClassVar[BaseCommand.Type]
@@ -785,6 +949,10 @@ class BaseCommand(_message.Message):
         END_TXN_ON_PARTITION: _ClassVar[BaseCommand.Type]
         END_TXN_ON_SUBSCRIPTION: _ClassVar[BaseCommand.Type]
         BATCH: _ClassVar[BaseCommand.Type]
+        PREPARE_TXN: _ClassVar[BaseCommand.Type]
+        COMMIT_GROUP: _ClassVar[BaseCommand.Type]
+        ABORT_TAGGED: _ClassVar[BaseCommand.Type]
+        TXN_GROUP_RESPONSE: _ClassVar[BaseCommand.Type]
         INIT_PRODUCER_ID: _ClassVar[BaseCommand.Type]
         INIT_PRODUCER_ID_RESPONSE: _ClassVar[BaseCommand.Type]
         PRODUCE: _ClassVar[BaseCommand.Type]
@@ -792,6 +960,10 @@ class BaseCommand(_message.Message):
         TXN_OFFSETS: _ClassVar[BaseCommand.Type]
         PREPARE_PRODUCER_TXN: _ClassVar[BaseCommand.Type]
         END_PRODUCER_TXN: _ClassVar[BaseCommand.Type]
+        READ_ENTRIES: _ClassVar[BaseCommand.Type]
+        READ_ENTRIES_RESPONSE: _ClassVar[BaseCommand.Type]
+        CURSOR: _ClassVar[BaseCommand.Type]
+        CURSOR_RESPONSE: _ClassVar[BaseCommand.Type]
     TYPE_UNSPECIFIED: BaseCommand.Type
     CONNECT: BaseCommand.Type
     CONNECTED: BaseCommand.Type
@@ -826,6 +998,10 @@ class BaseCommand(_message.Message):
     END_TXN_ON_PARTITION: BaseCommand.Type
     END_TXN_ON_SUBSCRIPTION: BaseCommand.Type
     BATCH: BaseCommand.Type
+    PREPARE_TXN: BaseCommand.Type
+    COMMIT_GROUP: BaseCommand.Type
+    ABORT_TAGGED: BaseCommand.Type
+    TXN_GROUP_RESPONSE: BaseCommand.Type
     INIT_PRODUCER_ID: BaseCommand.Type
     INIT_PRODUCER_ID_RESPONSE: BaseCommand.Type
     PRODUCE: BaseCommand.Type
@@ -833,6 +1009,10 @@ class BaseCommand(_message.Message):
     TXN_OFFSETS: BaseCommand.Type
     PREPARE_PRODUCER_TXN: BaseCommand.Type
     END_PRODUCER_TXN: BaseCommand.Type
+    READ_ENTRIES: BaseCommand.Type
+    READ_ENTRIES_RESPONSE: BaseCommand.Type
+    CURSOR: BaseCommand.Type
+    CURSOR_RESPONSE: BaseCommand.Type
     TYPE_FIELD_NUMBER: _ClassVar[int]
     CONNECT_FIELD_NUMBER: _ClassVar[int]
     CONNECTED_FIELD_NUMBER: _ClassVar[int]
@@ -867,6 +1047,10 @@ class BaseCommand(_message.Message):
     END_TXN_ON_PARTITION_FIELD_NUMBER: _ClassVar[int]
     END_TXN_ON_SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    PREPARE_TXN_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_GROUP_FIELD_NUMBER: _ClassVar[int]
+    ABORT_TAGGED_FIELD_NUMBER: _ClassVar[int]
+    TXN_GROUP_RESPONSE_FIELD_NUMBER: _ClassVar[int]
     INIT_PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     INIT_PRODUCER_ID_RESPONSE_FIELD_NUMBER: _ClassVar[int]
     PRODUCE_FIELD_NUMBER: _ClassVar[int]
@@ -874,6 +1058,10 @@ class BaseCommand(_message.Message):
     TXN_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     PREPARE_PRODUCER_TXN_FIELD_NUMBER: _ClassVar[int]
     END_PRODUCER_TXN_FIELD_NUMBER: _ClassVar[int]
+    READ_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    READ_ENTRIES_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    CURSOR_FIELD_NUMBER: _ClassVar[int]
+    CURSOR_RESPONSE_FIELD_NUMBER: _ClassVar[int]
     type: BaseCommand.Type
     connect: CommandConnect
     connected: CommandConnected
@@ -908,6 +1096,10 @@ class BaseCommand(_message.Message):
     end_txn_on_partition: CommandEndTxnOnPartition
     end_txn_on_subscription: CommandEndTxnOnSubscription
     batch: CommandBatch
+    prepare_txn: CommandPrepareTxn
+    commit_group: CommandCommitGroup
+    abort_tagged: CommandAbortTagged
+    txn_group_response: CommandTxnGroupResponse
     init_producer_id: CommandInitProducerId
     init_producer_id_response: CommandInitProducerIdResponse
     produce: CommandProduce
@@ -915,4 +1107,8 @@ class BaseCommand(_message.Message):
     txn_offsets: CommandTxnOffsets
     prepare_producer_txn: CommandPrepareProducerTxn
     end_producer_txn: CommandEndProducerTxn
-    def __init__(self, type: _Optional[_Union[BaseCommand.Type, str]] = ..., connect: _Optional[_Union[CommandConnect, _Mapping]] = ..., connected: _Optional[_Union[CommandConnected, _Mapping]] = ..., partitioned_metadata: _Optional[_Union[CommandPartitionedMetadata, _Mapping]] = ..., partitioned_metadata_response: _Optional[_Union[CommandPartitionedMetadataResponse, _Mapping]] = ..., lookup: _Optional[_Union[CommandLookupTopic, _Mapping]] = ..., lookup_response: _Optional[_Union[CommandLookupTopicResponse, _Mapping]] = ..., producer: _Optional[_Union[CommandProducer, _Mapping]] = ..., producer_success: _Optional[_Union[CommandProducerSuccess, _Mapping]] = ..., close_producer: _Optional[_Union[CommandCloseProducer, _Mapping]] = ..., send: _Optional[_Union[CommandSend, _Mapping]] = ..., send_receipt: _Optional[_Union[CommandSendReceipt, _Mapping]] = ..., send_error: _Optional[_Union[CommandSendError, _Mapping]] = ..., subscribe: _Optional[_Union[CommandSubscribe, _Mapping]] = ..., flow: _Optional[_Union[CommandFlow, _Mapping]] = ..., message: _Optional[_Union[CommandMessage, _Mapping]] = ..., ack: _Optional[_Union[CommandAck, _Mapping]] = ..., ack_response: _Optional[_Union[CommandAckResponse, _Mapping]] = ..., redeliver_unacknowledged: _Optional[_Union[CommandRedeliverUnacknowledged, _Mapping]] = ..., close_consumer: _Optional[_Union[CommandCloseConsumer, _Mapping]] = ..., active_consumer_change: _Optional[_Union[CommandActiveConsumerChange, _Mapping]] = ..., success: _Optional[_Union[CommandSuccess, _Mapping]] = ..., error: _Optional[_Union[CommandError, _Mapping]] = ..., ping: _Optional[_Union[CommandPing, _Mapping]] = ..., pong: _Optional[_Union[CommandPong, _Mapping]] = ..., new_txn: _Optional[_Union[CommandNewTxn, _Mapping]] = ..., new_txn_response: _Optional[_Union[CommandNewTxnResponse, _Mapping]] = ..., add_partition_to_txn: _Optional[_Union[CommandAddPartitionToTxn, _Mapping]] = ..., add_subscription_to_txn: _Optional[_Union[CommandAddSubscriptionToTxn, _Mapping]] = ..., end_txn: _Optional[_Union[CommandEndTxn, _Mapping]] = ..., txn_response: _Optional[_Union[CommandTxnResponse, _Mapping]] = ..., end_txn_on_partition: _Optional[_Union[CommandEndTxnOnPartition, _Mapping]] = ..., end_txn_on_subscription: _Optional[_Union[CommandEndTxnOnSubscription, _Mapping]] = ..., batch: _Optional[_Union[CommandBatch, _Mapping]] = ..., init_producer_id: _Optional[_Union[CommandInitProducerId, _Mapping]] = ..., init_producer_id_response: _Optional[_Union[CommandInitProducerIdResponse, _Mapping]] = ..., produce: _Optional[_Union[CommandProduce, _Mapping]] = ..., producer_txn_response: _Optional[_Union[CommandProducerTxnResponse, _Mapping]] = ..., txn_offsets: _Optional[_Union[CommandTxnOffsets, _Mapping]] = ..., prepare_producer_txn: _Optional[_Union[CommandPrepareProducerTxn, _Mapping]] = ..., end_producer_txn: _Optional[_Union[CommandEndProducerTxn, _Mapping]] = ...) -> None: ...
+    read_entries: CommandReadEntries
+    read_entries_response: CommandReadEntriesResponse
+    cursor: CommandCursor
+    cursor_response: CommandCursorResponse
+    def __init__(self, type: _Optional[_Union[BaseCommand.Type, str]] = ..., connect: _Optional[_Union[CommandConnect, _Mapping]] = ..., connected: _Optional[_Union[CommandConnected, _Mapping]] = ..., partitioned_metadata: _Optional[_Union[CommandPartitionedMetadata, _Mapping]] = ..., partitioned_metadata_response: _Optional[_Union[CommandPartitionedMetadataResponse, _Mapping]] = ..., lookup: _Optional[_Union[CommandLookupTopic, _Mapping]] = ..., lookup_response: _Optional[_Union[CommandLookupTopicResponse, _Mapping]] = ..., producer: _Optional[_Union[CommandProducer, _Mapping]] = ..., producer_success: _Optional[_Union[CommandProducerSuccess, _Mapping]] = ..., close_producer: _Optional[_Union[CommandCloseProducer, _Mapping]] = ..., send: _Optional[_Union[CommandSend, _Mapping]] = ..., send_receipt: _Optional[_Union[CommandSendReceipt, _Mapping]] = ..., send_error: _Optional[_Union[CommandSendError, _Mapping]] = ..., subscribe: _Optional[_Union[CommandSubscribe, _Mapping]] = ..., flow: _Optional[_Union[CommandFlow, _Mapping]] = ..., message: _Optional[_Union[CommandMessage, _Mapping]] = ..., ack: _Optional[_Union[CommandAck, _Mapping]] = ..., ack_response: _Optional[_Union[CommandAckResponse, _Mapping]] = ..., redeliver_unacknowledged: _Optional[_Union[CommandRedeliverUnacknowledged, _Mapping]] = ..., close_consumer: _Optional[_Union[CommandCloseConsumer, _Mapping]] = ..., active_consumer_change: _Optional[_Union[CommandActiveConsumerChange, _Mapping]] = ..., success: _Optional[_Union[CommandSuccess, _Mapping]] = ..., error: _Optional[_Union[CommandError, _Mapping]] = ..., ping: _Optional[_Union[CommandPing, _Mapping]] = ..., pong: _Optional[_Union[CommandPong, _Mapping]] = ..., new_txn: _Optional[_Union[CommandNewTxn, _Mapping]] = ..., new_txn_response: _Optional[_Union[CommandNewTxnResponse, _Mapping]] = ..., add_partition_to_txn: _Optional[_Union[CommandAddPartitionToTxn, _Mapping]] = ..., add_subscription_to_txn: _Optional[_Union[CommandAddSubscriptionToTxn, _Mapping]] = ..., end_txn: _Optional[_Union[CommandEndTxn, _Mapping]] = ..., txn_response: _Optional[_Union[CommandTxnResponse, _Mapping]] = ..., end_txn_on_partition: _Optional[_Union[CommandEndTxnOnPartition, _Mapping]] = ..., end_txn_on_subscription: _Optional[_Union[CommandEndTxnOnSubscription, _Mapping]] = ..., batch: _Optional[_Union[CommandBatch, _Mapping]] = ..., prepare_txn: _Optional[_Union[CommandPrepareTxn, _Mapping]] = ..., commit_group: _Optional[_Union[CommandCommitGroup, _Mapping]] = ..., abort_tagged: _Optional[_Union[CommandAbortTagged, _Mapping]] = ..., txn_group_response: _Optional[_Union[CommandTxnGroupResponse, _Mapping]] = ..., init_producer_id: _Optional[_Union[CommandInitProducerId, _Mapping]] = ..., init_producer_id_response: _Optional[_Union[CommandInitProducerIdResponse, _Mapping]] = ..., produce: _Optional[_Union[CommandProduce, _Mapping]] = ..., producer_txn_response: _Optional[_Union[CommandProducerTxnResponse, _Mapping]] = ..., txn_offsets: _Optional[_Union[CommandTxnOffsets, _Mapping]] = ..., prepare_producer_txn: _Optional[_Union[CommandPrepareProducerTxn, _Mapping]] = ..., end_producer_txn: _Optional[_Union[CommandEndProducerTxn, _Mapping]] = ..., read_entries: _Optional[_Union[CommandReadEntries, _Mapping]] = ..., read_entries_response: _Optional[_Union[CommandReadEntriesResponse, _Mapping]] = ..., cursor: _Optional[_Union[CommandCursor, _Mapping]] = ..., cursor_response: _Optional[_Union[CommandCursorResponse, _Mapping]] = ...) -> None: ...

@@ -179,6 +179,48 @@ class Subscriptions:
             for part in parts:
                 self._subs[(topic.name, part.index, name)].add_consumer(consumer)
 
+    async def ensure(self, topic: Topic, name: str, earliest: bool) -> list[PartitionSubscription]:
+        """Subscription ``name`` on every partition of ``topic``, created
+        where missing (at the earliest or latest position, durably) with no
+        consumer: a cursor its owner moves by position (a stream source's
+        progress, see `broker._reader`). Raises `SubscriptionError`
+        (nothing created) if it exists as a read_uncommitted one."""
+        async with self._lock:
+            parts = list(topic.partitions)
+            existing = [self._subs.get((topic.name, p.index, name)) for p in parts]
+            for sub in existing:
+                if sub is not None and sub.read_uncommitted:
+                    raise SubscriptionError(
+                        "NOT_ALLOWED",
+                        f"subscription {name!r} on {topic.name!r} reads uncommitted messages; "
+                        "a cursor moved by position reads committed ones",
+                    )
+            out = []
+            for part, sub in zip(parts, existing, strict=True):
+                if sub is None:
+                    sub = await PartitionSubscription.create(part, name, earliest)
+                    self._add(topic.name, part.index, name, sub)
+                    sub.start()
+                out.append(sub)
+            return out
+
+    def get(self, topic: str, index: int, name: str) -> PartitionSubscription | None:
+        """Subscription ``name`` on partition ``index`` of ``topic``, if it exists."""
+        return self._subs.get((topic, index, name))
+
+    async def cursor_of(self, topic: Topic, index: int, name: str) -> PartitionSubscription:
+        """Subscription ``name`` on partition ``index`` of ``topic``, created
+        at the earliest position (with no consumer) if it does not exist: a
+        reader that keeps its own position (a Kafka consumer group) acks
+        through it."""
+        async with self._lock:
+            sub = self._subs.get((topic.name, index, name))
+            if sub is None:
+                sub = await PartitionSubscription.create(topic.partitions[index], name, True)
+                self._add(topic.name, index, name, sub)
+                sub.start()
+            return sub
+
     async def extend(self, topic: Topic) -> None:
         """After a topic grew: give every subscription a cursor on the new partitions.
 

@@ -33,8 +33,14 @@ One path per request:
   participants have queued their markers means a client's next send lands
   after them, and a consumer sees the committed messages once commit()
   returns.
-- Timeouts: OPEN transactions past their deadline are aborted (a sorted
-  index of deadlines in the table, one timer).
+- Timeouts: OPEN transactions past their deadline are aborted, and so are
+  PREPARED ones past their prepared timeout, if they were opened with one
+  (a sorted index of deadlines in the table, one timer).
+- Groups (`commit_group`): one GROUP record commits a set of PREPARED
+  transactions and aborts others, as one decision, idempotently under a
+  key (see `tc._table`); each is then told to its participants and
+  finished as an END's decision is. `abort_tagged` aborts the undecided
+  transactions of a tag.
 - Recovery: replay the log into the table (`TxnLog.replay`), log BOOT (a new
   id epoch) and wait for it, finish every decided transaction, and abort
   every one left OPEN: its registrations, sends and acks were answered once
@@ -66,9 +72,9 @@ from tc._producers import (
     ProducerRegistry,
     TransactionAbortableError,
 )
-from tc._status import InvalidTxnStatusError, TxnEvent, TxnStatus
+from tc._status import InvalidTxnStatusError, TxnEvent, TxnStatus, status_of
 from tc._table import Record, TxnMeta, TxnTable, TxnTimeoutError, same_outcome
-from tc._txnid import TxnID
+from tc._txnid import TxnID, wire_txnid
 
 __all__ = [
     "NotStuckError",
@@ -250,18 +256,30 @@ class TransactionCoordinator:
     # -- requests -----------------------------------------------------------------
 
     def new_txn(
-        self, timeout_ms: int = 0, producer: tuple[int, int] | None = None, two_phase: bool = False
+        self,
+        timeout_ms: int = 0,
+        producer: tuple[int, int] | None = None,
+        two_phase: bool = False,
+        tag: str = "",
+        prepared_timeout_ms: int = 0,
     ) -> TxnID:
         """Open a transaction (§CommandNewTxn): its NEW record is appended,
-        and it is OPEN from now on. ValueError for a bad timeout."""
-        rec = self._table.new(timeout_ms, _now_ms(), producer, two_phase)
+        and it is OPEN from now on. ``tag`` and ``prepared_timeout_ms``: see
+        `tc._table`. ValueError for a bad timeout or tag."""
+        rec = self._table.new(timeout_ms, _now_ms(), producer, two_phase, tag, prepared_timeout_ms)
         txnid = self._table.next_txnid()
         self.txns_begun += 1
         self._append(rec, lazy=True)  # (durable with the first write that needs it)
-        deadline = self._table.txns[txnid].deadline_ms
+        self._arm_for(txnid)
+        return txnid
+
+    def _arm_for(self, txnid: TxnID) -> None:
+        """Fire the expiry at ``txnid``'s deadline if it has one before the
+        timer's."""
+        meta = self._table.txns.get(txnid)
+        deadline = None if meta is None else meta.deadline_ms
         if deadline is not None and (not self._expiry_at or deadline < self._expiry_at):
             self._arm_expiry(deadline)
-        return txnid
 
     def add_partition(self, txnid: TxnID, topic: str, partition: int) -> None:
         """§CommandAddPartitionToTxn (or a send that asks to add its
@@ -315,7 +333,73 @@ class TransactionCoordinator:
             return done
         if meta.status is not TxnStatus.OPEN:
             raise InvalidTxnStatusError(meta.status, TxnEvent.PREPARE)
-        return self._append(self._table.decide(txnid, TxnEvent.PREPARE, _now_ms()))
+        written = self._append(self._table.decide(txnid, TxnEvent.PREPARE, _now_ms()))
+        self._arm_for(txnid)  # (a prepared timeout)
+        return written
+
+    def transactions_tagged(self, tag: str, prefix: bool = False) -> list[TxnMeta]:
+        """The transactions not ended tagged ``tag`` (``prefix``: whose tag
+        starts with it), oldest first."""
+        return self._table.with_tag(tag, prefix)
+
+    def commit_group(
+        self, group: str, sequence: int, commit: list[TxnID], abort_tag: str = ""
+    ) -> tuple[bool, int, int, asyncio.Future[None]]:
+        """Commit the PREPARED transactions ``commit`` as one decision, one
+        GROUP record, under the key (``group``, ``sequence``), and abort
+        the undecided ones tagged ``abort_tag`` that it does not commit. If
+        the group committed this sequence or a later one before, nothing is
+        committed and the undecided ones of ``commit`` are aborted instead.
+
+        Returns (duplicate, how many committed, how many aborted, done):
+        ``done`` when the decision is durable and applied, as END's answer.
+        Raises at once, changing nothing, as `TxnTable.group` refuses."""
+        rec = self._table.group(group, sequence, commit, abort_tag, _now_ms())
+        updates = [
+            (wire_txnid(u.txnid_most_bits, u.txnid_least_bits), status_of(u.new_status))
+            for u in rec.group_updates
+        ]
+        committed = sum(1 for _, status in updates if status is TxnStatus.COMMITTING)
+        if rec.group_duplicate and not updates:
+            # (nothing to change: answered without a record)
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return True, 0, 0, done
+        logged = self._append(rec)
+        answers = []
+        for txnid, _ in updates:
+            meta = self._table.txns[txnid]
+            self._tell(meta, logged)
+            answers.append(self._answer(txnid, logged))
+        if not answers:
+            answers.append(self._answer_logged(logged))
+        return (
+            rec.group_duplicate,
+            committed,
+            len(updates) - committed,
+            _all_of(answers),
+        )
+
+    def _answer_logged(self, logged: asyncio.Future[int]) -> asyncio.Future[None]:
+        """Done once ``logged`` is durable (failed if its write fails)."""
+        answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def durable(written: asyncio.Future[int]) -> None:
+            if not pass_failure(written, answered) and not answered.done():
+                answered.set_result(None)
+
+        logged.add_done_callback(durable)
+        return answered
+
+    def abort_tagged(self, tag: str, prefix: bool = False) -> tuple[int, asyncio.Future[None]]:
+        """Abort every undecided (OPEN or PREPARED) transaction tagged
+        ``tag`` (``prefix``: whose tag starts with it). Returns how many,
+        and a future done when their aborts are durable and applied."""
+        if not tag:
+            raise ValueError("name a tag (or, with prefix, its start) to abort by")
+        metas = [m for m in self._table.with_tag(tag, prefix) if m.status in _WAITING]
+        answers = [self._abort_by_coordinator(meta, TxnEvent.ABORT) for meta in metas]
+        return len(metas), _all_of(answers)
 
     def _decide(self, meta: TxnMeta, event: TxnEvent) -> asyncio.Future[None]:
         """Log the decision on an OPEN transaction and tell its participants;
@@ -666,6 +750,51 @@ class TransactionCoordinator:
         comes from, begun now if it has none (KIP-890 part 2); raises the
         producer's refusal (fenced, not allowed in its state, ...)."""
         entry = self._producers.check(producer_id, epoch, what)
+        ongoing = self._ongoing_of(entry, what)
+        if ongoing is not None:
+            return ongoing
+        txnid = self.new_txn(
+            0 if entry.two_phase else entry.timeout_ms,
+            producer=entry.identity,
+            two_phase=entry.two_phase,
+        )
+        began = dataclasses.replace(
+            entry,
+            ongoing=txnid,
+            txn_producer_id=producer_id,
+            txn_epoch=epoch,
+            updated_ms=_now_ms(),
+        )
+        self._append(ProducerRegistry.record(began), lazy=True)
+        return txnid
+
+    def producer_verified_partition(
+        self, producer_id: int, epoch: int, topic: str, partition: int
+    ) -> TxnID:
+        """A send of a producer that adds its partitions explicitly (Kafka's
+        AddPartitionsToTxn before KIP-890 part 2): its ongoing transaction, if
+        the partition was added to it (KIP-890 part 1's verification);
+        `InvalidTxnStateError` if not, and nothing begins."""
+        what = f"send to {topic}/{partition}"
+        entry = self._producers.check(producer_id, epoch, what)
+        ongoing = self._ongoing_of(entry, what)
+        if ongoing is None:
+            raise InvalidTxnStateError(
+                f"{what} refused: {entry.transactional_id!r} has no ongoing transaction "
+                "(add the partition to one first)"
+            )
+        try:
+            self.verify_partition(ongoing, topic, partition)
+        except Exception as exc:
+            raise InvalidTxnStateError(
+                f"{what} refused: the partition was not added to the transaction of "
+                f"{entry.transactional_id!r}"
+            ) from exc
+        return ongoing
+
+    def _ongoing_of(self, entry: ProducerEntry, what: str) -> TxnID | None:
+        """``entry``'s OPEN transaction (None if none); raises if it has one
+        that a send or ack may not join."""
         tid = entry.transactional_id
         if entry.ongoing is not None:
             if entry.txn_identity != entry.identity:
@@ -685,20 +814,7 @@ class TransactionCoordinator:
                 f"{what} refused: the transaction of {tid!r} was aborted; abort it and begin "
                 "the next"
             )
-        txnid = self.new_txn(
-            0 if entry.two_phase else entry.timeout_ms,
-            producer=entry.identity,
-            two_phase=entry.two_phase,
-        )
-        began = dataclasses.replace(
-            entry,
-            ongoing=txnid,
-            txn_producer_id=producer_id,
-            txn_epoch=epoch,
-            updated_ms=_now_ms(),
-        )
-        self._append(ProducerRegistry.record(began), lazy=True)
-        return txnid
+        return None
 
     def producer_add_partition(
         self, producer_id: int, epoch: int, topic: str, partition: int
@@ -716,17 +832,21 @@ class TransactionCoordinator:
         self.add_subscription(txnid, topic, subscription)
         return txnid
 
-    async def prepare_producer_txn(self, producer_id: int, epoch: int) -> tuple[int, int]:
+    def prepare_producer_txn(self, producer_id: int, epoch: int) -> asyncio.Future[tuple[int, int]]:
         """KIP-939's prepareTransaction: the ongoing transaction PREPARED
-        (`prepare_txn`); its identity (the client's, if nothing is ongoing:
-        completing with it commits nothing)."""
+        (`prepare_txn`, its record queued now, so it shares a group commit
+        with the transaction's last writes); the result, its identity (the
+        client's, if nothing is ongoing: completing with it commits nothing),
+        once that is durable. A refusal is raised at once, changing nothing."""
         entry = self._producers.check(producer_id, epoch, "prepare")
         if not entry.two_phase:
             raise InvalidTxnStateError(
                 f"prepare refused: {entry.transactional_id!r} did not enable two-phase commit"
             )
+        result: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
         if entry.ongoing is None:
-            return entry.identity
+            result.set_result(entry.identity)
+            return result
         if entry.txn_identity != entry.identity:
             raise InvalidTxnStateError(
                 f"prepare refused: {entry.transactional_id!r} was initialized keeping its "
@@ -737,17 +857,28 @@ class TransactionCoordinator:
             raise TransactionAbortableError(
                 f"prepare refused: the transaction of {entry.transactional_id!r} was aborted"
             )
-        await self.prepare_txn(entry.ongoing)
-        return entry.identity
+        identity = entry.identity
+
+        def durable(written: asyncio.Future[int]) -> None:
+            if not pass_failure(written, result) and not result.done():
+                result.set_result(identity)
+
+        self.prepare_txn(entry.ongoing).add_done_callback(durable)
+        return result
 
     def end_producer_txn(
-        self, producer_id: int, epoch: int, commit: bool
+        self, producer_id: int, epoch: int, commit: bool, bump: bool = True
     ) -> asyncio.Future[tuple[int, int]]:
         """EndTxn: commit or abort the producer's ongoing transaction (nothing
         to do if none) and bump its identity (KIP-890); the result, the
         identity for its next transaction, once the decision is applied and
         the new identity durable. A retried END (the identity it ended, the
-        same outcome) is answered with the identity it was given."""
+        same outcome) is answered with the identity it was given.
+
+        ``bump=False``: Kafka's EndTxn before version 5 (transactions before
+        KIP-890 part 2), whose producer keeps its identity for the next
+        transaction: the identity stays, and the producer's sends must name
+        partitions added explicitly (`producer_verified_partition`)."""
         outcome = "commit" if commit else "abort"
         entry = self._producers.of_producer(producer_id)
         loop = asyncio.get_running_loop()
@@ -772,20 +903,26 @@ class TransactionCoordinator:
                     f"{outcome} refused: the transaction of {entry.transactional_id!r} was "
                     "aborted; abort it and begin the next"
                 )
-        pid, next_epoch = self._producers.bump(*entry.identity)
-        ended = dataclasses.replace(
-            entry,
-            producer_id=pid,
-            epoch=next_epoch,
-            ongoing=None,
-            txn_producer_id=-1,
-            txn_epoch=-1,
-            prev_producer_id=producer_id,
-            prev_epoch=epoch,
-            prev_outcome=outcome,
-            bumped_by="end",
-            updated_ms=_now_ms(),
-        )
+        if bump:
+            pid, next_epoch = self._producers.bump(*entry.identity)
+            ended = dataclasses.replace(
+                entry,
+                producer_id=pid,
+                epoch=next_epoch,
+                ongoing=None,
+                txn_producer_id=-1,
+                txn_epoch=-1,
+                prev_producer_id=producer_id,
+                prev_epoch=epoch,
+                prev_outcome=outcome,
+                bumped_by="end",
+                updated_ms=_now_ms(),
+            )
+        else:
+            pid, next_epoch = entry.identity
+            ended = dataclasses.replace(
+                entry, ongoing=None, txn_producer_id=-1, txn_epoch=-1, updated_ms=_now_ms()
+            )
         written = self._append(ProducerRegistry.record(ended))
         waits: list[asyncio.Future[Any]] = [written] if decided is None else [decided, written]
         left = len(waits)
@@ -936,3 +1073,24 @@ _WAITING = (TxnStatus.OPEN, TxnStatus.PREPARED)  # not decided: nothing to finis
 def _quietly(f: asyncio.Future[None]) -> None:
     if not f.cancelled() and (error := f.exception()) is not None:
         log.warning("timing out a transaction failed: %s", error)
+
+
+def _all_of(futures: list[asyncio.Future[None]]) -> asyncio.Future[None]:
+    """Done when every one of ``futures`` is; failed with the first failure."""
+    result: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    left = len(futures)
+    if not left:
+        result.set_result(None)
+        return result
+
+    def one_done(f: asyncio.Future[None]) -> None:
+        nonlocal left
+        left -= 1
+        if result.done() or pass_failure(f, result):
+            return
+        if left == 0:
+            result.set_result(None)
+
+    for f in futures:
+        f.add_done_callback(one_done)
+    return result

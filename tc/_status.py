@@ -5,13 +5,15 @@
     OPEN --TIMEOUT-> ABORTING
     OPEN --PREPARE-> PREPARED --COMMIT--> COMMITTING
                      PREPARED --ABORT---> ABORTING
+                     PREPARED --TIMEOUT-> ABORTING  (only with a prepared timeout)
 
 COMMITTING / ABORTING are logged before any participant is told: from that
 record on the outcome is decided and survives any crash. FINISH is logged
 once every participant has answered. PREPARED (two-phase commit, KIP-939):
 every write of the transaction is durable and it waits for a decision made
-elsewhere; it survives a restart (an OPEN one is aborted) and never times
-out. `transition` is the only way a status
+elsewhere; it survives a restart (an OPEN one is aborted) and times out
+only if it was opened with a prepared timeout (a sink's transaction, whose
+job may die before it decides). `transition` is the only way a status
 changes; the log stores (expected, new) pairs, which `check_update` checks
 against the same table on replay.
 """
@@ -73,6 +75,7 @@ TRANSITIONS: dict[tuple[TxnStatus, TxnEvent], TxnStatus] = {
     (TxnStatus.OPEN, TxnEvent.PREPARE): TxnStatus.PREPARED,
     (TxnStatus.PREPARED, TxnEvent.COMMIT): TxnStatus.COMMITTING,
     (TxnStatus.PREPARED, TxnEvent.ABORT): TxnStatus.ABORTING,
+    (TxnStatus.PREPARED, TxnEvent.TIMEOUT): TxnStatus.ABORTING,
     (TxnStatus.COMMITTING, TxnEvent.FINISH): TxnStatus.COMMITTED,
     (TxnStatus.ABORTING, TxnEvent.FINISH): TxnStatus.ABORTED,
 }

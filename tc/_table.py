@@ -6,13 +6,13 @@ recently ended ones, the deadlines of the OPEN ones, and where its ids are.
 It changes in exactly two ways:
 
 - `apply(record)`: a `TransactionMetadataEntry` of the log (NEW, UPDATE,
-  BOOT), live and on recovery alike;
+  BOOT, GROUP), live and on recovery alike;
 - `register`: a participant joins an OPEN transaction. Registrations are
   not logged: the decision record names every participant, which is all a
   restart needs to finish a decided transaction (one left OPEN by a crash
   is aborted, and its participants abort what they hold of it).
 
-The records it is asked for (`new`, `decide`, `finish`, `boot`) are built,
+The records it is asked for (`new`, `decide`, `finish`, `boot`, `group`) are built,
 checked against the status table (`tc._status`) and returned, not applied:
 the coordinator logs a record, then applies it (see `tc._coordinator`).
 `snapshot` / `restore` turn the table into plain data and back.
@@ -21,6 +21,17 @@ A TxnID's 112-bit counter is (boot epoch << 64) | sequence: each start of
 the coordinator logs BOOT with a new epoch before it hands out an id, so an
 id answered before its NEW record was durable (and lost in a crash) is never
 handed out again, and ids grow across restarts.
+
+Transaction groups (an exactly-once sink's batches, `pipelines`): a
+transaction may carry a ``tag`` (indexed while it has not ended, so that
+the undecided ones of a tag are found and aborted) and a prepared timeout
+(once PREPARED, it is aborted if not decided within it: a sink's job may
+die before it decides). A GROUP record commits a set of PREPARED
+transactions and aborts others, as one decision, under the key (group,
+sequence); the table remembers each group's highest committed sequence
+(the `GROUPS_KEPT` groups used last, all of them in snapshots), so a GROUP
+asked for again at that sequence or below is a duplicate: it commits
+nothing, and aborts what it names.
 """
 
 from __future__ import annotations
@@ -46,6 +57,7 @@ __all__ = [
     "DEFAULT_TIMEOUT_MS",
     "ENDED_IN_SNAPSHOT",
     "ENDED_KEPT",
+    "GROUPS_KEPT",
     "MAX_TIMEOUT_MS",
     "Record",
     "TxnMeta",
@@ -57,8 +69,12 @@ __all__ = [
 Record = pb.TransactionMetadataEntry
 DEFAULT_TIMEOUT_MS = 60_000
 MAX_TIMEOUT_MS = 3_600_000
+MAX_PREPARED_TIMEOUT_MS = 7 * 24 * 3_600_000
+MAX_TAG_LENGTH = 1024
 ENDED_KEPT = 10_000  # ended transactions remembered, so a repeated END is answered
 ENDED_IN_SNAPSHOT = 1000  # of which the newest survive a restart
+GROUPS_KEPT = 10_000  # groups whose highest committed sequence is remembered
+_UNDECIDED = (TxnStatus.OPEN, TxnStatus.PREPARED)
 _SEQ_BITS = 64  # a counter is (boot epoch << 64) | sequence
 
 
@@ -84,12 +100,21 @@ class TxnMeta:
     # belongs to, and whether it is two-phase (never times out).
     producer: tuple[int, int] | None = None
     two_phase: bool = False
+    # A label (a sink's "<query id>/<batch id>"), and how long it may stay
+    # PREPARED (0: for ever).
+    tag: str = ""
+    prepared_timeout_ms: int = 0
 
     @property
     def deadline_ms(self) -> int | None:
-        """When it times out; None for a two-phase or prepared transaction,
-        which never does."""
-        if self.two_phase or self.status is TxnStatus.PREPARED:
+        """When it times out: OPEN, at its start plus its timeout (never
+        for a two-phase one); PREPARED, at its prepare (its last change)
+        plus its prepared timeout, if it has one; else None."""
+        if self.status is TxnStatus.PREPARED:
+            if self.prepared_timeout_ms > 0:
+                return self.last_modified_ms + self.prepared_timeout_ms
+            return None
+        if self.two_phase or self.status is not TxnStatus.OPEN:
             return None
         return self.start_ms + self.timeout_ms
 
@@ -108,6 +133,8 @@ class TxnMeta:
             if self.producer is None
             else {"producer_id": self.producer[0], "producer_epoch": self.producer[1]},
             "two_phase": self.two_phase,
+            "tag": self.tag,
+            "prepared_timeout_ms": self.prepared_timeout_ms,
         }
 
     @classmethod
@@ -125,6 +152,8 @@ class TxnMeta:
             if d.get("producer") is None
             else (int(d["producer"]["producer_id"]), int(d["producer"]["producer_epoch"])),
             two_phase=bool(d.get("two_phase", False)),
+            tag=str(d.get("tag", "")),
+            prepared_timeout_ms=int(d.get("prepared_timeout_ms", 0)),
         )
 
 
@@ -140,7 +169,12 @@ class TxnTable:
         self.tcid = tcid
         self.txns: dict[TxnID, TxnMeta] = {}  # not ended
         self.ended: collections.OrderedDict[TxnID, TxnMeta] = collections.OrderedDict()
-        self.deadlines: SortedList = SortedList()  # (deadline_ms, txnid) of the OPEN ones
+        # (deadline_ms, txnid) of the OPEN ones, and of the PREPARED ones
+        # with a prepared timeout
+        self.deadlines: SortedList = SortedList()
+        self.tagged: dict[str, set[TxnID]] = {}  # tag -> its transactions not ended
+        # group -> the highest sequence committed in it, least recently used first
+        self.groups: collections.OrderedDict[str, int] = collections.OrderedDict()
         self.epoch = 0  # the boot epoch of the ids handed out now
         self.next_seq = 0  # the next id's sequence in this epoch
         self.highest_epoch = 0  # the highest epoch any record names
@@ -196,14 +230,28 @@ class TxnTable:
             )
 
     def expired(self, now_ms: int) -> list[TxnID]:
-        """The OPEN transactions whose deadline has passed (each once: they
-        leave the deadline index)."""
+        """The OPEN (or PREPARED with a prepared timeout) transactions whose
+        deadline has passed (each once: they leave the deadline index)."""
         out = []
         while self.deadlines and self.deadlines[0][0] <= now_ms:
-            _, txnid = self.deadlines.pop(0)
-            if self.is_open(txnid):
+            deadline, txnid = self.deadlines.pop(0)
+            meta = self.txns.get(txnid)
+            if meta is not None and meta.status in _UNDECIDED and meta.deadline_ms == deadline:
                 out.append(txnid)
         return out
+
+    def with_tag(self, tag: str, prefix: bool = False) -> list[TxnMeta]:
+        """The transactions not ended that are tagged ``tag`` (with
+        ``prefix``: whose tag starts with it), oldest first."""
+        if prefix:
+            ids = [t for name, ts in self.tagged.items() if name.startswith(tag) for t in ts]
+        else:
+            ids = list(self.tagged.get(tag, ()))
+        return sorted((self.txns[t] for t in ids), key=lambda m: m.txnid)
+
+    def group_sequence(self, group: str) -> int | None:
+        """The highest sequence committed in ``group`` (None: none remembered)."""
+        return self.groups.get(group)
 
     def next_deadline(self) -> int | None:
         return self.deadlines[0][0] if self.deadlines else None
@@ -220,13 +268,23 @@ class TxnTable:
         now_ms: int,
         producer: tuple[int, int] | None = None,
         two_phase: bool = False,
+        tag: str = "",
+        prepared_timeout_ms: int = 0,
     ) -> Record:
         """The NEW record of the next transaction (its id: `next_txnid`);
-        ``producer`` and ``two_phase`` for the producer-epoch mode."""
+        ``producer`` and ``two_phase`` for the producer-epoch mode, ``tag``
+        and ``prepared_timeout_ms`` for transaction groups."""
         if not 0 <= timeout_ms <= MAX_TIMEOUT_MS:
             raise ValueError(
                 f"transaction timeout must be 0..{MAX_TIMEOUT_MS} ms, got {timeout_ms}"
             )
+        if not 0 <= prepared_timeout_ms <= MAX_PREPARED_TIMEOUT_MS:
+            raise ValueError(
+                f"prepared timeout must be 0..{MAX_PREPARED_TIMEOUT_MS} ms, "
+                f"got {prepared_timeout_ms}"
+            )
+        if len(tag) > MAX_TAG_LENGTH:
+            raise ValueError(f"a tag is at most {MAX_TAG_LENGTH} characters, got {len(tag)}")
         txnid = self.next_txnid()
         rec = Record(
             metadata_op=Record.NEW,
@@ -237,6 +295,8 @@ class TxnTable:
             txn_start_time=now_ms,
             txn_last_modification_time=now_ms,
             two_phase=two_phase,
+            tag=tag,
+            prepared_timeout_ms=prepared_timeout_ms,
         )
         if producer is not None:
             rec.producer_id, rec.producer_epoch = producer
@@ -266,6 +326,59 @@ class TxnTable:
         every participant having applied its decision."""
         meta = self.live(txnid)
         return self._update(meta, transition(meta.status, TxnEvent.FINISH), now_ms)
+
+    def group(
+        self,
+        group: str,
+        sequence: int,
+        commit: list[TxnID],
+        abort_tag: str,
+        now_ms: int,
+    ) -> Record:
+        """The GROUP record that commits ``commit`` (every one PREPARED) as
+        one decision under the key (``group``, ``sequence``), and aborts the
+        undecided transactions tagged ``abort_tag`` that it does not commit.
+        If ``group`` has committed ``sequence`` or a later one already, the
+        record is a duplicate: it commits nothing and aborts the undecided
+        ones of ``commit`` too. Raises (nothing built) for an empty
+        ``group``, an unknown transaction, one of a producer, or one to
+        commit that is not PREPARED."""
+        if not group:
+            raise ValueError("a group commit needs a group name")
+        if not 0 <= sequence < 1 << 63:
+            raise ValueError(f"a group sequence is 0..2**63-1, got {sequence}")
+        members = list(dict.fromkeys(commit))
+        known = self.groups.get(group)
+        duplicate = known is not None and sequence <= known
+        rec = Record(
+            metadata_op=Record.GROUP,
+            group_id=group,
+            group_sequence=sequence,
+            group_duplicate=duplicate,
+        )
+        metas = [self.live(txnid) for txnid in members]
+        for meta in metas:
+            if meta.producer is not None:
+                raise InvalidTxnStatusError(
+                    meta.status,
+                    f"commit in group {group!r}: transaction {meta.txnid} belongs to producer "
+                    f"{meta.producer[0]}, which commits it",
+                )
+            if not duplicate and meta.status is not TxnStatus.PREPARED:
+                raise InvalidTxnStatusError(
+                    meta.status, f"commit in group {group!r} (only a PREPARED transaction may be)"
+                )
+        for meta in metas:
+            if not duplicate:
+                rec.group_updates.append(self.decide(meta.txnid, TxnEvent.COMMIT, now_ms))
+            elif meta.status in _UNDECIDED:
+                rec.group_updates.append(self.decide(meta.txnid, TxnEvent.ABORT, now_ms))
+        if abort_tag:
+            named = set(members)
+            for meta in self.with_tag(abort_tag):
+                if meta.txnid not in named and meta.status in _UNDECIDED:
+                    rec.group_updates.append(self.decide(meta.txnid, TxnEvent.ABORT, now_ms))
+        return rec
 
     @staticmethod
     def _update(meta: TxnMeta, new: TxnStatus, now_ms: int) -> Record:
@@ -311,7 +424,26 @@ class TxnTable:
             self.next_seq = 0
             self.highest_epoch = max(self.highest_epoch, rec.boot_epoch)
             return True
+        if op == Record.GROUP:
+            self._apply_group(rec)
+            return True
         return False
+
+    def _apply_group(self, rec: Record) -> None:
+        """A GROUP record: every update it carries (those no longer
+        applicable are ignored, as a lone UPDATE's would be), and, unless it
+        is a duplicate, the group's committed sequence."""
+        for update in rec.group_updates:
+            self._apply_update(update)
+        if not rec.group_duplicate:
+            self._remember_group(rec.group_id, rec.group_sequence)
+
+    def _remember_group(self, group: str, sequence: int) -> None:
+        groups = self.groups
+        groups[group] = max(sequence, groups.get(group, sequence))
+        groups.move_to_end(group)
+        while len(groups) > GROUPS_KEPT:
+            groups.popitem(last=False)
 
     def _apply_new(self, rec: Record) -> bool:
         txnid = wire_txnid(rec.txnid_most_bits, rec.txnid_least_bits)
@@ -323,8 +455,12 @@ class TxnTable:
             last_modified_ms=rec.txn_last_modification_time,
             producer=(rec.producer_id, rec.producer_epoch) if rec.HasField("producer_id") else None,
             two_phase=rec.two_phase,
+            tag=rec.tag,
+            prepared_timeout_ms=rec.prepared_timeout_ms,
         )
         self.txns[txnid] = meta
+        if meta.tag:
+            self.tagged.setdefault(meta.tag, set()).add(txnid)
         epoch, seq = divmod(txnid.counter, 1 << _SEQ_BITS)
         self.highest_epoch = max(self.highest_epoch, epoch)
         if epoch == self.epoch:
@@ -339,6 +475,7 @@ class TxnTable:
         expected = status_of(rec.expected_status)
         if meta is None or meta.status is not expected:
             return False
+        new = check_update(expected, status_of(rec.new_status))
         if expected is TxnStatus.OPEN:  # a decision (or PREPARED): it names the participants
             for p in rec.partitions:
                 if (p.topic, p.partition) not in meta.partitions:
@@ -346,17 +483,29 @@ class TxnTable:
             for s in rec.subscriptions:
                 if (s.topic, s.subscription) not in meta.subscriptions:
                     meta.subscriptions.append((s.topic, s.subscription))
-            if meta.deadline_ms is not None:
-                self.deadlines.discard((meta.deadline_ms, txnid))
-        meta.status = check_update(expected, status_of(rec.new_status))
+        deadline = meta.deadline_ms
+        if deadline is not None:
+            self.deadlines.discard((deadline, txnid))
+        meta.status = new
         meta.timed_out = meta.timed_out or rec.timed_out
         meta.last_modified_ms = max(meta.last_modified_ms, rec.txn_last_modification_time)
         if meta.status.ended:
             del self.txns[txnid]
+            self._untag(meta)
             self.ended[txnid] = meta
             while len(self.ended) > ENDED_KEPT:
                 self.ended.popitem(last=False)
+        elif (deadline := meta.deadline_ms) is not None:  # (PREPARED with a prepared timeout)
+            self.deadlines.add((deadline, txnid))
         return True
+
+    def _untag(self, meta: TxnMeta) -> None:
+        if meta.tag:
+            ids = self.tagged.get(meta.tag)
+            if ids is not None:
+                ids.discard(meta.txnid)
+                if not ids:
+                    del self.tagged[meta.tag]
 
     # -- snapshots ------------------------------------------------------------------
 
@@ -366,6 +515,7 @@ class TxnTable:
             "highest_epoch": self.highest_epoch,
             "txns": [m.to_json() for m in self.txns.values()],
             "ended": [m.to_json() for m in list(self.ended.values())[-ENDED_IN_SNAPSHOT:]],
+            "groups": list(self.groups.items()),
         }
 
     def restore(self, snap: dict[str, Any]) -> None:
@@ -373,8 +523,12 @@ class TxnTable:
         for d in snap["txns"]:
             meta = TxnMeta.from_json(d)
             self.txns[meta.txnid] = meta
-            if meta.status is TxnStatus.OPEN and meta.deadline_ms is not None:
+            if meta.deadline_ms is not None:
                 self.deadlines.add((meta.deadline_ms, meta.txnid))
+            if meta.tag:
+                self.tagged.setdefault(meta.tag, set()).add(meta.txnid)
         for d in snap["ended"]:
             meta = TxnMeta.from_json(d)
             self.ended[meta.txnid] = meta
+        for group, sequence in snap.get("groups", []):
+            self._remember_group(str(group), int(sequence))

@@ -241,3 +241,10 @@ def send_command(*messages: Any, **fields: Any) -> Any:
     """A CommandSend with ``fields``, carrying ``messages`` (SingleMessage)
     as its batch, as a client sends them."""
     return pb.CommandSend(batch=pb.EntryBatch(messages=messages).SerializeToString(), **fields)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _bench_results_elsewhere(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Benchmarks run small by the tests record their figures in a temporary
+    folder, not in bench/results (bench/_results.py)."""
+    os.environ["TXNBUF_BENCH_RESULTS"] = str(tmp_path_factory.mktemp("bench-results"))

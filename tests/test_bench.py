@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,10 @@ def test_acks_benchmark_prints_both_sides() -> None:
     ).stdout  # fmt: skip
     assert "baseline" in out
     assert "in order (1 worker)" in out and "windows of 4 (4 workers)" in out
+    # The figures are also recorded, with the machine and the code they came from.
+    recorded = (Path(os.environ["TXNBUF_BENCH_RESULTS"]) / "acks.md").read_text()
+    assert "python -m bench.acks --entries 40" in recorded and " cores; Python " in recorded
+    assert "in order (1 worker)" in recorded
 
 
 async def test_txnpath_round_checks_that_every_transaction_committed(
@@ -210,6 +215,55 @@ def test_ctp_benchmark_runs_every_system_installed(tmp_path: Path) -> None:
     )
     assert "- 1 process: " in out  # README loop / fastest loop
     assert out.strip() in results.read_text()
+
+
+@pytest.mark.integration
+def test_epoch_benchmark_runs_small(tmp_path: Path) -> None:
+    results = tmp_path / "epoch.md"
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.epoch", "--messages", "300", "--per-txn", "10",
+         "--rounds", "1", "--workers", "2", "--write-txns", "10", "--results", str(results)],
+        cwd=ROOT, capture_output=True, text=True, check=True, timeout=120,
+    )  # fmt: skip
+    rows = {
+        cells[1].strip(): cells[2:]
+        for line in out.stdout.splitlines()
+        if line.startswith("| ") and len(cells := line.split("|")) > 3
+    }
+    for label in (
+        "transactional produce, PIP-31, 2 workers",
+        "transactional produce, epoch, 2 workers",
+        "transactional produce, epoch 2PC, 2 workers",
+        "consume-transform-produce, PIP-31, 2 workers",
+        "consume-transform-produce, epoch, 2 workers",
+    ):
+        assert float(rows[label][0].replace(",", "")) > 0, label  # round 1's msgs/s
+    for api in ("PIP-31", "epoch", "epoch 2PC"):
+        assert float(rows[api][1]) >= 1  # a transaction takes at least one group commit
+    assert "consume-transform-produce, epoch, 2 workers: " in out.stdout  # its ratio
+    assert "2PC (prepare + complete) costs " in out.stdout
+    assert out.stderr.count("output checked") == 2  # both consume-transform-produce runs
+    assert results.read_text().strip().endswith(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.integration
+async def test_epoch_benchmark_output_check_catches_a_wrong_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A consume-transform-produce run whose loop copies its inputs untransformed
+    stops the benchmark."""
+    import argparse
+
+    from bench import epoch
+
+    monkeypatch.setattr(epoch, "transform", lambda value: value)
+    args = argparse.Namespace(messages=50, per_txn=10, size=20)
+    server = epoch.Server(str(tmp_path))
+    try:
+        with pytest.raises(SystemExit, match="50 outputs are not their input transformed"):
+            await epoch.ctp_run(server, epoch.Variant("ctp", "epoch", 1), args)
+    finally:
+        server.stop()
 
 
 @pytest.mark.integration

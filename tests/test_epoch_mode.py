@@ -224,6 +224,66 @@ async def test_complete_with_a_stale_state_aborts(broker_2pc: BrokerProcess) -> 
         assert [m.value for m in await receive_all(sink)] == [b"first"]
 
 
+async def test_a_failed_send_refuses_the_commit_written_behind_it(broker: BrokerProcess) -> None:
+    """commit_transaction writes its END right behind the PRODUCE without
+    waiting for the answer; the broker refuses the END because the send
+    failed (a sequence gap here), nothing is committed, the commit raises
+    the send's error and only abort goes on."""
+    async with Client(broker.url) as client:
+        sink = await client.subscribe("out", "reader", initial_position="earliest")
+        p = await client.create_transactional_producer("gap", transaction_timeout=30)
+        await p.init_transactions()
+        await p.begin_transaction()
+        lost = await p.send("out", b"never")
+        p._partitions[("out", 0)].next_seq = 5  # (the PRODUCE will start at 5, not 0)
+        with pytest.raises(errors.OutOfOrderSequenceError):
+            await p.commit_transaction()
+        assert p.state is ProducerState.ABORTABLE and lost.done()
+        assert isinstance(lost.exception(), errors.OutOfOrderSequenceError)
+        with pytest.raises(errors.InvalidTxnStateError):
+            await p.commit_transaction()
+        await p.abort_transaction()
+        await p.begin_transaction()
+        sent = [await p.send("out", b"kept-%d" % i) for i in range(3)]
+        await p.commit_transaction()
+        assert [f.result() for f in sent] == [(0, -1, i) for i in range(3)]  # answered
+        assert [m.value for m in await receive_all(sink)] == [b"kept-0", b"kept-1", b"kept-2"]
+
+
+async def test_a_failed_send_refuses_the_prepare_written_behind_it(
+    broker_2pc: BrokerProcess,
+) -> None:
+    async with Client(broker_2pc.url) as client:
+        p = await client.create_transactional_producer("gap", enable_2pc=True)
+        await p.init_transactions()
+        await p.begin_transaction()
+        await p.send("out", b"never")
+        p._partitions[("out", 0)].next_seq = 5
+        with pytest.raises(errors.OutOfOrderSequenceError):
+            await p.prepare_transaction()
+        assert p.state is ProducerState.ABORTABLE
+        status, body = broker_2pc.admin("GET", "/admin/v1/transactions?state=PREPARED")
+        assert status == 200 and json.loads(body)["transactions"] == []
+        await p.abort_transaction()
+
+
+async def test_sends_behind_a_produce_in_flight_are_committed_too(broker: BrokerProcess) -> None:
+    """A send queued while its partition's PRODUCE is in flight goes in the
+    next PRODUCE; the commit then waits for both before its END."""
+    async with Client(broker.url) as client:
+        sink = await client.subscribe("out", "reader", initial_position="earliest")
+        p = await client.create_transactional_producer("late", transaction_timeout=30)
+        await p.init_transactions()
+        await p.begin_transaction()
+        first = await p.send("out", b"a")
+        await asyncio.sleep(0)  # its PRODUCE is written, the answer not read yet
+        assert p._partitions[("out", 0)].inflight is not None
+        second = await p.send("out", b"b")
+        await p.commit_transaction()
+        assert (first.result(), second.result()) == ((0, -1, 0), (0, -1, 1))
+        assert [m.value for m in await receive_all(sink)] == [b"a", b"b"]
+
+
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "dual_write.py"
 
 

@@ -9,7 +9,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ["proto", "ledger", "tc", "buffer", "subscriptions", "client", "broker", "checker"]
+PACKAGES = [
+    "proto",
+    "ledger",
+    "tc",
+    "buffer",
+    "subscriptions",
+    "client",
+    "broker",
+    "checker",
+    "pipelines",
+]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

@@ -317,7 +317,7 @@ async def test_prepare_needs_two_phase_and_forced_termination_aborts(open_tc: Op
         pid, _, _, _ = await tc.init_producer("plain", 60_000)
         tc.producer_add_partition(pid, 0, "out", 0)
         with pytest.raises(InvalidTxnStateError, match="two-phase"):
-            await tc.prepare_producer_txn(pid, 0)
+            tc.prepare_producer_txn(pid, 0)  # (refused at once, nothing queued)
         dual, _, _, _ = await tc.init_producer("dual", 60_000, two_phase=True)
         txnid = tc.producer_add_partition(dual, 0, "out", 1)
         await tc.prepare_producer_txn(dual, 0)

@@ -1,0 +1,359 @@
+"""Pieces of the Kafka listener alone: record batches (checked against
+kafka-python's own record reader and writer), the group state machine, the
+response builder, and bad requests against a real broker process."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import socket
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kio.index import load_request_schema, load_response_schema
+from kio.serial import entity_reader, entity_writer
+
+from broker.kafka._codec import Api, build, encode_response, read_request
+from broker.kafka._groups import (
+    ILLEGAL_GENERATION,
+    MEMBER_ID_REQUIRED,
+    REBALANCE_IN_PROGRESS,
+    UNKNOWN_MEMBER_ID,
+    GroupError,
+    Groups,
+)
+from broker.kafka._offsets import offset_of, position_of
+from broker.kafka._records import (
+    CORRUPT_MESSAGE,
+    INVALID_RECORD,
+    UNSUPPORTED_COMPRESSION_TYPE,
+    RecordError,
+    control_batch,
+    data_batch,
+    read_batches,
+)
+from proto import txnbuf_pb2 as pb
+from tests.test_kafka import KafkaBroker
+
+pytestmark = pytest.mark.filterwarnings("ignore:(read_text|open_text) is deprecated")
+
+
+def kafka_python_batch(
+    records: list[tuple[bytes | None, bytes, list[tuple[str, bytes]]]],
+    compression: int = 0,
+    transactional: bool = False,
+) -> bytes:
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    builder = DefaultRecordBatchBuilder(2, compression, transactional, 7, 3, 10, 1 << 20)
+    for i, (key, value, headers) in enumerate(records):
+        builder.append(i, 1_700_000_000_000 + i, key, value, headers)
+    return bytes(builder.build())
+
+
+def read_with_kafka_python(data: bytes) -> list[object]:
+    from kafka.record.default_records import DefaultRecordBatch
+
+    batches = []
+    pos = 0
+    while pos < len(data):
+        (length,) = struct.unpack_from(">i", data, pos + 8)
+        batch = DefaultRecordBatch(data[pos : pos + 12 + length])
+        assert batch.validate_crc()
+        batches.append(batch)
+        pos += 12 + length
+    return batches
+
+
+# -- record batches --------------------------------------------------------------------
+
+
+def test_a_kafka_python_batch_becomes_messages() -> None:
+    data = kafka_python_batch(
+        [(b"k1", b"v1", [("h", b"x")]), (None, b"v2", []), (b"k3", b"", [("a", b""), ("b", b"y")])],
+        transactional=True,
+    )
+    (batch,) = read_batches(data)
+    assert (batch.producer_id, batch.producer_epoch, batch.base_sequence) == (7, 3, 10)
+    assert batch.transactional and batch.count == 3
+    messages = batch.messages(first_seq=5)
+    assert [m.payload for m in messages] == [b"v1", b"v2", b""]
+    assert [m.key if m.HasField("key") else None for m in messages] == ["k1", None, "k3"]
+    assert [dict(m.properties) for m in messages] == [{"h": "x"}, {}, {"a": "", "b": "y"}]
+    assert [m.sequence_id for m in messages] == [5, 6, 7]
+    assert [m.publish_time_ms for m in messages] == [1_700_000_000_000 + i for i in range(3)]
+
+
+def test_a_gzip_batch_is_read() -> None:
+    data = kafka_python_batch([(b"k", b"v" * 100, [])], compression=1)
+    (batch,) = read_batches(data)
+    assert [m.payload for m in batch.messages(0)] == [b"v" * 100]
+
+
+@pytest.mark.parametrize(
+    ("records", "code", "words"),
+    [
+        ([(b"\xff\xfe", b"v", [])], INVALID_RECORD, "key is not UTF-8"),
+        ([(b"k", b"v", [("h", b"\xff")])], INVALID_RECORD, "not UTF-8"),
+        ([(b"k", b"v", [("h", b"1"), ("h", b"2")])], INVALID_RECORD, "appears twice"),
+    ],
+)
+def test_records_txnbuf_cannot_hold_are_refused(
+    records: list[tuple[bytes | None, bytes, list[tuple[str, bytes]]]], code: int, words: str
+) -> None:
+    (batch,) = read_batches(kafka_python_batch(records))
+    with pytest.raises(RecordError, match=words) as refused:
+        batch.messages(0)
+    assert refused.value.code == code
+
+
+def test_a_batch_with_a_bad_crc_or_codec_is_refused() -> None:
+    data = bytearray(kafka_python_batch([(b"k", b"v", [])]))
+    data[-1] ^= 1
+    with pytest.raises(RecordError, match="CRC") as refused:
+        read_batches(bytes(data))
+    assert refused.value.code == CORRUPT_MESSAGE
+    lz4 = bytearray(kafka_python_batch([(b"k", b"v", [])]))
+    lz4[22] |= 3  # (attributes: lz4), its CRC made right again
+    from crc32c import crc32c
+
+    struct.pack_into(">I", lz4, 17, crc32c(bytes(lz4[21:])))
+    with pytest.raises(RecordError) as refused:
+        read_batches(bytes(lz4))
+    assert refused.value.code == UNSUPPORTED_COMPRESSION_TYPE
+    with pytest.raises(RecordError) as refused:
+        read_batches(bytes(data[:30]))
+    assert refused.value.code == CORRUPT_MESSAGE
+
+
+def test_a_control_batch_from_a_producer_is_refused() -> None:
+    with pytest.raises(RecordError, match="control") as refused:
+        read_batches(control_batch(0, (7, 3), True, 0))
+    assert refused.value.code == INVALID_RECORD
+
+
+def test_fetched_batches_read_back_in_kafka_python() -> None:
+    messages = [
+        pb.SingleMessage(payload=b"a", key="k", properties={"p": "q"}, publish_time_ms=1000),
+        pb.SingleMessage(payload=b"b", publish_time_ms=1005),
+    ]
+    base = offset_of(42, 0)
+    data = data_batch(base, messages, (9, 2)) + control_batch(base + 2, (9, 2), True, 1005)
+    txn, marker = read_with_kafka_python(data)
+    assert txn.is_transactional and not txn.is_control_batch  # type: ignore[attr-defined]
+    assert (txn.producer_id, txn.producer_epoch) == (9, 2)  # type: ignore[attr-defined]
+    records = list(txn)  # type: ignore[call-overload]
+    assert [(r.offset, r.key, r.value, r.timestamp) for r in records] == [
+        (base, b"k", b"a", 1000),
+        (base + 1, None, b"b", 1005),
+    ]
+    assert records[0].headers == [("p", b"q")]
+    assert marker.is_control_batch and marker.base_offset == base + 2  # type: ignore[attr-defined]
+    (control,) = list(marker)  # type: ignore[call-overload]
+    assert struct.unpack(">hh", control.key) == (0, 1)  # version 0, COMMIT
+    plain = read_with_kafka_python(data_batch(base, messages[:1]))[0]
+    assert not plain.is_transactional  # type: ignore[attr-defined]
+
+
+def test_offsets_and_positions_map_one_to_one() -> None:
+    for entry_id, index in [(0, 0), (0, 5), (123456, 0), (123456, (1 << 20) - 1)]:
+        assert position_of(offset_of(entry_id, index)) == (entry_id, index)
+    assert offset_of(1, 0) > offset_of(0, (1 << 20) - 1)
+
+
+# -- responses ---------------------------------------------------------------------------
+
+
+def test_a_built_response_decodes_to_what_was_given() -> None:
+    data = {
+        "throttle_time": 0,
+        "error_code": 0,
+        "session_id": 0,
+        "responses": [
+            {
+                "topic": "t",
+                "partitions": [
+                    {
+                        "partition_index": 1,
+                        "error_code": 0,
+                        "high_watermark": 5,
+                        "last_stable_offset": 5,
+                        "log_start_offset": 0,
+                        "aborted_transactions": [],
+                        "preferred_read_replica": -1,
+                        "records": b"xyz",
+                    }
+                ],
+            }
+        ],
+    }
+    for version in (4, 11):
+        frame = encode_response(
+            read_request(_request(Api.API_VERSIONS, 0, {}, correlation_id=9))[0],
+            Api.FETCH,
+            version,
+            build(Api.FETCH, version, data),
+        )
+        assert struct.unpack_from(">ii", frame) == (len(frame) - 4, 9)
+        body, _ = entity_reader(load_response_schema(Api.FETCH, version))(frame, 8)
+        part = body.responses[0].partitions[0]
+        assert (part.partition_index, part.high_watermark, bytes(part.records)) == (1, 5, b"xyz")
+
+
+def test_an_api_version_not_served_reads_as_no_body() -> None:
+    header, body = read_request(_request(Api.API_VERSIONS, 4, None))
+    assert (header.api_key, header.api_version, body) == (Api.API_VERSIONS, 4, None)
+    _, body = read_request(_request(Api.PRODUCE, 2, None))
+    assert body is None
+
+
+def _request(
+    api: int, version: int, fields: dict[str, object] | None, correlation_id: int = 1
+) -> bytes:
+    head = struct.pack(">hhih", api, version, correlation_id, 4) + b"test"
+    if fields is None:
+        return head + b"\0" * 8
+    cls = load_request_schema(api, version)
+    out = io.BytesIO()
+    entity_writer(cls)(out, cls(**fields))
+    return head + out.getvalue()
+
+
+# -- groups ----------------------------------------------------------------------------------
+
+
+async def join(groups: Groups, member_id: str, protocols: list[str] | None = None) -> object:
+    return await groups.join(
+        "g",
+        member_id,
+        None,
+        "client",
+        "consumer",
+        [(p, p.encode()) for p in (protocols or ["range"])],
+        10_000,
+        1_000,
+        True,
+    )
+
+
+async def test_a_group_assigns_through_its_leader_and_rebalances_on_leave() -> None:
+    groups = Groups()
+    try:
+        with pytest.raises(GroupError) as required:
+            await join(groups, "")
+        assert required.value.code == MEMBER_ID_REQUIRED
+        a = required.value.member_id
+        with pytest.raises(GroupError) as required:
+            await join(groups, "")
+        b = required.value.member_id
+        first, second = await asyncio.gather(join(groups, a), join(groups, b))
+        assert first.generation == second.generation == 1  # type: ignore[attr-defined]
+        leader = first.leader  # type: ignore[attr-defined]
+        assert leader == a and len(first.members) == 2 and second.members == []  # type: ignore[attr-defined]
+        follower_sync = groups.sync("g", b, 1, [])
+        assert not follower_sync.done()
+        leader_sync = groups.sync("g", a, 1, [(a, b"A"), (b, b"B")])
+        assert await leader_sync == b"A" and await follower_sync == b"B"
+        groups.heartbeat("g", b, 1)
+        with pytest.raises(GroupError) as wrong:
+            groups.heartbeat("g", b, 0)
+        assert wrong.value.code == ILLEGAL_GENERATION
+        groups.leave("g", a)
+        with pytest.raises(GroupError) as rebalancing:
+            groups.heartbeat("g", b, 1)
+        assert rebalancing.value.code == REBALANCE_IN_PROGRESS
+        again = await join(groups, b)
+        assert (again.generation, again.leader) == (2, b)  # type: ignore[attr-defined]
+        with pytest.raises(GroupError) as gone:
+            groups.heartbeat("g", a, 2)
+        assert gone.value.code == UNKNOWN_MEMBER_ID
+    finally:
+        groups.close()
+
+
+async def test_a_member_that_stops_heartbeating_is_removed() -> None:
+    groups = Groups()
+    try:
+        with pytest.raises(GroupError) as required:
+            await join(groups, "")
+        a = required.value.member_id
+        await join(groups, a)
+        groups._groups["g"].members[a].session_timeout_ms = 50
+        await asyncio.sleep(1.2)
+        with pytest.raises(GroupError) as gone:
+            groups.heartbeat("g", a, 1)
+        assert gone.value.code == UNKNOWN_MEMBER_ID
+        groups.check_member("g", "", -1)  # empty again: a commit from outside is allowed
+    finally:
+        groups.close()
+
+
+# -- bad requests against a real broker -------------------------------------------------------
+
+
+@pytest.fixture
+def kafka_broker(tmp_path: Path) -> Iterator[KafkaBroker]:
+    proc = KafkaBroker(tmp_path / "data", tmp_path / "broker.log")
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def _roundtrip(sock: socket.socket, frame: bytes) -> bytes:
+    sock.sendall(struct.pack(">i", len(frame)) + frame)
+    (size,) = struct.unpack(">i", _recv(sock, 4))
+    return _recv(sock, size)
+
+
+def _recv(sock: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        if not chunk:
+            raise ConnectionError("closed")
+        out += chunk
+    return out
+
+
+@pytest.mark.integration
+def test_bad_kafka_requests_get_clear_errors_and_change_nothing(kafka_broker: KafkaBroker) -> None:
+    topic = kafka_broker.topic("bad", partitions=1)
+    with socket.create_connection(("127.0.0.1", kafka_broker.kafka_port), timeout=10) as sock:
+        # ApiVersions at a version not served: a v0 body, UNSUPPORTED_VERSION, the ranges.
+        answer = _roundtrip(sock, _request(Api.API_VERSIONS, 4, None, correlation_id=5))
+        assert struct.unpack_from(">i", answer) == (5,)
+        body, _ = entity_reader(load_response_schema(Api.API_VERSIONS, 0))(answer, 4)
+        assert body.error_code == 35
+        assert {k.api_key for k in body.api_keys} >= {0, 1, 22, 24, 25, 26, 28}
+        # A Produce whose batch fails its CRC: CORRUPT_MESSAGE, nothing stored.
+        bad = bytearray(kafka_python_batch([(b"k", b"v", [])]))
+        bad[-1] ^= 1
+        from kio.schema.produce.v8 import request as produce
+
+        req = produce.ProduceRequest(
+            transactional_id=None,
+            acks=-1,
+            timeout=__import__("datetime").timedelta(seconds=5),
+            topic_data=(
+                produce.TopicProduceData(
+                    name=topic,
+                    partition_data=(produce.PartitionProduceData(index=0, records=bytes(bad)),),
+                ),
+            ),
+        )
+        out = io.BytesIO()
+        entity_writer(type(req))(out, req)
+        head = struct.pack(">hhih", Api.PRODUCE, 8, 6, 4) + b"test"
+        answer = _roundtrip(sock, head + out.getvalue())
+        resp, _ = entity_reader(load_response_schema(Api.PRODUCE, 8))(answer, 4)
+        part = resp.responses[0].partition_responses[0]
+        assert part.error_code == CORRUPT_MESSAGE and "CRC" in part.error_message
+        # An API not served closes the connection.
+        sock.sendall(struct.pack(">i", 12) + struct.pack(">hhih", 99, 0, 7, -1) + b"\0\0")
+        assert sock.recv(10) == b""
+    status, stats = kafka_broker.admin("GET", f"/admin/v1/topics/{topic}/stats")
+    assert status == 200 and b'"messages": 0' in stats.replace(b'"messages":0', b'"messages": 0')
