@@ -15,7 +15,9 @@ acknowledged. Prints:
 - all read again: start of the process until every topic's message came back,
 - broker RSS (``/proc``, the main process; its ledger writer process apart):
   empty, before the kill, once healthy again, and after everything was read,
-  and the growth per topic once healthy (``(healthy - empty) / N``),
+  and the growth per topic once healthy (``(healthy - empty) / N``: topics
+  not loaded yet, where a broker loads them on first use) and after every
+  topic was read (``(after reads - empty) / N``: every topic loaded, idle),
 - the data directory's size per topic.
 
 Connections (for each count C): a fresh broker; C clients (one WebSocket
@@ -77,8 +79,13 @@ class TopicResult:
 
     @property
     def growth_per_topic(self) -> float:
-        """Bytes of RSS per topic, loaded and idle (healthy again, nothing read)."""
+        """Bytes of RSS per topic once healthy again (nothing read yet)."""
         return (self.rss_healthy_kb - self.rss_empty_kb) * 1024 / self.topics
+
+    @property
+    def growth_per_read_topic(self) -> float:
+        """Bytes of RSS per topic once every topic was read (loaded, idle)."""
+        return (self.rss_read_kb - self.rss_empty_kb) * 1024 / self.topics
 
 
 @dataclass
@@ -373,16 +380,17 @@ def topic_table(results: Iterable[TopicResult]) -> list[str]:
     lines = [
         "| broker | topics | setup s | restart to healthy s | all read again s "
         "| RSS empty MiB | RSS before kill MiB | RSS healthy MiB | RSS after reads MiB "
-        "| RSS growth/topic B | writer RSS MiB | data/topic B |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| RSS growth/topic B | RSS growth/topic read B | writer RSS MiB | data/topic B |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         if r.healthy_s is None:
-            restarted = ["no answer", "-", "-", "-", "-"]
+            restarted = ["no answer", "-", "-", "-", "-", "-"]
         else:
             read = "-" if r.read_s is None else f"{r.read_s:.2f}"
+            per_read = "-" if r.read_s is None else f"{r.growth_per_read_topic:,.0f}"
             restarted = [f"{r.healthy_s:.2f}", read, mib(r.rss_healthy_kb), mib(r.rss_read_kb),
-                         f"{r.growth_per_topic:,.0f}"]  # fmt: skip
+                         f"{r.growth_per_topic:,.0f}", per_read]  # fmt: skip
         cells = [r.side, f"{r.topics:,}", f"{r.setup_s:.1f}", *restarted[:2],
                  mib(r.rss_empty_kb), mib(r.rss_before_kb), *restarted[2:],
                  mib(r.writer_rss_kb), f"{r.data_bytes / r.topics:,.0f}"]  # fmt: skip

@@ -153,17 +153,16 @@ async def put_topic(request: web.Request) -> web.Response:
     unknown = set(body) - {"partitions", "retention"}
     if unknown:
         return _error(400, f"unknown field(s): {quoted(', '.join(sorted(unknown)))}")
-    existing = broker.topics.get(name)
-    partitions = body.get("partitions", len(existing.partitions) if existing else 1)
+    existing = broker.topics.partition_count(name)  # (loaded or not)
+    partitions = body.get("partitions", existing or 1)
     if isinstance(partitions, bool):
         return _error(400, "partitions must be an integer")
     try:
         retention = Retention.from_json(body["retention"]) if "retention" in body else None
         if existing is not None and isinstance(partitions, int):
-            if partitions < len(existing.partitions):
+            if partitions < existing:
                 raise PartitionCountError(
-                    f"topic {name!r} has {len(existing.partitions)} partitions; "
-                    "the count can grow but not shrink"
+                    f"topic {name!r} has {existing} partitions; the count can grow but not shrink"
                 )
         topic = await broker.topics.create(name, partitions)
     except (PartitionCountError, RetentionError) as exc:
@@ -177,8 +176,8 @@ async def put_topic(request: web.Request) -> web.Response:
     return web.json_response(answer)
 
 
-def _topic_json(broker: Broker, name: str) -> dict[str, Any] | None:
-    topic = broker.topics.get(name)
+async def _topic_json(broker: Broker, name: str) -> dict[str, Any] | None:
+    topic = await broker.topics.load_topic(name)
     if topic is None:
         return None
     return {
@@ -190,7 +189,7 @@ def _topic_json(broker: Broker, name: str) -> dict[str, Any] | None:
 
 
 async def get_topic(request: web.Request) -> web.Response:
-    found = _topic_json(request.app[BROKER_KEY], _topic_name(request))
+    found = await _topic_json(request.app[BROKER_KEY], _topic_name(request))
     if found is None:
         return _error(404, f"no topic {request.match_info['topic']!r}")
     return web.json_response(found)
@@ -207,7 +206,8 @@ async def delete_topic_route(request: web.Request) -> web.Response:
 async def list_subscriptions(request: web.Request) -> web.Response:
     broker = request.app[BROKER_KEY]
     name = _topic_name(request)
-    return web.json_response({"topic": name, "subscriptions": subscriptions_json(broker, name)})
+    subs = await subscriptions_json(broker, name)
+    return web.json_response({"topic": name, "subscriptions": subs})
 
 
 async def reset_subscription_route(request: web.Request) -> web.Response:
@@ -248,25 +248,26 @@ async def delete_subscription_route(request: web.Request) -> web.Response:
 
 async def list_topics(request: web.Request) -> web.Response:
     broker = request.app[BROKER_KEY]
-    topics = []
-    for name in broker.topics.names():
-        topic = broker.topics.get(name)
-        assert topic is not None
-        topics.append(
-            {
-                "name": name,
-                "partitions": len(topic.partitions),
-                "retention": topic.retention.to_json(),
-            }
-        )
-    return web.json_response({"topics": topics})
+    topics = broker.topics
+    return web.json_response(
+        {
+            "topics": [
+                {
+                    "name": name,
+                    "partitions": topics.partition_count(name),
+                    "retention": topics.retention_of(name).to_json(),
+                }
+                for name in topics.names()
+            ]
+        }
+    )
 
 
-def topic_stats(broker: Broker, name: str) -> dict[str, Any] | None:
+async def topic_stats(broker: Broker, name: str) -> dict[str, Any] | None:
     """Per partition: entries, messages, producers, consumers, each
     subscription, and its transaction buffer's transactions (null if no
-    transaction wrote there)."""
-    topic = broker.topics.get(name)
+    transaction wrote there). Loads the topic if it is not."""
+    topic = await broker.topics.load_topic(name)
     if topic is None:
         return None
     producers = broker.producer_count(name)  # a producer writes to every partition
@@ -303,7 +304,7 @@ async def get_topic_stats(request: web.Request) -> web.Response:
         check_topic_name(name)
     except InvalidNameError as exc:
         return _error(400, str(exc))
-    stats = topic_stats(broker, name)
+    stats = await topic_stats(broker, name)
     if stats is None:
         return _error(404, f"no topic {name!r}")
     return web.json_response(stats)

@@ -305,8 +305,10 @@ class Connection:
             try:
                 name = check_topic_name(req.topic)
                 self.broker.security.allow_lookup(self.who, name)
-                topic = await self.broker.topics.get_or_create(name)
-                resp.partitions = len(topic.partitions)
+                count = self.broker.topics.partition_count(name)  # (loaded or not)
+                if count is None:
+                    count = len((await self.broker.topics.get_or_create(name)).partitions)
+                resp.partitions = count
             except InvalidNameError as exc:
                 resp.error = pb.INVALID_TOPIC_NAME
                 resp.message = str(exc)

@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from google.protobuf.message import DecodeError
 
 from broker._errors import BrokerError, error_code, error_text
-from buffer import PublishResult, check_topic_name, epoch_producer_name
+from buffer import PublishResult, Topic, check_topic_name, epoch_producer_name
 from proto import MAX_MESSAGE_SIZE, oversized
 from proto import txnbuf_pb2 as pb
 from tc import TransactionAbortableError, TransactionCoordinator, coordinator_of
@@ -225,10 +225,10 @@ def _produce(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> 
     try:
         conn.broker.security.allow_produce(conn.who, check_topic_name(req.topic))
         _allow_producer(conn, req.producer_id)
-        topic = conn.broker.topics.get(req.topic)
-        if topic is None:
+        partitions = conn.broker.topics.partition_count(req.topic)  # (loaded or not)
+        if partitions is None:
             raise BrokerError("TOPIC_NOT_FOUND", f"no topic {req.topic!r}")
-        if req.partition >= len(topic.partitions):
+        if req.partition >= partitions:
             raise BrokerError(
                 "INVALID_ARGUMENT", f"topic {req.topic!r} has no partition {req.partition}"
             )
@@ -245,17 +245,25 @@ def _produce(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> 
         if len(req.batch) > MAX_MESSAGE_SIZE and (too_big := oversized(batch.messages)):
             raise BrokerError("INVALID_ARGUMENT", too_big)
         tc = _coordinator_of_producer(conn, pid)
-        txnid = tc.producer_add_partition(pid, epoch, topic.name, req.partition)
-        pending = conn.broker.publish_txn(
-            topic.partitions[req.partition],
-            (txnid.most_bits, txnid.least_bits),
-            epoch_producer_name(pid, epoch),
-            batch.messages,
-            req.batch,
-            True,
-            req.first_sequence,
-            (pid, epoch),
-        )
+        txnid = tc.producer_add_partition(pid, epoch, req.topic, req.partition)
+
+        def publish(topic: Topic) -> Awaitable[PublishResult]:
+            return conn.broker.publish_txn(
+                topic.partitions[req.partition],
+                (txnid.most_bits, txnid.least_bits),
+                epoch_producer_name(pid, epoch),
+                batch.messages,
+                req.batch,
+                True,
+                req.first_sequence,
+                (pid, epoch),
+            )
+
+        loaded = conn.broker.topics.get(req.topic)
+        if loaded is not None:
+            pending = publish(loaded)
+        else:  # (queued in order with the other sends waiting for the topic to load)
+            pending = _flattened(conn.broker.topics.after_load(req.topic, publish))
     except Exception as exc:
         unanswered.failed(pid, epoch, exc)
         _respond(conn, req.request_id, exc)
@@ -284,6 +292,10 @@ def _produce(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> 
         answer(result)
 
     _when_done(asyncio.ensure_future(pending), succeed, fail)
+
+
+async def _flattened(outer: Awaitable[Awaitable[PublishResult]]) -> PublishResult:
+    return await (await outer)
 
 
 def _txn_offsets(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> None:

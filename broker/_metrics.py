@@ -21,6 +21,12 @@ at least what any scrape showed (the counts between that record and the
 crash are lost: it is an undercount, never a reset). A deleted topic's
 series are dropped.
 
+Topics load on first use (`broker._server`): the counters of a topic not
+loaded are its base, shown as they are; a topic that unloads adds what its
+objects counted to the base first (`fold_topic`). The gauges of topics and
+subscriptions (backlog, unacked, consumers) are the loaded topics' only: a
+scrape loads nothing. ``txnbuf_topics`` counts every topic, loaded or not.
+
 Not kept across restarts (process figures, as in any exporter): uptime,
 connections, the ledger's commits and appends, and the histograms.
 """
@@ -44,6 +50,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from buffer import Topic
 from ledger import Buckets, Ledger, LedgerError, LedgerStore
 from tc import TxnStatus
 
@@ -183,6 +190,19 @@ class BrokerMetrics:
         except LedgerError as exc:
             log.warning("writing the counters' totals on close failed: %s", exc)
 
+    def fold_topic(self, topic: Topic) -> None:
+        """``topic`` unloads: add what its partitions and subscriptions
+        counted to the base (its series go on from there when it loads again)."""
+        live: Totals = {name: {} for name in COUNTERS}
+        self._count_topic(topic, live)
+        if self._written is self._base:
+            self._written = None  # (the base changes: the next write compares with nothing)
+        for name, series in live.items():
+            base = self._base.setdefault(name, {})
+            for key, value in series.items():
+                if value:
+                    base[key] = base.get(key, 0.0) + value
+
     def forget_topic(self, topic: str) -> None:
         """A deleted topic: its series go (from the base too, so that a topic
         created again under its name counts from 0)."""
@@ -204,17 +224,8 @@ class BrokerMetrics:
         """What the live objects counted since start."""
         live: Totals = {name: {} for name in COUNTERS}
         broker = self.broker
-        for topic in (broker.topics.get(n) for n in broker.topics.names()):
-            if topic is None:
-                continue
-            for part in topic.partitions:
-                live["txnbuf_messages_in"][_key(topic.name, part.index)] = part.messages_in
-                live["txnbuf_bytes_in"][_key(topic.name, part.index)] = part.bytes_in
-            for sub_name, subs in broker.subscriptions.of_topic(topic.name).items():
-                key = _key(topic.name, sub_name)
-                live["txnbuf_messages_out"][key] = sum(s.messages_out for s in subs)
-                live["txnbuf_bytes_out"][key] = sum(s.bytes_out for s in subs)
-                live["txnbuf_redeliveries"][key] = sum(s.redelivered for s in subs)
+        for topic in broker.topics.all():
+            self._count_topic(topic, live)
         failures = 0
         for tcid, tc in broker.coordinators.items():
             live["txnbuf_transactions_begun"][_key(tcid)] = tc.txns_begun
@@ -224,6 +235,16 @@ class BrokerMetrics:
             failures += tc.participant_failures
         live["txnbuf_participant_end_failures"][""] = failures
         return live
+
+    def _count_topic(self, topic: Topic, live: Totals) -> None:
+        for part in topic.partitions:
+            live["txnbuf_messages_in"][_key(topic.name, part.index)] = part.messages_in
+            live["txnbuf_bytes_in"][_key(topic.name, part.index)] = part.bytes_in
+        for sub_name, subs in self.broker.subscriptions.of_topic(topic.name).items():
+            key = _key(topic.name, sub_name)
+            live["txnbuf_messages_out"][key] = sum(s.messages_out for s in subs)
+            live["txnbuf_bytes_out"][key] = sum(s.bytes_out for s in subs)
+            live["txnbuf_redeliveries"][key] = sum(s.redelivered for s in subs)
 
     def totals(self) -> Totals:
         """Each counter: the base loaded at start plus what was counted since.
@@ -345,14 +366,25 @@ class BrokerMetrics:
         producers = GaugeMetricFamily(
             "txnbuf_producers", "Producers connected to a topic", labels=["topic"]
         )
-        for name in broker.topics.names():
-            producers.add_metric([name], broker.producer_count(name))
+        for name, count in sorted(broker.producer_counts().items()):
+            producers.add_metric([name], count)
+        for name in sorted(t.name for t in broker.topics.all()):
             for sub, parts in broker.subscriptions.of_topic(name).items():
                 backlog.add_metric([name, sub], sum(p.backlog() for p in parts))
                 unacked.add_metric([name, sub], sum(len(p.pending) for p in parts))
                 pending_ack.add_metric([name, sub], sum(len(p.cursor.pending_ack) for p in parts))
                 consumers.add_metric([name, sub], len(parts[0].consumers) if parts else 0)
-        return [backlog, unacked, pending_ack, consumers, producers]
+        topics = GaugeMetricFamily(
+            "txnbuf_topics",
+            "Topics of this broker, loaded in memory or not",
+            value=len(broker.topics),
+        )
+        loaded = GaugeMetricFamily(
+            "txnbuf_topics_loaded",
+            "Topics loaded in memory (the others load on first use)",
+            value=broker.topics.loaded_count(),
+        )
+        return [backlog, unacked, pending_ack, consumers, producers, topics, loaded]
 
     def _transaction_gauges(self) -> Iterable[Metric]:
         broker = self.broker

@@ -206,7 +206,7 @@ def _drop_clients(broker: Broker, topic: str, subscription: str | None = None) -
 async def delete_topic(broker: Broker, name: str, force: bool) -> dict[str, Any]:
     """Delete topic ``name``, its partitions, subscriptions, transaction
     logs and deduplication state (see the module docstring)."""
-    topic = broker.topics.get(name)
+    topic = await broker.topics.load_topic(name)
     if topic is None:
         raise AdminError(404, f"no topic {name!r}")
     what = f"topic {name!r}"
@@ -232,9 +232,14 @@ async def delete_topic(broker: Broker, name: str, force: bool) -> dict[str, Any]
     }
 
 
-def _subscription(broker: Broker, topic: str, name: str) -> list[PartitionSubscription]:
-    if broker.topics.get(topic) is None:
+async def _loaded(broker: Broker, topic: str) -> None:
+    """Load ``topic`` (an operation on it is a use); AdminError 404 if there is none."""
+    if await broker.topics.load_topic(topic) is None:
         raise AdminError(404, f"no topic {topic!r}")
+
+
+async def _subscription(broker: Broker, topic: str, name: str) -> list[PartitionSubscription]:
+    await _loaded(broker, topic)
     subs = broker.subscriptions.of_topic(topic).get(name)
     if not subs:
         raise AdminError(404, f"no subscription {name!r} on topic {topic!r}")
@@ -242,7 +247,7 @@ def _subscription(broker: Broker, topic: str, name: str) -> list[PartitionSubscr
 
 
 async def delete_subscription(broker: Broker, topic: str, name: str, force: bool) -> dict[str, Any]:
-    _subscription(broker, topic, name)
+    await _subscription(broker, topic, name)
     what = f"subscription {name!r} of topic {topic!r}"
     holders = _refuse_or_force(broker, topic, name, force, what)
     if holders:
@@ -253,9 +258,8 @@ async def delete_subscription(broker: Broker, topic: str, name: str, force: bool
     return {"deleted": name, "topic": topic, "aborted_transactions": [str(t) for t in holders]}
 
 
-def subscriptions_json(broker: Broker, topic: str) -> list[dict[str, Any]]:
-    if broker.topics.get(topic) is None:
-        raise AdminError(404, f"no topic {topic!r}")
+async def subscriptions_json(broker: Broker, topic: str) -> list[dict[str, Any]]:
+    await _loaded(broker, topic)
     out = []
     for name, subs in broker.subscriptions.of_topic(topic).items():
         first = subs[0]
@@ -318,7 +322,7 @@ async def reset_subscription(
     partition, the first entry published at or after it: the producer's
     clock, as Pulsar's reset by time). A position before the first message
     kept goes to the first one kept."""
-    subs = _subscription(broker, topic, name)
+    subs = await _subscription(broker, topic, name)
     kind, value = _position_of(body)
     if kind == "message" and value[0] >= len(subs):
         raise AdminError(400, f"topic {topic!r} has no partition {value[0]}")
@@ -383,7 +387,7 @@ async def skip_messages(
 ) -> dict[str, Any]:
     """Acknowledge the next ``count`` messages not acknowledged yet (and not
     held by a transaction) on each partition, or on ``partition`` only."""
-    subs = _subscription(broker, topic, name)
+    subs = await _subscription(broker, topic, name)
     if partition is not None and partition >= len(subs):
         raise AdminError(400, f"topic {topic!r} has no partition {partition}")
     skipped = []

@@ -158,7 +158,7 @@ async def _fill_read(
     conn: Connection, req: pb.CommandReadEntries, resp: pb.CommandReadEntriesResponse
 ) -> None:
     conn.broker.security.allow_read(conn.who, check_topic_name(req.topic))
-    part = _partition(conn.broker.topics.get(req.topic), req.topic, req.partition)
+    part = _partition(await conn.broker.topics.load_topic(req.topic), req.topic, req.partition)
     if req.max_messages > MAX_MAX_MESSAGES:
         raise BrokerError(
             "INVALID_ARGUMENT",

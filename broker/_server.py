@@ -8,6 +8,19 @@ The broker runs the transaction coordinators named by ``tc_ids`` (each with
 its own log, a ledger in the broker's store) and is their `tc.Participant`:
 ending a transaction on a partition goes to the partition's transaction
 buffer, on a subscription to the subscription's pending acks.
+
+Topics load on first use (see `buffer.Topics`): a start reads the topic
+list, opens the coordinators (which recover their own logs) and serves;
+each topic's partitions, transaction buffers and subscriptions are loaded
+when a client, the admin API or a coordinator first needs them, or by the
+background pass that loads every topic after the start (``preload``). A
+topic is prepared before anyone sees it (`_prepare_topic`): once every
+coordinator is open, its subscriptions are loaded and the transactions a
+crash left open on it that their coordinator did not decide to commit are
+aborted (`_abort_orphans`). A topic left alone for ``unload_after`` seconds
+with nothing under way (no producer, consumer, transaction not ended,
+write not yet durable) is unloaded (`_unload_idle`): everything it holds is
+in its ledgers, and it loads again on next use. docs/decisions.md says why.
 """
 
 from __future__ import annotations
@@ -27,7 +40,7 @@ from broker._auth import AuthConfig, Security
 from broker._connection import Connection, txn_key
 from broker._errors import BrokerError
 from broker._metrics import BrokerMetrics
-from buffer import Partition, PublishResult, Topics, TransactionBuffer, TxnKey
+from buffer import Partition, PublishResult, Topic, Topics, TransactionBuffer, TxnKey
 from ledger import LedgerError, LedgerStore, faults
 from proto import FRAME_SLACK, MAX_MESSAGE_SIZE
 from proto import txnbuf_pb2 as pb
@@ -46,7 +59,9 @@ __all__ = ["BROKER_KEY", "MAX_REQUEST_LINE", "Broker", "make_app"]
 log = logging.getLogger(__name__)
 
 BROKER_KEY: web.AppKey[Broker] = web.AppKey("broker")
-SWEEP_INTERVAL = 5.0  # seconds between transaction buffer sweeps
+SWEEP_INTERVAL = 5.0  # seconds between transaction buffer sweeps (and unload passes)
+PRELOAD_BATCH = 32  # topics the background pass loads at once (a client's load waits behind)
+UNLOAD_AFTER = 600.0  # seconds a topic is left alone, nothing under way, before it unloads
 # The longest request line aiohttp reads (AppRunner's max_line_size): a URL
 # longer than the admin API's limit still reaches it, and is answered 414.
 MAX_REQUEST_LINE = 64 << 10
@@ -64,6 +79,7 @@ class Broker:
         subs: Subscriptions,
         url: str,
         security: Security | None = None,
+        unload_after: float | None = UNLOAD_AFTER,
     ) -> None:
         self.data_dir = data_dir
         # Authentication, the ACL and the limits on one client (`broker._auth`).
@@ -74,8 +90,15 @@ class Broker:
         self.url = url
         self.connections: set[Connection] = set()
         self.coordinators: dict[int, TransactionCoordinator] = {}
+        # Done once every coordinator is open: topics load after that (their
+        # orphan aborts ask every coordinator what it decided).
+        self._coordinators_open: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.unload_after = unload_after  # (None: topics stay loaded)
+        self.unloaded = 0  # topics unloaded since start, for stats
         self._sweeper: asyncio.Task[None] | None = None
+        self._preloader: asyncio.Task[None] | None = None
         self._producer_owners: dict[tuple[str, str], Connection] = {}
+        self._producers_of: dict[str, int] = {}  # topic -> its connected producers
         # Transactional sends waiting for their partition's buffer to be created.
         self._awaiting_buffer: dict[Partition, list[_TxnSend]] = {}
         self.started = time.time()
@@ -89,23 +112,31 @@ class Broker:
         tc_ids: tuple[int, ...] = (0,),
         auth: AuthConfig | None = None,
         producer_settings: ProducerSettings | None = None,
+        preload: bool = True,
+        unload_after: float | None = UNLOAD_AFTER,
     ) -> Broker:
         """``auth``: authentication, superusers and limits (none, the
-        default: see `broker._auth`)."""
+        default: see `broker._auth`). ``preload``: load every topic in the
+        background after the start; ``unload_after``: seconds a topic is
+        left alone before it unloads (None: never; see the module
+        docstring)."""
         data_dir = Path(data_dir)
         data_dir.mkdir(parents=True, exist_ok=True)
         security = Security.load(data_dir, auth)
         t0 = time.perf_counter()
         store = await LedgerStore.open(data_dir / "broker.db")
-        topics = await Topics.load(store)
+        topics = await Topics.load(store, lazy=True)
         subs = await Subscriptions.load(topics)
         for name in sorted(topics.deleted):  # (a deletion that a crash interrupted)
             await subs.delete_leftovers(name)
             await topics.delete_ledgers(name)
-        broker = cls(data_dir, store, topics, subs, url, security)
+        broker = cls(data_dir, store, topics, subs, url, security, unload_after)
+        topics.prepare = broker._prepare_topic
+        topics.discard = broker._discard_topic
         log.info(
-            "recovered %d topics from %s in %.2fs",
-            len(topics.all()),
+            "found %d topics (%d ledgers) in %s in %.2fs",
+            len(topics),
+            len(store.ledger_names()),
             data_dir,
             time.perf_counter() - t0,
         )
@@ -113,11 +144,14 @@ class Broker:
             await broker.metrics.load(store)
             for tcid in tc_ids:
                 broker.coordinators[tcid] = await broker._open_coordinator(tcid, producer_settings)
-            await broker._abort_orphans()
         except BaseException:
             await broker.close()
             raise
-        broker._sweeper = asyncio.get_running_loop().create_task(broker._sweep_loop())
+        broker._coordinators_open.set_result(None)
+        loop = asyncio.get_running_loop()
+        broker._sweeper = loop.create_task(broker._sweep_loop())
+        if preload:
+            broker._preloader = loop.create_task(broker._preload())
         broker.metrics.start()
         return broker
 
@@ -134,9 +168,81 @@ class Broker:
             )
         return await TransactionCoordinator.open(tcid, self.store, self, settings)
 
-    async def _abort_orphans(self) -> None:
-        """Abort, on the partitions and subscriptions that hold it, every
-        transaction left open by a crash that its coordinator will not end.
+    # -- loading and unloading topics ----------------------------------------------
+
+    async def _prepare_topic(self, topic: Topic) -> None:
+        """`buffer.Topics.prepare`: what a topic being loaded needs before
+        anyone sees it. Once every coordinator is open (they recover first,
+        and the orphan aborts ask them): its subscriptions, then the aborts
+        of what a crash left open on it."""
+        await asyncio.shield(self._coordinators_open)
+        await self.subscriptions.load_topic(topic)
+        await self._abort_orphans([topic])
+
+    def _discard_topic(self, topic: Topic) -> None:
+        """`buffer.Topics.discard`: a topic unloads (or its load failed): its
+        counters go to the metrics' base, its subscriptions go."""
+        self.metrics.fold_topic(topic)
+        self.subscriptions.unload_topic(topic.name)
+
+    async def _preload(self) -> None:
+        """The background pass: load every topic not loaded yet, a few at a
+        time (a client's first use of a topic loads it at once, ahead of
+        the pass, or waits for the load under way)."""
+        t0 = time.perf_counter()
+        todo = self.topics.unloaded()
+        loaded = 0
+        for start in range(0, len(todo), PRELOAD_BATCH):
+            batch = todo[start : start + PRELOAD_BATCH]
+            results = await asyncio.gather(
+                *(self.topics.load_topic(name) for name in batch), return_exceptions=True
+            )
+            loaded += sum(1 for r in results if not isinstance(r, BaseException))
+        if todo:
+            log.info(
+                "loaded %d topics in the background in %.2fs", loaded, time.perf_counter() - t0
+            )
+
+    def _unload_idle(self) -> int:
+        """Unload every topic left alone for `unload_after` seconds that
+        has nothing under way: no producer or consumer connected, no
+        transaction not ended that its coordinator knows of or that holds
+        writes or acknowledgements there, every write durable (see
+        `buffer.Topics.unload`). Returns how many went."""
+        if self.unload_after is None:
+            return 0
+        candidates = [t for t in self.topics.all() if self.topics.idle_for(t) >= self.unload_after]
+        if not candidates:
+            return 0
+        in_txn = {
+            topic
+            for tc in self.coordinators.values()
+            for meta in tc.transactions()
+            if not meta.status.ended
+            for topic, _ in (*meta.partitions, *meta.subscriptions)
+        }
+        waiting = {part.topic for part in self._awaiting_buffer}
+        unloaded = 0
+        for topic in candidates:
+            name = topic.name
+            if (
+                name in in_txn
+                or name in waiting
+                or self._producers_of.get(name)
+                or not self.subscriptions.settled(name)
+            ):
+                continue
+            if self.topics.unload(name):
+                unloaded += 1
+        if unloaded:
+            self.unloaded += unloaded
+            log.info("unloaded %d idle topics (%d loaded)", unloaded, self.topics.loaded_count())
+        return unloaded
+
+    async def _abort_orphans(self, topics: Sequence[Topic]) -> None:
+        """Abort, on the partitions and subscriptions of ``topics`` (being
+        loaded) that hold it, every transaction left open by a crash that
+        its coordinator will not end.
 
         A coordinator whose participants answer early does not log
         registrations (see `tc`): after a restart it aborts the transactions
@@ -156,15 +262,28 @@ class Broker:
             meta = tc.get(txnid)
             return meta is None or meta.status in (TxnStatus.ABORTING, TxnStatus.ABORTED)
 
-        for _, part, buffer in self._buffers():
-            for key in buffer.open_transactions():
-                if decided_abort(key):
-                    held.append((key, part.name, functools.partial(buffer.end, key, commit=False)))
-        for sub in self.subscriptions.all():
+        for topic in topics:
+            for part in topic.partitions:
+                buffer = part.transaction_buffer
+                if buffer is None:
+                    continue
+                for key in buffer.open_transactions():
+                    if decided_abort(key):
+                        end = functools.partial(buffer.end, key, commit=False)
+                        held.append((key, part.name, end))
+        subs = [
+            sub
+            for topic in topics
+            for parts in self.subscriptions.of_topic(topic.name).values()
+            for sub in parts
+        ]
+        for sub in subs:
             for key in list(sub.cursor.txn_acks):
                 if decided_abort(key):
                     where = f"subscription {sub.name!r} of {sub.partition.name}"
                     held.append((key, where, functools.partial(sub.end_txn, key, commit=False)))
+        if not held:
+            return
         # All at once: they share group commits.
         results = await asyncio.gather(*(end() for _, _, end in held), return_exceptions=True)
         for (key, where, _), result in zip(held, results, strict=True):
@@ -173,24 +292,32 @@ class Broker:
                 log.error("aborting transaction (%d,%d) on %s failed: %s", *key, where, result)
             else:
                 log.debug("aborted transaction (%d,%d) left open on %s", *key, where)
-        if held:
-            log.info(
-                "aborted %d transactions left open by the restart on %d partitions and "
-                "subscriptions",
-                len({key for key, _, _ in held}),
-                len({where for _, where, _ in held}),
-            )
+        log.info(
+            "aborted %d transactions left open by the restart on %d partitions and "
+            "subscriptions of %s",
+            len({key for key, _, _ in held}),
+            len({where for _, where, _ in held}),
+            ", ".join(repr(t.name) for t in topics[:3]) + (" ..." if len(topics) > 3 else ""),
+        )
 
     async def _sweep_loop(self) -> None:
         """Reclaim sidecar entries of aborted transactions and of committed ones
-        whose markers were trimmed (PIP-31 §Retention Cursor)."""
+        whose markers were trimmed (PIP-31 §Retention Cursor), on the loaded
+        topics; then unload the idle ones (in this task: never in the middle
+        of a sweep)."""
         while True:
             await asyncio.sleep(SWEEP_INTERVAL)
             for name, part, buffer in self._buffers():
+                if part.ledger.released:
+                    continue  # (unloaded meanwhile)
                 try:
                     await buffer.sweep(self.subscriptions.uncommitted_floor(name, part.index))
                 except Exception:
                     log.exception("sweeping the transaction buffer of %s failed", part.name)
+            try:
+                self._unload_idle()
+            except Exception:
+                log.exception("unloading idle topics failed")
 
     def _buffers(self) -> list[tuple[str, Partition, TransactionBuffer]]:
         """(topic name, partition, its transaction buffer) of every partition
@@ -205,9 +332,14 @@ class Broker:
     async def close(self) -> None:
         if self._sweeper is not None:
             self._sweeper.cancel()
+        if self._preloader is not None:
+            self._preloader.cancel()
+        if not self._coordinators_open.done():
+            self._coordinators_open.cancel()
         for conn in list(self.connections):
             conn.close()
             await conn.ws.close()
+        await self.topics.close()
         for tc in self.coordinators.values():
             await tc.close()
         await self.metrics.close()
@@ -312,13 +444,15 @@ class Broker:
         under way there, else once it can be."""
         producer = self.check_decided(txnid, commit).producer
         faults.refuse("broker.end_txn_on_participant")
-        part = self._partition(topic, partition, txnid)
-        if part is None:
+        if not self._has_partition(topic, partition, txnid):
             return None
-        buffer = part.transaction_buffer
+        found = self.topics.get(topic)
+        if found is None:  # (not loaded: it is, then the end is queued)
+            return self._end_on_partition(topic, partition, txnid, commit, False, producer)
+        buffer = found.partitions[partition].transaction_buffer
         if buffer is not None and buffer.end_now(txn_key(txnid), commit, producer):
             return None
-        return self._end_on_partition(part, txnid, commit, False, producer)
+        return self._end_on_partition(topic, partition, txnid, commit, False, producer)
 
     async def end_txn_on_partition_durably(
         self, topic: str, partition: int, txnid: TxnID, commit: bool
@@ -326,35 +460,42 @@ class Broker:
         """END_TXN_ON_PARTITION from the wire: `end_txn_on_partition`,
         returning once what it wrote is durable."""
         producer = self.check_decided(txnid, commit).producer
-        part = self._partition(topic, partition, txnid)
-        if part is not None:
-            await self._end_on_partition(part, txnid, commit, True, producer)
+        if self._has_partition(topic, partition, txnid):
+            await self._end_on_partition(topic, partition, txnid, commit, True, producer)
 
-    def _partition(self, topic: str, partition: int, txnid: TxnID) -> Partition | None:
-        found = self.topics.get(topic)
-        if found is None or partition >= len(found.partitions):
+    def _has_partition(self, topic: str, partition: int, txnid: TxnID) -> bool:
+        count = self.topics.partition_count(topic)
+        if count is None or partition >= count:
             log.warning("end %s on %s/%d: no such partition", txnid, topic, partition)
-            return None
-        return found.partitions[partition]
+            return False
+        return True
 
-    @staticmethod
     async def _end_on_partition(
-        part: Partition,
+        self,
+        topic: str,
+        partition: int,
         txnid: TxnID,
         commit: bool,
         durable: bool,
         producer: tuple[int, int] | None,
     ) -> None:
-        buffer = await part.txn_buffer()
+        found = await self.topics.load_topic(topic)  # (loaded, and prepared, first)
+        if found is None or partition >= len(found.partitions):
+            log.warning("end %s on %s/%d: no such partition", txnid, topic, partition)
+            return
+        buffer = await found.partitions[partition].txn_buffer()
         await buffer.end(txn_key(txnid), commit, durable, producer)
 
     def end_txn_on_subscription(
         self, topic: str, subscription: str, txnid: TxnID, commit: bool
     ) -> Awaitable[None] | None:
         """`tc.Participant`: commit or abort the transaction's pending acks,
-        as its coordinator decided (`check_decided`), queued at once."""
+        as its coordinator decided (`check_decided`), queued at once (once
+        the topic is loaded, if it is not)."""
         self.check_decided(txnid, commit)
         faults.refuse("broker.end_txn_on_participant")
+        if self.topics.get(topic) is None and topic in self.topics:
+            return self._end_on_subscription(topic, subscription, txnid, commit, False)
         self.subscriptions.end_txn_now(topic, subscription, txn_key(txnid), commit)
         return None
 
@@ -364,10 +505,20 @@ class Broker:
         """END_TXN_ON_SUBSCRIPTION from the wire: `end_txn_on_subscription`,
         returning once what it wrote is durable."""
         self.check_decided(txnid, commit)
-        await self.subscriptions.end_txn(topic, subscription, txn_key(txnid), commit)
+        await self._end_on_subscription(topic, subscription, txnid, commit, True)
+
+    async def _end_on_subscription(
+        self, topic: str, subscription: str, txnid: TxnID, commit: bool, durable: bool
+    ) -> None:
+        await self.topics.load_topic(topic)  # (loaded, and prepared, first)
+        await self.subscriptions.end_txn(topic, subscription, txn_key(txnid), commit, durable)
 
     def producer_count(self, topic: str) -> int:
-        return sum(1 for t, _ in self._producer_owners if t == topic)
+        return self._producers_of.get(topic, 0)
+
+    def producer_counts(self) -> dict[str, int]:
+        """Topic -> its connected producers, for the topics that have some."""
+        return dict(self._producers_of)
 
     def claim_producer(self, topic: str, name: str, conn: Connection) -> None:
         """Producer names are unique per topic among connected producers."""
@@ -376,11 +527,18 @@ class Broker:
             raise BrokerError(
                 "PRODUCER_BUSY", f"producer {name!r} is already connected to topic {topic!r}"
             )
+        if owner is None:
+            self._producers_of[topic] = self._producers_of.get(topic, 0) + 1
         self._producer_owners[(topic, name)] = conn
 
     def release_producer(self, topic: str, name: str, conn: Connection) -> None:
         if self._producer_owners.get((topic, name)) is conn:
             del self._producer_owners[(topic, name)]
+            left = self._producers_of[topic] - 1
+            if left:
+                self._producers_of[topic] = left
+            else:
+                del self._producers_of[topic]
 
 
 @dataclass(slots=True)

@@ -178,9 +178,9 @@ class Transactions:
             tc = self.broker.coordinator(txnid)
             parts = []
             for ref in req.partitions:
-                topic = self.broker.topics.get(check_topic_name(ref.topic))
+                count = self.broker.topics.partition_count(check_topic_name(ref.topic))
                 self.broker.security.allow_produce(self.conn.who, ref.topic)
-                if topic is None or ref.partition >= len(topic.partitions):
+                if count is None or ref.partition >= count:
                     raise ValueError(f"no partition {ref.topic}/{ref.partition}")
                 parts.append((ref.topic, ref.partition))
             if not parts:

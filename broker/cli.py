@@ -11,16 +11,17 @@ without authentication unless ``--insecure`` (docs/security.md). SIGTERM and
 SIGINT stop it cleanly: connections are closed, queued writes finish, the
 database is closed.
 
-Garbage collection: recovery runs with the cyclic collector off. It
-allocates objects that live as long as the broker (about 80 per topic), and
-collections during it only scanned them again and again: about half of the
-CPU time of a start with 10,000 topics. Once recovered, the broker freezes
-what it loaded (never scanned again) without collecting first: recovery
-leaves next to no cyclic garbage (34 objects at 10,000 topics, frozen with
-the rest), and a collection of everything it loaded took 0.4 s at 10,000
-topics. Then it runs the young generation every `GC_GEN0_THRESHOLD`
-allocations instead of Python's 700: the broker allocates many short-lived
-objects per message, and the default made collection about a tenth of its
+Topics load on first use (``--no-preload``: only then; by default a
+background pass loads them all after the start) and unload after
+``--unload-after`` seconds left alone (see `broker._server`).
+
+Garbage collection: opening the broker runs with the cyclic collector off,
+and then the broker freezes what it loaded (never scanned again) without
+collecting first: it leaves next to no cyclic garbage. (Topics load later,
+on use or in the background pass; their objects are collected as usual.)
+Then it runs the young generation every `GC_GEN0_THRESHOLD` allocations
+instead of Python's 700: the broker allocates many short-lived objects per
+message, and the default made collection about a tenth of its
 main thread's time under transactional load (py-spy). Reference counting
 still frees almost everything at once; only cycles wait a little longer.
 """
@@ -50,7 +51,7 @@ from broker._auth_cli import (
     serve_security,
 )
 from broker._checkdata import add_check_data_parser, run_check_data
-from broker._server import MAX_REQUEST_LINE, Broker, make_app
+from broker._server import MAX_REQUEST_LINE, UNLOAD_AFTER, Broker, make_app
 from ledger import LedgerError
 from tc import DEFAULT_EXPIRATION_MS, MAX_TXN_TIMEOUT_MS, ProducerSettings
 
@@ -70,10 +71,13 @@ async def serve(
     ssl_context: ssl.SSLContext | None = None,
     producer_settings: ProducerSettings | None = None,
     kafka: tuple[str, int] | None = None,
+    preload: bool = True,
+    unload_after: float | None = UNLOAD_AFTER,
 ) -> None:
     """Run a broker until SIGTERM or SIGINT. ``auth``: authentication and
     limits (`broker._auth`); ``ssl_context``: serve TLS; ``kafka``: (host,
-    port) of a Kafka listener beside it (`broker.kafka`)."""
+    port) of a Kafka listener beside it (`broker.kafka`); ``preload`` and
+    ``unload_after``: see `Broker.open`."""
     scheme = "https" if ssl_context is not None else "http"
     _check_port(host, port)  # (before the data directory is opened, or created)
     gc.disable()
@@ -84,6 +88,8 @@ async def serve(
             tc_ids=tc_ids,
             auth=auth,
             producer_settings=producer_settings,
+            preload=preload,
+            unload_after=unload_after,
         )
     except LedgerError as exc:  # (another broker on this data directory, a broken disk)
         raise SystemExit(f"txnbuf: cannot open the data in {data_dir}: {exc}") from None
@@ -190,6 +196,16 @@ def _port(text: str) -> int:
     return port
 
 
+def _seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"a number of seconds >= 0, not {text!r}")
+    return seconds
+
+
 def _version() -> str:
     try:
         return importlib.metadata.version("txnbuf")
@@ -229,6 +245,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=DEFAULT_EXPIRATION_MS / 1000,
         metavar="SECONDS",
         help="forget a transactional id idle this long (604800: 7 days)",
+    )
+    p.add_argument(
+        "--no-preload",
+        dest="preload",
+        action="store_false",
+        help="load each topic on first use only, not all of them in the background after the start",
+    )
+    p.add_argument(
+        "--unload-after",
+        type=_seconds,
+        default=UNLOAD_AFTER,
+        metavar="SECONDS",
+        help="unload a topic left alone this long, with no client or transaction on it "
+        f"(it loads again on use); 0: never ({UNLOAD_AFTER:.0f})",
     )
     p.add_argument(
         "--kafka-port",
@@ -288,6 +318,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     security.ssl_context,
                     settings,
                     kafka,
+                    args.preload,
+                    args.unload_after or None,
                 )
             )
     return 0

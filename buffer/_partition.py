@@ -118,6 +118,34 @@ class Partition:
             part._txn_buffer = await TransactionBuffer.load(part.name, ledger, sidecar, meta)
         return part
 
+    # -- unloading --------------------------------------------------------------
+
+    def settled(self) -> bool:
+        """Nothing under way here: every append and trim durable (the
+        deduplication state and the transaction index have seen them all),
+        no transaction that has not ended, nobody waiting for the
+        transaction buffer. Then `release` loses nothing: everything is in
+        the ledgers, and `load` rebuilds the same state from them."""
+        buffer = self._txn_buffer
+        return (
+            self.ledger.settled
+            and self._dedup_ledger.settled
+            and not self._buffer_watchers
+            and (buffer is None or (buffer.idle() and buffer.sidecar.settled))
+        )
+
+    def release(self) -> None:
+        """Stop following the ledgers and give their objects back to the
+        store (`ledger.LedgerStore.release_ledger`); this object is not to
+        be used any more. Only when `settled`."""
+        self.ledger.remove_listener(self._on_entries)
+        store = self.ledger.store
+        if self._txn_buffer is not None:
+            self._txn_buffer.detach()
+            store.release_ledger(self._txn_buffer.sidecar)
+        store.release_ledger(self.ledger)
+        store.release_ledger(self._dedup_ledger)
+
     # -- transactions -----------------------------------------------------------
 
     @property

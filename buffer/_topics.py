@@ -6,15 +6,29 @@ when there is none) or ``{"topic": name, "deleted": true}``; the last record
 of a topic wins. A deletion is recorded before the topic's ledgers are
 deleted: a start that finds a deleted topic's ledgers still there (a crash
 in between) names them in `Topics.deleted` for the broker to delete.
+
+Loaded on first use: `Topics.load` reads the topic list only (a name, a
+partition count and a retention per topic, ~150 bytes each); a topic's
+partitions are loaded from their ledgers when it is first asked for
+(`Topics.load_topic`, `get_or_create`, `after_load`), once however many ask
+at the same time, and `Topics.unload` gives them back. Before a loaded
+topic becomes visible, the ``prepare`` hook runs (the broker loads its
+subscriptions there, and aborts the transactions a crash left open on it),
+and then, in the same step, whatever `after_load` queued, in call order:
+nothing reaches a topic before its recovery is done, and work queued for it
+keeps its order.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import sys
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from buffer._names import MAX_PARTITIONS, check_topic_name
 from buffer._partition import Partition
@@ -24,8 +38,12 @@ from ledger import LedgerStore
 
 __all__ = ["PartitionCountError", "Topic", "Topics", "partition_ledger_prefixes"]
 
+log = logging.getLogger(__name__)
+
 _META_LEDGER = "__meta/topics"
-LOAD_BATCH = 256  # topics loaded at once on start
+LOAD_BATCH = 256  # topics loaded at once by `Topics.load_all`
+_READ_CHUNK = 4096  # records of the topic list read at once on start
+_T = TypeVar("_T")
 
 
 class PartitionCountError(ValueError):
@@ -37,6 +55,7 @@ class Topic:
     name: str
     partitions: list[Partition] = field(default_factory=list)
     retention: Retention = NO_RETENTION
+    used: float = 0.0  # `time.monotonic()` when last handed out (see `Topics.idle_for`)
 
 
 def partition_ledger_prefixes(topic: str) -> list[str]:
@@ -51,61 +70,233 @@ class Topics:
 
     def __init__(self, store: LedgerStore) -> None:
         self.store = store
+        # Every topic: its partition count, and its retention if it has one.
+        self._known: dict[str, int] = {}
+        self._retention: dict[str, Retention] = {}
+        # The loaded topics, and the loads under way.
         self._topics: dict[str, Topic] = {}
+        self._loading: dict[str, asyncio.Future[Topic | None]] = {}
+        self._load_tasks: set[asyncio.Task[None]] = set()
+        self._after: dict[str, list[Callable[[Topic | None, BaseException | None], None]]] = {}
         self._lock = asyncio.Lock()
         self._meta = store.get_ledger(_META_LEDGER)
         # Topics deleted whose ledgers may still be there (see the module docstring).
         self.deleted: set[str] = set()
+        # Run on a topic being loaded, before it becomes visible; and on a
+        # topic whose load failed after ``prepare`` began, or that unloads.
+        self.prepare: Callable[[Topic], Awaitable[None]] | None = None
+        self.discard: Callable[[Topic], None] | None = None
 
     @classmethod
-    async def load(cls, store: LedgerStore) -> Topics:
+    async def load(cls, store: LedgerStore, *, lazy: bool = False) -> Topics:
+        """Read the topic list; with ``lazy`` that is all (each topic loads
+        on first use), else every topic is loaded too."""
         topics = cls(store)
         topics._meta = await store.open_ledger(_META_LEDGER)
-        records: dict[str, dict[str, Any]] = {}
         meta = topics._meta
-        for entry in await meta.read(meta.first_entry_id, meta.last_entry_id):
-            record = json.loads(entry.data)
-            records[record["topic"]] = record
+        # (A chunk of records at a time: less memory left behind by a start.)
+        for start in range(meta.first_entry_id, meta.last_entry_id + 1, _READ_CHUNK):
+            for entry in await meta.read(start, start + _READ_CHUNK - 1):
+                record = json.loads(entry.data)
+                # (Interned: the broker's other tables keyed by topic share it.)
+                name = sys.intern(record["topic"])
+                if record.get("deleted"):
+                    topics._known.pop(name, None)
+                    topics._retention.pop(name, None)
+                    topics.deleted.add(name)
+                    continue
+                topics.deleted.discard(name)
+                topics._known[name] = int(record["partitions"])
+                if record.get("retention") is not None:
+                    topics._retention[name] = Retention.from_json(record["retention"])
+                else:
+                    topics._retention.pop(name, None)
+        topics.deleted = {
+            name
+            for name in topics.deleted
+            if any(store.ledger_names(p) for p in partition_ledger_prefixes(name))
+        }
+        if not lazy:
+            await topics.load_all()
+        return topics
 
-        async def load_topic(name: str, record: dict[str, Any]) -> Topic:
-            n = int(record["partitions"])
-            return Topic(
-                name,
-                [await Partition.load(store, name, i) for i in range(n)],
-                Retention.from_json(record.get("retention")),
-            )
-
-        todo = []
-        for name, record in sorted(records.items()):
-            if not record.get("deleted"):
-                todo.append((name, record))
-            elif any(store.ledger_names(p) for p in partition_ledger_prefixes(name)):
-                topics.deleted.add(name)
+    async def load_all(self, batch: int = LOAD_BATCH) -> None:
+        """Load every topic not loaded yet, ``batch`` at a time, by name."""
         # Topics load independently (each reads its own ledgers): a batch
         # at a time keeps the store's reader busy instead of one read at a
         # time waiting for its round trip.
-        for start in range(0, len(todo), LOAD_BATCH):
-            batch = todo[start : start + LOAD_BATCH]
-            for topic in await asyncio.gather(*(load_topic(name, r) for name, r in batch)):
-                topics._topics[topic.name] = topic
-        return topics
+        todo = self.unloaded()
+        for start in range(0, len(todo), batch):
+            await asyncio.gather(*(self.load_topic(name) for name in todo[start : start + batch]))
+
+    # -- what there is --------------------------------------------------------------
 
     def __contains__(self, name: str) -> bool:
-        return name in self._topics
+        return name in self._known
+
+    def __len__(self) -> int:
+        return len(self._known)
 
     def names(self) -> list[str]:
-        return sorted(self._topics)
+        """Every topic's name, loaded or not, sorted."""
+        return sorted(self._known)
+
+    def unloaded(self) -> list[str]:
+        """The names of the topics not loaded (nor loading), sorted."""
+        return sorted(n for n in self._known if n not in self._topics and n not in self._loading)
+
+    def partition_count(self, name: str) -> int | None:
+        """How many partitions topic ``name`` has (None: no such topic), loaded or not."""
+        return self._known.get(name)
+
+    def retention_of(self, name: str) -> Retention:
+        return self._retention.get(name, NO_RETENTION)
 
     def all(self) -> list[Topic]:
-        """Every topic, in the order they were loaded (by name) and created."""
+        """Every loaded topic."""
         return list(self._topics.values())
 
+    def loaded_count(self) -> int:
+        return len(self._topics)
+
     def get(self, name: str) -> Topic | None:
+        """The topic ``name`` if it is loaded (None: not loaded, or no such
+        topic; see `load_topic`)."""
+        topic = self._topics.get(name)
+        if topic is not None:
+            topic.used = time.monotonic()
+        return topic
+
+    def peek(self, name: str) -> Topic | None:
+        """`get` for the broker's own passes (retention, metrics): it does
+        not count as a use."""
         return self._topics.get(name)
+
+    def idle_for(self, topic: Topic) -> float:
+        """Seconds since ``topic`` was last handed out."""
+        return time.monotonic() - topic.used
+
+    # -- loading --------------------------------------------------------------------
+
+    async def load_topic(self, name: str) -> Topic | None:
+        """The topic ``name``, loaded if it is not (None: no such topic)."""
+        topic = self.get(name)
+        if topic is not None:
+            return topic
+        if name not in self._known:
+            return None
+        return await asyncio.shield(self._start_load(name))
+
+    def request_load(self, name: str) -> None:
+        """Start loading ``name`` if it exists and is not loaded (for a
+        synchronous caller that answers "try again")."""
+        if name in self._known and name not in self._topics:
+            self._start_load(name)
+
+    def after_load(self, name: str, work: Callable[[Topic], _T]) -> asyncio.Future[_T]:
+        """``work(topic)``'s result: called now if ``name`` is loaded, else
+        in the step that makes it visible, after the calls queued before it
+        (so what it queues keeps the order of these calls). Fails with
+        `KeyError` if there is no such topic, or with what the load raised."""
+        done: asyncio.Future[_T] = asyncio.get_running_loop().create_future()
+
+        def run(topic: Topic | None, error: BaseException | None) -> None:
+            if isinstance(error, asyncio.CancelledError):
+                done.cancel()
+            elif error is not None:
+                done.set_exception(error)
+            elif topic is None:
+                done.set_exception(KeyError(f"no topic {name!r}"))
+            else:
+                try:
+                    done.set_result(work(topic))
+                except Exception as exc:
+                    done.set_exception(exc)
+
+        topic = self.get(name)
+        if topic is not None or name not in self._known:
+            run(topic, None)
+            return done
+        self._after.setdefault(name, []).append(run)
+        self._start_load(name)
+        return done
+
+    def _start_load(self, name: str) -> asyncio.Future[Topic | None]:
+        loading = self._loading.get(name)
+        if loading is None:
+            loop = asyncio.get_running_loop()
+            loading = self._loading[name] = loop.create_future()
+            task = loop.create_task(self._load(name, loading))
+            self._load_tasks.add(task)  # (the loop keeps only a weak reference)
+            task.add_done_callback(self._load_tasks.discard)
+        return loading
+
+    async def _load(self, name: str, loading: asyncio.Future[Topic | None]) -> None:
+        topic: Topic | None = None
+        error: BaseException | None = None
+        parts: list[Partition] = []
+        try:
+            for i in range(self._known[name]):
+                parts.append(await Partition.load(self.store, name, i))
+            topic = Topic(name, parts, self.retention_of(name), time.monotonic())
+            if self.prepare is not None:
+                await self.prepare(topic)
+        except BaseException as exc:  # (cancelled too, by `close`: its waiters learn it)
+            error = exc
+            if not isinstance(exc, asyncio.CancelledError):
+                log.error("loading topic %r failed: %s", name, exc)
+            if topic is not None and self.discard is not None:
+                self.discard(topic)
+            for part in parts:
+                part.release()
+            topic = None
+        del self._loading[name]
+        if topic is not None and name not in self._known:
+            self._drop(topic)  # (deleted meanwhile)
+            topic = None
+        if topic is not None:
+            self._topics[name] = topic
+        for run in self._after.pop(name, []):
+            run(topic, error)
+        if isinstance(error, asyncio.CancelledError):
+            loading.cancel()
+        elif error is not None:
+            loading.set_exception(error)
+            loading.exception()  # (retrieved: the callers that wait get it too)
+        else:
+            loading.set_result(topic)
+
+    async def close(self) -> None:
+        """Stop the loads under way (their callers get CancelledError)."""
+        tasks = list(self._load_tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def unload(self, name: str) -> bool:
+        """Forget the loaded topic ``name`` (it loads again on next use):
+        ``discard`` runs, and its partitions give their ledgers back. Only
+        if every partition is `Partition.settled` (nothing under way); the
+        caller checks that nothing else holds it (producers, consumers,
+        transactions). False if not loaded or not settled."""
+        topic = self._topics.get(name)
+        if topic is None or not all(part.settled() for part in topic.partitions):
+            return False
+        del self._topics[name]
+        self._drop(topic)
+        return True
+
+    def _drop(self, topic: Topic) -> None:
+        if self.discard is not None:
+            self.discard(topic)
+        for part in topic.partitions:
+            part.release()
+
+    # -- changes --------------------------------------------------------------------
 
     async def get_or_create(self, name: str) -> Topic:
         """The topic ``name``, created with one partition if it does not exist."""
-        topic = self._topics.get(name)
+        topic = await self.load_topic(name)
         if topic is not None:
             return topic
         return await self.create(name, 1, exist_ok=True)
@@ -122,7 +313,7 @@ class Topics:
                 f"partitions must be an integer from 1 to {MAX_PARTITIONS}, got {partitions!r}"
             )
         async with self._lock:
-            topic = self._topics.get(name)
+            topic = await self.load_topic(name)
             if topic is not None and (exist_ok or len(topic.partitions) == partitions):
                 return topic
             if topic is not None and partitions < len(topic.partitions):
@@ -135,12 +326,19 @@ class Topics:
             if topic is not None:  # growing: each partition appears once loaded
                 for i in range(len(topic.partitions), partitions):
                     topic.partitions.append(await Partition.load(self.store, name, i))
+                    self._known[name] = i + 1
                 return topic
-            # A new topic becomes visible with its partitions: `get_or_create`
-            # does not take the lock, and a topic without partitions would be
-            # handed out while they load (a producer's create then failed).
+            # A new topic becomes visible with its partitions (and prepared):
+            # `get_or_create` does not take the lock, and a topic without
+            # partitions would be handed out while they load (a producer's
+            # create then failed).
+            name = sys.intern(name)
             loaded = [await Partition.load(self.store, name, i) for i in range(partitions)]
-            topic = self._topics[name] = Topic(name, loaded)
+            topic = Topic(name, loaded, NO_RETENTION, time.monotonic())
+            if self.prepare is not None:
+                await self.prepare(topic)
+            self._known[name] = partitions
+            self._topics[name] = topic
             return topic
 
     async def _record(self, name: str, partitions: int, retention: Retention) -> None:
@@ -153,12 +351,16 @@ class Topics:
     async def set_retention(self, name: str, retention: Retention) -> Topic:
         """Give the existing topic ``name`` this retention (durably); KeyError if none."""
         async with self._lock:
-            topic = self._topics.get(name)
+            topic = await self.load_topic(name)
             if topic is None:
                 raise KeyError(name)
             if topic.retention != retention:
                 await self._record(name, len(topic.partitions), retention)
                 topic.retention = retention
+                if retention == NO_RETENTION:
+                    self._retention.pop(name, None)
+                else:
+                    self._retention[name] = retention
             return topic
 
     async def delete(self, name: str, first: Callable[[Topic], Awaitable[None]]) -> bool:
@@ -168,12 +370,14 @@ class Topics:
         deletes what it keeps of the topic), then delete its partition
         ledgers. False if there is no such topic."""
         async with self._lock:
-            topic = self._topics.get(name)
+            topic = await self.load_topic(name)
             if topic is None:
                 return False
             assert self._meta is not None  # set by load()
             await self._meta.append(json.dumps({"topic": name, "deleted": True}).encode(), meta=0)
             del self._topics[name]
+            del self._known[name]
+            self._retention.pop(name, None)
             self.deleted.add(name)
             await first(topic)
             await self.delete_ledgers(name)

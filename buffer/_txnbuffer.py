@@ -497,6 +497,11 @@ class TransactionBuffer:
         block[1] = min(block[1], first)
         block[2] += count
 
+    def idle(self) -> bool:
+        """Does every transaction that touched this partition have its end
+        here durable (none open, none ending)?"""
+        return not self._txns
+
     def open_transactions(self) -> list[TxnKey]:
         """Transactions with durable writes here that have not ended, in key order."""
         return sorted(k for k, t in self._txns.items() if t.state is TxnState.OPEN and t.entries)

@@ -140,6 +140,25 @@ def _prefix_end(prefix: str) -> str | None:
     return stem[:-1] + chr(ord(stem[-1]) + 1)
 
 
+_ID_BITS = _writer.ENTRY_BITS + 1  # an entry id (or the next one), in `_pack`
+
+
+def _pack(ledger_id: int, first: int, nxt: int) -> int:
+    """A ledger not in use, as the store keeps it: one integer."""
+    return (ledger_id << (2 * _ID_BITS)) | (first << _ID_BITS) | nxt
+
+
+def _unpack(packed: int) -> tuple[int, int, int]:
+    mask = (1 << _ID_BITS) - 1
+    return packed >> (2 * _ID_BITS), (packed >> _ID_BITS) & mask, packed & mask
+
+
+def _gone(ledger: Ledger) -> LedgerError:
+    if ledger.deleted:
+        return LedgerError(f"ledger {ledger.name} is deleted")
+    return LedgerError(f"this object of ledger {ledger.name} was released (get it again)")
+
+
 @dataclass(frozen=True, slots=True)
 class Entry:
     entry_id: int
@@ -243,8 +262,25 @@ class Ledger:
 
     ``first_entry_id`` is the first entry not trimmed and ``last_entry_id``
     the last durable one (``first - 1`` when the ledger is empty). Readers
-    that have caught up are served from a tail cache of recent entries.
+    that have caught up are served from a tail cache of recent entries
+    (made on the first append: a ledger only read has none).
     """
+
+    __slots__ = (
+        "_cache",
+        "_cache_bytes",
+        "_first",
+        "_listeners",
+        "_next",
+        "_waiters",
+        "deleted",
+        "first_entry_id",
+        "id",
+        "last_entry_id",
+        "name",
+        "released",
+        "store",
+    )
 
     def __init__(self, store: LedgerStore, ledger_id: int, name: str, first: int, nxt: int) -> None:
         self.store = store
@@ -257,11 +293,14 @@ class Ledger:
         # (``first_entry_id`` follows it once the trim is durable).
         self._next = nxt
         self._first = first
-        self._cache: collections.deque[Entry] = collections.deque()
+        self._cache: collections.deque[Entry] | None = None
         self._cache_bytes = 0
-        self._waiters: list[asyncio.Future[None]] = []
+        self._waiters: list[asyncio.Future[None]] | None = None  # (made when one waits)
         self._listeners: list[Callable[[Ledger, list[Entry]], None]] = []
         self.deleted = False  # by `LedgerStore.delete_ledger`: it takes no more writes
+        # By `LedgerStore.release_ledger`: this object takes no more writes
+        # (the store makes a new one for the ledger when asked for it again).
+        self.released = False
 
     def __repr__(self) -> str:
         return f"Ledger({self.name!r}, first={self.first_entry_id}, last={self.last_entry_id})"
@@ -269,6 +308,11 @@ class Ledger:
     @property
     def entry_count(self) -> int:
         return self.last_entry_id - self.first_entry_id + 1
+
+    @property
+    def settled(self) -> bool:
+        """Is every append and trim of this ledger durable (none under way)?"""
+        return self._next == self.last_entry_id + 1 and self._first == self.first_entry_id
 
     @property
     def next_entry_id(self) -> int:
@@ -307,6 +351,8 @@ class Ledger:
         """Wait until the entry ``entry_id`` is durable."""
         while self.last_entry_id < entry_id:
             fut = asyncio.get_running_loop().create_future()
+            if self._waiters is None:
+                self._waiters = []
             self._waiters.append(fut)
             await fut
 
@@ -316,11 +362,14 @@ class Ledger:
         end = min(end, self.last_entry_id)
         if start > end:
             return []
-        cached = self._cache[0].entry_id if self._cache else self.last_entry_id + 1
+        cache = self._cache
+        if not cache:
+            return await self.store._read(self, start, end)
+        cached = cache[0].entry_id
         if start >= cached:
-            return [self._cache[i - cached] for i in range(start, end + 1)]
+            return [cache[i - cached] for i in range(start, end + 1)]
         # Take the cached part now: a commit during the disk read shifts the cache.
-        tail = [self._cache[i - cached] for i in range(cached, end + 1)]
+        tail = [cache[i - cached] for i in range(cached, end + 1)]
         from_disk = await self.store._read(self, start, min(end, cached - 1))
         from_disk.extend(tail)
         return from_disk
@@ -337,14 +386,17 @@ class Ledger:
     # Called by the store after a commit.
     def _durable(self, entries: list[Entry]) -> None:
         limit_n, limit_bytes = self.store.cache_entries, self.store.cache_bytes
+        cache = self._cache
+        if cache is None:
+            cache = self._cache = collections.deque()
         for entry in entries:
-            self._cache.append(entry)
+            cache.append(entry)
             self._cache_bytes += len(entry.data)
             self.last_entry_id = entry.entry_id
-        while self._cache and (len(self._cache) > limit_n or self._cache_bytes > limit_bytes):
-            self._cache_bytes -= len(self._cache.popleft().data)
-        waiters, self._waiters = self._waiters, []
-        for fut in waiters:
+        while cache and (len(cache) > limit_n or self._cache_bytes > limit_bytes):
+            self._cache_bytes -= len(cache.popleft().data)
+        waiters, self._waiters = self._waiters, None
+        for fut in waiters or ():
             if not fut.done():
                 fut.set_result(None)
         for callback in list(self._listeners):
@@ -355,8 +407,9 @@ class Ledger:
 
     def _trimmed(self, before: int) -> None:
         self.first_entry_id = max(self.first_entry_id, before)
-        while self._cache and self._cache[0].entry_id < before:
-            self._cache_bytes -= len(self._cache.popleft().data)
+        cache = self._cache
+        while cache and cache[0].entry_id < before:
+            self._cache_bytes -= len(cache.popleft().data)
 
 
 async def _stop(transport: asyncio.SubprocessTransport, protocol: _WriterProtocol) -> None:
@@ -372,6 +425,27 @@ async def _stop(transport: asyncio.SubprocessTransport, protocol: _WriterProtoco
         transport.kill()
         await protocol.exited
     transport.close()
+
+
+def _read_catalog(raw: sqlite3.Connection) -> dict[str, int]:
+    """Every ledger's name -> its packed ids (`_pack`), on the reader's
+    thread: each with its greatest entry key, in one statement (one range
+    seek per ledger), row by row (no list of every row at once: the start of
+    a store of many ledgers leaves less memory behind)."""
+    catalog: dict[str, int] = {}
+    for ledger_id, name, first, nxt, max_key in raw.execute(
+        "SELECT id, name, first_entry_id, next_entry_id, (SELECT max(e.id) FROM "
+        "entries AS e WHERE e.id >= ledgers.id << ? AND e.id <= (ledgers.id << ?) + ?) "
+        "FROM ledgers",
+        (_writer.ENTRY_BITS, _writer.ENTRY_BITS, _MAX_ENTRY_ID),
+    ):
+        # next_entry_id is written by trims only (so that ids never repeat
+        # once every entry is trimmed); otherwise the entries tell.
+        nxt = max(nxt, first)
+        if max_key is not None:
+            nxt = max(nxt, (max_key & _MAX_ENTRY_ID) + 1)
+        catalog[name] = _pack(ledger_id, first, nxt)
+    return catalog
 
 
 class LedgerStore:
@@ -394,8 +468,14 @@ class LedgerStore:
         # (opened with stdin=PIPE; uvloop's pipe transports are not WriteTransport subclasses)
         self._stdin = cast(asyncio.WriteTransport, transport.get_pipe_transport(0))
         self._reader = reader
+        # The ledgers in use, and the others by name: their id and first and
+        # next entry ids packed in one integer (`_pack`), about 40 bytes
+        # where a `Ledger` costs 300. A ledger gets its object when it is
+        # first asked for (`get_ledger`) and gives it back when its user is
+        # done with it (`release_ledger`).
         self._ledgers: dict[str, Ledger] = {}
-        # The names of `_ledgers`, sorted: the names with a prefix are one
+        self._catalog: dict[str, int] = {}
+        # The names of every ledger, sorted: the names with a prefix are one
         # range of it (`ledger_names`), found in O(log n).
         self._names = SortedList()
         self._loop = asyncio.get_running_loop()
@@ -458,22 +538,8 @@ class LedgerStore:
             await protocol.ready
             reader = await aiosqlite.connect(path, isolation_level=None)
             store = cls(path, transport, protocol, reader, cache_entries, cache_bytes)
-            # Each ledger with its greatest entry key, in one statement (one
-            # range seek per ledger, not one round trip to the reader's thread).
-            rows = await reader.execute_fetchall(
-                "SELECT id, name, first_entry_id, next_entry_id, (SELECT max(e.id) FROM "
-                "entries AS e WHERE e.id >= ledgers.id << ? AND e.id <= (ledgers.id << ?) + ?) "
-                "FROM ledgers",
-                (_writer.ENTRY_BITS, _writer.ENTRY_BITS, _MAX_ENTRY_ID),
-            )
-            for ledger_id, name, first, nxt, max_key in rows:
-                # next_entry_id is written by trims only (so that ids never repeat
-                # once every entry is trimmed); otherwise the entries tell.
-                nxt = max(nxt, first)
-                if max_key is not None:
-                    nxt = max(nxt, (max_key & _MAX_ENTRY_ID) + 1)
-                store._ledgers[name] = Ledger(store, ledger_id, name, first, nxt)
-            store._names.update(store._ledgers)
+            store._catalog = await _on_thread(reader, _read_catalog)
+            store._names.update(store._catalog)
         except BaseException:
             if reader is not None:
                 await reader.close()
@@ -532,27 +598,60 @@ class LedgerStore:
             return list(self._names.irange(minimum=prefix))
         return list(self._names.irange(prefix, end, inclusive=(True, False)))
 
+    def has_ledger(self, name: str) -> bool:
+        return name in self._ledgers or name in self._catalog
+
     def get_ledger(self, name: str) -> Ledger | None:
-        return self._ledgers.get(name)
+        """The ledger called ``name`` (None if there is none)."""
+        ledger = self._ledgers.get(name)
+        if ledger is None:
+            packed = self._catalog.pop(name, None)
+            if packed is None:
+                return None
+            ledger_id, first, nxt = _unpack(packed)
+            ledger = self._ledgers[name] = Ledger(self, ledger_id, name, first, nxt)
+        return ledger
+
+    def loaded_ledgers(self) -> int:
+        """How many ledgers have their `Ledger` object now (see `release_ledger`)."""
+        return len(self._ledgers)
 
     async def open_ledger(self, name: str) -> Ledger:
         """The ledger called ``name``, created (durably) if it does not exist."""
-        ledger = self._ledgers.get(name)
+        ledger = self.get_ledger(name)
         if ledger is not None:
             return ledger
         self._check_open()
         ledger_id = await self._request("create", name)
-        ledger = self._ledgers.get(name)  # created meanwhile by a concurrent caller?
+        ledger = self.get_ledger(name)  # created meanwhile by a concurrent caller?
         if ledger is None:
             ledger = self._ledgers[name] = Ledger(self, ledger_id, name, 0, 0)
             self._names.add(name)
         return ledger
 
+    def release_ledger(self, ledger: Ledger) -> bool:
+        """Give back ``ledger``'s object, if nothing is under way on it (no
+        append or trim waiting to be durable, no waiter, no listener): the
+        store keeps its ids in a few bytes, and `get_ledger` makes a new
+        object for it. The old object refuses writes from then on. False
+        (and nothing changes) if something is under way, or it is not this
+        store's current object for the ledger."""
+        if ledger.deleted or ledger.released or self._ledgers.get(ledger.name) is not ledger:
+            return False
+        if not ledger.settled or ledger._waiters or ledger._listeners:
+            return False
+        del self._ledgers[ledger.name]
+        ledger.released = True
+        ledger._cache = None
+        self._catalog[ledger.name] = _pack(ledger.id, ledger.first_entry_id, ledger._next)
+        return True
+
     async def delete_ledger(self, name: str) -> None:
         """Delete a ledger and all its entries."""
-        ledger = self._ledgers.pop(name, None)
+        ledger = self.get_ledger(name)
         if ledger is None:
             return
+        del self._ledgers[name]
         self._names.remove(name)
         ledger.deleted = True
         self._check_open()
@@ -568,8 +667,8 @@ class LedgerStore:
 
     def _append(self, ledger: Ledger, data: bytes, meta: int, lazy: bool) -> asyncio.Future[int]:
         self._check_open()
-        if ledger.deleted:
-            raise LedgerError(f"ledger {ledger.name} is deleted")
+        if ledger.deleted or ledger.released:
+            raise _gone(ledger)
         fut: asyncio.Future[int] = self._loop.create_future()
         # Its id now, in queue order (which is the order of the writes).
         self._queue.append(_Append(ledger, meta, data, fut, ledger._next))
@@ -588,8 +687,8 @@ class LedgerStore:
 
     def _trim(self, ledger: Ledger, before: int) -> asyncio.Future[None]:
         self._check_open()
-        if ledger.deleted:
-            raise LedgerError(f"ledger {ledger.name} is deleted")
+        if ledger.deleted or ledger.released:
+            raise _gone(ledger)
         fut: asyncio.Future[None] = self._loop.create_future()
         # (Never past what is appended so far: not an entry appended after it.)
         self._queue.append(_Trim(ledger, min(before, ledger._next), fut))

@@ -45,8 +45,19 @@ class Subscriptions:
 
     @classmethod
     async def load(cls, topics: Topics) -> Subscriptions:
+        """The subscriptions of every loaded topic (a topic loaded later
+        brings its own: `load_topic`)."""
         subs = cls(topics)
-        store = topics.store
+        loaded = topics.all()
+        for start in range(0, len(loaded), LOAD_BATCH):
+            await asyncio.gather(*(subs.load_topic(t) for t in loaded[start : start + LOAD_BATCH]))
+        subs._trim_task = asyncio.get_running_loop().create_task(subs._trim_loop())
+        return subs
+
+    async def load_topic(self, topic: Topic) -> None:
+        """Load the subscriptions of ``topic`` (being loaded) from their
+        cursor ledgers."""
+        store = self.topics.store
 
         async def load_partition(part: Partition) -> list[tuple[str, PartitionSubscription]]:
             # (One at a time: they add listeners to the partition in name order.)
@@ -59,17 +70,28 @@ class Subscriptions:
                 loaded.append((sub_name, await PartitionSubscription.load(part, sub_name, ledger)))
             return loaded
 
-        # Partitions load independently, a batch at a time (see `Topics.load`).
-        parts = [part for topic in topics.all() for part in topic.partitions]
-        for start in range(0, len(parts), LOAD_BATCH):
-            batch = parts[start : start + LOAD_BATCH]
-            results = await asyncio.gather(*(load_partition(part) for part in batch))
-            for part, loaded in zip(batch, results, strict=True):
-                for sub_name, sub in loaded:
-                    subs._add(part.topic, part.index, sub_name, sub)
-                    sub.start()
-        subs._trim_task = asyncio.get_running_loop().create_task(subs._trim_loop())
-        return subs
+        parts = topic.partitions
+        if len(parts) == 1:  # (the usual case: no task)
+            results = [await load_partition(parts[0])]
+        else:
+            results = await asyncio.gather(*(load_partition(part) for part in parts))
+        for part, loaded in zip(parts, results, strict=True):
+            for sub_name, sub in loaded:
+                self._add(part.topic, part.index, sub_name, sub)
+
+    def settled(self, topic: str) -> bool:
+        """Nothing under way on ``topic``'s subscriptions: no consumer, no
+        transaction holding acknowledgements, every record durable and
+        applied (see `PartitionSubscription.settled`)."""
+        return all(sub.settled() for subs in self._by_topic.get(topic, {}).values() for sub in subs)
+
+    def unload_topic(self, topic: str) -> None:
+        """Forget ``topic``'s subscriptions (unloaded: they load again with
+        it), giving their ledgers back to the store."""
+        for name, subs in self._by_topic.pop(topic, {}).items():
+            for sub in subs:
+                del self._subs[(topic, sub.partition.index, name)]
+                sub.release()
 
     async def close(self) -> None:
         if self._trim_task is not None:
@@ -152,7 +174,6 @@ class Subscriptions:
                         part, name, earliest, consumer.read_uncommitted
                     )
                     self._add(topic.name, part.index, name, sub)
-                    sub.start()
             self._order += 1
             consumer.order = self._order
             for part in parts:
@@ -216,7 +237,6 @@ class Subscriptions:
                         part, name, earliest=True, read_uncommitted=subs[0].read_uncommitted
                     )
                     self._add(topic.name, part.index, name, sub)
-                    sub.start()
                     for consumer in consumers:
                         sub.add_consumer(consumer)
 
@@ -353,11 +373,12 @@ class Subscriptions:
         now_ms = time.time_ns() // 1_000_000
         for part, first_open in floor.items():
             before = first_open - TRIM_SLACK
-            topic = self.topics.get(part.topic)
+            topic = self.topics.peek(part.topic)
             if topic is None or before <= part.ledger.first_entry_id:
-                continue  # (deleted meanwhile, or nothing to trim)
+                continue  # (deleted or unloaded meanwhile, or nothing to trim)
             before = await part.retained_from(topic.retention, before, now_ms)
-            if before > part.ledger.first_entry_id and not part.ledger.deleted:
+            ledger = part.ledger
+            if before > ledger.first_entry_id and not (ledger.deleted or ledger.released):
                 await part.ledger.trim(before)
                 part.trimmed(before)
 

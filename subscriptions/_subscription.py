@@ -1,8 +1,10 @@
 """A subscription on one partition: durable cursor, consumers and dispatch.
 
-Dispatch: one task per subscription pushes entries to consumers within their
-flow-control permits: first messages to redeliver (nacked, or unacked by a
-consumer that left), then new entries from the read position. A whole entry
+Dispatch: one task per subscription, while it has consumers (`wake` starts
+it, and it ends when the last consumer goes: an idle subscription costs no
+task), pushes entries to consumers within their flow-control permits: first
+messages to redeliver (nacked, or unacked by a consumer that left), then new
+entries from the read position. A whole entry
 goes to one consumer (its permits may go below zero, as in Pulsar). Every
 delivered message is *pending* on its consumer until acked; when the
 consumer closes or disconnects its pending messages are redelivered.
@@ -154,7 +156,9 @@ class PartitionSubscription:
         self._buffer: TransactionBuffer | None = None
         self.consumers: list[Consumer] = []
         self.pending: dict[Position, Consumer] = {}
-        self.redeliver: SortedSet = SortedSet()
+        # (Shared and empty until something is to be redelivered: a
+        # SortedSet costs about 1 KB, and most subscriptions never need one.)
+        self.redeliver: SortedSet = _NO_REDELIVERIES
         self.redelivery_counts: dict[Position, int] = {}
         # Delivered to consumers since start (redelivered ones too), for stats.
         self.messages_out = 0
@@ -169,7 +173,11 @@ class PartitionSubscription:
         # Transactions ended here lately: a late ack of one would lock its
         # messages for ever, so it is refused (see `end_txn`).
         self._ended: OrderedDict[TxnKey, None] = OrderedDict()
-        self._wake = asyncio.Event()
+        # Dispatch: woken since it last looked, the future it sleeps on, and
+        # held by a `reset` (no dispatch task starts meanwhile).
+        self._woken = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._paused = False
         self._closed = False
         self._task: asyncio.Task[None] | None = None
         partition.ledger.add_listener(self._on_entries)
@@ -241,16 +249,12 @@ class PartitionSubscription:
     # -- lifecycle ----------------------------------------------------------------
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._dispatch_loop())
+        """Let dispatch run (after a `reset`), and look for work."""
+        self._paused = False
+        self.wake()
 
     async def close(self) -> None:
-        self._closed = True
-        self.partition.ledger.remove_listener(self._on_entries)
-        self.partition.unwatch_txn_buffer(self._on_buffer)
-        if self._buffer is not None:
-            self._buffer.sidecar.remove_listener(self._on_entries)
-        self._wake.set()
+        self._detach()
         if self._task is not None:
             self._task.cancel()
             try:
@@ -258,12 +262,53 @@ class PartitionSubscription:
             except asyncio.CancelledError:
                 pass
 
+    def _detach(self) -> None:
+        self._closed = True
+        self.partition.ledger.remove_listener(self._on_entries)
+        self.partition.unwatch_txn_buffer(self._on_buffer)
+        if self._buffer is not None:
+            self._buffer.sidecar.remove_listener(self._on_entries)
+        self.wake()
+
+    def settled(self) -> bool:
+        """Nothing under way: no consumer (so no dispatch task, nothing
+        delivered and unacknowledged), no transaction holding
+        acknowledgements, no record or reset in flight. Then `release`
+        loses nothing: `load` rebuilds the same state from the ledgers."""
+        return (
+            not self.consumers
+            and self._task is None
+            and not self._inflight
+            and not self.cursor.txn_acks
+            and self._resetting is None
+            and self._ledger.settled
+            and (self._uledger is None or self._uledger.settled)
+        )
+
+    def release(self) -> None:
+        """Stop following the partition and give the ledgers' objects back
+        to the store; this object is not to be used any more. Only when
+        `settled`."""
+        self._detach()
+        store = self._ledger.store
+        store.release_ledger(self._ledger)
+        if self._uledger is not None:
+            store.release_ledger(self._uledger)
+
     def wake(self) -> None:
-        self._wake.set()
+        """Dispatch what can go now: wake the dispatch task, or start one
+        if the subscription has consumers."""
+        self._woken = True
+        waiter = self._waiter
+        if waiter is not None:
+            if not waiter.done():
+                waiter.set_result(None)
+        elif self._task is None and self.consumers and not (self._closed or self._paused):
+            self._task = asyncio.get_running_loop().create_task(self._dispatch_loop())
 
     def _on_entries(self, _ledger: Ledger, _entries: list[Entry]) -> None:
         if self.consumers:
-            self._wake.set()
+            self.wake()
 
     def _on_buffer(self, buffer: TransactionBuffer) -> None:
         """The partition has a transaction buffer: read its sidecar too."""
@@ -352,8 +397,14 @@ class PartitionSubscription:
             del self.pending[pos]
             if self.state(pos) is not PENDING:
                 continue
-            self.redeliver.add(pos)
+            self._redelivering().add(pos)
             self.redelivery_counts[pos] = self.redelivery_counts.get(pos, 0) + 1
+
+    def _redelivering(self) -> SortedSet:
+        """The redelivery set, to add to (made on first use)."""
+        if self.redeliver is _NO_REDELIVERIES:
+            self.redeliver = SortedSet()
+        return self.redeliver
 
     # -- acknowledgements ---------------------------------------------------------
 
@@ -584,7 +635,7 @@ class PartitionSubscription:
             # yet it delivers in turn.
             for pos in changed:
                 if pos[0] < self.read_entry:
-                    self.redeliver.add(pos)
+                    self._redelivering().add(pos)
                     self.redelivery_counts[pos] = self.redelivery_counts.get(pos, 0) + 1
             if changed:
                 self.wake()
@@ -668,8 +719,9 @@ class PartitionSubscription:
         they are. Refused (`SubscriptionError` NOT_ALLOWED, nothing changed)
         while a transaction holds acknowledgements here."""
         self.check_no_txn_acks("reset")
+        self._paused = True  # (dispatch stops while the cursor moves)
         task, self._task = self._task, None
-        if task is not None:  # (dispatch stops while the cursor moves)
+        if task is not None:
             task.cancel()
             try:
                 await task
@@ -706,9 +758,7 @@ class PartitionSubscription:
             self._ledger.append(cursor.snapshot(), meta=SNAPSHOT).add_done_callback(durable)
             await outcome
         finally:
-            if not self._closed:
-                self.start()
-                self.wake()
+            self.start()
 
     def pending_positions(self, limit: int) -> list[Position]:
         """The first ``limit`` PENDING messages after mark-delete (not
@@ -864,18 +914,29 @@ class PartitionSubscription:
         return active if active is not None and active.permits > 0 else None
 
     async def _dispatch_loop(self) -> None:
-        while not self._closed:
-            await self._wake.wait()
-            self._wake.clear()
-            try:
-                while await self._dispatch_step():
-                    pass
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("dispatch failed on %r; retrying", self)
-                await asyncio.sleep(0.5)
-                self._wake.set()
+        """The dispatch task: runs while there are consumers (see `wake`)."""
+        try:
+            while not self._closed and self.consumers:
+                if not self._woken:
+                    self._waiter = asyncio.get_running_loop().create_future()
+                    try:
+                        await self._waiter
+                    finally:
+                        self._waiter = None
+                    continue
+                self._woken = False
+                try:
+                    while await self._dispatch_step():
+                        pass
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("dispatch failed on %r; retrying", self)
+                    await asyncio.sleep(0.5)
+                    self._woken = True
+        finally:
+            if self._task is asyncio.current_task():
+                self._task = None
 
     async def _dispatch_step(self) -> bool:
         """Deliver one batch of entries; False when nothing more can go now."""
@@ -1050,6 +1111,22 @@ class PartitionSubscription:
                 redelivery_count=redelivery_count,
             ),
         )
+
+
+class _NoRedeliveries(SortedSet):  # type: ignore[misc]
+    """The redelivery set of every subscription that has nothing to
+    redeliver yet: shared, so it refuses additions (`_redelivering` gives a
+    subscription its own set first); removing from it and clearing it change
+    nothing."""
+
+    def add(self, value: object) -> None:
+        raise TypeError("the shared empty redelivery set takes no positions")
+
+    def update(self, *iterables: object) -> SortedSet:
+        raise TypeError("the shared empty redelivery set takes no positions")
+
+
+_NO_REDELIVERIES = _NoRedeliveries()
 
 
 class _Out:

@@ -36,6 +36,8 @@ EXPECTED = {
     "txnbuf_ledger_group_commit_size": "histogram",
     "txnbuf_ledger_fsync_seconds": "histogram",
     "txnbuf_data_dir_bytes": "gauge",
+    "txnbuf_topics": "gauge",
+    "txnbuf_topics_loaded": "gauge",
 }
 
 

@@ -1102,8 +1102,8 @@ async def test_a_stale_redelivery_entry_is_never_sent(h: Harness) -> None:
     # A position lands in the redelivery set and is locked before dispatch
     # gets to it (the requeue path skips locked ones, so force it in).
     await h.sub.ack([(0, 0)], False, T1)
-    h.sub.redeliver.add((0, 0))
-    h.sub.redeliver.add((0, 1))
+    h.sub._redelivering().add((0, 0))
+    h.sub._redelivering().add((0, 1))
     h.sub.read_entry = 4  # as if dispatch had read everything
     pushed: list[pb.DeliveredEntry] = []
     consumer = make_consumer(pushed)

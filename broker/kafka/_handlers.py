@@ -192,7 +192,7 @@ class KafkaApis:
         except InvalidNameError:
             out["error_code"] = INVALID_TOPIC
             return out
-        topic = self.broker.topics.get(name)
+        topic = await self.broker.topics.load_topic(name)  # (loaded on first use)
         if topic is None and create:
             topic = await self.broker.topics.get_or_create(name)
         if topic is None:
@@ -684,12 +684,27 @@ class KafkaApis:
             "topics": [{"name": n, "partitions": p} for n, p in by_topic.items()],
         }
 
-    def offset_fetch(self, req: Any, version: int) -> Response:
+    async def offset_fetch(self, req: Any, version: int) -> Response:
         try:
             name = _group_subscription(req.group_id)
         except KafkaError as exc:
             return {"throttle_time": 0, "topics": [], "error_code": exc.code}
         subs = self.broker.subscriptions
+        # The topics that may hold the group's offsets, loaded (a topic not
+        # loaded has its cursors in the store only).
+        known = self.broker.topics
+        store = self.broker.store
+        for t in (
+            [t.name for t in req.topics]
+            if req.topics is not None
+            else [
+                t
+                for t in known.names()
+                if known.get(t) is None
+                and store.has_ledger(PartitionSubscription.ledger_name(t, 0, name))
+            ]
+        ):
+            await known.load_topic(t)
         if req.topics is None:
             wanted = [
                 (t, [s.partition.index for s in found])
@@ -719,6 +734,13 @@ class KafkaApis:
 
     def _partition(self, topic_name: str, index: int) -> Partition:
         topic = self.broker.topics.get(topic_name)
+        if topic is None and topic_name in self.broker.topics:
+            # Not loaded (topics load on first use): the client asks again,
+            # after a metadata request that waits for the load.
+            self.broker.topics.request_load(topic_name)
+            raise KafkaError(
+                UNKNOWN_TOPIC_OR_PARTITION, f"topic {topic_name!r} is loading; try again"
+            )
         if topic is None or not 0 <= index < len(topic.partitions):
             raise KafkaError(
                 UNKNOWN_TOPIC_OR_PARTITION, f"no partition {index} of topic {topic_name!r}"
