@@ -141,6 +141,7 @@ class TxnState(enum.Enum):
     """Where a transaction is, as this client knows it."""
 
     OPEN = "open"  # sends and acks may use it
+    PREPARED = "prepared"  # made durable for its decision (``prepare()``): no more sends or acks
     COMMITTING = "committing"  # commit decided; END_TXN COMMIT not answered yet
     ABORTING = "aborting"  # abort decided; END_TXN ABORT not answered yet
     COMMITTED = "committed"
@@ -152,6 +153,7 @@ _OPEN = TxnState.OPEN  # (an Enum member lookup costs ~1 µs; check_txn runs per
 
 
 class TxnEvent(enum.Enum):
+    PREPARE = "prepare"  # prepare() was answered with success
     COMMIT = "commit"  # the application calls commit()
     ABORT = "abort"  # the application calls abort(), or commit() found a failure
     COMMITTED = "committed"  # END_TXN COMMIT answered with success
@@ -163,6 +165,9 @@ S, E = TxnState, TxnEvent
 TRANSITIONS: dict[tuple[TxnState, TxnEvent], TxnState] = {
     (S.OPEN, E.COMMIT): S.COMMITTING,
     (S.OPEN, E.ABORT): S.ABORTING,
+    (S.OPEN, E.PREPARE): S.PREPARED,
+    (S.PREPARED, E.COMMIT): S.COMMITTING,
+    (S.PREPARED, E.ABORT): S.ABORTING,
     (S.COMMITTING, E.COMMIT): S.COMMITTING,  # again, after an unknown outcome
     (S.COMMITTING, E.ABORT): S.ABORTING,  # a send or ack failed, or the app gives up
     (S.ABORTING, E.ABORT): S.ABORTING,  # again, after an unknown outcome
