@@ -4,11 +4,23 @@ Decisions written down here:
 
 * Flow control: after subscribing the consumer grants ``receiver_queue_size``
   permits (FLOW); each delivered message uses one. When the application has
-  taken half the queue size through ``receive``, those permits are granted
-  again in one FLOW.
+  taken half the queue size through ``receive`` or ``batch_receive`` (or
+  the dead letter policy took them), those permits are granted again in one
+  FLOW.
+* ``batch_receive(max_messages, timeout)`` (Pulsar's ``batchReceive``):
+  returns once ``max_messages`` are queued (at most ``receiver_queue_size``
+  are waited for) or ``timeout`` seconds after the call with what is
+  queued, possibly nothing; ``timeout=None`` waits for a first message.
+  Plain ``receive`` calls waiting are served first. ``async for`` receives
+  until ``close()``.
+* ``seek`` and ``unsubscribe`` (SEEK and UNSUBSCRIBE, `broker._seek`) act on
+  the whole subscription, reusing the admin API's reset and deletion; after
+  a seek the consumer drops its queue and asks for what the broker still
+  counts as its own again, so nothing pushed around the reset is lost.
 * Acks: concurrent ``acknowledge`` calls share one ACK frame, framed at the
-  next event-loop turn (at most 10,000 ids a frame); each call returns when
-  the broker has answered (the ack is durable). A call has one future,
+  next event-loop turn (at most 10,000 ids a frame); each plain call
+  returns when the broker has answered (the ack is durable; for
+  transactional ones see below). A call has one future,
   shared by its ids (one per id would cost a callback per id). If the broker
   refuses a frame of several ids with a non-retriable error, each id is
   re-sent alone so only the guilty call fails (a call of several ids fails
