@@ -16,7 +16,7 @@ from subscriptions._cursor import (
 )
 from subscriptions._manager import Subscriptions
 from subscriptions._state import TRANSITIONS, AckEvent, InvalidAckTransition, MsgState, transition
-from subscriptions._subscription import Consumer, PartitionSubscription, SubscriptionError, SubType
+from subscriptions._subscription import Consumer, PartitionSubscription, SubType
 
 __all__ = [
     "TRANSITIONS",
@@ -29,7 +29,6 @@ __all__ = [
     "MsgState",
     "PartitionSubscription",
     "SubType",
-    "SubscriptionError",
     "Subscriptions",
     "TxnKey",
     "replay_cursor",

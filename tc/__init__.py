@@ -41,7 +41,7 @@ from tc._status import (
     check_update,
     transition,
 )
-from tc._table import TxnMeta, TxnNotFoundError, TxnTable, TxnTimeoutError
+from tc._table import TxnArgumentError, TxnMeta, TxnNotFoundError, TxnTable, TxnTimeoutError
 from tc._txnid import TxnID, wire_txnid
 
 __all__ = [
@@ -66,6 +66,7 @@ __all__ = [
     "TransactionAbortableError",
     "TransactionCoordinator",
     "TwoPhaseCommitNotAllowedError",
+    "TxnArgumentError",
     "TxnEvent",
     "TxnID",
     "TxnLog",
