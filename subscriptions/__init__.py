@@ -4,6 +4,8 @@ PIP-31's PENDING_ACK state: an acknowledgement inside a transaction locks its
 messages until `Subscriptions.end_txn` commits (DELETED) or aborts (PENDING,
 redelivered) them; the locks are records of the cursor ledger. A transaction
 is a `TxnKey`, ``(most_bits, least_bits)``: this package does not import tc.
+What a subscription refuses it raises as `proto.refusals` classes
+(NOT_ALLOWED, TRANSACTION_CONFLICT, UNKNOWN_MESSAGE_ID, ...).
 """
 
 from subscriptions._cursor import (
