@@ -15,7 +15,9 @@ naming both, and the connection is closed.
 
 Bad input (an undecodable frame, an unknown command, an illegal name, a send
 on a closed producer, an ack of an unknown message) is answered with an
-error and changes nothing; the connection stays up.
+error and changes nothing; the connection stays up. A handler refuses by
+raising a `proto.refusals.Refusal`; whatever else it raises is a bug,
+answered UNKNOWN_ERROR and logged (`broker._errors`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from google.protobuf.message import DecodeError
 
 from broker._auth import NOBODY, Principal
 from broker._epoch import epoch_handlers
-from broker._errors import BrokerError, error_code, error_text
+from broker._errors import error_code, error_text
 from broker._pipelines import pipeline_handlers
 from broker._seek import seek_handlers
 from broker._transactions import CLUSTER_ROLE, Transactions
@@ -47,7 +49,7 @@ from buffer import (
     check_subscription_name,
     check_topic_name,
 )
-from proto import MAX_MESSAGE_SIZE, next_frame, oversized
+from proto import MAX_MESSAGE_SIZE, next_frame, oversized, refusals
 from proto import txnbuf_pb2 as pb
 from subscriptions import Consumer, SubType
 from tc import TxnID, wire_txnid
@@ -232,9 +234,9 @@ class Connection:
             return
         try:
             handler(cmd)
-        except Exception:
-            log.exception("connection %s: handler for %s failed", self.peer, body)
-            self._error(_request_id(cmd), pb.UNKNOWN_ERROR, f"internal error handling {body}")
+        except Exception as exc:
+            what = f"connection {self.peer}: {body}"
+            self._error(_request_id(cmd), error_code(exc, what), error_text(exc))
 
     def _error(self, request_id: int, code: pb.ServerError, message: str) -> None:
         self.send(
@@ -252,9 +254,7 @@ class Connection:
             try:
                 answer = await work
             except Exception as exc:
-                code = error_code(exc)
-                if code == pb.UNKNOWN_ERROR:
-                    log.exception("connection %s: %s failed", self.peer, what)
+                code = error_code(exc, f"connection {self.peer}: {what}")
                 self._error(request_id, code, error_text(exc))
                 return
             if answer is not None:
@@ -310,7 +310,7 @@ class Connection:
                     count = len((await self.broker.topics.get_or_create(name)).partitions)
                 resp.partitions = count
             except InvalidNameError as exc:
-                resp.error = pb.INVALID_TOPIC_NAME
+                resp.error = exc.code
                 resp.message = str(exc)
             return command(T.PARTITIONED_METADATA_RESPONSE, "partitioned_metadata_response", resp)
 
@@ -324,11 +324,8 @@ class Connection:
         try:
             check_topic_name(req.topic)
             self.broker.security.allow_lookup(self.who, req.topic)
-        except InvalidNameError as exc:
-            resp.error = pb.INVALID_TOPIC_NAME
-            resp.message = str(exc)
-        except BrokerError as exc:
-            resp.error = error_code(exc)
+        except refusals.Refusal as exc:
+            resp.error = exc.code
             resp.message = str(exc)
         self.send(command(T.LOOKUP_RESPONSE, "lookup_response", resp))
 
@@ -339,11 +336,13 @@ class Connection:
             name = check_topic_name(req.topic)
             self.broker.security.allow_produce(self.who, name)
             if not req.producer_name:
-                raise ValueError("producer_name is required")
+                raise refusals.InvalidArgument("producer_name is required")
             check_producer_name(req.producer_name)
             topic = await self.broker.topics.get_or_create(name)
             if req.producer_id in self.producers:
-                raise ValueError(f"producer id {req.producer_id} is in use on this connection")
+                raise refusals.InvalidArgument(
+                    f"producer id {req.producer_id} is in use on this connection"
+                )
             self.broker.security.allow_another("producer", len(self.producers))
             self.broker.claim_producer(topic.name, req.producer_name, self)
             self.producers[req.producer_id] = _Producer(req.producer_id, req.producer_name, topic)
@@ -411,8 +410,8 @@ class Connection:
             return
         try:  # (a grant revoked since the producer was created)
             self.broker.security.allow_produce(self.who, producer.topic.name)
-        except BrokerError as exc:
-            fail(pb.AUTHORIZATION_ERROR, str(exc))
+        except refusals.Refusal as exc:
+            fail(exc.code, str(exc))
             return
         if req.partition >= len(producer.topic.partitions):
             fail(
@@ -455,7 +454,7 @@ class Connection:
             else:
                 pending = partition.publish(producer.name, messages, req.batch, first_seq)
         except Exception as exc:
-            fail(error_code(exc), error_text(exc))
+            fail(error_code(exc, f"connection {self.peer}: send"), error_text(exc))
             return
 
         def answer(result: PublishResult) -> None:
@@ -486,7 +485,7 @@ class Connection:
             if error is None:
                 answer(pending.result())
             else:
-                fail(error_code(error), error_text(error))
+                fail(error_code(error, f"connection {self.peer}: send"), error_text(error))
             return
         if req.transactional and not counted:
             self.txns.op_read(req)
@@ -496,7 +495,7 @@ class Connection:
             try:
                 result: PublishResult = await pending
             except Exception as exc:
-                fail(error_code(exc), error_text(exc))
+                fail(error_code(exc, f"connection {self.peer}: send"), error_text(exc))
                 return
             answer(result)
 
@@ -512,9 +511,11 @@ class Connection:
             if req.consumer_name:
                 check_consumer_name(req.consumer_name)
             if req.sub_type not in _SUB_TYPES:
-                raise ValueError(f"unknown subscription type {req.sub_type}")
+                raise refusals.InvalidArgument(f"unknown subscription type {req.sub_type}")
             if req.consumer_id in self.consumers:
-                raise ValueError(f"consumer id {req.consumer_id} is in use on this connection")
+                raise refusals.InvalidArgument(
+                    f"consumer id {req.consumer_id} is in use on this connection"
+                )
             self.broker.security.allow_another("consumer", len(self.consumers))
             topic = await self.broker.topics.get_or_create(topic_name)
             consumer = Consumer(
@@ -574,7 +575,9 @@ class Connection:
             resp = pb.CommandAckResponse(consumer_id=req.consumer_id, request_id=req.request_id)
             try:
                 if consumer is None:
-                    raise LookupError(f"no consumer {req.consumer_id} on this connection")
+                    raise refusals.ConsumerNotFound(
+                        f"no consumer {req.consumer_id} on this connection"
+                    )
                 self.broker.security.allow_consume(self.who, consumer.topic, consumer.subscription)
                 by_part = _ack_positions(req)
                 cumulative = req.ack_type == pb.CommandAck.CUMULATIVE
@@ -591,7 +594,7 @@ class Connection:
                     consumer, by_part, cumulative, key, early
                 )
             except Exception as exc:
-                resp.error = error_code(exc)
+                resp.error = error_code(exc, f"connection {self.peer}: ack")
                 resp.message = error_text(exc)
             if req.transactional:
                 self.txns.op_answered(req, resp.message if resp.HasField("error") else None)
@@ -627,8 +630,7 @@ class Connection:
         """Refuse ``what`` (AUTHORIZATION_ERROR, nothing changes) unless this
         connection holds ``role``."""
         if role not in self.roles:
-            raise BrokerError(
-                "AUTHORIZATION_ERROR",
+            raise refusals.AuthorizationError(
                 f"{what} needs the {role!r} role, which this connection does not hold "
                 "(only a transaction's coordinator ends it on its participants)",
             )
@@ -642,12 +644,11 @@ class Connection:
         try:
             who = self.broker.security.authenticate(req.auth_method, req.auth_data)
             if self.who is not NOBODY and who.role != self.who.role:
-                raise BrokerError(
-                    "AUTHENTICATION_ERROR",
+                raise refusals.AuthenticationError(
                     f"this connection is {self.who.name}; a CONNECT cannot change it",
                 )
-        except BrokerError as exc:
-            self._error(0, error_code(exc), error_text(exc))
+        except refusals.Refusal as exc:
+            self._error(0, exc.code, str(exc))
             self._hang_up()
             return False
         self.who, self.roles = who, who.roles
@@ -686,8 +687,8 @@ class Connection:
         ERROR, if the connection may no longer consume there."""
         try:
             self.broker.security.allow_consume(self.who, consumer.topic, consumer.subscription)
-        except BrokerError as exc:
-            self._error(0, error_code(exc), error_text(exc))
+        except refusals.Refusal as exc:
+            self._error(0, exc.code, str(exc))
             return False
         return True
 
@@ -697,8 +698,7 @@ def _ack_positions(req: pb.CommandAck) -> dict[int, list[tuple[int, int]]]:
     from its ``positions`` triples."""
     flat = list(req.positions)
     if not flat or len(flat) % 3:
-        raise BrokerError(
-            "INVALID_ARGUMENT",
+        raise refusals.InvalidArgument(
             "ACK positions come in (partition, entry_id, batch_index) triples, at least one; "
             f"got {len(flat)} numbers",
         )

@@ -25,7 +25,8 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from buffer import Position
-from subscriptions import WHOLE_ENTRY, PartitionSubscription, SubscriptionError
+from proto import refusals
+from subscriptions import WHOLE_ENTRY, PartitionSubscription
 from tc import TxnID, TxnMeta, TxnStatus
 
 if TYPE_CHECKING:
@@ -350,12 +351,12 @@ async def reset_subscription(
     for sub, _ in targets:  # (refuse before anything moves)
         try:
             sub.check_no_txn_acks("reset")
-        except SubscriptionError as exc:
+        except refusals.Refusal as exc:
             raise AdminError(409, str(exc)) from None
     for sub, md in targets:
         try:
             await sub.reset(md)
-        except SubscriptionError as exc:
+        except refusals.Refusal as exc:
             raise AdminError(409, str(exc)) from None
     return {
         "topic": topic,

@@ -15,13 +15,13 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from broker._errors import BrokerError
 from broker._operations import (
     AdminError,
     delete_subscription,
     holding_transactions,
     reset_subscription,
 )
+from proto import refusals
 from proto import txnbuf_pb2 as pb
 
 if TYPE_CHECKING:
@@ -34,8 +34,12 @@ log = logging.getLogger(__name__)
 
 T = pb.BaseCommand
 
-# An admin refusal's HTTP status -> the wire's error code.
-_CODES = {400: "INVALID_ARGUMENT", 404: "TOPIC_NOT_FOUND", 409: "NOT_ALLOWED"}
+# An admin refusal's HTTP status -> the wire's refusal.
+_REFUSALS: dict[int, type[refusals.Refusal]] = {
+    400: refusals.InvalidArgument,
+    404: refusals.TopicNotFound,
+    409: refusals.NotAllowed,
+}
 
 
 def seek_handlers(conn: Connection) -> dict[int, Callable[[pb.BaseCommand], None]]:
@@ -44,7 +48,7 @@ def seek_handlers(conn: Connection) -> dict[int, Callable[[pb.BaseCommand], None
     def consumer_of(consumer_id: int, what: str) -> Consumer:
         consumer = conn.consumers.get(consumer_id)
         if consumer is None:
-            raise BrokerError("CONSUMER_NOT_FOUND", f"{what}: no consumer {consumer_id} here")
+            raise refusals.ConsumerNotFound(f"{what}: no consumer {consumer_id} here")
         conn.broker.security.allow_consume(conn.who, consumer.topic, consumer.subscription)
         return consumer
 
@@ -58,8 +62,7 @@ def seek_handlers(conn: Connection) -> dict[int, Callable[[pb.BaseCommand], None
             if target == "message_id":
                 mid = req.message_id
                 if mid.entry_id < 0 or mid.batch_index < 0:
-                    raise BrokerError(
-                        "INVALID_ARGUMENT",
+                    raise refusals.InvalidArgument(
                         f"SEEK to {mid.partition}:{mid.entry_id}:{mid.batch_index}: a stored "
                         "message's id (entry id and batch index >= 0)",
                     )
@@ -73,11 +76,11 @@ def seek_handlers(conn: Connection) -> dict[int, Callable[[pb.BaseCommand], None
             elif target == "publish_time_ms":
                 body = {"time_ms": req.publish_time_ms}
             else:
-                raise BrokerError("INVALID_ARGUMENT", "SEEK names a message_id or a publish time")
+                raise refusals.InvalidArgument("SEEK names a message_id or a publish time")
             try:
                 await reset_subscription(conn.broker, consumer.topic, consumer.subscription, body)
             except AdminError as exc:
-                raise BrokerError(_CODES.get(exc.status, "INVALID_ARGUMENT"), str(exc)) from None
+                raise _REFUSALS.get(exc.status, refusals.InvalidArgument)(str(exc)) from None
             log.info(
                 "consumer %s reset subscription %r of %r (%s)",
                 consumer.name,
@@ -101,15 +104,13 @@ def seek_handlers(conn: Connection) -> dict[int, Callable[[pb.BaseCommand], None
             subs = broker.subscriptions.of_topic(topic).get(name, [])
             others = {c for sub in subs for c in sub.consumers if c is not consumer}
             if others:
-                raise BrokerError(
-                    "NOT_ALLOWED",
+                raise refusals.NotAllowed(
                     f"cannot unsubscribe from {what}: {len(others)} other consumer(s) "
                     "connected to it",
                 )
             holders = holding_transactions(broker, topic, name)
             if holders:
-                raise BrokerError(
-                    "NOT_ALLOWED",
+                raise refusals.NotAllowed(
                     f"cannot unsubscribe from {what}: transaction(s) "
                     f"{', '.join(map(str, holders[:10]))} not ended hold it",
                 )
@@ -118,7 +119,7 @@ def seek_handlers(conn: Connection) -> dict[int, Callable[[pb.BaseCommand], None
             try:
                 await delete_subscription(broker, topic, name, force=False)
             except AdminError as exc:  # (not expected: checked just above)
-                raise BrokerError(_CODES.get(exc.status, "NOT_ALLOWED"), str(exc)) from None
+                raise _REFUSALS.get(exc.status, refusals.NotAllowed)(str(exc)) from None
             log.info("consumer %s unsubscribed: %s deleted", consumer.name, what)
             return conn._success(req.request_id)
 

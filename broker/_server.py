@@ -38,11 +38,10 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from broker._auth import AuthConfig, Security
 from broker._connection import Connection, txn_key
-from broker._errors import BrokerError
 from broker._metrics import BrokerMetrics
 from buffer import Partition, PublishResult, Topic, Topics, TransactionBuffer, TxnKey
 from ledger import LedgerError, LedgerStore, faults
-from proto import FRAME_SLACK, MAX_MESSAGE_SIZE
+from proto import FRAME_SLACK, MAX_MESSAGE_SIZE, refusals
 from proto import txnbuf_pb2 as pb
 from subscriptions import Subscriptions
 from tc import (
@@ -418,8 +417,7 @@ class Broker:
         checked against it."""
         tc = self.coordinators.get(txnid.tcid)
         if tc is None:
-            raise BrokerError(
-                "NOT_ALLOWED",
+            raise refusals.NotAllowed(
                 f"transaction {txnid} belongs to coordinator {txnid.tcid}, which does not run "
                 "here: its decision cannot be checked, so nothing was changed",
             )
@@ -427,8 +425,7 @@ class Broker:
         decided = (TxnStatus.COMMITTING, TxnStatus.COMMITTED) if commit else _ABORT_DECIDED
         if meta is None or meta.status not in decided:
             state = "unknown" if meta is None else meta.status.name
-            raise BrokerError(
-                "INVALID_TXN_STATUS",
+            raise refusals.InvalidTxnStatus(
                 f"cannot {'commit' if commit else 'abort'} transaction {txnid} on a participant: "
                 f"its coordinator {txnid.tcid} did not decide so (it is {state} there); "
                 "nothing was changed",
@@ -524,8 +521,8 @@ class Broker:
         """Producer names are unique per topic among connected producers."""
         owner = self._producer_owners.get((topic, name))
         if owner is not None and owner is not conn:
-            raise BrokerError(
-                "PRODUCER_BUSY", f"producer {name!r} is already connected to topic {topic!r}"
+            raise refusals.ProducerBusy(
+                f"producer {name!r} is already connected to topic {topic!r}"
             )
         if owner is None:
             self._producers_of[topic] = self._producers_of.get(topic, 0) + 1

@@ -3,6 +3,8 @@
 A partition's transaction buffer (PIP-31 §Sidecar Approach) is its sidecar
 transaction log with the transaction index, commit markers, materialization
 and sweep: `TransactionBuffer`, reached through `Partition.txn_buffer()`.
+What it refuses it raises as subclasses of `proto.refusals` classes, which
+carry their wire code (`InvalidNameError` is an `InvalidArgument`).
 """
 
 from buffer._entries import (
@@ -21,6 +23,7 @@ from buffer._names import (
     MAX_PARTITIONS,
     QUOTE_LIMIT,
     InvalidNameError,
+    InvalidTopicNameError,
     MessageId,
     Position,
     check_consumer_name,
@@ -69,6 +72,7 @@ __all__ = [
     "DuplicateTooOldError",
     "EpochProducer",
     "InvalidNameError",
+    "InvalidTopicNameError",
     "MessageId",
     "OutOfOrderSequenceError",
     "Partition",

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from buffer._names import Position
+from proto import refusals
 from proto import txnbuf_pb2 as pb
 
 __all__ = [
@@ -70,7 +71,7 @@ def entry_kind(meta: int) -> int:
     return meta >> _KIND_SHIFT
 
 
-class SendRejectedError(ValueError):
+class SendRejectedError(refusals.InvalidArgument, ValueError):
     """A send is malformed (e.g. sequence ids not increasing); nothing stored."""
 
 
@@ -118,7 +119,7 @@ def stored_sequence_ids(messages: Sequence[pb.SingleMessage]) -> Sequence[int]:
     return [m.sequence_id for m in messages]
 
 
-class DuplicateTooOldError(Exception):
+class DuplicateTooOldError(refusals.SequenceTooOld):
     """A re-sent message is stored already, but too long ago to know its id."""
 
 

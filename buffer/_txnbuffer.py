@@ -100,6 +100,7 @@ from buffer._entries import (
 )
 from buffer._names import Position
 from ledger import Entry, Ledger, faults, pass_failure, settled, unawaited
+from proto import refusals
 from proto import txnbuf_pb2 as pb
 
 __all__ = [
@@ -178,29 +179,36 @@ def sidecar_ledger_name(topic: str, index: int) -> str:
 
 
 class TransactionBufferError(Exception):
-    """Base of the transaction buffer's errors; also a damaged sidecar log.
+    """Base of the transaction buffer's errors. Raised itself, a damaged
+    sidecar log or partition log (a malformed record, a marker naming what
+    is not there): not a refusal, so a client is answered UNKNOWN_ERROR and
+    the broker logs it. Its subclasses are refusals, each with its code::
 
-    TransactionBufferError
-    ├── TxnEndedError      a send for a transaction already ended here (late write)
-    └── TxnConflictError   COMMIT of a transaction aborted here, or the reverse
+        TransactionBufferError
+        ├── TxnEndedError            INVALID_TXN_STATUS: a send for a transaction
+        │                            already ended here (a late write)
+        ├── TxnConflictError         INVALID_TXN_STATUS: COMMIT of a transaction
+        │                            aborted here, or the reverse
+        ├── StaleEpochError          INVALID_PRODUCER_EPOCH
+        └── OutOfOrderSequenceError  OUT_OF_ORDER_SEQUENCE
     """
 
 
-class TxnEndedError(TransactionBufferError):
+class TxnEndedError(TransactionBufferError, refusals.InvalidTxnStatus):
     """A transactional send arrived after its transaction ended here; nothing stored."""
 
 
-class TxnConflictError(TransactionBufferError):
+class TxnConflictError(TransactionBufferError, refusals.InvalidTxnStatus):
     """An END contradicts how the transaction ended (or is ending) here."""
 
 
-class StaleEpochError(TransactionBufferError):
+class StaleEpochError(TransactionBufferError, refusals.InvalidProducerEpoch):
     """The producer-epoch mode: a send or a commit marker of an epoch (or a
     coordinator epoch) older than this partition has seen for its producer
     id: a late write, or a marker of a finished transaction."""
 
 
-class OutOfOrderSequenceError(TransactionBufferError):
+class OutOfOrderSequenceError(TransactionBufferError, refusals.OutOfOrderSequence):
     """The producer-epoch mode: a send whose first sequence is not the next
     one of its producer here (a gap, or a new epoch not starting at 0)."""
 

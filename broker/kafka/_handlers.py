@@ -41,7 +41,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from broker._errors import BrokerError, kafka_code
+from broker._errors import error_text, kafka_code
 from broker.kafka._codec import VERSIONS, Api
 from broker.kafka._groups import GroupError, Groups
 from broker.kafka._offsets import MAX_ENTRY_MESSAGES, offset_of, position_of
@@ -58,6 +58,7 @@ from buffer import (
     epoch_producer_name,
 )
 from ledger import Entry
+from proto import refusals
 from proto import txnbuf_pb2 as pb
 from subscriptions import WHOLE_ENTRY, PartitionSubscription
 from tc import TransactionCoordinator, TxnID, coordinator_of
@@ -750,20 +751,19 @@ class KafkaApis:
     def _coordinator_of_producer(self, producer_id: int) -> TransactionCoordinator:
         tc = self.broker.coordinators.get(producer_id >> _PID_SHIFT)
         if tc is None:
-            raise BrokerError(
-                "INVALID_PRODUCER_ID_MAPPING",
+            raise refusals.InvalidProducerIdMapping(
                 f"producer id {producer_id} belongs to no coordinator running here",
             )
         return tc
 
     @staticmethod
     def _code(exc: BaseException) -> tuple[int, str]:
+        """The Kafka error code and message that answer ``exc``: a Kafka
+        refusal's own, else the refusal's (`broker._errors.kafka_code`,
+        which logs what is no refusal)."""
         if isinstance(exc, (KafkaError, RecordError, GroupError)):
             return exc.code, str(exc)
-        code = kafka_code(exc)
-        if code == -1:
-            log.error("Kafka request failed", exc_info=exc)
-        return code, str(exc) or type(exc).__name__
+        return kafka_code(exc), error_text(exc)
 
 
 def _last_index(partition: Partition, entry_id: int) -> int:
