@@ -352,26 +352,14 @@ class Producer:
     async def _create(self) -> None:
         """Make the topic exist, create the producer on the broker, register."""
         deadline = self._conn.deadline()
-        meta = await self._conn.request(
-            lambda request_id: command(
-                Type.PARTITIONED_METADATA,
-                "partitioned_metadata",
-                request_id=request_id,
-                topic=self.topic,
-            ),
-            Type.PARTITIONED_METADATA_RESPONSE,
-            f"metadata of topic {self.topic!r}",
-            deadline,
-        )
+        partitions = await self._partition_count(deadline)
         reply = await self._conn.request(
             self._producer_command,
             Type.PRODUCER_SUCCESS,
             f"create producer on {self.topic!r}",
             deadline,
         )
-        self._created(
-            reply.producer_success, meta.partitioned_metadata_response.partitions, self._conn.gen
-        )
+        self._created(reply.producer_success, partitions, self._conn.gen)
         self._conn.producers[self.producer_id] = self
         if self._partitions_update_interval is not None:
             self._watcher = self._loop.create_task(
@@ -393,7 +381,8 @@ class Producer:
                 log.info("topic %r grew to %d partitions", self.topic, count)
                 self.partitions = count
 
-    async def _partition_count(self) -> int:
+    async def _partition_count(self, deadline: float | None = None) -> int:
+        """How many partitions the topic has (the broker creates it if missing)."""
         reply = await self._conn.request(
             lambda request_id: command(
                 Type.PARTITIONED_METADATA,
@@ -403,6 +392,7 @@ class Producer:
             ),
             Type.PARTITIONED_METADATA_RESPONSE,
             f"metadata of topic {self.topic!r}",
+            deadline,
         )
         return int(reply.partitioned_metadata_response.partitions)
 
