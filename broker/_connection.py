@@ -52,15 +52,10 @@ from buffer import (
 from proto import MAX_MESSAGE_SIZE, next_frame, oversized, refusals
 from proto import txnbuf_pb2 as pb
 from subscriptions import Consumer, SubType
-from tc import TxnID, wire_txnid
+from tc import wire_txnid
 
 if TYPE_CHECKING:
     from broker._server import Broker
-
-
-def txn_key(txnid: TxnID) -> tuple[int, int]:
-    """The (most_bits, least_bits) pair that buffer/ and subscriptions/ use."""
-    return (txnid.most_bits, txnid.least_bits)
 
 
 __all__ = ["CLUSTER_ROLE", "PROTOCOL_VERSION", "Connection"]
@@ -449,7 +444,7 @@ class Connection:
                 # Answered once queued: a crash that loses it aborts the
                 # transaction (a lost send is never committed, see `tc`).
                 pending = self.broker.publish_txn(
-                    partition, txn_key(txnid), producer.name, messages, req.batch, True, first_seq
+                    partition, txnid, producer.name, messages, req.batch, True, first_seq
                 )
             else:
                 pending = partition.publish(producer.name, messages, req.batch, first_seq)
@@ -588,7 +583,7 @@ class Connection:
                     self.broker.coordinator(txnid).add_subscription(  # (as for a send)
                         txnid, consumer.topic, consumer.subscription
                     )
-                    key = txn_key(txnid)
+                    key = txnid
                     early = True  # (answered once queued, as a send)
                 await self.broker.subscriptions.ack_positions(
                     consumer, by_part, cumulative, key, early

@@ -242,7 +242,7 @@ def _produce(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> 
         def publish(topic: Topic) -> Awaitable[PublishResult]:
             return conn.broker.publish_txn(
                 topic.partitions[req.partition],
-                (txnid.most_bits, txnid.least_bits),
+                txnid,
                 epoch_producer_name(pid, epoch),
                 batch.messages,
                 req.batch,
@@ -313,9 +313,7 @@ def _txn_offsets(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered)
             txnid = tc.producer_add_subscription(
                 req.producer_id, req.producer_epoch, consumer.topic, consumer.subscription
             )
-            await conn.broker.subscriptions.ack_positions(
-                consumer, by_part, False, (txnid.most_bits, txnid.least_bits), True
-            )
+            await conn.broker.subscriptions.ack_positions(consumer, by_part, False, txnid, True)
         except Exception as exc:
             unanswered.answered(req.producer_id, ops, exc)
             _respond(conn, req.request_id, exc)

@@ -37,9 +37,9 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from broker._auth import AuthConfig, Security
-from broker._connection import Connection, txn_key
+from broker._connection import Connection
 from broker._metrics import BrokerMetrics
-from buffer import Partition, PublishResult, Topic, Topics, TransactionBuffer, TxnKey
+from buffer import Partition, PublishResult, Topic, Topics, TransactionBuffer
 from ledger import LedgerError, LedgerStore, faults
 from proto import FRAME_SLACK, MAX_MESSAGE_SIZE, refusals
 from proto import txnbuf_pb2 as pb
@@ -251,9 +251,9 @@ class Broker:
         A committing one is left to its coordinator, whose decision record
         names every participant. Transactions of a coordinator not running
         here are left alone."""
-        held: list[tuple[TxnKey, str, Callable[[], Awaitable[None]]]] = []
+        held: list[tuple[TxnID, str, Callable[[], Awaitable[None]]]] = []
 
-        def decided_abort(key: TxnKey) -> bool:
+        def decided_abort(key: TxnID) -> bool:
             txnid = TxnID(*key)
             tc = self.coordinators.get(txnid.tcid)
             if tc is None:
@@ -360,7 +360,7 @@ class Broker:
     def publish_txn(
         self,
         partition: Partition,
-        txn: TxnKey,
+        txn: TxnID,
         producer: str,
         messages: Sequence[pb.SingleMessage],
         encoded: bytes | None = None,
@@ -447,7 +447,7 @@ class Broker:
         if found is None:  # (not loaded: it is, then the end is queued)
             return self._end_on_partition(topic, partition, txnid, commit, False, producer)
         buffer = found.partitions[partition].transaction_buffer
-        if buffer is not None and buffer.end_now(txn_key(txnid), commit, producer):
+        if buffer is not None and buffer.end_now(txnid, commit, producer):
             return None
         return self._end_on_partition(topic, partition, txnid, commit, False, producer)
 
@@ -481,7 +481,7 @@ class Broker:
             log.warning("end %s on %s/%d: no such partition", txnid, topic, partition)
             return
         buffer = await found.partitions[partition].txn_buffer()
-        await buffer.end(txn_key(txnid), commit, durable, producer)
+        await buffer.end(txnid, commit, durable, producer)
 
     def end_txn_on_subscription(
         self, topic: str, subscription: str, txnid: TxnID, commit: bool
@@ -493,7 +493,7 @@ class Broker:
         faults.refuse("broker.end_txn_on_participant")
         if self.topics.get(topic) is None and topic in self.topics:
             return self._end_on_subscription(topic, subscription, txnid, commit, False)
-        self.subscriptions.end_txn_now(topic, subscription, txn_key(txnid), commit)
+        self.subscriptions.end_txn_now(topic, subscription, txnid, commit)
         return None
 
     async def end_txn_on_subscription_durably(
@@ -508,7 +508,7 @@ class Broker:
         self, topic: str, subscription: str, txnid: TxnID, commit: bool, durable: bool
     ) -> None:
         await self.topics.load_topic(topic)  # (loaded, and prepared, first)
-        await self.subscriptions.end_txn(topic, subscription, txn_key(txnid), commit, durable)
+        await self.subscriptions.end_txn(topic, subscription, txnid, commit, durable)
 
     def producer_count(self, topic: str) -> int:
         return self._producers_of.get(topic, 0)
@@ -540,7 +540,7 @@ class Broker:
 
 @dataclass(slots=True)
 class _TxnSend:
-    txn: TxnKey
+    txn: TxnID
     producer: str
     messages: Sequence[pb.SingleMessage]
     first_seq: int | None

@@ -10,6 +10,8 @@ import uuid
 from collections.abc import AsyncIterator
 from types import TracebackType
 
+from proto import TxnID
+
 from ._connection import Command, Connection, command
 from ._consumer import Consumer
 from ._deadletter import DeadLetterPolicy, DeadLetters
@@ -19,7 +21,7 @@ from ._producer import Producer
 from ._reader import Position, Reader
 from ._reader import _position as _reader_position
 from ._spares import Spare, SparePool
-from ._txn import Transaction, TxnID, TxnState
+from ._txn import Transaction, TxnState
 from .errors import ClientClosedError, InvalidInputError, TxnbufError
 
 MAX_TXN_TTL_MS = 2**64 - 1

@@ -67,12 +67,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
+from proto import TxnID
 from proto import txnbuf_pb2 as pb
 
 from ._connection import BusyClock, Command, Connection, Link, Type, command, fail_all
 from ._deadletter import DeadLetters
 from ._message import Message, MessageId, decode_entry
-from ._txn import _OPEN, Transaction, TxnID, check_txn
+from ._txn import _OPEN, Transaction, check_txn
 from .errors import (
     ConnectionLostError,
     ConsumerBusyError,

@@ -27,8 +27,10 @@ import zlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
+from proto import TxnID
+
 from ._connection import Command, Type, command, copy_error, wait_future_until
-from ._txn import Transaction, TxnEvent, TxnID, TxnState, transition
+from ._txn import Transaction, TxnEvent, TxnState, transition
 from .errors import InvalidInputError, InvalidTxnStatusError
 
 if TYPE_CHECKING:

@@ -89,7 +89,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from proto import oversized
+from proto import TxnID, oversized
 from proto import txnbuf_pb2 as pb
 
 from ._connection import (
@@ -104,7 +104,7 @@ from ._connection import (
     wait_until,
 )
 from ._message import MessageId, new_message_id
-from ._txn import _OPEN, Transaction, TxnID, check_txn
+from ._txn import _OPEN, Transaction, check_txn
 from .errors import (
     ConnectionLostError,
     InvalidInputError,

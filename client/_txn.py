@@ -76,8 +76,9 @@ import asyncio
 import enum
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
+from proto import TxnID
 from proto import txnbuf_pb2 as pb
 
 from ._connection import Command, Type, command, copy_error, wait_future_until
@@ -98,41 +99,6 @@ if TYPE_CHECKING:
     from ._spares import SparePool
 
 log = logging.getLogger("client")
-
-_U64 = (1 << 64) - 1
-_TCID_SHIFT = 48
-
-
-class TxnID(NamedTuple):
-    """A transaction id (PIP-31 §TxnID): 128 bits as two unsigned 64-bit
-    halves; the high 16 bits of ``most_bits`` are the id of the coordinator
-    that owns it (``tcid``). ``str`` gives ``"(most_bits,least_bits)"``,
-    which ``TxnID.parse`` reads back."""
-
-    most_bits: int
-    least_bits: int
-
-    @property
-    def tcid(self) -> int:
-        return self.most_bits >> _TCID_SHIFT
-
-    def __str__(self) -> str:
-        return f"({self.most_bits},{self.least_bits})"
-
-    @classmethod
-    def parse(cls, text: str) -> TxnID:
-        """The inverse of ``str``: ``TxnID.parse("(281474976710656,7)")``.
-        Raises ``InvalidInputError`` (a ``ValueError``) on anything else."""
-        body = text.strip() if isinstance(text, str) else ""
-        parts = body[1:-1].split(",") if body.startswith("(") and body.endswith(")") else []
-        halves = [part.strip() for part in parts]
-        if len(halves) != 2 or not all(h.isascii() and h.isdigit() for h in halves):
-            raise InvalidInputError(f"not a TxnID: {text!r} (want '(most_bits,least_bits)')")
-        most, least = int(halves[0]), int(halves[1])
-        if most > _U64 or least > _U64:
-            raise InvalidInputError(f"not a TxnID: {text!r} (halves are unsigned 64-bit)")
-        return cls(most, least)
-
 
 # --- the state table ----------------------------------------------------------
 

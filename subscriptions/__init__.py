@@ -3,7 +3,7 @@
 PIP-31's PENDING_ACK state: an acknowledgement inside a transaction locks its
 messages until `Subscriptions.end_txn` commits (DELETED) or aborts (PENDING,
 redelivered) them; the locks are records of the cursor ledger. A transaction
-is a `TxnKey`, ``(most_bits, least_bits)``: this package does not import tc.
+is a `proto.TxnID`.
 What a subscription refuses it raises as `proto.refusals` classes
 (NOT_ALLOWED, TRANSACTION_CONFLICT, UNKNOWN_MESSAGE_ID, ...).
 """
@@ -12,7 +12,6 @@ from subscriptions._cursor import (
     WHOLE_ENTRY,
     AckConflict,
     Cursor,
-    TxnKey,
     replay_cursor,
     txn_end_record,
 )
@@ -32,7 +31,6 @@ __all__ = [
     "PartitionSubscription",
     "SubType",
     "Subscriptions",
-    "TxnKey",
     "replay_cursor",
     "transition",
     "txn_end_record",

@@ -16,8 +16,7 @@ import time
 from typing import Any
 
 from buffer import MessageId, Partition, Position, Topic, Topics
-from proto import refusals
-from subscriptions._cursor import TxnKey
+from proto import TxnID, refusals
 from subscriptions._subscription import Consumer, PartitionSubscription
 
 __all__ = ["Subscriptions"]
@@ -260,7 +259,7 @@ class Subscriptions:
         consumer: Consumer,
         ids: list[MessageId],
         cumulative: bool,
-        txn: TxnKey | None = None,
+        txn: TxnID | None = None,
     ) -> None:
         """Acknowledge ``ids`` on ``consumer``'s subscription, durably.
 
@@ -282,7 +281,7 @@ class Subscriptions:
         consumer: Consumer,
         by_part: dict[int, list[Position]],
         cumulative: bool,
-        txn: TxnKey | None = None,
+        txn: TxnID | None = None,
         early: bool = False,
     ) -> None:
         """`ack` of positions grouped by partition (what the wire gives);
@@ -311,7 +310,7 @@ class Subscriptions:
         )
 
     async def end_txn(
-        self, topic: str, subscription: str, txn: TxnKey, commit: bool, durable: bool = True
+        self, topic: str, subscription: str, txn: TxnID, commit: bool, durable: bool = True
     ) -> None:
         """EndTxnOnSubscription: commit or abort ``txn``'s acks on every partition.
 
@@ -325,7 +324,7 @@ class Subscriptions:
             return
         await asyncio.gather(*(sub.end_txn(txn, commit, durable) for sub in subs))
 
-    def end_txn_now(self, topic: str, subscription: str, txn: TxnKey, commit: bool) -> None:
+    def end_txn_now(self, topic: str, subscription: str, txn: TxnID, commit: bool) -> None:
         """`end_txn` with ``durable=False``, without a turn of the loop."""
         for sub in self._by_topic.get(topic, {}).get(subscription, []):
             sub.end_txn_now(txn, commit)

@@ -50,7 +50,7 @@ from sortedcontainers import SortedSet
 
 from buffer import DATA, Partition, Position, TransactionBuffer, entry_count, entry_kind
 from ledger import Entry, Ledger, faults, read_runs, unawaited
-from proto import refusals
+from proto import TxnID, refusals
 from proto import txnbuf_pb2 as pb
 from subscriptions._cursor import (
     CUMULATIVE,
@@ -63,7 +63,6 @@ from subscriptions._cursor import (
     AckConflict,
     AckRecord,
     Cursor,
-    TxnKey,
     check_txn_key,
     decode_record,
     encode_record,
@@ -165,7 +164,7 @@ class PartitionSubscription:
         self._resetting: Cursor | None = None  # the cursor a `reset` in flight moves to
         # Transactions ended here lately: a late ack of one would lock its
         # messages for ever, so it is refused (see `end_txn`).
-        self._ended: OrderedDict[TxnKey, None] = OrderedDict()
+        self._ended: OrderedDict[TxnID, None] = OrderedDict()
         # Dispatch: woken since it last looked, the future it sleeps on, and
         # held by a `reset` (no dispatch task starts meanwhile).
         self._woken = False
@@ -404,7 +403,7 @@ class PartitionSubscription:
         self,
         positions: list[Position],
         cumulative: bool,
-        txn: TxnKey | None = None,
+        txn: TxnID | None = None,
         early: bool = False,
     ) -> None:
         """Acknowledge durably, then apply (persist, then act).
@@ -509,7 +508,7 @@ class PartitionSubscription:
                     return False
         return True
 
-    async def end_txn(self, txn: TxnKey, commit: bool, durable: bool = True) -> None:
+    async def end_txn(self, txn: TxnID, commit: bool, durable: bool = True) -> None:
         """EndTxnOnSubscription: commit (DELETED) or abort (PENDING) ``txn``'s acks.
 
         Durable before it returns; with ``durable=False`` (see
@@ -526,13 +525,13 @@ class PartitionSubscription:
         else:
             outcome.add_done_callback(unawaited)
 
-    def end_txn_now(self, txn: TxnKey, commit: bool) -> None:
+    def end_txn_now(self, txn: TxnID, commit: bool) -> None:
         """`end_txn` with ``durable=False``, without a turn of the loop."""
         outcome = self._queue_end(txn, commit)
         if outcome is not None:
             outcome.add_done_callback(unawaited)
 
-    def _queue_end(self, txn: TxnKey, commit: bool) -> asyncio.Future[list[Position]] | None:
+    def _queue_end(self, txn: TxnID, commit: bool) -> asyncio.Future[list[Position]] | None:
         """Refuse acks in ``txn`` from now on and queue its end record, if it
         has acks here (None if not: nothing to write)."""
         txn = self._check_txn(txn)
@@ -543,13 +542,13 @@ class PartitionSubscription:
             return None
         return self._persist(txn_end_record(txn, commit))
 
-    def _check_txn(self, txn: object) -> TxnKey:
+    def _check_txn(self, txn: object) -> TxnID:
         try:
             return check_txn_key(txn)
         except ValueError as exc:
             raise refusals.InvalidArgument(str(exc)) from exc
 
-    def _remember_ended(self, txn: TxnKey) -> None:
+    def _remember_ended(self, txn: TxnID) -> None:
         self._ended[txn] = None
         self._ended.move_to_end(txn)
         while len(self._ended) > ENDED_MEMORY:

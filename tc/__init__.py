@@ -10,6 +10,7 @@ refuses it raises as subclasses of `proto.refusals` classes, which carry
 their wire code (`TxnNotFoundError` is a `TransactionNotFound`).
 """
 
+from proto import TxnID, wire_txnid
 from tc._coordinator import (
     NotStuckError,
     Participant,
@@ -44,7 +45,6 @@ from tc._status import (
     transition,
 )
 from tc._table import TxnArgumentError, TxnMeta, TxnNotFoundError, TxnTable, TxnTimeoutError
-from tc._txnid import TxnID, wire_txnid
 
 __all__ = [
     "DEFAULT_EXPIRATION_MS",

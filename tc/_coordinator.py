@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ledger import LedgerError, LedgerStore, faults, pass_failure
-from proto import refusals
+from proto import TxnID, refusals, wire_txnid
 from tc._log import TxnLog
 from tc._producers import (
     DEFAULT_EXPIRATION_MS,
@@ -76,7 +76,6 @@ from tc._producers import (
 )
 from tc._status import InvalidTxnStatusError, TxnEvent, TxnStatus, status_of
 from tc._table import Record, TxnArgumentError, TxnMeta, TxnTable, TxnTimeoutError, same_outcome
-from tc._txnid import TxnID, wire_txnid
 
 __all__ = [
     "NotStuckError",

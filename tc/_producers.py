@@ -32,9 +32,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from proto import refusals
+from proto import TxnID, refusals, wire_txnid
 from proto import txnbuf_pb2 as pb
-from tc._txnid import TxnID, wire_txnid
 
 __all__ = [
     "DEFAULT_EXPIRATION_MS",

@@ -42,7 +42,7 @@ from typing import Any
 
 from sortedcontainers import SortedList
 
-from proto import refusals
+from proto import TxnID, refusals, wire_txnid
 from proto import txnbuf_pb2 as pb
 from tc._status import (
     InvalidTxnStatusError,
@@ -52,7 +52,6 @@ from tc._status import (
     status_of,
     transition,
 )
-from tc._txnid import TxnID, wire_txnid
 
 __all__ = [
     "DEFAULT_TIMEOUT_MS",

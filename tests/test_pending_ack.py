@@ -21,7 +21,7 @@ import pytest
 import subscriptions._subscription as subscription_module
 from buffer import MessageId, Partition, Topics
 from ledger import LedgerStore, faults
-from proto import refusals
+from proto import TxnID, refusals
 from proto import txnbuf_pb2 as pb
 from subscriptions import (
     TRANSITIONS,
@@ -48,12 +48,11 @@ from subscriptions._cursor import (
 )
 
 Position = tuple[int, int]
-TxnKey = tuple[int, int]
 START: Position = (-1, WHOLE_ENTRY)
 P, PA, D = MsgState.PENDING, MsgState.PENDING_ACK, MsgState.DELETED
-T1: TxnKey = (1 << 48, 1)  # TC 1, counter 1
-T2: TxnKey = (1 << 48, 2)
-BIG: TxnKey = ((1 << 64) - 1, (1 << 64) - 1)
+T1: TxnID = (1 << 48, 1)  # TC 1, counter 1
+T2: TxnID = (1 << 48, 2)
+BIG: TxnID = ((1 << 64) - 1, (1 << 64) - 1)
 
 # -- the table -----------------------------------------------------------------------
 
@@ -115,16 +114,16 @@ COUNT = sizes(THREES)
 
 
 def apply(
-    cursor: Cursor, kind: int, *positions: Position, txn: TxnKey | None = None
+    cursor: Cursor, kind: int, *positions: Position, txn: TxnID | None = None
 ) -> list[Position]:
     return cursor.apply(kind, list(positions), COUNT, LAST, txn)
 
 
-def txn_ack(cursor: Cursor, txn: TxnKey, *positions: Position) -> list[Position]:
+def txn_ack(cursor: Cursor, txn: TxnID, *positions: Position) -> list[Position]:
     return apply(cursor, TXN_ACK, *positions, txn=txn)
 
 
-def held(cursor: Cursor) -> dict[TxnKey, set[Position]]:
+def held(cursor: Cursor) -> dict[TxnID, set[Position]]:
     """Each transaction's locked positions (the index, as sets)."""
     return {t: set(ps) for t, ps in cursor.txn_acks.items()}
 
@@ -458,7 +457,7 @@ def test_snapshot_round_trip_with_pending_acks(cursor: Cursor) -> None:
     back = Cursor.from_snapshot(data)
     assert dump(back) == dump(cursor)
     assert all(type(p) is tuple for p in back.pending_ack)
-    assert all(type(t) is tuple for t in back.pending_ack.values())
+    assert all(type(t) is TxnID for t in back.pending_ack.values())
     check_invariants(back)
 
 
@@ -568,7 +567,7 @@ class Model:
 
     def __init__(self) -> None:
         self.state = dict.fromkeys(ALL, P)
-        self.holder: dict[Position, TxnKey] = {}
+        self.holder: dict[Position, TxnID] = {}
 
     def apply(self, record: AckRecord) -> bool:
         """False if refused (then nothing changed)."""

@@ -286,7 +286,7 @@ class KafkaApis:
             first = self._txn_first_sequence(partition, pid, txnid, batch.base_sequence)
             messages = batch.messages(first)
             buffer = partition.transaction_buffer
-            status = None if buffer is None else buffer.status((txnid.most_bits, txnid.least_bits))
+            status = None if buffer is None else buffer.status(txnid)
             if status is not None and status.count + len(messages) > MAX_ENTRY_MESSAGES:
                 raise KafkaError(
                     RECORD_LIST_TOO_LARGE,
@@ -294,7 +294,7 @@ class KafkaApis:
                 )
             published = self.broker.publish_txn(
                 partition,
-                (txnid.most_bits, txnid.least_bits),
+                txnid,
                 epoch_producer_name(pid, epoch),
                 messages,
                 None,
@@ -553,7 +553,7 @@ class KafkaApis:
             txnid = self._coordinator_of_producer(pid).producer_add_subscription(
                 pid, epoch, topic.name, name
             )
-            await sub.ack([bound], True, (txnid.most_bits, txnid.least_bits), True)
+            await sub.ack([bound], True, txnid, True)
 
         try:
             name = _group_subscription(req.group_id)
