@@ -102,6 +102,17 @@ def test_txnmemory_benchmark_prints_both_sides() -> None:
     assert legend.startswith("index: ")
 
 
+async def test_topicmemory_side_reports_what_a_topic_holds_and_where() -> None:
+    from bench import topicmemory
+
+    result = await topicmemory.one_side(30, 2, 40, 1)
+    assert 0 < result["unloaded"] < result["loaded"]
+    lines = result["breakdown"]
+    assert lines[0].startswith("by source line") and any(" x " in line for line in lines)
+    # (A loaded topic holds a Ledger object per ledger: the store makes them.)
+    assert any("ledger/_store.py" in line for line in lines)
+
+
 @pytest.mark.integration
 async def test_txnceiling_free_broker_keeps_transactions_out_of_the_machinery(
     tmp_path: Path,
