@@ -125,6 +125,16 @@ COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 Totals = dict[str, dict[str, float]]
+# What tells a record's totals apart from others without a copy of them
+# (`BrokerMetrics._fingerprint`).
+Fingerprint = tuple[int, tuple[tuple[int, float], ...]]
+
+
+def _count(value: object) -> float:
+    """A stored counter value: an int when it is whole (a small one costs no
+    object of its own, and sums of ints are exact), else a float."""
+    number = float(value)  # type: ignore[arg-type]
+    return int(number) if number.is_integer() else number
 
 
 def _key(*values: object) -> str:
@@ -155,7 +165,8 @@ class BrokerMetrics:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
         self._base: Totals = {}  # the totals of the last record, as loaded at start
-        self._written: Totals | None = None  # what the last record holds
+        # Which totals the last record holds (None: unknown, write the next).
+        self._written: Fingerprint | None = None
         self._ledger: Ledger | None = None
         self._task: asyncio.Task[None] | None = None
         self._write_lock = asyncio.Lock()
@@ -164,19 +175,20 @@ class BrokerMetrics:
     async def load(self, store: LedgerStore) -> None:
         """Read the last record of the counters' totals (the base to add to)."""
         ledger = self._ledger = await store.open_ledger(COUNTERS_LEDGER)
+        ledger.no_tail_cache()  # (a record holds every series: read on start only)
         if ledger.last_entry_id < ledger.first_entry_id:
             return
         (entry,) = await ledger.read(ledger.last_entry_id, ledger.last_entry_id)
         try:
             record = json.loads(entry.data)
             self._base = {
-                name: {str(k): float(v) for k, v in series.items()}
+                name: {str(k): _count(v) for k, v in series.items()}
                 for name, series in record.items()
                 if name in COUNTERS and isinstance(series, dict)
             }
         except (ValueError, TypeError, AttributeError) as exc:
             log.error("%s: unreadable counters record, counting from 0: %s", ledger.name, exc)
-        self._written = self._base
+        self._written = self._fingerprint(self._base)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._snapshot_loop())
@@ -195,13 +207,11 @@ class BrokerMetrics:
         counted to the base (its series go on from there when it loads again)."""
         live: Totals = {name: {} for name in COUNTERS}
         self._count_topic(topic, live)
-        if self._written is self._base:
-            self._written = None  # (the base changes: the next write compares with nothing)
-        for name, series in live.items():
+        for name, series in live.items():  # (the totals stay what they are)
             base = self._base.setdefault(name, {})
             for key, value in series.items():
                 if value:
-                    base[key] = base.get(key, 0.0) + value
+                    base[key] = base.get(key, 0) + value
 
     def forget_topic(self, topic: str) -> None:
         """A deleted topic: its series go (from the base too, so that a topic
@@ -209,6 +219,7 @@ class BrokerMetrics:
         for series in self._base.values():
             for key in [k for k in series if k.split("\t", 1)[0] == topic]:
                 del series[key]
+        self._written = None  # (series went: the next write compares with nothing)
 
     async def _snapshot_loop(self) -> None:
         while True:
@@ -255,7 +266,7 @@ class BrokerMetrics:
         for name in COUNTERS:
             series = dict(self._base.get(name, {}))
             for key, value in live[name].items():
-                series[key] = series.get(key, 0.0) + value
+                series[key] = series.get(key, 0) + value
             out[name] = series
         return out
 
@@ -266,13 +277,31 @@ class BrokerMetrics:
             if totals is None:
                 totals = self.totals()
             ledger = self._ledger
-            if ledger is None or totals == self._written:
+            written = self._fingerprint(totals)
+            if ledger is None or written == self._written:
                 return totals
             first_new = ledger.next_entry_id
             await ledger.append(json.dumps(totals, separators=(",", ":")).encode(), meta=0)
-            self._written = totals
+            self._written = written
             ledger.trim(first_new)  # (the records before it; lazy: nobody waits)
             return totals
+
+    def _fingerprint(self, totals: Totals) -> Fingerprint:
+        """How many subscriptions were removed, and per counter how many
+        series ``totals`` hold and their sum: equal for two totals only if
+        they are equal, as long as neither predates a topic's deletion
+        (`forget_topic` forgets the record's).
+
+        (Kept instead of a copy of the totals, which would cost as much as
+        the base again.) A series only appears or grows: counters count
+        up, a topic that unloads moves its counts to the base
+        (`fold_topic`: the totals stay), and a removed subscription's live
+        series (which go, or drop to the base) is counted. So with as many
+        series and the same sum, each series is as it was."""
+        return (
+            self.broker.subscriptions.removed,
+            tuple((len(s), sum(s.values())) for s in (totals.get(n, {}) for n in COUNTERS)),
+        )
 
     async def scrape(self) -> bytes:
         """The exposition text: the counters' totals are made durable first."""

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 __all__ = ["RECENT_ENTRIES", "DedupState", "ProducerSequence"]
 
@@ -27,51 +28,65 @@ RECENT_ENTRIES = 10_000
 
 
 @dataclass(slots=True)
-class _Stored:
-    first_seq: int
-    last_seq: int
-    entry_id: int
-    seqs: tuple[int, ...] | None  # None when consecutive: first_seq..last_seq
-
-
-@dataclass(slots=True)
 class ProducerSequence:
     pushed: int = -1
     persisted: int = -1
     last_append: asyncio.Future[int] | None = None
-    _recent: list[_Stored] = field(default_factory=list)
-    _lasts: list[int] = field(default_factory=list)  # _recent[i].last_seq, for bisect
+    # The recent stored entries, oldest first, three numbers each: the
+    # first and last sequence id it holds and its entry id (24 bytes an
+    # entry; made by the first).
+    _recent: array[int] | None = None
+    # Entry id -> its sequence ids, for the recent entries whose ids are not
+    # consecutive (made by the first).
+    _gaps: dict[int, tuple[int, ...]] | None = None
 
     def record(self, seqs: Sequence[int], entry_id: int) -> None:
         """The messages with ``seqs`` (increasing) are durable in ``entry_id``."""
         first, last = seqs[0], seqs[-1]
-        consecutive = last - first + 1 == len(seqs)
-        self._recent.append(_Stored(first, last, entry_id, None if consecutive else tuple(seqs)))
-        self._lasts.append(last)
-        if len(self._recent) > 2 * RECENT_ENTRIES:
-            del self._recent[:RECENT_ENTRIES]
-            del self._lasts[:RECENT_ENTRIES]
+        recent = self._recent
+        if recent is None:
+            recent = self._recent = array("q")
+        recent.append(first)
+        recent.append(last)
+        recent.append(entry_id)
+        if last - first + 1 != len(seqs):
+            if self._gaps is None:
+                self._gaps = {}
+            self._gaps[entry_id] = tuple(seqs)
+        if len(recent) > 3 * 2 * RECENT_ENTRIES:
+            del recent[: 3 * RECENT_ENTRIES]
+            if self._gaps:
+                oldest = recent[2]
+                self._gaps = {e: s for e, s in self._gaps.items() if e >= oldest}
         self.persisted = max(self.persisted, last)
         self.pushed = max(self.pushed, last)
 
     def lookup(self, seq: int) -> tuple[int, int] | None:
         """``(entry_id, batch_index)`` of the stored message ``seq``, if still known."""
-        i = bisect.bisect_left(self._lasts, seq)
-        if i == len(self._recent):
+        recent = self._recent
+        if recent is None:
             return None
-        stored = self._recent[i]
-        if seq < stored.first_seq:
+        n = len(recent) // 3
+        # (The first recent entry whose last sequence id is at least seq.)
+        i = bisect.bisect_left(range(n), seq, key=lambda j: recent[3 * j + 1])
+        if i == n:
             return None
-        if stored.seqs is None:
-            return (stored.entry_id, seq - stored.first_seq)
-        j = bisect.bisect_left(stored.seqs, seq)
-        if j < len(stored.seqs) and stored.seqs[j] == seq:
-            return (stored.entry_id, j)
+        first, entry_id = recent[3 * i], recent[3 * i + 2]
+        if seq < first:
+            return None
+        seqs = self._gaps.get(entry_id) if self._gaps else None
+        if seqs is None:
+            return (entry_id, seq - first)
+        j = bisect.bisect_left(seqs, seq)
+        if j < len(seqs) and seqs[j] == seq:
+            return (entry_id, j)
         return None
 
 
 class DedupState:
     """Sequence state of every producer that wrote to one partition."""
+
+    __slots__ = ("producers",)
 
     def __init__(self) -> None:
         self.producers: dict[str, ProducerSequence] = {}

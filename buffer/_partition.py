@@ -60,20 +60,50 @@ DEDUP_SNAPSHOT_EVERY = 1000
 DEDUP_REPLAY_ENTRIES = 256
 
 
+def _dedup_ledger_name(topic: str, index: int) -> str:
+    return f"d/{topic}/{index}"
+
+
 class Partition:
     """A partition of a topic. Create with `Partition.load`."""
+
+    # (A broker holds one per partition of every loaded topic, most of them idle.)
+    __slots__ = (
+        "__weakref__",
+        "_buffer_watchers",
+        "_counts",
+        "_counts_base",
+        "_cum",
+        "_cum_before",
+        "_cum_pending",
+        "_dedup_ledger",
+        "_expired_below",
+        "_kinds",
+        "_since_snapshot",
+        "_txn_buffer",
+        "bytes_in",
+        "dedup",
+        "index",
+        "ledger",
+        "messages_in",
+        "topic",
+    )
 
     def __init__(self, topic: str, index: int, ledger: Ledger, dedup_ledger: Ledger) -> None:
         self.topic = topic
         self.index = index
         self.ledger = ledger
-        self._dedup_ledger = dedup_ledger
+        # The deduplication snapshots' ledger: read by `load`, then given back
+        # to the store until the first snapshot is written (None meanwhile:
+        # most partitions of a broker never write one after they load).
+        self._dedup_ledger: Ledger | None = dedup_ledger
         self.dedup = DedupState()
         # Per stored entry, from entry id _counts_base on: its message count
         # and its kind (4 + 1 bytes each: a partition that is never trimmed
-        # keeps them for every entry it ever stored).
+        # keeps them for every entry it ever stored). The kinds are made when
+        # the first commit marker comes (None: every entry is DATA).
         self._counts = array.array("I")
-        self._kinds = bytearray()
+        self._kinds: bytearray | None = None
         self._counts_base = ledger.first_entry_id  # entry id of _counts[0]
         self._since_snapshot = 0
         self.messages_in = 0  # messages stored since start, for stats
@@ -87,7 +117,8 @@ class Partition:
         # Retention by time: (its limit, the entry below which all are older).
         self._expired_below = (0.0, 0)
         self._txn_buffer: TransactionBuffer | None = None
-        self._buffer_watchers: list[Callable[[TransactionBuffer], None]] = []
+        # (A tuple, replaced on a change: most partitions never have a watcher.)
+        self._buffer_watchers: tuple[Callable[[TransactionBuffer], None], ...] = ()
         ledger.add_listener(self._on_entries)
 
     def __repr__(self) -> str:
@@ -100,19 +131,22 @@ class Partition:
     @classmethod
     async def load(cls, store: LedgerStore, topic: str, index: int) -> Partition:
         ledger = await store.open_ledger(f"p/{topic}/{index}")
-        dedup_ledger = await store.open_ledger(f"d/{topic}/{index}")
+        dedup_ledger = await store.open_ledger(_dedup_ledger_name(topic, index))
         part = cls(topic, index, ledger, dedup_ledger)
         meta = await ledger.read_meta()
         if meta:
             part._counts_base = meta[0][0]
             part._counts = array.array("I", [entry_count(m) for _, m in meta])
-            part._kinds = bytearray(entry_kind(m) for _, m in meta)
+            if any(entry_kind(m) != DATA for _, m in meta):
+                part._kinds = bytearray(entry_kind(m) for _, m in meta)
             # Entry ids are contiguous; ids missing in meta were trimmed.
             if meta[-1][0] - meta[0][0] + 1 != len(meta):
                 raise RuntimeError(f"{ledger.name}: entry ids are not contiguous")
         else:
             part._counts_base = ledger.last_entry_id + 1
-        await part._restore_dedup()
+        await part._restore_dedup(dedup_ledger)
+        if store.release_ledger(dedup_ledger):
+            part._dedup_ledger = None
         sidecar = store.get_ledger(sidecar_ledger_name(topic, index))
         if sidecar is not None:  # transactions wrote here: recover their index
             part._txn_buffer = await TransactionBuffer.load(part.name, ledger, sidecar, meta)
@@ -129,7 +163,7 @@ class Partition:
         buffer = self._txn_buffer
         return (
             self.ledger.settled
-            and self._dedup_ledger.settled
+            and (self._dedup_ledger is None or self._dedup_ledger.settled)
             and not self._buffer_watchers
             and (buffer is None or (buffer.idle() and buffer.sidecar.settled))
         )
@@ -144,7 +178,8 @@ class Partition:
             self._txn_buffer.detach()
             store.release_ledger(self._txn_buffer.sidecar)
         store.release_ledger(self.ledger)
-        store.release_ledger(self._dedup_ledger)
+        if self._dedup_ledger is not None:
+            store.release_ledger(self._dedup_ledger)
 
     # -- transactions -----------------------------------------------------------
 
@@ -170,11 +205,13 @@ class Partition:
         if self._txn_buffer is not None:
             callback(self._txn_buffer)
         else:
-            self._buffer_watchers.append(callback)
+            self._buffer_watchers = (*self._buffer_watchers, callback)
 
     def unwatch_txn_buffer(self, callback: Callable[[TransactionBuffer], None]) -> None:
-        if callback in self._buffer_watchers:
-            self._buffer_watchers.remove(callback)
+        watchers = self._buffer_watchers
+        if callback in watchers:
+            i = watchers.index(callback)
+            self._buffer_watchers = watchers[:i] + watchers[i + 1 :]
 
     # -- entry sizes ----------------------------------------------------------
 
@@ -182,7 +219,12 @@ class Partition:
         for e in entries:
             n = e.meta & COUNT_MASK
             self._counts.append(n)
-            self._kinds.append(entry_kind(e.meta))
+            kind = entry_kind(e.meta)
+            if self._kinds is not None:
+                self._kinds.append(kind)
+            elif kind != DATA:  # (the first other kind: every entry before it is DATA)
+                self._kinds = bytearray(len(self._counts) - 1)
+                self._kinds.append(kind)
             self.messages_in += n
             self.bytes_in += len(e.data)
             if self._cum is not None:
@@ -199,8 +241,9 @@ class Partition:
 
     def is_marker(self, entry_id: int) -> bool:
         """Is entry ``entry_id`` a commit marker (stored, not trimmed)?"""
+        kinds = self._kinds
         i = entry_id - self._counts_base
-        return 0 <= i < len(self._kinds) and self._kinds[i] == COMMIT_MARKER
+        return kinds is not None and 0 <= i < len(kinds) and kinds[i] == COMMIT_MARKER
 
     def exists(self, pos: Position) -> bool:
         """Is there a message at ``pos`` (stored now or trimmed earlier)?"""
@@ -226,7 +269,8 @@ class Partition:
         drop = before - self._counts_base
         if drop > 0:
             del self._counts[:drop]
-            del self._kinds[:drop]
+            if self._kinds is not None:
+                del self._kinds[:drop]
             if self._cum is not None:
                 if self._cum:
                     self._cum_before = self._cum[min(drop, len(self._cum)) - 1]
@@ -425,20 +469,27 @@ class Partition:
         Not ``ledger.last_entry_id``: later entries of the same group commit
         have not been recorded yet when this runs.
         """
+        ledger = self._dedup_ledger
+        if ledger is None:
+            ledger = self.ledger.store.get_ledger(_dedup_ledger_name(self.topic, self.index))
+            if ledger is None:
+                return  # (the topic is being deleted)
+            ledger.no_tail_cache()
+            self._dedup_ledger = ledger
         record = {"entry": entry_id, "producers": self.dedup.snapshot()}
-        fut = self._dedup_ledger.append(json.dumps(record).encode(), meta=0)
+        fut = ledger.append(json.dumps(record).encode(), meta=0)
 
         def trim(f: Awaitable[int]) -> None:
             if not fut.cancelled() and fut.exception() is None:
-                self._dedup_ledger.trim(fut.result())
+                ledger.trim(fut.result())
 
         fut.add_done_callback(trim)
 
-    async def _restore_dedup(self) -> None:
+    async def _restore_dedup(self, dedup_ledger: Ledger) -> None:
         replay_from = self.ledger.last_entry_id - DEDUP_REPLAY_ENTRIES + 1
-        last = self._dedup_ledger.last_entry_id
-        if last >= self._dedup_ledger.first_entry_id:
-            (snap,) = await self._dedup_ledger.read(last, last)
+        last = dedup_ledger.last_entry_id
+        if last >= dedup_ledger.first_entry_id:
+            (snap,) = await dedup_ledger.read(last, last)
             record = json.loads(snap.data)
             self.dedup.restore(record["producers"])
             replay_from = min(replay_from, record["entry"] + 1)

@@ -224,6 +224,10 @@ class Topics:
         return done
 
     def _start_load(self, name: str) -> asyncio.Future[Topic | None]:
+        # (The topic list's string, interned: a name read from a request is
+        # a copy, which the loaded topic, its partitions and the broker's
+        # tables would keep.)
+        name = sys.intern(name)
         loading = self._loading.get(name)
         if loading is None:
             loop = asyncio.get_running_loop()

@@ -257,18 +257,30 @@ class _WriterProtocol(asyncio.SubprocessProtocol):
             self.store._writer_exited()
 
 
+_DROPPED = Entry(-1, 0, b"")  # in a tail cache, before its head: let go
+_NO_CACHE: list[Entry] = []  # the tail cache of a ledger that keeps none (never added to)
+
+
 class Ledger:
     """One append-only ledger. Get it from `LedgerStore.open_ledger`.
 
     ``first_entry_id`` is the first entry not trimmed and ``last_entry_id``
     the last durable one (``first - 1`` when the ledger is empty). Readers
     that have caught up are served from a tail cache of recent entries
-    (made on the first append: a ledger only read has none).
+    (made on the first append: a ledger only read has none; and none at all
+    after `no_tail_cache`).
+
+    The tail cache is a list read from ``_cache_head`` on: an entry leaves it
+    by moving the head (its place is emptied), and the list is cut once more
+    than half of it is behind the head. A list of a few entries costs a
+    tenth of a deque's first block (most ledgers of an idle topic hold one
+    or two recent entries).
     """
 
     __slots__ = (
         "_cache",
         "_cache_bytes",
+        "_cache_head",
         "_first",
         "_listeners",
         "_next",
@@ -293,10 +305,13 @@ class Ledger:
         # (``first_entry_id`` follows it once the trim is durable).
         self._next = nxt
         self._first = first
-        self._cache: collections.deque[Entry] | None = None
+        self._cache: list[Entry] | None = None
+        self._cache_head = 0  # the first entry of _cache still in the cache
         self._cache_bytes = 0
         self._waiters: list[asyncio.Future[None]] | None = None  # (made when one waits)
-        self._listeners: list[Callable[[Ledger, list[Entry]], None]] = []
+        # (A tuple, replaced on a change: most ledgers have none, and `_durable`
+        # calls them without a copy.)
+        self._listeners: tuple[Callable[[Ledger, list[Entry]], None], ...] = ()
         self.deleted = False  # by `LedgerStore.delete_ledger`: it takes no more writes
         # By `LedgerStore.release_ledger`: this object takes no more writes
         # (the store makes a new one for the ledger when asked for it again).
@@ -335,17 +350,25 @@ class Ledger:
         """Delete every entry with an id below ``before`` (durably)."""
         return self.store._trim(self, before)
 
+    def no_tail_cache(self) -> None:
+        """Keep no tail cache from now on: for a ledger read only when its
+        user loads it (records for the next start: a cursor's, snapshots),
+        whose recent entries would wait in the cache for nobody."""
+        self._cache, self._cache_head, self._cache_bytes = _NO_CACHE, 0, 0
+
     def add_listener(self, callback: Callable[[Ledger, list[Entry]], None]) -> None:
         """Call ``callback(ledger, new_entries)`` after each commit that added entries.
 
         Listeners run before the appenders' futures resolve, in the order
         they were added.
         """
-        self._listeners.append(callback)
+        self._listeners = (*self._listeners, callback)
 
     def remove_listener(self, callback: Callable[[Ledger, list[Entry]], None]) -> None:
-        if callback in self._listeners:
-            self._listeners.remove(callback)
+        listeners = self._listeners
+        if callback in listeners:
+            i = listeners.index(callback)
+            self._listeners = listeners[:i] + listeners[i + 1 :]
 
     async def wait_for(self, entry_id: int) -> None:
         """Wait until the entry ``entry_id`` is durable."""
@@ -362,14 +385,14 @@ class Ledger:
         end = min(end, self.last_entry_id)
         if start > end:
             return []
-        cache = self._cache
-        if not cache:
+        cache, head = self._cache, self._cache_head
+        if cache is None or head == len(cache):
             return await self.store._read(self, start, end)
-        cached = cache[0].entry_id
+        cached = cache[head].entry_id  # (the cache holds cached .. last_entry_id)
         if start >= cached:
-            return [cache[i - cached] for i in range(start, end + 1)]
+            return cache[head + start - cached : head + end - cached + 1]
         # Take the cached part now: a commit during the disk read shifts the cache.
-        tail = [cache[i - cached] for i in range(cached, end + 1)]
+        tail = cache[head : head + end - cached + 1]
         from_disk = await self.store._read(self, start, min(end, cached - 1))
         from_disk.extend(tail)
         return from_disk
@@ -385,31 +408,51 @@ class Ledger:
 
     # Called by the store after a commit.
     def _durable(self, entries: list[Entry]) -> None:
-        limit_n, limit_bytes = self.store.cache_entries, self.store.cache_bytes
+        self.last_entry_id = entries[-1].entry_id
         cache = self._cache
         if cache is None:
-            cache = self._cache = collections.deque()
-        for entry in entries:
-            cache.append(entry)
-            self._cache_bytes += len(entry.data)
-            self.last_entry_id = entry.entry_id
-        while cache and (len(cache) > limit_n or self._cache_bytes > limit_bytes):
-            self._cache_bytes -= len(cache.popleft().data)
+            cache = self._cache = []
+        if cache is not _NO_CACHE:
+            limit_n, limit_bytes = self.store.cache_entries, self.store.cache_bytes
+            for entry in entries:
+                self._cache_bytes += len(entry.data)
+            cache.extend(entries)
+            head, size = self._cache_head, len(cache)
+            while head < size and (size - head > limit_n or self._cache_bytes > limit_bytes):
+                self._cache_bytes -= len(cache[head].data)
+                cache[head] = _DROPPED
+                head += 1
+            self._cache_head = head
+            if head > 32 and 2 * head > len(cache):
+                self._cut_cache()
         waiters, self._waiters = self._waiters, None
         for fut in waiters or ():
             if not fut.done():
                 fut.set_result(None)
-        for callback in list(self._listeners):
+        for callback in self._listeners:
             try:
                 callback(self, entries)
             except Exception:
                 log.exception("ledger listener failed on %s", self.name)
 
+    def _cut_cache(self) -> None:
+        """Drop the places of the entries behind the cache's head."""
+        assert self._cache is not None
+        del self._cache[: self._cache_head]
+        self._cache_head = 0
+
     def _trimmed(self, before: int) -> None:
         self.first_entry_id = max(self.first_entry_id, before)
-        cache = self._cache
-        while cache and cache[0].entry_id < before:
-            self._cache_bytes -= len(cache.popleft().data)
+        cache, head = self._cache, self._cache_head
+        if cache is None:
+            return
+        while head < len(cache) and cache[head].entry_id < before:
+            self._cache_bytes -= len(cache[head].data)
+            cache[head] = _DROPPED
+            head += 1
+        self._cache_head = head
+        if 2 * head > len(cache):
+            self._cut_cache()
 
 
 async def _stop(transport: asyncio.SubprocessTransport, protocol: _WriterProtocol) -> None:
@@ -427,12 +470,12 @@ async def _stop(transport: asyncio.SubprocessTransport, protocol: _WriterProtoco
     transport.close()
 
 
-def _read_catalog(raw: sqlite3.Connection) -> dict[str, int]:
+def _read_catalog(raw: sqlite3.Connection) -> dict[str, Ledger | int]:
     """Every ledger's name -> its packed ids (`_pack`), on the reader's
     thread: each with its greatest entry key, in one statement (one range
     seek per ledger), row by row (no list of every row at once: the start of
     a store of many ledgers leaves less memory behind)."""
-    catalog: dict[str, int] = {}
+    catalog: dict[str, Ledger | int] = {}
     for ledger_id, name, first, nxt, max_key in raw.execute(
         "SELECT id, name, first_entry_id, next_entry_id, (SELECT max(e.id) FROM "
         "entries AS e WHERE e.id >= ledgers.id << ? AND e.id <= (ledgers.id << ?) + ?) "
@@ -468,13 +511,14 @@ class LedgerStore:
         # (opened with stdin=PIPE; uvloop's pipe transports are not WriteTransport subclasses)
         self._stdin = cast(asyncio.WriteTransport, transport.get_pipe_transport(0))
         self._reader = reader
-        # The ledgers in use, and the others by name: their id and first and
-        # next entry ids packed in one integer (`_pack`), about 40 bytes
-        # where a `Ledger` costs 300. A ledger gets its object when it is
-        # first asked for (`get_ledger`) and gives it back when its user is
-        # done with it (`release_ledger`).
-        self._ledgers: dict[str, Ledger] = {}
-        self._catalog: dict[str, int] = {}
+        # Every ledger by name: its object if it is in use, else its id and
+        # first and next entry ids packed in one integer (`_pack`), about 40
+        # bytes where a `Ledger` costs 150. A ledger gets its object when it
+        # is first asked for (`get_ledger`) and gives it back when its user
+        # is done with it (`release_ledger`); either way its name is the
+        # same string object, here, in `_names` and in its `Ledger`.
+        self._ledgers: dict[str, Ledger | int] = {}
+        self._in_use = 0  # the values of _ledgers that are objects
         # The names of every ledger, sorted: the names with a prefix are one
         # range of it (`ledger_names`), found in O(log n).
         self._names = SortedList()
@@ -538,8 +582,8 @@ class LedgerStore:
             await protocol.ready
             reader = await aiosqlite.connect(path, isolation_level=None)
             store = cls(path, transport, protocol, reader, cache_entries, cache_bytes)
-            store._catalog = await _on_thread(reader, _read_catalog)
-            store._names.update(store._catalog)
+            store._ledgers = await _on_thread(reader, _read_catalog)
+            store._names.update(store._ledgers)
         except BaseException:
             if reader is not None:
                 await reader.close()
@@ -599,22 +643,23 @@ class LedgerStore:
         return list(self._names.irange(prefix, end, inclusive=(True, False)))
 
     def has_ledger(self, name: str) -> bool:
-        return name in self._ledgers or name in self._catalog
+        return name in self._ledgers
 
     def get_ledger(self, name: str) -> Ledger | None:
         """The ledger called ``name`` (None if there is none)."""
-        ledger = self._ledgers.get(name)
-        if ledger is None:
-            packed = self._catalog.pop(name, None)
-            if packed is None:
-                return None
-            ledger_id, first, nxt = _unpack(packed)
-            ledger = self._ledgers[name] = Ledger(self, ledger_id, name, first, nxt)
+        found = self._ledgers.get(name)
+        if not isinstance(found, int):
+            return found
+        ledger_id, first, nxt = _unpack(found)
+        # (The name as the store holds it: not a second copy of it.)
+        name = self._names[self._names.bisect_left(name)]
+        ledger = self._ledgers[name] = Ledger(self, ledger_id, name, first, nxt)
+        self._in_use += 1
         return ledger
 
     def loaded_ledgers(self) -> int:
         """How many ledgers have their `Ledger` object now (see `release_ledger`)."""
-        return len(self._ledgers)
+        return self._in_use
 
     async def open_ledger(self, name: str) -> Ledger:
         """The ledger called ``name``, created (durably) if it does not exist."""
@@ -626,6 +671,7 @@ class LedgerStore:
         ledger = self.get_ledger(name)  # created meanwhile by a concurrent caller?
         if ledger is None:
             ledger = self._ledgers[name] = Ledger(self, ledger_id, name, 0, 0)
+            self._in_use += 1
             self._names.add(name)
         return ledger
 
@@ -640,10 +686,11 @@ class LedgerStore:
             return False
         if not ledger.settled or ledger._waiters or ledger._listeners:
             return False
-        del self._ledgers[ledger.name]
+        self._ledgers[ledger.name] = _pack(ledger.id, ledger.first_entry_id, ledger._next)
+        self._in_use -= 1
         ledger.released = True
         ledger._cache = None
-        self._catalog[ledger.name] = _pack(ledger.id, ledger.first_entry_id, ledger._next)
+        ledger._cache_head = ledger._cache_bytes = 0
         return True
 
     async def delete_ledger(self, name: str) -> None:
@@ -652,6 +699,7 @@ class LedgerStore:
         if ledger is None:
             return
         del self._ledgers[name]
+        self._in_use -= 1
         self._names.remove(name)
         ledger.deleted = True
         self._check_open()

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from buffer import MessageId, Partition, Position, Topic, Topics
@@ -33,15 +35,17 @@ class Subscriptions:
 
     def __init__(self, topics: Topics) -> None:
         self.topics = topics
-        self._subs: dict[tuple[str, int, str], PartitionSubscription] = {}
-        # topic -> subscription name -> its partition subscriptions (in
-        # partition order): what looks up one topic's subscriptions (ending a
+        # topic -> its partition subscriptions, by subscription name and then
+        # partition: what looks up one topic's subscriptions (ending a
         # transaction, stats, the sweep's floor) looks there, not through
-        # every subscription of the broker.
-        self._by_topic: dict[str, dict[str, list[PartitionSubscription]]] = {}
+        # every subscription of the broker. (A tuple, replaced on a change:
+        # most topics have one subscription on one partition, and a broker
+        # holds this for every loaded topic.)
+        self._by_topic: dict[str, tuple[PartitionSubscription, ...]] = {}
         self._lock = asyncio.Lock()
         self._trim_task: asyncio.Task[None] | None = None
         self._order = 0
+        self.removed = 0  # subscriptions removed since start (their counters go)
 
     @classmethod
     async def load(cls, topics: Topics) -> Subscriptions:
@@ -59,15 +63,17 @@ class Subscriptions:
         cursor ledgers."""
         store = self.topics.store
 
-        async def load_partition(part: Partition) -> list[tuple[str, PartitionSubscription]]:
+        async def load_partition(part: Partition) -> list[PartitionSubscription]:
             # (One at a time: they add listeners to the partition in name order.)
             prefix = PartitionSubscription.ledger_name(part.topic, part.index, "")
             loaded = []
             for ledger_name in store.ledger_names(prefix):
                 ledger = store.get_ledger(ledger_name)
                 assert ledger is not None
-                sub_name = ledger_name[len(prefix) :]
-                loaded.append((sub_name, await PartitionSubscription.load(part, sub_name, ledger)))
+                # (Interned: many topics' subscriptions share a name, and this
+                # string lives as long as the subscription.)
+                sub_name = sys.intern(ledger_name[len(prefix) :])
+                loaded.append(await PartitionSubscription.load(part, sub_name, ledger))
             return loaded
 
         parts = topic.partitions
@@ -75,43 +81,39 @@ class Subscriptions:
             results = [await load_partition(parts[0])]
         else:
             results = await asyncio.gather(*(load_partition(part) for part in parts))
-        for part, loaded in zip(parts, results, strict=True):
-            for sub_name, sub in loaded:
-                self._add(part.topic, part.index, sub_name, sub)
+        self._add(topic.name, (sub for loaded in results for sub in loaded))
 
     def settled(self, topic: str) -> bool:
         """Nothing under way on ``topic``'s subscriptions: no consumer, no
         transaction holding acknowledgements, every record durable and
         applied (see `PartitionSubscription.settled`)."""
-        return all(sub.settled() for subs in self._by_topic.get(topic, {}).values() for sub in subs)
+        return all(sub.settled() for sub in self._by_topic.get(topic, ()))
 
     def unload_topic(self, topic: str) -> None:
         """Forget ``topic``'s subscriptions (unloaded: they load again with
         it), giving their ledgers back to the store."""
-        for name, subs in self._by_topic.pop(topic, {}).items():
-            for sub in subs:
-                del self._subs[(topic, sub.partition.index, name)]
-                sub.release()
+        for sub in self._by_topic.pop(topic, ()):
+            sub.release()
 
     async def close(self) -> None:
         if self._trim_task is not None:
             self._trim_task.cancel()
-        for sub in self._subs.values():
+        for sub in self.all():
             await sub.close()
 
-    def _add(self, topic: str, index: int, name: str, sub: PartitionSubscription) -> None:
-        self._subs[(topic, index, name)] = sub
-        subs = self._by_topic.setdefault(topic, {}).setdefault(name, [])
-        subs.append(sub)
-        subs.sort(key=lambda s: s.partition.index)
+    def _add(self, topic: str, subs: Iterable[PartitionSubscription]) -> None:
+        merged = tuple(sorted((*self._by_topic.get(topic, ()), *subs), key=_order))
+        if merged:
+            self._by_topic[topic] = merged
+
+    def _named(self, topic: str, name: str) -> list[PartitionSubscription]:
+        """Subscription ``name``'s partition subscriptions on ``topic``, by partition."""
+        return [sub for sub in self._by_topic.get(topic, ()) if sub.name == name]
 
     def _of_partition(self, topic: str, index: int) -> dict[str, PartitionSubscription]:
         """Subscription name -> its partition subscription on partition ``index``."""
         return {
-            name: sub
-            for name, subs in self._by_topic.get(topic, {}).items()
-            for sub in subs
-            if sub.partition.index == index
+            sub.name: sub for sub in self._by_topic.get(topic, ()) if sub.partition.index == index
         }
 
     async def remove(self, topic: str, name: str) -> bool:
@@ -119,12 +121,14 @@ class Subscriptions:
         ledgers. Its consumers (the caller detached them) get nothing more.
         False if there is no such subscription."""
         async with self._lock:
-            by_name = self._by_topic.get(topic, {})
-            subs = by_name.pop(name, [])
-            if not by_name:
+            subs = self._named(topic, name)
+            rest = tuple(sub for sub in self._by_topic.get(topic, ()) if sub.name != name)
+            if rest:
+                self._by_topic[topic] = rest
+            else:
                 self._by_topic.pop(topic, None)
-            for sub in subs:
-                del self._subs[(topic, sub.partition.index, name)]
+            if subs:
+                self.removed += 1
             for sub in subs:
                 for consumer in list(sub.consumers):
                     sub.remove_consumer(consumer)
@@ -145,12 +149,15 @@ class Subscriptions:
 
     def all(self) -> list[PartitionSubscription]:
         """Every partition subscription."""
-        return list(self._subs.values())
+        return [sub for subs in self._by_topic.values() for sub in subs]
 
     def of_topic(self, topic: str) -> dict[str, list[PartitionSubscription]]:
-        """Subscription name -> its partition subscriptions, for one topic."""
-        by_name = self._by_topic.get(topic, {})
-        return {name: list(by_name[name]) for name in sorted(by_name)}
+        """Subscription name -> its partition subscriptions (by partition),
+        for one topic, by name."""
+        out: dict[str, list[PartitionSubscription]] = {}
+        for sub in self._by_topic.get(topic, ()):
+            out.setdefault(sub.name, []).append(sub)
+        return out
 
     # -- consumers ------------------------------------------------------------------
 
@@ -164,20 +171,29 @@ class Subscriptions:
             # The partitions as of now: the topic may grow while cursors are
             # created, and `extend` (behind this lock) attaches the consumers.
             parts = list(topic.partitions)
-            existing = [self._subs.get((topic.name, p.index, name)) for p in parts]
+            existing = self._existing(topic, parts, name)
             for sub in existing:
                 if sub is not None:
                     sub.check_can_add(consumer)
+            subs = []
             for part, sub in zip(parts, existing, strict=True):
                 if sub is None:
                     sub = await PartitionSubscription.create(
                         part, name, earliest, consumer.read_uncommitted
                     )
-                    self._add(topic.name, part.index, name, sub)
+                    self._add(topic.name, (sub,))
+                subs.append(sub)
             self._order += 1
             consumer.order = self._order
-            for part in parts:
-                self._subs[(topic.name, part.index, name)].add_consumer(consumer)
+            for sub in subs:
+                sub.add_consumer(consumer)
+
+    def _existing(
+        self, topic: Topic, parts: list[Partition], name: str
+    ) -> list[PartitionSubscription | None]:
+        """Subscription ``name`` on each of ``parts`` of ``topic`` (None where it has none)."""
+        by_index = {sub.partition.index: sub for sub in self._named(topic.name, name)}
+        return [by_index.get(part.index) for part in parts]
 
     async def ensure(self, topic: Topic, name: str, earliest: bool) -> list[PartitionSubscription]:
         """Subscription ``name`` on every partition of ``topic``, created
@@ -187,7 +203,7 @@ class Subscriptions:
         (nothing created) if it exists as a read_uncommitted one."""
         async with self._lock:
             parts = list(topic.partitions)
-            existing = [self._subs.get((topic.name, p.index, name)) for p in parts]
+            existing = self._existing(topic, parts, name)
             for sub in existing:
                 if sub is not None and sub.read_uncommitted:
                     raise refusals.NotAllowed(
@@ -198,14 +214,17 @@ class Subscriptions:
             for part, sub in zip(parts, existing, strict=True):
                 if sub is None:
                     sub = await PartitionSubscription.create(part, name, earliest)
-                    self._add(topic.name, part.index, name, sub)
+                    self._add(topic.name, (sub,))
                     sub.start()
                 out.append(sub)
             return out
 
     def get(self, topic: str, index: int, name: str) -> PartitionSubscription | None:
         """Subscription ``name`` on partition ``index`` of ``topic``, if it exists."""
-        return self._subs.get((topic, index, name))
+        for sub in self._by_topic.get(topic, ()):
+            if sub.partition.index == index and sub.name == name:
+                return sub
+        return None
 
     async def cursor_of(self, topic: Topic, index: int, name: str) -> PartitionSubscription:
         """Subscription ``name`` on partition ``index`` of ``topic``, created
@@ -213,10 +232,10 @@ class Subscriptions:
         reader that keeps its own position (a Kafka consumer group) acks
         through it."""
         async with self._lock:
-            sub = self._subs.get((topic.name, index, name))
+            sub = self.get(topic.name, index, name)
             if sub is None:
                 sub = await PartitionSubscription.create(topic.partitions[index], name, True)
-                self._add(topic.name, index, name, sub)
+                self._add(topic.name, (sub,))
                 sub.start()
             return sub
 
@@ -229,13 +248,14 @@ class Subscriptions:
         async with self._lock:
             for name, subs in self.of_topic(topic.name).items():
                 consumers = list(subs[0].consumers)
+                have = {sub.partition.index for sub in subs}
                 for part in topic.partitions:
-                    if (topic.name, part.index, name) in self._subs:
+                    if part.index in have:
                         continue
                     sub = await PartitionSubscription.create(
                         part, name, earliest=True, read_uncommitted=subs[0].read_uncommitted
                     )
-                    self._add(topic.name, part.index, name, sub)
+                    self._add(topic.name, (sub,))
                     for consumer in consumers:
                         sub.add_consumer(consumer)
 
@@ -318,7 +338,7 @@ class Subscriptions:
         `PartitionSubscription.end_txn`); harmless to repeat. Nothing to do
         if the subscription does not exist (or holds nothing of ``txn``).
         """
-        subs = self._by_topic.get(topic, {}).get(subscription, [])
+        subs = self._named(topic, subscription)
         if len(subs) == 1:
             await subs[0].end_txn(txn, commit, durable)
             return
@@ -326,7 +346,7 @@ class Subscriptions:
 
     def end_txn_now(self, topic: str, subscription: str, txn: TxnID, commit: bool) -> None:
         """`end_txn` with ``durable=False``, without a turn of the loop."""
-        for sub in self._by_topic.get(topic, {}).get(subscription, []):
+        for sub in self._named(topic, subscription):
             sub.end_txn_now(txn, commit)
 
     def uncommitted_floor(self, topic: str, index: int) -> int | None:
@@ -359,7 +379,7 @@ class Subscriptions:
         quiet topics, the pass costs a comparison per subscription.
         """
         floor: dict[Partition, int] = {}
-        for sub in self._subs.values():
+        for sub in self.all():
             part = sub.partition
             ledger = part.ledger
             if ledger.last_entry_id - ledger.first_entry_id < TRIM_SLACK:
@@ -393,3 +413,7 @@ class Subscriptions:
                 "mark_delete": list(sub.cursor.mark_delete),
             }
         return out
+
+
+def _order(sub: PartitionSubscription) -> tuple[str, int]:
+    return (sub.name, sub.partition.index)

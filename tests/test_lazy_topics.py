@@ -133,8 +133,9 @@ async def test_an_idle_topic_unloads_freeing_its_objects_and_comes_back(tmp_path
             gc.enable()
         assert broker.topics.get("t") is None and broker.topics.partition_count("t") == 2
         assert broker.subscriptions.of_topic("t") == {}
-        # p, d and c ledgers of both partitions, and the sidecar of one.
-        assert broker.store.loaded_ledgers() == ledgers - 7
+        # p and c ledgers of both partitions, and the sidecar of one (a loaded
+        # partition gave its d ledger back already: it writes none yet).
+        assert broker.store.loaded_ledgers() == ledgers - 5
 
         pushed: list[pb.DeliveredEntry] = []
         topic = await broker.topics.load_topic("t")
