@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from buffer import Partition, Topics
 from ledger import Entry, LedgerStore
 from proto import txnbuf_pb2 as pb
@@ -42,30 +44,34 @@ async def plain_then_markers(store: LedgerStore) -> Partition:
     return part
 
 
-def slow_materialize(part: Partition) -> tuple[asyncio.Event, asyncio.Event]:
+def slow_materialize(
+    part: Partition, monkeypatch: pytest.MonkeyPatch
+) -> tuple[asyncio.Event, asyncio.Event]:
     """Make ``part`` materialize a marker only once the returned gate is set;
     the second event is set when a materialization is waiting."""
     gate, entered = asyncio.Event(), asyncio.Event()
-    real = part.materialize
+    real = Partition.materialize
 
-    async def slow(entry: Entry) -> bytes:
-        entered.set()
-        await gate.wait()
-        return await real(entry)
+    async def slow(self: Partition, entry: Entry) -> bytes:
+        if self is part:
+            entered.set()
+            await gate.wait()
+        return await real(self, entry)
 
-    part.materialize = slow  # type: ignore[method-assign]
+    # (On the class: a Partition has slots, no attributes of its own to patch.)
+    monkeypatch.setattr(Partition, "materialize", slow)
     return gate, entered
 
 
 async def test_redeliveries_go_first_even_if_the_consumer_changes_mid_step(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = await LedgerStore.open(tmp_path / "b.db")
     try:
         part = await plain_then_markers(store)
         assert part.ledger.last_entry_id == 3
 
-        gate, entered = slow_materialize(part)
+        gate, entered = slow_materialize(part, monkeypatch)
         sub = await PartitionSubscription.create(part, "s", earliest=True)
         sub.start()
         got: list[tuple[str, int]] = []
@@ -90,7 +96,7 @@ async def test_redeliveries_go_first_even_if_the_consumer_changes_mid_step(
 
 
 async def test_a_redelivery_step_keeps_order_when_the_consumer_changes_mid_step(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = await LedgerStore.open(tmp_path / "b.db")
     try:
@@ -107,7 +113,7 @@ async def test_a_redelivery_step_keeps_order_when_the_consumer_changes_mid_step(
                 break
         assert [e for who, e in got if who == "a"] == [0, 1, 2, 3]
 
-        gate, entered = slow_materialize(part)
+        gate, entered = slow_materialize(part, monkeypatch)
         sub.remove_consumer(a)  # all four are to be redelivered
         sub.add_consumer(b)
         b.add_permits(100)
