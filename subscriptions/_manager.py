@@ -379,13 +379,14 @@ class Subscriptions:
         quiet topics, the pass costs a comparison per subscription.
         """
         floor: dict[Partition, int] = {}
-        for sub in self.all():
-            part = sub.partition
-            ledger = part.ledger
-            if ledger.last_entry_id - ledger.first_entry_id < TRIM_SLACK:
-                continue
-            first_open = sub.cursor.first_open_entry()
-            floor[part] = min(floor.get(part, first_open), first_open)
+        for subs in self._by_topic.values():
+            for sub in subs:
+                part = sub.partition
+                ledger = part.ledger
+                if ledger.last_entry_id - ledger.first_entry_id < TRIM_SLACK:
+                    continue
+                first_open = sub.cursor.first_open_entry()
+                floor[part] = min(floor.get(part, first_open), first_open)
         now_ms = time.time_ns() // 1_000_000
         for part, first_open in floor.items():
             before = first_open - TRIM_SLACK
