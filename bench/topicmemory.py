@@ -29,8 +29,8 @@ loading a topic adds (tracemalloc, by file:line, bytes and blocks per topic, wit
 objects per topic (``gc.get_objects``: containers and objects the
 collector tracks; their shallow size by ``sys.getsizeof``).
 
-Each side runs in a fresh process; with ``--baseline`` another checkout
-runs the same in its own code. Traced memory does not drift with this
+Each side runs in a fresh process; with ``--baseline [NAME=]DIR`` (as many
+as wanted) another checkout runs the same in its own code. Traced memory does not drift with this
 machine's speed; RSS (`bench.scale`) adds the allocator's overhead.
 """
 
@@ -205,7 +205,12 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=4, help="connections that make and read")
     parser.add_argument("--breakdown", type=int, default=0, help="top N lines and types")
     parser.add_argument("--frames", type=int, default=1, help="call stack frames per line")
-    parser.add_argument("--baseline", help="another checkout to compare with")
+    parser.add_argument(
+        "--baseline",
+        action="append",
+        default=[],
+        help="another checkout to compare with, DIR or NAME=DIR (repeatable)",
+    )
     parser.add_argument("--one-side", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.topics < 1:
@@ -215,8 +220,10 @@ def main() -> None:
         print(json.dumps(result))
         return
     sides: list[tuple[str, Path]] = [("this", ROOT)]
-    if args.baseline:
-        sides.append(("baseline", Path(args.baseline).resolve()))
+    for i, given in enumerate(args.baseline):
+        name, _, where = given.rpartition("=")
+        name = name or ("baseline" if i == 0 else f"baseline{i + 1}")
+        sides.append((name, Path(where).resolve()))
     rows = []
     with Runs(len(sides), "topicmemory") as runs:
         for name, checkout in sides:
@@ -226,9 +233,10 @@ def main() -> None:
     print()
     print(f"Python memory per topic, {args.topics:,} topics (one partition, one subscription, "
           "one message)")  # fmt: skip
-    print(f"{'side':>8} {'not loaded B':>13} {'loaded idle B':>14} {'load adds B':>12}")
+    w = max(8, *(len(name) for name, _ in rows))
+    print(f"{'side':>{w}} {'not loaded B':>13} {'loaded idle B':>14} {'load adds B':>12}")
     for name, r in rows:
-        print(f"{name:>8} {r['unloaded']:>13,.0f} {r['loaded']:>14,.0f}"
+        print(f"{name:>{w}} {r['unloaded']:>13,.0f} {r['loaded']:>14,.0f}"
               f" {r['loaded'] - r['unloaded']:>12,.0f}")  # fmt: skip
     for name, r in rows:
         if r["breakdown"]:

@@ -113,6 +113,21 @@ async def test_topicmemory_side_reports_what_a_topic_holds_and_where() -> None:
     assert any("ledger/_store.py" in line for line in lines)
 
 
+def test_topicmemory_benchmark_prints_every_side(tmp_path: Path) -> None:
+    env = {**os.environ, "TXNBUF_BENCH_RESULTS": str(tmp_path)}
+    args = ["--topics", "20", "--baseline", f"same={ROOT}"]
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.topicmemory", *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, check=True, timeout=120,
+    ).stdout  # fmt: skip
+    table, legend = out.strip().split("\n\n")
+    rows = [line.split() for line in table.splitlines()[-2:]]
+    assert [row[0] for row in rows] == ["this", "same"]
+    assert all(0 < float(row[1].replace(",", "")) < float(row[2].replace(",", "")) for row in rows)
+    assert legend.startswith("not loaded B: ")
+    assert "20 topics" in (tmp_path / "topicmemory.md").read_text()
+
+
 @pytest.mark.integration
 async def test_txnceiling_free_broker_keeps_transactions_out_of_the_machinery(
     tmp_path: Path,
