@@ -184,10 +184,10 @@ def _breakdown(
 
 
 def _short(filename: str) -> str:
-    for root in sys.path:
-        if root and filename.startswith(root.rstrip("/") + "/"):
-            return filename[len(root.rstrip("/")) + 1 :]
-    return filename
+    """``filename`` from the deepest directory of the path that holds it."""
+    roots = [r.rstrip("/") + "/" for r in sys.path if r]
+    found = [r for r in roots if filename.startswith(r)]
+    return filename[len(max(found, key=len)) :] if found else filename
 
 
 def run_side(checkout: Path, args: argparse.Namespace) -> dict[str, Any]:
