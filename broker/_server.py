@@ -445,11 +445,11 @@ class Broker:
             return None
         found = self.topics.get(topic)
         if found is None:  # (not loaded: it is, then the end is queued)
-            return self._end_on_partition(topic, partition, txnid, commit, False, producer)
+            return self._end_on_partition(topic, partition, txnid, commit, True, producer)
         buffer = found.partitions[partition].transaction_buffer
-        if buffer is not None and buffer.end_now(txnid, commit, producer):
+        if buffer is not None and buffer.end_early(txnid, commit, producer):
             return None
-        return self._end_on_partition(topic, partition, txnid, commit, False, producer)
+        return self._end_on_partition(topic, partition, txnid, commit, True, producer)
 
     async def end_txn_on_partition_durably(
         self, topic: str, partition: int, txnid: TxnID, commit: bool
@@ -458,7 +458,7 @@ class Broker:
         returning once what it wrote is durable."""
         producer = self.check_decided(txnid, commit).producer
         if self._has_partition(topic, partition, txnid):
-            await self._end_on_partition(topic, partition, txnid, commit, True, producer)
+            await self._end_on_partition(topic, partition, txnid, commit, False, producer)
 
     def _has_partition(self, topic: str, partition: int, txnid: TxnID) -> bool:
         count = self.topics.partition_count(topic)
@@ -473,7 +473,7 @@ class Broker:
         partition: int,
         txnid: TxnID,
         commit: bool,
-        durable: bool,
+        early: bool,
         producer: tuple[int, int] | None,
     ) -> None:
         found = await self.topics.load_topic(topic)  # (loaded, and prepared, first)
@@ -481,7 +481,7 @@ class Broker:
             log.warning("end %s on %s/%d: no such partition", txnid, topic, partition)
             return
         buffer = await found.partitions[partition].txn_buffer()
-        await buffer.end(txnid, commit, durable, producer)
+        await buffer.end(txnid, commit, early, producer)
 
     def end_txn_on_subscription(
         self, topic: str, subscription: str, txnid: TxnID, commit: bool

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 from buffer._names import MAX_PARTITIONS, check_topic_name
 from buffer._partition import Partition
 from buffer._retention import NO_RETENTION, Retention
-from buffer._txnbuffer import sidecar_ledger_name
+from buffer._sidecar import sidecar_ledger_name
 from ledger import LedgerStore
 from proto import refusals
 
