@@ -333,7 +333,7 @@ class Topics:
             # A new topic becomes visible with its partitions (and prepared):
             # `get_or_create` does not take the lock, and a topic without
             # partitions would be handed out while they load (a producer's
-            # create then failed).
+            # create would fail).
             name = sys.intern(name)
             loaded = [await Partition.load(self.store, name, i) for i in range(partitions)]
             topic = Topic(name, loaded, NO_RETENTION, time.monotonic())
