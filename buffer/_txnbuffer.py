@@ -332,16 +332,13 @@ class TransactionBuffer:
         self._txns.pop(t.key, None)
         self._remember(t.key, t.state, t.marker, t.count)
         if t.state is _S.COMMITTED and t.marker >= 0 and t.entries:
-            self._retain(t.marker, t.entries[0], 1)
-
-    def _retain(self, marker: int, first: int, count: int) -> None:
-        block = self._retained[-1] if self._retained else None
-        if block is None or block[2] >= RETENTION_BLOCK:
-            self._retained.append([marker, first, count])
-            return
-        block[0] = max(block[0], marker)
-        block[1] = min(block[1], first)
-        block[2] += count
+            block = self._retained[-1] if self._retained else None
+            if block is None or block[2] >= RETENTION_BLOCK:
+                self._retained.append([t.marker, t.entries[0], 1])
+            else:
+                block[0] = max(block[0], t.marker)
+                block[1] = min(block[1], t.entries[0])
+                block[2] += 1
 
     def idle(self) -> bool:
         """Does every transaction that touched this partition have its end

@@ -1,38 +1,20 @@
 """A transaction's state on one partition, as one table, and the transaction buffer's errors.
 
-PIP-31 §Transaction Index keeps each transaction's status on a partition.
-Its states and what moves it between them:
+PIP-31 §Transaction Index keeps each transaction's status on a partition:
 
-    state           event            -> state
-    OPEN            SEND                OPEN
-    OPEN            DATA                OPEN
-    OPEN            COMMIT              ENDING_COMMIT
-    OPEN            ABORT               ENDING_ABORT
-    OPEN            MARKER              MARKED         recovery: records and markers
-    OPEN            COMMIT_RECORD       COMMITTED        are replayed, ENDs are not
-    OPEN            ABORT_RECORD        ABORTED
-    ENDING_COMMIT   DATA                ENDING_COMMIT  a send queued before the END
-    ENDING_COMMIT   COMMIT              ENDING_COMMIT  a retried END
-    ENDING_COMMIT   MARKER              MARKED
-    ENDING_COMMIT   COMMIT_RECORD       COMMITTED      it wrote nothing here: no marker
-    MARKED          DATA                MARKED         applied after its marker, in
-                                                       the same group commit
-    MARKED          COMMIT              MARKED
-    MARKED          COMMIT_RECORD       COMMITTED
-    ENDING_ABORT    DATA                ENDING_ABORT
-    ENDING_ABORT    ABORT               ENDING_ABORT
-    ENDING_ABORT    ABORT_RECORD        ABORTED
-    COMMITTED       COMMIT              COMMITTED      repeated ENDs are answered
-    ABORTED         ABORT               ABORTED
+    OPEN --COMMIT--> ENDING_COMMIT --MARKER--> MARKED --COMMIT_RECORD--> COMMITTED
+    OPEN --ABORT---> ENDING_ABORT --ABORT_RECORD--> ABORTED
 
-SEND, COMMIT and ABORT are requests (a transactional send, an
-EndTxnOnPartition); DATA, MARKER, COMMIT_RECORD and ABORT_RECORD are
-records that became durable (a TXN_DATA record, the commit marker, the
-TXN_COMMIT or TXN_ABORT record). ENDING_COMMIT, MARKED and ENDING_ABORT live
-in memory only: a restart finds such a transaction OPEN (its coordinator
-ends it again), or MARKED when its marker is durable, which recovery
-completes with the TXN_COMMIT record. A MARKED transaction is committed for
-readers: its marker is in the partition.
+plus the rows of `TRANSITIONS` that keep a state (a send, a record, a
+repeated END) and those recovery needs. SEND, COMMIT and ABORT are
+requests (a transactional send, an EndTxnOnPartition); DATA, MARKER,
+COMMIT_RECORD and ABORT_RECORD are records that became durable (a TXN_DATA
+record, the commit marker, the TXN_COMMIT or TXN_ABORT record). The states
+in between live in memory only: recovery replays records, not ENDs, so a
+restart finds such a transaction OPEN (its coordinator ends it again), or
+MARKED when its marker is durable (recovery completes it with the
+TXN_COMMIT record). A MARKED transaction is committed for readers: its
+marker is in the partition.
 
 `transition` is the only way a state changes, live and in recovery. A pair
 without a row is refused with the error its event calls for, and nothing
@@ -128,20 +110,20 @@ TRANSITIONS: dict[tuple[PartitionTxnState, PartitionTxnEvent], PartitionTxnState
     (_S.OPEN, _E.DATA): _S.OPEN,
     (_S.OPEN, _E.COMMIT): _S.ENDING_COMMIT,
     (_S.OPEN, _E.ABORT): _S.ENDING_ABORT,
-    (_S.OPEN, _E.MARKER): _S.MARKED,
+    (_S.OPEN, _E.MARKER): _S.MARKED,  # (recovery, as the next two)
     (_S.OPEN, _E.COMMIT_RECORD): _S.COMMITTED,
     (_S.OPEN, _E.ABORT_RECORD): _S.ABORTED,
-    (_S.ENDING_COMMIT, _E.DATA): _S.ENDING_COMMIT,
-    (_S.ENDING_COMMIT, _E.COMMIT): _S.ENDING_COMMIT,
+    (_S.ENDING_COMMIT, _E.DATA): _S.ENDING_COMMIT,  # a send queued before the END
+    (_S.ENDING_COMMIT, _E.COMMIT): _S.ENDING_COMMIT,  # a retried END
     (_S.ENDING_COMMIT, _E.MARKER): _S.MARKED,
-    (_S.ENDING_COMMIT, _E.COMMIT_RECORD): _S.COMMITTED,
-    (_S.MARKED, _E.DATA): _S.MARKED,
+    (_S.ENDING_COMMIT, _E.COMMIT_RECORD): _S.COMMITTED,  # it wrote nothing here: no marker
+    (_S.MARKED, _E.DATA): _S.MARKED,  # applied after the marker of its group commit
     (_S.MARKED, _E.COMMIT): _S.MARKED,
     (_S.MARKED, _E.COMMIT_RECORD): _S.COMMITTED,
     (_S.ENDING_ABORT, _E.DATA): _S.ENDING_ABORT,
     (_S.ENDING_ABORT, _E.ABORT): _S.ENDING_ABORT,
     (_S.ENDING_ABORT, _E.ABORT_RECORD): _S.ABORTED,
-    (_S.COMMITTED, _E.COMMIT): _S.COMMITTED,
+    (_S.COMMITTED, _E.COMMIT): _S.COMMITTED,  # repeated ENDs are answered
     (_S.ABORTED, _E.ABORT): _S.ABORTED,
 }
 
