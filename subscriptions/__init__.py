@@ -15,9 +15,10 @@ from subscriptions._cursor import (
     replay_cursor,
     txn_end_record,
 )
+from subscriptions._dispatch import Consumer, SubType
 from subscriptions._manager import Subscriptions
 from subscriptions._state import TRANSITIONS, AckEvent, InvalidAckTransition, MsgState, transition
-from subscriptions._subscription import Consumer, PartitionSubscription, SubType
+from subscriptions._subscription import PartitionSubscription
 
 __all__ = [
     "TRANSITIONS",

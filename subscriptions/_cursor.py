@@ -20,12 +20,10 @@ Durably, a cursor is a ledger of records, ``meta`` giving the kind:
     5 TXN_ABORT   txn only
 
 (native byte order). Replaying them in order through `Cursor.apply` rebuilds
-the cursor; a fresh snapshot lets the ledger be trimmed before it. A record
+the cursor; a fresh snapshot lets the ledger be trimmed before it
+(`snapshot_then_trim`), and a reset of the cursor is a snapshot too. A record
 whose transitions the table refuses changes nothing (`AckConflict`), live and
-in replay alike.
-
-A transaction is named by ``TxnID = (most_bits, least_bits)``: this package
-builds on ledger and buffer only, never on tc.
+in replay alike. A transaction is a `proto.TxnID`.
 """
 
 from __future__ import annotations
@@ -43,7 +41,7 @@ from operator import itemgetter
 from sortedcontainers import SortedSet
 
 from buffer import Position
-from ledger import Entry
+from ledger import Entry, Ledger
 from proto import TxnID, wire_txnid
 from subscriptions._state import AckEvent, InvalidAckTransition, MsgState, transition
 
@@ -51,6 +49,7 @@ __all__ = [
     "CUMULATIVE",
     "INDIVIDUAL",
     "SNAPSHOT",
+    "SNAPSHOT_EVERY",
     "TXN_ABORT",
     "TXN_ACK",
     "TXN_COMMIT",
@@ -62,6 +61,7 @@ __all__ = [
     "decode_record",
     "encode_record",
     "replay_cursor",
+    "snapshot_then_trim",
     "txn_end_record",
     "txn_text",
 ]
@@ -73,6 +73,7 @@ log = logging.getLogger(__name__)
 WHOLE_ENTRY = (1 << 31) - 1
 
 SNAPSHOT, INDIVIDUAL, CUMULATIVE, TXN_ACK, TXN_COMMIT, TXN_ABORT = range(6)
+SNAPSHOT_EVERY = 1000  # records between the snapshots of a cursor's ledger
 _TXN_KINDS = frozenset({TXN_ACK, TXN_COMMIT, TXN_ABORT})
 _KIND_NAMES = {
     INDIVIDUAL: "INDIVIDUAL",
@@ -135,7 +136,8 @@ class AckConflict(InvalidAckTransition):
 
 @dataclass(frozen=True, slots=True)
 class AckRecord:
-    """One record of the cursor ledger (not a snapshot)."""
+    """One record of the cursor ledger: an ack, a transaction's TXN_ACK or
+    end, or a reset (a SNAPSHOT naming the new mark-delete position)."""
 
     kind: int
     positions: tuple[Position, ...] = ()
@@ -146,6 +148,8 @@ class AckRecord:
     checked: bool = field(default=False, compare=False)
 
     def encode(self) -> bytes:
+        if self.kind == SNAPSHOT and len(self.positions) == 1:
+            return Cursor(self.positions[0]).snapshot()  # a reset
         if self.kind not in _KIND_NAMES:
             raise ValueError(f"unknown cursor record kind {self.kind}")
         if self.kind not in _TXN_KINDS:
@@ -395,8 +399,17 @@ class Cursor:
         changes nothing. ``count(entry_id)`` gives an entry's message count
         and ``last`` the last entry id, for advancing the mark-delete position.
         ``checked``: a TXN_ACK planned already (`plan_txn_ack`) against
-        this very state; its positions are locked as they are.
+        this very state; its positions are locked as they are. A SNAPSHOT
+        naming one position is a reset: every message after it PENDING,
+        every one at or before it DELETED.
         """
+        if kind == SNAPSHOT:
+            self.mark_delete = next(iter(positions))
+            self.acked.clear()
+            self.pending_ack.clear()
+            self.txn_acks.clear()
+            self._locked_entries.clear()
+            return []
         if kind in (TXN_COMMIT, TXN_ABORT) and txn is not None:
             # The usual end of a transaction: no (position, state) pairs.
             after, held = self._plan_end(kind, txn)
@@ -608,6 +621,17 @@ def replay_cursor(
         if record.kind in (TXN_COMMIT, TXN_ABORT) and record.txn is not None:
             ended.append(record.txn)
     return cursor, ended
+
+
+def snapshot_then_trim(ledger: Ledger, snapshot: bytes, meta: int) -> None:
+    """Append ``snapshot``; once it is durable, trim every record before it."""
+    fut = ledger.append(snapshot, meta=meta)
+
+    def trim(_f: object) -> None:
+        if not fut.cancelled() and fut.exception() is None:
+            ledger.trim(fut.result())
+
+    fut.add_done_callback(trim)
 
 
 def _run_length(acked: SortedSet, first: Position, end: int) -> int:
