@@ -57,7 +57,7 @@ __all__ = [
     "AckConflict",
     "AckRecord",
     "Cursor",
-    "check_txn_key",
+    "check_txn",
     "decode_record",
     "encode_record",
     "replay_cursor",
@@ -87,7 +87,7 @@ _ENTRY_OF = itemgetter(0)
 
 
 def txn_text(txn: TxnID) -> str:
-    """A transaction as tc's TxnID prints it: ``(most_bits,least_bits)``."""
+    """A transaction as `proto.TxnID` prints it: ``(most_bits,least_bits)``."""
     return f"({txn[0]},{txn[1]})"
 
 
@@ -95,7 +95,7 @@ def _pos_text(pos: Position) -> str:
     return f"{pos[0]}:{pos[1]}"
 
 
-def check_txn_key(txn: object) -> TxnID:
+def check_txn(txn: object) -> TxnID:
     """``txn`` as a `TxnID`; ValueError unless it is two integers in [0, 2**64)."""
     if (
         not isinstance(txn, tuple)
@@ -156,7 +156,7 @@ class AckRecord:
             return encode_record(self.positions)
         if self.txn is None:
             raise ValueError(f"a {_KIND_NAMES[self.kind]} record needs a transaction id")
-        head = array("Q", check_txn_key(self.txn)).tobytes()
+        head = array("Q", check_txn(self.txn)).tobytes()
         return head + encode_record(self.positions) if self.kind == TXN_ACK else head
 
     @classmethod
@@ -579,7 +579,7 @@ class Cursor:
         for e, i, most, least in zip(
             locked[::4], locked[1::4], locked[2::4], locked[3::4], strict=True
         ):
-            cursor._lock((e, i), check_txn_key((most, least)))
+            cursor._lock((e, i), check_txn((most, least)))
         return cursor
 
     def copy(self) -> Cursor:

@@ -1,30 +1,22 @@
 """Dispatch: a subscription's consumers on one partition, and what goes to them.
 
 One task per subscription while it has consumers (`Dispatcher.wake` starts
-it; it ends when the last consumer goes: an idle subscription costs no
-task) pushes entries to consumers within their flow-control permits: first
-the messages to redeliver (nacked, unacked by a consumer that left, or
-released by an aborted transaction), then new entries from the read
-position. A whole entry goes to one consumer (its permits may go below
-zero, as in Pulsar). Every delivered message is *pending* on its consumer
-until acked; when the consumer closes or disconnects its pending messages
-are redelivered.
+it; it ends with the last consumer) pushes entries within the consumers'
+flow-control permits: first the messages to redeliver (nacked, unacked by a
+consumer that left, or released by an aborted transaction), then new entries
+from the read position. A whole entry goes to one consumer (its permits may
+go below zero, as in Pulsar); its messages are *pending* on that consumer
+until acked, and redelivered if it leaves. Types: exclusive (one consumer),
+failover (one active per partition: ``sorted consumers[partition % n]``),
+shared (round robin over the consumers with permits).
 
-Dispatch reads the cursor and changes nothing durable. Only PENDING
-messages go out: a PENDING_ACK one is never dispatched, and a negative ack,
-a consumer leaving or a failover change drops it from the consumer's
-pending messages instead of redelivering it. `Dispatcher.applied` follows
-each ack record the cursor applies.
-
-Types: exclusive (one consumer), failover (many, one active per partition:
-``sorted consumers[partition % n]``), shared (round robin over consumers
-with permits).
-
-A read_uncommitted subscription also delivers the messages of transactional
-sends as soon as they are in the transaction buffer (open, later committed
-or later aborted transactions alike) and skips commit markers (see
-`subscriptions._uncommitted` for their ids); no order is promised between
-those and the partition's own messages.
+Dispatch reads the cursor and writes nothing: only PENDING messages go out,
+and a PENDING_ACK one that a consumer gives back stays locked instead of
+being redelivered. `Dispatcher.applied` follows each record the cursor
+applies. A read_uncommitted subscription also delivers the messages of the
+transaction buffer as soon as they are there, whatever becomes of their
+transaction, and skips commit markers (`subscriptions._uncommitted`); no
+order is promised between those and the partition's own messages.
 """
 
 from __future__ import annotations

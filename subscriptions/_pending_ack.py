@@ -50,7 +50,7 @@ from subscriptions._cursor import (
     AckConflict,
     AckRecord,
     Cursor,
-    check_txn_key,
+    check_txn,
     replay_cursor,
     snapshot_then_trim,
     txn_end_record,
@@ -212,17 +212,11 @@ class AckLog:
                     return False
         return True
 
-    async def end_txn(self, txn: TxnID, commit: bool, early: bool = False) -> None:
-        """EndTxnOnSubscription: commit (DELETED) or abort (PENDING) ``txn``'s acks.
-
-        Durable before it returns; ``early``: queued (`end_txn_early`). A
-        transaction with no acks here writes nothing; repeating the call is
-        harmless (the TC retries it). From now on an ack in ``txn`` is
-        refused (INVALID_TXN_STATUS).
-        """
-        if early:
-            self.end_txn_early(txn, commit)
-            return
+    async def end_txn(self, txn: TxnID, commit: bool) -> None:
+        """EndTxnOnSubscription: commit (DELETED) or abort (PENDING) ``txn``'s
+        acks, durably. A transaction with no acks here writes nothing;
+        repeating the call is harmless (the TC retries it). From now on an
+        ack in ``txn`` is refused (INVALID_TXN_STATUS)."""
         outcome = self._queue_end(txn, commit)
         if outcome is not None:
             await outcome
@@ -270,7 +264,7 @@ class AckLog:
 
     def _check_txn(self, txn: object) -> TxnID:
         try:
-            return check_txn_key(txn)
+            return check_txn(txn)
         except ValueError as exc:
             raise refusals.InvalidArgument(str(exc)) from exc
 

@@ -204,9 +204,9 @@ class PartitionSubscription:
             )
         await self.acks.ack(positions, cumulative, txn, early)
 
-    async def end_txn(self, txn: TxnID, commit: bool, early: bool = False) -> None:
+    async def end_txn(self, txn: TxnID, commit: bool) -> None:
         """EndTxnOnSubscription: `AckLog.end_txn`."""
-        await self.acks.end_txn(txn, commit, early)
+        await self.acks.end_txn(txn, commit)
 
     def end_txn_early(self, txn: TxnID, commit: bool) -> None:
         """`AckLog.end_txn_early`."""

@@ -1297,13 +1297,13 @@ async def test_an_early_txn_ack_waits_behind_a_cumulative_ack_over_it(h: Harness
 
 
 async def test_an_early_end_txn_returns_once_queued(h: Harness) -> None:
-    """``early=True`` (a coordinator sharing the store): END returns with
+    """`end_txn_early` (a coordinator sharing the store): END returns with
     its record queued; the acks change when it is durable, and a reopen
     finds them changed."""
     await h.sub.ack([(0, 0), (0, 1), (0, 2)], False, T1)
     ledger = h.cursor_ledger
     before = ledger.last_entry_id
-    await h.sub.end_txn(T1, commit=True, early=True)
+    h.sub.end_txn_early(T1, commit=True)
     assert ledger.last_entry_id == before  # returned before the record was durable
     assert h.sub.cursor.pending_ack == {(0, 0): T1, (0, 1): T1, (0, 2): T1}
     await h.settle()
