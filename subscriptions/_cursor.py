@@ -307,8 +307,8 @@ class Cursor:
         mine = self.txn_acks.get(txn)
         if not mine:
             return MsgState.PENDING_ACK, []
-        # Every position a transaction holds is PENDING_ACK (`_lock` and
-        # `_unlock` keep txn_acks and pending_ack together): ask the table once.
+        # Every position a transaction holds is PENDING_ACK (locking and
+        # unlocking keep txn_acks and pending_ack together): ask the table once.
         after = self._ask(next(iter(mine)), MsgState.PENDING_ACK, _EVENTS[kind], txn)
         return after, sorted(mine)
 
@@ -410,19 +410,17 @@ class Cursor:
             self.txn_acks.clear()
             self._locked_entries.clear()
             return []
-        if kind in (TXN_COMMIT, TXN_ABORT) and txn is not None:
-            # The usual end of a transaction: no (position, state) pairs.
-            after, held = self._plan_end(kind, txn)
-            if held:
-                self._unlock_txn(txn, held)
-                if after is MsgState.DELETED:
-                    self._delete(held)
-            self._advance(count, last)
-            return held
-        if checked and kind == TXN_ACK and txn is not None:
-            changed = list(positions)
-            if changed:
-                self._lock_all(changed, txn)
+        if kind in _TXN_KINDS and txn is not None:
+            if kind == TXN_ACK:  # every one PENDING: the table allows nothing else
+                changed = list(positions) if checked else self.plan_txn_ack(positions, txn)
+                if changed:
+                    self._lock_all(changed, txn)
+            else:
+                after, changed = self._plan_end(kind, txn)
+                if changed:
+                    self._unlock_txn(txn, changed)
+                    if after is MsgState.DELETED:
+                        self._delete(changed)
             self._advance(count, last)
             return changed
         positions = list(positions)
@@ -430,24 +428,10 @@ class Cursor:
         changed = [pos for pos, _ in changes]
         if kind == CUMULATIVE and changes:
             self._delete_through(max(positions), changes)
-        elif kind == TXN_ACK and changes:
-            assert txn is not None  # plan() refuses a TXN_ACK without one
-            self._lock_all(changed, txn)  # every one was PENDING (the table allows nothing else)
         else:
-            for pos, after in changes:
-                self._set(pos, after, txn)
+            self.acked.update(changed)  # an INDIVIDUAL ack's: PENDING ones, now DELETED
         self._advance(count, last)
         return changed
-
-    def _set(self, pos: Position, after: MsgState, txn: TxnID | None) -> None:
-        if pos in self.pending_ack:
-            self._unlock(pos)
-        if after is MsgState.DELETED:
-            self.acked.add(pos)
-        elif after is MsgState.PENDING_ACK:
-            if txn is None:  # plan() refuses a TXN_ACK without one first
-                raise ValueError("a TXN_ACK record needs a transaction id")
-            self._lock(pos, txn)
 
     def _lock(self, pos: Position, txn: TxnID) -> None:
         self.pending_ack[pos] = txn
@@ -479,20 +463,8 @@ class Cursor:
         if run < len(positions):
             self.acked.update(positions[run:] if run else positions)
 
-    def _unlock(self, pos: Position) -> None:
-        txn = self.pending_ack.pop(pos)
-        mine = self.txn_acks[txn]
-        del mine[pos]
-        if not mine:
-            del self.txn_acks[txn]
-        left = self._locked_entries[pos[0]] - 1
-        if left:
-            self._locked_entries[pos[0]] = left
-        else:
-            del self._locked_entries[pos[0]]
-
     def _unlock_txn(self, txn: TxnID, positions: list[Position]) -> None:
-        """`_unlock` of ``positions``, every message ``txn`` holds (sorted)."""
+        """Unlock ``positions``, every message ``txn`` holds (sorted)."""
         del self.txn_acks[txn]
         pop = self.pending_ack.pop
         for pos in positions:
