@@ -13,9 +13,9 @@ committed yet" in send receipts). The subscription skips commit markers, whose
 messages it delivered from the sidecar already, so each message comes once.
 
 Only plain individual acks apply to them (a cumulative or transactional ack
-of one is refused). The acks are the records of a ledger of their own,
-``u/{topic}/{index}/{subscription}`` (whose existence also marks the
-subscription as read_uncommitted, durably):
+of one is refused). The acks are the records of a ledger of their own
+(`UncommittedLog`: durable, then applied), ``u/{topic}/{index}/{subscription}``
+(whose existence also marks the subscription as read_uncommitted, durably):
 
     0 SNAPSHOT  JSON {"md": sidecar entry id, "acked": [e, i, ...]}
     1 ACK       sidecar positions, int64 pairs (as `encode_record`)
