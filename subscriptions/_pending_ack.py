@@ -1,31 +1,23 @@
 """PIP-31's PENDING_ACK on one subscription: its acknowledgements as records
 of the cursor ledger.
 
-An ack inside a transaction locks its messages in PENDING_ACK (a TXN_ACK
-record) until the transaction's end (EndTxnOnSubscription) commits them
-(TXN_COMMIT: DELETED) or aborts them (TXN_ABORT: PENDING, delivered again).
-A locked message cannot be acknowledged by another transaction
-(TRANSACTION_CONFLICT: its client aborts it), and a plain ack of it is
-dropped. Every transition is a row of the table in `subscriptions._state`,
-applied by `Cursor.apply`. A transaction that ended here is remembered
-(the last ``ENDED_MEMORY``): a late ack in it would lock its messages for
-ever, so it is refused.
+An ack inside a transaction locks its messages in PENDING_ACK (TXN_ACK)
+until the transaction's end commits them (TXN_COMMIT: DELETED) or aborts
+them (TXN_ABORT: PENDING, delivered again); another transaction's ack of a
+locked message is a conflict, a plain ack of it is dropped. Every change is
+a row of the table in `subscriptions._state`, applied by `Cursor.apply`.
 
-Persist, then act: every record is checked against the cursor, appended to
-the cursor ledger, and applied when it is durable, in ledger order (in the
-append's done callback, so that a caller that stops waiting cannot leave a
-durable record unapplied); `AckLog.on_applied` then hears what changed. A
-record that a concurrent record made invalid in between (a transactional ack
-of a message another record deleted or locked first) is refused when
-applied: it changes nothing, live and when the ledger is replayed, and its
-caller gets the conflict. Plain acks, the transactions' records and a reset
-(a SNAPSHOT record) share the ledger and that one order; a snapshot every
-``SNAPSHOT_EVERY`` records lets the ledger be trimmed.
-
-Early answers, for transactions that a restart aborts if it finds them open
-(docs/decisions.md, Transactions): a transactional ack may be answered once
-queued when no record in flight can change the messages it names, and a
-transaction's end may be queued without waiting (`AckLog.end_txn_early`).
+Persist, then act: every record is checked against the cursor, appended,
+and applied when it is durable, in ledger order (in the append's done
+callback, so that a caller that stops waiting cannot leave a durable record
+unapplied); `AckLog.on_applied` then hears what changed. A record that a
+concurrent one made invalid in between is refused when applied: it changes
+nothing, live and in replay, and its caller gets the conflict. Plain acks,
+the transactions' records and a reset (a SNAPSHOT record) share this one
+order; a snapshot every ``SNAPSHOT_EVERY`` records lets the ledger be
+trimmed. Early answers (`AckLog.ack`, `AckLog.end_txn_early`) are for
+transactions that a restart aborts if it finds them open
+(docs/decisions.md, Transactions).
 """
 
 from __future__ import annotations

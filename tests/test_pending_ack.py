@@ -20,7 +20,7 @@ import pytest
 
 import subscriptions._pending_ack as pending_ack_module
 from buffer import MessageId, Partition, Topics
-from ledger import LedgerStore, faults
+from ledger import Entry, LedgerStore, faults
 from proto import TxnID, refusals
 from proto import txnbuf_pb2 as pb
 from subscriptions import (
@@ -45,6 +45,7 @@ from subscriptions._cursor import (
     TXN_ACK,
     TXN_COMMIT,
     AckRecord,
+    replay_cursor,
 )
 
 Position = tuple[int, int]
@@ -977,6 +978,63 @@ async def test_pending_acks_survive_snapshots(h: Harness, monkeypatch: pytest.Mo
     assert sub.cursor.state((0, 0)) is P and sub.cursor.state((1, 0)) is D
 
 
+def test_a_reset_is_a_snapshot_record_applied_as_every_record() -> None:
+    """A reset writes the snapshot of the cursor it moves to; applying it
+    live and replaying the ledger give the same cursor."""
+    live = Cursor(START)
+    apply(live, INDIVIDUAL, (0, 0), (1, 0), (3, 2))
+    apply(live, TXN_ACK, (2, 1), txn=T1)
+    apply(live, TXN_COMMIT, txn=T1)
+    reset = AckRecord(SNAPSHOT, ((1, 0),))
+    assert reset.encode() == Cursor((1, 0)).snapshot()
+    assert apply(live, SNAPSHOT, (1, 0)) == []
+    assert dump(live) == dump(Cursor((1, 0)))
+    apply(live, INDIVIDUAL, (1, 1), (1, 2), (3, 0))
+    records = [AckRecord(INDIVIDUAL, ((0, 0), (1, 0), (3, 2))), reset]
+    records.append(AckRecord(INDIVIDUAL, ((1, 1), (1, 2), (3, 0))))
+    entries = [Entry(0, SNAPSHOT, Cursor(START).snapshot())]
+    entries += [Entry(n, r.kind, r.encode()) for n, r in enumerate(records, 1)]
+    replayed, _ = replay_cursor("c", entries, COUNT, LAST)
+    assert dump(replayed) == dump(live)
+    assert live.mark_delete == (1, WHOLE_ENTRY) and list(live.acked) == [(3, 0)]
+
+
+async def test_a_reset_keeps_ledger_order_with_the_records_around_it(h: Harness) -> None:
+    """An ack queued before a reset applies to the old cursor; one queued
+    while the reset is in flight applies to the new one (a transactional ack
+    then waits to be durable: it cannot be checked against a cursor that is
+    about to move); dispatch starts over from the new cursor."""
+    pushed: list[pb.DeliveredEntry] = []
+    consumer = make_consumer(pushed)
+    h.sub.add_consumer(consumer)
+    h.sub.start()
+    consumer.add_permits(100)
+    await wait_for(lambda: len(delivered(pushed)) == 12)
+    before = asyncio.ensure_future(h.sub.ack([(3, 0)], False))
+    await asyncio.sleep(0)
+    resetting = asyncio.ensure_future(h.sub.reset((1, WHOLE_ENTRY)))
+    for _ in range(10_000):
+        if any(r.kind == SNAPSHOT for r in h.sub.acks._inflight):
+            break
+        await asyncio.sleep(0)
+    else:
+        raise AssertionError("the reset record was never in flight")
+    await before
+    ledger = h.cursor_ledger
+    queued_at = ledger.last_entry_id
+    await h.sub.ack([(2, 0)], False, T1, early=True)
+    assert ledger.last_entry_id > queued_at  # answered once durable, not early
+    await resetting
+    assert h.sub.cursor.mark_delete == (1, WHOLE_ENTRY)
+    assert h.sub.cursor.pending_ack == {(2, 0): T1}
+    assert h.sub.cursor.state((3, 0)) is P  # acked before the reset: undone by it
+    pushed.clear()
+    await wait_for(lambda: delivered(pushed) == {(2, 1), (2, 2), (3, 0), (3, 1), (3, 2)})
+    sub = await h.reopen()
+    assert sub.cursor.mark_delete == (1, WHOLE_ENTRY)
+    assert sub.cursor.pending_ack == {(2, 0): T1} and not sub.cursor.acked
+
+
 async def test_fault_hooks_fire_after_the_record_is_durable(
     h: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1064,12 +1122,12 @@ async def test_nack_and_close_do_not_redeliver_locked_messages(h: Harness) -> No
     assert (1, 1) not in h.sub.pending
     assert h.sub.pending[(1, 0)] is consumer
     # A nack racing with a txn ack: the message was requeued, then locked.
-    h.sub.dispatch.redeliver_unacked(consumer, [(1, 2)])
+    h.sub.redeliver_unacked(consumer, [(1, 2)])
     assert (1, 2) in h.sub.dispatch.redeliver
     await h.sub.ack([(1, 2)], False, T1)
     assert (1, 2) not in h.sub.dispatch.redeliver
     pushed.clear()
-    h.sub.dispatch.redeliver_unacked(consumer, None)
+    h.sub.redeliver_unacked(consumer, None)
     consumer.add_permits(20)
     await wait_for(lambda: len(delivered(pushed)) == 10)
     await asyncio.sleep(0.05)
