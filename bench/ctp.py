@@ -22,8 +22,8 @@ fails the check stops the benchmark).
   ``appendfsync always``, ``save ""``.
 - txnbuf, two loops, each against a broker of its own (`bench.txnceiling`'s
   ``Broker``, as `bench.throughput` starts one):
-  ``README loop``: what the README shows a user: receive a batch (the
-  first message, then more until none comes within 50 ms, as
+  ``README loop``: what the README shows a user: receive a batch
+  (``consumer.batch_receive(max_messages=--per-txn, timeout=0.1)``, as
   ``examples/consume_transform_produce.py`` does), then in
   ``async with client.transaction()`` per message ``await
   producer.send(..., txn=txn)`` and ``await consumer.acknowledge(msg,
@@ -533,15 +533,9 @@ def readme_loop(client: Client, consumer: Consumer, producer: Producer, per_txn:
     """The README's consume-transform-produce, as a user writes it."""
 
     async def step() -> int:
-        try:
-            batch = [await consumer.receive(timeout=IDLE)]
-        except errors.OperationTimeoutError:
+        batch = await consumer.batch_receive(max_messages=per_txn, timeout=0.1)
+        if not batch:
             return 0
-        while len(batch) < per_txn:
-            try:
-                batch.append(await consumer.receive(timeout=0.05))
-            except errors.OperationTimeoutError:
-                break
         async with client.transaction(timeout=30) as txn:
             for msg in batch:
                 await producer.send(transform(msg.value), txn=txn)
@@ -702,7 +696,7 @@ def versions(systems: list[str], cluster: PostgresCluster | None) -> list[str]:
         )
     if "txnbuf" in systems:
         lines.append(
-            "txnbuf: README loop: receive a batch, then per message await send(txn=) and await "
+            "txnbuf: README loop: batch_receive, then per message await send(txn=) and await "
             "acknowledge(msg, txn=), commit on leaving client.transaction(); fastest loop: "
             "bench.txn's (sends queued, the batch acknowledged at once, commit)"
         )

@@ -67,7 +67,6 @@ def children_cpu() -> float:
 
 async def one_round(txns: int, per_txn: int, concurrency: int) -> dict[str, float]:
     """Run ``txns`` transactions in a fresh broker; CPU and wall time per transaction."""
-    from broker._connection import txn_key
     from broker._server import Broker
     from proto import txnbuf_pb2 as pb
     from subscriptions import Consumer, SubType
@@ -128,7 +127,7 @@ async def one_round(txns: int, per_txn: int, concurrency: int) -> dict[str, floa
                         waiting = tc.join_partition(txnid, "out", 0)
                         if waiting is not None:
                             await waiting
-                    key = txn_key(txnid)
+                    key = txnid
                     batch = pb.EntryBatch.FromString(sends[i])
                     published = broker.publish_txn(
                         out, key, f"p{mine[0]}", batch.messages, sends[i], early, *first(i)

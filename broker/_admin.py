@@ -6,7 +6,9 @@ Errors are JSON on every route, unknown ones included (`json_errors`):
 ``{"error": "<what was wrong>"}`` with status 400 (bad input), 404 (no such
 topic, subscription, transaction or route), 405 (method; with ``Allow``),
 409 (refused in this state: in use, held by a transaction), 414 (URL over
-`MAX_URL_BYTES`); a refused request changes nothing.
+`MAX_URL_BYTES`); a refused request changes nothing. A refusal a handler
+does not answer itself is answered by its code (`_HTTP_STATUS`); anything
+else is 500, logged.
 
 When the broker authenticates (`broker._auth`), every request but
 ``/admin/v1/health`` needs ``Authorization: Bearer <token>`` of a
@@ -29,7 +31,6 @@ from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from broker._auth import AclEntry, AclError
-from broker._errors import BrokerError
 from broker._operations import (
     AdminError,
     delete_subscription,
@@ -50,6 +51,8 @@ from buffer import (
     quoted,
 )
 from ledger import LedgerError
+from proto import refusals
+from proto import txnbuf_pb2 as pb
 from subscriptions import WHOLE_ENTRY
 from tc import (
     InvalidTxnStatusError,
@@ -73,17 +76,37 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
     return web.json_response({"error": message}, status=status, headers=headers)
 
 
+# The HTTP status of a refusal's code; any other code is 409 (refused in this state).
+_HTTP_STATUS: dict[pb.ServerError, int] = {
+    pb.MALFORMED_FRAME: 400,
+    pb.INVALID_TOPIC_NAME: 400,
+    pb.INVALID_ARGUMENT: 400,
+    pb.AUTHENTICATION_ERROR: 401,
+    pb.AUTHORIZATION_ERROR: 403,
+    pb.TOPIC_NOT_FOUND: 404,
+    pb.PRODUCER_NOT_FOUND: 404,
+    pb.CONSUMER_NOT_FOUND: 404,
+    pb.TRANSACTION_NOT_FOUND: 404,
+    pb.TRANSACTION_COORDINATOR_NOT_FOUND: 404,
+    pb.TOO_MANY_REQUESTS: 429,
+    pb.PERSISTENCE_ERROR: 503,
+    pb.SERVICE_NOT_READY: 503,
+}
+
+
 @web.middleware
 async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every error as JSON: aiohttp's own (no such route, method not
-    allowed, body too large), an `AdminError`, and an unexpected failure
-    (500, logged)."""
+    allowed, body too large), an `AdminError`, a refusal (`_HTTP_STATUS`),
+    and an unexpected failure (500, logged)."""
     if len(request.raw_path) > MAX_URL_BYTES:
         return _error(414, f"URL longer than {MAX_URL_BYTES} bytes ({len(request.raw_path)})")
     try:
         return await handler(request)
     except AdminError as exc:
         return _error(exc.status, str(exc))
+    except refusals.Refusal as exc:
+        return _error(_HTTP_STATUS.get(exc.code, 409), str(exc))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -523,7 +546,7 @@ async def _require_admin(request: web.Request, handler: Handler) -> web.StreamRe
     security = request.app[BROKER_KEY].security
     try:
         who = security.authenticate_bearer(request.headers.get("Authorization"))
-    except BrokerError as exc:
+    except refusals.AuthenticationError as exc:
         return web.json_response(
             {"error": str(exc)},
             status=401,
@@ -531,7 +554,7 @@ async def _require_admin(request: web.Request, handler: Handler) -> web.StreamRe
         )
     try:
         security.allow_admin(who)
-    except BrokerError as exc:
+    except refusals.AuthorizationError as exc:
         return _error(403, str(exc))
     return await handler(request)
 

@@ -61,6 +61,8 @@ changes; a refusal is AUTHORIZATION_ERROR naming the permission):
   transaction they decide (a group is refused whole if one is refused).
 - READ_ENTRIES (`broker._reader`): consume on the topic; CURSOR: consume on
   the topic and on its subscription, as SUBSCRIBE.
+- SEEK, UNSUBSCRIBE (`broker._seek`): consume on the topic and on the
+  subscription, as SUBSCRIBE.
 - CLOSE_PRODUCER, CLOSE_CONSUMER, PING: nothing (a client may always stop
   what it started).
 - The admin API and /metrics: a superuser; ``/admin/v1/health`` is open
@@ -120,8 +122,8 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from broker._errors import BrokerError
 from buffer import quoted
+from proto import refusals
 from proto import txnbuf_pb2 as pb
 
 __all__ = [
@@ -562,14 +564,14 @@ class Authenticator:
                 options={"require": ["sub"], "verify_iat": False},
             )
         except jwt.ExpiredSignatureError:
-            raise BrokerError("AUTHENTICATION_ERROR", "the token has expired") from None
+            raise refusals.AuthenticationError("the token has expired") from None
         except jwt.InvalidTokenError as exc:
-            raise BrokerError("AUTHENTICATION_ERROR", f"the token is not valid: {exc}") from None
+            raise refusals.AuthenticationError(f"the token is not valid: {exc}") from None
         role = claims["sub"]
         try:
             check_role(role)
         except AclError as exc:
-            raise BrokerError("AUTHENTICATION_ERROR", f"the token's subject: {exc}") from None
+            raise refusals.AuthenticationError(f"the token's subject: {exc}") from None
         exp = claims.get("exp")
         return role, float(exp) if isinstance(exp, int | float) else None
 
@@ -629,19 +631,16 @@ class Security:
         if self.authenticator is None:
             return ANONYMOUS
         if not method and not data:
-            raise BrokerError(
-                "AUTHENTICATION_ERROR",
+            raise refusals.AuthenticationError(
                 "this broker needs a token: CONNECT with auth_method 'token' "
                 "(the client: Client(url, token=...) or TXNBUF_TOKEN)",
             )
         if method != TOKEN_METHOD:
-            raise BrokerError(
-                "AUTHENTICATION_ERROR", f"unknown auth_method {quoted(method)}: use 'token'"
-            )
+            raise refusals.AuthenticationError(f"unknown auth_method {quoted(method)}: use 'token'")
         try:
             token = data.decode("ascii")
         except UnicodeDecodeError:
-            raise BrokerError("AUTHENTICATION_ERROR", "the token is not ASCII text") from None
+            raise refusals.AuthenticationError("the token is not ASCII text") from None
         return self._principal(token)
 
     def authenticate_bearer(self, header: str | None) -> Principal:
@@ -650,14 +649,12 @@ class Security:
         if self.authenticator is None:
             return ANONYMOUS
         if not header:
-            raise BrokerError(
-                "AUTHENTICATION_ERROR", "this broker needs a token: Authorization: Bearer <token>"
+            raise refusals.AuthenticationError(
+                "this broker needs a token: Authorization: Bearer <token>"
             )
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            raise BrokerError(
-                "AUTHENTICATION_ERROR", "the Authorization header must be 'Bearer <token>'"
-            )
+            raise refusals.AuthenticationError("the Authorization header must be 'Bearer <token>'")
         return self._principal(token.strip())
 
     def _principal(self, token: str) -> Principal:
@@ -667,16 +664,14 @@ class Security:
 
     # -- authorization ---------------------------------------------------------------
 
-    def _refuse(self, who: Principal, permission: str, what: str) -> BrokerError:
-        return BrokerError(
-            "AUTHORIZATION_ERROR",
+    def _refuse(self, who: Principal, permission: str, what: str) -> refusals.AuthorizationError:
+        return refusals.AuthorizationError(
             f"{who.name} lacks the {permission} permission on {what}; nothing was changed",
         )
 
     def allow_admin(self, who: Principal) -> None:
         if not who.superuser:
-            raise BrokerError(
-                "AUTHORIZATION_ERROR",
+            raise refusals.AuthorizationError(
                 f"{who.name} lacks the {ADMIN_ROLE!r} role the admin API needs "
                 f"(superuser roles: {', '.join(sorted(self.superuser_roles))})",
             )
@@ -778,8 +773,7 @@ class Security:
             else self.limits.max_consumers_per_connection
         )
         if have >= limit:
-            raise BrokerError(
-                "NOT_ALLOWED",
+            raise refusals.NotAllowed(
                 f"this connection has {have} {what}s, the most one connection may have "
                 f"(--max-{what}s-per-connection {limit}): close one first",
             )

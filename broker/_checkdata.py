@@ -62,7 +62,6 @@ from buffer import (
     TXN_COMMIT,
     TXN_DATA,
     TransactionBufferError,
-    TxnKey,
     abort_record,
     commit_record,
     decode_commit_marker,
@@ -301,7 +300,7 @@ class Report:
     counts: Counter[str] = field(default_factory=Counter)  # what was checked
     # Transactions on partitions and subscriptions whose coordinators' logs
     # are not in this data: not checked against their decisions.
-    unchecked: set[TxnKey] = field(default_factory=set)
+    unchecked: set[TxnID] = field(default_factory=set)
 
     @property
     def problems(self) -> list[Finding]:
@@ -393,7 +392,7 @@ class _Store(Protocol):
     def get_ledger(self, name: str) -> _Log | None: ...
 
 
-def _txn(txn: TxnKey) -> str:
+def _txn(txn: TxnID) -> str:
     return f"txn ({txn[0]},{txn[1]})"
 
 
@@ -435,11 +434,11 @@ def _entry_counts(metas: list[tuple[int, int]]) -> Callable[[int], int]:
 class _Sidecar:
     """What the check learns of a sidecar log."""
 
-    data: dict[int, tuple[TxnKey, int]] = field(default_factory=dict)  # TXN_DATA: txn, count
+    data: dict[int, tuple[TxnID, int]] = field(default_factory=dict)  # TXN_DATA: txn, count
     other: dict[int, int] = field(default_factory=dict)  # entry id -> kind, other records
-    commits: dict[TxnKey, list[tuple[int, int]]] = field(default_factory=dict)  # (entry, marker)
-    aborts: dict[TxnKey, int] = field(default_factory=dict)
-    first_data: dict[TxnKey, int] = field(default_factory=dict)  # txn -> its first TXN_DATA
+    commits: dict[TxnID, list[tuple[int, int]]] = field(default_factory=dict)  # (entry, marker)
+    aborts: dict[TxnID, int] = field(default_factory=dict)
+    first_data: dict[TxnID, int] = field(default_factory=dict)  # txn -> its first TXN_DATA
 
 
 class _Check:
@@ -473,7 +472,7 @@ class _Check:
         if self.progress is not None and self.done // self.progress_every > before:
             self.progress(f"checked {self.done} of {len(self.names)} ledgers")
 
-    def decision(self, txn: TxnKey) -> tuple[bool, TxnMeta | None]:
+    def decision(self, txn: TxnID) -> tuple[bool, TxnMeta | None]:
         """(is ``txn``'s coordinator log in this data, what it knows of ``txn``)."""
         table = self.tables.get(TxnID(*txn).tcid)
         if table is None:
@@ -577,7 +576,7 @@ class _Check:
             where = [f"partition {t}/{i}" for t, i in meta.partitions]
             where += [f"subscription {t}/{s}" for t, s in meta.subscriptions]
             on = f" on {', '.join(where)}" if where else ""
-            txn = (meta.txnid.most_bits, meta.txnid.least_bits)
+            txn = meta.txnid
             if meta.status is TxnStatus.PREPARED:
                 self.find(
                     "prepared-at-coordinator",
@@ -605,7 +604,7 @@ class _Check:
         self.report.counts["partitions"] += 1
         counts: Callable[[int], int] = _no_entries
         marker_ids: list[int] = []
-        markers: dict[int, tuple[TxnKey, tuple[int, ...], int]] = {}
+        markers: dict[int, tuple[TxnID, tuple[int, ...], int]] = {}
         if plog is not None:
             self.tick()
             metas = await plog.read_meta()
@@ -676,11 +675,11 @@ class _Check:
         xname: str,
         first: int,
         last: int,
-        markers: dict[int, tuple[TxnKey, tuple[int, ...], int]],
+        markers: dict[int, tuple[TxnID, tuple[int, ...], int]],
         sc: _Sidecar | None,
     ) -> None:
         """Commit markers against the sidecar records, both against the coordinators."""
-        by_txn: dict[TxnKey, list[int]] = {}
+        by_txn: dict[TxnID, list[int]] = {}
         complete: set[int] = set()  # markers whose sidecar records are all there and theirs
         for entry_id, (key, ids, count) in sorted(markers.items()):
             by_txn.setdefault(key, []).append(entry_id)

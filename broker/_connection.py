@@ -15,7 +15,9 @@ naming both, and the connection is closed.
 
 Bad input (an undecodable frame, an unknown command, an illegal name, a send
 on a closed producer, an ack of an unknown message) is answered with an
-error and changes nothing; the connection stays up.
+error and changes nothing; the connection stays up. A handler refuses by
+raising a `proto.refusals.Refusal`; whatever else it raises is a bug,
+answered UNKNOWN_ERROR and logged (`broker._errors`).
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ from google.protobuf.message import DecodeError
 
 from broker._auth import NOBODY, Principal
 from broker._epoch import epoch_handlers
-from broker._errors import BrokerError, error_code, error_text
+from broker._errors import error_code, error_text
 from broker._pipelines import pipeline_handlers
+from broker._seek import seek_handlers
 from broker._transactions import CLUSTER_ROLE, Transactions
 from buffer import (
     InvalidNameError,
@@ -46,18 +49,13 @@ from buffer import (
     check_subscription_name,
     check_topic_name,
 )
-from proto import next_frame
+from proto import MAX_MESSAGE_SIZE, next_frame, oversized, refusals
 from proto import txnbuf_pb2 as pb
 from subscriptions import Consumer, SubType
-from tc import TxnID, wire_txnid
+from tc import wire_txnid
 
 if TYPE_CHECKING:
     from broker._server import Broker
-
-
-def txn_key(txnid: TxnID) -> tuple[int, int]:
-    """The (most_bits, least_bits) pair that buffer/ and subscriptions/ use."""
-    return (txnid.most_bits, txnid.least_bits)
 
 
 __all__ = ["CLUSTER_ROLE", "PROTOCOL_VERSION", "Connection"]
@@ -66,7 +64,6 @@ log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 6  # the only one served (proto/txnbuf.proto)
 SERVER_VERSION = "txnbuf/0.1.0"
-MAX_MESSAGE_SIZE = 5 << 20  # bytes in one frame the client may send
 
 T = pb.BaseCommand
 _BODY_TYPE = {name.lower(): value for name, value in T.Type.items()}
@@ -134,6 +131,7 @@ class Connection:
         }
         self._handlers.update(epoch_handlers(self))  # (the producer-epoch mode)
         self._handlers.update(pipeline_handlers(self))  # (reading by position, txn groups)
+        self._handlers.update(seek_handlers(self))  # (a consumer's seek and unsubscribe)
 
     # -- the loops ------------------------------------------------------------------
 
@@ -231,9 +229,9 @@ class Connection:
             return
         try:
             handler(cmd)
-        except Exception:
-            log.exception("connection %s: handler for %s failed", self.peer, body)
-            self._error(_request_id(cmd), pb.UNKNOWN_ERROR, f"internal error handling {body}")
+        except Exception as exc:
+            what = f"connection {self.peer}: {body}"
+            self._error(_request_id(cmd), error_code(exc, what), error_text(exc))
 
     def _error(self, request_id: int, code: pb.ServerError, message: str) -> None:
         self.send(
@@ -251,9 +249,7 @@ class Connection:
             try:
                 answer = await work
             except Exception as exc:
-                code = error_code(exc)
-                if code == pb.UNKNOWN_ERROR:
-                    log.exception("connection %s: %s failed", self.peer, what)
+                code = error_code(exc, f"connection {self.peer}: {what}")
                 self._error(request_id, code, error_text(exc))
                 return
             if answer is not None:
@@ -309,7 +305,7 @@ class Connection:
                     count = len((await self.broker.topics.get_or_create(name)).partitions)
                 resp.partitions = count
             except InvalidNameError as exc:
-                resp.error = pb.INVALID_TOPIC_NAME
+                resp.error = exc.code
                 resp.message = str(exc)
             return command(T.PARTITIONED_METADATA_RESPONSE, "partitioned_metadata_response", resp)
 
@@ -323,11 +319,8 @@ class Connection:
         try:
             check_topic_name(req.topic)
             self.broker.security.allow_lookup(self.who, req.topic)
-        except InvalidNameError as exc:
-            resp.error = pb.INVALID_TOPIC_NAME
-            resp.message = str(exc)
-        except BrokerError as exc:
-            resp.error = error_code(exc)
+        except refusals.Refusal as exc:
+            resp.error = exc.code
             resp.message = str(exc)
         self.send(command(T.LOOKUP_RESPONSE, "lookup_response", resp))
 
@@ -338,11 +331,13 @@ class Connection:
             name = check_topic_name(req.topic)
             self.broker.security.allow_produce(self.who, name)
             if not req.producer_name:
-                raise ValueError("producer_name is required")
+                raise refusals.InvalidArgument("producer_name is required")
             check_producer_name(req.producer_name)
             topic = await self.broker.topics.get_or_create(name)
             if req.producer_id in self.producers:
-                raise ValueError(f"producer id {req.producer_id} is in use on this connection")
+                raise refusals.InvalidArgument(
+                    f"producer id {req.producer_id} is in use on this connection"
+                )
             self.broker.security.allow_another("producer", len(self.producers))
             self.broker.claim_producer(topic.name, req.producer_name, self)
             self.producers[req.producer_id] = _Producer(req.producer_id, req.producer_name, topic)
@@ -410,8 +405,8 @@ class Connection:
             return
         try:  # (a grant revoked since the producer was created)
             self.broker.security.allow_produce(self.who, producer.topic.name)
-        except BrokerError as exc:
-            fail(pb.AUTHORIZATION_ERROR, str(exc))
+        except refusals.Refusal as exc:
+            fail(exc.code, str(exc))
             return
         if req.partition >= len(producer.topic.partitions):
             fail(
@@ -426,6 +421,9 @@ class Connection:
             fail(pb.MALFORMED_FRAME, "SEND batch is not a valid EntryBatch")
             return
         messages = batch.messages
+        if len(req.batch) > MAX_MESSAGE_SIZE and (too_big := oversized(messages)):
+            fail(pb.INVALID_ARGUMENT, too_big)
+            return
         if not messages or batch.producer_name:
             fail(
                 pb.INVALID_ARGUMENT,
@@ -446,12 +444,12 @@ class Connection:
                 # Answered once queued: a crash that loses it aborts the
                 # transaction (a lost send is never committed, see `tc`).
                 pending = self.broker.publish_txn(
-                    partition, txn_key(txnid), producer.name, messages, req.batch, True, first_seq
+                    partition, txnid, producer.name, messages, req.batch, True, first_seq
                 )
             else:
                 pending = partition.publish(producer.name, messages, req.batch, first_seq)
         except Exception as exc:
-            fail(error_code(exc), error_text(exc))
+            fail(error_code(exc, f"connection {self.peer}: send"), error_text(exc))
             return
 
         def answer(result: PublishResult) -> None:
@@ -482,7 +480,7 @@ class Connection:
             if error is None:
                 answer(pending.result())
             else:
-                fail(error_code(error), error_text(error))
+                fail(error_code(error, f"connection {self.peer}: send"), error_text(error))
             return
         if req.transactional and not counted:
             self.txns.op_read(req)
@@ -492,7 +490,7 @@ class Connection:
             try:
                 result: PublishResult = await pending
             except Exception as exc:
-                fail(error_code(exc), error_text(exc))
+                fail(error_code(exc, f"connection {self.peer}: send"), error_text(exc))
                 return
             answer(result)
 
@@ -508,9 +506,11 @@ class Connection:
             if req.consumer_name:
                 check_consumer_name(req.consumer_name)
             if req.sub_type not in _SUB_TYPES:
-                raise ValueError(f"unknown subscription type {req.sub_type}")
+                raise refusals.InvalidArgument(f"unknown subscription type {req.sub_type}")
             if req.consumer_id in self.consumers:
-                raise ValueError(f"consumer id {req.consumer_id} is in use on this connection")
+                raise refusals.InvalidArgument(
+                    f"consumer id {req.consumer_id} is in use on this connection"
+                )
             self.broker.security.allow_another("consumer", len(self.consumers))
             topic = await self.broker.topics.get_or_create(topic_name)
             consumer = Consumer(
@@ -570,7 +570,9 @@ class Connection:
             resp = pb.CommandAckResponse(consumer_id=req.consumer_id, request_id=req.request_id)
             try:
                 if consumer is None:
-                    raise LookupError(f"no consumer {req.consumer_id} on this connection")
+                    raise refusals.ConsumerNotFound(
+                        f"no consumer {req.consumer_id} on this connection"
+                    )
                 self.broker.security.allow_consume(self.who, consumer.topic, consumer.subscription)
                 by_part = _ack_positions(req)
                 cumulative = req.ack_type == pb.CommandAck.CUMULATIVE
@@ -581,13 +583,13 @@ class Connection:
                     self.broker.coordinator(txnid).add_subscription(  # (as for a send)
                         txnid, consumer.topic, consumer.subscription
                     )
-                    key = txn_key(txnid)
+                    key = txnid
                     early = True  # (answered once queued, as a send)
                 await self.broker.subscriptions.ack_positions(
                     consumer, by_part, cumulative, key, early
                 )
             except Exception as exc:
-                resp.error = error_code(exc)
+                resp.error = error_code(exc, f"connection {self.peer}: ack")
                 resp.message = error_text(exc)
             if req.transactional:
                 self.txns.op_answered(req, resp.message if resp.HasField("error") else None)
@@ -623,8 +625,7 @@ class Connection:
         """Refuse ``what`` (AUTHORIZATION_ERROR, nothing changes) unless this
         connection holds ``role``."""
         if role not in self.roles:
-            raise BrokerError(
-                "AUTHORIZATION_ERROR",
+            raise refusals.AuthorizationError(
                 f"{what} needs the {role!r} role, which this connection does not hold "
                 "(only a transaction's coordinator ends it on its participants)",
             )
@@ -638,12 +639,11 @@ class Connection:
         try:
             who = self.broker.security.authenticate(req.auth_method, req.auth_data)
             if self.who is not NOBODY and who.role != self.who.role:
-                raise BrokerError(
-                    "AUTHENTICATION_ERROR",
+                raise refusals.AuthenticationError(
                     f"this connection is {self.who.name}; a CONNECT cannot change it",
                 )
-        except BrokerError as exc:
-            self._error(0, error_code(exc), error_text(exc))
+        except refusals.Refusal as exc:
+            self._error(0, exc.code, str(exc))
             self._hang_up()
             return False
         self.who, self.roles = who, who.roles
@@ -682,8 +682,8 @@ class Connection:
         ERROR, if the connection may no longer consume there."""
         try:
             self.broker.security.allow_consume(self.who, consumer.topic, consumer.subscription)
-        except BrokerError as exc:
-            self._error(0, error_code(exc), error_text(exc))
+        except refusals.Refusal as exc:
+            self._error(0, exc.code, str(exc))
             return False
         return True
 
@@ -693,8 +693,7 @@ def _ack_positions(req: pb.CommandAck) -> dict[int, list[tuple[int, int]]]:
     from its ``positions`` triples."""
     flat = list(req.positions)
     if not flat or len(flat) % 3:
-        raise BrokerError(
-            "INVALID_ARGUMENT",
+        raise refusals.InvalidArgument(
             "ACK positions come in (partition, entry_id, batch_index) triples, at least one; "
             f"got {len(flat)} numbers",
         )

@@ -9,10 +9,11 @@ none and adds its partition or subscription (KIP-890 part 2): the
 coordinator checks the producer id and epoch, then the partition checks the
 epoch and the sequence (`buffer.TransactionBuffer.publish`). Each is
 answered with PRODUCER_TXN_RESPONSE (INIT_PRODUCER_ID with its own answer);
-a refusal carries Kafka's error name (`broker._errors.PRODUCER_EPOCH_CODES`)
-and changes nothing. Each is checked against the ACL first (`broker._auth`):
-``produce`` on the transactional id, and on the topic of a PRODUCE, consume
-on the subscription of a TXN_OFFSETS (`_allow_producer`).
+a refusal carries Kafka's error name (the `tc.ProducerEpochError` classes
+carry those codes, see `broker._errors`) and changes nothing. Each is
+checked against the ACL first (`broker._auth`): ``produce`` on the
+transactional id, and on the topic of a PRODUCE, consume on the
+subscription of a TXN_OFFSETS (`_allow_producer`).
 
 A client may write END_PRODUCER_TXN COMMIT or PREPARE_PRODUCER_TXN right
 behind its PRODUCEs and TXN_OFFSETS without waiting for their answers
@@ -32,8 +33,9 @@ from typing import TYPE_CHECKING, Any
 
 from google.protobuf.message import DecodeError
 
-from broker._errors import BrokerError, error_code, error_text
+from broker._errors import error_code, error_text
 from buffer import PublishResult, Topic, check_topic_name, epoch_producer_name
+from proto import MAX_MESSAGE_SIZE, oversized, refusals
 from proto import txnbuf_pb2 as pb
 from tc import TransactionAbortableError, TransactionCoordinator, coordinator_of
 
@@ -133,8 +135,7 @@ def _coordinator_of_producer(conn: Connection, producer_id: int) -> TransactionC
     tcid = producer_id >> _PID_SHIFT
     tc = conn.broker.coordinators.get(tcid)
     if tc is None:
-        raise BrokerError(
-            "INVALID_PRODUCER_ID_MAPPING",
+        raise refusals.InvalidProducerIdMapping(
             f"producer id {producer_id} belongs to coordinator {tcid}, which does not run here",
         )
     return tc
@@ -163,10 +164,8 @@ def _respond(
     resp = out.producer_txn_response
     resp.request_id = request_id
     if exc is not None:
-        resp.error = error_code(exc)
+        resp.error = error_code(exc, f"connection {conn.peer}: producer-epoch request")
         resp.message = error_text(exc)
-        if resp.error == pb.UNKNOWN_ERROR:
-            log.error("connection %s: producer-epoch request failed", conn.peer, exc_info=exc)
     else:
         for name, value in fields.items():
             setattr(resp, name, value)
@@ -211,7 +210,7 @@ def _init_producer_id(conn: Connection, cmd: pb.BaseCommand) -> None:
             resp.producer_id, resp.producer_epoch = pid, epoch
             resp.ongoing_txn_producer_id, resp.ongoing_txn_epoch = ongoing_pid, ongoing_epoch
         except Exception as exc:
-            resp.error = error_code(exc)
+            resp.error = error_code(exc, f"connection {conn.peer}: init producer id")
             resp.message = error_text(exc)
         conn.send(out)
 
@@ -226,28 +225,24 @@ def _produce(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> 
         _allow_producer(conn, req.producer_id)
         partitions = conn.broker.topics.partition_count(req.topic)  # (loaded or not)
         if partitions is None:
-            raise BrokerError("TOPIC_NOT_FOUND", f"no topic {req.topic!r}")
+            raise refusals.TopicNotFound(f"no topic {req.topic!r}")
         if req.partition >= partitions:
-            raise BrokerError(
-                "INVALID_ARGUMENT", f"topic {req.topic!r} has no partition {req.partition}"
-            )
+            raise refusals.InvalidArgument(f"topic {req.topic!r} has no partition {req.partition}")
         try:
             batch = pb.EntryBatch.FromString(req.batch)
         except DecodeError:
-            raise BrokerError(
-                "MALFORMED_FRAME", "PRODUCE batch is not a valid EntryBatch"
-            ) from None
+            raise refusals.MalformedFrame("PRODUCE batch is not a valid EntryBatch") from None
         if not batch.messages or batch.producer_name:
-            raise BrokerError(
-                "INVALID_ARGUMENT", "a PRODUCE batch holds messages and names no producer"
-            )
+            raise refusals.InvalidArgument("a PRODUCE batch holds messages and names no producer")
+        if len(req.batch) > MAX_MESSAGE_SIZE and (too_big := oversized(batch.messages)):
+            raise refusals.InvalidArgument(too_big)
         tc = _coordinator_of_producer(conn, pid)
         txnid = tc.producer_add_partition(pid, epoch, req.topic, req.partition)
 
         def publish(topic: Topic) -> Awaitable[PublishResult]:
             return conn.broker.publish_txn(
                 topic.partitions[req.partition],
-                (txnid.most_bits, txnid.least_bits),
+                txnid,
                 epoch_producer_name(pid, epoch),
                 batch.messages,
                 req.batch,
@@ -303,15 +298,13 @@ def _txn_offsets(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered)
         try:
             consumer = conn.consumers.get(req.consumer_id)
             if consumer is None:
-                raise BrokerError(
-                    "CONSUMER_NOT_FOUND", f"no consumer {req.consumer_id} on this connection"
-                )
+                raise refusals.ConsumerNotFound(f"no consumer {req.consumer_id} on this connection")
             conn.broker.security.allow_consume(conn.who, consumer.topic, consumer.subscription)
             _allow_producer(conn, req.producer_id)
             flat = list(req.positions)
             if not flat or len(flat) % 3:
-                raise BrokerError(
-                    "INVALID_ARGUMENT", "TXN_OFFSETS names messages as (partition, entry, index)"
+                raise refusals.InvalidArgument(
+                    "TXN_OFFSETS names messages as (partition, entry, index)"
                 )
             by_part: dict[int, list[tuple[int, int]]] = {}
             for partition, entry_id, index in zip(flat[0::3], flat[1::3], flat[2::3], strict=True):
@@ -320,9 +313,7 @@ def _txn_offsets(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered)
             txnid = tc.producer_add_subscription(
                 req.producer_id, req.producer_epoch, consumer.topic, consumer.subscription
             )
-            await conn.broker.subscriptions.ack_positions(
-                consumer, by_part, False, (txnid.most_bits, txnid.least_bits), True
-            )
+            await conn.broker.subscriptions.ack_positions(consumer, by_part, False, txnid, True)
         except Exception as exc:
             unanswered.answered(req.producer_id, ops, exc)
             _respond(conn, req.request_id, exc)
@@ -346,7 +337,7 @@ def _prepare(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> 
         _respond(conn, req.request_id, exc)
         return
 
-    def prepare_now() -> None:
+    def start_prepare() -> None:
         # (The PREPARED record is queued in this turn: in the sends' group commit.)
         try:
             tc = _coordinator_of_producer(conn, pid)
@@ -358,7 +349,7 @@ def _prepare(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> 
         _when_done(prepared, answer, lambda exc: _respond(conn, req.request_id, exc))
 
     if not unanswered.waiting(pid, epoch):
-        prepare_now()
+        start_prepare()
         return
 
     async def after_ops() -> None:
@@ -367,7 +358,7 @@ def _prepare(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> 
         except Exception as exc:
             _respond(conn, req.request_id, exc)
             return
-        prepare_now()
+        start_prepare()
 
     conn._spawn(after_ops())
 
@@ -390,14 +381,14 @@ def _end(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> None
             except Exception as exc:
                 _respond(conn, req.request_id, exc)
                 return
-            _end_now(conn, req, unanswered)
+            _start_end(conn, req, unanswered)
 
         conn._spawn(after_ops())
         return
-    _end_now(conn, req, unanswered)
+    _start_end(conn, req, unanswered)
 
 
-def _end_now(conn: Connection, req: pb.CommandEndProducerTxn, unanswered: _Unanswered) -> None:
+def _start_end(conn: Connection, req: pb.CommandEndProducerTxn, unanswered: _Unanswered) -> None:
     try:
         tc = _coordinator_of_producer(conn, req.producer_id)
         ended = tc.end_producer_txn(

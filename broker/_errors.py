@@ -1,65 +1,90 @@
-"""Exceptions of the server packages -> wire error codes, in one place."""
+"""Exceptions -> wire error codes: the one edge where an error answer is made.
+
+Every refusal the server packages raise is a `proto.refusals.Refusal` and
+carries its code: `error_code` answers with it. A `ledger.LedgerError` (the
+storage floor knows no wire codes) is answered PERSISTENCE_ERROR. Anything
+else is a bug: it is answered UNKNOWN_ERROR and logged here, with its
+traceback. Every place that answers an error (`broker._connection`,
+`broker._transactions`, `broker._epoch`, `broker._groups`, `broker._reader`,
+`broker.kafka`) goes through `error_code` and `error_text`.
+
+The tree (a package's own class inherits its code from the `refusals`
+class it names; ``(also X)``: callers may catch it as the built-in X)::
+
+    Exception
+    ├── proto.refusals.Refusal                        code: its ServerError value
+    │   ├── MalformedFrame                            MALFORMED_FRAME
+    │   ├── UnknownCommand                            UNKNOWN_COMMAND
+    │   ├── InvalidTopicName                          INVALID_TOPIC_NAME
+    │   │   └── buffer.InvalidTopicNameError          (also InvalidNameError)
+    │   ├── InvalidArgument                           INVALID_ARGUMENT
+    │   │   ├── buffer.InvalidNameError               (also ValueError) a name
+    │   │   ├── buffer.SendRejectedError              (also ValueError) a malformed send
+    │   │   ├── buffer.PartitionCountError            (also ValueError)
+    │   │   ├── buffer.RetentionError                 (also ValueError)
+    │   │   └── tc.TxnArgumentError                   (also ValueError) a timeout, tag, group
+    │   ├── PersistenceError                          PERSISTENCE_ERROR (and ledger.LedgerError)
+    │   ├── ServiceNotReady                           SERVICE_NOT_READY
+    │   ├── ProducerNotFound                          PRODUCER_NOT_FOUND
+    │   ├── ConsumerNotFound                          CONSUMER_NOT_FOUND
+    │   ├── ProducerBusy                              PRODUCER_BUSY
+    │   ├── ConsumerBusy                              CONSUMER_BUSY
+    │   ├── SubscriptionTypeMismatch                  SUBSCRIPTION_TYPE_MISMATCH
+    │   ├── UnknownMessageId                          UNKNOWN_MESSAGE_ID
+    │   ├── NotAllowed                                NOT_ALLOWED
+    │   ├── SequenceTooOld                            SEQUENCE_TOO_OLD
+    │   │   └── buffer.DuplicateTooOldError
+    │   ├── TopicNotFound                             TOPIC_NOT_FOUND
+    │   ├── TooManyRequests                           TOO_MANY_REQUESTS
+    │   ├── AuthenticationError                       AUTHENTICATION_ERROR
+    │   ├── AuthorizationError                        AUTHORIZATION_ERROR
+    │   │   └── tc.TwoPhaseCommitNotAllowedError      (also tc.ProducerEpochError)
+    │   ├── TransactionConflict                       TRANSACTION_CONFLICT
+    │   ├── TransactionNotFound                       TRANSACTION_NOT_FOUND
+    │   │   └── tc.TxnNotFoundError                   (also LookupError)
+    │   ├── InvalidTxnStatus                          INVALID_TXN_STATUS
+    │   │   ├── tc.InvalidTxnStatusError
+    │   │   ├── buffer.TxnEndedError                  (also TransactionBufferError)
+    │   │   └── buffer.TxnConflictError               (also TransactionBufferError)
+    │   ├── TransactionTimeout                        TRANSACTION_TIMEOUT
+    │   │   └── tc.TxnTimeoutError                    (also tc.InvalidTxnStatusError)
+    │   ├── ProducerFenced                            PRODUCER_FENCED
+    │   │   └── tc.ProducerFencedError                (also tc.ProducerEpochError)
+    │   ├── TransactionCoordinatorNotFound            TRANSACTION_COORDINATOR_NOT_FOUND
+    │   ├── InvalidTxnState                           INVALID_TXN_STATE
+    │   │   └── tc.InvalidTxnStateError               (also tc.ProducerEpochError)
+    │   ├── OutOfOrderSequence                        OUT_OF_ORDER_SEQUENCE
+    │   │   └── buffer.OutOfOrderSequenceError        (also TransactionBufferError)
+    │   ├── TransactionAbortable                      TRANSACTION_ABORTABLE
+    │   │   └── tc.TransactionAbortableError          (also tc.ProducerEpochError)
+    │   ├── InvalidProducerIdMapping                  INVALID_PRODUCER_ID_MAPPING
+    │   │   └── tc.InvalidPidMappingError             (also tc.ProducerEpochError)
+    │   ├── InvalidProducerEpoch                      INVALID_PRODUCER_EPOCH
+    │   │   ├── tc.InvalidProducerEpochError          (also tc.ProducerEpochError)
+    │   │   └── buffer.StaleEpochError                (also TransactionBufferError)
+    │   ├── ConcurrentTransactions                    CONCURRENT_TRANSACTIONS
+    │   │   └── tc.ConcurrentTransactionsError        (also tc.ProducerEpochError)
+    │   └── InvalidTransactionTimeout                 INVALID_TRANSACTION_TIMEOUT
+    │       └── tc.InvalidTransactionTimeoutError     (also ProducerEpochError, ValueError)
+    ├── ledger.LedgerError                            PERSISTENCE_ERROR
+    └── anything else (KeyError, a damaged log's      UNKNOWN_ERROR, logged with
+        buffer.TransactionBufferError, ...)           its traceback
+
+The Kafka listener answers a Kafka client with Kafka's code for the same
+refusal: `kafka_code`, through the one table `KAFKA_CODES`.
+"""
 
 from __future__ import annotations
 
-from buffer import (
-    DuplicateTooOldError,
-    InvalidNameError,
-    OutOfOrderSequenceError,
-    PartitionCountError,
-    SendRejectedError,
-    StaleEpochError,
-    TransactionBufferError,
-)
+import logging
+
 from ledger import LedgerError
 from proto import txnbuf_pb2 as pb
-from subscriptions import SubscriptionError
-from tc import (
-    ConcurrentTransactionsError,
-    InvalidPidMappingError,
-    InvalidProducerEpochError,
-    InvalidTransactionTimeoutError,
-    InvalidTxnStateError,
-    InvalidTxnStatusError,
-    ProducerFencedError,
-    TransactionAbortableError,
-    TwoPhaseCommitNotAllowedError,
-    TxnNotFoundError,
-    TxnTimeoutError,
-)
+from proto.refusals import Refusal
 
-__all__ = [
-    "KAFKA_CODES",
-    "PRODUCER_EPOCH_CODES",
-    "BrokerError",
-    "error_code",
-    "error_text",
-    "kafka_code",
-]
+__all__ = ["KAFKA_CODES", "error_code", "error_text", "kafka_code"]
 
-
-class BrokerError(Exception):
-    """A request the broker refuses; ``code`` names a `ServerError` value."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-# The producer-epoch mode's refusals, Kafka's names on both sides: the one
-# table a Kafka listener maps onto Kafka's error codes.
-PRODUCER_EPOCH_CODES: dict[type[BaseException], pb.ServerError] = {
-    ProducerFencedError: pb.PRODUCER_FENCED,
-    InvalidProducerEpochError: pb.INVALID_PRODUCER_EPOCH,
-    StaleEpochError: pb.INVALID_PRODUCER_EPOCH,
-    InvalidTxnStateError: pb.INVALID_TXN_STATE,
-    TransactionAbortableError: pb.TRANSACTION_ABORTABLE,
-    InvalidPidMappingError: pb.INVALID_PRODUCER_ID_MAPPING,
-    ConcurrentTransactionsError: pb.CONCURRENT_TRANSACTIONS,
-    InvalidTransactionTimeoutError: pb.INVALID_TRANSACTION_TIMEOUT,
-    OutOfOrderSequenceError: pb.OUT_OF_ORDER_SEQUENCE,
-    TwoPhaseCommitNotAllowedError: pb.AUTHORIZATION_ERROR,
-}
+log = logging.getLogger(__name__)
 
 
 # What a Kafka client is answered for each refusal (Kafka's error codes, see
@@ -95,36 +120,27 @@ KAFKA_CODES: dict[pb.ServerError, int] = {
 }
 
 
-def kafka_code(exc: BaseException) -> int:
-    """The Kafka error code that tells a Kafka client what went wrong."""
-    return KAFKA_CODES.get(error_code(exc), -1)
-
-
-def error_code(exc: BaseException) -> pb.ServerError:
-    """The `ServerError` code that tells a client what went wrong."""
-    code = PRODUCER_EPOCH_CODES.get(type(exc))
-    if code is not None:
-        return code
-    if isinstance(exc, (SubscriptionError, BrokerError)):
-        return pb.ServerError.Value(exc.code)  # type: ignore[return-value]
-    if isinstance(exc, InvalidNameError):
-        return pb.INVALID_TOPIC_NAME if exc.kind == "topic" else pb.INVALID_ARGUMENT
-    if isinstance(exc, DuplicateTooOldError):
-        return pb.SEQUENCE_TOO_OLD
+def error_code(exc: BaseException, what: str = "a request") -> pb.ServerError:
+    """The `ServerError` code that tells a client what went wrong: a
+    refusal's own, PERSISTENCE_ERROR for the storage; for anything else
+    UNKNOWN_ERROR, and ``exc`` is logged with its traceback (``what``
+    failed: the connection and the request, for the log)."""
+    if isinstance(exc, Refusal):
+        return exc.code
     if isinstance(exc, LedgerError):
         return pb.PERSISTENCE_ERROR
-    if isinstance(exc, TxnTimeoutError):
-        return pb.TRANSACTION_TIMEOUT
-    if isinstance(exc, (InvalidTxnStatusError, TransactionBufferError)):
-        return pb.INVALID_TXN_STATUS
-    if isinstance(exc, TxnNotFoundError):
-        return pb.TRANSACTION_NOT_FOUND
-    if isinstance(exc, LookupError):
-        return pb.CONSUMER_NOT_FOUND
-    if isinstance(exc, (SendRejectedError, PartitionCountError, ValueError)):
-        return pb.INVALID_ARGUMENT
+    log.error("%s failed (answered UNKNOWN_ERROR)", what, exc_info=exc)
     return pb.UNKNOWN_ERROR
 
 
 def error_text(exc: BaseException) -> str:
-    return str(exc) or type(exc).__name__
+    """The message of an error answer: a refusal's says what was wrong; an
+    unexpected error's names its type (the broker's log has the rest)."""
+    if isinstance(exc, Refusal | LedgerError):
+        return str(exc) or type(exc).__name__
+    return f"internal error: {type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def kafka_code(exc: BaseException, what: str = "a Kafka request") -> int:
+    """The Kafka error code that tells a Kafka client what went wrong."""
+    return KAFKA_CODES.get(error_code(exc, what), -1)

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from broker._errors import BrokerError, error_code, error_text
+from broker._errors import error_code, error_text
+from proto import refusals
 from proto import txnbuf_pb2 as pb
 from tc import TransactionCoordinator, TxnID, TxnMeta, wire_txnid
 
@@ -71,8 +72,7 @@ def _may_end(conn: Connection, metas: list[TxnMeta]) -> None:
 def _coordinator(conn: Connection, tc_id: int) -> TransactionCoordinator:
     tc = conn.broker.coordinators.get(tc_id)
     if tc is None:
-        raise BrokerError(
-            "TRANSACTION_COORDINATOR_NOT_FOUND",
+        raise refusals.TransactionCoordinatorNotFound(
             f"no coordinator {tc_id} here (coordinators: {sorted(conn.broker.coordinators)})",
         )
     return tc
@@ -90,7 +90,7 @@ def _new_tagged_txn(conn: Connection, cmd: pb.BaseCommand) -> None:
         resp.txnid_most_bits = txnid.most_bits
         resp.txnid_least_bits = txnid.least_bits
     except Exception as exc:
-        resp.error = error_code(exc)
+        resp.error = error_code(exc, f"connection {conn.peer}: new tagged transaction")
         resp.message = error_text(exc)
     conn.send(out)
 
@@ -105,8 +105,7 @@ def _prepare_txn(conn: Connection, cmd: pb.BaseCommand) -> None:
         if meta is not None:
             _may_end(conn, [meta])
         if meta is not None and meta.producer is not None:
-            raise BrokerError(
-                "NOT_ALLOWED",
+            raise refusals.NotAllowed(
                 f"transaction {txnid} belongs to producer {meta.producer[0]}: it is prepared "
                 "through that producer (PREPARE_PRODUCER_TXN)",
             )
@@ -132,10 +131,8 @@ def _txn_respond(
     resp.txnid_most_bits = req.txnid_most_bits
     resp.txnid_least_bits = req.txnid_least_bits
     if exc is not None:
-        resp.error = error_code(exc)
+        resp.error = error_code(exc, f"connection {conn.peer}: {what}")
         resp.message = error_text(exc)
-        if resp.error == pb.UNKNOWN_ERROR:
-            log.error("connection %s: %s failed", conn.peer, what, exc_info=exc)
     conn.send(out)
 
 
@@ -151,10 +148,8 @@ def _group_respond(
     resp = out.txn_group_response
     resp.request_id = request_id
     if exc is not None:
-        resp.error = error_code(exc)
+        resp.error = error_code(exc, f"connection {conn.peer}: group request")
         resp.message = error_text(exc)
-        if resp.error == pb.UNKNOWN_ERROR:
-            log.error("connection %s: group request failed", conn.peer, exc_info=exc)
     else:
         resp.duplicate = duplicate
         resp.committed = committed
@@ -181,8 +176,7 @@ def _commit_group(conn: Connection, cmd: pb.BaseCommand) -> None:
         txnids = [wire_txnid(t.most_bits, t.least_bits) for t in req.txns]
         others = sorted({t.tcid for t in txnids} - {req.tc_id})
         if others:
-            raise BrokerError(
-                "INVALID_ARGUMENT",
+            raise refusals.InvalidArgument(
                 f"a group commit names transactions of one coordinator ({req.tc_id}); "
                 f"these belong to {others}",
             )

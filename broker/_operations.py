@@ -25,7 +25,8 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from buffer import Position
-from subscriptions import WHOLE_ENTRY, PartitionSubscription, SubscriptionError
+from proto import refusals
+from subscriptions import WHOLE_ENTRY, PartitionSubscription
 from tc import TxnID, TxnMeta, TxnStatus
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ __all__ = [
     "AdminError",
     "delete_subscription",
     "delete_topic",
+    "holding_transactions",
     "reset_subscription",
     "skip_messages",
     "subscriptions_json",
@@ -83,6 +85,14 @@ def _holding(broker: Broker, topic: str, subscription: str | None = None) -> lis
                 keys.update(sub.cursor.txn_acks)
     found.update(TxnID(*key) for key in keys)
     return sorted(found, key=lambda t: (t.most_bits, t.least_bits))
+
+
+def holding_transactions(
+    broker: Broker, topic: str, subscription: str | None = None
+) -> list[TxnID]:
+    """The transactions not ended that hold ``topic`` (or only its
+    ``subscription``), as a deletion finds them."""
+    return _holding(broker, topic, subscription)
 
 
 def _touches(meta: TxnMeta, topic: str, subscription: str | None) -> bool:
@@ -341,12 +351,12 @@ async def reset_subscription(
     for sub, _ in targets:  # (refuse before anything moves)
         try:
             sub.check_no_txn_acks("reset")
-        except SubscriptionError as exc:
+        except refusals.Refusal as exc:
             raise AdminError(409, str(exc)) from None
     for sub, md in targets:
         try:
             await sub.reset(md)
-        except SubscriptionError as exc:
+        except refusals.Refusal as exc:
             raise AdminError(409, str(exc)) from None
     return {
         "topic": topic,

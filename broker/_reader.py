@@ -41,8 +41,9 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from broker._errors import BrokerError, error_code, error_text
+from broker._errors import error_code, error_text
 from buffer import Partition, Position, Topic, check_subscription_name, check_topic_name
+from proto import refusals
 from proto import txnbuf_pb2 as pb
 from subscriptions import WHOLE_ENTRY, PartitionSubscription
 
@@ -70,10 +71,9 @@ def reader_handlers(conn: Connection) -> dict[int, Callable[[pb.BaseCommand], No
 
 def _partition(topic: Topic | None, name: str, index: int) -> Partition:
     if topic is None:
-        raise BrokerError("TOPIC_NOT_FOUND", f"no topic {name!r}")
+        raise refusals.TopicNotFound(f"no topic {name!r}")
     if index >= len(topic.partitions):
-        raise BrokerError(
-            "INVALID_ARGUMENT",
+        raise refusals.InvalidArgument(
             f"topic {name!r} has {len(topic.partitions)} partitions: no partition {index}",
         )
     return topic.partitions[index]
@@ -90,22 +90,19 @@ def _checked(part: Partition, entry_id: int, index: int, what: str) -> Position:
     trimmed or past the end."""
     first, end = part.ledger.first_entry_id, _end(part)
     if index < 0 or entry_id < 0:
-        raise BrokerError("INVALID_ARGUMENT", f"{what} ({entry_id}, {index}) is negative")
+        raise refusals.InvalidArgument(f"{what} ({entry_id}, {index}) is negative")
     if entry_id < first:
-        raise BrokerError(
-            "INVALID_ARGUMENT",
+        raise refusals.InvalidArgument(
             f"{what} ({entry_id}, {index}) of {part.name} was trimmed: its entries now run "
             f"from {first} to {end - 1}",
         )
     if entry_id > end or (entry_id == end and index > 0):
-        raise BrokerError(
-            "INVALID_ARGUMENT",
+        raise refusals.InvalidArgument(
             f"{what} ({entry_id}, {index}) of {part.name} is past its end ({end}, 0)",
         )
     if entry_id < end and index >= part.count(entry_id):
         if index > part.count(entry_id):
-            raise BrokerError(
-                "INVALID_ARGUMENT",
+            raise refusals.InvalidArgument(
                 f"{what} ({entry_id}, {index}) of {part.name}: entry {entry_id} holds "
                 f"{part.count(entry_id)} messages",
             )
@@ -147,10 +144,8 @@ async def _read_entries(conn: Connection, req: pb.CommandReadEntries) -> None:
         await _fill_read(conn, req, resp)
     except Exception as exc:
         del resp.entries[:]
-        resp.error = error_code(exc)
+        resp.error = error_code(exc, f"connection {conn.peer}: read of {req.topic[:200]!r}")
         resp.message = error_text(exc)
-        if resp.error == pb.UNKNOWN_ERROR:
-            log.error("connection %s: read of %s failed", conn.peer, req.topic, exc_info=exc)
     conn.send(out)
 
 
@@ -160,12 +155,11 @@ async def _fill_read(
     conn.broker.security.allow_read(conn.who, check_topic_name(req.topic))
     part = _partition(await conn.broker.topics.load_topic(req.topic), req.topic, req.partition)
     if req.max_messages > MAX_MAX_MESSAGES:
-        raise BrokerError(
-            "INVALID_ARGUMENT",
+        raise refusals.InvalidArgument(
             f"max_messages is at most {MAX_MAX_MESSAGES}, got {req.max_messages}",
         )
     if req.wait_ms > MAX_WAIT_MS:
-        raise BrokerError("INVALID_ARGUMENT", f"wait_ms is at most {MAX_WAIT_MS}")
+        raise refusals.InvalidArgument(f"wait_ms is at most {MAX_WAIT_MS}")
     if req.HasField("start_entry"):
         start = _checked(part, req.start_entry, req.start_index, "start")
     else:
@@ -174,7 +168,7 @@ async def _fill_read(
     if req.HasField("end_entry"):
         stop = _checked(part, req.end_entry, req.end_index, "end")
         if stop < start:
-            raise BrokerError("INVALID_ARGUMENT", f"end {stop} is before start {start}")
+            raise refusals.InvalidArgument(f"end {stop} is before start {start}")
     if req.wait_ms and start[0] >= _end(part) and (stop is None or stop > start):
         try:
             async with asyncio.timeout(req.wait_ms / 1000):
@@ -190,9 +184,7 @@ async def _fill_read(
         for n, (entry_id, first, last) in enumerate(runs):
             entry = by_id.get(entry_id)
             if entry is None:  # trimmed while we read
-                raise BrokerError(
-                    "INVALID_ARGUMENT", f"entry {entry_id} of {part.name} was trimmed"
-                )
+                raise refusals.InvalidArgument(f"entry {entry_id} of {part.name} was trimmed")
             data = await part.materialize(entry)
             count = part.count(entry_id)
             delivered = resp.entries.add(partition=req.partition, entry_id=entry_id)
@@ -246,7 +238,7 @@ async def _cursor(conn: Connection, req: pb.CommandCursor) -> None:
         topic = await broker.topics.get_or_create(req.topic)
         by_index = {p.partition: p for p in req.acknowledge_before}
         if len(by_index) != len(req.acknowledge_before):
-            raise BrokerError("INVALID_ARGUMENT", "acknowledge_before names a partition twice")
+            raise refusals.InvalidArgument("acknowledge_before names a partition twice")
         for index in by_index:
             _partition(topic, req.topic, index)  # (checked before anything is created)
         subs = await broker.subscriptions.ensure(
@@ -270,8 +262,6 @@ async def _cursor(conn: Connection, req: pb.CommandCursor) -> None:
             resp.positions.add(partition=sub.partition.index, entry_id=entry_id, index=index)
     except Exception as exc:
         del resp.positions[:]
-        resp.error = error_code(exc)
+        resp.error = error_code(exc, f"connection {conn.peer}: cursor on {req.topic[:200]!r}")
         resp.message = error_text(exc)
-        if resp.error == pb.UNKNOWN_ERROR:
-            log.error("connection %s: cursor on %s failed", conn.peer, req.topic, exc_info=exc)
     conn.send(out)

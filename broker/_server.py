@@ -37,11 +37,11 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from broker._auth import AuthConfig, Security
-from broker._connection import MAX_MESSAGE_SIZE, Connection, txn_key
-from broker._errors import BrokerError
+from broker._connection import Connection
 from broker._metrics import BrokerMetrics
-from buffer import Partition, PublishResult, Topic, Topics, TransactionBuffer, TxnKey
+from buffer import Partition, PublishResult, Topic, Topics, TransactionBuffer
 from ledger import LedgerError, LedgerStore, faults
+from proto import FRAME_SLACK, MAX_MESSAGE_SIZE, refusals
 from proto import txnbuf_pb2 as pb
 from subscriptions import Subscriptions
 from tc import (
@@ -251,9 +251,9 @@ class Broker:
         A committing one is left to its coordinator, whose decision record
         names every participant. Transactions of a coordinator not running
         here are left alone."""
-        held: list[tuple[TxnKey, str, Callable[[], Awaitable[None]]]] = []
+        held: list[tuple[TxnID, str, Callable[[], Awaitable[None]]]] = []
 
-        def decided_abort(key: TxnKey) -> bool:
+        def decided_abort(key: TxnID) -> bool:
             txnid = TxnID(*key)
             tc = self.coordinators.get(txnid.tcid)
             if tc is None:
@@ -360,7 +360,7 @@ class Broker:
     def publish_txn(
         self,
         partition: Partition,
-        txn: TxnKey,
+        txn: TxnID,
         producer: str,
         messages: Sequence[pb.SingleMessage],
         encoded: bytes | None = None,
@@ -417,8 +417,7 @@ class Broker:
         checked against it."""
         tc = self.coordinators.get(txnid.tcid)
         if tc is None:
-            raise BrokerError(
-                "NOT_ALLOWED",
+            raise refusals.NotAllowed(
                 f"transaction {txnid} belongs to coordinator {txnid.tcid}, which does not run "
                 "here: its decision cannot be checked, so nothing was changed",
             )
@@ -426,8 +425,7 @@ class Broker:
         decided = (TxnStatus.COMMITTING, TxnStatus.COMMITTED) if commit else _ABORT_DECIDED
         if meta is None or meta.status not in decided:
             state = "unknown" if meta is None else meta.status.name
-            raise BrokerError(
-                "INVALID_TXN_STATUS",
+            raise refusals.InvalidTxnStatus(
                 f"cannot {'commit' if commit else 'abort'} transaction {txnid} on a participant: "
                 f"its coordinator {txnid.tcid} did not decide so (it is {state} there); "
                 "nothing was changed",
@@ -449,7 +447,7 @@ class Broker:
         if found is None:  # (not loaded: it is, then the end is queued)
             return self._end_on_partition(topic, partition, txnid, commit, False, producer)
         buffer = found.partitions[partition].transaction_buffer
-        if buffer is not None and buffer.end_now(txn_key(txnid), commit, producer):
+        if buffer is not None and buffer.end_now(txnid, commit, producer):
             return None
         return self._end_on_partition(topic, partition, txnid, commit, False, producer)
 
@@ -483,7 +481,7 @@ class Broker:
             log.warning("end %s on %s/%d: no such partition", txnid, topic, partition)
             return
         buffer = await found.partitions[partition].txn_buffer()
-        await buffer.end(txn_key(txnid), commit, durable, producer)
+        await buffer.end(txnid, commit, durable, producer)
 
     def end_txn_on_subscription(
         self, topic: str, subscription: str, txnid: TxnID, commit: bool
@@ -495,7 +493,7 @@ class Broker:
         faults.refuse("broker.end_txn_on_participant")
         if self.topics.get(topic) is None and topic in self.topics:
             return self._end_on_subscription(topic, subscription, txnid, commit, False)
-        self.subscriptions.end_txn_now(topic, subscription, txn_key(txnid), commit)
+        self.subscriptions.end_txn_now(topic, subscription, txnid, commit)
         return None
 
     async def end_txn_on_subscription_durably(
@@ -510,7 +508,7 @@ class Broker:
         self, topic: str, subscription: str, txnid: TxnID, commit: bool, durable: bool
     ) -> None:
         await self.topics.load_topic(topic)  # (loaded, and prepared, first)
-        await self.subscriptions.end_txn(topic, subscription, txn_key(txnid), commit, durable)
+        await self.subscriptions.end_txn(topic, subscription, txnid, commit, durable)
 
     def producer_count(self, topic: str) -> int:
         return self._producers_of.get(topic, 0)
@@ -523,8 +521,8 @@ class Broker:
         """Producer names are unique per topic among connected producers."""
         owner = self._producer_owners.get((topic, name))
         if owner is not None and owner is not conn:
-            raise BrokerError(
-                "PRODUCER_BUSY", f"producer {name!r} is already connected to topic {topic!r}"
+            raise refusals.ProducerBusy(
+                f"producer {name!r} is already connected to topic {topic!r}"
             )
         if owner is None:
             self._producers_of[topic] = self._producers_of.get(topic, 0) + 1
@@ -542,7 +540,7 @@ class Broker:
 
 @dataclass(slots=True)
 class _TxnSend:
-    txn: TxnKey
+    txn: TxnID
     producer: str
     messages: Sequence[pb.SingleMessage]
     first_seq: int | None
@@ -556,7 +554,7 @@ async def _published(fut: asyncio.Future[Awaitable[PublishResult]]) -> PublishRe
 
 async def _websocket(request: web.Request) -> web.WebSocketResponse:
     broker = request.app[BROKER_KEY]
-    ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_SIZE + (64 << 10), heartbeat=30.0)
+    ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_SIZE + FRAME_SLACK, heartbeat=30.0)
     await ws.prepare(request)
     refusal = broker.security.refuse_connection(len(broker.connections))
     if refusal is not None:  # (TOO_MANY_REQUESTS: the client tries again later)

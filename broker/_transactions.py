@@ -23,8 +23,9 @@ import time
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
-from broker._errors import BrokerError, error_code, error_text
+from broker._errors import error_code, error_text
 from buffer import check_subscription_name, check_topic_name
+from proto import refusals
 from proto import txnbuf_pb2 as pb
 from tc import TxnID, wire_txnid
 
@@ -91,10 +92,10 @@ class Transactions:
 
     async def ops_answered(self, req: pb.CommandEndTxn) -> None:
         """END_TXN after_ops: wait until every transactional SEND and ACK of
-        the transaction read earlier on this connection is answered. Raise
-        NOT_ALLOWED (nothing changes) if one failed and the transaction is
-        still open: the client aborts it. (A transaction that an earlier END
-        committed already answers this one as a repeat.)"""
+        the transaction read earlier on this connection is answered. For a
+        COMMIT, raise NOT_ALLOWED (nothing changes) if one failed and the
+        transaction is still open: the client aborts it. (A transaction that
+        an earlier END committed already answers this one as a repeat.)"""
         key = (req.txnid_most_bits, req.txnid_least_bits)
         ops = self._txn_ops.get(key)
         if ops is None:
@@ -103,11 +104,10 @@ class Transactions:
             if ops.settled is None:
                 ops.settled = asyncio.get_running_loop().create_future()
             await asyncio.shield(ops.settled)
-        if ops.error is not None:
+        if ops.error is not None and req.txn_action == pb.COMMIT:
             txnid = wire_txnid(*key)
             if self.broker.coordinator(txnid).is_open(txnid):
-                raise BrokerError(
-                    "NOT_ALLOWED",
+                raise refusals.NotAllowed(
                     f"commit of {txnid} refused: a send or ack of it failed ({ops.error}); "
                     "nothing changed: abort it",
                 )
@@ -136,10 +136,8 @@ class Transactions:
             resp.next_txnid_most_bits = following.most_bits
             resp.next_txnid_least_bits = following.least_bits
         if exc is not None:
-            resp.error = error_code(exc)
+            resp.error = error_code(exc, f"connection {self.conn.peer}: {what}")
             resp.message = error_text(exc)
-            if resp.error == pb.UNKNOWN_ERROR:
-                log.error("connection %s: %s failed", self.conn.peer, what, exc_info=exc)
         self.send(cmd)
 
     def _txn_answer(self, req: Any, work: Awaitable[None], what: str) -> None:
@@ -167,7 +165,7 @@ class Transactions:
             resp.txnid_most_bits = txnid.most_bits
             resp.txnid_least_bits = txnid.least_bits
         except Exception as exc:
-            resp.error = error_code(exc)
+            resp.error = error_code(exc, f"connection {self.conn.peer}: new transaction")
             resp.message = error_text(exc)
         self.send(out)
 
@@ -181,10 +179,10 @@ class Transactions:
                 count = self.broker.topics.partition_count(check_topic_name(ref.topic))
                 self.broker.security.allow_produce(self.conn.who, ref.topic)
                 if count is None or ref.partition >= count:
-                    raise ValueError(f"no partition {ref.topic}/{ref.partition}")
+                    raise refusals.InvalidArgument(f"no partition {ref.topic}/{ref.partition}")
                 parts.append((ref.topic, ref.partition))
             if not parts:
-                raise ValueError("name at least one partition")
+                raise refusals.InvalidArgument("name at least one partition")
             for topic_name, index in parts:
                 tc.add_partition(txnid, topic_name, index)
         except Exception as exc:
@@ -202,7 +200,7 @@ class Transactions:
                 for ref in req.subscriptions
             ]
             if not subs:
-                raise ValueError("name at least one subscription")
+                raise refusals.InvalidArgument("name at least one subscription")
             for topic_name, sub in subs:  # (all checked before any is added)
                 self.broker.security.allow_consume(self.conn.who, topic_name, sub)
             for topic_name, sub in subs:
@@ -216,16 +214,19 @@ class Transactions:
         """END_TXN. The client may ask for its next transaction with it
         (``next_txn_ttl_ms``): it is opened now, alongside the END, and
         answered only if the END succeeds (else aborted: the client asks
-        anew). A COMMIT ``after_ops`` whose transaction has SENDs or ACKs
+        anew). An END ``after_ops`` whose transaction has SENDs or ACKs
         read here and not yet answered (or one failed) waits for them in a
-        task; otherwise the coordinator decides now, in the group commit of
-        those sends and acks, and END is answered from a callback."""
+        task: a COMMIT so that it commits only if they all succeeded, an
+        ABORT so that an ACK read before it is in PENDING_ACK when it
+        aborts, and so is redelivered. Otherwise the coordinator decides
+        now, in the group commit of those sends and acks, and END is
+        answered from a callback."""
         req = cmd.end_txn
         if not self._may_end(req):
             return
         following = self._open_next(req) if req.HasField("next_txn_ttl_ms") else None
         ops = self._txn_ops.get((req.txnid_most_bits, req.txnid_least_bits))
-        if req.after_ops and req.txn_action == pb.COMMIT and ops is not None:
+        if req.after_ops and ops is not None:
             self.conn._spawn(self._end_after_ops(req, following))
             return
         self._end(req, following)
@@ -244,7 +245,7 @@ class Transactions:
             return True
         try:
             self.broker.security.allow_end(who, meta.partitions, meta.subscriptions)
-        except BrokerError as exc:
+        except refusals.Refusal as exc:
             self._txn_respond(req, "end transaction", exc)
             return False
         return True
@@ -288,8 +289,7 @@ class Transactions:
         one an END_TXN asks for)."""
         tc = self.broker.coordinators.get(tc_id)
         if tc is None:
-            raise BrokerError(
-                "TRANSACTION_COORDINATOR_NOT_FOUND",
+            raise refusals.TransactionCoordinatorNotFound(
                 f"no coordinator {tc_id} here (coordinators: {sorted(self.broker.coordinators)})",
             )
         return tc.new_txn(ttl_ms)

@@ -3,11 +3,14 @@
 A partition's transaction buffer (PIP-31 §Sidecar Approach) is its sidecar
 transaction log with the transaction index, commit markers, materialization
 and sweep: `TransactionBuffer`, reached through `Partition.txn_buffer()`.
+What it refuses it raises as subclasses of `proto.refusals` classes, which
+carry their wire code (`InvalidNameError` is an `InvalidArgument`).
 """
 
 from buffer._entries import (
     COMMIT_MARKER,
     DATA,
+    DUPLICATE_POSITION,
     DuplicateTooOldError,
     PublishResult,
     SendRejectedError,
@@ -20,6 +23,7 @@ from buffer._names import (
     MAX_PARTITIONS,
     QUOTE_LIMIT,
     InvalidNameError,
+    InvalidTopicNameError,
     MessageId,
     Position,
     check_consumer_name,
@@ -44,7 +48,6 @@ from buffer._txnbuffer import (
     TxnConflictError,
     TxnEndedError,
     TxnInfo,
-    TxnKey,
     TxnState,
     abort_record,
     commit_record,
@@ -57,6 +60,7 @@ from buffer._txnbuffer import (
 __all__ = [
     "COMMIT_MARKER",
     "DATA",
+    "DUPLICATE_POSITION",
     "MAX_PARTITIONS",
     "NO_RETENTION",
     "QUOTE_LIMIT",
@@ -67,6 +71,7 @@ __all__ = [
     "DuplicateTooOldError",
     "EpochProducer",
     "InvalidNameError",
+    "InvalidTopicNameError",
     "MessageId",
     "OutOfOrderSequenceError",
     "Partition",
@@ -84,7 +89,6 @@ __all__ = [
     "TxnConflictError",
     "TxnEndedError",
     "TxnInfo",
-    "TxnKey",
     "TxnState",
     "abort_record",
     "check_consumer_name",

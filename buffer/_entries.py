@@ -16,12 +16,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from buffer._names import Position
+from proto import refusals
 from proto import txnbuf_pb2 as pb
 
 __all__ = [
     "COMMIT_MARKER",
     "COUNT_MASK",
     "DATA",
+    "DUPLICATE_POSITION",
     "DuplicateTooOldError",
     "PublishResult",
     "SendRejectedError",
@@ -69,7 +71,7 @@ def entry_kind(meta: int) -> int:
     return meta >> _KIND_SHIFT
 
 
-class SendRejectedError(ValueError):
+class SendRejectedError(refusals.InvalidArgument, ValueError):
     """A send is malformed (e.g. sequence ids not increasing); nothing stored."""
 
 
@@ -117,8 +119,13 @@ def stored_sequence_ids(messages: Sequence[pb.SingleMessage]) -> Sequence[int]:
     return [m.sequence_id for m in messages]
 
 
-class DuplicateTooOldError(Exception):
+class DuplicateTooOldError(refusals.SequenceTooOld):
     """A re-sent message is stored already, but too long ago to know its id."""
+
+
+# The position answered for a re-sent plain message stored already, too long
+# ago to know where (Pulsar answers such a duplicate with -1:-1).
+DUPLICATE_POSITION: Position = (-1, -1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +137,8 @@ class PublishResult:
     ``(entry_id, None, 0)``; a transactional one ``(-1, None, first)``,
     where ``first + i`` is message i's place in its transaction on this
     partition (its batch index once the transaction is committed). A send
-    that repeats messages stored earlier lists their ids.
+    that repeats messages stored earlier lists their ids (a plain message
+    stored too long ago to know where: `DUPLICATE_POSITION`).
     """
 
     entry_id: int

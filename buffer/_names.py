@@ -12,10 +12,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from proto import refusals
+
 __all__ = [
     "MAX_PARTITIONS",
     "QUOTE_LIMIT",
     "InvalidNameError",
+    "InvalidTopicNameError",
     "MessageId",
     "Position",
     "check_consumer_name",
@@ -45,17 +48,23 @@ def quoted(value: object, limit: int = QUOTE_LIMIT) -> str:
     return text
 
 
-class InvalidNameError(ValueError):
-    """A topic or subscription name breaks the naming rule."""
+class InvalidNameError(refusals.InvalidArgument, ValueError):
+    """A subscription, producer or consumer name breaks the naming rule
+    (INVALID_ARGUMENT); a topic name, `InvalidTopicNameError`."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
         self.kind = kind
 
 
+class InvalidTopicNameError(refusals.InvalidTopicName, InvalidNameError):
+    """A topic name breaks the naming rule (INVALID_TOPIC_NAME)."""
+
+
 def _check(kind: str, name: str) -> str:
     if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise InvalidNameError(
+        error = InvalidTopicNameError if kind == "topic" else InvalidNameError
+        raise error(
             kind,
             f"invalid {kind} name {quoted(name)}: use 1-200 characters from A-Z a-z 0-9 . _ -, "
             "starting with a letter or digit",
@@ -64,7 +73,7 @@ def _check(kind: str, name: str) -> str:
 
 
 def check_topic_name(name: str) -> str:
-    """Return ``name`` if it is a legal topic name, else raise `InvalidNameError`."""
+    """Return ``name`` if it is a legal topic name, else raise `InvalidTopicNameError`."""
     return _check("topic", name)
 
 

@@ -23,6 +23,7 @@ from buffer._entries import (
     COMMIT_MARKER,
     COUNT_MASK,
     DATA,
+    DUPLICATE_POSITION,
     DuplicateTooOldError,
     PublishResult,
     SendRejectedError,
@@ -412,13 +413,8 @@ class Partition:
             if s in fresh_set:
                 ids.append((entry_id, fresh_set[s]))
                 continue
-            where = state.lookup(s)
-            if where is None:
-                raise DuplicateTooOldError(
-                    f"sequence id {s} of this producer is stored already, too long ago "
-                    "to answer with its message id"
-                )
-            ids.append(where)
+            # Stored already: where, if still known; else too long ago to say.
+            ids.append(state.lookup(s) or DUPLICATE_POSITION)
         return PublishResult(entry_id, ids)
 
     # -- dedup persistence ----------------------------------------------------

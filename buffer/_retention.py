@@ -22,10 +22,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from proto import refusals
+
 __all__ = ["NO_RETENTION", "Retention", "RetentionError"]
 
 
-class RetentionError(ValueError):
+class RetentionError(refusals.InvalidArgument, ValueError):
     """A retention setting that is not one; nothing changed."""
 
 

@@ -35,6 +35,7 @@ from buffer._partition import Partition
 from buffer._retention import NO_RETENTION, Retention
 from buffer._txnbuffer import sidecar_ledger_name
 from ledger import LedgerStore
+from proto import refusals
 
 __all__ = ["PartitionCountError", "Topic", "Topics", "partition_ledger_prefixes"]
 
@@ -46,7 +47,7 @@ _READ_CHUNK = 4096  # records of the topic list read at once on start
 _T = TypeVar("_T")
 
 
-class PartitionCountError(ValueError):
+class PartitionCountError(refusals.InvalidArgument, ValueError):
     """A partition count out of range, or lower than the topic has."""
 
 
@@ -197,7 +198,8 @@ class Topics:
         """``work(topic)``'s result: called now if ``name`` is loaded, else
         in the step that makes it visible, after the calls queued before it
         (so what it queues keeps the order of these calls). Fails with
-        `KeyError` if there is no such topic, or with what the load raised."""
+        `refusals.TopicNotFound` if there is no such topic, or with what the
+        load raised."""
         done: asyncio.Future[_T] = asyncio.get_running_loop().create_future()
 
         def run(topic: Topic | None, error: BaseException | None) -> None:
@@ -206,7 +208,7 @@ class Topics:
             elif error is not None:
                 done.set_exception(error)
             elif topic is None:
-                done.set_exception(KeyError(f"no topic {name!r}"))
+                done.set_exception(refusals.TopicNotFound(f"no topic {name!r}"))
             else:
                 try:
                     done.set_result(work(topic))
@@ -349,11 +351,12 @@ class Topics:
         await self._meta.append(json.dumps(record).encode(), meta=0)
 
     async def set_retention(self, name: str, retention: Retention) -> Topic:
-        """Give the existing topic ``name`` this retention (durably); KeyError if none."""
+        """Give the existing topic ``name`` this retention (durably);
+        `refusals.TopicNotFound` if there is none."""
         async with self._lock:
             topic = await self.load_topic(name)
             if topic is None:
-                raise KeyError(name)
+                raise refusals.TopicNotFound(f"no topic {name!r}")
             if topic.retention != retention:
                 await self._record(name, len(topic.partitions), retention)
                 topic.retention = retention

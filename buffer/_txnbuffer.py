@@ -11,7 +11,7 @@ marker's entry id: message i of the transaction is at (partition, marker
 entry id, i).
 
 Sidecar records (ledger meta = ``entry_meta(kind, message count)``, all
-integers big-endian; a TxnKey is two uint64, ``>QQ``):
+integers big-endian; a TxnID is two uint64, ``>QQ``):
 
     TXN_DATA      txn (16 bytes) + a serialized EntryBatch (the messages of one
                   transactional send, with their sequence ids, and the
@@ -100,6 +100,7 @@ from buffer._entries import (
 )
 from buffer._names import Position
 from ledger import Entry, Ledger, faults, pass_failure, settled, unawaited
+from proto import TxnID, refusals, wire_txnid
 from proto import txnbuf_pb2 as pb
 
 __all__ = [
@@ -120,7 +121,6 @@ __all__ = [
     "TxnEndedError",
     "TxnEvent",
     "TxnInfo",
-    "TxnKey",
     "TxnState",
     "abort_record",
     "commit_record",
@@ -133,8 +133,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# A transaction id: (most_bits, least_bits), each an unsigned 64-bit integer.
-TxnKey = tuple[int, int]
 
 # Sidecar record kinds, in the high bits of the entry meta (as `entry_meta`).
 TXN_DATA, TXN_COMMIT, TXN_ABORT, TXN_SNAPSHOT = 1, 2, 3, 4
@@ -178,29 +176,36 @@ def sidecar_ledger_name(topic: str, index: int) -> str:
 
 
 class TransactionBufferError(Exception):
-    """Base of the transaction buffer's errors; also a damaged sidecar log.
+    """Base of the transaction buffer's errors. Raised itself, a damaged
+    sidecar log or partition log (a malformed record, a marker naming what
+    is not there): not a refusal, so a client is answered UNKNOWN_ERROR and
+    the broker logs it. Its subclasses are refusals, each with its code::
 
-    TransactionBufferError
-    ├── TxnEndedError      a send for a transaction already ended here (late write)
-    └── TxnConflictError   COMMIT of a transaction aborted here, or the reverse
+        TransactionBufferError
+        ├── TxnEndedError            INVALID_TXN_STATUS: a send for a transaction
+        │                            already ended here (a late write)
+        ├── TxnConflictError         INVALID_TXN_STATUS: COMMIT of a transaction
+        │                            aborted here, or the reverse
+        ├── StaleEpochError          INVALID_PRODUCER_EPOCH
+        └── OutOfOrderSequenceError  OUT_OF_ORDER_SEQUENCE
     """
 
 
-class TxnEndedError(TransactionBufferError):
+class TxnEndedError(TransactionBufferError, refusals.InvalidTxnStatus):
     """A transactional send arrived after its transaction ended here; nothing stored."""
 
 
-class TxnConflictError(TransactionBufferError):
+class TxnConflictError(TransactionBufferError, refusals.InvalidTxnStatus):
     """An END contradicts how the transaction ended (or is ending) here."""
 
 
-class StaleEpochError(TransactionBufferError):
+class StaleEpochError(TransactionBufferError, refusals.InvalidProducerEpoch):
     """The producer-epoch mode: a send or a commit marker of an epoch (or a
     coordinator epoch) older than this partition has seen for its producer
     id: a late write, or a marker of a finished transaction."""
 
 
-class OutOfOrderSequenceError(TransactionBufferError):
+class OutOfOrderSequenceError(TransactionBufferError, refusals.OutOfOrderSequence):
     """The producer-epoch mode: a send whose first sequence is not the next
     one of its producer here (a gap, or a new epoch not starting at 0)."""
 
@@ -214,7 +219,7 @@ class EpochProducer:
     sequence is the transaction's (its `ProducerSequence`)."""
 
     epoch: int
-    txn: TxnKey | None
+    txn: TxnID | None
     coordinator_epoch: int
 
 
@@ -231,7 +236,7 @@ def _parse_epoch_producer(name: str) -> tuple[int, int] | None:
     return int(pid), int(epoch)
 
 
-def _coordinator_epoch(txn: TxnKey) -> int:
+def _coordinator_epoch(txn: TxnID) -> int:
     """The boot epoch of the coordinator that issued ``txn`` (see `tc`)."""
     return (((txn[0] & ((1 << 48) - 1)) << 64) | txn[1]) >> 64
 
@@ -266,7 +271,7 @@ _TRANSITIONS: dict[tuple[TxnState, TxnEvent], TxnState] = {
 }
 
 
-def transition(txn: TxnKey, state: TxnState, event: TxnEvent) -> TxnState:
+def transition(txn: TxnID, state: TxnState, event: TxnEvent) -> TxnState:
     """The state after ``event``; raises (changing nothing) if it is illegal."""
     try:
         return _TRANSITIONS[(state, event)]
@@ -282,7 +287,7 @@ def transition(txn: TxnKey, state: TxnState, event: TxnEvent) -> TxnState:
         ) from None
 
 
-def _txn_text(txn: TxnKey) -> str:
+def _txn_text(txn: TxnID) -> str:
     return f"({txn[0]}, {txn[1]})"
 
 
@@ -309,7 +314,7 @@ class TxnInfo:
     the partition ledger (-1: none).
     """
 
-    txn: TxnKey
+    txn: TxnID
     state: TxnState
     count: int
     marker: int
@@ -318,7 +323,7 @@ class TxnInfo:
 
 @dataclass(slots=True, eq=False)
 class _Txn:
-    key: TxnKey
+    key: TxnID
     state: TxnState = TxnState.OPEN
     entries: list[int] = field(default_factory=list)  # sidecar TXN_DATA entry ids
     starts: list[int] = field(default_factory=list)  # batch index of each one's first message
@@ -353,27 +358,27 @@ class _Txn:
         return TxnInfo(self.key, self.state, self.count, self.marker, tuple(self.entries))
 
 
-def _encode_marker(txn: TxnKey, entries: Sequence[int]) -> bytes:
+def _encode_marker(txn: TxnID, entries: Sequence[int]) -> bytes:
     n = len(entries)
     return _MARKER.pack(txn[0], txn[1], n) + struct.pack(f">{n}q", *entries)
 
 
-def _decode_marker(data: bytes) -> tuple[TxnKey, tuple[int, ...]]:
+def _decode_marker(data: bytes) -> tuple[TxnID, tuple[int, ...]]:
     if len(data) < _MARKER.size:
         raise TransactionBufferError(f"malformed commit marker ({len(data)} bytes)")
     most, least, n = _MARKER.unpack_from(data)
     if len(data) != _MARKER.size + 8 * n:
         raise TransactionBufferError(f"malformed commit marker ({len(data)} bytes)")
-    return (most, least), struct.unpack_from(f">{n}q", data, _MARKER.size)
+    return wire_txnid(most, least), struct.unpack_from(f">{n}q", data, _MARKER.size)
 
 
-def decode_commit_marker(data: bytes) -> tuple[TxnKey, tuple[int, ...]]:
+def decode_commit_marker(data: bytes) -> tuple[TxnID, tuple[int, ...]]:
     """A commit marker's transaction and the sidecar entry ids it names;
     `TransactionBufferError` if ``data`` is not a marker."""
     return _decode_marker(data)
 
 
-def decode_sidecar_record(meta: int, data: bytes) -> tuple[int, TxnKey | None, int]:
+def decode_sidecar_record(meta: int, data: bytes) -> tuple[int, TxnID | None, int]:
     """``(kind, transaction, marker)`` of a sidecar record: the transaction
     of a TXN_DATA, TXN_COMMIT or TXN_ABORT record (None for a snapshot),
     and the commit marker entry id a TXN_COMMIT names (-1 otherwise).
@@ -382,11 +387,11 @@ def decode_sidecar_record(meta: int, data: bytes) -> tuple[int, TxnKey | None, i
     try:
         if kind == TXN_COMMIT:
             most, least, marker = _COMMIT.unpack(data)
-            return kind, (most, least), marker
+            return kind, wire_txnid(most, least), marker
         if kind == TXN_ABORT:
-            return kind, _TXN.unpack(data), -1
+            return kind, wire_txnid(*_TXN.unpack(data)), -1
         if kind == TXN_DATA:
-            return kind, _TXN.unpack_from(data), -1
+            return kind, wire_txnid(*_TXN.unpack_from(data)), -1
     except struct.error:
         raise TransactionBufferError(f"malformed sidecar record of kind {kind}") from None
     if kind == TXN_SNAPSHOT:
@@ -394,13 +399,13 @@ def decode_sidecar_record(meta: int, data: bytes) -> tuple[int, TxnKey | None, i
     raise TransactionBufferError(f"unknown sidecar record kind {kind}")
 
 
-def commit_record(txn: TxnKey, marker: int) -> tuple[bytes, int]:
+def commit_record(txn: TxnID, marker: int) -> tuple[bytes, int]:
     """``(data, meta)`` of the TXN_COMMIT record of ``txn`` naming its commit
     marker's entry id (-1: none)."""
     return _COMMIT.pack(txn[0], txn[1], marker), entry_meta(TXN_COMMIT, 0)
 
 
-def abort_record(txn: TxnKey) -> tuple[bytes, int]:
+def abort_record(txn: TxnID) -> tuple[bytes, int]:
     """``(data, meta)`` of the TXN_ABORT record of ``txn``."""
     return _TXN.pack(*txn), entry_meta(TXN_ABORT, 0)
 
@@ -436,9 +441,9 @@ class TransactionBuffer:
         self.name = name
         self.partition_ledger = partition_ledger
         self.sidecar = sidecar
-        self._txns: dict[TxnKey, _Txn] = {}
+        self._txns: dict[TxnID, _Txn] = {}
         # Swept transactions still remembered: key -> (state, marker, count).
-        self._ended: collections.OrderedDict[TxnKey, tuple[TxnState, int, int]] = (
+        self._ended: collections.OrderedDict[TxnID, tuple[TxnState, int, int]] = (
             collections.OrderedDict()
         )
         # Retention blocks: [highest marker, lowest sidecar entry, transactions].
@@ -463,7 +468,7 @@ class TransactionBuffer:
 
     # -- admin and stats ------------------------------------------------------------
 
-    def status(self, txn: TxnKey) -> TxnInfo | None:
+    def status(self, txn: TxnID) -> TxnInfo | None:
         """What this partition knows of ``txn`` (None: nothing, or forgotten)."""
         t = self._txns.get(txn)
         if t is not None:
@@ -474,7 +479,7 @@ class TransactionBuffer:
             return TxnInfo(txn, state, count, marker, ())
         return None
 
-    def _remember(self, key: TxnKey, state: TxnState, marker: int, count: int) -> None:
+    def _remember(self, key: TxnID, state: TxnState, marker: int, count: int) -> None:
         self._ended[key] = (state, marker, count)
         self._ended.move_to_end(key)
         while len(self._ended) > ENDED_TXNS_KEPT:
@@ -502,7 +507,7 @@ class TransactionBuffer:
         here durable (none open, none ending)?"""
         return not self._txns
 
-    def open_transactions(self) -> list[TxnKey]:
+    def open_transactions(self) -> list[TxnID]:
         """Transactions with durable writes here that have not ended, in key order."""
         return sorted(k for k, t in self._txns.items() if t.state is TxnState.OPEN and t.entries)
 
@@ -529,7 +534,7 @@ class TransactionBuffer:
 
     def publish(
         self,
-        txn: TxnKey,
+        txn: TxnID,
         producer: str,
         messages: Sequence[pb.SingleMessage],
         encoded: bytes | None = None,
@@ -595,7 +600,7 @@ class TransactionBuffer:
         return self._mixed(t, seqs, fresh, state, waits, appended)
 
     def _check_epoch_send(
-        self, txn: TxnKey, producer: tuple[int, int], first: int, state: ProducerSequence
+        self, txn: TxnID, producer: tuple[int, int], first: int, state: ProducerSequence
     ) -> None:
         """The producer-epoch checks of a send (see `publish`); notes the
         producer's epoch and transaction here."""
@@ -617,7 +622,7 @@ class TransactionBuffer:
             )
         self.epoch_producers[pid] = EpochProducer(epoch, txn, coordinator_epoch)
 
-    def _note_epoch_producer(self, txn: TxnKey, name: str) -> None:
+    def _note_epoch_producer(self, txn: TxnID, name: str) -> None:
         """Recovery: a stored send of ``name`` in ``txn``, if a producer-epoch one."""
         producer = _parse_epoch_producer(name)
         if producer is None:
@@ -698,7 +703,7 @@ class TransactionBuffer:
 
     async def end(
         self,
-        txn: TxnKey,
+        txn: TxnID,
         commit: bool,
         durable: bool = True,
         producer: tuple[int, int] | None = None,
@@ -755,7 +760,7 @@ class TransactionBuffer:
                 return
             await record  # nothing else records the end here
 
-    def end_now(self, txn: TxnKey, commit: bool, producer: tuple[int, int] | None = None) -> bool:
+    def end_now(self, txn: TxnID, commit: bool, producer: tuple[int, int] | None = None) -> bool:
         """`end` with ``durable=False``, without a turn of the loop: True once
         its writes are queued (or nothing was left to do), False if another
         END of ``txn`` is under way here (call `end`, which waits for it).
@@ -764,7 +769,7 @@ class TransactionBuffer:
         return t is None or self._end_at_once(t, commit)
 
     def _begin_end(
-        self, txn: TxnKey, commit: bool, producer: tuple[int, int] | None = None
+        self, txn: TxnID, commit: bool, producer: tuple[int, int] | None = None
     ) -> _Txn | None:
         """Check an END of ``txn`` and refuse sends from now on; None if it
         ended here already (the same way)."""
@@ -898,13 +903,13 @@ class TransactionBuffer:
         kind = entry_kind(entry.meta)
         marker = -1
         if kind == TXN_DATA:
-            key: TxnKey = _TXN.unpack_from(entry.data)
+            key = wire_txnid(*_TXN.unpack_from(entry.data))
             event = TxnEvent.DATA
         elif kind == TXN_COMMIT:
             most, least, marker = _COMMIT.unpack_from(entry.data)
-            key, event = (most, least), TxnEvent.COMMIT
+            key, event = wire_txnid(most, least), TxnEvent.COMMIT
         elif kind == TXN_ABORT:
-            key, event = _TXN.unpack_from(entry.data), TxnEvent.ABORT
+            key, event = wire_txnid(*_TXN.unpack_from(entry.data)), TxnEvent.ABORT
         else:
             if kind != TXN_SNAPSHOT:
                 log.error(
@@ -1016,14 +1021,14 @@ class TransactionBuffer:
         if version not in (1, _SNAPSHOT_VERSION):
             raise TransactionBufferError(f"{self.name}: unknown snapshot version {version}")
         for most, least, state, marker, count in record["ended"]:
-            self._remember((most, least), TxnState(state), marker, count)
+            self._remember(wire_txnid(most, least), TxnState(state), marker, count)
         self._retained = [list(block) for block in record.get("retained", [])]
         for pid, epoch, txn, coordinator_epoch in record.get("epoch_producers", []):
             self.epoch_producers[pid] = EpochProducer(
-                epoch, None if txn is None else (txn[0], txn[1]), coordinator_epoch
+                epoch, None if txn is None else wire_txnid(txn[0], txn[1]), coordinator_epoch
             )
         for most, least, state, marker, count, entries, starts in record["txns"]:
-            key = (most, least)
+            key = wire_txnid(most, least)
             t = self._txns[key] = _Txn(key, TxnState(state), entries, starts, count, marker)
             if t.state is not TxnState.OPEN:  # (version 1 kept the ended ones here)
                 self._retire(t)
@@ -1070,7 +1075,7 @@ class TransactionBuffer:
                     records += 1
                 if kind == TXN_DATA:  # (the epochs of producer-epoch sends since the snapshot)
                     name = pb.EntryBatch.FromString(entry.data[_TXN.size :]).producer_name
-                    self._note_epoch_producer(_TXN.unpack_from(entry.data), name)
+                    self._note_epoch_producer(wire_txnid(*_TXN.unpack_from(entry.data)), name)
         self._since_snapshot = records
 
         if partition_meta is None:
@@ -1086,7 +1091,7 @@ class TransactionBuffer:
             e for t in self._txns.values() if t.state is TxnState.OPEN for e in t.entries
         )
         for entry in await _read_ids(sidecar, opened):
-            t = self._txns[_TXN.unpack_from(entry.data)]
+            t = self._txns[wire_txnid(*_TXN.unpack_from(entry.data))]
             batch = pb.EntryBatch.FromString(entry.data[_TXN.size :])
             seqs = stored_sequence_ids(batch.messages)
             t.producer(batch.producer_name).record(seqs, t.base_of(entry.entry_id))

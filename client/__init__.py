@@ -19,19 +19,23 @@ Everything the client raises derives from ``client.errors.TxnbufError``.
 The client imports only ``proto``, the standard library and aiohttp.
 """
 
+from proto import TxnID
+
 from . import errors
 from ._client import Client
 from ._consumer import Consumer
+from ._deadletter import DeadLetterPolicy
 from ._epoch import PreparedTxnState, ProducerState, TransactionalProducer
 from ._groups import GroupResult, TransactionGroups
 from ._message import Message, MessageId
 from ._producer import Producer
 from ._reader import Position, Reader, ReadResult, SubscriptionCursor
-from ._txn import Transaction, TxnID, TxnState
+from ._txn import Transaction, TxnState
 
 __all__ = [
     "Client",
     "Consumer",
+    "DeadLetterPolicy",
     "GroupResult",
     "Message",
     "MessageId",

@@ -10,15 +10,18 @@ import uuid
 from collections.abc import AsyncIterator
 from types import TracebackType
 
+from proto import TxnID
+
 from ._connection import Command, Connection, command
 from ._consumer import Consumer
+from ._deadletter import DeadLetterPolicy, DeadLetters
 from ._epoch import TransactionalProducer
 from ._foreign import tls_context
 from ._producer import Producer
 from ._reader import Position, Reader
 from ._reader import _position as _reader_position
 from ._spares import Spare, SparePool
-from ._txn import Transaction, TxnID, TxnState
+from ._txn import Transaction, TxnState
 from .errors import ClientClosedError, InvalidInputError, TxnbufError
 
 MAX_TXN_TTL_MS = 2**64 - 1
@@ -142,6 +145,7 @@ class Client:
         max_pending_messages: int = 50_000,
         batching_max_messages: int = 1000,
         batching_max_bytes: int = 1024 * 1024,
+        partitions_update_interval: float | None = 60.0,
     ) -> Producer:
         """A producer on ``topic`` (created with one partition if missing).
 
@@ -149,6 +153,9 @@ class Client:
         deduplicates sends by (name, sequence id); without one the client
         makes up a unique name, kept across reconnects. Automatic sequence
         ids continue after the highest one the broker stored for the name.
+        Every ``partitions_update_interval`` seconds (None: never) the
+        producer asks how many partitions the topic has, and routes over
+        the new ones once it grew.
         """
         _check_name("topic", topic)
         if producer_name is None:
@@ -163,6 +170,7 @@ class Client:
             max_pending_messages=max_pending_messages,
             batching_max_messages=batching_max_messages,
             batching_max_bytes=batching_max_bytes,
+            partitions_update_interval=partitions_update_interval,
         )
         await producer._create()
         return producer
@@ -177,6 +185,8 @@ class Client:
         consumer_name: str | None = None,
         receiver_queue_size: int = 1000,
         read_uncommitted: bool = False,
+        negative_ack_redelivery_delay: float = 1.0,
+        dead_letter_policy: DeadLetterPolicy | None = None,
     ) -> Consumer:
         """A consumer of ``subscription`` on ``topic`` (both created if missing).
 
@@ -186,7 +196,14 @@ class Client:
         ``receiver_queue_size`` messages are queued in the client.
         ``read_uncommitted=True`` also receives messages of transactions not
         committed (yet); the default reads committed messages only.
+        ``negative_acknowledge`` asks for a message again
+        ``negative_ack_redelivery_delay`` seconds later. ``dead_letter_policy``
+        (``DeadLetterPolicy(max_redeliver_count, dead_letter_topic=None)``)
+        moves a message redelivered more often than that to the dead letter
+        topic instead of handing it out (see ``client._deadletter``).
         """
+        if dead_letter_policy is not None and not isinstance(dead_letter_policy, DeadLetterPolicy):
+            raise InvalidInputError("dead_letter_policy must be a DeadLetterPolicy or None")
         _check_name("topic", topic)
         _check_name("subscription", subscription)
         if consumer_name is not None and not isinstance(consumer_name, str):
@@ -201,7 +218,10 @@ class Client:
             consumer_name=consumer_name,
             receiver_queue_size=receiver_queue_size,
             read_uncommitted=read_uncommitted,
+            negative_ack_redelivery_delay=negative_ack_redelivery_delay,
         )
+        if dead_letter_policy is not None:
+            consumer._dead_letters = DeadLetters(self, consumer, dead_letter_policy)
         await consumer._subscribe()
         return consumer
 

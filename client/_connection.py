@@ -48,13 +48,10 @@ Decisions written down here:
   ``ANSWERS_IN_A_ROW`` (8) of them, instead of handing out a whole batch
   first: the broker answers the ENDs of transactions committed in one
   group commit together, and a client running many transactions at once
-  would otherwise start all the next ones before sending any, so that
-  client and broker took turns on whole convoys of transactions instead
-  of working at once. Transactional produce with 64 transactions open went
-  from 394k to 473k msgs/s (medians of 4 interleaved pairs, 24 November
-  2026), CPU per message the same; yielding after every answer did as
-  well there, but cost the broker 25% more CPU in consume-transform-produce
-  at 4 workers (one wake-up per transaction).
+  would otherwise start all the next ones before sending any, and client
+  and broker would take turns on whole convoys of transactions instead of
+  working at once. Yielding after every answer would wake the broker once
+  per transaction.
 """
 
 from __future__ import annotations
@@ -70,7 +67,7 @@ from typing import Any, Protocol, TypeVar
 
 import aiohttp
 
-from proto import next_frame
+from proto import MAX_MESSAGE_SIZE, next_frame
 from proto import txnbuf_pb2 as pb
 
 from ._foreign import decoding, socket_errors
@@ -93,8 +90,8 @@ Type = pb.BaseCommand.Type
 
 CLIENT_VERSION = "txnbuf-python/0.1.0"
 PROTOCOL_VERSION = 6  # the only one spoken (proto/txnbuf.proto)
-# Used until the broker's CONNECTED says otherwise.
-DEFAULT_MAX_MESSAGE_SIZE = 5 * 1024 * 1024
+# Used until the broker's CONNECTED says otherwise (see `proto.MAX_MESSAGE_SIZE`).
+DEFAULT_MAX_MESSAGE_SIZE = MAX_MESSAGE_SIZE
 BACKOFF_MIN = 0.05
 BACKOFF_MAX = 2.0
 # The types of the answers to control requests (``Connection.request``).

@@ -4,21 +4,38 @@ Decisions written down here:
 
 * Flow control: after subscribing the consumer grants ``receiver_queue_size``
   permits (FLOW); each delivered message uses one. When the application has
-  taken half the queue size through ``receive``, those permits are granted
-  again in one FLOW.
+  taken half the queue size through ``receive`` or ``batch_receive`` (or
+  the dead letter policy took them), those permits are granted again in one
+  FLOW.
+* ``batch_receive(max_messages, timeout)`` (Pulsar's ``batchReceive``):
+  returns once ``max_messages`` are queued (at most ``receiver_queue_size``
+  are waited for) or ``timeout`` seconds after the call with what is
+  queued, possibly nothing; ``timeout=None`` waits for a first message.
+  Plain ``receive`` calls waiting are served first. ``async for`` receives
+  until ``close()``.
+* ``seek`` and ``unsubscribe`` (SEEK and UNSUBSCRIBE, `broker._seek`) act on
+  the whole subscription, reusing the admin API's reset and deletion; after
+  a seek the consumer drops its queue and asks for what the broker still
+  counts as its own again, so nothing pushed around the reset is lost.
 * Acks: concurrent ``acknowledge`` calls share one ACK frame, framed at the
-  next event-loop turn (at most 10,000 ids a frame); each call returns when
-  the broker has answered (the ack is durable). A call has one future,
+  next event-loop turn (at most 10,000 ids a frame); each plain call
+  returns when the broker has answered (the ack is durable; for
+  transactional ones see below). A call has one future,
   shared by its ids (one per id would cost a callback per id). If the broker
   refuses a frame of several ids with a non-retriable error, each id is
   re-sent alone so only the guilty call fails (a call of several ids fails
   if one of them does). ``acknowledge_cumulative`` sends its own
   frame. Acks unanswered after ``operation_timeout`` fail with
   ``OperationTimeoutError``.
-* ``negative_acknowledge`` sends REDELIVER_UNACKNOWLEDGED at once and does
-  not wait (the broker does not answer). While disconnected it sends
-  nothing: the broker redelivers every unacked message after a reconnect
-  anyway.
+* ``negative_acknowledge`` sends REDELIVER_UNACKNOWLEDGED
+  ``negative_ack_redelivery_delay`` seconds later (default 1 s; 0: at once;
+  Pulsar's default is 60 s), those due together in one request, and does
+  not wait (the broker does not answer). A disconnect drops the negative
+  acks not sent yet: the broker redelivers every unacked message after a
+  reconnect anyway.
+* A redelivery limit (``dead_letter_policy``, see ``client._deadletter``):
+  a message delivered more often than it allows is moved to the dead
+  letter topic instead of being handed out.
 * Reconnect: as soon as the socket drops, messages queued but not yet
   taken by ``receive`` are dropped (the broker redelivers everything
   unacked) and a failover consumer counts as inactive. On the new socket
@@ -28,14 +45,16 @@ Decisions written down here:
   will come again (at-least-once).
 * ``redeliver_unacknowledged`` also drops the local queue, like Pulsar, and
   grants back the permits those messages used.
-* Transactional acks (``acknowledge(..., txn=txn)``): concurrent acks of
-  one transaction share a frame, never with plain acks or another
-  transaction's; the ACK carries the TxnID and ``transactional=true``, and
-  the broker adds the subscription to the transaction itself (see
-  ``client._txn``). A TRANSACTION_CONFLICT answer (another transaction holds the message)
-  raises ``TransactionConflictError`` and makes the transaction's
-  ``commit()`` abort it. Transactional acks are re-sent after a reconnect
-  like the others (the broker must treat a repeated one as done).
+* Transactional acks (``acknowledge(..., txn=txn)``): acks of one
+  transaction queued in one turn of the loop share a frame (Pulsar's ack
+  grouping), never with plain acks or another transaction's; the ACK
+  carries the TxnID and ``transactional=true``, and the broker adds the
+  subscription to the transaction itself (see ``client._txn``). The call
+  returns once the ack is queued: the broker's answer is the transaction's,
+  so a refusal (e.g. TRANSACTION_CONFLICT: another transaction holds the
+  message) makes ``commit()`` abort the transaction and raise it
+  (``TransactionConflictError``). Transactional acks are re-sent after a
+  reconnect like the others (the broker treats a repeated one as done).
 * ``read_uncommitted=True`` (fixed at subscribe) asks the broker to deliver
   messages of open transactions too (PIP-31 §Isolation Levels).
 """
@@ -47,13 +66,14 @@ from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
+from proto import TxnID
 from proto import txnbuf_pb2 as pb
 
 from ._connection import BusyClock, Command, Connection, Link, Type, command, fail_all
+from ._deadletter import DeadLetters
 from ._message import Message, MessageId, decode_entry
-from ._txn import Transaction, TxnID, check_txn
+from ._txn import _OPEN, Transaction, check_txn
 from .errors import (
     ConnectionLostError,
     ConsumerBusyError,
@@ -92,6 +112,8 @@ class _AckFrame:
     data: bytes
     deadline: float
     txn: Transaction | None = None
+    # transactional: the transaction's view of the frame (``futures`` is empty)
+    tracker: asyncio.Future[None] | None = None
 
 
 def message_id_of(message: Message | MessageId) -> MessageId:
@@ -146,6 +168,7 @@ class Consumer:
         consumer_name: str | None = None,
         receiver_queue_size: int = 1000,
         read_uncommitted: bool = False,
+        negative_ack_redelivery_delay: float = 1.0,
     ) -> None:
         sub_type = SUBSCRIPTION_TYPES.get(subscription_type)
         if sub_type is None:
@@ -163,6 +186,11 @@ class Consumer:
             raise InvalidInputError("receiver_queue_size must be an int of at least 1")
         if not isinstance(read_uncommitted, bool):
             raise InvalidInputError("read_uncommitted must be a bool")
+        delay = negative_ack_redelivery_delay
+        if isinstance(delay, bool) or not isinstance(delay, int | float) or not 0 <= delay < 1e9:
+            raise InvalidInputError(
+                f"negative_ack_redelivery_delay must be seconds >= 0, not {delay!r}"
+            )
         self._conn = conn
         self._loop = asyncio.get_running_loop()
         self.topic = topic
@@ -172,6 +200,11 @@ class Consumer:
         self.consumer_id = conn.next_consumer_id()
         self.receiver_queue_size = receiver_queue_size
         self.read_uncommitted = read_uncommitted
+        self.negative_ack_redelivery_delay = float(delay)
+        # negative acks waiting for their delay: (when, id), in time order
+        self._nacks: deque[tuple[float, MessageId]] = deque()
+        self._nack_timer: asyncio.TimerHandle | None = None
+        self._dead_letters: DeadLetters | None = None  # set by Client.subscribe
         self.is_active = sub_type != SubType.FAILOVER
         self._sub_type = sub_type
         self._position = position
@@ -179,10 +212,12 @@ class Consumer:
         self._taken = 0
         self._queue: deque[Message] = deque()
         self._waiters: deque[asyncio.Future[Message]] = deque()
-        # individual acks waiting to be framed, by transaction (None: plain)
-        self._acks: dict[
-            Transaction | None, tuple[list[MessageId], list[asyncio.Future[None]]]
-        ] = {}
+        # batch_receive calls waiting: each wakes once this many are queued
+        self._batch_waiters: deque[tuple[asyncio.Future[None], int]] = deque()
+        # individual acks waiting to be framed: plain ones with their calls'
+        # futures (one per id), and per transaction its ids and its tracker
+        self._acks: tuple[list[MessageId], list[asyncio.Future[None]]] | None = None
+        self._txn_acks: dict[Transaction, tuple[list[MessageId], asyncio.Future[None]]] = {}
         self._ack_flush_scheduled = False
         self._inflight: dict[int, _AckFrame] = {}
         self._gen = 0
@@ -304,11 +339,71 @@ class Consumer:
             if timer is not None:
                 timer.cancel()
 
+    async def batch_receive(
+        self, max_messages: int = 100, timeout: float | None = 0.1
+    ) -> list[Message]:
+        """Up to ``max_messages`` messages in one call (Pulsar's
+        ``batchReceive``): returns as soon as that many are queued, or
+        ``timeout`` seconds after the call with those queued by then
+        (possibly none). ``timeout=None`` waits for the first message and
+        returns it with those queued behind it. At most
+        ``receiver_queue_size`` are ever queued, so a batch is never waited
+        for beyond that many."""
+        if type(max_messages) is not int or max_messages < 1:
+            raise InvalidInputError(
+                f"max_messages must be an int of at least 1, not {max_messages!r}"
+            )
+        if timeout is not None and not (isinstance(timeout, int | float) and timeout >= 0):
+            raise InvalidInputError(f"timeout must be seconds >= 0 or None, not {timeout!r}")
+        if self._closing:
+            self._raise_closed()
+        want = 1 if timeout is None else min(max_messages, self.receiver_queue_size)
+        if len(self._queue) < want or self._waiters or self._batch_waiters:
+            waiter: asyncio.Future[None] = self._loop.create_future()
+            entry = (waiter, want)
+            self._batch_waiters.append(entry)
+            timer = None if timeout is None else self._loop.call_later(timeout, _wake, waiter)
+            try:
+                await waiter
+            finally:
+                if timer is not None:
+                    timer.cancel()
+                if entry in self._batch_waiters:
+                    self._batch_waiters.remove(entry)
+            if self._closing:
+                self._raise_closed()
+        queue = self._queue
+        count = min(max_messages, len(queue))
+        batch = [queue.popleft() for _ in range(count)]
+        self._took(count)
+        self._hand_over()  # (a batch waiter behind this one may be served now)
+        return batch
+
+    def __aiter__(self) -> Consumer:
+        """``async for msg in consumer``: ``receive()`` until the consumer is
+        closed by ``close()`` (closed by an error, the error is raised)."""
+        return self
+
+    async def __anext__(self) -> Message:
+        try:
+            return await self.receive()
+        except ConsumerClosedError:
+            if self._reason is None:
+                raise StopAsyncIteration from None
+            raise
+
     def on_message(self, message: pb.CommandMessage) -> None:
         if self._closing:
             return
         queue = self._queue
+        dead = self._dead_letters
         for entry in message.entries:
+            if dead is not None and entry.redelivery_count > dead.max_redeliver_count:
+                # Delivered once too often: not for the application.
+                doomed = decode_entry(self.topic, entry)
+                dead.take(doomed)
+                self._took(len(doomed))
+                continue
             queue.extend(decode_entry(self.topic, entry))
         self._hand_over()
 
@@ -320,9 +415,18 @@ class Consumer:
             if not waiter.done():
                 waiter.set_result(queue.popleft())
                 self._took_one()
+        batch_waiters = self._batch_waiters
+        if batch_waiters and not waiters:
+            woken, want = batch_waiters[0]
+            if len(queue) >= want or woken.done():
+                batch_waiters.popleft()
+                _wake(woken)  # (it takes its messages when it runs)
 
     def _took_one(self) -> None:
-        self._taken += 1
+        self._took(1)
+
+    def _took(self, count: int) -> None:
+        self._taken += count
         if self._taken >= self._flow_threshold:
             if self._conn.is_current(self._gen):
                 self._conn.write(self._flow_command(self._taken))
@@ -330,9 +434,11 @@ class Consumer:
 
     def on_disconnect(self) -> None:
         # The broker redelivers every unacked message after the reconnect:
-        # what is still queued here would only come twice.
+        # what is still queued here (or waits to be negatively acked) would
+        # only come twice.
         self._queue.clear()
         self._taken = 0
+        self._drop_nacks()
         if self._sub_type == SubType.FAILOVER:
             self.is_active = False  # until the broker says so again
 
@@ -348,45 +454,88 @@ class Consumer:
         txn: Transaction | None = None,
     ) -> None:
         """Acknowledge a message (or a list of them, sent together); returns
-        once the broker has stored the ack. With ``txn`` the ack is part of
-        that transaction (PENDING_ACK until it ends). Raises the broker's
-        error (e.g. ``UnknownMessageIdError``, ``TransactionConflictError``)
-        or ``InvalidTxnStatusError`` if ``txn`` is no longer open."""
+        once the broker has stored the ack. Raises the broker's error (e.g.
+        ``UnknownMessageIdError``).
+
+        With ``txn`` the ack is part of that transaction (PENDING_ACK until
+        it ends) and this returns once the ack is queued: the broker's
+        answer is the transaction's, and ``txn.commit()`` raises (and
+        aborts) if it refused the ack (e.g. ``TransactionConflictError``:
+        another transaction holds the message). Raises
+        ``InvalidTxnStatusError`` at once if ``txn`` is no longer open."""
+        if (
+            type(message) is Message
+            and txn is not None
+            and (queued := self._txn_acks.get(txn)) is not None
+            and txn._state is _OPEN
+            and not self._closing
+        ):
+            # The usual case of a loop acking a batch one by one: the
+            # transaction's acks of this turn are queued already (and its
+            # client checked then), so no call and no list per message.
+            queued_ids = queued[0]
+            queued_ids.append(message._id)
+            if len(queued_ids) >= MAX_ACKS_PER_FRAME:
+                del self._txn_acks[txn]
+                self._send_ack(INDIVIDUAL, queued_ids, [], txn, queued[1])
+            return
         if isinstance(message, (Message, MessageId)):  # (a MessageId is a tuple too)
             mids = [message_id_of(message)]
         else:
             mids = [message_id_of(m) for m in message]
             if not mids:
                 return
-        self._check_ack(txn)
+        if txn is not None:
+            self._queue_txn_acks(mids, txn)
+            return
+        self._check_ack(None)
         future: asyncio.Future[None] = self._loop.create_future()
-        pending = self._acks.get(txn)
+        pending = self._acks
         if pending is None:
-            pending = self._acks[txn] = ([], [])
+            pending = self._acks = ([], [])
         ids, futures = pending
         ids.extend(mids)
         futures.extend([future] * len(mids))
         if len(ids) >= MAX_ACKS_PER_FRAME:
-            del self._acks[txn]
-            self._send_ack(INDIVIDUAL, ids, futures, txn)
+            self._acks = None
+            self._send_ack(INDIVIDUAL, ids, futures)
         elif not self._ack_flush_scheduled:
             self._ack_flush_scheduled = True
             self._loop.call_soon(self._flush_acks)
-        if txn is not None:
-            txn._track(future)
-            txn._flushes.add(self._flush_acks)
-        await _answer(future, txn)
+        await future
+
+    def _queue_txn_acks(self, mids: list[MessageId], txn: Transaction) -> None:
+        """Queue individual acks of ``txn``: framed with the transaction's
+        other acks of this turn of the loop, or by its commit."""
+        self._check_ack(txn)
+        pending = self._txn_acks.get(txn)
+        if pending is None:
+            tracker = self._tracker(txn)
+            pending = self._txn_acks[txn] = ([], tracker)
+            txn._flushes[self._flush_acks] = None
+        ids = pending[0]
+        ids.extend(mids)
+        if len(ids) >= MAX_ACKS_PER_FRAME:
+            del self._txn_acks[txn]
+            self._send_ack(INDIVIDUAL, ids, [], txn, pending[1])
+        elif not self._ack_flush_scheduled:
+            self._ack_flush_scheduled = True
+            self._loop.call_soon(self._flush_acks)
 
     async def acknowledge_cumulative(
         self, message: Message | MessageId, *, txn: Transaction | None = None
     ) -> None:
         """Acknowledge every message up to this one on its partition (not
         allowed on shared subscriptions: ``NotAllowedError``), in ``txn`` if
-        given."""
+        given (then it returns once queued, as ``acknowledge`` does)."""
         mid = message_id_of(message)
-        future = self._new_ack(txn)
-        self._send_ack(AckType.CUMULATIVE, [mid], [future], txn)
-        await _answer(future, txn)
+        self._check_ack(txn)
+        if txn is not None:
+            self._send_ack(AckType.CUMULATIVE, [mid], [], txn, self._tracker(txn))
+            return
+        future: asyncio.Future[None] = self._loop.create_future()
+        self._send_ack(AckType.CUMULATIVE, [mid], [future])
+        await future
 
     def _check_ack(self, txn: Transaction | None) -> None:
         """Refuse an ack on a closed consumer or an ended transaction."""
@@ -395,20 +544,46 @@ class Consumer:
         if txn is not None:
             check_txn(txn, self._conn)
 
-    def _new_ack(self, txn: Transaction | None) -> asyncio.Future[None]:
-        """The future of a new ack, after the checks that refuse it."""
-        self._check_ack(txn)
-        future: asyncio.Future[None] = self._loop.create_future()
-        if txn is not None:
-            txn._track(future)
-        return future
+    def _tracker(self, txn: Transaction) -> asyncio.Future[None]:
+        """A new future that ``txn`` waits on: the outcome of an ACK frame."""
+        tracker: asyncio.Future[None] = self._loop.create_future()
+        txn._track(tracker)
+        return tracker
 
     async def negative_acknowledge(self, message: Message | MessageId) -> None:
-        """Ask the broker to deliver this message again (to any consumer)."""
+        """Ask the broker to deliver this message again (to any consumer of
+        the subscription), ``negative_ack_redelivery_delay`` seconds from
+        now (negative acks due together go in one request)."""
         mid = message_id_of(message)
         if self._closing:
             self._raise_closed()
-        self._redeliver([mid])
+        delay = self.negative_ack_redelivery_delay
+        if delay <= 0:
+            self._redeliver([mid])
+            return
+        self._nacks.append((self._loop.time() + delay, mid))
+        if self._nack_timer is None:
+            self._nack_timer = self._loop.call_at(self._nacks[0][0], self._send_nacks)
+
+    def _send_nacks(self) -> None:
+        """Ask for the negative acks that are due (and those due within a
+        tenth of the delay, to share the request)."""
+        self._nack_timer = None
+        nacks = self._nacks
+        horizon = self._loop.time() + self.negative_ack_redelivery_delay / 10
+        due = []
+        while nacks and nacks[0][0] <= horizon:
+            due.append(nacks.popleft()[1])
+        if due:
+            self._redeliver(due)
+        if nacks:
+            self._nack_timer = self._loop.call_at(nacks[0][0], self._send_nacks)
+
+    def _drop_nacks(self) -> None:
+        self._nacks.clear()
+        if self._nack_timer is not None:
+            self._nack_timer.cancel()
+            self._nack_timer = None
 
     async def redeliver_unacknowledged(self) -> None:
         """Ask the broker to deliver again every message this consumer has not
@@ -420,6 +595,79 @@ class Consumer:
         self._redeliver([])
         if dropped and self._conn.is_current(self._gen):
             self._conn.write(self._flow_command(dropped))
+
+    async def seek(self, target: Message | MessageId | int) -> None:
+        """Reset the subscription (for all its consumers) to ``target``: a
+        ``MessageId`` (or ``Message``), so that the next message delivered
+        on its partition is that one (the other partitions stay as they
+        are), or an ``int`` of milliseconds since the epoch, so that on
+        every partition delivery starts at the first message published at or
+        after it (the producers' clocks). Messages queued in this consumer
+        are dropped; delivery goes on from there. Raises ``NotAllowedError``
+        (nothing changed) while a transaction holds acknowledgements of the
+        subscription, ``InvalidInputError`` for anything else as target.
+        Other consumers of the subscription are not told: what they hold
+        unacknowledged is forgotten by the broker (their late acks apply to
+        the new position)."""
+        if self._closing:
+            self._raise_closed()
+        seek = pb.CommandSeek(consumer_id=self.consumer_id)
+        if isinstance(target, Message | MessageId):
+            mid = message_id_of(target)
+            if mid.entry_id < 0 or mid.batch_index < 0:
+                raise InvalidInputError(f"cannot seek to {mid}: not a stored message's id")
+            seek.message_id.partition = mid.partition
+            seek.message_id.entry_id = mid.entry_id
+            seek.message_id.batch_index = mid.batch_index
+        elif type(target) is int and target >= 0:
+            seek.publish_time_ms = target
+        else:
+            raise InvalidInputError(
+                "seek to a MessageId, a Message or an int of milliseconds since the epoch, "
+                f"not {target!r}"
+            )
+
+        def build(request_id: int) -> Command:
+            cmd = Command(type=Command.SEEK)
+            cmd.seek.CopyFrom(seek)
+            cmd.seek.request_id = request_id
+            return cmd
+
+        await self._conn.request(
+            build, Type.SUCCESS, f"seek on {self.subscription!r} of {self.topic!r}"
+        )
+        # Whatever was queued or pushed before the answer came is from before
+        # the reset: dropped, and whatever the broker still counts as this
+        # consumer's is asked for again.
+        await self.redeliver_unacknowledged()
+
+    async def unsubscribe(self) -> None:
+        """Delete the subscription on the broker (its position and every
+        message it has not acknowledged) and close this consumer. Raises
+        ``NotAllowedError`` (nothing changed, the consumer stays) while
+        another consumer is connected to the subscription or a transaction
+        not ended holds it. One attempt: if the connection drops meanwhile,
+        ``ConnectionLostError`` (the outcome is unknown; the consumer is
+        subscribed again on the next connection)."""
+        if self._closing:
+            self._raise_closed()
+        what = f"unsubscribe from {self.subscription!r} of {self.topic!r}"
+        await self._stop_dead_letters()  # (their transactions hold the subscription)
+        deadline = self._conn.deadline()
+        link = await self._conn.wait_ready(deadline, what)
+        await self._conn.request_on(
+            link,
+            lambda request_id: command(
+                Type.UNSUBSCRIBE,
+                "unsubscribe",
+                request_id=request_id,
+                consumer_id=self.consumer_id,
+            ),
+            Type.SUCCESS,
+            what,
+            deadline,
+        )
+        self._shut()  # (the broker has dropped the consumer with its subscription)
 
     def _redeliver(self, ids: list[MessageId]) -> None:
         if not self._conn.is_current(self._gen):
@@ -435,11 +683,13 @@ class Consumer:
 
     def _flush_acks(self) -> None:
         self._ack_flush_scheduled = False
-        if not self._acks:
-            return
-        acks, self._acks = self._acks, {}
-        for txn, (ids, futures) in acks.items():
-            self._send_ack(INDIVIDUAL, ids, futures, txn)
+        if self._acks is not None:
+            (ids, futures), self._acks = self._acks, None
+            self._send_ack(INDIVIDUAL, ids, futures)
+        if self._txn_acks:
+            txn_acks, self._txn_acks = self._txn_acks, {}
+            for txn, (ids, tracker) in txn_acks.items():
+                self._send_ack(INDIVIDUAL, ids, [], txn, tracker)
 
     def _send_ack(
         self,
@@ -447,12 +697,13 @@ class Consumer:
         ids: list[MessageId],
         futures: list[asyncio.Future[None]],
         txn: Transaction | None = None,
+        tracker: asyncio.Future[None] | None = None,
     ) -> None:
         request_id = self._conn.next_request_id()
         txn_id = None if txn is None else txn.id
         data = build_ack(self.consumer_id, request_id, ack_type, ids, txn_id).SerializeToString()
         deadline = self._loop.time() + self._conn.operation_timeout
-        self._inflight[request_id] = _AckFrame(ack_type, ids, futures, data, deadline, txn)
+        self._inflight[request_id] = _AckFrame(ack_type, ids, futures, data, deadline, txn, tracker)
         if self._conn.is_current(self._gen):
             self._conn.write(data)
 
@@ -460,12 +711,19 @@ class Consumer:
         frame = self._inflight.pop(response.request_id, None)
         if frame is None:
             return
+        tracker = frame.tracker
         if not response.HasField("error"):
+            if tracker is not None and not tracker.done():
+                tracker.set_result(None)
             for future in frame.futures:
                 if not future.done():
                     future.set_result(None)
             return
         exc = from_wire(response.error, response.message)
+        if tracker is not None:  # (the transaction fails whichever id was refused)
+            if not tracker.done():
+                tracker.set_exception(exc)
+            return
         if len(frame.ids) > 1 and not exc.retriable:
             # Find the guilty ids: acks are idempotent, so ask again one by one.
             self._resend_alone(frame)
@@ -493,7 +751,7 @@ class Consumer:
         frame = self._inflight.pop(request_id, None)
         if frame is None:
             return False
-        fail_all(frame.futures, exc)
+        _fail_frame(frame, exc)
         return True
 
     def expire(self, now: float) -> None:
@@ -525,8 +783,10 @@ class Consumer:
             return
         self._closing = True
         try:
+            await self._stop_dead_letters()
             self._flush_acks()
             pending = [f for frame in self._inflight.values() for f in frame.futures]
+            pending += [f.tracker for f in self._inflight.values() if f.tracker is not None]
             if pending:
                 await asyncio.wait(pending, timeout=self._conn.operation_timeout)
         finally:
@@ -544,6 +804,11 @@ class Consumer:
             except (ConnectionLostError, ConsumerNotFoundError):
                 pass  # the broker dropped it already
 
+    async def _stop_dead_letters(self) -> None:
+        dead, self._dead_letters = self._dead_letters, None
+        if dead is not None:
+            await dead.close()
+
     def _shut(self) -> None:
         """Closed for good: waiting receives and acks fail with ConsumerClosedError."""
         exc = ConsumerClosedError(f"consumer {self.consumer_id} was closed")
@@ -551,14 +816,21 @@ class Consumer:
         self._closing = self._closed = True
         self._conn.consumers.pop(self.consumer_id, None)
         self._queue.clear()
+        self._drop_nacks()
         waiters, self._waiters = self._waiters, deque()
         fail_all(waiters, exc)
+        batch_waiters, self._batch_waiters = self._batch_waiters, deque()
+        for waiter, _ in batch_waiters:
+            _wake(waiter)  # (it sees the consumer closed)
         frames, self._inflight = self._inflight, {}
         for frame in frames.values():
-            fail_all(frame.futures, exc)
-        acks, self._acks = self._acks, {}
-        for _, futures in acks.values():
-            fail_all(futures, exc)
+            _fail_frame(frame, exc)
+        if self._acks is not None:
+            fail_all(self._acks[1], exc)
+            self._acks = None
+        txn_acks, self._txn_acks = self._txn_acks, {}
+        for _, tracker in txn_acks.values():
+            fail_all([tracker], exc)
 
     def _fail(self, reason: TxnbufError) -> None:
         """Close the consumer after a fatal error (e.g. re-subscribing refused)."""
@@ -569,10 +841,11 @@ class Consumer:
         raise ConsumerClosedError(f"consumer {self.consumer_id} is closed") from self._reason
 
 
-async def _answer(future: asyncio.Future[Any], txn: Transaction | None) -> None:
-    """Wait for an ack's answer. A transactional one is shielded: cancelling
-    the caller leaves the ack to the transaction, which waits for it."""
-    await (future if txn is None else asyncio.shield(future))
+def _fail_frame(frame: _AckFrame, exc: TxnbufError) -> None:
+    """Fail an ACK frame's calls, or its transaction's view of it."""
+    fail_all(frame.futures, exc)
+    if frame.tracker is not None:
+        fail_all([frame.tracker], exc)
 
 
 def _settle_call(call: asyncio.Future[None], parts: asyncio.Future[list[None]]) -> None:
@@ -587,6 +860,11 @@ def _settle_call(call: asyncio.Future[None], parts: asyncio.Future[list[None]]) 
         call.set_result(None)
     else:
         call.set_exception(exc)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _time_out(waiter: asyncio.Future[Message], timeout: float) -> None:

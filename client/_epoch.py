@@ -63,6 +63,7 @@ from proto import txnbuf_pb2 as pb
 from ._connection import Command, Connection, Link, Type, command
 from ._consumer import Consumer, message_id_of
 from ._message import Message, MessageId, new_message_id
+from ._producer import MAX_ENVELOPE, _check_size
 from .errors import (
     ClosedError,
     InvalidInputError,
@@ -74,6 +75,7 @@ from .errors import (
 __all__ = ["PreparedTxnState", "ProducerState", "TransactionalProducer"]
 
 BATCH_MAX_MESSAGES = 1000
+BATCH_MAX_BYTES = 1024 * 1024  # payload bytes in one PRODUCE (one message may pass it alone)
 
 
 class PreparedTxnState:
@@ -294,6 +296,13 @@ class TransactionalProducer:
             if not isinstance(value, bytearray | memoryview):
                 raise InvalidInputError(f"value must be bytes, not {type(value).__name__}")
             value = bytes(value)
+        rough = len(value) + MAX_ENVELOPE  # (at least its size encoded)
+        if key is not None:
+            rough += 4 * len(key)
+        if properties:
+            rough += _properties_bytes(properties)
+        if rough > self._conn.max_message_size:
+            _check_size(value, key, properties, 0, self._conn.max_message_size)
         partitions = self._topics.get(topic)
         if partitions is None:
             partitions = await self._partitions_of(topic)
@@ -332,12 +341,19 @@ class TransactionalProducer:
                 self._produce(topic, index, part)
 
     def _produce(self, topic: str, index: int, part: _Partition) -> None:
-        """Frame what is queued on a partition (up to `BATCH_MAX_MESSAGES`)
+        """Frame what is queued on a partition (up to `BATCH_MAX_MESSAGES`
+        and `BATCH_MAX_BYTES`, at least one message)
         as one PRODUCE, write it now if a link is ready, and await its
         answer in a task."""
-        entries = part.queued[:BATCH_MAX_MESSAGES]
-        futures = part.futures[:BATCH_MAX_MESSAGES]
-        del part.queued[:BATCH_MAX_MESSAGES], part.futures[:BATCH_MAX_MESSAGES]
+        count, size = 0, 0
+        for value, _, _ in part.queued[:BATCH_MAX_MESSAGES]:
+            size += len(value)
+            if count and size > BATCH_MAX_BYTES:
+                break
+            count += 1
+        entries = part.queued[:count]
+        futures = part.futures[:count]
+        del part.queued[:count], part.futures[:count]
         first = part.next_seq
         part.next_seq += len(entries)
         batch = pb.EntryBatch()
@@ -588,3 +604,8 @@ def _with_id(cmd: Command) -> Callable[[int], Command]:
         return cmd
 
     return build
+
+
+def _properties_bytes(properties: Mapping[str, str]) -> int:
+    """At least as many bytes as ``properties`` take encoded."""
+    return sum(4 * (len(k) + len(v)) + 12 for k, v in properties.items())

@@ -27,8 +27,10 @@ import zlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
+from proto import TxnID
+
 from ._connection import Command, Type, command, copy_error, wait_future_until
-from ._txn import Transaction, TxnID, TxnState
+from ._txn import Transaction, TxnEvent, TxnState, transition
 from .errors import InvalidInputError, InvalidTxnStatusError
 
 if TYPE_CHECKING:
@@ -69,7 +71,12 @@ async def prepare_transaction(txn: Transaction) -> None:
     answered (abort it and raise the first failure, as ``commit`` does),
     then PREPARE_TXN: once answered, all of them are durable and the
     transaction waits for its decision (END_TXN or a group commit). After
-    this the broker refuses further sends and acks in it."""
+    this the broker refuses further sends and acks in it, and so does the
+    client (the transaction's state is PREPARED: a send or ack raises
+    ``InvalidTxnStatusError`` at once, as it would be refused only in the
+    broker's answer otherwise). Preparing it again returns at once."""
+    if txn.state is TxnState.PREPARED:
+        return
     if txn.state is not TxnState.OPEN:
         raise InvalidTxnStatusError(f"transaction {txn.id} is {txn.state.value}: cannot prepare")
     conn = txn._conn
@@ -98,6 +105,7 @@ async def prepare_transaction(txn: Transaction) -> None:
         f"prepare transaction {txn.id}",
         link_bound=False,
     )
+    txn._state = transition(txn._state, TxnEvent.PREPARE, txn.id)
 
 
 class TransactionGroups:

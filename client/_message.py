@@ -19,7 +19,9 @@ class MessageId(NamedTuple):
     ``"partition:entry_id:batch_index"``. A transactional send is answered
     with ``entry_id == -1`` (its commit marker's entry id is known only at
     commit) and ``batch_index`` its place in the transaction on that
-    partition; consumers receive it with the marker's entry id. A named tuple, not a dataclass:
+    partition; consumers receive it with the marker's entry id. A re-sent
+    message that the broker stored long ago is answered with
+    ``(partition, -1, -1)`` (``is_duplicate``). A named tuple, not a dataclass:
     one is made per message sent and received, and a tuple is the cheapest
     immutable record to make.
     """
@@ -30,6 +32,12 @@ class MessageId(NamedTuple):
 
     def __str__(self) -> str:
         return f"{self.partition}:{self.entry_id}:{self.batch_index}"
+
+    @property
+    def is_duplicate(self) -> bool:
+        """True for the answer to a re-sent message that the broker stored
+        already, too long ago to say where: ``(partition, -1, -1)``."""
+        return self.entry_id == -1 and self.batch_index == -1
 
     @classmethod
     def parse(cls, text: str) -> MessageId:

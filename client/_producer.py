@@ -8,17 +8,39 @@ Decisions written down here:
   share frames. A batch is framed at once when it reaches
   ``batching_max_messages`` (default 1000) or would pass
   ``batching_max_bytes`` (default 1 MiB, lowered to fit the broker's
-  ``max_message_size``). One message too big for a frame is refused with
-  ``InvalidInputError``.
+  ``max_message_size``). A message too big for a batch goes in a
+  frame of its own.
+* Size: one limit, the broker's ``max_message_size`` (5 MiB,
+  `proto.MAX_MESSAGE_SIZE`, announced in CONNECTED) on the encoded message
+  (payload, key, properties). A message over it is refused before anything
+  is sent, with ``MessageTooBigError`` naming the limit; messages are not
+  chunked (the broker refuses one too, should a client send it).
 * Routing: a message with a key goes to partition
   ``zlib.crc32(key.encode()) % partitions``; keyless messages go round-robin,
   one partition per event-loop turn (per batch).
+* Partitions: the count comes with the producer's creation, and the
+  producer asks again every ``partitions_update_interval`` seconds (default
+  60, Pulsar's autoUpdatePartitionsInterval; None: never); once the topic
+  grew, its messages are routed over the new partitions too (so a key may
+  move to another partition: order per key holds only between growths).
+  The broker gives the subscriptions of a grown topic the new partitions,
+  read from their start.
 * Sequence ids: one counter per producer across all partitions, starting
-  after the broker's ``last_sequence_id`` for this producer name. A
-  ``sequence_id`` given to ``send`` must be greater than every earlier one
-  of this producer (else ``InvalidInputError``, a ``ValueError``, and nothing
-  is sent); automatic numbering continues after it. This relies on the
-  broker deduplicating per partition (ids increase on each partition).
+  after the broker's ``last_sequence_id`` for this producer name (the
+  highest it stored for the name, on any partition). A ``sequence_id``
+  given to ``send`` must be greater than every earlier one this producer
+  object sent (else ``InvalidInputError``, a ``ValueError``, and nothing is
+  sent); automatic numbering continues after the highest one.
+* Deduplication across restarts (Pulsar's): a producer made again with the
+  same name may send ids that an earlier instance sent (e.g. from
+  ``last_sequence_id`` on, or all that it cannot tell were stored). The
+  broker deduplicates per partition, so a re-sent message must go to the
+  partition it went to (the same key on as many partitions, or one
+  partition): it is answered with its original id where the broker still
+  knows it (the last 10,000 entries of the producer; after a broker
+  restart, the last 256 entries of the partition), else with an id whose
+  ``is_duplicate`` is true (stored already, place unknown:
+  ``MessageId(partition, -1, -1)``). Never stored twice, on that partition.
 * At most ``max_pending_messages`` (default 50,000) messages wait for a
   receipt; ``send`` waits for room (within the operation timeout),
   ``send_nowait`` raises ``ProducerQueueFullError``.
@@ -38,34 +60,55 @@ Decisions written down here:
   plain messages. It carries the TxnID and ``transactional=true`` and uses
   the producer's sequence ids (the broker deduplicates transactional sends
   by (TxnID, producer name, sequence id)); the broker adds the partition to
-  the transaction itself (see ``client._txn``). Its receipt must list
-  ``message_ids`` (or give ``first_batch_index`` when the places are
-  consecutive): a transactional message's id is
-  ``MessageId(partition, -1, batch_index)``, where -1 stands for the
-  commit marker's entry id, known only at commit, and
-  ``batch_index`` is the message's place in the transaction on that
-  partition. Cancelling an awaited transactional ``send`` (or the future
-  ``send_nowait`` returned) does not stop the send: the transaction still
-  waits for its answer before committing.
+  the transaction itself (see ``client._txn``).
+* A transactional send is answered once queued, with no round trip of its
+  own (Kafka's ``send`` in a transaction; ``commit()`` waits for the
+  broker's answers and raises, aborting, if one failed). Its id is
+  ``MessageId(partition, -1, index)``: -1 stands for the commit marker's
+  entry id, known only at commit, and ``index`` is the message's place in
+  the transaction on that partition, which the broker gives in the order
+  it reads the transaction's sends there. The client counts the places per
+  transaction and partition as messages are queued, and keeps the frames in
+  that order: at most one batch of a transaction fills for a partition at
+  a time (a second producer's send there frames the first's batch). The
+  receipt names the places the broker gave; if they differ from the ones
+  answered (e.g. frames of two producers re-sent in another order after a
+  reconnect) the transaction fails with ``ProtocolError`` at ``commit()``.
+  A transactional batch has one future, its transaction's, not one per
+  message.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import zlib
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
+from proto import TxnID, oversized
 from proto import txnbuf_pb2 as pb
 
-from ._connection import BusyClock, Command, Connection, Link, Type, command, fail_all, wait_until
+from ._connection import (
+    BusyClock,
+    Command,
+    Connection,
+    Link,
+    Type,
+    command,
+    copy_error,
+    fail_all,
+    wait_until,
+)
 from ._message import MessageId, new_message_id
-from ._txn import _OPEN, Transaction, TxnID, check_txn
+from ._txn import _OPEN, Transaction, check_txn
 from .errors import (
     ConnectionLostError,
     InvalidInputError,
+    MessageTooBigError,
     OperationTimeoutError,
     ProducerBusyError,
     ProducerClosedError,
@@ -76,6 +119,8 @@ from .errors import (
     from_wire,
 )
 
+log = logging.getLogger("client")
+
 MAX_SEQUENCE_ID = 2**64 - 1
 # Upper bounds of the protobuf encoding, so a frame never passes the
 # broker's max_message_size: a SingleMessage beyond its payload and key bytes
@@ -83,6 +128,10 @@ MAX_SEQUENCE_ID = 2**64 - 1
 # property entry beyond its strings at most 12, the BaseCommand / CommandSend
 # envelope (type, ids, partition) at most 36.
 MESSAGE_OVERHEAD = 32
+# More than a message's encoding adds to its payload, key (4 bytes a
+# character at most) and properties: below the limit by this much, a message
+# needs no exact check.
+MAX_ENVELOPE = 1024
 PROPERTY_OVERHEAD = 12
 FRAME_OVERHEAD = 64
 
@@ -96,11 +145,12 @@ class _Batch:
     deadline: float
     txn: Transaction | None
     entries: list[_Entry] = field(default_factory=list)
+    # Plain sends: one future per message. A transactional batch has none:
+    # ``tracker``, one future that the transaction waits on, stands for all.
     futures: list[asyncio.Future[MessageId]] = field(default_factory=list)
     size: int = 0
-    # One future per batch that the transaction waits on (one per message
-    # would cost a callback and a shield per send).
     tracker: asyncio.Future[None] | None = None
+    first_index: int = 0  # transactional: its first message's place in the transaction
 
 
 @dataclass(slots=True)
@@ -111,8 +161,9 @@ class _Frame:
     data: bytes
     futures: list[asyncio.Future[MessageId]]
     deadline: float
-    transactional: bool = False
-    tracker: asyncio.Future[None] | None = None  # the transaction's view of this frame
+    count: int  # messages in it
+    tracker: asyncio.Future[None] | None = None  # transactional: the transaction's view of it
+    first_index: int = 0
 
 
 def _resolve(
@@ -122,6 +173,38 @@ def _resolve(
     for index, future in enumerate(futures, first_index):
         if not future.done():
             future.set_result(new_message_id((partition, entry_id, index)))
+
+
+def _settle_txn_frame(
+    frame: _Frame, tracker: asyncio.Future[None], receipt: pb.CommandSendReceipt
+) -> None:
+    """Settle a transactional frame's ``tracker`` from its receipt: done if
+    the broker placed its messages where the client said they are (the
+    ids ``send`` answered), else failed with ``ProtocolError``."""
+    if tracker.done():
+        return
+    first = frame.first_index
+    if receipt.HasField("first_batch_index"):
+        placed = receipt.first_batch_index == first
+        where = f"from place {receipt.first_batch_index}"
+    elif receipt.message_ids:  # (messages re-sent: each where it was stored first)
+        ids = receipt.message_ids
+        placed = len(ids) == frame.count and all(
+            data.entry_id == -1 and data.batch_index == first + i for i, data in enumerate(ids)
+        )
+        where = f"at {[(d.entry_id, d.batch_index) for d in ids[:5]]}"
+    else:
+        tracker.set_exception(ProtocolError("the receipt of a transactional send has no ids"))
+        return
+    if placed:
+        tracker.set_result(None)
+    else:
+        tracker.set_exception(
+            ProtocolError(
+                f"the broker placed {frame.count} messages of the transaction {where}; "
+                f"the client had answered places from {first}"
+            )
+        )
 
 
 def partition_for_key(key: str, partitions: int) -> int:
@@ -188,6 +271,7 @@ class Producer:
         max_pending_messages: int = 50_000,
         batching_max_messages: int = 1000,
         batching_max_bytes: int = 1024 * 1024,
+        partitions_update_interval: float | None = 60.0,
     ) -> None:
         if max_pending_messages < 1:
             raise InvalidInputError("max_pending_messages must be at least 1")
@@ -195,6 +279,13 @@ class Producer:
             raise InvalidInputError("batching_max_messages must be at least 1")
         if batching_max_bytes < 1024:
             raise InvalidInputError("batching_max_bytes must be at least 1024")
+        interval = partitions_update_interval
+        if interval is not None and (
+            isinstance(interval, bool) or not isinstance(interval, int | float) or interval <= 0
+        ):
+            raise InvalidInputError(
+                f"partitions_update_interval must be seconds > 0 or None, not {interval!r}"
+            )
         self._conn = conn
         self._loop = asyncio.get_running_loop()
         self.topic = topic
@@ -202,6 +293,7 @@ class Producer:
         self.producer_id = conn.next_producer_id()
         self.partitions = 1
         self._next_sequence_id = 0
+        self._last_sent = -1  # the highest sequence id this object sent
         self._max_pending = max_pending_messages
         self._max_batch_messages = batching_max_messages
         self._batching_max_bytes = batching_max_bytes
@@ -217,6 +309,8 @@ class Producer:
         self._closed = False
         self._reason: TxnbufError | None = None
         self._busy = BusyClock()
+        self._partitions_update_interval = interval
+        self._watcher: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return f"<Producer {self.name!r} topic={self.topic!r} id={self.producer_id}>"
@@ -258,7 +352,38 @@ class Producer:
     async def _create(self) -> None:
         """Make the topic exist, create the producer on the broker, register."""
         deadline = self._conn.deadline()
-        meta = await self._conn.request(
+        partitions = await self._partition_count(deadline)
+        reply = await self._conn.request(
+            self._producer_command,
+            Type.PRODUCER_SUCCESS,
+            f"create producer on {self.topic!r}",
+            deadline,
+        )
+        self._created(reply.producer_success, partitions, self._conn.gen)
+        self._conn.producers[self.producer_id] = self
+        if self._partitions_update_interval is not None:
+            self._watcher = self._loop.create_task(
+                self._watch_partitions(self._partitions_update_interval),
+                name=f"txnbuf-partitions-{self.producer_id}",
+            )
+
+    async def _watch_partitions(self, interval: float) -> None:
+        """Ask the broker how many partitions the topic has every
+        ``interval`` seconds; route over the new ones once it grew."""
+        while not self._closing:
+            await asyncio.sleep(interval)
+            try:
+                count = await self._partition_count()
+            except TxnbufError as exc:
+                log.debug("partitions of %r: %s", self.topic, exc)
+                continue
+            if count > self.partitions:
+                log.info("topic %r grew to %d partitions", self.topic, count)
+                self.partitions = count
+
+    async def _partition_count(self, deadline: float | None = None) -> int:
+        """How many partitions the topic has (the broker creates it if missing)."""
+        reply = await self._conn.request(
             lambda request_id: command(
                 Type.PARTITIONED_METADATA,
                 "partitioned_metadata",
@@ -269,16 +394,7 @@ class Producer:
             f"metadata of topic {self.topic!r}",
             deadline,
         )
-        reply = await self._conn.request(
-            self._producer_command,
-            Type.PRODUCER_SUCCESS,
-            f"create producer on {self.topic!r}",
-            deadline,
-        )
-        self._created(
-            reply.producer_success, meta.partitioned_metadata_response.partitions, self._conn.gen
-        )
-        self._conn.producers[self.producer_id] = self
+        return int(reply.partitioned_metadata_response.partitions)
 
     async def reattach(self, link: Link) -> None:
         if self._closed:
@@ -325,9 +441,15 @@ class Producer:
 
         ``key`` routes the message (same key, same partition); ``properties``
         are string pairs carried along; ``sequence_id`` overrides the
-        automatic numbering and must exceed every earlier one; ``txn`` sends
-        it in that transaction (visible to readers only once committed; the
-        id is then ``MessageId(partition, -1, index in the transaction)``).
+        automatic numbering and must exceed every earlier one.
+
+        ``txn``: send it in that transaction. It returns once the message
+        is queued, with the id ``MessageId(partition, -1, index in the
+        transaction)`` (the commit marker's entry id replaces -1); whether
+        the broker took it is the transaction's outcome: ``txn.commit()``
+        raises (and aborts) if any of its sends failed. The message is
+        visible to readers only once committed.
+
         Waits for room when ``max_pending_messages`` are unanswered. Raises
         ``InvalidInputError`` for bad arguments (nothing sent),
         ``InvalidTxnStatusError`` if ``txn`` is no longer open,
@@ -336,7 +458,10 @@ class Producer:
         """
         if self._pending >= self._max_pending:
             await self._wait_for_room()
-        return await self._enqueue(value, key, properties, sequence_id, txn)
+        queued = self._enqueue(value, key, properties, sequence_id, txn)
+        if isinstance(queued, MessageId):
+            return queued
+        return await queued
 
     def send_nowait(
         self,
@@ -348,20 +473,31 @@ class Producer:
         txn: Transaction | None = None,
     ) -> asyncio.Future[MessageId]:
         """Queue one message at once and return the future of its id (the
-        cheapest way to have many sends in flight). Raises
+        cheapest way to have many sends in flight); with ``txn`` the future
+        is done at once, as ``send`` returns at once. Raises
         ``ProducerQueueFullError`` when ``max_pending_messages`` are unanswered."""
         if self._pending >= self._max_pending and not self._closing:
             raise ProducerQueueFullError(
                 f"{self._pending} messages await a receipt (max_pending_messages)"
             )
-        return self._enqueue(value, key, properties, sequence_id, txn)
+        queued = self._enqueue(value, key, properties, sequence_id, txn)
+        if isinstance(queued, MessageId):
+            future: asyncio.Future[MessageId] = self._loop.create_future()
+            future.set_result(queued)
+            return future
+        return queued
 
     async def flush(self) -> None:
         """Frame every queued message now and wait until every message sent
-        so far is answered or has failed (each send reports its own outcome).
-        Raises ``OperationTimeoutError`` after the operation timeout."""
+        so far is answered or has failed (each plain send reports its own
+        outcome, a transactional one its transaction's commit). Raises
+        ``OperationTimeoutError`` after the operation timeout."""
         self._flush()
-        futures = [future for frame in self._inflight.values() for future in frame.futures]
+        futures: list[asyncio.Future[Any]] = []
+        for frame in self._inflight.values():
+            futures += frame.futures
+            if frame.tracker is not None:
+                futures.append(frame.tracker)
         if futures:
             await wait_until(asyncio.wait(futures), self._conn.deadline(), "flush")
 
@@ -372,7 +508,9 @@ class Producer:
         properties: Mapping[str, str] | None,
         sequence_id: int | None,
         txn: Transaction | None,
-    ) -> asyncio.Future[MessageId]:
+    ) -> asyncio.Future[MessageId] | MessageId:
+        """Queue one message: the future of a plain send's id, or a
+        transactional send's id (known now)."""
         if self._closing:
             self._raise_closed()
         if txn is not None and (
@@ -400,48 +538,74 @@ class Producer:
         else:
             self._check_sequence_id(sequence_id)
         max_bytes = self._max_batch_bytes
-        if size > max_bytes:
-            raise InvalidInputError(
-                f"message of about {size} bytes is over the frame limit of {max_bytes} bytes"
-            )
+        alone = size > max_bytes  # (a frame of its own, if not too big)
+        if alone:
+            _check_size(value, key, properties, sequence_id, self._conn.max_message_size)
         # Every check passed: from here on the message is sent.
-        self._next_sequence_id = sequence_id + 1
-        future: asyncio.Future[MessageId] = self._loop.create_future()
+        self._last_sent = sequence_id
+        if sequence_id >= self._next_sequence_id:
+            self._next_sequence_id = sequence_id + 1
         where = (partition, txn)
         batch = self._batches.get(where)
-        if batch is not None and batch.size + size > max_bytes:
+        if batch is not None and (alone or batch.size + size > max_bytes):
             self._frame(partition, self._batches.pop(where))
             batch = None
         if batch is None:
-            batch = self._batches[where] = _Batch(
-                self._loop.time() + self._conn.operation_timeout, txn
-            )
-            if txn is not None:
-                batch.tracker = self._loop.create_future()
-                txn._track(batch.tracker)
-                txn._flushes.add(self._flush)
-        batch.entries.append((value, key, properties, sequence_id))
-        batch.futures.append(future)
+            batch = self._batches[where] = self._new_batch(partition, txn)
+        entries = batch.entries
+        entries.append((value, key, properties, sequence_id))
         batch.size += size
         self._pending += 1
-        if len(batch.futures) >= self._max_batch_messages:
+        queued: asyncio.Future[MessageId] | MessageId
+        if txn is None:
+            queued = self._loop.create_future()
+            batch.futures.append(queued)
+        else:
+            queued = new_message_id((partition, -1, batch.first_index + len(entries) - 1))
+        if alone or len(entries) >= self._max_batch_messages:
             self._frame(partition, self._batches.pop(where))
         elif not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
-        # A caller that cancels its wait cancels only its own future: the
-        # transaction tracks the batch (``tracker``), which the receipt settles.
-        return future
+        return queued
+
+    def _new_batch(self, partition: int, txn: Transaction | None) -> _Batch:
+        batch = _Batch(self._loop.time() + self._conn.operation_timeout, txn)
+        if txn is None:
+            return batch
+        # A transaction's messages on a partition are placed in the order the
+        # broker reads them; the ids answered now count them in the order
+        # they are queued. So at most one batch of the transaction fills for
+        # a partition at a time: another producer's goes out first.
+        spot = (self.topic, partition)
+        filling = txn._filling.get(spot)
+        if filling is not None:
+            filling._frame_filling(partition, txn)
+        txn._filling[spot] = self
+        batch.first_index = txn._places.get(spot, 0)
+        batch.tracker = self._loop.create_future()
+        txn._track(batch.tracker)
+        txn._flushes[self._flush] = None
+        return batch
+
+    def _frame_filling(self, partition: int, txn: Transaction) -> None:
+        """Frame this producer's batch of ``txn`` for ``partition`` now:
+        another producer's is to follow it."""
+        batch = self._batches.pop((partition, txn), None)
+        if batch is not None:
+            self._frame(partition, batch)
+        else:
+            txn._filling.pop((self.topic, partition), None)
 
     def _check_sequence_id(self, sequence_id: int) -> None:
         if type(sequence_id) is not int:
             raise InvalidInputError(
                 f"sequence_id must be an int or None, not {type(sequence_id).__name__}"
             )
-        if sequence_id < self._next_sequence_id:
+        if sequence_id <= self._last_sent:
             raise InvalidInputError(
-                f"sequence_id {sequence_id} must be greater than the last one of this "
-                f"producer ({self._next_sequence_id - 1})"
+                f"sequence_id {sequence_id} must be greater than the last one this "
+                f"producer sent ({self._last_sent})"
             )
         if sequence_id > MAX_SEQUENCE_ID:
             raise InvalidInputError(f"sequence_id {sequence_id} does not fit in 64 bits")
@@ -459,17 +623,29 @@ class Producer:
     def _frame(self, partition: int, batch: _Batch) -> None:
         request_id = self._conn.next_request_id()
         txn = batch.txn
+        entries = batch.entries
         data = build_send(
             self.producer_id,
             request_id,
             partition,
-            batch.entries,
+            entries,
             time.time_ns() // 1_000_000,
             None if txn is None else txn.id,
         ).SerializeToString()
         frame = _Frame(
-            request_id, data, batch.futures, batch.deadline, txn is not None, batch.tracker
+            request_id,
+            data,
+            batch.futures,
+            batch.deadline,
+            len(entries),
+            batch.tracker,
+            batch.first_index,
         )
+        if txn is not None:
+            spot = (self.topic, partition)
+            txn._places[spot] = batch.first_index + len(entries)
+            if txn._filling.get(spot) is self:
+                del txn._filling[spot]
         self._inflight[request_id] = frame
         if self._conn.is_current(self._gen):
             self._conn.write(data)
@@ -480,38 +656,26 @@ class Producer:
         frame = self._inflight.pop(receipt.request_id, None)
         if frame is None:
             return  # timed out already, or a late duplicate
+        if frame.tracker is not None:
+            _settle_txn_frame(frame, frame.tracker, receipt)
+            self._released(frame.count)
+            return
         futures = frame.futures
         ids = receipt.message_ids
-        first_index = receipt.HasField("first_batch_index")
-        error: ProtocolError | None = None  # of the messages the receipt leaves unanswered
-        if not first_index and ids and len(ids) < len(futures):
-            error = ProtocolError(f"receipt has {len(ids)} ids for {len(futures)} messages")
-        elif not first_index and not ids and frame.transactional:
-            error = ProtocolError("the receipt of a transactional send has no ids")
-        # The transaction's view of the frame, failed if a message was, first:
-        # its callbacks then run before those of the messages' callers.
-        tracker = frame.tracker
-        if tracker is not None and not tracker.done():
-            if error is None:
-                tracker.set_result(None)
-            else:
-                tracker.set_exception(error)
-        if first_index:
-            # A transaction's consecutive places: message i is (partition, -1, first + i).
-            _resolve(futures, receipt.partition, -1, receipt.first_batch_index)
-        elif ids:
+        if ids:  # (messages re-sent: each where it was stored first)
             for future, data in zip(futures, ids, strict=False):
                 if not future.done():
                     future.set_result(
                         new_message_id((data.partition, data.entry_id, data.batch_index))
                     )
-            if error is not None:
-                fail_all(futures[len(ids) :], error)
-        elif error is not None:
-            fail_all(futures, error)
+            if len(ids) < len(futures):
+                fail_all(
+                    futures[len(ids) :],
+                    ProtocolError(f"receipt has {len(ids)} ids for {len(futures)} messages"),
+                )
         else:
             _resolve(futures, receipt.partition, receipt.entry_id, 0)
-        self._released(len(futures))
+        self._released(frame.count)
 
     def on_send_error(self, error: pb.CommandSendError) -> None:
         self.fail_request(error.request_id, from_wire(error.error, error.message))
@@ -521,9 +685,9 @@ class Producer:
         if frame is None:
             return False
         if frame.tracker is not None and not frame.tracker.done():
-            frame.tracker.set_exception(exc)  # (first, as in on_receipt)
+            frame.tracker.set_exception(exc)
         fail_all(frame.futures, exc)
-        self._released(len(frame.futures))
+        self._released(frame.count)
         return True
 
     def expire(self, now: float) -> None:
@@ -574,6 +738,7 @@ class Producer:
         if self._closing:
             return
         self._closing = True
+        self._stop_watching()
         try:
             await self.flush()
         except OperationTimeoutError:
@@ -606,15 +771,22 @@ class Producer:
         """Close the producer after a fatal error; pending sends fail with it."""
         self._reason = reason
         self._closing = self._closed = True
+        self._stop_watching()
         self._conn.producers.pop(self.producer_id, None)
         frames, self._inflight = self._inflight, {}
         batches, self._batches = self._batches, {}
-        for frame in frames.values():
-            fail_all(frame.futures, reason)
-        for batch in batches.values():
-            fail_all(batch.futures, reason)
+        parts: list[_Frame | _Batch] = [*frames.values(), *batches.values()]
+        for part in parts:
+            fail_all(part.futures, reason)
+            if part.tracker is not None and not part.tracker.done():
+                part.tracker.set_exception(copy_error(reason))
         self._released(self._pending)
         self._wake_room_waiters()
+
+    def _stop_watching(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            self._watcher = None
 
     def _wake_room_waiters(self) -> None:
         while self._room_waiters:
@@ -624,6 +796,25 @@ class Producer:
 
     def _raise_closed(self) -> None:
         raise ProducerClosedError(f"producer {self.name!r} is closed") from self._reason
+
+
+def _check_size(
+    value: bytes,
+    key: str | None,
+    properties: Mapping[str, str] | None,
+    sequence_id: int,
+    limit: int,
+) -> None:
+    """Raise ``MessageTooBigError`` if the message, encoded, is over
+    ``limit`` (the broker's ``max_message_size``)."""
+    single = pb.SingleMessage(payload=value, sequence_id=sequence_id, publish_time_ms=2**41)
+    if key is not None:
+        single.key = key
+    if properties:
+        single.properties.update(properties)
+    too_big = oversized([single], limit)
+    if too_big is not None:
+        raise MessageTooBigError(f"cannot send: {too_big}")
 
 
 def _properties_size(properties: Mapping[str, str]) -> int:

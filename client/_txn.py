@@ -8,6 +8,13 @@ producers and consumers do the sending.
 
 Decisions written down here:
 
+* Sends and acks of a transaction return once queued (``Producer.send``,
+  ``Consumer.acknowledge`` with ``txn=``): none costs a round trip of its
+  own, so a loop that awaits each send and ack frames the whole batch at
+  once. The transaction counts them until the broker answers
+  (``_track``); ``commit()`` waits for them and fails if one failed (Kafka's
+  ``commitTransaction``). A failure reaches the application through
+  ``commit()`` only.
 * Registration: none by the client. The broker adds the partition of a
   transactional SEND, and the subscription of a transactional ACK, to the
   transaction itself if it is not yet (KIP-890 part 2), before it takes the
@@ -33,8 +40,14 @@ Decisions written down here:
   though it committed with all its sends and acks. A send or ack that
   timed out on the client while the broker took it is committed with the
   rest when the END succeeds (the broker decides).
-* ``abort()`` sends END_TXN ABORT at once and does not wait for the sends
-  and acks still in flight: they are abandoned. The broker refuses them
+* ``abort()`` frames the sends and acks still queued, then sends END_TXN
+  ABORT at once, without waiting for their answers, and with ``after_ops``:
+  the broker aborts once it has answered the sends and acks it read
+  before the END (on this link, or re-sent before it on the next), so an
+  ack the application made before ``abort()`` is in PENDING_ACK when the
+  abort returns it to PENDING, and its message is redelivered; a refused
+  one is not the abort's concern. A send or ack made after the END is
+  refused by the broker. The broker refuses them
   once the coordinator has aborted the transaction, or they land and are
   aborted with it; each still reports its own outcome to its caller.
 * END_TXN is a control request, retried across reconnects until
@@ -63,8 +76,9 @@ import asyncio
 import enum
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
+from proto import TxnID
 from proto import txnbuf_pb2 as pb
 
 from ._connection import Command, Type, command, copy_error, wait_future_until
@@ -81,44 +95,10 @@ from .errors import (
 
 if TYPE_CHECKING:
     from ._connection import Connection, Link
+    from ._producer import Producer
     from ._spares import SparePool
 
 log = logging.getLogger("client")
-
-_U64 = (1 << 64) - 1
-_TCID_SHIFT = 48
-
-
-class TxnID(NamedTuple):
-    """A transaction id (PIP-31 §TxnID): 128 bits as two unsigned 64-bit
-    halves; the high 16 bits of ``most_bits`` are the id of the coordinator
-    that owns it (``tcid``). ``str`` gives ``"(most_bits,least_bits)"``,
-    which ``TxnID.parse`` reads back."""
-
-    most_bits: int
-    least_bits: int
-
-    @property
-    def tcid(self) -> int:
-        return self.most_bits >> _TCID_SHIFT
-
-    def __str__(self) -> str:
-        return f"({self.most_bits},{self.least_bits})"
-
-    @classmethod
-    def parse(cls, text: str) -> TxnID:
-        """The inverse of ``str``: ``TxnID.parse("(281474976710656,7)")``.
-        Raises ``InvalidInputError`` (a ``ValueError``) on anything else."""
-        body = text.strip() if isinstance(text, str) else ""
-        parts = body[1:-1].split(",") if body.startswith("(") and body.endswith(")") else []
-        halves = [part.strip() for part in parts]
-        if len(halves) != 2 or not all(h.isascii() and h.isdigit() for h in halves):
-            raise InvalidInputError(f"not a TxnID: {text!r} (want '(most_bits,least_bits)')")
-        most, least = int(halves[0]), int(halves[1])
-        if most > _U64 or least > _U64:
-            raise InvalidInputError(f"not a TxnID: {text!r} (halves are unsigned 64-bit)")
-        return cls(most, least)
-
 
 # --- the state table ----------------------------------------------------------
 
@@ -127,6 +107,7 @@ class TxnState(enum.Enum):
     """Where a transaction is, as this client knows it."""
 
     OPEN = "open"  # sends and acks may use it
+    PREPARED = "prepared"  # made durable for its decision (``prepare()``): no more sends or acks
     COMMITTING = "committing"  # commit decided; END_TXN COMMIT not answered yet
     ABORTING = "aborting"  # abort decided; END_TXN ABORT not answered yet
     COMMITTED = "committed"
@@ -138,6 +119,7 @@ _OPEN = TxnState.OPEN  # (an Enum member lookup costs ~1 µs; check_txn runs per
 
 
 class TxnEvent(enum.Enum):
+    PREPARE = "prepare"  # prepare() was answered with success
     COMMIT = "commit"  # the application calls commit()
     ABORT = "abort"  # the application calls abort(), or commit() found a failure
     COMMITTED = "committed"  # END_TXN COMMIT answered with success
@@ -149,6 +131,9 @@ S, E = TxnState, TxnEvent
 TRANSITIONS: dict[tuple[TxnState, TxnEvent], TxnState] = {
     (S.OPEN, E.COMMIT): S.COMMITTING,
     (S.OPEN, E.ABORT): S.ABORTING,
+    (S.OPEN, E.PREPARE): S.PREPARED,
+    (S.PREPARED, E.COMMIT): S.COMMITTING,
+    (S.PREPARED, E.ABORT): S.ABORTING,
     (S.COMMITTING, E.COMMIT): S.COMMITTING,  # again, after an unknown outcome
     (S.COMMITTING, E.ABORT): S.ABORTING,  # a send or ack failed, or the app gives up
     (S.ABORTING, E.ABORT): S.ABORTING,  # again, after an unknown outcome
@@ -217,8 +202,14 @@ class Transaction:
         self._state = TxnState.OPEN
         self._ending = False  # a commit() or abort() is running
         # What frames its queued sends and acks now (producers' and
-        # consumers' flushes), for a commit written right behind them.
-        self._flushes: set[Callable[[], None]] = set()
+        # consumers' flushes), for a commit written right behind them; in
+        # the order they first queued something (a dict as an ordered set).
+        self._flushes: dict[Callable[[], None], None] = {}
+        # Per (topic, partition): the place in the transaction of the next
+        # message framed there, and the producer whose batch of the
+        # transaction is filling for it (``client._producer``).
+        self._places: dict[tuple[str, int], int] = {}
+        self._filling: dict[tuple[str, int], Producer] = {}
         self._pending_ops = 0
         # What commit() waits on while sends or acks are unanswered.
         self._settled: asyncio.Future[None] | None = None
@@ -339,6 +330,8 @@ class Transaction:
         if self._state is TxnState.ABORTED and not self._ending:
             return
         self._begin(TxnEvent.ABORT)
+        for flush in self._flushes:  # (what was queued goes before the END, in order)
+            flush()
         try:
             await self._end(TxnEvent.ABORT)
         finally:
@@ -377,7 +370,8 @@ class Transaction:
         def build(request_id: int) -> Command:
             nonlocal unasked
             cmd = self._command(Command.END_TXN, "end_txn", request_id, txn_action=action)
-            cmd.end_txn.after_ops = behind_ops is not None
+            # (an ABORT always: see the module docstring)
+            cmd.end_txn.after_ops = behind_ops is not None or not committing
             if unasked is not None:
                 cmd.end_txn.next_txn_ttl_ms = unasked.ttl_ms
                 cmd.end_txn.next_tc_id = unasked.tc_id

@@ -11,6 +11,7 @@ The tree::
 
     TxnbufError
     ├── InvalidInputError (also ValueError)      bad argument; nothing was sent
+    │   └── MessageTooBigError                    a message over max_message_size
     ├── ClosedError
     │   ├── ClientClosedError
     │   ├── ProducerClosedError
@@ -87,6 +88,7 @@ __all__ = [
     "InvalidTxnStateError",
     "InvalidTxnStatusError",
     "MalformedFrameError",
+    "MessageTooBigError",
     "NotAllowedError",
     "OperationTimeoutError",
     "OutOfOrderSequenceError",
@@ -130,6 +132,12 @@ class TxnbufError(Exception):
 
 class InvalidInputError(TxnbufError, ValueError):
     """An argument was wrong; the message names it. Nothing was sent."""
+
+
+class MessageTooBigError(InvalidInputError):
+    """A message is over ``max_message_size`` (the broker's, 5 MiB: the
+    bytes of the encoded message, payload, key and properties). Messages
+    are not chunked: nothing was sent."""
 
 
 class ClosedError(TxnbufError):

@@ -3,20 +3,21 @@
 PIP-31's PENDING_ACK state: an acknowledgement inside a transaction locks its
 messages until `Subscriptions.end_txn` commits (DELETED) or aborts (PENDING,
 redelivered) them; the locks are records of the cursor ledger. A transaction
-is a `TxnKey`, ``(most_bits, least_bits)``: this package does not import tc.
+is a `proto.TxnID`.
+What a subscription refuses it raises as `proto.refusals` classes
+(NOT_ALLOWED, TRANSACTION_CONFLICT, UNKNOWN_MESSAGE_ID, ...).
 """
 
 from subscriptions._cursor import (
     WHOLE_ENTRY,
     AckConflict,
     Cursor,
-    TxnKey,
     replay_cursor,
     txn_end_record,
 )
 from subscriptions._manager import Subscriptions
 from subscriptions._state import TRANSITIONS, AckEvent, InvalidAckTransition, MsgState, transition
-from subscriptions._subscription import Consumer, PartitionSubscription, SubscriptionError, SubType
+from subscriptions._subscription import Consumer, PartitionSubscription, SubType
 
 __all__ = [
     "TRANSITIONS",
@@ -29,9 +30,7 @@ __all__ = [
     "MsgState",
     "PartitionSubscription",
     "SubType",
-    "SubscriptionError",
     "Subscriptions",
-    "TxnKey",
     "replay_cursor",
     "transition",
     "txn_end_record",

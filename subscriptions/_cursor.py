@@ -24,7 +24,7 @@ the cursor; a fresh snapshot lets the ledger be trimmed before it. A record
 whose transitions the table refuses changes nothing (`AckConflict`), live and
 in replay alike.
 
-A transaction is named by ``TxnKey = (most_bits, least_bits)``: this package
+A transaction is named by ``TxnID = (most_bits, least_bits)``: this package
 builds on ledger and buffer only, never on tc.
 """
 
@@ -44,6 +44,7 @@ from sortedcontainers import SortedSet
 
 from buffer import Position
 from ledger import Entry
+from proto import TxnID, wire_txnid
 from subscriptions._state import AckEvent, InvalidAckTransition, MsgState, transition
 
 __all__ = [
@@ -57,7 +58,6 @@ __all__ = [
     "AckConflict",
     "AckRecord",
     "Cursor",
-    "TxnKey",
     "check_txn_key",
     "decode_record",
     "encode_record",
@@ -84,10 +84,8 @@ _KIND_NAMES = {
 _U64 = (1 << 64) - 1
 _ENTRY_OF = itemgetter(0)
 
-TxnKey = tuple[int, int]  # (most_bits, least_bits) of a TxnID
 
-
-def txn_text(txn: TxnKey) -> str:
+def txn_text(txn: TxnID) -> str:
     """A transaction as tc's TxnID prints it: ``(most_bits,least_bits)``."""
     return f"({txn[0]},{txn[1]})"
 
@@ -96,15 +94,15 @@ def _pos_text(pos: Position) -> str:
     return f"{pos[0]}:{pos[1]}"
 
 
-def check_txn_key(txn: object) -> TxnKey:
-    """``txn`` as a `TxnKey`; ValueError unless it is two integers in [0, 2**64)."""
+def check_txn_key(txn: object) -> TxnID:
+    """``txn`` as a `TxnID`; ValueError unless it is two integers in [0, 2**64)."""
     if (
         not isinstance(txn, tuple)
         or len(txn) != 2
         or not all(type(x) is int and 0 <= x <= _U64 for x in txn)
     ):
         raise ValueError(f"not a transaction id: {txn!r} (expected (most_bits, least_bits))")
-    return (txn[0], txn[1])
+    return wire_txnid(txn[0], txn[1])
 
 
 class AckConflict(InvalidAckTransition):
@@ -120,8 +118,8 @@ class AckConflict(InvalidAckTransition):
         position: Position,
         state: MsgState,
         event: AckEvent,
-        txn: TxnKey | None = None,
-        holder: TxnKey | None = None,
+        txn: TxnID | None = None,
+        holder: TxnID | None = None,
     ) -> None:
         super().__init__(state, event)
         self.position = position
@@ -141,7 +139,7 @@ class AckRecord:
 
     kind: int
     positions: tuple[Position, ...] = ()
-    txn: TxnKey | None = None
+    txn: TxnID | None = None
     # A TXN_ACK whose transitions were checked against the state it is
     # applied to (nothing queued before it can change them): `Cursor.apply`
     # need not plan it again. Not stored.
@@ -168,10 +166,10 @@ class AckRecord:
             raise ValueError(f"torn {_KIND_NAMES[kind]} record ({len(data)} bytes)")
         head = array("Q")
         head.frombytes(data[:16])
-        return cls(kind, tuple(decode_record(data[16:])), (head[0], head[1]))
+        return cls(kind, tuple(decode_record(data[16:])), wire_txnid(head[0], head[1]))
 
 
-def txn_end_record(txn: TxnKey, commit: bool) -> AckRecord:
+def txn_end_record(txn: TxnID, commit: bool) -> AckRecord:
     """The record that ends ``txn`` on a cursor (EndTxnOnSubscription):
     TXN_COMMIT or TXN_ABORT. Stored as ``record.encode()`` with ledger meta
     ``record.kind``."""
@@ -193,10 +191,10 @@ class Cursor:
     def __init__(self, mark_delete: Position) -> None:
         self.mark_delete: Position = mark_delete
         self.acked: SortedSet = SortedSet()
-        self.pending_ack: dict[Position, TxnKey] = {}
+        self.pending_ack: dict[Position, TxnID] = {}
         # Each transaction's positions, in the order it locked them (a dict:
         # sorting them for a commit is then one pass, they come in order).
-        self.txn_acks: dict[TxnKey, dict[Position, None]] = {}
+        self.txn_acks: dict[TxnID, dict[Position, None]] = {}
         self._locked_entries: dict[int, int] = {}  # entry id -> its PENDING_ACK messages
 
     def __repr__(self) -> str:
@@ -261,7 +259,7 @@ class Cursor:
         kind: int,
         positions: Iterable[Position],
         count: Callable[[int], int],
-        txn: TxnKey | None = None,
+        txn: TxnID | None = None,
     ) -> list[Change]:
         """The state changes a record would make; changes nothing.
 
@@ -288,7 +286,7 @@ class Cursor:
         after, held = self._plan_end(kind, txn)
         return [(pos, after) for pos in held]
 
-    def plan_txn_ack(self, positions: Iterable[Position], txn: TxnKey) -> list[Position]:
+    def plan_txn_ack(self, positions: Iterable[Position], txn: TxnID) -> list[Position]:
         """`plan` of a TXN_ACK, as the positions it locks: they all become
         PENDING_ACK (the table allows a TXN_ACK nothing else)."""
         wanted = list(dict.fromkeys(positions))
@@ -299,7 +297,7 @@ class Cursor:
         wanted = [p for p in wanted if self.pending_ack.get(p) != txn]
         return [pos for pos, _ in self._plan(self._states(wanted), AckEvent.TXN_ACK, txn)]
 
-    def _plan_end(self, kind: int, txn: TxnKey) -> tuple[MsgState, list[Position]]:
+    def _plan_end(self, kind: int, txn: TxnID) -> tuple[MsgState, list[Position]]:
         """`plan` of a TXN_COMMIT / TXN_ABORT: the state after it, and every
         position ``txn`` holds, sorted (they all move to that state)."""
         mine = self.txn_acks.get(txn)
@@ -360,7 +358,7 @@ class Cursor:
             changes.sort()
         return changes
 
-    def _plan(self, states: Iterable[Change], event: AckEvent, txn: TxnKey | None) -> list[Change]:
+    def _plan(self, states: Iterable[Change], event: AckEvent, txn: TxnID | None) -> list[Change]:
         """The changes ``event`` makes to messages in these states, as the table says."""
         changes: list[Change] = []
         last: MsgState | None = None  # the table is asked again when the state changes
@@ -373,7 +371,7 @@ class Cursor:
                 changes.append((pos, after))
         return changes
 
-    def _ask(self, pos: Position, state: MsgState, event: AckEvent, txn: TxnKey | None) -> MsgState:
+    def _ask(self, pos: Position, state: MsgState, event: AckEvent, txn: TxnID | None) -> MsgState:
         """`transition`, refusing with an `AckConflict` that names ``pos``."""
         try:
             return transition(state, event)
@@ -386,7 +384,7 @@ class Cursor:
         positions: Iterable[Position],
         count: Callable[[int], int],
         last: int,
-        txn: TxnKey | None = None,
+        txn: TxnID | None = None,
         checked: bool = False,
     ) -> list[Position]:
         """Apply a record; returns the positions whose state changed.
@@ -428,7 +426,7 @@ class Cursor:
         self._advance(count, last)
         return changed
 
-    def _set(self, pos: Position, after: MsgState, txn: TxnKey | None) -> None:
+    def _set(self, pos: Position, after: MsgState, txn: TxnID | None) -> None:
         if pos in self.pending_ack:
             self._unlock(pos)
         if after is MsgState.DELETED:
@@ -438,12 +436,12 @@ class Cursor:
                 raise ValueError("a TXN_ACK record needs a transaction id")
             self._lock(pos, txn)
 
-    def _lock(self, pos: Position, txn: TxnKey) -> None:
+    def _lock(self, pos: Position, txn: TxnID) -> None:
         self.pending_ack[pos] = txn
         self.txn_acks.setdefault(txn, {})[pos] = None
         self._locked_entries[pos[0]] = self._locked_entries.get(pos[0], 0) + 1
 
-    def _lock_all(self, positions: list[Position], txn: TxnKey) -> None:
+    def _lock_all(self, positions: list[Position], txn: TxnID) -> None:
         """`_lock` of many positions at once."""
         self.pending_ack.update(dict.fromkeys(positions, txn))
         self.txn_acks.setdefault(txn, {}).update(dict.fromkeys(positions))
@@ -480,7 +478,7 @@ class Cursor:
         else:
             del self._locked_entries[pos[0]]
 
-    def _unlock_txn(self, txn: TxnKey, positions: list[Position]) -> None:
+    def _unlock_txn(self, txn: TxnID, positions: list[Position]) -> None:
         """`_unlock` of ``positions``, every message ``txn`` holds (sorted)."""
         del self.txn_acks[txn]
         pop = self.pending_ack.pop
@@ -582,7 +580,7 @@ class Cursor:
 
 def replay_cursor(
     name: str, entries: Sequence[Entry], count: Callable[[int], int], last: int
-) -> tuple[Cursor, list[TxnKey]]:
+) -> tuple[Cursor, list[TxnID]]:
     """Rebuild a cursor from the entries of its ledger ``name``: a snapshot
     first, then records (and later snapshots), each through `Cursor.apply`;
     ``count`` and ``last`` as there. Returns the cursor and the transactions
@@ -593,7 +591,7 @@ def replay_cursor(
     if not entries or entries[0].meta != SNAPSHOT:
         raise RuntimeError(f"cursor ledger {name} does not start with a snapshot")
     cursor = Cursor.from_snapshot(entries[0].data)
-    ended: list[TxnKey] = []
+    ended: list[TxnID] = []
     for entry in entries[1:]:
         if entry.meta == SNAPSHOT:
             cursor = Cursor.from_snapshot(entry.data)

@@ -16,8 +16,8 @@ import time
 from typing import Any
 
 from buffer import MessageId, Partition, Position, Topic, Topics
-from subscriptions._cursor import TxnKey
-from subscriptions._subscription import Consumer, PartitionSubscription, SubscriptionError
+from proto import TxnID, refusals
+from subscriptions._subscription import Consumer, PartitionSubscription
 
 __all__ = ["Subscriptions"]
 
@@ -158,7 +158,7 @@ class Subscriptions:
         """Attach ``consumer`` to subscription ``name`` on every partition.
 
         Creates the subscription (its cursors) if needed. Raises
-        `SubscriptionError` (nothing attached) if the subscription refuses it.
+        a `refusals.Refusal` (nothing attached) if the subscription refuses it.
         """
         async with self._lock:
             # The partitions as of now: the topic may grow while cursors are
@@ -183,15 +183,14 @@ class Subscriptions:
         """Subscription ``name`` on every partition of ``topic``, created
         where missing (at the earliest or latest position, durably) with no
         consumer: a cursor its owner moves by position (a stream source's
-        progress, see `broker._reader`). Raises `SubscriptionError`
+        progress, see `broker._reader`). Raises `refusals.NotAllowed`
         (nothing created) if it exists as a read_uncommitted one."""
         async with self._lock:
             parts = list(topic.partitions)
             existing = [self._subs.get((topic.name, p.index, name)) for p in parts]
             for sub in existing:
                 if sub is not None and sub.read_uncommitted:
-                    raise SubscriptionError(
-                        "NOT_ALLOWED",
+                    raise refusals.NotAllowed(
                         f"subscription {name!r} on {topic.name!r} reads uncommitted messages; "
                         "a cursor moved by position reads committed ones",
                     )
@@ -260,12 +259,12 @@ class Subscriptions:
         consumer: Consumer,
         ids: list[MessageId],
         cumulative: bool,
-        txn: TxnKey | None = None,
+        txn: TxnID | None = None,
     ) -> None:
         """Acknowledge ``ids`` on ``consumer``'s subscription, durably.
 
         Every id is checked first: an id naming no message raises
-        `SubscriptionError` UNKNOWN_MESSAGE_ID and nothing is acknowledged.
+        `refusals.UnknownMessageId` and nothing is acknowledged.
         With ``txn`` (most_bits, least_bits) the messages become PENDING_ACK
         in that transaction (see `PartitionSubscription.ack`); the caller
         registers the subscription with the TC first. Partitions are acked
@@ -282,13 +281,13 @@ class Subscriptions:
         consumer: Consumer,
         by_part: dict[int, list[Position]],
         cumulative: bool,
-        txn: TxnKey | None = None,
+        txn: TxnID | None = None,
         early: bool = False,
     ) -> None:
         """`ack` of positions grouped by partition (what the wire gives);
         ``early``: see `PartitionSubscription.ack`."""
         if not by_part or not any(by_part.values()):
-            raise SubscriptionError("INVALID_ARGUMENT", "an acknowledgement needs message ids")
+            raise refusals.InvalidArgument("an acknowledgement needs message ids")
         subs = {s.partition.index: s for s in consumer.subscriptions}
         for partition, positions in by_part.items():
             sub = subs.get(partition)
@@ -296,15 +295,12 @@ class Subscriptions:
                 continue
             pos = positions[0] if sub is None else sub.first_unknown(positions)
             if pos is not None:
-                raise SubscriptionError(
-                    "UNKNOWN_MESSAGE_ID",
+                raise refusals.UnknownMessageId(
                     f"no message {partition}:{pos[0]}:{pos[1]} on topic {consumer.topic!r} "
                     f"(subscription {consumer.subscription!r})",
                 )
         if cumulative and len(by_part) > 1:
-            raise SubscriptionError(
-                "INVALID_ARGUMENT", "a cumulative acknowledgement names one partition"
-            )
+            raise refusals.InvalidArgument("a cumulative acknowledgement names one partition")
         if len(by_part) == 1:  # (the usual case: no task per partition)
             ((partition, positions),) = by_part.items()
             await subs[partition].ack(positions, cumulative, txn, early)
@@ -314,7 +310,7 @@ class Subscriptions:
         )
 
     async def end_txn(
-        self, topic: str, subscription: str, txn: TxnKey, commit: bool, durable: bool = True
+        self, topic: str, subscription: str, txn: TxnID, commit: bool, durable: bool = True
     ) -> None:
         """EndTxnOnSubscription: commit or abort ``txn``'s acks on every partition.
 
@@ -328,7 +324,7 @@ class Subscriptions:
             return
         await asyncio.gather(*(sub.end_txn(txn, commit, durable) for sub in subs))
 
-    def end_txn_now(self, topic: str, subscription: str, txn: TxnKey, commit: bool) -> None:
+    def end_txn_now(self, topic: str, subscription: str, txn: TxnID, commit: bool) -> None:
         """`end_txn` with ``durable=False``, without a turn of the loop."""
         for sub in self._by_topic.get(topic, {}).get(subscription, []):
             sub.end_txn_now(txn, commit)

@@ -50,6 +50,7 @@ from sortedcontainers import SortedSet
 
 from buffer import DATA, Partition, Position, TransactionBuffer, entry_count, entry_kind
 from ledger import Entry, Ledger, faults, read_runs, unawaited
+from proto import TxnID, refusals
 from proto import txnbuf_pb2 as pb
 from subscriptions._cursor import (
     CUMULATIVE,
@@ -62,7 +63,6 @@ from subscriptions._cursor import (
     AckConflict,
     AckRecord,
     Cursor,
-    TxnKey,
     check_txn_key,
     decode_record,
     encode_record,
@@ -79,7 +79,7 @@ from subscriptions._uncommitted import (
     to_wire,
 )
 
-__all__ = ["Consumer", "PartitionSubscription", "SubType", "SubscriptionError"]
+__all__ = ["Consumer", "PartitionSubscription", "SubType"]
 
 log = logging.getLogger(__name__)
 
@@ -94,14 +94,6 @@ class SubType(enum.Enum):
     EXCLUSIVE = "exclusive"
     SHARED = "shared"
     FAILOVER = "failover"
-
-
-class SubscriptionError(Exception):
-    """A request this subscription refuses; ``code`` is the wire error name."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass(eq=False)
@@ -172,7 +164,7 @@ class PartitionSubscription:
         self._resetting: Cursor | None = None  # the cursor a `reset` in flight moves to
         # Transactions ended here lately: a late ack of one would lock its
         # messages for ever, so it is refused (see `end_txn`).
-        self._ended: OrderedDict[TxnKey, None] = OrderedDict()
+        self._ended: OrderedDict[TxnID, None] = OrderedDict()
         # Dispatch: woken since it last looked, the future it sleeps on, and
         # held by a `reset` (no dispatch task starts meanwhile).
         self._woken = False
@@ -324,11 +316,11 @@ class PartitionSubscription:
         return self.consumers[0].sub_type if self.consumers else None
 
     def check_can_add(self, consumer: Consumer) -> None:
-        """Raise `SubscriptionError` if ``consumer`` may not join (changes nothing)."""
+        """Raise a `refusals.Refusal` if ``consumer`` may not join (changes
+        nothing): NOT_ALLOWED, SUBSCRIPTION_TYPE_MISMATCH or CONSUMER_BUSY."""
         if consumer.read_uncommitted != self.read_uncommitted:
             have = "read_uncommitted" if self.read_uncommitted else "read committed"
-            raise SubscriptionError(
-                "NOT_ALLOWED",
+            raise refusals.NotAllowed(
                 f"subscription {self.name!r} is {have}; its isolation level is fixed "
                 "when it is created",
             )
@@ -336,14 +328,13 @@ class PartitionSubscription:
         if current is None:
             return
         if current is not consumer.sub_type:
-            raise SubscriptionError(
-                "SUBSCRIPTION_TYPE_MISMATCH",
+            raise refusals.SubscriptionTypeMismatch(
                 f"subscription {self.name!r} is {current.value} while it has consumers; "
                 f"cannot attach a {consumer.sub_type.value} consumer",
             )
         if current is SubType.EXCLUSIVE:
-            raise SubscriptionError(
-                "CONSUMER_BUSY", f"exclusive subscription {self.name!r} already has a consumer"
+            raise refusals.ConsumerBusy(
+                f"exclusive subscription {self.name!r} already has a consumer"
             )
 
     def add_consumer(self, consumer: Consumer) -> None:
@@ -412,7 +403,7 @@ class PartitionSubscription:
         self,
         positions: list[Position],
         cumulative: bool,
-        txn: TxnKey | None = None,
+        txn: TxnID | None = None,
         early: bool = False,
     ) -> None:
         """Acknowledge durably, then apply (persist, then act).
@@ -433,7 +424,7 @@ class PartitionSubscription:
         Inside a transaction the messages become PENDING_ACK; a cumulative
         ack names every message after mark-delete up to the position that is
         not DELETED. Re-sending an ack of messages this transaction already
-        holds is a retry and writes nothing. Raises `SubscriptionError`:
+        holds is a retry and writes nothing. Raises (`proto.refusals`):
         TRANSACTION_CONFLICT (nothing changed) if a message is DELETED or
         held by another transaction, INVALID_TXN_STATUS if ``txn`` has
         already ended here, NOT_ALLOWED for a cumulative ack on a shared
@@ -441,12 +432,11 @@ class PartitionSubscription:
         ``txn``. Positions must exist (the caller checks).
         """
         if not positions:
-            raise SubscriptionError("INVALID_ARGUMENT", "an acknowledgement needs positions")
+            raise refusals.InvalidArgument("an acknowledgement needs positions")
         uncommitted = [p for p in positions if p[0] < -1]
         if uncommitted:
             if cumulative or txn is not None:
-                raise SubscriptionError(
-                    "NOT_ALLOWED",
+                raise refusals.NotAllowed(
                     "a message read uncommitted (from the transaction buffer) takes only a "
                     "plain individual acknowledgement",
                 )
@@ -457,8 +447,8 @@ class PartitionSubscription:
                 await self._ack_uncommitted(uncommitted)
             return
         if cumulative and self.sub_type is SubType.SHARED:
-            raise SubscriptionError(
-                "NOT_ALLOWED", "cumulative acknowledgement is not allowed on a shared subscription"
+            raise refusals.NotAllowed(
+                "cumulative acknowledgement is not allowed on a shared subscription"
             )
         if txn is None:
             if cumulative:
@@ -468,8 +458,7 @@ class PartitionSubscription:
         else:
             txn = self._check_txn(txn)
             if txn in self._ended:
-                raise SubscriptionError(
-                    "INVALID_TXN_STATUS",
+                raise refusals.InvalidTxnStatus(
                     f"transaction {txn_text(txn)} has already ended on subscription "
                     f"{self.name!r} of {self.partition.name}",
                 )
@@ -519,7 +508,7 @@ class PartitionSubscription:
                     return False
         return True
 
-    async def end_txn(self, txn: TxnKey, commit: bool, durable: bool = True) -> None:
+    async def end_txn(self, txn: TxnID, commit: bool, durable: bool = True) -> None:
         """EndTxnOnSubscription: commit (DELETED) or abort (PENDING) ``txn``'s acks.
 
         Durable before it returns; with ``durable=False`` (see
@@ -536,13 +525,13 @@ class PartitionSubscription:
         else:
             outcome.add_done_callback(unawaited)
 
-    def end_txn_now(self, txn: TxnKey, commit: bool) -> None:
+    def end_txn_now(self, txn: TxnID, commit: bool) -> None:
         """`end_txn` with ``durable=False``, without a turn of the loop."""
         outcome = self._queue_end(txn, commit)
         if outcome is not None:
             outcome.add_done_callback(unawaited)
 
-    def _queue_end(self, txn: TxnKey, commit: bool) -> asyncio.Future[list[Position]] | None:
+    def _queue_end(self, txn: TxnID, commit: bool) -> asyncio.Future[list[Position]] | None:
         """Refuse acks in ``txn`` from now on and queue its end record, if it
         has acks here (None if not: nothing to write)."""
         txn = self._check_txn(txn)
@@ -553,21 +542,21 @@ class PartitionSubscription:
             return None
         return self._persist(txn_end_record(txn, commit))
 
-    def _check_txn(self, txn: object) -> TxnKey:
+    def _check_txn(self, txn: object) -> TxnID:
         try:
             return check_txn_key(txn)
         except ValueError as exc:
-            raise SubscriptionError("INVALID_ARGUMENT", str(exc)) from exc
+            raise refusals.InvalidArgument(str(exc)) from exc
 
-    def _remember_ended(self, txn: TxnKey) -> None:
+    def _remember_ended(self, txn: TxnID) -> None:
         self._ended[txn] = None
         self._ended.move_to_end(txn)
         while len(self._ended) > ENDED_MEMORY:
             self._ended.popitem(last=False)
 
-    def _conflict(self, exc: AckConflict) -> SubscriptionError:
-        return SubscriptionError(
-            "TRANSACTION_CONFLICT", f"subscription {self.name!r} of {self.partition.name}: {exc}"
+    def _conflict(self, exc: AckConflict) -> refusals.TransactionConflict:
+        return refusals.TransactionConflict(
+            f"subscription {self.name!r} of {self.partition.name}: {exc}"
         )
 
     def _persist(self, record: AckRecord) -> asyncio.Future[list[Position]]:
@@ -698,13 +687,12 @@ class PartitionSubscription:
     # -- operators: reset, skip ----------------------------------------------------
 
     def check_no_txn_acks(self, what: str) -> None:
-        """Raise `SubscriptionError` NOT_ALLOWED if a transaction holds
+        """Raise `refusals.NotAllowed` if a transaction holds
         acknowledgements here (PENDING_ACK, or on their way)."""
         held = set(self.cursor.txn_acks)
         held.update(r.txn for r in self._inflight if r.kind == TXN_ACK and r.txn is not None)
         if held:
-            raise SubscriptionError(
-                "NOT_ALLOWED",
+            raise refusals.NotAllowed(
                 f"cannot {what} subscription {self.name!r} of {self.partition.name}: "
                 f"transaction(s) {', '.join(txn_text(t) for t in sorted(held))} hold "
                 "acknowledgements of it (PENDING_ACK); end or abort them first",
@@ -716,7 +704,7 @@ class PartitionSubscription:
         every one at or before it DELETED; what consumers hold unacknowledged
         is forgotten (their late acks of it apply to the new cursor). A
         read_uncommitted subscription's reads of open transactions stay as
-        they are. Refused (`SubscriptionError` NOT_ALLOWED, nothing changed)
+        they are. Refused (`refusals.NotAllowed`, nothing changed)
         while a transaction holds acknowledgements here."""
         self.check_no_txn_acks("reset")
         self._paused = True  # (dispatch stops while the cursor moves)

@@ -5,9 +5,12 @@
 them on every participant through the `Participant` interface. What it
 knows is a `TxnTable` (`tc._table`, no I/O) and, for the producer-epoch
 mode (Kafka's transactional producer), a `ProducerRegistry`
-(`tc._producers`), both rebuilt on start from its log (`tc._log`).
+(`tc._producers`), both rebuilt on start from its log (`tc._log`). What it
+refuses it raises as subclasses of `proto.refusals` classes, which carry
+their wire code (`TxnNotFoundError` is a `TransactionNotFound`).
 """
 
+from proto import TxnID, wire_txnid
 from tc._coordinator import (
     NotStuckError,
     Participant,
@@ -41,8 +44,7 @@ from tc._status import (
     check_update,
     transition,
 )
-from tc._table import TxnMeta, TxnNotFoundError, TxnTable, TxnTimeoutError
-from tc._txnid import TxnID, wire_txnid
+from tc._table import TxnArgumentError, TxnMeta, TxnNotFoundError, TxnTable, TxnTimeoutError
 
 __all__ = [
     "DEFAULT_EXPIRATION_MS",
@@ -66,6 +68,7 @@ __all__ = [
     "TransactionAbortableError",
     "TransactionCoordinator",
     "TwoPhaseCommitNotAllowedError",
+    "TxnArgumentError",
     "TxnEvent",
     "TxnID",
     "TxnLog",

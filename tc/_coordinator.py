@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ledger import LedgerError, LedgerStore, faults, pass_failure
+from proto import TxnID, refusals, wire_txnid
 from tc._log import TxnLog
 from tc._producers import (
     DEFAULT_EXPIRATION_MS,
@@ -69,12 +70,12 @@ from tc._producers import (
     InvalidTransactionTimeoutError,
     InvalidTxnStateError,
     ProducerEntry,
+    ProducerEpochError,
     ProducerRegistry,
     TransactionAbortableError,
 )
 from tc._status import InvalidTxnStatusError, TxnEvent, TxnStatus, status_of
-from tc._table import Record, TxnMeta, TxnTable, TxnTimeoutError, same_outcome
-from tc._txnid import TxnID, wire_txnid
+from tc._table import Record, TxnArgumentError, TxnMeta, TxnTable, TxnTimeoutError, same_outcome
 
 __all__ = [
     "NotStuckError",
@@ -96,9 +97,9 @@ class NotStuckError(LookupError):
     """An operator resolved a transaction that has no stuck participant."""
 
 
-class TwoPhaseCommitNotAllowedError(Exception):
+class TwoPhaseCommitNotAllowedError(ProducerEpochError, refusals.AuthorizationError):
     """A producer asked for two-phase commit (KIP-939) where the broker does
-    not allow it; nothing changed."""
+    not allow it (AUTHORIZATION_ERROR, as Kafka answers); nothing changed."""
 
 
 class Participant(Protocol):
@@ -396,7 +397,7 @@ class TransactionCoordinator:
         ``tag`` (``prefix``: whose tag starts with it). Returns how many,
         and a future done when their aborts are durable and applied."""
         if not tag:
-            raise ValueError("name a tag (or, with prefix, its start) to abort by")
+            raise TxnArgumentError("name a tag (or, with prefix, its start) to abort by")
         metas = [m for m in self._table.with_tag(tag, prefix) if m.status in _WAITING]
         answers = [self._abort_by_coordinator(meta, TxnEvent.ABORT) for meta in metas]
         return len(metas), _all_of(answers)
@@ -621,7 +622,7 @@ class TransactionCoordinator:
         Returns how many participants it applies to; raises
         `NotStuckError` if none."""
         if action not in ("retry", "skip"):
-            raise ValueError(f"action must be 'retry' or 'skip', got {action!r}")
+            raise TxnArgumentError(f"action must be 'retry' or 'skip', got {action!r}")
         entries = [
             e
             for e in self._stuck.get(txnid, {}).values()

@@ -32,8 +32,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
+from proto import TxnID, refusals, wire_txnid
 from proto import txnbuf_pb2 as pb
-from tc._txnid import TxnID, wire_txnid
 
 __all__ = [
     "DEFAULT_EXPIRATION_MS",
@@ -61,43 +61,45 @@ _NONE = -1
 Record = pb.TransactionMetadataEntry
 
 
-# -- errors (Kafka's names; the broker maps each to its wire code in one table) ------
+# -- errors (Kafka's names; each carries its wire code, see `proto.refusals`) ---------
 
 
 class ProducerEpochError(Exception):
     """Base of the producer-epoch mode's refusals; nothing changed."""
 
 
-class ProducerFencedError(ProducerEpochError):
+class ProducerFencedError(ProducerEpochError, refusals.ProducerFenced):
     """A newer instance of the transactional id has initialized: this one is
     fenced for good (fatal to the producer)."""
 
 
-class InvalidProducerEpochError(ProducerEpochError):
+class InvalidProducerEpochError(ProducerEpochError, refusals.InvalidProducerEpoch):
     """An epoch this producer id does not hold now (a late write of an ended
     transaction, say)."""
 
 
-class InvalidTxnStateError(ProducerEpochError):
+class InvalidTxnStateError(ProducerEpochError, refusals.InvalidTxnState):
     """Not allowed in the transaction's state (a send after prepare, 2PC not
     enabled, a write after init_transactions(keep_prepared_txn=True), ...)."""
 
 
-class TransactionAbortableError(ProducerEpochError):
+class TransactionAbortableError(ProducerEpochError, refusals.TransactionAbortable):
     """The coordinator aborted the transaction (timeout, restart, an
     operator): abort it and go on with the next one."""
 
 
-class InvalidPidMappingError(ProducerEpochError):
+class InvalidPidMappingError(ProducerEpochError, refusals.InvalidProducerIdMapping):
     """No such producer id (never, or its transactional id expired): fatal
     to the producer (KIP-890)."""
 
 
-class ConcurrentTransactionsError(ProducerEpochError):
+class ConcurrentTransactionsError(ProducerEpochError, refusals.ConcurrentTransactions):
     """The transactional id's previous transaction is still ending; retry."""
 
 
-class InvalidTransactionTimeoutError(ProducerEpochError, ValueError):
+class InvalidTransactionTimeoutError(
+    ProducerEpochError, refusals.InvalidTransactionTimeout, ValueError
+):
     """A transaction timeout out of range."""
 
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import enum
 
+from proto import refusals
+
 __all__ = [
     "TRANSITIONS",
     "InvalidTxnStatusError",
@@ -58,7 +60,7 @@ class TxnEvent(enum.StrEnum):
     PREPARE = "PREPARE"  # every write is durable; the decision is made elsewhere (2PC)
 
 
-class InvalidTxnStatusError(Exception):
+class InvalidTxnStatusError(refusals.InvalidTxnStatus):
     """No transition for (status, event); nothing changed."""
 
     def __init__(self, status: TxnStatus, event: TxnEvent | str) -> None:

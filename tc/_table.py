@@ -42,6 +42,7 @@ from typing import Any
 
 from sortedcontainers import SortedList
 
+from proto import TxnID, refusals, wire_txnid
 from proto import txnbuf_pb2 as pb
 from tc._status import (
     InvalidTxnStatusError,
@@ -51,7 +52,6 @@ from tc._status import (
     status_of,
     transition,
 )
-from tc._txnid import TxnID, wire_txnid
 
 __all__ = [
     "DEFAULT_TIMEOUT_MS",
@@ -60,6 +60,7 @@ __all__ = [
     "GROUPS_KEPT",
     "MAX_TIMEOUT_MS",
     "Record",
+    "TxnArgumentError",
     "TxnMeta",
     "TxnNotFoundError",
     "TxnTable",
@@ -78,12 +79,18 @@ _UNDECIDED = (TxnStatus.OPEN, TxnStatus.PREPARED)
 _SEQ_BITS = 64  # a counter is (boot epoch << 64) | sequence
 
 
-class TxnNotFoundError(LookupError):
+class TxnNotFoundError(refusals.TransactionNotFound, LookupError):
     """No such transaction on this coordinator (never, or ended long ago)."""
 
 
-class TxnTimeoutError(InvalidTxnStatusError):
-    """The transaction was aborted by its timeout."""
+class TxnTimeoutError(refusals.TransactionTimeout, InvalidTxnStatusError):
+    """The transaction was aborted by its timeout (TRANSACTION_TIMEOUT; also
+    an `InvalidTxnStatusError`: its status allows nothing more)."""
+
+
+class TxnArgumentError(refusals.InvalidArgument, ValueError):
+    """An argument of a transaction request out of range (a timeout, a tag,
+    a group's name or sequence); nothing changed."""
 
 
 @dataclass(slots=True)
@@ -275,16 +282,16 @@ class TxnTable:
         ``producer`` and ``two_phase`` for the producer-epoch mode, ``tag``
         and ``prepared_timeout_ms`` for transaction groups."""
         if not 0 <= timeout_ms <= MAX_TIMEOUT_MS:
-            raise ValueError(
+            raise TxnArgumentError(
                 f"transaction timeout must be 0..{MAX_TIMEOUT_MS} ms, got {timeout_ms}"
             )
         if not 0 <= prepared_timeout_ms <= MAX_PREPARED_TIMEOUT_MS:
-            raise ValueError(
+            raise TxnArgumentError(
                 f"prepared timeout must be 0..{MAX_PREPARED_TIMEOUT_MS} ms, "
                 f"got {prepared_timeout_ms}"
             )
         if len(tag) > MAX_TAG_LENGTH:
-            raise ValueError(f"a tag is at most {MAX_TAG_LENGTH} characters, got {len(tag)}")
+            raise TxnArgumentError(f"a tag is at most {MAX_TAG_LENGTH} characters, got {len(tag)}")
         txnid = self.next_txnid()
         rec = Record(
             metadata_op=Record.NEW,
@@ -344,9 +351,9 @@ class TxnTable:
         ``group``, an unknown transaction, one of a producer, or one to
         commit that is not PREPARED."""
         if not group:
-            raise ValueError("a group commit needs a group name")
+            raise TxnArgumentError("a group commit needs a group name")
         if not 0 <= sequence < 1 << 63:
-            raise ValueError(f"a group sequence is 0..2**63-1, got {sequence}")
+            raise TxnArgumentError(f"a group sequence is 0..2**63-1, got {sequence}")
         members = list(dict.fromkeys(commit))
         known = self.groups.get(group)
         duplicate = known is not None and sequence <= known

@@ -290,7 +290,11 @@ async def test_reset_is_refused_while_a_transaction_holds_acks(broker: BrokerPro
         await send_each(client, "locked", 3)
         msgs = await take(consumer, 3, ack=False)
         txn = await client.new_transaction(timeout=60)
-        await consumer.acknowledge(msgs[0], txn=txn)
+        await consumer.acknowledge(msgs[0], txn=txn)  # (returns once queued)
+        for _ in range(250):
+            if subscription(broker, "locked", "s")["pending_ack"] == 1:
+                break
+            await asyncio.sleep(0.02)
         status, body = call(
             broker, "POST", "/admin/v1/topics/locked/subscriptions/s/reset", {"position": "latest"}
         )

@@ -30,7 +30,8 @@ from broker._auth import (
     load_signing_key,
     parse_duration,
 )
-from broker._errors import BrokerError
+from proto import refusals
+from proto import txnbuf_pb2 as pb
 
 
 def store(tmp_path: Path, *grants: tuple[str, str, str]) -> AclStore:
@@ -82,27 +83,33 @@ def test_wildcards_match_any_run_of_characters(tmp_path: Path) -> None:
     sec.allow_produce(app(), "orders-1")
     sec.allow_produce(app(), "orders-")
     for topic in ("orders", "xorders-1", "payments"):
-        with pytest.raises(BrokerError, match="'produce' permission on topic") as info:
+        with pytest.raises(
+            refusals.AuthorizationError, match="'produce' permission on topic"
+        ) as info:
             sec.allow_produce(app(), topic)
-        assert info.value.code == "AUTHORIZATION_ERROR"
+        assert info.value.code == pb.AUTHORIZATION_ERROR
     sec.allow_consume(app(), "a.b.events", "any")
-    with pytest.raises(BrokerError, match="'consume'"):
+    with pytest.raises(refusals.AuthorizationError, match="'consume'"):
         sec.allow_consume(app(), "orders-1", "s")  # produce does not give consume
     sec.allow_lookup(app(), "orders-1")
     sec.allow_lookup(app(), "x.events")
-    with pytest.raises(BrokerError, match="'produce' or 'consume'"):
+    with pytest.raises(refusals.AuthorizationError, match="'produce' or 'consume'"):
         sec.allow_lookup(app(), "other")
     sec.allow_transactional_id(app(), "pay-1-us")
     sec.allow_transactional_id(app(), "pay-1-eu", two_phase=True)
-    with pytest.raises(BrokerError, match="'two_phase_commit' permission on transactional id"):
+    with pytest.raises(
+        refusals.AuthorizationError, match="'two_phase_commit' permission on transactional id"
+    ):
         sec.allow_transactional_id(app(), "pay-1-us", two_phase=True)
-    with pytest.raises(BrokerError, match="'produce' permission on transactional id 'copy'"):
+    with pytest.raises(
+        refusals.AuthorizationError, match="'produce' permission on transactional id 'copy'"
+    ):
         sec.allow_transactional_id(app(), "copy")
     # A pattern's dots and dashes are literal.
-    with pytest.raises(BrokerError):
+    with pytest.raises(refusals.AuthorizationError):
         sec.allow_consume(app(), "aXevents", "s")
     # Another role gets nothing of app's.
-    with pytest.raises(BrokerError, match="role 'other'"):
+    with pytest.raises(refusals.AuthorizationError, match="role 'other'"):
         sec.allow_produce(Principal("other", superuser=False), "orders-1")
 
 
@@ -117,11 +124,13 @@ def test_a_subscription_named_in_a_grant_is_open_only_to_its_roles(tmp_path: Pat
     billing, audit = Principal("billing", False), Principal("audit", False)
     sec.allow_consume(billing, "orders", "bill-1")
     sec.allow_consume(audit, "orders", "audit")  # named by nobody: open
-    with pytest.raises(BrokerError, match="subscription 'bill-1' of topic 'orders'"):
+    with pytest.raises(
+        refusals.AuthorizationError, match="subscription 'bill-1' of topic 'orders'"
+    ):
         sec.allow_consume(audit, "orders", "bill-1")
     # The subscription grant alone does not give the topic.
     acl2 = store(tmp_path, ("x", "consume", "subscription:orders/s"))
-    with pytest.raises(BrokerError, match="on topic 'orders'"):
+    with pytest.raises(refusals.AuthorizationError, match="on topic 'orders'"):
         Security(acl2).allow_consume(Principal("x", False), "orders", "s")
 
 
@@ -129,9 +138,9 @@ def test_ending_a_transaction_needs_what_writing_it_needed(tmp_path: Path) -> No
     sec = Security(store(tmp_path, ("app", "produce", "topic:out"), ("app", "consume", "topic:in")))
     sec.allow_end(app(), [("out", 0), ("out", 1)], [("in", "copier")])
     sec.allow_end(app(), [], [])
-    with pytest.raises(BrokerError, match="'produce' permission on topic 'other'"):
+    with pytest.raises(refusals.AuthorizationError, match="'produce' permission on topic 'other'"):
         sec.allow_end(app(), [("out", 0), ("other", 0)], [])
-    with pytest.raises(BrokerError, match="'consume' permission on topic 'out'"):
+    with pytest.raises(refusals.AuthorizationError, match="'consume' permission on topic 'out'"):
         sec.allow_end(app(), [], [("out", "s")])
     sec.allow_end(Principal("root", superuser=True), [("other", 0)], [])
 
@@ -143,7 +152,7 @@ def test_superusers_the_anonymous_principal_and_roles(tmp_path: Path) -> None:
     assert NOBODY.roles == frozenset()
     sec.allow_admin(ANONYMOUS)
     sec.allow_produce(ANONYMOUS, "anything")
-    with pytest.raises(BrokerError, match="lacks the 'admin' role"):
+    with pytest.raises(refusals.AuthorizationError, match="lacks the 'admin' role"):
         sec.allow_admin(app())
     assert Principal("cluster", False).roles == {"cluster"}
     assert Principal("root", True).roles == {"root", "admin"}
@@ -200,9 +209,9 @@ def test_secret_key_tokens(tmp_path: Path) -> None:
         (jwt.encode({"sub": "a b"}, key, algorithm="HS256"), "invalid role"),
         ("garbage", "not valid"),
     ):
-        with pytest.raises(BrokerError, match=message) as info:
+        with pytest.raises(refusals.AuthenticationError, match=message) as info:
             auth.verify(token)
-        assert info.value.code == "AUTHENTICATION_ERROR"
+        assert info.value.code == pb.AUTHENTICATION_ERROR
 
 
 @pytest.mark.parametrize("algorithm", ["RS256", "ES256"])
@@ -217,7 +226,7 @@ def test_key_pair_tokens_and_no_algorithm_confusion(tmp_path: Path, algorithm: s
     assert auth.verify(create_token("svc", key, alg))[0] == "svc"
     # The public key used as an HMAC secret: the classic confusion, refused.
     forged = jwt.api_jws.PyJWS().encode(b'{"sub":"admin"}', b"k" * 32, algorithm="HS256")
-    with pytest.raises(BrokerError, match="not valid"):
+    with pytest.raises(refusals.AuthenticationError, match="not valid"):
         auth.verify(forged)
 
 
@@ -264,8 +273,8 @@ def test_limits(tmp_path: Path) -> None:
     refusal = sec.refuse_connection(2)
     assert refusal is not None and b"--max-connections 2" in refusal
     sec.allow_another("producer", 2)
-    with pytest.raises(BrokerError, match="--max-producers-per-connection 3") as info:
+    with pytest.raises(refusals.NotAllowed, match="--max-producers-per-connection 3") as info:
         sec.allow_another("producer", 3)
-    assert info.value.code == "NOT_ALLOWED"
-    with pytest.raises(BrokerError, match="--max-consumers-per-connection 1"):
+    assert info.value.code == pb.NOT_ALLOWED
+    with pytest.raises(refusals.NotAllowed, match="--max-consumers-per-connection 1"):
         sec.allow_another("consumer", 1)

@@ -11,8 +11,8 @@ import pytest
 
 from broker._auth import AclStore, Security
 from broker._connection import Connection
-from broker._errors import BrokerError
 from broker._transactions import Transactions
+from proto import refusals
 from proto import txnbuf_pb2 as pb
 from tc import TxnID
 
@@ -72,10 +72,10 @@ async def test_end_after_ops_is_refused_while_a_failed_op_is_remembered() -> Non
     await asyncio.sleep(0.01)
     assert not waiting.done()  # one still unanswered
     conn.op_answered(send, None)
-    with pytest.raises(BrokerError, match="no such partition") as refused:
+    with pytest.raises(refusals.NotAllowed, match="no such partition") as refused:
         await asyncio.wait_for(waiting, 1.0)
-    assert refused.value.code == "NOT_ALLOWED"
-    with pytest.raises(BrokerError):  # asked again: still refused
+    assert refused.value.code == pb.NOT_ALLOWED
+    with pytest.raises(refusals.NotAllowed):  # asked again: still refused
         await conn.ops_answered(end)
     broker.tc.open = False  # ended already (an earlier END): answered as a repeat
     await conn.ops_answered(end)

@@ -27,7 +27,6 @@ from buffer import (
     COMMIT_MARKER,
     TXN_COMMIT,
     TXN_DATA,
-    TxnKey,
     abort_record,
     commit_record,
     decode_commit_marker,
@@ -39,6 +38,7 @@ from buffer import (
 from client import Client
 from ledger import LedgerError, LedgerStore, ReadOnlyStore
 from ledger._writer import MAX_ENTRY_ID, key
+from proto import TxnID
 from proto import txnbuf_pb2 as pb
 from subscriptions import WHOLE_ENTRY
 from subscriptions._cursor import SNAPSHOT, TXN_ACK, AckRecord
@@ -72,7 +72,7 @@ async def wait_all_ended(broker: BrokerProcess) -> None:
     raise AssertionError(f"transactions did not end: {body!r}")
 
 
-async def run_transactions(broker: BrokerProcess) -> tuple[TxnKey, TxnKey]:
+async def run_transactions(broker: BrokerProcess) -> tuple[TxnID, TxnID]:
     """Sends and acks committed, others aborted, a read_uncommitted reader;
     returns the ids of the committed and the aborted transaction."""
     status, _ = broker.admin("PUT", "/admin/v1/topics/out", b'{"partitions": 2}')
@@ -147,12 +147,12 @@ def markers(db: sqlite3.Connection) -> list[tuple[str, int, bytes]]:
     ]
 
 
-def txn_head(txn: TxnKey) -> bytes:
+def txn_head(txn: TxnID) -> bytes:
     """How sidecar records and markers start: the transaction id, ``>QQ``."""
     return txn[0].to_bytes(8, "big") + txn[1].to_bytes(8, "big")
 
 
-def txn_text(txn: TxnKey) -> str:
+def txn_text(txn: TxnID) -> str:
     return f"txn ({txn[0]},{txn[1]})"
 
 
@@ -305,7 +305,7 @@ def test_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
         assert (tmp_path / "broker.db").read_bytes() == b""  # (--fix wrote no schema into it)
 
 
-async def test_progress_lines(run_data: tuple[Path, TxnKey, TxnKey]) -> None:
+async def test_progress_lines(run_data: tuple[Path, TxnID, TxnID]) -> None:
     lines: list[str] = []
     report = await check_data(run_data[0], progress=lines.append, progress_every=5)
     assert lines and len(lines) == report.ledgers // 5
@@ -365,8 +365,8 @@ class Damage:
     """What a case works on: the data of `run_transactions`, open in sqlite3."""
 
     db: sqlite3.Connection
-    committed: TxnKey
-    aborted: TxnKey
+    committed: TxnID
+    aborted: TxnID
     pname: str  # the partition with the committed transaction's marker
     xname: str  # its sidecar
     marker_at: int
@@ -383,7 +383,7 @@ class Damage:
         return places[n]
 
 
-def ack(kind: int, txn: TxnKey | None, *positions: tuple[int, int]) -> tuple[int, bytes]:
+def ack(kind: int, txn: TxnID | None, *positions: tuple[int, int]) -> tuple[int, bytes]:
     record = AckRecord(kind, positions, txn)
     return record.kind, record.encode()
 
@@ -452,7 +452,7 @@ def _dangling(d: Damage) -> None:
 
 
 def log_transaction(
-    d: Damage, txn: TxnKey, status: int, partitions: tuple[tuple[str, int], ...] = ()
+    d: Damage, txn: TxnID, status: int, partitions: tuple[tuple[str, int], ...] = ()
 ) -> None:
     """Log ``txn`` at coordinator 0 as the coordinator does: NEW, then an
     update from OPEN to ``status`` naming ``partitions``."""
@@ -540,7 +540,7 @@ CASES: dict[str, tuple[Callable[[Damage], None], dict[str, int], bool]] = {
 
 
 @pytest.fixture(scope="module")
-def run_data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, TxnKey, TxnKey]:
+def run_data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, TxnID, TxnID]:
     """The data of one real broker run of `run_transactions`, stopped."""
     base = tmp_path_factory.mktemp("run")
     proc = BrokerProcess(base / "data", base / "broker.log")
@@ -561,7 +561,7 @@ def test_every_class_has_a_case() -> None:
 
 @pytest.mark.parametrize("case", list(CASES))
 async def test_each_damage_is_reported_with_its_class(
-    case: str, run_data: tuple[Path, TxnKey, TxnKey], tmp_path: Path
+    case: str, run_data: tuple[Path, TxnID, TxnID], tmp_path: Path
 ) -> None:
     damage, expected, repairable = CASES[case]
     source, committed, aborted = run_data

@@ -103,8 +103,10 @@ async def test_duplicate_sequence_ids_not_stored_twice_across_restart(
     async with Client(broker.url) as client:
         producer = await client.create_producer("dedup", producer_name="writer-1")
         assert producer.last_sequence_id == 9
+        # Re-sent: answered with its original id, not stored again.
+        assert await producer.send(b"v0", sequence_id=0) == first[0]
         with pytest.raises(ValueError):
-            await producer.send(b"v0", sequence_id=0)  # not above the stored ones
+            await producer.send(b"v0", sequence_id=0)  # not above what this producer sent
     # On the wire: the same SEND re-sent after the restart is answered with the
     # original ids and stores nothing.
     entries = stats(broker, "dedup")["partitions"][0]["entries"]

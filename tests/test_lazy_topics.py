@@ -25,6 +25,7 @@ import pytest
 from broker._server import Broker
 from buffer import COMMIT_MARKER, entry_kind
 from client import Client, errors
+from proto import refusals
 from proto import txnbuf_pb2 as pb
 from subscriptions import Consumer, SubType
 from tests.conftest import BrokerProcess
@@ -229,7 +230,7 @@ async def test_work_queued_for_a_loading_topic_keeps_its_order(tmp_path: Path) -
         assert seen == [0, 1]
         assert [(await (await f)).entry_id for f in (first, second)] == [0, 1]  # type: ignore[attr-defined]
         assert loaded is broker.topics.get("t")
-        with pytest.raises(KeyError):
+        with pytest.raises(refusals.TopicNotFound, match="no topic 'nope'"):
             await broker.topics.after_load("nope", send(2))
     finally:
         await broker.close()

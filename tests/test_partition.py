@@ -10,8 +10,8 @@ import pytest
 
 import buffer._partition as partition_module
 from buffer import (
+    DUPLICATE_POSITION,
     MAX_PARTITIONS,
-    DuplicateTooOldError,
     InvalidNameError,
     MessageId,
     Partition,
@@ -507,11 +507,12 @@ async def test_dedup_after_snapshots_and_replay(store: LedgerStore, db: Path) ->
         # Recent entries are replayed: re-sends get their original ids.
         assert await part.publish("p", msgs(18, 19)) == PublishResult(-1, [(9, 0), (9, 1)])
         assert await part.publish("q", msgs(100)) == PublishResult(-1, [(10, 0)])
-        # Older ones are known to be stored (never stored twice), ids forgotten.
-        with pytest.raises(DuplicateTooOldError):
-            await part.publish("p", msgs(0))
-        assert part.ledger.last_entry_id == 10
-        assert await part.publish("p", msgs(20)) == PublishResult(11, None)
+        # Older ones are known to be stored (never stored twice), ids
+        # forgotten: answered as duplicates of unknown place, not refused.
+        assert await part.publish("p", msgs(0)) == PublishResult(-1, [DUPLICATE_POSITION])
+        assert await part.publish("p", msgs(1, 20)) == PublishResult(11, [(-1, -1), (11, 0)])
+        assert part.ledger.last_entry_id == 11
+        assert await part.publish("p", msgs(21)) == PublishResult(12, None)
     finally:
         await settle(store2)
         await store2.close()

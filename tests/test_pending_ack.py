@@ -21,6 +21,7 @@ import pytest
 import subscriptions._subscription as subscription_module
 from buffer import MessageId, Partition, Topics
 from ledger import LedgerStore, faults
+from proto import TxnID, refusals
 from proto import txnbuf_pb2 as pb
 from subscriptions import (
     TRANSITIONS,
@@ -32,7 +33,6 @@ from subscriptions import (
     InvalidAckTransition,
     MsgState,
     PartitionSubscription,
-    SubscriptionError,
     Subscriptions,
     SubType,
     transition,
@@ -48,12 +48,11 @@ from subscriptions._cursor import (
 )
 
 Position = tuple[int, int]
-TxnKey = tuple[int, int]
 START: Position = (-1, WHOLE_ENTRY)
 P, PA, D = MsgState.PENDING, MsgState.PENDING_ACK, MsgState.DELETED
-T1: TxnKey = (1 << 48, 1)  # TC 1, counter 1
-T2: TxnKey = (1 << 48, 2)
-BIG: TxnKey = ((1 << 64) - 1, (1 << 64) - 1)
+T1: TxnID = (1 << 48, 1)  # TC 1, counter 1
+T2: TxnID = (1 << 48, 2)
+BIG: TxnID = ((1 << 64) - 1, (1 << 64) - 1)
 
 # -- the table -----------------------------------------------------------------------
 
@@ -115,16 +114,16 @@ COUNT = sizes(THREES)
 
 
 def apply(
-    cursor: Cursor, kind: int, *positions: Position, txn: TxnKey | None = None
+    cursor: Cursor, kind: int, *positions: Position, txn: TxnID | None = None
 ) -> list[Position]:
     return cursor.apply(kind, list(positions), COUNT, LAST, txn)
 
 
-def txn_ack(cursor: Cursor, txn: TxnKey, *positions: Position) -> list[Position]:
+def txn_ack(cursor: Cursor, txn: TxnID, *positions: Position) -> list[Position]:
     return apply(cursor, TXN_ACK, *positions, txn=txn)
 
 
-def held(cursor: Cursor) -> dict[TxnKey, set[Position]]:
+def held(cursor: Cursor) -> dict[TxnID, set[Position]]:
     """Each transaction's locked positions (the index, as sets)."""
     return {t: set(ps) for t, ps in cursor.txn_acks.items()}
 
@@ -458,7 +457,7 @@ def test_snapshot_round_trip_with_pending_acks(cursor: Cursor) -> None:
     back = Cursor.from_snapshot(data)
     assert dump(back) == dump(cursor)
     assert all(type(p) is tuple for p in back.pending_ack)
-    assert all(type(t) is tuple for t in back.pending_ack.values())
+    assert all(type(t) is TxnID for t in back.pending_ack.values())
     check_invariants(back)
 
 
@@ -568,7 +567,7 @@ class Model:
 
     def __init__(self) -> None:
         self.state = dict.fromkeys(ALL, P)
-        self.holder: dict[Position, TxnKey] = {}
+        self.holder: dict[Position, TxnID] = {}
 
     def apply(self, record: AckRecord) -> bool:
         """False if refused (then nothing changed)."""
@@ -815,16 +814,16 @@ async def test_conflict_writes_nothing(h: Harness) -> None:
     last = ledger.last_entry_id
     before = states(h.sub)
     for txn, positions in [(T2, [(2, 0), (1, 1)]), (T2, [(0, 0)]), (T1, [(2, 1), (0, 0)])]:
-        with pytest.raises(SubscriptionError) as info:
+        with pytest.raises(refusals.Refusal) as info:
             await h.sub.ack(positions, False, txn)
-        assert info.value.code == "TRANSACTION_CONFLICT"
+        assert info.value.code == pb.TRANSACTION_CONFLICT
     assert ledger.last_entry_id == last
     assert states(h.sub) == before
 
 
 async def test_conflict_message_names_message_and_holder(h: Harness) -> None:
     await h.sub.ack([(1, 1)], False, T1)
-    with pytest.raises(SubscriptionError) as info:
+    with pytest.raises(refusals.Refusal) as info:
         await h.sub.ack([(1, 1)], False, T2)
     text = str(info.value)
     assert "1:1" in text and "held by transaction (281474976710656,1)" in text
@@ -854,9 +853,9 @@ async def test_cumulative_txn_ack_is_stored_expanded(h: Harness) -> None:
     last = ledger.last_entry_id
     await h.sub.ack([(1, 0)], True, T1)  # a retry of the cumulative ack
     assert ledger.last_entry_id == last
-    with pytest.raises(SubscriptionError) as info:
+    with pytest.raises(refusals.Refusal) as info:
         await h.sub.ack([(2, 0)], True, T2)
-    assert info.value.code == "TRANSACTION_CONFLICT"
+    assert info.value.code == pb.TRANSACTION_CONFLICT
     assert ledger.last_entry_id == last
 
 
@@ -897,21 +896,21 @@ async def test_ack_after_the_transaction_ended_is_refused(h: Harness) -> None:
     await h.sub.end_txn(T1, commit=True)
     await h.sub.end_txn(T2, commit=False)  # ended here with nothing to do
     for txn in (T1, T2):
-        with pytest.raises(SubscriptionError) as info:
+        with pytest.raises(refusals.Refusal) as info:
             await h.sub.ack([(3, 1)], False, txn)
-        assert info.value.code == "INVALID_TXN_STATUS"
+        assert info.value.code == pb.INVALID_TXN_STATUS
     assert h.sub.cursor.state((3, 1)) is P
     sub = await h.reopen()  # T1's commit record is in the ledger: still refused
-    with pytest.raises(SubscriptionError):
+    with pytest.raises(refusals.Refusal):
         await sub.ack([(3, 1)], False, T1)
 
 
 @pytest.mark.parametrize("txn", [(-1, 0), (0, 2**64), (1, 2, 3), "t", (1.0, 2)])
 async def test_bad_transaction_ids_are_refused(h: Harness, txn: Any) -> None:
-    with pytest.raises(SubscriptionError) as info:
+    with pytest.raises(refusals.Refusal) as info:
         await h.sub.ack([(0, 0)], False, txn)
-    assert info.value.code == "INVALID_ARGUMENT"
-    with pytest.raises(SubscriptionError):
+    assert info.value.code == pb.INVALID_ARGUMENT
+    with pytest.raises(refusals.Refusal):
         await h.sub.end_txn(txn, True)
     assert h.sub.cursor.state((0, 0)) is P
 
@@ -921,9 +920,9 @@ async def test_a_record_invalidated_while_in_flight_is_void(h: Harness) -> None:
     # written first, so the txn ack is refused when it is applied.
     normal = asyncio.ensure_future(h.sub.ack([(1, 1)], False))
     await asyncio.sleep(0)
-    with pytest.raises(SubscriptionError) as info:
+    with pytest.raises(refusals.Refusal) as info:
         await h.sub.ack([(1, 1), (1, 2)], False, T1)
-    assert info.value.code == "TRANSACTION_CONFLICT"
+    assert info.value.code == pb.TRANSACTION_CONFLICT
     await normal
     assert h.sub.cursor.state((1, 1)) is D
     assert h.sub.cursor.state((1, 2)) is P and not h.sub.cursor.pending_ack
@@ -1183,12 +1182,12 @@ async def test_manager_routes_txn_acks_and_end_txn(tmp_path: Path) -> None:
             stats = [subs.stats("t", i)["s"] for i in (0, 1)]
             assert [s["pending_ack"] for s in stats] == [1, 2]
             assert [s["backlog"] for s in stats] == [3, 3]
-            with pytest.raises(SubscriptionError) as info:
+            with pytest.raises(refusals.Refusal) as info:
                 await subs.ack(consumer, [MessageId(1, 0, 0)], False, T2)
-            assert info.value.code == "TRANSACTION_CONFLICT"
-            with pytest.raises(SubscriptionError) as info:
+            assert info.value.code == pb.TRANSACTION_CONFLICT
+            with pytest.raises(refusals.Refusal) as info:
                 await subs.ack(consumer, [MessageId(1, 7, 0)], False, T2)
-            assert info.value.code == "UNKNOWN_MESSAGE_ID"
+            assert info.value.code == pb.UNKNOWN_MESSAGE_ID
             await subs.end_txn("t", "other", T1, True)  # no such subscription: nothing
             await subs.end_txn("nope", "s", T1, True)
             assert subs.stats("t", 1)["s"]["pending_ack"] == 2
@@ -1257,9 +1256,9 @@ async def test_an_early_txn_ack_waits_behind_a_record_in_flight_on_its_messages(
     first = asyncio.ensure_future(h.sub.ack([(1, 0)], False, T1, early=True))
     await asyncio.sleep(0)  # T1's record is queued, not durable
     assert h.sub._inflight
-    with pytest.raises(SubscriptionError) as refused:
+    with pytest.raises(refusals.Refusal) as refused:
         await h.sub.ack([(1, 0), (1, 1)], False, T2, early=True)
-    assert refused.value.code == "TRANSACTION_CONFLICT"
+    assert refused.value.code == pb.TRANSACTION_CONFLICT
     await first
     await h.settle()
     assert h.sub.cursor.pending_ack == {(1, 0): T1}
@@ -1290,9 +1289,9 @@ async def test_an_early_txn_ack_waits_behind_a_cumulative_ack_over_it(h: Harness
     before = ledger.last_entry_id
     await h.sub.ack([(1, 2)], False, T1, early=True)  # past the bound: at once
     assert ledger.last_entry_id == before
-    with pytest.raises(SubscriptionError) as refused:
+    with pytest.raises(refusals.Refusal) as refused:
         await h.sub.ack([(0, 2)], False, T2, early=True)  # under it: waits, then void
-    assert refused.value.code == "TRANSACTION_CONFLICT"
+    assert refused.value.code == pb.TRANSACTION_CONFLICT
     await cumulative
     await h.settle()
     assert h.sub.cursor.pending_ack == {(1, 2): T1}
@@ -1311,7 +1310,7 @@ async def test_end_txn_not_durable_returns_once_queued(h: Harness) -> None:
     await h.settle()
     assert not h.sub.cursor.pending_ack
     assert h.sub.cursor.mark_delete == (0, WHOLE_ENTRY)
-    with pytest.raises(SubscriptionError):
+    with pytest.raises(refusals.Refusal):
         await h.sub.ack([(1, 0)], False, T1)  # ended: refused from the call on
     sub = await h.reopen()
     assert sub.cursor.mark_delete == (0, WHOLE_ENTRY) and not sub.cursor.pending_ack

@@ -18,8 +18,9 @@ import pytest
 from buffer import Partition, Topics
 from client import Client, errors
 from ledger import LedgerStore
+from proto import refusals
 from proto import txnbuf_pb2 as pb
-from subscriptions import Consumer, MsgState, PartitionSubscription, SubscriptionError, SubType
+from subscriptions import Consumer, MsgState, PartitionSubscription, SubType
 from subscriptions._uncommitted import UncommittedCursor, from_wire, to_wire
 from tests.conftest import BrokerProcess
 
@@ -123,9 +124,9 @@ async def test_acks_are_durable_and_unacked_come_again(tmp_path: Path) -> None:
         by_payload = {p: (e, i) for e, i, p in got}
         await sub.ack([by_payload[b"x0"], by_payload[b"x2"]], cumulative=False)
         assert sub.state(by_payload[b"x0"]) is MsgState.DELETED
-        with pytest.raises(SubscriptionError, match="plain individual"):
+        with pytest.raises(refusals.Refusal, match="plain individual"):
             await sub.ack([by_payload[b"x1"]], cumulative=False, txn=T2)
-        with pytest.raises(SubscriptionError, match="plain individual"):
+        with pytest.raises(refusals.Refusal, match="plain individual"):
             await sub.ack([by_payload[b"x1"]], cumulative=True)
         # The consumer leaves: the unacked message comes again to the next one.
         sub.remove_consumer(first)
@@ -152,7 +153,7 @@ async def test_acks_are_durable_and_unacked_come_again(tmp_path: Path) -> None:
         await sub.ack([(after[0][0], after[0][1])], cumulative=False)
         assert sub.uncommitted is not None and sub.uncommitted_floor() == 1  # record 0 done
         # The isolation level is a property of the subscription.
-        with pytest.raises(SubscriptionError, match="isolation"):
+        with pytest.raises(refusals.Refusal, match="isolation"):
             sub.check_can_add(consumer([], read_uncommitted=False))
         await sub.close()
     finally:

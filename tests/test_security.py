@@ -258,6 +258,10 @@ async def test_a_role_gets_what_the_acl_grants_and_loses_what_is_revoked(
         revoke(broker, "app", "consume", "topic:orders-*")
         with pytest.raises(errors.AuthorizationError, match="'consume'"):
             await consumer.acknowledge(msg)
+        with pytest.raises(errors.AuthorizationError, match="'consume'"):
+            await consumer.seek(0)
+        with pytest.raises(errors.AuthorizationError, match="'consume'"):
+            await consumer.unsubscribe()
     # The ACL is in the data directory: it survives a restart.
     grant(broker, "app", "produce", "topic:orders-*")
     broker.restart()

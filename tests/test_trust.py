@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from broker import Broker
-from broker._errors import BrokerError
 from client import Client, Consumer, errors
+from proto import refusals
 from proto import txnbuf_pb2 as pb
 from tc import TxnID, TxnStatus
 from tests.conftest import BrokerProcess, RawConnection
@@ -117,23 +117,25 @@ async def test_the_participant_applies_only_what_the_coordinator_decided(
             topic.partitions[0], tuple(txnid), "p", [pb.SingleMessage(payload=b"x")]
         )  # type: ignore[arg-type]
         for commit in (True, False):
-            with pytest.raises(BrokerError, match="did not decide so \\(it is OPEN there\\)"):
+            with pytest.raises(
+                refusals.InvalidTxnStatus, match="did not decide so \\(it is OPEN there\\)"
+            ):
                 broker.end_txn_on_partition("out", 0, txnid, commit)
-            with pytest.raises(BrokerError, match="did not decide so"):
+            with pytest.raises(refusals.InvalidTxnStatus, match="did not decide so"):
                 await broker.end_txn_on_partition_durably("out", 0, txnid, commit)
-            with pytest.raises(BrokerError, match="did not decide so"):
+            with pytest.raises(refusals.InvalidTxnStatus, match="did not decide so"):
                 broker.end_txn_on_subscription("out", "s", txnid, commit)
-            with pytest.raises(BrokerError, match="did not decide so"):
+            with pytest.raises(refusals.InvalidTxnStatus, match="did not decide so"):
                 await broker.end_txn_on_subscription_durably("out", "s", txnid, commit)
         elsewhere = TxnID.of(7, 1)
-        with pytest.raises(BrokerError, match="coordinator 7, which does not run here"):
+        with pytest.raises(refusals.NotAllowed, match="coordinator 7, which does not run here"):
             broker.end_txn_on_partition("out", 0, elsewhere, True)
         buffer = topic.partitions[0].transaction_buffer
         assert buffer is not None and buffer.open_transactions() == [tuple(txnid)]
         # Its coordinator decides: now the participant applies it (and only it).
         await tc.end_txn(txnid, commit=False)
         assert tc.get(txnid).status in (TxnStatus.ABORTING, TxnStatus.ABORTED)  # type: ignore[union-attr]
-        with pytest.raises(BrokerError, match="cannot commit"):
+        with pytest.raises(refusals.InvalidTxnStatus, match="cannot commit"):
             broker.end_txn_on_partition("out", 0, txnid, True)
         await broker.end_txn_on_partition_durably("out", 0, txnid, False)  # a repeat
         assert buffer.open_transactions() == []

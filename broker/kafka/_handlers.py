@@ -41,7 +41,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from broker._errors import BrokerError, kafka_code
+from broker._errors import error_text, kafka_code
 from broker.kafka._codec import VERSIONS, Api
 from broker.kafka._groups import GroupError, Groups
 from broker.kafka._offsets import MAX_ENTRY_MESSAGES, offset_of, position_of
@@ -58,6 +58,7 @@ from buffer import (
     epoch_producer_name,
 )
 from ledger import Entry
+from proto import refusals
 from proto import txnbuf_pb2 as pb
 from subscriptions import WHOLE_ENTRY, PartitionSubscription
 from tc import TransactionCoordinator, TxnID, coordinator_of
@@ -285,7 +286,7 @@ class KafkaApis:
             first = self._txn_first_sequence(partition, pid, txnid, batch.base_sequence)
             messages = batch.messages(first)
             buffer = partition.transaction_buffer
-            status = None if buffer is None else buffer.status((txnid.most_bits, txnid.least_bits))
+            status = None if buffer is None else buffer.status(txnid)
             if status is not None and status.count + len(messages) > MAX_ENTRY_MESSAGES:
                 raise KafkaError(
                     RECORD_LIST_TOO_LARGE,
@@ -293,7 +294,7 @@ class KafkaApis:
                 )
             published = self.broker.publish_txn(
                 partition,
-                (txnid.most_bits, txnid.least_bits),
+                txnid,
                 epoch_producer_name(pid, epoch),
                 messages,
                 None,
@@ -552,7 +553,7 @@ class KafkaApis:
             txnid = self._coordinator_of_producer(pid).producer_add_subscription(
                 pid, epoch, topic.name, name
             )
-            await sub.ack([bound], True, (txnid.most_bits, txnid.least_bits), True)
+            await sub.ack([bound], True, txnid, True)
 
         try:
             name = _group_subscription(req.group_id)
@@ -750,20 +751,19 @@ class KafkaApis:
     def _coordinator_of_producer(self, producer_id: int) -> TransactionCoordinator:
         tc = self.broker.coordinators.get(producer_id >> _PID_SHIFT)
         if tc is None:
-            raise BrokerError(
-                "INVALID_PRODUCER_ID_MAPPING",
+            raise refusals.InvalidProducerIdMapping(
                 f"producer id {producer_id} belongs to no coordinator running here",
             )
         return tc
 
     @staticmethod
     def _code(exc: BaseException) -> tuple[int, str]:
+        """The Kafka error code and message that answer ``exc``: a Kafka
+        refusal's own, else the refusal's (`broker._errors.kafka_code`,
+        which logs what is no refusal)."""
         if isinstance(exc, (KafkaError, RecordError, GroupError)):
             return exc.code, str(exc)
-        code = kafka_code(exc)
-        if code == -1:
-            log.error("Kafka request failed", exc_info=exc)
-        return code, str(exc) or type(exc).__name__
+        return kafka_code(exc), error_text(exc)
 
 
 def _last_index(partition: Partition, entry_id: int) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["TxnID", "wire_txnid"]
+__all__ = ["MAX_TCID", "TxnID", "wire_txnid"]
 
 _U64 = (1 << 64) - 1
 _TC_SHIFT = 48
