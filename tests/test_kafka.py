@@ -1,37 +1,48 @@
 """Kafka's wire protocol: unmodified Kafka clients against a real broker process.
 
 For each of aiokafka, kafka-python and confluent-kafka (librdkafka): a
-transactional consume-transform-produce copier (init_transactions,
-begin_transaction, send, send_offsets_to_transaction, commit_transaction,
-every third transaction aborted) between two-partition topics, then a
-read_committed group consumer that must see every input exactly once, and
-the copier group's committed offsets at the end of the input.
+transactional consume-transform-produce copier (`tests.kafka_copier`:
+init_transactions, begin_transaction, send, send_offsets_to_transaction,
+commit_transaction, every third transaction aborted) between two-partition
+topics, then a read_committed group consumer that must see every input
+exactly once; the same through SIGKILLs of the broker, and of the copier
+process (restarted with the same transactional id); a zombie producer
+fenced by a second one with its transactional id.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import gc
+import json
+import signal
+import sys
 import threading
 import time
+import urllib.parse
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import pytest
 
 from tests.conftest import BrokerProcess, free_port
+from tests.kafka_copier import (
+    Copy,
+    aiokafka_copier,
+    confluent_copier,
+    kafka_python_copier,
+)
 
 pytestmark = [pytest.mark.integration]
 
+ROOT = Path(__file__).resolve().parent.parent
 N = 40  # input messages
 PER_TXN = 5
-ABORT_EVERY = 3
 
 T = TypeVar("T")
 
@@ -58,8 +69,6 @@ class KafkaBroker(BrokerProcess):
 
 @pytest.fixture
 def kafka_broker(tmp_path: Path) -> Iterator[KafkaBroker]:
-    import sys
-
     proc = KafkaBroker(tmp_path / "data", tmp_path / "broker.log")
     proc.start()
     try:
@@ -95,14 +104,11 @@ class Reading:
         return now < self.quiet_until
 
 
-class Copy:
-    """A transactional consume-transform-produce copy of ``n`` messages from
-    `src` to `dst` (two partitions each) in transactions of up to ``per_txn``
-    inputs, every ABORT_EVERY-th aborted, by group `group`.
+class BrokerKills(Copy):
+    """A copy of ``n`` messages from a new topic `src` to a new topic `dst`
+    (two partitions each), by copier lives (`KafkaClient.copier`) started by
+    `run` until one finishes.
 
-    A copier (`KafkaClient.copier`) is one life of the application: it runs
-    until the group's committed offsets are at the end of the input, and
-    calls `abort_this`, `committing` and `committed` around its transactions.
     With ``kills``, `committing` SIGKILLs the broker before every fourth
     commit, ``kills`` times, so the transaction being committed is open with
     its messages and offsets: the restart aborts it and fences its producer.
@@ -121,35 +127,20 @@ class Copy:
         kills: int = 0,
         restart_before_commit: bool = False,
     ) -> None:
+        group = f"copier-{uuid.uuid4().hex[:6]}"
+        src, dst = broker.topic("in"), broker.topic("out")
+        super().__init__(broker.bootstrap, src, dst, group, per_txn, 60 if kills else 30)
         self.broker = broker
-        self.boot = broker.bootstrap
-        self.src, self.dst = broker.topic("in"), broker.topic("out")
-        self.group = f"copier-{uuid.uuid4().hex[:6]}"
-        self.tid = f"{self.group}-tx"
         self.values = [b"m%d" % i for i in range(n)]
-        self.per_txn = per_txn
         self.kills = kills
         self.restart_before_commit = restart_before_commit
-        self.attempts = 0  # transactions begun
-        self.commits = 0  # transactions whose commit the client confirmed
         self.killed = 0
         self.restarts = 0
         self.lives = 0
         self.failures: list[BaseException] = []  # what ended each life but the last
-        self.deadline = time.monotonic() + (60 if kills else 30)
 
     def expected(self) -> Counter[bytes]:
         return Counter(v.upper() for v in self.values)
-
-    def check_time(self) -> None:
-        assert time.monotonic() < self.deadline, (
-            f"the copier did not finish: {self.commits} commits, {self.lives} lives"
-        )
-
-    def abort_this(self) -> bool:
-        """Counts a transaction; True if the copier is to abort it."""
-        self.attempts += 1
-        return self.attempts % ABORT_EVERY == 0
 
     def committing(self) -> None:
         if self.killed < self.kills and self.commits >= 4 * (self.killed + 1):
@@ -158,9 +149,6 @@ class Copy:
                 self.broker.start()
                 self.restarts += 1
             self.killed += 1
-
-    def committed(self) -> None:
-        self.commits += 1
 
     async def run(
         self, copier: Callable[[Copy], Awaitable[None]], errors: tuple[type[BaseException], ...]
@@ -236,7 +224,7 @@ async def check_copier(
 ) -> None:
     """`client`'s copier copies every input exactly once, read_committed by a
     group of `client`; with ``kills``, through that many broker SIGKILLs."""
-    copy = Copy(broker, n, per_txn, kills, client.restart_before_commit)
+    copy = BrokerKills(broker, n, per_txn, kills, client.restart_before_commit)
     await client.seed(copy.boot, copy.src, copy.values)
     await copy.run(client.copier, client.errors() if kills else ())
     got = await client.read(copy.boot, copy.dst, n)
@@ -260,54 +248,6 @@ async def aiokafka_seed(boot: str, topic: str, values: list[bytes]) -> None:
         await asyncio.gather(*(seeder.send_and_wait(topic, v, key=v) for v in values))
     finally:
         await seeder.stop()
-
-
-async def aiokafka_copier(copy: Copy) -> None:
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-
-    consumer = AIOKafkaConsumer(
-        copy.src,
-        bootstrap_servers=copy.boot,
-        group_id=copy.group,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        isolation_level="read_committed",
-        request_timeout_ms=10_000,
-    )
-    producer = AIOKafkaProducer(
-        bootstrap_servers=copy.boot, transactional_id=copy.tid, request_timeout_ms=10_000
-    )
-    try:
-        await consumer.start()
-        await producer.start()  # (init_transactions)
-        parts = [TopicPartition(copy.src, 0), TopicPartition(copy.src, 1)]
-        while True:
-            copy.check_time()
-            batch = await consumer.getmany(timeout_ms=500, max_records=copy.per_txn)
-            records = [r for rs in batch.values() for r in rs]
-            if not records:
-                ends = await consumer.end_offsets(parts)
-                if [await consumer.committed(tp) for tp in parts] == [ends[tp] for tp in parts]:
-                    return
-                continue
-            await producer.begin_transaction()
-            for r in records:
-                await producer.send(copy.dst, r.value.upper(), key=r.key)
-            offsets = {TopicPartition(r.topic, r.partition): r.offset + 1 for r in records}
-            await producer.send_offsets_to_transaction(offsets, copy.group)
-            if copy.abort_this():
-                await producer.abort_transaction()
-                for tp in batch:
-                    committed = await consumer.committed(tp)
-                    consumer.seek(tp, 0 if committed is None else committed)
-            else:
-                copy.committing()
-                await producer.commit_transaction()
-                copy.committed()
-    finally:
-        for part in (producer, consumer):
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(part.stop(), 15)
 
 
 async def aiokafka_read(boot: str, topic: str, n: int) -> list[bytes]:
@@ -364,58 +304,6 @@ def kafka_python_seed(boot: str, topic: str, values: list[bytes]) -> None:
         seeder.send(topic, v, key=v)
     seeder.flush()
     seeder.close()
-
-
-def kafka_python_copier(copy: Copy) -> None:
-    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-    from kafka.structs import OffsetAndMetadata
-
-    consumer = KafkaConsumer(
-        copy.src,
-        bootstrap_servers=copy.boot,
-        group_id=copy.group,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        isolation_level="read_committed",
-        request_timeout_ms=10_000,
-    )
-    producer = None
-    try:
-        producer = KafkaProducer(
-            bootstrap_servers=copy.boot, transactional_id=copy.tid, request_timeout_ms=10_000
-        )
-        producer.init_transactions()
-        parts = [TopicPartition(copy.src, 0), TopicPartition(copy.src, 1)]
-        while True:
-            copy.check_time()
-            batch = consumer.poll(timeout_ms=500, max_records=copy.per_txn)
-            records = [r for rs in batch.values() for r in rs]
-            if not records:
-                ends = consumer.end_offsets(parts)
-                if [consumer.committed(tp) for tp in parts] == [ends[tp] for tp in parts]:
-                    return
-                continue
-            producer.begin_transaction()
-            for r in records:
-                producer.send(copy.dst, r.value.upper(), key=r.key)
-            offsets = {
-                TopicPartition(r.topic, r.partition): OffsetAndMetadata(r.offset + 1, "", -1)
-                for r in records
-            }
-            producer.send_offsets_to_transaction(offsets, consumer.group_metadata())
-            if copy.abort_this():
-                producer.abort_transaction()
-                for tp in batch:
-                    committed = consumer.committed(tp)
-                    consumer.seek(tp, 0 if committed is None else committed)
-            else:
-                copy.committing()
-                producer.commit_transaction()
-                copy.committed()
-    finally:
-        if producer is not None:
-            producer.close(timeout=5)
-        consumer.close()
 
 
 def kafka_python_read(boot: str, topic: str, n: int) -> list[bytes]:
@@ -481,55 +369,6 @@ def confluent_seed(boot: str, topic: str, values: list[bytes]) -> None:
     for v in values:
         seeder.produce(topic, v, key=v)
     assert seeder.flush(30) == 0
-
-
-def confluent_copier(copy: Copy) -> None:
-    from confluent_kafka import Consumer, Producer, TopicPartition
-
-    consumer = Consumer(
-        {
-            "bootstrap.servers": copy.boot,
-            "group.id": copy.group,
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-        }
-    )
-    try:
-        consumer.subscribe([copy.src])
-        producer = Producer({"bootstrap.servers": copy.boot, "transactional.id": copy.tid})
-        producer.init_transactions(30)
-        parts = [TopicPartition(copy.src, 0), TopicPartition(copy.src, 1)]
-        while True:
-            copy.check_time()
-            records = [r for r in consumer.consume(copy.per_txn, 0.5) if r.error() is None]
-            if not records:
-                committed = consumer.committed(parts, 10)
-                if all(tp.offset == consumer.get_watermark_offsets(tp, 10)[1] for tp in committed):
-                    return
-                continue
-            producer.begin_transaction()
-            for r in records:
-                producer.produce(copy.dst, r.value().upper(), key=r.key())
-            offsets: dict[tuple[str, int], int] = {}
-            for r in records:
-                offsets[(r.topic(), r.partition())] = r.offset() + 1
-            producer.send_offsets_to_transaction(
-                [TopicPartition(t, p, o) for (t, p), o in offsets.items()],
-                consumer.consumer_group_metadata(),
-                30,
-            )
-            if copy.abort_this():
-                producer.abort_transaction(30)
-                parts_read = [TopicPartition(t, p) for t, p in offsets]
-                for tp in consumer.committed(parts_read, 10):
-                    consumer.seek(TopicPartition(tp.topic, tp.partition, max(tp.offset, 0)))
-            else:
-                copy.committing()
-                producer.commit_transaction(30)
-                copy.committed()
-    finally:
-        consumer.close()
 
 
 def confluent_read(boot: str, topic: str, n: int) -> list[bytes]:
@@ -780,6 +619,128 @@ async def test_confluent_kafka_copier_exactly_once_through_broker_kills(
     kafka_broker: KafkaBroker,
 ) -> None:
     await check_copier(kafka_broker, CONFLUENT_KAFKA, CRASH_N, CRASH_PER_TXN, CRASH_KILLS)
+
+
+# -- the copier process SIGKILLed ---------------------------------------------------
+
+KILLED_N = 120
+KILLED_PER_TXN = 10
+CLIENTS = {"aiokafka": AIOKAFKA, "kafka-python": KAFKA_PYTHON, "confluent-kafka": CONFLUENT_KAFKA}
+
+
+class CopierProcess:
+    """A life of a copier process (`tests.kafka_copier`), its stdout read
+    line by line, its stderr in ``log``."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, log: Path) -> None:
+        self.proc = proc
+        self.log = log
+        self.lines: list[str] = []
+
+    @classmethod
+    async def start(cls, args: list[str], log: Path) -> CopierProcess:
+        with _appending(log) as err:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "tests.kafka_copier",
+                *args,
+                cwd=ROOT,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=err,
+            )
+        return cls(proc, log)
+
+    async def wait_for(self, line: str, timeout: float = 30.0) -> None:
+        """Reads stdout until ``line``; fails if the process ends first."""
+        assert self.proc.stdout is not None
+        async with asyncio.timeout(timeout):
+            while line not in self.lines:
+                got = await self.proc.stdout.readline()
+                assert got, (
+                    f"the copier ended ({await self.proc.wait()}) before {line!r}: "
+                    f"{self.lines}\n{self.log.read_text(errors='replace')[-5000:]}"
+                )
+                self.lines.append(got.decode().strip())
+
+    async def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        assert await self.proc.wait() == -signal.SIGKILL
+
+
+def _appending(path: Path) -> BinaryIO:
+    return open(path, "ab")
+
+
+def producer_state(broker: KafkaBroker, tid: str) -> dict[str, Any]:
+    status, body = broker.admin("GET", f"/admin/v1/producers/{urllib.parse.quote(tid)}")
+    assert status == 200, body
+    state: dict[str, Any] = json.loads(body)
+    return state
+
+
+def transaction_state(broker: KafkaBroker, txnid: str) -> dict[str, Any]:
+    status, body = broker.admin("GET", f"/admin/v1/transactions/{urllib.parse.quote(txnid)}")
+    assert status == 200, body
+    state: dict[str, Any] = json.loads(body)
+    return state
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize(
+    "name",
+    [
+        "aiokafka",
+        pytest.param("kafka-python", marks=KAFKA_PYTHON_WARNINGS),
+        "confluent-kafka",
+    ],
+)
+async def test_copier_process_sigkilled_and_restarted_copies_exactly_once(
+    kafka_broker: KafkaBroker, tmp_path: Path, name: str
+) -> None:
+    """A copier process of each client is SIGKILLed twice and started again
+    with the same transactional id: first with a transaction open (its
+    records stored at the broker, its offsets sent), then wherever it is
+    after its second commit. Each new life's init_transactions fences the
+    killed one and aborts what it left open, and its consumer starts from the
+    group's committed offsets; the output holds every input exactly once."""
+    client = CLIENTS[name]
+    boot = kafka_broker.bootstrap
+    src, dst = kafka_broker.topic("in"), kafka_broker.topic("out")
+    group = f"copier-{uuid.uuid4().hex[:6]}"
+    tid = f"{group}-tx"
+    values = [b"p%d" % i for i in range(KILLED_N)]
+    await client.seed(boot, src, values)
+    args = [name, boot, src, dst, group, "--per-txn", str(KILLED_PER_TXN), "--timeout", "60"]
+    log = tmp_path / "copier.log"
+
+    # Life 1 commits two transactions, aborts one, and is killed in its fourth.
+    life = await CopierProcess.start([*args, "--pause-at", "3"], log)
+    await life.wait_for("open")
+    await life.kill()
+    assert life.lines == ["committed 1", "committed 2", "aborted 1", "open"]
+    left = producer_state(kafka_broker, tid)
+    assert left["ongoing_txnid"] is not None
+    zombie_txn = transaction_state(kafka_broker, left["ongoing_txnid"])
+    assert zombie_txn["status"] == "OPEN"
+    assert {p["topic"] for p in zombie_txn["partitions"]} == {dst}
+    assert zombie_txn["subscriptions"] == [{"topic": src, "subscription": group}]
+
+    # Life 2 rolls it back, and is killed wherever it is after two commits.
+    life = await CopierProcess.start(args, log)
+    await life.wait_for("committed 2")
+    await life.kill()
+    assert transaction_state(kafka_broker, left["ongoing_txnid"])["status"] == "ABORTED"
+    assert producer_state(kafka_broker, tid)["producer_epoch"] > left["producer_epoch"]
+
+    # Life 3 copies the rest.
+    life = await CopierProcess.start(args, log)
+    await life.wait_for("done", timeout=60)
+    assert await life.proc.wait() == 0
+
+    got = await client.read(boot, dst, KILLED_N)
+    assert Counter(got) == Counter(v.upper() for v in values)
+    gc.collect()  # what the clients left behind is reported in this test
 
 
 async def test_a_fetch_reads_every_entry_of_a_long_partition(kafka_broker: KafkaBroker) -> None:
