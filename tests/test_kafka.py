@@ -451,33 +451,64 @@ async def test_aiokafka_zombie_is_fenced_by_a_second_producer(kafka_broker: Kafk
 
 
 @KAFKA_PYTHON_WARNINGS
-def test_kafka_python_zombie_is_fenced_by_a_second_producer(kafka_broker: KafkaBroker) -> None:
-    from kafka import KafkaProducer
-    from kafka.errors import InvalidProducerEpochError, KafkaError
+@pytest.mark.parametrize("next_op", ["send", "send-to-new-partition", "send-offsets", "commit"])
+def test_kafka_python_zombie_is_fenced_by_a_second_producer(
+    kafka_broker: KafkaBroker, next_op: str
+) -> None:
+    """The zombie's next transactional operation after a second instance
+    initialized its transactional id fails with kafka-python's fenced error,
+    the producer is then in its fatal state, and nothing of the zombie's is
+    read: neither what it wrote before (its transaction was aborted) nor
+    after, nor are its group's offsets committed."""
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+    from kafka.errors import InvalidProducerEpochError, KafkaError, ProducerFencedError
+    from kafka.structs import OffsetAndMetadata
 
     boot = kafka_broker.bootstrap
-    dst = kafka_broker.topic("out", partitions=1)
+    src, dst = kafka_broker.topic("in", partitions=1), kafka_broker.topic("out")
+    kafka_python_seed(boot, src, [b"in-0"])
+    group = f"zombie-{uuid.uuid4().hex[:6]}"
     tid = f"tx-{uuid.uuid4().hex[:6]}"
     zombie = KafkaProducer(bootstrap_servers=boot, transactional_id=tid)
     winner = KafkaProducer(bootstrap_servers=boot, transactional_id=tid)
     try:
         zombie.init_transactions()
         zombie.begin_transaction()
-        zombie.send(dst, b"zombie-1").get(10)
+        zombie.send(dst, b"zombie-1", partition=0).get(10)
         winner.init_transactions()  # fences the zombie, aborts its open transaction
         winner.begin_transaction()
-        winner.send(dst, b"winner")
+        winner.send(dst, b"winner", partition=0)
         winner.commit_transaction()
-        # Kafka's INVALID_PRODUCER_EPOCH, which kafka-python takes as fatal
-        # (no epoch bump through InitProducerId v3+ here)
-        with pytest.raises(InvalidProducerEpochError):
-            zombie.send(dst, b"zombie-2").get(10)
+
+        if next_op == "send":
+            # A Produce to a partition of the transaction: Kafka's
+            # INVALID_PRODUCER_EPOCH, fatal to a transactional kafka-python
+            # producer (no epoch bump through InitProducerId v3+ here).
+            with pytest.raises(InvalidProducerEpochError):
+                zombie.send(dst, b"zombie-2", partition=0).get(10)
+        elif next_op == "send-to-new-partition":  # (AddPartitionsToTxn first)
+            with pytest.raises(ProducerFencedError):
+                zombie.send(dst, b"zombie-2", partition=1).get(10)
+        elif next_op == "send-offsets":
+            offsets = {TopicPartition(src, 0): OffsetAndMetadata(1, "", -1)}
+            with pytest.raises(ProducerFencedError):
+                zombie.send_offsets_to_transaction(offsets, group)
+        else:
+            with pytest.raises(ProducerFencedError):
+                zombie.commit_transaction()
         with pytest.raises(KafkaError, match="error state"):
             zombie.commit_transaction()
+        with pytest.raises(KafkaError, match=r"previous transactional .* request has failed"):
+            zombie.send(dst, b"zombie-3", partition=0)
     finally:
         winner.close()
         zombie.close()
-    assert kafka_python_read(boot, dst, 1) == [b"winner"]
+    assert sorted(kafka_python_read(boot, dst, 1)) == [b"winner"]
+    reader = KafkaConsumer(bootstrap_servers=boot, group_id=group)
+    try:
+        assert reader.committed(TopicPartition(src, 0)) is None
+    finally:
+        reader.close()
 
 
 def test_confluent_kafka_zombie_is_fenced_by_a_second_producer(kafka_broker: KafkaBroker) -> None:
