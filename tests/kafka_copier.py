@@ -18,10 +18,13 @@ life of the copier: a new life's init_transactions fences the one before
 and rolls back the transaction it left open.
 
 As a process, the copier prints a line to stdout as it goes: ``committed
-<n>`` after its n-th commit, ``aborted <n>`` after its n-th abort, ``done``
-when it stopped. With ``--pause-at K`` it stops before its K-th commit,
+<n>`` after its n-th commit, ``aborted <n>`` after its n-th abort, and
+``done`` when it stopped (exit status 0), or ``failed fenced: <error>``
+when its producer was fenced, ``failed: <error>`` when anything else ended
+it (exit status 1). With ``--pause-at K`` it stops before its K-th commit,
 with that transaction open at the broker (its records stored, its offsets
-sent), prints ``open`` and waits to be killed.
+sent), prints ``open``, and commits once it reads a line on stdin (a test
+kills it there, or kills the broker and then lets it commit).
 """
 
 from __future__ import annotations
@@ -129,7 +132,9 @@ async def aiokafka_copier(copy: Copy) -> None:
                 copy.committed()
     finally:
         for part in (producer, consumer):
-            with contextlib.suppress(Exception):
+            # (a consumer stopping while the broker was away can raise the
+            # CancelledError of its fetch task)
+            with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.wait_for(part.stop(), 15)
 
 
@@ -268,8 +273,7 @@ class ProcessCopy(Copy):
     def committing(self) -> None:
         if self.commits + 1 == self.pause_at:
             print("open", flush=True)
-            while True:  # (until the test kills the process)
-                time.sleep(60)
+            sys.stdin.readline()
 
     def committed(self) -> None:
         super().committed()
@@ -280,6 +284,31 @@ class ProcessCopy(Copy):
         print(f"aborted {self.aborts}", flush=True)
 
 
+def aiokafka_fenced(exc: BaseException) -> bool:
+    from aiokafka.errors import ProducerFenced
+
+    return isinstance(exc, ProducerFenced)
+
+
+def kafka_python_fenced(exc: BaseException) -> bool:
+    from kafka.errors import InvalidProducerEpochError, ProducerFencedError
+
+    # (INVALID_PRODUCER_EPOCH answering a Produce is fatal to a transactional
+    # kafka-python producer: it bumps epochs only through InitProducerId v3+)
+    return isinstance(exc, InvalidProducerEpochError | ProducerFencedError)
+
+
+def confluent_fenced(exc: BaseException) -> bool:
+    from confluent_kafka import KafkaError, KafkaException
+
+    return isinstance(exc, KafkaException) and exc.args[0].code() == KafkaError._FENCED
+
+
+FENCED: dict[str, Callable[[BaseException], bool]] = {
+    "aiokafka": aiokafka_fenced,
+    "kafka-python": kafka_python_fenced,
+    "confluent-kafka": confluent_fenced,
+}
 COPIERS: dict[str, Callable[[Copy], None]] = {
     "aiokafka": lambda copy: asyncio.run(aiokafka_copier(copy)),
     "kafka-python": kafka_python_copier,
@@ -307,7 +336,12 @@ def main(argv: list[str] | None = None) -> int:
         args.timeout,
         args.pause_at,
     )
-    COPIERS[args.client](copy)
+    try:
+        COPIERS[args.client](copy)
+    except Exception as exc:
+        fenced = " fenced" if FENCED[args.client](exc) else ""
+        print(f"failed{fenced}: {exc!r}", flush=True)
+        return 1
     print("done", flush=True)
     return 0
 

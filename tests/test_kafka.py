@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import gc
 import json
 import signal
 import sys
@@ -31,12 +30,6 @@ from typing import Any, BinaryIO, TypeVar
 import pytest
 
 from tests.conftest import BrokerProcess, free_port
-from tests.kafka_copier import (
-    Copy,
-    aiokafka_copier,
-    confluent_copier,
-    kafka_python_copier,
-)
 
 pytestmark = [pytest.mark.integration]
 
@@ -104,98 +97,15 @@ class Reading:
         return now < self.quiet_until
 
 
-class BrokerKills(Copy):
-    """A copy of ``n`` messages from a new topic `src` to a new topic `dst`
-    (two partitions each), by copier lives (`KafkaClient.copier`) started by
-    `run` until one finishes.
-
-    With ``kills``, `committing` SIGKILLs the broker before every fourth
-    commit, ``kills`` times, so the transaction being committed is open with
-    its messages and offsets: the restart aborts it and fences its producer.
-    The broker restarts in the background (the commit meets a broker that is
-    down, then one that fenced the producer), or before the commit with
-    ``restart_before_commit``. The copier fails, and `run` starts a new life
-    (a new producer, whose init_transactions rolls back what was left, and a
-    new consumer, which starts from the group's committed offsets).
-    """
-
-    def __init__(
-        self,
-        broker: KafkaBroker,
-        n: int,
-        per_txn: int,
-        kills: int = 0,
-        restart_before_commit: bool = False,
-    ) -> None:
-        group = f"copier-{uuid.uuid4().hex[:6]}"
-        src, dst = broker.topic("in"), broker.topic("out")
-        super().__init__(broker.bootstrap, src, dst, group, per_txn, 60 if kills else 30)
-        self.broker = broker
-        self.values = [b"m%d" % i for i in range(n)]
-        self.kills = kills
-        self.restart_before_commit = restart_before_commit
-        self.killed = 0
-        self.restarts = 0
-        self.lives = 0
-        self.failures: list[BaseException] = []  # what ended each life but the last
-
-    def expected(self) -> Counter[bytes]:
-        return Counter(v.upper() for v in self.values)
-
-    def committing(self) -> None:
-        if self.killed < self.kills and self.commits >= 4 * (self.killed + 1):
-            self.broker.kill()
-            if self.restart_before_commit:
-                self.broker.start()
-                self.restarts += 1
-            self.killed += 1
-
-    async def run(
-        self, copier: Callable[[Copy], Awaitable[None]], errors: tuple[type[BaseException], ...]
-    ) -> None:
-        """Copier lives until one finishes; a life failing on one of
-        ``errors`` is replaced (with ``kills`` only: without, it fails the test)."""
-        done = False
-
-        async def restarter() -> None:
-            while self.restarts < self.kills:
-                if self.killed > self.restarts:
-                    await asyncio.to_thread(self.broker.start)
-                    self.restarts += 1
-                elif done:
-                    return
-                else:
-                    await asyncio.sleep(0.02)
-
-        restarting = asyncio.ensure_future(restarter())
-        try:
-            while True:
-                self.lives += 1
-                try:
-                    # (a life that hangs fails the test at the deadline)
-                    await asyncio.wait_for(copier(self), self.deadline - time.monotonic())
-                    return
-                except errors as exc:
-                    if not self.kills:
-                        raise
-                    self.failures.append(exc)
-                self.check_time()
-                await asyncio.sleep(0.2)
-        finally:
-            done = True
-            await restarting
-
-
 @dataclass(frozen=True, slots=True)
 class KafkaClient:
-    """One Kafka client library's parts of the tests."""
+    """One Kafka client library's parts of the tests (its copier is
+    `tests.kafka_copier`'s, run as a process)."""
 
+    name: str  # (`tests.kafka_copier.COPIERS`)
     seed: Callable[[str, str, list[bytes]], Awaitable[None]]  # (bootstrap, topic, values)
-    copier: Callable[[Copy], Awaitable[None]]
     read: Callable[[str, str, int], Awaitable[list[bytes]]]  # read_committed, as a group
-    errors: Callable[[], tuple[type[BaseException], ...]]  # what a broker kill raises
-    fenced: Callable[[BaseException], bool]  # the producer was fenced
-    restart_before_commit: bool = False  # (`Copy`)
+    restart_before_commit: bool = False  # (`check_copier`)
 
 
 def in_thread(fn: Callable[..., T]) -> Callable[..., Awaitable[T]]:
@@ -219,21 +129,122 @@ def in_thread(fn: Callable[..., T]) -> Callable[..., Awaitable[T]]:
     return run
 
 
+class Copier:
+    """A life of a copier process (`tests.kafka_copier`): its stdout read
+    line by line (`lines`), its stderr appended to ``log``."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, log: Path) -> None:
+        self.proc = proc
+        self.log = log
+        self.lines: list[str] = []
+
+    @classmethod
+    async def start(cls, args: list[str], log: Path) -> Copier:
+        with _appending(log) as err:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "tests.kafka_copier",
+                *args,
+                cwd=ROOT,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=err,
+            )
+        return cls(proc, log)
+
+    def told(self) -> str:
+        """What it printed, and its log (for a failure's message)."""
+        log = self.log.read_text(errors="replace")[-5000:]
+        return f"{self.lines}\n----- copier log -----\n{log}"
+
+    async def wait_for(self, line: str, timeout: float = 30.0) -> None:
+        """Reads stdout until ``line``; fails if the process ends first."""
+        assert self.proc.stdout is not None
+        async with asyncio.timeout(timeout):
+            while line not in self.lines:
+                got = await self.proc.stdout.readline()
+                assert got, f"the copier ended ({await self.proc.wait()}) before {line!r}: " + (
+                    self.told()
+                )
+                self.lines.append(got.decode().strip())
+
+    async def end(self, timeout: float = 60.0) -> tuple[int, str]:
+        """Its exit status and last line, once it ended."""
+        assert self.proc.stdout is not None
+        async with asyncio.timeout(timeout):
+            self.lines += (await self.proc.stdout.read()).decode().splitlines()
+            status = await self.proc.wait()
+        return status, self.lines[-1] if self.lines else ""
+
+    def go_on(self) -> None:
+        """A copier paused (``--pause-at``) commits."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(b"commit\n")
+
+    async def kill(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGKILL)
+            await self.proc.wait()
+
+
+def _appending(path: Path) -> BinaryIO:
+    return open(path, "ab")
+
+
 async def check_copier(
-    broker: KafkaBroker, client: KafkaClient, n: int, per_txn: int, kills: int = 0
+    broker: KafkaBroker,
+    client: KafkaClient,
+    tmp_path: Path,
+    n: int,
+    per_txn: int,
+    broker_kills: int = 0,
 ) -> None:
-    """`client`'s copier copies every input exactly once, read_committed by a
-    group of `client`; with ``kills``, through that many broker SIGKILLs."""
-    copy = BrokerKills(broker, n, per_txn, kills, client.restart_before_commit)
-    await client.seed(copy.boot, copy.src, copy.values)
-    await copy.run(client.copier, client.errors() if kills else ())
-    got = await client.read(copy.boot, copy.dst, n)
-    assert Counter(got) == copy.expected()
-    assert copy.attempts > copy.commits  # some transactions were aborted
-    assert copy.restarts == kills
-    # each kill fenced the copier's producer (and may have failed more lives)
-    assert sum(map(client.fenced, copy.failures)) == kills, copy.failures
-    gc.collect()  # what the clients left behind is reported in this test
+    """`client`'s copier copies ``n`` messages between two new topics
+    (two partitions each) exactly once, read_committed by a group of
+    `client`.
+
+    With ``broker_kills``, that many lives of the copier each commit three
+    transactions, abort one, and pause before their fourth commit with its
+    transaction open (its messages stored, its offsets sent); the broker is
+    SIGKILLed there and restarted (in the background while the copier
+    commits, or before the commit with ``restart_before_commit``). The
+    restart aborts the transaction and bumps its producer's epoch, so the
+    commit fails with the client's fenced error and the life ends; the next
+    life (a new producer, whose init_transactions rolls back what was left,
+    and a new consumer, which starts from the group's committed offsets)
+    goes on. The last one copies the rest."""
+    src, dst = broker.topic("in"), broker.topic("out")
+    group = f"copier-{uuid.uuid4().hex[:6]}"
+    values = [b"m%d" % i for i in range(n)]
+    await client.seed(broker.bootstrap, src, values)
+    args = [client.name, broker.bootstrap, src, dst, group, "--per-txn", str(per_txn)]
+    log = tmp_path / "copier.log"
+    aborts = 0
+    for _ in range(broker_kills):
+        life = await Copier.start([*args, "--pause-at", "4"], log)
+        try:
+            await life.wait_for("open")
+            broker.kill()
+            if client.restart_before_commit:
+                broker.start()
+            life.go_on()
+            if not client.restart_before_commit:
+                await asyncio.to_thread(broker.start)
+            status, last = await life.end()
+            assert (status, last.split(":")[0]) == (1, "failed fenced"), life.told()
+            aborts += sum(line.startswith("aborted") for line in life.lines)
+        finally:
+            await life.kill()
+    life = await Copier.start(args, log)
+    try:
+        assert await life.end() == (0, "done"), life.told()
+        aborts += sum(line.startswith("aborted") for line in life.lines)
+    finally:
+        await life.kill()
+    got = await client.read(broker.bootstrap, dst, n)
+    assert Counter(got) == Counter(v.upper() for v in values)
+    assert aborts > 0
 
 
 # -- aiokafka -------------------------------------------------------------------------
@@ -272,25 +283,13 @@ async def aiokafka_read(boot: str, topic: str, n: int) -> list[bytes]:
     return got
 
 
-def aiokafka_errors() -> tuple[type[BaseException], ...]:
-    from aiokafka.errors import KafkaError
-
-    return (KafkaError, TimeoutError, OSError)
+AIOKAFKA = KafkaClient("aiokafka", aiokafka_seed, aiokafka_read)
 
 
-def aiokafka_fenced(exc: BaseException) -> bool:
-    from aiokafka.errors import ProducerFenced
-
-    return isinstance(exc, ProducerFenced)
-
-
-AIOKAFKA = KafkaClient(
-    aiokafka_seed, aiokafka_copier, aiokafka_read, aiokafka_errors, aiokafka_fenced
-)
-
-
-async def test_aiokafka_transactional_copier_exactly_once(kafka_broker: KafkaBroker) -> None:
-    await check_copier(kafka_broker, AIOKAFKA, N, PER_TXN)
+async def test_aiokafka_transactional_copier_exactly_once(
+    kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    await check_copier(kafka_broker, AIOKAFKA, tmp_path, N, PER_TXN)
 
 
 # -- kafka-python -------------------------------------------------------------------------
@@ -326,37 +325,24 @@ def kafka_python_read(boot: str, topic: str, n: int) -> list[bytes]:
     return got
 
 
-def kafka_python_errors() -> tuple[type[BaseException], ...]:
-    from kafka.errors import KafkaError
-
-    return (KafkaError, OSError)
-
-
-def kafka_python_fenced(exc: BaseException) -> bool:
-    from kafka.errors import InvalidProducerEpochError, ProducerFencedError
-
-    # INVALID_PRODUCER_EPOCH on a Produce, fatal here (no epoch bumps: `zombie` test below)
-    return isinstance(exc, (InvalidProducerEpochError, ProducerFencedError))
-
-
 # kafka-python loses a transaction's EndTxn when the connection to the
 # coordinator fails as the request is about to be sent (the sender looks the
 # coordinator up again but does not queue the request again), and
 # commit_transaction() then waits for ever: its copier commits only once the
 # broker is back (see docs/kafka.md).
 KAFKA_PYTHON = KafkaClient(
+    "kafka-python",
     in_thread(kafka_python_seed),
-    in_thread(kafka_python_copier),
     in_thread(kafka_python_read),
-    kafka_python_errors,
-    kafka_python_fenced,
     restart_before_commit=True,
 )
 
 
 @KAFKA_PYTHON_WARNINGS
-async def test_kafka_python_transactional_copier_exactly_once(kafka_broker: KafkaBroker) -> None:
-    await check_copier(kafka_broker, KAFKA_PYTHON, N, PER_TXN)
+async def test_kafka_python_transactional_copier_exactly_once(
+    kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    await check_copier(kafka_broker, KAFKA_PYTHON, tmp_path, N, PER_TXN)
 
 
 # -- confluent-kafka (librdkafka) ---------------------------------------------------------
@@ -393,29 +379,15 @@ def confluent_read(boot: str, topic: str, n: int) -> list[bytes]:
     return got
 
 
-def confluent_errors() -> tuple[type[BaseException], ...]:
-    from confluent_kafka import KafkaException
-
-    return (KafkaException,)
-
-
-def confluent_fenced(exc: BaseException) -> bool:
-    from confluent_kafka import KafkaError, KafkaException
-
-    return isinstance(exc, KafkaException) and exc.args[0].code() == KafkaError._FENCED
-
-
 CONFLUENT_KAFKA = KafkaClient(
-    in_thread(confluent_seed),
-    in_thread(confluent_copier),
-    in_thread(confluent_read),
-    confluent_errors,
-    confluent_fenced,
+    "confluent-kafka", in_thread(confluent_seed), in_thread(confluent_read)
 )
 
 
-async def test_confluent_kafka_transactional_copier_exactly_once(kafka_broker: KafkaBroker) -> None:
-    await check_copier(kafka_broker, CONFLUENT_KAFKA, N, PER_TXN)
+async def test_confluent_kafka_transactional_copier_exactly_once(
+    kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    await check_copier(kafka_broker, CONFLUENT_KAFKA, tmp_path, N, PER_TXN)
 
 
 # -- fencing ----------------------------------------------------------------------------
@@ -621,86 +593,19 @@ async def test_txnbuf_client_and_kafka_client_see_the_same_committed_messages(
 CRASH_N = 150
 CRASH_PER_TXN = 10
 CRASH_KILLS = 2
+CLIENTS = [
+    pytest.param(AIOKAFKA, id="aiokafka"),
+    pytest.param(KAFKA_PYTHON, id="kafka-python", marks=KAFKA_PYTHON_WARNINGS),
+    pytest.param(CONFLUENT_KAFKA, id="confluent-kafka"),
+]
 
 
 @pytest.mark.crash
-async def test_aiokafka_copier_exactly_once_through_broker_kills(kafka_broker: KafkaBroker) -> None:
-    await check_copier(kafka_broker, AIOKAFKA, CRASH_N, CRASH_PER_TXN, CRASH_KILLS)
-
-
-# kafka-python leaves the socket of a refused connection attempt open
-# (kafka.net.inet.KafkaNetSocket.connect does not close it when the connect
-# fails); `check_copier` collects them, here.
-KAFKA_PYTHON_REFUSED_SOCKETS = pytest.mark.filterwarnings(
-    "ignore:Exception ignored in. <socket.socket:pytest.PytestUnraisableExceptionWarning"
-)
-
-
-@pytest.mark.crash
-@KAFKA_PYTHON_WARNINGS
-@KAFKA_PYTHON_REFUSED_SOCKETS
-async def test_kafka_python_copier_exactly_once_through_broker_kills(
-    kafka_broker: KafkaBroker,
+@pytest.mark.parametrize("client", CLIENTS)
+async def test_copier_exactly_once_through_broker_kills(
+    kafka_broker: KafkaBroker, tmp_path: Path, client: KafkaClient
 ) -> None:
-    await check_copier(kafka_broker, KAFKA_PYTHON, CRASH_N, CRASH_PER_TXN, CRASH_KILLS)
-
-
-@pytest.mark.crash
-async def test_confluent_kafka_copier_exactly_once_through_broker_kills(
-    kafka_broker: KafkaBroker,
-) -> None:
-    await check_copier(kafka_broker, CONFLUENT_KAFKA, CRASH_N, CRASH_PER_TXN, CRASH_KILLS)
-
-
-# -- the copier process SIGKILLed ---------------------------------------------------
-
-KILLED_N = 120
-KILLED_PER_TXN = 10
-CLIENTS = {"aiokafka": AIOKAFKA, "kafka-python": KAFKA_PYTHON, "confluent-kafka": CONFLUENT_KAFKA}
-
-
-class CopierProcess:
-    """A life of a copier process (`tests.kafka_copier`), its stdout read
-    line by line, its stderr in ``log``."""
-
-    def __init__(self, proc: asyncio.subprocess.Process, log: Path) -> None:
-        self.proc = proc
-        self.log = log
-        self.lines: list[str] = []
-
-    @classmethod
-    async def start(cls, args: list[str], log: Path) -> CopierProcess:
-        with _appending(log) as err:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "tests.kafka_copier",
-                *args,
-                cwd=ROOT,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=err,
-            )
-        return cls(proc, log)
-
-    async def wait_for(self, line: str, timeout: float = 30.0) -> None:
-        """Reads stdout until ``line``; fails if the process ends first."""
-        assert self.proc.stdout is not None
-        async with asyncio.timeout(timeout):
-            while line not in self.lines:
-                got = await self.proc.stdout.readline()
-                assert got, (
-                    f"the copier ended ({await self.proc.wait()}) before {line!r}: "
-                    f"{self.lines}\n{self.log.read_text(errors='replace')[-5000:]}"
-                )
-                self.lines.append(got.decode().strip())
-
-    async def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        assert await self.proc.wait() == -signal.SIGKILL
-
-
-def _appending(path: Path) -> BinaryIO:
-    return open(path, "ab")
+    await check_copier(kafka_broker, client, tmp_path, CRASH_N, CRASH_PER_TXN, CRASH_KILLS)
 
 
 def producer_state(broker: KafkaBroker, tid: str) -> dict[str, Any]:
@@ -718,37 +623,31 @@ def transaction_state(broker: KafkaBroker, txnid: str) -> dict[str, Any]:
 
 
 @pytest.mark.crash
-@pytest.mark.parametrize(
-    "name",
-    [
-        "aiokafka",
-        pytest.param("kafka-python", marks=KAFKA_PYTHON_WARNINGS),
-        "confluent-kafka",
-    ],
-)
+@pytest.mark.parametrize("client", CLIENTS)
 async def test_copier_process_sigkilled_and_restarted_copies_exactly_once(
-    kafka_broker: KafkaBroker, tmp_path: Path, name: str
+    kafka_broker: KafkaBroker, tmp_path: Path, client: KafkaClient
 ) -> None:
-    """A copier process of each client is SIGKILLed twice and started again
-    with the same transactional id: first with a transaction open (its
-    records stored at the broker, its offsets sent), then wherever it is
-    after its second commit. Each new life's init_transactions fences the
-    killed one and aborts what it left open, and its consumer starts from the
-    group's committed offsets; the output holds every input exactly once."""
-    client = CLIENTS[name]
+    """A copier process is SIGKILLed twice and started again with the same
+    transactional id: first with a transaction open (its records stored at
+    the broker, its offsets sent), then wherever it is after its second
+    commit. Each new life's init_transactions fences the killed one and
+    aborts what it left open, and its consumer starts from the group's
+    committed offsets; the output holds every input exactly once."""
     boot = kafka_broker.bootstrap
     src, dst = kafka_broker.topic("in"), kafka_broker.topic("out")
     group = f"copier-{uuid.uuid4().hex[:6]}"
     tid = f"{group}-tx"
-    values = [b"p%d" % i for i in range(KILLED_N)]
+    values = [b"p%d" % i for i in range(CRASH_N)]
     await client.seed(boot, src, values)
-    args = [name, boot, src, dst, group, "--per-txn", str(KILLED_PER_TXN), "--timeout", "60"]
+    args = [client.name, boot, src, dst, group, "--per-txn", str(CRASH_PER_TXN)]
     log = tmp_path / "copier.log"
 
     # Life 1 commits two transactions, aborts one, and is killed in its fourth.
-    life = await CopierProcess.start([*args, "--pause-at", "3"], log)
-    await life.wait_for("open")
-    await life.kill()
+    life = await Copier.start([*args, "--pause-at", "3"], log)
+    try:
+        await life.wait_for("open")
+    finally:
+        await life.kill()
     assert life.lines == ["committed 1", "committed 2", "aborted 1", "open"]
     left = producer_state(kafka_broker, tid)
     assert left["ongoing_txnid"] is not None
@@ -758,20 +657,23 @@ async def test_copier_process_sigkilled_and_restarted_copies_exactly_once(
     assert zombie_txn["subscriptions"] == [{"topic": src, "subscription": group}]
 
     # Life 2 rolls it back, and is killed wherever it is after two commits.
-    life = await CopierProcess.start(args, log)
-    await life.wait_for("committed 2")
-    await life.kill()
+    life = await Copier.start(args, log)
+    try:
+        await life.wait_for("committed 2")
+    finally:
+        await life.kill()
     assert transaction_state(kafka_broker, left["ongoing_txnid"])["status"] == "ABORTED"
     assert producer_state(kafka_broker, tid)["producer_epoch"] > left["producer_epoch"]
 
     # Life 3 copies the rest.
-    life = await CopierProcess.start(args, log)
-    await life.wait_for("done", timeout=60)
-    assert await life.proc.wait() == 0
+    life = await Copier.start(args, log)
+    try:
+        assert await life.end() == (0, "done"), life.told()
+    finally:
+        await life.kill()
 
-    got = await client.read(boot, dst, KILLED_N)
+    got = await client.read(boot, dst, CRASH_N)
     assert Counter(got) == Counter(v.upper() for v in values)
-    gc.collect()  # what the clients left behind is reported in this test
 
 
 async def test_a_fetch_reads_every_entry_of_a_long_partition(kafka_broker: KafkaBroker) -> None:
