@@ -676,6 +676,48 @@ async def test_copier_process_sigkilled_and_restarted_copies_exactly_once(
     assert Counter(got) == Counter(v.upper() for v in values)
 
 
+@pytest.mark.crash
+async def test_a_transaction_begun_before_a_broker_crash_is_aborted_and_its_producer_told(
+    kafka_broker: KafkaBroker,
+) -> None:
+    """The broker dies (SIGKILL, `ledger.faults`) right after it answered
+    the AddPartitionsToTxn that began a producer's transaction. Restarted,
+    it knows that transaction (its begin was durable before the answer): it
+    aborted it and bumped the producer's epoch, so the producer's send and
+    commit fail fenced. Had the crash forgotten the transaction, the
+    producer's EndTxn would have found nothing ongoing and succeeded: a
+    commit of nothing, of sends it had been told were stored."""
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.errors import KafkaError, ProducerFenced
+
+    boot = kafka_broker.bootstrap
+    dst = kafka_broker.topic("out", partitions=1)
+    tid = f"tx-{uuid.uuid4().hex[:6]}"
+    kafka_broker.stop()
+    kafka_broker.env = {"TXNBUF_FAULT": "kafka.after_answer.add_partitions_to_txn"}
+    kafka_broker.start()
+    producer = AIOKafkaProducer(bootstrap_servers=boot, transactional_id=tid)
+    await producer.start()
+    try:
+        await producer.begin_transaction()
+        sent = await producer.send(dst, b"lost")  # (AddPartitionsToTxn, then the Produce)
+        assert kafka_broker.proc is not None
+        assert await asyncio.to_thread(kafka_broker.proc.wait, 10) == -signal.SIGKILL
+        assert "SIGKILL at kafka.after_answer.add_partitions_to_txn" in kafka_broker.log()
+        kafka_broker.env = {}
+        kafka_broker.start()
+        state = producer_state(kafka_broker, tid)
+        assert (state["producer_epoch"], state["bumped_by"]) == (1, "coordinator"), state
+        assert state["ongoing_txnid"] is None
+        with pytest.raises(KafkaError):
+            await sent
+        with pytest.raises(ProducerFenced):
+            await producer.commit_transaction()
+    finally:
+        await producer.stop()
+    assert await aiokafka_read(boot, dst, 0) == []
+
+
 async def test_a_fetch_reads_every_entry_of_a_long_partition(kafka_broker: KafkaBroker) -> None:
     """More entries than one read of the ledger takes (`READ_ENTRIES`) in
     one fetch: every message, in order, once."""
