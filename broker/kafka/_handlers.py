@@ -579,7 +579,15 @@ class KafkaApis:
 
         try:
             name = _group_subscription(req.group_id)
-        except KafkaError as exc:
+            entry = self._coordinator_of_producer(pid).producer_of(pid)
+            if entry is not None and entry.identity == (pid, epoch) and entry.ongoing is None:
+                # (a refused identity is left to producer_add_subscription)
+                raise KafkaError(
+                    INVALID_TXN_STATE,
+                    f"offsets of group {req.group_id!r} refused: {entry.transactional_id!r} "
+                    "has no ongoing transaction (AddOffsetsToTxn begins one)",
+                )
+        except Exception as exc:
             refused: BaseException = exc
             return await self._offsets_answer(req.topics, lambda *_: _failed(refused))
         return await self._commit_offsets(req.topics, commit)
