@@ -492,8 +492,8 @@ class Broker:
         self.check_decided(txnid, commit)
         faults.refuse("broker.end_txn_on_participant")
         if self.topics.get(topic) is None and topic in self.topics:
-            return self._end_on_subscription(topic, subscription, txnid, commit, False)
-        self.subscriptions.end_txn_now(topic, subscription, txnid, commit)
+            return self._end_on_subscription(topic, subscription, txnid, commit, True)
+        self.subscriptions.end_txn_early(topic, subscription, txnid, commit)
         return None
 
     async def end_txn_on_subscription_durably(
@@ -502,13 +502,13 @@ class Broker:
         """END_TXN_ON_SUBSCRIPTION from the wire: `end_txn_on_subscription`,
         returning once what it wrote is durable."""
         self.check_decided(txnid, commit)
-        await self._end_on_subscription(topic, subscription, txnid, commit, True)
+        await self._end_on_subscription(topic, subscription, txnid, commit, False)
 
     async def _end_on_subscription(
-        self, topic: str, subscription: str, txnid: TxnID, commit: bool, durable: bool
+        self, topic: str, subscription: str, txnid: TxnID, commit: bool, early: bool
     ) -> None:
         await self.topics.load_topic(topic)  # (loaded, and prepared, first)
-        await self.subscriptions.end_txn(topic, subscription, txnid, commit, durable)
+        await self.subscriptions.end_txn(topic, subscription, txnid, commit, early)
 
     def producer_count(self, topic: str) -> int:
         return self._producers_of.get(topic, 0)
