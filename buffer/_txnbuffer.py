@@ -392,8 +392,8 @@ class TransactionBuffer:
         ``encoded`` and ``first_seq``: as for `Partition.publish`. ``early``: when nothing is
         re-sent, the result is ready at once, before the record is durable
         (the ids are known: records are stored in the order they are
-        queued). Only for a transaction that a crash aborts (see
-        `tc.TransactionCoordinator.participants_answer_early`).
+        queued). Only for a transaction that a crash aborts (an OPEN
+        transaction is aborted on recovery: see `tc._coordinator`).
 
         Everything up to queueing the append happens now, so sends are stored
         in the order `publish` is called; await the result for their ids,
