@@ -4,7 +4,7 @@ It cross-checks what the broker's ledgers in ``DIR/broker.db`` say of each
 transaction: the coordinators' logs (``tc/<tcid>``, replayed with `tc.TxnLog`
 into a `tc.TxnTable`, as a coordinator's start does), the partitions'
 commit markers (``p/<topic>/<index>``), their sidecar transaction logs
-(``x/<topic>/<index>``, see `buffer._txnbuffer`) and the subscriptions'
+(``x/<topic>/<index>``, see `buffer._sidecar`) and the subscriptions'
 cursors (``c/<topic>/<index>/<name>``, replayed with
 `subscriptions.replay_cursor`), against the topic list ``__meta/topics``.
 
@@ -25,7 +25,7 @@ and repaired where that is safe. A repair is safe when the broker's own start
 would do exactly the same, or when it drops a ledger nothing can read:
 
 - ``commit-unrecorded``: write the TXN_COMMIT sidecar record that a crash
-  between a commit marker and its record left out (`buffer.commit_record`,
+  between a commit marker and its record left out (`buffer.TxnCommit`,
   as `TransactionBuffer` recovery writes it);
 - ``orphan-open-txn`` and ``stale-pending-ack``: write the TXN_ABORT
   record (sidecar, resp. cursor) of a transaction that its coordinator
@@ -58,13 +58,11 @@ from typing import Any, Protocol, cast
 from broker._metrics import COUNTERS_LEDGER
 from buffer import (
     COMMIT_MARKER,
-    TXN_ABORT,
-    TXN_COMMIT,
-    TXN_DATA,
+    CommitMarker,
     TransactionBufferError,
-    abort_record,
-    commit_record,
-    decode_commit_marker,
+    TxnAbort,
+    TxnCommit,
+    TxnData,
     decode_sidecar_record,
     entry_count,
     entry_kind,
@@ -619,11 +617,11 @@ class _Check:
             marker_ids.extend(e for e, m in metas if entry_kind(m) == COMMIT_MARKER)
             for entry_id, entry in (await read_runs(plog, marker_ids, _CHUNK)).items():
                 try:
-                    key, ids = decode_commit_marker(entry.data)
+                    marker = CommitMarker.decode(entry.meta, entry.data)
                 except TransactionBufferError as exc:
                     self.find("unreadable", [f"{pname}@{entry_id}"], str(exc))
                     continue
-                markers[entry_id] = (key, ids, entry_count(entry.meta))
+                markers[entry_id] = (marker.txn, tuple(marker.entries), marker.count)
             self.report.counts["commit markers"] += len(markers)
         sidecar = await self.read_sidecar(xname) if group.get("x") else None
         self.check_markers(pname, xname, first, last, markers, sidecar)
@@ -654,19 +652,19 @@ class _Check:
         sc = _Sidecar()
         async for entry in _chunks(xlog):
             try:
-                kind, key, marker = decode_sidecar_record(entry.meta, entry.data)
+                record = decode_sidecar_record(entry.meta, entry.data)
             except TransactionBufferError as exc:
                 self.find("unreadable", [f"{xname}@{entry.entry_id}"], str(exc))
                 continue
-            if kind == TXN_DATA and key is not None:
-                sc.data[entry.entry_id] = (key, entry_count(entry.meta))
-                sc.first_data.setdefault(key, entry.entry_id)
+            if isinstance(record, TxnData):
+                sc.data[entry.entry_id] = (record.txn, record.count)
+                sc.first_data.setdefault(record.txn, entry.entry_id)
                 continue
-            sc.other[entry.entry_id] = kind
-            if kind == TXN_COMMIT and key is not None:
-                sc.commits.setdefault(key, []).append((entry.entry_id, marker))
-            elif kind == TXN_ABORT and key is not None:
-                sc.aborts[key] = entry.entry_id
+            sc.other[entry.entry_id] = entry_kind(entry.meta)
+            if isinstance(record, TxnCommit):
+                sc.commits.setdefault(record.txn, []).append((entry.entry_id, record.marker))
+            elif isinstance(record, TxnAbort):
+                sc.aborts[record.txn] = entry.entry_id
         return sc
 
     def check_markers(
@@ -771,7 +769,7 @@ class _Check:
                     continue
                 repair = None
                 if not contradicts:
-                    data, meta_bits = commit_record(key, marker)
+                    data, meta_bits = TxnCommit(key, marker).encode()
                     repair = Repair(
                         "append", xname, data, meta_bits, f"TXN_COMMIT (marker {marker})"
                     )
@@ -801,7 +799,7 @@ class _Check:
             objects = [xname, _txn(key)]
             if meta is None or meta.status is TxnStatus.ABORTED:
                 state = "unknown to" if meta is None else "ABORTED at"
-                data, meta_bits = abort_record(key)
+                data, meta_bits = TxnAbort(key).encode()
                 self.find(
                     "orphan-open-txn",
                     objects,

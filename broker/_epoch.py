@@ -337,7 +337,7 @@ def _prepare(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> 
         _respond(conn, req.request_id, exc)
         return
 
-    def prepare_now() -> None:
+    def start_prepare() -> None:
         # (The PREPARED record is queued in this turn: in the sends' group commit.)
         try:
             tc = _coordinator_of_producer(conn, pid)
@@ -349,7 +349,7 @@ def _prepare(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> 
         _when_done(prepared, answer, lambda exc: _respond(conn, req.request_id, exc))
 
     if not unanswered.waiting(pid, epoch):
-        prepare_now()
+        start_prepare()
         return
 
     async def after_ops() -> None:
@@ -358,7 +358,7 @@ def _prepare(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> 
         except Exception as exc:
             _respond(conn, req.request_id, exc)
             return
-        prepare_now()
+        start_prepare()
 
     conn._spawn(after_ops())
 
@@ -381,14 +381,14 @@ def _end(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> None
             except Exception as exc:
                 _respond(conn, req.request_id, exc)
                 return
-            _end_now(conn, req, unanswered)
+            _start_end(conn, req, unanswered)
 
         conn._spawn(after_ops())
         return
-    _end_now(conn, req, unanswered)
+    _start_end(conn, req, unanswered)
 
 
-def _end_now(conn: Connection, req: pb.CommandEndProducerTxn, unanswered: _Unanswered) -> None:
+def _start_end(conn: Connection, req: pb.CommandEndProducerTxn, unanswered: _Unanswered) -> None:
     try:
         tc = _coordinator_of_producer(conn, req.producer_id)
         ended = tc.end_producer_txn(

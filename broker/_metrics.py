@@ -253,9 +253,9 @@ class BrokerMetrics:
             live["txnbuf_bytes_in"][_key(topic.name, part.index)] = part.bytes_in
         for sub_name, subs in self.broker.subscriptions.of_topic(topic.name).items():
             key = _key(topic.name, sub_name)
-            live["txnbuf_messages_out"][key] = sum(s.messages_out for s in subs)
-            live["txnbuf_bytes_out"][key] = sum(s.bytes_out for s in subs)
-            live["txnbuf_redeliveries"][key] = sum(s.redelivered for s in subs)
+            live["txnbuf_messages_out"][key] = sum(s.dispatch.messages_out for s in subs)
+            live["txnbuf_bytes_out"][key] = sum(s.dispatch.bytes_out for s in subs)
+            live["txnbuf_redeliveries"][key] = sum(s.dispatch.redelivered for s in subs)
 
     def totals(self) -> Totals:
         """Each counter: the base loaded at start plus what was counted since.

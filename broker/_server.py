@@ -445,11 +445,11 @@ class Broker:
             return None
         found = self.topics.get(topic)
         if found is None:  # (not loaded: it is, then the end is queued)
-            return self._end_on_partition(topic, partition, txnid, commit, False, producer)
+            return self._end_on_partition(topic, partition, txnid, commit, True, producer)
         buffer = found.partitions[partition].transaction_buffer
-        if buffer is not None and buffer.end_now(txnid, commit, producer):
+        if buffer is not None and buffer.end_early(txnid, commit, producer):
             return None
-        return self._end_on_partition(topic, partition, txnid, commit, False, producer)
+        return self._end_on_partition(topic, partition, txnid, commit, True, producer)
 
     async def end_txn_on_partition_durably(
         self, topic: str, partition: int, txnid: TxnID, commit: bool
@@ -458,7 +458,7 @@ class Broker:
         returning once what it wrote is durable."""
         producer = self.check_decided(txnid, commit).producer
         if self._has_partition(topic, partition, txnid):
-            await self._end_on_partition(topic, partition, txnid, commit, True, producer)
+            await self._end_on_partition(topic, partition, txnid, commit, False, producer)
 
     def _has_partition(self, topic: str, partition: int, txnid: TxnID) -> bool:
         count = self.topics.partition_count(topic)
@@ -473,7 +473,7 @@ class Broker:
         partition: int,
         txnid: TxnID,
         commit: bool,
-        durable: bool,
+        early: bool,
         producer: tuple[int, int] | None,
     ) -> None:
         found = await self.topics.load_topic(topic)  # (loaded, and prepared, first)
@@ -481,7 +481,7 @@ class Broker:
             log.warning("end %s on %s/%d: no such partition", txnid, topic, partition)
             return
         buffer = await found.partitions[partition].txn_buffer()
-        await buffer.end(txnid, commit, durable, producer)
+        await buffer.end(txnid, commit, early, producer)
 
     def end_txn_on_subscription(
         self, topic: str, subscription: str, txnid: TxnID, commit: bool
@@ -492,8 +492,8 @@ class Broker:
         self.check_decided(txnid, commit)
         faults.refuse("broker.end_txn_on_participant")
         if self.topics.get(topic) is None and topic in self.topics:
-            return self._end_on_subscription(topic, subscription, txnid, commit, False)
-        self.subscriptions.end_txn_now(topic, subscription, txnid, commit)
+            return self._end_on_subscription(topic, subscription, txnid, commit, True)
+        self.subscriptions.end_txn_early(topic, subscription, txnid, commit)
         return None
 
     async def end_txn_on_subscription_durably(
@@ -502,13 +502,13 @@ class Broker:
         """END_TXN_ON_SUBSCRIPTION from the wire: `end_txn_on_subscription`,
         returning once what it wrote is durable."""
         self.check_decided(txnid, commit)
-        await self._end_on_subscription(topic, subscription, txnid, commit, True)
+        await self._end_on_subscription(topic, subscription, txnid, commit, False)
 
     async def _end_on_subscription(
-        self, topic: str, subscription: str, txnid: TxnID, commit: bool, durable: bool
+        self, topic: str, subscription: str, txnid: TxnID, commit: bool, early: bool
     ) -> None:
         await self.topics.load_topic(topic)  # (loaded, and prepared, first)
-        await self.subscriptions.end_txn(topic, subscription, txnid, commit, durable)
+        await self.subscriptions.end_txn(topic, subscription, txnid, commit, early)
 
     def producer_count(self, topic: str) -> int:
         return self._producers_of.get(topic, 0)

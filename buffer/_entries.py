@@ -84,9 +84,8 @@ def send_sequence_ids(
     ``first``: the sender says the messages are numbered ``first``,
     ``first + 1``, ... (`CommandSend.first_sequence_id`, as Kafka's batch
     header gives a base sequence and a count). Only the first and the last
-    message are then read: reading every message's id costs more than the
-    rest of storing a send of 100. A sender that numbers the ones between
-    otherwise is deduplicated by the range all the same.
+    message are then read, not every message's id. A sender that numbers
+    the ones between otherwise is deduplicated by the range all the same.
     """
     n = len(messages)
     if not n:

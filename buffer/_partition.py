@@ -36,7 +36,9 @@ from buffer._entries import (
 )
 from buffer._names import Position
 from buffer._retention import Retention
-from buffer._txnbuffer import TransactionBuffer, TransactionBufferError, sidecar_ledger_name
+from buffer._sidecar import sidecar_ledger_name
+from buffer._txnbuffer import TransactionBuffer
+from buffer._txnstate import TransactionBufferError
 from ledger import Entry, Ledger, LedgerStore
 from proto import txnbuf_pb2 as pb
 

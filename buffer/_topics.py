@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 from buffer._names import MAX_PARTITIONS, check_topic_name
 from buffer._partition import Partition
 from buffer._retention import NO_RETENTION, Retention
-from buffer._txnbuffer import sidecar_ledger_name
+from buffer._sidecar import sidecar_ledger_name
 from ledger import LedgerStore
 from proto import refusals
 
@@ -337,7 +337,7 @@ class Topics:
             # A new topic becomes visible with its partitions (and prepared):
             # `get_or_create` does not take the lock, and a topic without
             # partitions would be handed out while they load (a producer's
-            # create then failed).
+            # create would fail).
             name = sys.intern(name)
             loaded = [await Partition.load(self.store, name, i) for i in range(partitions)]
             topic = Topic(name, loaded, NO_RETENTION, time.monotonic())

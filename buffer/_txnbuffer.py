@@ -1,62 +1,46 @@
-"""The transaction buffer of one partition: its sidecar transaction log (PIP-31).
+"""The transaction buffer of one partition: its sidecar transaction log and index (PIP-31).
 
 PIP-31 §Sidecar Approach and §Broker - Transaction Buffer. Transactional
 sends do not go to the partition ledger ``p/{topic}/{index}`` but to a
 sidecar ledger ``x/{topic}/{index}`` in the same `LedgerStore`, created when
 a transaction first touches the partition (`Partition.txn_buffer`). Nothing
-in it is visible to consumers. Committing appends a COMMIT_MARKER entry to
-the partition ledger that names the transaction's sidecar entries; the
+in it is visible to consumers. Committing appends a commit marker to the
+partition ledger that names the transaction's sidecar records; the
 dispatcher resolves it into the messages (`materialize`), which take the
 marker's entry id: message i of the transaction is at (partition, marker
-entry id, i).
+entry id, i). The records and the marker are `buffer._sidecar`'s types.
 
-Sidecar records (ledger meta = ``entry_meta(kind, message count)``, all
-integers big-endian; a TxnID is two uint64, ``>QQ``):
+The transaction index (PIP-31 §Transaction Index: state, sidecar entries,
+commit marker) lives in memory. Each transaction's state follows the table
+of `buffer._txnstate`: requests (a send, an END) are checked against it
+before anything is appended, and durable records move it on, through two
+ledger listeners -- one on the sidecar (each durable record, `_apply`), one
+on the partition ledger (each durable commit marker, `_on_marker`).
+Recovery replays the latest snapshot's tail and the partition's markers
+after it through the same two functions. Persist, then act: a record
+changes the index only once it is durable.
 
-    TXN_DATA      txn (16 bytes) + a serialized EntryBatch (the messages of one
-                  transactional send, with their sequence ids, and the
-                  producer name); meta count = number of messages
-    TXN_COMMIT    txn + int64 commit marker entry id (-1: the transaction
-                  wrote nothing here, so it has no marker)
-    TXN_ABORT     txn
-    TXN_SNAPSHOT  JSON of the transaction index (see `_snapshot_record`)
+END (`end`, `end_early`) queues its writes at once: COMMIT appends the
+marker, naming every TXN_DATA record queued before it, durable or not
+(entry ids are known once queued, and append order is durability order, so
+the marker can go in their group commit), then, once the marker is
+durable, the TXN_COMMIT record; ABORT appends TXN_ABORT. The durable marker
+is the commit here: END answers then, and a crash before its TXN_COMMIT
+record leaves a MARKED transaction that recovery completes (it scans the
+partition's COMMIT_MARKER entries after the snapshot's ``scan_from`` by
+ledger meta, reading only the markers), so a retried COMMIT never appends a
+second marker. An early END answers once its writes are queued. Crash hooks
+(`ledger.faults`): ``buffer.after_txn_data_write`` (a send is durable, not
+yet answered) and ``buffer.after_commit_marker`` (the marker is durable,
+its TXN_COMMIT record not yet queued).
 
-The commit marker in the partition ledger: txn + uint32 n + n int64 sidecar
-entry ids (its TXN_DATA records, in order); meta =
-``entry_meta(COMMIT_MARKER, message count)``. Its messages are the
-concatenation of those records' EntryBatch bytes, which protobuf parses as
-one EntryBatch whose messages are all of theirs, in order (its
-``producer_name`` is the last record's).
-
-The transaction index (PIP-31 §Transaction Index: status, sidecar entries,
-commit marker) lives in memory. It is updated from two ledger listeners -- one
-on the sidecar (each durable record, through `_apply`), one on the partition
-ledger (each durable commit marker, through `_on_marker`) -- and recovery
-replays the latest snapshot's tail and the partition's markers after it
-through the same two functions. Persist, then act: a record changes the
-index only once it is durable.
-
-Crash safety of COMMIT: the marker is appended first, then TXN_COMMIT (and
-`end` answers as soon as the marker is durable). A crash in between leaves
-a durable marker that recovery finds (it scans the partition's
-COMMIT_MARKER entries after the snapshot's ``scan_from`` using
-ledger meta, reading only the markers) and completes with the TXN_COMMIT
-record, so a retried COMMIT never appends a second marker. Crash hooks
-(`ledger.faults`): ``buffer.after_txn_data_write`` (a send is durable, not yet
-answered) and ``buffer.after_commit_marker`` (the marker is durable, its
-TXN_COMMIT record not yet written). The marker names every TXN_DATA record
-of the transaction queued before the END, durable or not (entry ids are
-known once queued): append order is durability order, so it is durable
-only with them, and it can go in their group commit.
-
-Late writes: a send for a transaction that has ended here (or whose end has
-begun) is refused with `TxnEndedError`. The index holds the transactions
-that have not ended; once its TXN_COMMIT or TXN_ABORT record is durable, a
-transaction leaves it for a bounded set of ended ones (the last
-`ENDED_TXNS_KEPT`, the newest `ENDED_IN_SNAPSHOT` of them kept in snapshots
-too), so late writes and retried ENDs stay answered correctly. Older ones
-are forgotten: the broker's check that the coordinator knows the transaction
-as OPEN (KIP-890 §Ensure Ongoing Transaction) covers them.
+The index holds the transactions that have not ended here; once its
+TXN_COMMIT or TXN_ABORT record is durable, a transaction leaves it for a
+bounded set of ended ones (the last `ENDED_TXNS_KEPT`, the newest
+`ENDED_IN_SNAPSHOT` of them kept in snapshots too), so late writes and
+retried ENDs stay answered correctly. Older ones are forgotten: the
+broker's check that the coordinator knows the transaction as OPEN (KIP-890
+§Ensure Ongoing Transaction) covers them.
 
 Retention (PIP-31 §Retention Cursor): a committed transaction's sidecar
 records are needed while its commit marker is in the partition ledger. The
@@ -74,12 +58,10 @@ from __future__ import annotations
 import asyncio
 import bisect
 import collections
-import enum
 import functools
 import itertools
 import json
 import logging
-import struct
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,16 +73,33 @@ from buffer._entries import (
     PublishResult,
     SendRejectedError,
     entry_batch,
-    entry_count,
     entry_kind,
-    entry_meta,
     send_sequence_ids,
     stored_sequence_ids,
     txn_run_start,
 )
 from buffer._names import Position
+from buffer._sidecar import (
+    TXN_DATA,
+    TXN_SNAPSHOT,
+    CommitMarker,
+    TxnAbort,
+    TxnCommit,
+    TxnData,
+    TxnSnapshot,
+    decode_sidecar_record,
+)
+from buffer._txnstate import (
+    OutOfOrderSequenceError,
+    PartitionTxnEvent,
+    PartitionTxnState,
+    StaleEpochError,
+    TransactionBufferError,
+    transition,
+    txn_text,
+)
 from ledger import Entry, Ledger, faults, pass_failure, settled, unawaited
-from proto import TxnID, refusals, wire_txnid
+from proto import TxnID, wire_txnid
 from proto import txnbuf_pb2 as pb
 
 __all__ = [
@@ -108,34 +107,15 @@ __all__ = [
     "ENDED_TXNS_KEPT",
     "RETENTION_BLOCK",
     "SNAPSHOT_EVERY",
-    "TXN_ABORT",
-    "TXN_COMMIT",
-    "TXN_DATA",
-    "TXN_SNAPSHOT",
     "EpochProducer",
-    "OutOfOrderSequenceError",
-    "StaleEpochError",
     "TransactionBuffer",
-    "TransactionBufferError",
-    "TxnConflictError",
-    "TxnEndedError",
-    "TxnEvent",
     "TxnInfo",
-    "TxnState",
-    "abort_record",
-    "commit_record",
-    "decode_commit_marker",
-    "decode_sidecar_record",
     "epoch_producer_name",
-    "sidecar_ledger_name",
-    "transition",
 ]
 
 log = logging.getLogger(__name__)
 
-
-# Sidecar record kinds, in the high bits of the entry meta (as `entry_meta`).
-TXN_DATA, TXN_COMMIT, TXN_ABORT, TXN_SNAPSHOT = 1, 2, 3, 4
+_S, _E = PartitionTxnState, PartitionTxnEvent
 
 # Write an index snapshot after this many sidecar records, or after as many
 # records as the index has (open) transactions if that is more: a record pays
@@ -145,9 +125,8 @@ SNAPSHOT_EVERY = 1000
 # Committed transactions per retention block (see the module docstring).
 RETENTION_BLOCK = 256
 # How many swept (forgotten) ended transactions are still remembered, and
-# how many of the newest of them a snapshot keeps (it is JSON written every
-# SNAPSHOT_EVERY records: all 10,000 made it a tenth of the broker's main
-# thread with small transactions).
+# how many of the newest of them a snapshot keeps (a snapshot is JSON
+# written every SNAPSHOT_EVERY records, so it keeps fewer).
 ENDED_TXNS_KEPT = 10_000
 ENDED_IN_SNAPSHOT = 1_000
 # Recently materialized commit markers kept in memory.
@@ -158,56 +137,17 @@ MATERIALIZED_CACHE_BYTES = 8 << 20
 _DENSE_READ = 4
 _REPLAY_CHUNK = 256
 
-_TXN = struct.Struct(">QQ")
-_COMMIT = struct.Struct(">QQq")
-_MARKER = struct.Struct(">QQI")
 _U64 = 1 << 64
-# 2: committed transactions as retention blocks. Version 1 (each committed
-# transaction whose marker is in the partition) is still read.
+# The snapshot format: 2 keeps committed transactions as retention blocks;
+# 1, which listed each committed transaction whose marker is in the
+# partition, is read too.
 _SNAPSHOT_VERSION = 2
-
-
-def sidecar_ledger_name(topic: str, index: int) -> str:
-    """The name of a partition's sidecar transaction log ledger."""
-    return f"x/{topic}/{index}"
-
-
-# -- errors ------------------------------------------------------------------------
-
-
-class TransactionBufferError(Exception):
-    """Base of the transaction buffer's errors. Raised itself, a damaged
-    sidecar log or partition log (a malformed record, a marker naming what
-    is not there): not a refusal, so a client is answered UNKNOWN_ERROR and
-    the broker logs it. Its subclasses are refusals, each with its code::
-
-        TransactionBufferError
-        ├── TxnEndedError            INVALID_TXN_STATUS: a send for a transaction
-        │                            already ended here (a late write)
-        ├── TxnConflictError         INVALID_TXN_STATUS: COMMIT of a transaction
-        │                            aborted here, or the reverse
-        ├── StaleEpochError          INVALID_PRODUCER_EPOCH
-        └── OutOfOrderSequenceError  OUT_OF_ORDER_SEQUENCE
-    """
-
-
-class TxnEndedError(TransactionBufferError, refusals.InvalidTxnStatus):
-    """A transactional send arrived after its transaction ended here; nothing stored."""
-
-
-class TxnConflictError(TransactionBufferError, refusals.InvalidTxnStatus):
-    """An END contradicts how the transaction ended (or is ending) here."""
-
-
-class StaleEpochError(TransactionBufferError, refusals.InvalidProducerEpoch):
-    """The producer-epoch mode: a send or a commit marker of an epoch (or a
-    coordinator epoch) older than this partition has seen for its producer
-    id: a late write, or a marker of a finished transaction."""
-
-
-class OutOfOrderSequenceError(TransactionBufferError, refusals.OutOfOrderSequence):
-    """The producer-epoch mode: a send whose first sequence is not the next
-    one of its producer here (a gap, or a new epoch not starting at 0)."""
+# The sidecar records that move a transaction's state.
+_RECORD_EVENTS: dict[type, PartitionTxnEvent] = {
+    TxnData: _E.DATA,
+    TxnCommit: _E.COMMIT_RECORD,
+    TxnAbort: _E.ABORT_RECORD,
+}
 
 
 @dataclass(slots=True)
@@ -241,56 +181,6 @@ def _coordinator_epoch(txn: TxnID) -> int:
     return (((txn[0] & ((1 << 48) - 1)) << 64) | txn[1]) >> 64
 
 
-# -- the state table ----------------------------------------------------------------
-
-
-class TxnState(enum.StrEnum):
-    """A transaction's state on one partition. (StrEnum, not Enum: hashed
-    in C, where Enum's hash is a Python call; the table is looked up a few
-    times per transaction.)"""
-
-    OPEN = "open"
-    COMMITTED = "committed"
-    ABORTED = "aborted"
-
-
-class TxnEvent(enum.StrEnum):
-    """What a sidecar record does to its transaction."""
-
-    DATA = "data"
-    COMMIT = "commit"
-    ABORT = "abort"
-
-
-_TRANSITIONS: dict[tuple[TxnState, TxnEvent], TxnState] = {
-    (TxnState.OPEN, TxnEvent.DATA): TxnState.OPEN,
-    (TxnState.OPEN, TxnEvent.COMMIT): TxnState.COMMITTED,
-    (TxnState.OPEN, TxnEvent.ABORT): TxnState.ABORTED,
-    (TxnState.COMMITTED, TxnEvent.COMMIT): TxnState.COMMITTED,
-    (TxnState.ABORTED, TxnEvent.ABORT): TxnState.ABORTED,
-}
-
-
-def transition(txn: TxnID, state: TxnState, event: TxnEvent) -> TxnState:
-    """The state after ``event``; raises (changing nothing) if it is illegal."""
-    try:
-        return _TRANSITIONS[(state, event)]
-    except KeyError:
-        if event is TxnEvent.DATA:
-            raise TxnEndedError(
-                f"transaction {_txn_text(txn)} is already {state.value} on this partition: "
-                "a late write is refused"
-            ) from None
-        raise TxnConflictError(
-            f"cannot {event.value} transaction {_txn_text(txn)}: "
-            f"it is {state.value} on this partition"
-        ) from None
-
-
-def _txn_text(txn: TxnID) -> str:
-    return f"({txn[0]}, {txn[1]})"
-
-
 def _check_key(txn: object, error: type[ValueError] = ValueError) -> None:
     if isinstance(txn, tuple) and len(txn) == 2:
         most, least = txn
@@ -315,7 +205,7 @@ class TxnInfo:
     """
 
     txn: TxnID
-    state: TxnState
+    state: PartitionTxnState
     count: int
     marker: int
     entries: tuple[int, ...]
@@ -324,7 +214,7 @@ class TxnInfo:
 @dataclass(slots=True, eq=False)
 class _Txn:
     key: TxnID
-    state: TxnState = TxnState.OPEN
+    state: PartitionTxnState = PartitionTxnState.OPEN
     entries: list[int] = field(default_factory=list)  # sidecar TXN_DATA entry ids
     starts: list[int] = field(default_factory=list)  # batch index of each one's first message
     count: int = 0
@@ -335,16 +225,14 @@ class _Txn:
     # ``entries``, what its commit marker names (ids are known when queued).
     unapplied: collections.deque[int] = field(default_factory=collections.deque)
     producers: dict[str, ProducerSequence] = field(default_factory=dict)
-    ending: TxnEvent | None = None  # an END has begun: sends are refused
-    lock: asyncio.Lock | None = None
-    end_record: asyncio.Future[Any] | None = None  # END answered, its writes not durable yet
+    writes: asyncio.Future[Any] | None = None  # its END's writes (the last one's append)
 
     def base_of(self, entry_id: int) -> int:
         """Batch index of the first message of the TXN_DATA record ``entry_id``."""
         i = bisect.bisect_left(self.entries, entry_id)
         if i == len(self.entries) or self.entries[i] != entry_id:
             raise TransactionBufferError(
-                f"sidecar entry {entry_id} is not a record of transaction {_txn_text(self.key)}"
+                f"sidecar entry {entry_id} is not a record of transaction {txn_text(self.key)}"
             )
         return self.starts[i]
 
@@ -354,60 +242,13 @@ class _Txn:
             seq = self.producers[name] = ProducerSequence()
         return seq
 
+    def writing(self) -> asyncio.Future[Any] | None:
+        """Its END's writes while they are in flight (None if none are)."""
+        writes = self.writes
+        return None if writes is None or writes.done() else writes
+
     def info(self) -> TxnInfo:
         return TxnInfo(self.key, self.state, self.count, self.marker, tuple(self.entries))
-
-
-def _encode_marker(txn: TxnID, entries: Sequence[int]) -> bytes:
-    n = len(entries)
-    return _MARKER.pack(txn[0], txn[1], n) + struct.pack(f">{n}q", *entries)
-
-
-def _decode_marker(data: bytes) -> tuple[TxnID, tuple[int, ...]]:
-    if len(data) < _MARKER.size:
-        raise TransactionBufferError(f"malformed commit marker ({len(data)} bytes)")
-    most, least, n = _MARKER.unpack_from(data)
-    if len(data) != _MARKER.size + 8 * n:
-        raise TransactionBufferError(f"malformed commit marker ({len(data)} bytes)")
-    return wire_txnid(most, least), struct.unpack_from(f">{n}q", data, _MARKER.size)
-
-
-def decode_commit_marker(data: bytes) -> tuple[TxnID, tuple[int, ...]]:
-    """A commit marker's transaction and the sidecar entry ids it names;
-    `TransactionBufferError` if ``data`` is not a marker."""
-    return _decode_marker(data)
-
-
-def decode_sidecar_record(meta: int, data: bytes) -> tuple[int, TxnID | None, int]:
-    """``(kind, transaction, marker)`` of a sidecar record: the transaction
-    of a TXN_DATA, TXN_COMMIT or TXN_ABORT record (None for a snapshot),
-    and the commit marker entry id a TXN_COMMIT names (-1 otherwise).
-    `TransactionBufferError` if the record is malformed or of no known kind."""
-    kind = entry_kind(meta)
-    try:
-        if kind == TXN_COMMIT:
-            most, least, marker = _COMMIT.unpack(data)
-            return kind, wire_txnid(most, least), marker
-        if kind == TXN_ABORT:
-            return kind, wire_txnid(*_TXN.unpack(data)), -1
-        if kind == TXN_DATA:
-            return kind, wire_txnid(*_TXN.unpack_from(data)), -1
-    except struct.error:
-        raise TransactionBufferError(f"malformed sidecar record of kind {kind}") from None
-    if kind == TXN_SNAPSHOT:
-        return kind, None, -1
-    raise TransactionBufferError(f"unknown sidecar record kind {kind}")
-
-
-def commit_record(txn: TxnID, marker: int) -> tuple[bytes, int]:
-    """``(data, meta)`` of the TXN_COMMIT record of ``txn`` naming its commit
-    marker's entry id (-1: none)."""
-    return _COMMIT.pack(txn[0], txn[1], marker), entry_meta(TXN_COMMIT, 0)
-
-
-def abort_record(txn: TxnID) -> tuple[bytes, int]:
-    """``(data, meta)`` of the TXN_ABORT record of ``txn``."""
-    return _TXN.pack(*txn), entry_meta(TXN_ABORT, 0)
 
 
 async def _read_ids(ledger: Ledger, ids: Sequence[int]) -> list[Entry]:
@@ -441,9 +282,9 @@ class TransactionBuffer:
         self.name = name
         self.partition_ledger = partition_ledger
         self.sidecar = sidecar
-        self._txns: dict[TxnID, _Txn] = {}
+        self._txns: dict[TxnID, _Txn] = {}  # those not ended here (durably)
         # Swept transactions still remembered: key -> (state, marker, count).
-        self._ended: collections.OrderedDict[TxnID, tuple[TxnState, int, int]] = (
+        self._ended: collections.OrderedDict[TxnID, tuple[PartitionTxnState, int, int]] = (
             collections.OrderedDict()
         )
         # Retention blocks: [highest marker, lowest sidecar entry, transactions].
@@ -479,7 +320,7 @@ class TransactionBuffer:
             return TxnInfo(txn, state, count, marker, ())
         return None
 
-    def _remember(self, key: TxnID, state: TxnState, marker: int, count: int) -> None:
+    def _remember(self, key: TxnID, state: PartitionTxnState, marker: int, count: int) -> None:
         self._ended[key] = (state, marker, count)
         self._ended.move_to_end(key)
         while len(self._ended) > ENDED_TXNS_KEPT:
@@ -490,17 +331,14 @@ class TransactionBuffer:
         committed one's sidecar records into a retention block."""
         self._txns.pop(t.key, None)
         self._remember(t.key, t.state, t.marker, t.count)
-        if t.state is TxnState.COMMITTED and t.marker >= 0 and t.entries:
-            self._retain(t.marker, t.entries[0], 1)
-
-    def _retain(self, marker: int, first: int, count: int) -> None:
-        block = self._retained[-1] if self._retained else None
-        if block is None or block[2] >= RETENTION_BLOCK:
-            self._retained.append([marker, first, count])
-            return
-        block[0] = max(block[0], marker)
-        block[1] = min(block[1], first)
-        block[2] += count
+        if t.state is _S.COMMITTED and t.marker >= 0 and t.entries:
+            block = self._retained[-1] if self._retained else None
+            if block is None or block[2] >= RETENTION_BLOCK:
+                self._retained.append([t.marker, t.entries[0], 1])
+            else:
+                block[0] = max(block[0], t.marker)
+                block[1] = min(block[1], t.entries[0])
+                block[2] += 1
 
     def idle(self) -> bool:
         """Does every transaction that touched this partition have its end
@@ -509,7 +347,7 @@ class TransactionBuffer:
 
     def open_transactions(self) -> list[TxnID]:
         """Transactions with durable writes here that have not ended, in key order."""
-        return sorted(k for k, t in self._txns.items() if t.state is TxnState.OPEN and t.entries)
+        return sorted(k for k, t in self._txns.items() if t.entries)
 
     def transactions(self) -> list[TxnInfo]:
         """The transaction index (those not ended here, durably), in key order."""
@@ -520,9 +358,9 @@ class TransactionBuffer:
         the partition; ``aborted``: aborted ones among the remembered."""
         ended = collections.Counter(state for state, _, _ in self._ended.values())
         return {
-            "open": sum(1 for t in self._txns.values() if t.state is TxnState.OPEN and t.entries),
+            "open": sum(1 for t in self._txns.values() if t.entries),
             "committed": sum(block[2] for block in self._retained),
-            "aborted": ended[TxnState.ABORTED],
+            "aborted": ended[_S.ABORTED],
             "ended_remembered": len(self._ended),
             "retention_blocks": len(self._retained),
             "sidecar_first_entry": self.sidecar.first_entry_id,
@@ -554,8 +392,8 @@ class TransactionBuffer:
         ``encoded`` and ``first_seq``: as for `Partition.publish`. ``early``: when nothing is
         re-sent, the result is ready at once, before the record is durable
         (the ids are known: records are stored in the order they are
-        queued). Only for a transaction that a crash aborts (see
-        `tc.TransactionCoordinator.participants_answer_early`).
+        queued). Only for a transaction that a crash aborts (an OPEN
+        transaction is aborted on recovery: see `tc._coordinator`).
 
         Everything up to queueing the append happens now, so sends are stored
         in the order `publish` is called; await the result for their ids,
@@ -569,22 +407,17 @@ class TransactionBuffer:
         if t is None:
             ended = self._ended.get(txn)
             if ended is not None:
-                transition(txn, ended[0], TxnEvent.DATA)  # raises TxnEndedError
+                transition(txn, ended[0], _E.SEND)  # (refused)
             t = self._txns[txn] = _Txn(txn)  # durable with its first record
         else:
-            transition(txn, t.state, TxnEvent.DATA)
-            if t.ending is not None:
-                raise TxnEndedError(
-                    f"transaction {_txn_text(txn)} is ending ({t.ending.value}) on this "
-                    "partition: a late write is refused"
-                )
+            transition(txn, t.state, _E.SEND)
         state = t.producer(producer)
         if epoch_producer is not None:
             self._check_epoch_send(txn, epoch_producer, seqs[0], state)
         if seqs[0] > state.pushed:  # the usual case: nothing re-sent
             queued = self._append(t, producer, messages, seqs, state, encoded)
             if not early:
-                return self._new(t, queued, len(seqs))
+                return self._new(t, queued)
             queued.add_done_callback(unawaited)
             base = t.queued - len(seqs)  # the batch index of its first message
             ready: asyncio.Future[PublishResult] = asyncio.get_running_loop().create_future()
@@ -644,9 +477,8 @@ class TransactionBuffer:
     ) -> asyncio.Future[int]:
         batch = entry_batch(producer, messages, encoded)
         t.unapplied.append(self.sidecar.next_entry_id)
-        fut = self.sidecar.append(
-            _TXN.pack(*t.key) + batch, meta=entry_meta(TXN_DATA, len(messages))
-        )
+        data, meta = TxnData(t.key, batch, len(messages)).encode()
+        fut = self.sidecar.append(data, meta)
         t.queued = max(t.queued, t.count) + len(messages)
         state.pushed = seqs[-1]
         state.last_append = fut
@@ -661,7 +493,7 @@ class TransactionBuffer:
         fut.add_done_callback(done)
         return fut
 
-    async def _new(self, t: _Txn, appended: asyncio.Future[int], n: int) -> PublishResult:
+    async def _new(self, t: _Txn, appended: asyncio.Future[int]) -> PublishResult:
         entry_id = await appended
         faults.hit("buffer.after_txn_data_write")
         base = t.base_of(entry_id)
@@ -705,7 +537,7 @@ class TransactionBuffer:
         self,
         txn: TxnID,
         commit: bool,
-        durable: bool = True,
+        early: bool = False,
         producer: tuple[int, int] | None = None,
     ) -> None:
         """End ``txn`` here (EndTxnOnPartition); idempotent, so retry until it returns.
@@ -717,67 +549,53 @@ class TransactionBuffer:
         that never wrote here gets just its TXN_COMMIT (marker -1) or
         TXN_ABORT record, so that late writes for it are refused. Raises
         `TxnConflictError` (changing nothing) if it ended (or is ending) the
-        other way. The marker names every TXN_DATA record queued before the
-        END, durable or not: it is durable only with them (append order).
+        other way. An END while another one's writes are in flight waits
+        for them.
 
-        ``durable=False``: return once the marker (or the record) is queued,
-        before it is durable; the TXN_COMMIT record follows the durable
-        marker. For a coordinator whose log shares this buffer's store: its
+        ``early``: return once the writes are queued, before they are
+        durable. For a coordinator whose log shares this buffer's store: its
         decision is durable already, and what it logs after this call is
-        durable only with the marker (``tc`` calls with it then, or with
-        `end_now`).
+        durable only with the marker (``tc`` calls with it then, or
+        `end_early`).
 
         ``producer``: the (producer id, epoch) the transaction belongs to
         (the producer-epoch mode): its marker is refused (`StaleEpochError`,
         nothing changes) if this partition has seen a newer epoch of it.
         """
         t = self._begin_end(txn, commit, producer)
-        if t is None or (not durable and self._end_at_once(t, commit)):
+        if t is None:
             return
-        if t.lock is None:
-            t.lock = asyncio.Lock()
-        async with t.lock:  # one END at a time: never two markers
-            if t.state is not TxnState.OPEN:
-                return  # a concurrent or earlier END finished it
-            if t.end_record is not None:  # an earlier END answered before its records
-                await asyncio.shield(t.end_record)
-                return
-            if not durable:
-                self._queue_end(t, commit)
-                return
-            if not commit:
-                record = self.sidecar.append(*abort_record(txn))
-            elif t.marker < 0 and (t.entries or t.unapplied):
-                t.marker = await self._append_marker(t)  # (the partition listener set it)
-                faults.hit("buffer.after_commit_marker")
-                record = self._commit_record(t)
-            else:
-                record = self._commit_record(t)
-            if t.marker >= 0:
-                # The durable marker is the commit here (recovery completes a
-                # missing TXN_COMMIT from it), so answer now: one fsync, not two.
-                self._end_later(t, record)
-                return
-            await record  # nothing else records the end here
+        writing = t.writing()
+        if writing is not None:
+            await asyncio.shield(writing)
+            return
+        answered = self._write_end(t, early)
+        if answered is not None:
+            await answered
 
-    def end_now(self, txn: TxnID, commit: bool, producer: tuple[int, int] | None = None) -> bool:
-        """`end` with ``durable=False``, without a turn of the loop: True once
+    def end_early(self, txn: TxnID, commit: bool, producer: tuple[int, int] | None = None) -> bool:
+        """`end` with ``early=True``, without a turn of the loop: True once
         its writes are queued (or nothing was left to do), False if another
-        END of ``txn`` is under way here (call `end`, which waits for it).
+        END's writes are in flight here (call `end`, which waits for them).
         Raises as `end` does."""
         t = self._begin_end(txn, commit, producer)
-        return t is None or self._end_at_once(t, commit)
+        if t is None:
+            return True
+        if t.writing() is not None:
+            return False
+        self._write_end(t, early=True)
+        return True
 
     def _begin_end(
         self, txn: TxnID, commit: bool, producer: tuple[int, int] | None = None
     ) -> _Txn | None:
-        """Check an END of ``txn`` and refuse sends from now on; None if it
-        ended here already (the same way)."""
+        """Check an END of ``txn`` against its state and move it on (sends
+        are refused from now on); None if it ended here already (the same way)."""
         _check_key(txn)
-        event = TxnEvent.COMMIT if commit else TxnEvent.ABORT
+        event = _E.COMMIT if commit else _E.ABORT
         ended = self._ended.get(txn)
         if ended is not None:
-            transition(txn, ended[0], event)  # raises on a conflict
+            transition(txn, ended[0], event)  # (a repeated END, or refused)
             return None
         if producer is not None:
             known = self.epoch_producers.get(producer[0])
@@ -793,53 +611,43 @@ class TransactionBuffer:
         t = self._txns.get(txn)
         if t is None:
             t = self._txns[txn] = _Txn(txn)
-        transition(txn, t.state, event)
-        if t.ending is not None and t.ending is not event:
-            raise TxnConflictError(
-                f"cannot {event.value} transaction {_txn_text(txn)}: "
-                f"its {t.ending.value} has begun on this partition"
-            )
-        t.ending = event  # from now on sends are refused
+        t.state = transition(txn, t.state, event)
         return t
 
-    def _end_at_once(self, t: _Txn, commit: bool) -> bool:
-        """Queue ``t``'s end (``durable=False``) unless another END of it is
-        under way: True if done or nothing was left to do."""
-        if t.state is not TxnState.OPEN:
-            return True  # ended here, durably
-        if t.end_record is not None or (t.lock is not None and t.lock.locked()):
-            return False
-        self._queue_end(t, commit)
-        return True
-
-    def _queue_end(self, t: _Txn, commit: bool) -> None:
-        """Queue ``t``'s end record (and, for a commit with data, its marker
-        first, TXN_COMMIT once the marker is durable); END is answered now."""
-        if not commit:
-            self._end_later(t, self.sidecar.append(*abort_record(t.key)))
-        elif t.marker < 0 and (t.entries or t.unapplied):
-            self._end_later(t, self._after_marker(t, self._append_marker(t)))
-        else:
-            self._end_later(t, self._commit_record(t))
+    def _write_end(self, t: _Txn, early: bool) -> asyncio.Future[Any] | None:
+        """Queue the writes that end ``t`` here (its state says which); the
+        future an END that is not ``early`` returns at (None: at once)."""
+        answered: asyncio.Future[Any] | None
+        if t.state is _S.ENDING_ABORT:
+            writes = answered = self.sidecar.append(*TxnAbort(t.key).encode())
+        elif t.state is _S.ENDING_COMMIT and (t.entries or t.unapplied):
+            answered = None if early else asyncio.get_running_loop().create_future()
+            writes = self._after_marker(t, self._append_marker(t), answered)
+        else:  # MARKED, or nothing written here: the TXN_COMMIT record alone
+            writes = answered = self._commit_record(t)
+            if t.state is _S.MARKED:
+                answered = None  # (the durable marker is the commit)
+        t.writes = writes
+        writes.add_done_callback(functools.partial(self._written, t))
+        return None if early else answered
 
     def _append_marker(self, t: _Txn) -> asyncio.Future[int]:
         """The commit marker of every TXN_DATA record of ``t``, durable or queued."""
-        entries = [*t.entries, *t.unapplied]
-        count = max(t.queued, t.count)
-        return self.partition_ledger.append(
-            _encode_marker(t.key, entries), meta=entry_meta(COMMIT_MARKER, count)
-        )
+        marker = CommitMarker(t.key, [*t.entries, *t.unapplied], max(t.queued, t.count))
+        return self.partition_ledger.append(*marker.encode())
 
     def _commit_record(self, t: _Txn) -> asyncio.Future[int]:
-        return self.sidecar.append(
-            *commit_record(t.key, t.marker),
-            lazy=t.marker >= 0,  # (answered at the marker: nobody waits for it)
-        )
+        data, meta = TxnCommit(t.key, t.marker).encode()
+        # (answered at the marker: nobody waits for the record)
+        return self.sidecar.append(data, meta, lazy=t.marker >= 0)
 
-    def _after_marker(self, t: _Txn, marker: asyncio.Future[int]) -> asyncio.Future[int]:
+    def _after_marker(
+        self, t: _Txn, marker: asyncio.Future[int], answered: asyncio.Future[Any] | None
+    ) -> asyncio.Future[int]:
         """Append the TXN_COMMIT record once ``marker`` is durable; the result
-        is the record's append (failed if the marker failed). Callbacks, not
-        a task: this is on every commit's path."""
+        is the record's append (failed if the marker failed). ``answered``
+        gets the outcome once the record is queued. Callbacks, not a task:
+        this is on every commit's path."""
         recorded: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
         def copy(record: asyncio.Future[int]) -> None:
@@ -848,23 +656,29 @@ class TransactionBuffer:
 
         def marked(m: asyncio.Future[int]) -> None:
             if pass_failure(m, recorded):
+                if answered is not None:
+                    pass_failure(m, answered)
                 return
-            t.marker = m.result()  # (the partition listener has set it already)
+            t.marker = m.result()  # (the partition listener noted it, unless detached)
             try:
                 faults.hit("buffer.after_commit_marker")
                 record = self._commit_record(t)
             except Exception as exc:  # (a closed store; in tests, a crash hook)
                 recorded.set_exception(exc)
+                if answered is not None and not answered.done():
+                    answered.set_exception(exc)
                 return
             record.add_done_callback(copy)
+            if answered is not None and not answered.done():
+                answered.set_result(None)
 
         marker.add_done_callback(marked)
         return recorded
 
-    def _end_later(self, t: _Txn, record: asyncio.Future[Any]) -> None:
-        """END answered before ``record`` (the last of its writes here) is durable."""
-        t.end_record = record
-        record.add_done_callback(functools.partial(self._end_record_done, t))
+    def _written(self, t: _Txn, writes: asyncio.Future[Any]) -> None:
+        if not writes.cancelled() and writes.exception() is not None:
+            # Recovery completes a TXN_COMMIT from its marker; a retried END writes again.
+            log.error("%s: ending %s failed: %s", self.name, txn_text(t.key), writes.exception())
 
     @staticmethod
     def uncommitted_batch(entry: Entry) -> bytes | None:
@@ -872,19 +686,13 @@ class TransactionBuffer:
         any other record), for read_uncommitted subscriptions."""
         if entry_kind(entry.meta) != TXN_DATA:
             return None
-        return entry.data[_TXN.size :]
+        return bytes(TxnData.decode(entry.meta, entry.data).batch)
 
     async def settled(self) -> None:
-        """Wait until the TXN_COMMIT records of the commits answered so far are durable."""
-        pending = [t.end_record for t in self._txns.values() if t.end_record is not None]
+        """Wait until the writes of the ENDs answered so far are durable."""
+        pending = [t.writes for t in self._txns.values() if t.writes is not None]
         if pending:
             await asyncio.wait(pending)
-
-    def _end_record_done(self, t: _Txn, record: asyncio.Future[Any]) -> None:
-        t.end_record = None
-        if not record.cancelled() and record.exception() is not None:
-            # Recovery completes a TXN_COMMIT from its marker; a retried END writes again.
-            log.error("%s: ending %s failed: %s", self.name, _txn_text(t.key), record.exception())
 
     # -- applying records (live and on recovery) ---------------------------------------
 
@@ -900,41 +708,33 @@ class TransactionBuffer:
 
     def _apply(self, entry: Entry) -> None:
         """Apply one durable sidecar record to the index."""
-        kind = entry_kind(entry.meta)
-        marker = -1
-        if kind == TXN_DATA:
-            key = wire_txnid(*_TXN.unpack_from(entry.data))
-            event = TxnEvent.DATA
-        elif kind == TXN_COMMIT:
-            most, least, marker = _COMMIT.unpack_from(entry.data)
-            key, event = wire_txnid(most, least), TxnEvent.COMMIT
-        elif kind == TXN_ABORT:
-            key, event = wire_txnid(*_TXN.unpack_from(entry.data)), TxnEvent.ABORT
-        else:
-            if kind != TXN_SNAPSHOT:
-                log.error(
-                    "%s: sidecar entry %d has unknown kind %d", self.name, entry.entry_id, kind
-                )
+        try:
+            record = decode_sidecar_record(entry.meta, entry.data)
+        except TransactionBufferError as exc:
+            log.error("%s: sidecar entry %d ignored: %s", self.name, entry.entry_id, exc)
             return
+        if isinstance(record, TxnSnapshot):
+            return
+        key = record.txn
         t = self._txns.get(key)
         if t is None:
             t = self._txns[key] = _Txn(key)
         try:
-            t.state = transition(key, t.state, event)
+            t.state = transition(key, t.state, _RECORD_EVENTS[type(record)])
         except TransactionBufferError as exc:  # the checks before appending prevent this
             log.error("%s: sidecar entry %d ignored: %s", self.name, entry.entry_id, exc)
             return
-        if event is TxnEvent.DATA:
+        if isinstance(record, TxnData):
             if t.unapplied and t.unapplied[0] == entry.entry_id:
                 t.unapplied.popleft()
             t.entries.append(entry.entry_id)
             t.starts.append(t.count)
-            t.count += entry_count(entry.meta)
-        else:
-            if marker >= 0:
-                t.marker = marker
-            t.producers = {}  # ended: no more sends to deduplicate
-            self._retire(t)
+            t.count += record.count
+            return
+        if isinstance(record, TxnCommit) and record.marker >= 0:
+            t.marker = record.marker
+        t.producers = {}  # ended: no more sends to deduplicate
+        self._retire(t)
 
     def _on_partition(self, _ledger: Ledger, entries: list[Entry]) -> None:
         for entry in entries:
@@ -943,7 +743,7 @@ class TransactionBuffer:
 
     def _on_marker(self, entry: Entry) -> None:
         """A commit marker is durable in the partition ledger: note it in the index."""
-        key, _ = _decode_marker(entry.data)
+        key = CommitMarker.decode(entry.meta, entry.data).txn
         t = self._txns.get(key)
         if t is None:
             if key not in self._ended:
@@ -951,19 +751,15 @@ class TransactionBuffer:
                     "%s: commit marker %d of unknown transaction %s",
                     self.name,
                     entry.entry_id,
-                    _txn_text(key),
+                    txn_text(key),
                 )
             return
-        if t.marker < 0:
-            t.marker = entry.entry_id
-        elif t.marker != entry.entry_id:
-            log.error(
-                "%s: transaction %s has two commit markers, %d and %d",
-                self.name,
-                _txn_text(key),
-                t.marker,
-                entry.entry_id,
-            )
+        try:
+            t.state = transition(key, t.state, _E.MARKER)
+        except TransactionBufferError as exc:  # (a second marker: the first one stands)
+            log.error("%s: commit marker %d ignored: %s", self.name, entry.entry_id, exc)
+            return
+        t.marker = entry.entry_id
 
     # -- snapshots and recovery -----------------------------------------------------
 
@@ -974,14 +770,17 @@ class TransactionBuffer:
         partition entry whose markers are not applied, "txns": [[most, least,
         state, marker, count, entries, starts], ...], "ended": [[most, least,
         state, marker, count], ...], "retained": [[highest marker, lowest
-        entry, transactions], ...]}``. Transactions without a durable record
-        (an END or send still in flight) are left out: their records come after
+        entry, transactions], ...], "epoch_producers": [[producer id, epoch,
+        txn, coordinator epoch], ...]}``. The transactions in ``txns`` have
+        not ended: their state is "open" (an END under way is not durable; a
+        durable marker is ``marker``). Those without a durable record (a
+        send still in flight) are left out: their records come after
         ``covers``.
         """
         txns = [
-            [k[0], k[1], t.state.value, t.marker, t.count, t.entries, t.starts]
+            [k[0], k[1], _S.OPEN.value, t.marker, t.count, t.entries, t.starts]
             for k, t in self._txns.items()
-            if t.entries or t.state is not TxnState.OPEN
+            if t.entries
         ]
         newest = itertools.islice(reversed(self._ended.items()), ENDED_IN_SNAPSHOT)
         ended = [[k[0], k[1], s.value, m, c] for k, (s, m, c) in newest][::-1]
@@ -1003,7 +802,7 @@ class TransactionBuffer:
         """Queue a snapshot; return its future and the last entry it covers."""
         covers = self.sidecar.last_entry_id
         self._since_snapshot = 0
-        fut = self.sidecar.append(self._snapshot_record(), meta=entry_meta(TXN_SNAPSHOT, 0))
+        fut = self.sidecar.append(*TxnSnapshot(self._snapshot_record()).encode())
 
         def done(f: asyncio.Future[int]) -> None:
             if f.cancelled() or f.exception() is not None:
@@ -1021,7 +820,7 @@ class TransactionBuffer:
         if version not in (1, _SNAPSHOT_VERSION):
             raise TransactionBufferError(f"{self.name}: unknown snapshot version {version}")
         for most, least, state, marker, count in record["ended"]:
-            self._remember(wire_txnid(most, least), TxnState(state), marker, count)
+            self._remember(wire_txnid(most, least), _S(state), marker, count)
         self._retained = [list(block) for block in record.get("retained", [])]
         for pid, epoch, txn, coordinator_epoch in record.get("epoch_producers", []):
             self.epoch_producers[pid] = EpochProducer(
@@ -1029,9 +828,13 @@ class TransactionBuffer:
             )
         for most, least, state, marker, count, entries, starts in record["txns"]:
             key = wire_txnid(most, least)
-            t = self._txns[key] = _Txn(key, TxnState(state), entries, starts, count, marker)
-            if t.state is not TxnState.OPEN:  # (version 1 kept the ended ones here)
+            t = self._txns[key] = _Txn(
+                key, PartitionTxnState(state), entries, starts, count, marker
+            )
+            if t.state is not _S.OPEN:  # (version 1 kept the ended ones here)
                 self._retire(t)
+            elif marker >= 0:
+                t.state = transition(key, t.state, _E.MARKER)
         return int(record["covers"]), int(record["scan_from"])
 
     @classmethod
@@ -1074,8 +877,9 @@ class TransactionBuffer:
                     self._apply(entry)
                     records += 1
                 if kind == TXN_DATA:  # (the epochs of producer-epoch sends since the snapshot)
-                    name = pb.EntryBatch.FromString(entry.data[_TXN.size :]).producer_name
-                    self._note_epoch_producer(wire_txnid(*_TXN.unpack_from(entry.data)), name)
+                    data = TxnData.decode(entry.meta, entry.data)
+                    name = pb.EntryBatch.FromString(bytes(data.batch)).producer_name
+                    self._note_epoch_producer(data.txn, name)
         self._since_snapshot = records
 
         if partition_meta is None:
@@ -1087,24 +891,22 @@ class TransactionBuffer:
             self._on_marker(entry)
 
         # Sequence state of open transactions, so that re-sends are not stored twice.
-        opened = sorted(
-            e for t in self._txns.values() if t.state is TxnState.OPEN for e in t.entries
-        )
+        opened = sorted(e for t in self._txns.values() for e in t.entries)
         for entry in await _read_ids(sidecar, opened):
-            t = self._txns[wire_txnid(*_TXN.unpack_from(entry.data))]
-            batch = pb.EntryBatch.FromString(entry.data[_TXN.size :])
+            data = TxnData.decode(entry.meta, entry.data)
+            t = self._txns[data.txn]
+            batch = pb.EntryBatch.FromString(bytes(data.batch))
             seqs = stored_sequence_ids(batch.messages)
             t.producer(batch.producer_name).record(seqs, t.base_of(entry.entry_id))
 
         # A crash between a commit marker and its TXN_COMMIT record: complete it.
-        interrupted = [t for t in self._txns.values() if t.state is TxnState.OPEN and t.marker >= 0]
+        interrupted = [t for t in self._txns.values() if t.state is _S.MARKED]
         for t in interrupted:
-            t.ending = TxnEvent.COMMIT
             log.info(
-                "%s: completing the commit of %s (marker %d)", self.name, _txn_text(t.key), t.marker
+                "%s: completing the commit of %s (marker %d)", self.name, txn_text(t.key), t.marker
             )
         await asyncio.gather(
-            *(sidecar.append(*commit_record(t.key, t.marker)) for t in interrupted)
+            *(sidecar.append(*TxnCommit(t.key, t.marker).encode()) for t in interrupted)
         )
 
     # -- materialization -----------------------------------------------------------
@@ -1115,32 +917,34 @@ class TransactionBuffer:
         if cached is not None:
             self._cache.move_to_end(marker.entry_id)
             return cached
-        key, ids = _decode_marker(marker.data)
-        records = await _read_ids(self.sidecar, ids)
-        head = _TXN.pack(*key)
+        commit = CommitMarker.decode(marker.meta, marker.data)
+        records = await _read_ids(self.sidecar, commit.entries)
+        batches = []
         count = 0
         for record in records:
-            if entry_kind(record.meta) != TXN_DATA or not record.data.startswith(head):
+            data = TxnData.decode(record.meta, record.data)
+            if data.txn != commit.txn:
                 raise TransactionBufferError(
                     f"{self.name}: sidecar entry {record.entry_id} named by commit marker "
-                    f"{marker.entry_id} is not a record of transaction {_txn_text(key)}"
+                    f"{marker.entry_id} is not a record of transaction {txn_text(commit.txn)}"
                 )
-            count += entry_count(record.meta)
-        if len(records) != len(ids) or count != entry_count(marker.meta):
+            count += data.count
+            batches.append(data.batch)
+        if len(records) != len(commit.entries) or count != commit.count:
             raise TransactionBufferError(
                 f"{self.name}: the messages of commit marker {marker.entry_id} are gone from "
                 "the sidecar log (swept after the marker was trimmed?)"
             )
-        data = b"".join(memoryview(r.data)[_TXN.size :] for r in records)
-        self._cache[marker.entry_id] = data
-        self._cache_bytes += len(data)
+        joined = b"".join(batches)
+        self._cache[marker.entry_id] = joined
+        self._cache_bytes += len(joined)
         while self._cache and (
             len(self._cache) > MATERIALIZED_CACHE_ENTRIES
             or self._cache_bytes > MATERIALIZED_CACHE_BYTES
         ):
             _, dropped = self._cache.popitem(last=False)
             self._cache_bytes -= len(dropped)
-        return data
+        return joined
 
     # -- retention (PIP-31 §Retention Cursor) ----------------------------------------
 

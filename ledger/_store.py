@@ -11,10 +11,8 @@ Every write goes through a writer process of the store's own
 (`ledger._writer`), fed through a pipe: the event loop queues appends and
 trims, hands them over once per turn of the loop, and settles them when the
 writer answers. The writer commits whatever reached it while its previous
-commit ran, together. A thread of this process did that before; its commits
-took 1 ms p50 at 4 CTP workers against 0.15 ms alone, because each step
-back from SQLite waited for the busy event loop to let go of the GIL (see
-`ledger._writer`).
+commit ran, together, and shares no interpreter lock with the busy event
+loop (see `ledger._writer`).
 
 Append order is durability order, across all the ledgers of a store: an
 append made after another (in the event loop's order) is committed in the
@@ -25,7 +23,7 @@ right behind its log records when they share a store (see `tc`).
 
 Reads that miss the in-memory tail cache go to an aiosqlite connection of
 this process, used for nothing else (each read is one hop to its thread and
-back, ~80-100 us); in WAL mode they never queue behind a commit.
+back); in WAL mode they never queue behind a commit.
 
 Layout: table ``ledgers(id, name, first_entry_id, next_entry_id)`` and
 table ``entries(id, meta, data)`` whose integer primary key is

@@ -22,10 +22,9 @@ Group commit happens here: the writes that arrived while a commit was
 running are committed together, as one SQLite transaction (one fsync, WAL
 with ``synchronous=FULL``), in the order they arrived. A commit needs no
 interpreter lock shared with the broker's event loop, so it takes about as
-long as the disk does, however busy the loop is. (Run on a thread of the
-broker, as before, a commit of a few hundred bytes took 1 ms p50 at 4 CTP
-workers against 0.15 ms alone: after each step SQLite gave back to Python,
-the thread waited for the loop to let go of the GIL.)
+long as the disk does, however busy the loop is (a thread of the broker
+would wait for the loop to let go of the GIL after each step back from
+SQLite).
 
 Fail-stop: once a commit failed, every later write is answered with that
 error and nothing more is written (see `LedgerStore._fail`).

@@ -20,12 +20,10 @@ Durably, a cursor is a ledger of records, ``meta`` giving the kind:
     5 TXN_ABORT   txn only
 
 (native byte order). Replaying them in order through `Cursor.apply` rebuilds
-the cursor; a fresh snapshot lets the ledger be trimmed before it. A record
+the cursor; a fresh snapshot lets the ledger be trimmed before it
+(`snapshot_then_trim`), and a reset of the cursor is a snapshot too. A record
 whose transitions the table refuses changes nothing (`AckConflict`), live and
-in replay alike.
-
-A transaction is named by ``TxnID = (most_bits, least_bits)``: this package
-builds on ledger and buffer only, never on tc.
+in replay alike. A transaction is a `proto.TxnID`.
 """
 
 from __future__ import annotations
@@ -43,7 +41,7 @@ from operator import itemgetter
 from sortedcontainers import SortedSet
 
 from buffer import Position
-from ledger import Entry
+from ledger import Entry, Ledger
 from proto import TxnID, wire_txnid
 from subscriptions._state import AckEvent, InvalidAckTransition, MsgState, transition
 
@@ -51,6 +49,7 @@ __all__ = [
     "CUMULATIVE",
     "INDIVIDUAL",
     "SNAPSHOT",
+    "SNAPSHOT_EVERY",
     "TXN_ABORT",
     "TXN_ACK",
     "TXN_COMMIT",
@@ -58,10 +57,11 @@ __all__ = [
     "AckConflict",
     "AckRecord",
     "Cursor",
-    "check_txn_key",
+    "check_txn",
     "decode_record",
     "encode_record",
     "replay_cursor",
+    "snapshot_then_trim",
     "txn_end_record",
     "txn_text",
 ]
@@ -73,6 +73,7 @@ log = logging.getLogger(__name__)
 WHOLE_ENTRY = (1 << 31) - 1
 
 SNAPSHOT, INDIVIDUAL, CUMULATIVE, TXN_ACK, TXN_COMMIT, TXN_ABORT = range(6)
+SNAPSHOT_EVERY = 1000  # records between the snapshots of a cursor's ledger
 _TXN_KINDS = frozenset({TXN_ACK, TXN_COMMIT, TXN_ABORT})
 _KIND_NAMES = {
     INDIVIDUAL: "INDIVIDUAL",
@@ -86,7 +87,7 @@ _ENTRY_OF = itemgetter(0)
 
 
 def txn_text(txn: TxnID) -> str:
-    """A transaction as tc's TxnID prints it: ``(most_bits,least_bits)``."""
+    """A transaction as `proto.TxnID` prints it: ``(most_bits,least_bits)``."""
     return f"({txn[0]},{txn[1]})"
 
 
@@ -94,7 +95,7 @@ def _pos_text(pos: Position) -> str:
     return f"{pos[0]}:{pos[1]}"
 
 
-def check_txn_key(txn: object) -> TxnID:
+def check_txn(txn: object) -> TxnID:
     """``txn`` as a `TxnID`; ValueError unless it is two integers in [0, 2**64)."""
     if (
         not isinstance(txn, tuple)
@@ -135,7 +136,8 @@ class AckConflict(InvalidAckTransition):
 
 @dataclass(frozen=True, slots=True)
 class AckRecord:
-    """One record of the cursor ledger (not a snapshot)."""
+    """One record of the cursor ledger: an ack, a transaction's TXN_ACK or
+    end, or a reset (a SNAPSHOT naming the new mark-delete position)."""
 
     kind: int
     positions: tuple[Position, ...] = ()
@@ -146,13 +148,15 @@ class AckRecord:
     checked: bool = field(default=False, compare=False)
 
     def encode(self) -> bytes:
+        if self.kind == SNAPSHOT and len(self.positions) == 1:
+            return Cursor(self.positions[0]).snapshot()  # a reset
         if self.kind not in _KIND_NAMES:
             raise ValueError(f"unknown cursor record kind {self.kind}")
         if self.kind not in _TXN_KINDS:
             return encode_record(self.positions)
         if self.txn is None:
             raise ValueError(f"a {_KIND_NAMES[self.kind]} record needs a transaction id")
-        head = array("Q", check_txn_key(self.txn)).tobytes()
+        head = array("Q", check_txn(self.txn)).tobytes()
         return head + encode_record(self.positions) if self.kind == TXN_ACK else head
 
     @classmethod
@@ -303,8 +307,8 @@ class Cursor:
         mine = self.txn_acks.get(txn)
         if not mine:
             return MsgState.PENDING_ACK, []
-        # Every position a transaction holds is PENDING_ACK (`_lock` and
-        # `_unlock` keep txn_acks and pending_ack together): ask the table once.
+        # Every position a transaction holds is PENDING_ACK (locking and
+        # unlocking keep txn_acks and pending_ack together): ask the table once.
         after = self._ask(next(iter(mine)), MsgState.PENDING_ACK, _EVENTS[kind], txn)
         return after, sorted(mine)
 
@@ -395,21 +399,28 @@ class Cursor:
         changes nothing. ``count(entry_id)`` gives an entry's message count
         and ``last`` the last entry id, for advancing the mark-delete position.
         ``checked``: a TXN_ACK planned already (`plan_txn_ack`) against
-        this very state; its positions are locked as they are.
+        this very state; its positions are locked as they are. A SNAPSHOT
+        naming one position is a reset: every message after it PENDING,
+        every one at or before it DELETED.
         """
-        if kind in (TXN_COMMIT, TXN_ABORT) and txn is not None:
-            # The usual end of a transaction: no (position, state) pairs.
-            after, held = self._plan_end(kind, txn)
-            if held:
-                self._unlock_txn(txn, held)
-                if after is MsgState.DELETED:
-                    self._delete(held)
-            self._advance(count, last)
-            return held
-        if checked and kind == TXN_ACK and txn is not None:
-            changed = list(positions)
-            if changed:
-                self._lock_all(changed, txn)
+        if kind == SNAPSHOT:
+            self.mark_delete = next(iter(positions))
+            self.acked.clear()
+            self.pending_ack.clear()
+            self.txn_acks.clear()
+            self._locked_entries.clear()
+            return []
+        if kind in _TXN_KINDS and txn is not None:
+            if kind == TXN_ACK:  # every one PENDING: the table allows nothing else
+                changed = list(positions) if checked else self.plan_txn_ack(positions, txn)
+                if changed:
+                    self._lock_all(changed, txn)
+            else:
+                after, changed = self._plan_end(kind, txn)
+                if changed:
+                    self._unlock_txn(txn, changed)
+                    if after is MsgState.DELETED:
+                        self._delete(changed)
             self._advance(count, last)
             return changed
         positions = list(positions)
@@ -417,24 +428,10 @@ class Cursor:
         changed = [pos for pos, _ in changes]
         if kind == CUMULATIVE and changes:
             self._delete_through(max(positions), changes)
-        elif kind == TXN_ACK and changes:
-            assert txn is not None  # plan() refuses a TXN_ACK without one
-            self._lock_all(changed, txn)  # every one was PENDING (the table allows nothing else)
         else:
-            for pos, after in changes:
-                self._set(pos, after, txn)
+            self.acked.update(changed)  # an INDIVIDUAL ack's: PENDING ones, now DELETED
         self._advance(count, last)
         return changed
-
-    def _set(self, pos: Position, after: MsgState, txn: TxnID | None) -> None:
-        if pos in self.pending_ack:
-            self._unlock(pos)
-        if after is MsgState.DELETED:
-            self.acked.add(pos)
-        elif after is MsgState.PENDING_ACK:
-            if txn is None:  # plan() refuses a TXN_ACK without one first
-                raise ValueError("a TXN_ACK record needs a transaction id")
-            self._lock(pos, txn)
 
     def _lock(self, pos: Position, txn: TxnID) -> None:
         self.pending_ack[pos] = txn
@@ -466,20 +463,8 @@ class Cursor:
         if run < len(positions):
             self.acked.update(positions[run:] if run else positions)
 
-    def _unlock(self, pos: Position) -> None:
-        txn = self.pending_ack.pop(pos)
-        mine = self.txn_acks[txn]
-        del mine[pos]
-        if not mine:
-            del self.txn_acks[txn]
-        left = self._locked_entries[pos[0]] - 1
-        if left:
-            self._locked_entries[pos[0]] = left
-        else:
-            del self._locked_entries[pos[0]]
-
     def _unlock_txn(self, txn: TxnID, positions: list[Position]) -> None:
-        """`_unlock` of ``positions``, every message ``txn`` holds (sorted)."""
+        """Unlock ``positions``, every message ``txn`` holds (sorted)."""
         del self.txn_acks[txn]
         pop = self.pending_ack.pop
         for pos in positions:
@@ -566,7 +551,7 @@ class Cursor:
         for e, i, most, least in zip(
             locked[::4], locked[1::4], locked[2::4], locked[3::4], strict=True
         ):
-            cursor._lock((e, i), check_txn_key((most, least)))
+            cursor._lock((e, i), check_txn((most, least)))
         return cursor
 
     def copy(self) -> Cursor:
@@ -608,6 +593,17 @@ def replay_cursor(
         if record.kind in (TXN_COMMIT, TXN_ABORT) and record.txn is not None:
             ended.append(record.txn)
     return cursor, ended
+
+
+def snapshot_then_trim(ledger: Ledger, snapshot: bytes, meta: int) -> None:
+    """Append ``snapshot``; once it is durable, trim every record before it."""
+    fut = ledger.append(snapshot, meta=meta)
+
+    def trim(_f: object) -> None:
+        if not fut.cancelled() and fut.exception() is None:
+            ledger.trim(fut.result())
+
+    fut.add_done_callback(trim)
 
 
 def _run_length(acked: SortedSet, first: Position, end: int) -> int:

@@ -19,7 +19,8 @@ from typing import Any
 
 from buffer import MessageId, Partition, Position, Topic, Topics
 from proto import TxnID, refusals
-from subscriptions._subscription import Consumer, PartitionSubscription
+from subscriptions._dispatch import Consumer
+from subscriptions._subscription import PartitionSubscription
 
 __all__ = ["Subscriptions"]
 
@@ -330,24 +331,27 @@ class Subscriptions:
         )
 
     async def end_txn(
-        self, topic: str, subscription: str, txn: TxnID, commit: bool, durable: bool = True
+        self, topic: str, subscription: str, txn: TxnID, commit: bool, early: bool = False
     ) -> None:
         """EndTxnOnSubscription: commit or abort ``txn``'s acks on every partition.
 
-        Durable when it returns (queued with ``durable=False``, see
-        `PartitionSubscription.end_txn`); harmless to repeat. Nothing to do
-        if the subscription does not exist (or holds nothing of ``txn``).
+        Durable when it returns (``early``: queued, see `end_txn_early`);
+        harmless to repeat. Nothing to do if the subscription does not exist
+        (or holds nothing of ``txn``).
         """
+        if early:
+            self.end_txn_early(topic, subscription, txn, commit)
+            return
         subs = self._named(topic, subscription)
         if len(subs) == 1:
-            await subs[0].end_txn(txn, commit, durable)
+            await subs[0].end_txn(txn, commit)
             return
-        await asyncio.gather(*(sub.end_txn(txn, commit, durable) for sub in subs))
+        await asyncio.gather(*(sub.end_txn(txn, commit) for sub in subs))
 
-    def end_txn_now(self, topic: str, subscription: str, txn: TxnID, commit: bool) -> None:
-        """`end_txn` with ``durable=False``, without a turn of the loop."""
+    def end_txn_early(self, topic: str, subscription: str, txn: TxnID, commit: bool) -> None:
+        """`end_txn` answered before it is durable, without a turn of the loop."""
         for sub in self._named(topic, subscription):
-            sub.end_txn_now(txn, commit)
+            sub.end_txn_early(txn, commit)
 
     def uncommitted_floor(self, topic: str, index: int) -> int | None:
         """The first sidecar entry of a partition that a read_uncommitted

@@ -13,9 +13,9 @@ committed yet" in send receipts). The subscription skips commit markers, whose
 messages it delivered from the sidecar already, so each message comes once.
 
 Only plain individual acks apply to them (a cumulative or transactional ack
-of one is refused). The acks are the records of a ledger of their own,
-``u/{topic}/{index}/{subscription}`` (whose existence also marks the
-subscription as read_uncommitted, durably):
+of one is refused). The acks are the records of a ledger of their own
+(`UncommittedLog`: durable, then applied), ``u/{topic}/{index}/{subscription}``
+(whose existence also marks the subscription as read_uncommitted, durably):
 
     0 SNAPSHOT  JSON {"md": sidecar entry id, "acked": [e, i, ...]}
     1 ACK       sidecar positions, int64 pairs (as `encode_record`)
@@ -29,14 +29,25 @@ sidecar; after a restart dispatch reads on from ``md + 1`` and tells again.
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Callable
 
 from sortedcontainers import SortedSet
 
 from buffer import Position
+from ledger import Ledger
+from subscriptions._cursor import SNAPSHOT_EVERY, decode_record, encode_record, snapshot_then_trim
 from subscriptions._state import MsgState
 
-__all__ = ["SNAPSHOT", "UNCOMMITTED_ACK", "UncommittedCursor", "from_wire", "to_wire"]
+__all__ = [
+    "SNAPSHOT",
+    "UNCOMMITTED_ACK",
+    "UncommittedCursor",
+    "UncommittedLog",
+    "from_wire",
+    "to_wire",
+]
 
 SNAPSHOT, UNCOMMITTED_ACK = 0, 1
 
@@ -114,3 +125,60 @@ class UncommittedCursor:
         flat = record["acked"]
         cursor.acked.update(zip(flat[::2], flat[1::2], strict=True))
         return cursor
+
+
+class UncommittedLog:
+    """``cursor``, kept by the records of ``ledger``. Create with `create`
+    or `load`."""
+
+    def __init__(self, ledger: Ledger, cursor: UncommittedCursor) -> None:
+        self.ledger = ledger
+        self.cursor = cursor
+        # Told of each ack applied, with its (wire) positions.
+        self.on_applied: Callable[[list[Position]], None] = lambda positions: None
+        self._since_snapshot = 0
+
+    @classmethod
+    async def create(cls, ledger: Ledger, mark_delete: int) -> UncommittedLog:
+        """A new cursor past sidecar entry ``mark_delete``, durably."""
+        cursor = UncommittedCursor(mark_delete)
+        await ledger.append(cursor.snapshot(), meta=SNAPSHOT)
+        return cls(ledger, cursor)
+
+    @classmethod
+    async def load(cls, ledger: Ledger) -> UncommittedLog:
+        """The cursor rebuilt from ``ledger``: its snapshots and acks."""
+        cursor = UncommittedCursor()
+        for entry in await ledger.read(ledger.first_entry_id, ledger.last_entry_id):
+            kind = entry.meta
+            if kind == SNAPSHOT:
+                cursor = UncommittedCursor.from_snapshot(entry.data)
+            elif kind == UNCOMMITTED_ACK:
+                cursor.ack(decode_record(entry.data))
+            else:
+                raise RuntimeError(f"{ledger.name}, entry {entry.entry_id}: unknown kind {kind}")
+        return cls(ledger, cursor)
+
+    async def ack(self, positions: list[Position]) -> None:
+        """Acknowledge messages read uncommitted (wire positions), durably,
+        then apply (persist, then act)."""
+        sidecar = [from_wire(p) for p in positions]
+        appended = self.ledger.append(encode_record(sidecar), meta=UNCOMMITTED_ACK)
+        outcome: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def durable(f: asyncio.Future[int]) -> None:
+            if f.cancelled() or f.exception() is not None:
+                if not outcome.done():
+                    outcome.set_exception(f.exception() or asyncio.CancelledError())
+                return
+            self.cursor.ack(sidecar)
+            self.on_applied(positions)
+            self._since_snapshot += 1
+            if self._since_snapshot >= SNAPSHOT_EVERY:
+                self._since_snapshot = 0
+                snapshot_then_trim(self.ledger, self.cursor.snapshot(), SNAPSHOT)
+            if not outcome.done():
+                outcome.set_result(None)
+
+        appended.add_done_callback(durable)
+        await outcome

@@ -191,6 +191,9 @@ class TransactionCoordinator:
         self._expiry_at = 0  # ms: when the expiry timer fires (0: none set)
         self._closed = False
         self._aborted_at_start: set[TxnID] = set()  # (for a clearer error)
+        # Producers' transactions whose begin is not durable yet: the write of
+        # the registry record that names them ongoing (`producer_begin`).
+        self._begins: dict[TxnID, asyncio.Future[int]] = {}
         # Decided transactions with a participant that failed to apply the
         # decision: txnid -> participant -> what went wrong.
         self._stuck: dict[TxnID, dict[str, StuckParticipant]] = {}
@@ -754,6 +757,43 @@ class TransactionCoordinator:
         ongoing = self._ongoing_of(entry, what)
         if ongoing is not None:
             return ongoing
+        return self._begin_producer_txn(entry, producer_id, epoch, lazy=True)
+
+    def producer_begin(self, producer_id: int, epoch: int, what: str) -> asyncio.Future[TxnID]:
+        """`producer_txn` for a producer that begins its transactions
+        explicitly (Kafka's AddPartitionsToTxn and AddOffsetsToTxn): its
+        ongoing transaction once the begin is durable (at once if it is).
+
+        Sends and acks are answered before they are durable, and a crash
+        aborts their transaction; but one that came before the transaction's
+        begin was durable loses it altogether, and a Kafka client's EndTxn
+        names no transaction: it would find nothing ongoing and succeed,
+        committing nothing of what the client was told it wrote. Once the
+        begin is durable, a restart finds the transaction OPEN, aborts it and
+        bumps the producer's epoch: the client learns it was aborted."""
+        entry = self._producers.check(producer_id, epoch, what)
+        ongoing = self._ongoing_of(entry, what)
+        result: asyncio.Future[TxnID] = asyncio.get_running_loop().create_future()
+        if ongoing is None:
+            ongoing = self._begin_producer_txn(entry, producer_id, epoch, lazy=False)
+        txnid = ongoing
+        written = self._begins.get(txnid)
+        if written is None:
+            result.set_result(txnid)
+            return result
+
+        def logged(f: asyncio.Future[int]) -> None:
+            if not pass_failure(f, result) and not result.done():
+                result.set_result(txnid)
+
+        written.add_done_callback(logged)
+        return result
+
+    def _begin_producer_txn(
+        self, entry: ProducerEntry, producer_id: int, epoch: int, lazy: bool
+    ) -> TxnID:
+        """Open the producer's next transaction and log it as its ongoing one
+        (``lazy``: see `ledger.Ledger.append`)."""
         txnid = self.new_txn(
             0 if entry.two_phase else entry.timeout_ms,
             producer=entry.identity,
@@ -766,7 +806,9 @@ class TransactionCoordinator:
             txn_epoch=epoch,
             updated_ms=_now_ms(),
         )
-        self._append(ProducerRegistry.record(began), lazy=True)
+        written = self._append(ProducerRegistry.record(began), lazy=lazy)
+        self._begins[txnid] = written
+        written.add_done_callback(lambda _: self._begins.pop(txnid, None))
         return txnid
 
     def producer_verified_partition(

@@ -367,6 +367,7 @@ async def test_transaction_list_shows_running_ones_and_hides_unused_spares(
             await producer.send(b"x", txn=done)
         running = await client.new_transaction(timeout=60)
         await producer.send(b"y", txn=running)
+        await producer.flush()  # (a transactional send returns once queued)
         await asyncio.sleep(0.05)
         _, body = call(broker, "GET", "/admin/v1/transactions?running_longer_than_ms=1")
         assert [t["txnid"] for t in body["transactions"]] == [str(running.id)]

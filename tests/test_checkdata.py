@@ -25,11 +25,10 @@ from broker._checkdata import CLASSES, INFO, PROBLEM, check_data
 from broker.cli import main
 from buffer import (
     COMMIT_MARKER,
-    TXN_COMMIT,
     TXN_DATA,
-    abort_record,
-    commit_record,
-    decode_commit_marker,
+    CommitMarker,
+    TxnAbort,
+    TxnCommit,
     decode_sidecar_record,
     entry_count,
     entry_kind,
@@ -137,10 +136,10 @@ def append(db: sqlite3.Connection, name: str, meta: int, data: bytes) -> int:
     return nxt
 
 
-def markers(db: sqlite3.Connection) -> list[tuple[str, int, bytes]]:
-    """(partition ledger, entry id, data) of every commit marker of topic out."""
+def markers(db: sqlite3.Connection) -> list[tuple[str, int, bytes, CommitMarker]]:
+    """(partition ledger, entry id, data, decoded) of every commit marker of topic out."""
     return [
-        (name, e, d)
+        (name, e, d, CommitMarker.decode(m, d))
         for name in ("p/out/0", "p/out/1")
         for e, m, d in entries(db, name)
         if entry_kind(m) == COMMIT_MARKER
@@ -176,8 +175,8 @@ async def test_clean_data_corrupted_on_purpose_then_fixed(broker: BrokerProcess)
 
     with database(data) as db:
         # 1. A sidecar entry that a commit marker names, deleted.
-        pname, marker_at, marker = markers(db)[0]
-        txn, ids = decode_commit_marker(marker)
+        pname, marker_at, _, decoded = markers(db)[0]
+        txn, ids = decoded.txn, decoded.entries
         xname = "x/" + pname[2:]
         db.execute("DELETE FROM entries WHERE id = ?", (key(ledger_id(db, xname), ids[0]),))
         # 2. A commit marker of the transaction the coordinator aborted (with
@@ -239,11 +238,11 @@ async def test_fix_completes_a_commit_record_as_the_broker_would(broker: BrokerP
     await run_transactions(broker)
     assert broker.stop() == 0
     with database(broker.data_dir) as db:
-        pname, marker_at, marker = markers(db)[0]
-        txn, _ = decode_commit_marker(marker)
+        pname, marker_at, _, decoded = markers(db)[0]
+        txn = decoded.txn
         xname = "x/" + pname[2:]
         for e, m, d in entries(db, xname):
-            if entry_kind(m) == TXN_COMMIT and decode_sidecar_record(m, d)[1] == txn:
+            if decode_sidecar_record(m, d) == TxnCommit(txn, marker_at):
                 db.execute("DELETE FROM entries WHERE id = ?", (key(ledger_id(db, xname), e),))
                 break
         else:
@@ -260,7 +259,7 @@ async def test_fix_completes_a_commit_record_as_the_broker_would(broker: BrokerP
     assert (await check_data(broker.data_dir)).findings == []
     with database(broker.data_dir) as db:
         e, m, d = entries(db, xname)[-1]
-        assert decode_sidecar_record(m, d) == (TXN_COMMIT, txn, marker_at)
+        assert decode_sidecar_record(m, d) == TxnCommit(txn, marker_at)
 
     broker.start()
     async with Client(broker.url) as client:
@@ -404,11 +403,11 @@ def _count_mismatch(d: Damage) -> None:
 
 def _record_without_marker(d: Damage) -> None:
     last = entries(d.db, d.pname)[-1][0]
-    append(d.db, d.xname, *reversed(commit_record((0, 999), last + 5)))
+    append(d.db, d.xname, *reversed(TxnCommit(TxnID(0, 999), last + 5).encode()))
 
 
 def _abort_of_committed(d: Damage) -> None:
-    append(d.db, d.xname, *reversed(abort_record(d.committed)))
+    append(d.db, d.xname, *reversed(TxnAbort(d.committed).encode()))
 
 
 def _data_of_committed_elsewhere(d: Damage) -> None:
@@ -568,7 +567,7 @@ async def test_each_damage_is_reported_with_its_class(
     data = tmp_path / "data"
     shutil.copytree(source, data)
     with database(data) as db:
-        pname, marker_at, marker = markers(db)[0]
+        pname, marker_at, marker, _ = markers(db)[0]
         damage(Damage(db, committed, aborted, pname, "x/" + pname[2:], marker_at, marker))
 
     report = await check_data(data)

@@ -10,6 +10,7 @@ import socket
 import struct
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kio.index import load_request_schema, load_response_schema
@@ -142,19 +143,19 @@ def test_fetched_batches_read_back_in_kafka_python() -> None:
     base = offset_of(42, 0)
     data = data_batch(base, messages, (9, 2)) + control_batch(base + 2, (9, 2), True, 1005)
     txn, marker = read_with_kafka_python(data)
-    assert txn.is_transactional and not txn.is_control_batch  # type: ignore[attr-defined]
-    assert (txn.producer_id, txn.producer_epoch) == (9, 2)  # type: ignore[attr-defined]
+    assert txn.is_transactional and not txn.is_control_batch
+    assert (txn.producer_id, txn.producer_epoch) == (9, 2)
     records = list(txn)  # type: ignore[call-overload]
     assert [(r.offset, r.key, r.value, r.timestamp) for r in records] == [
         (base, b"k", b"a", 1000),
         (base + 1, None, b"b", 1005),
     ]
     assert records[0].headers == [("p", b"q")]
-    assert marker.is_control_batch and marker.base_offset == base + 2  # type: ignore[attr-defined]
+    assert marker.is_control_batch and marker.base_offset == base + 2
     (control,) = list(marker)  # type: ignore[call-overload]
     assert struct.unpack(">hh", control.key) == (0, 1)  # version 0, COMMIT
     plain = read_with_kafka_python(data_batch(base, messages[:1]))[0]
-    assert not plain.is_transactional  # type: ignore[attr-defined]
+    assert not plain.is_transactional
 
 
 def test_offsets_and_positions_map_one_to_one() -> None:
@@ -249,9 +250,9 @@ async def test_a_group_assigns_through_its_leader_and_rebalances_on_leave() -> N
             await join(groups, "")
         b = required.value.member_id
         first, second = await asyncio.gather(join(groups, a), join(groups, b))
-        assert first.generation == second.generation == 1  # type: ignore[attr-defined]
-        leader = first.leader  # type: ignore[attr-defined]
-        assert leader == a and len(first.members) == 2 and second.members == []  # type: ignore[attr-defined]
+        assert first.generation == second.generation == 1
+        leader = first.leader
+        assert leader == a and len(first.members) == 2 and second.members == []
         follower_sync = groups.sync("g", b, 1, [])
         assert not follower_sync.done()
         leader_sync = groups.sync("g", a, 1, [(a, b"A"), (b, b"B")])
@@ -265,7 +266,7 @@ async def test_a_group_assigns_through_its_leader_and_rebalances_on_leave() -> N
             groups.heartbeat("g", b, 1)
         assert rebalancing.value.code == REBALANCE_IN_PROGRESS
         again = await join(groups, b)
-        assert (again.generation, again.leader) == (2, b)  # type: ignore[attr-defined]
+        assert (again.generation, again.leader) == (2, b)
         with pytest.raises(GroupError) as gone:
             groups.heartbeat("g", a, 2)
         assert gone.value.code == UNKNOWN_MEMBER_ID
@@ -357,3 +358,78 @@ def test_bad_kafka_requests_get_clear_errors_and_change_nothing(kafka_broker: Ka
         assert sock.recv(10) == b""
     status, stats = kafka_broker.admin("GET", f"/admin/v1/topics/{topic}/stats")
     assert status == 200 and b'"messages": 0' in stats.replace(b'"messages":0', b'"messages": 0')
+
+
+def _call(sock: socket.socket, api: Api, version: int, req: object, correlation_id: int) -> Any:
+    """One request (a kio request object) and its decoded response body."""
+    out = io.BytesIO()
+    entity_writer(type(req))(out, req)
+    head = struct.pack(">hhih", api, version, correlation_id, 4) + b"test"
+    answer = _roundtrip(sock, head + out.getvalue())
+    assert struct.unpack_from(">i", answer) == (correlation_id,)
+    body, _ = entity_reader(load_response_schema(api, version))(answer, 4)
+    return body
+
+
+@pytest.mark.integration
+def test_offsets_outside_a_transaction_are_refused_and_commit_nothing(
+    kafka_broker: KafkaBroker,
+) -> None:
+    """A TxnOffsetCommit from a producer with no ongoing transaction (no
+    AddOffsetsToTxn before it) is INVALID_TXN_STATE: nothing begins a
+    transaction implicitly, and the group commits nothing."""
+    import datetime
+
+    from kio.schema.init_producer_id.v1 import request as init
+    from kio.schema.txn_offset_commit.v2 import request as commit
+
+    from tests.test_kafka import kafka_python_seed
+
+    topic = kafka_broker.topic("offsets", partitions=1)
+    kafka_python_seed(kafka_broker.bootstrap, topic, [b"a", b"b"])
+    with socket.create_connection(("127.0.0.1", kafka_broker.kafka_port), timeout=10) as sock:
+        begun = _call(
+            sock,
+            Api.INIT_PRODUCER_ID,
+            1,
+            init.InitProducerIdRequest(
+                transactional_id="lone-offsets", transaction_timeout=datetime.timedelta(seconds=60)
+            ),
+            1,
+        )
+        assert begun.error_code == 0
+        req = commit.TxnOffsetCommitRequest(
+            transactional_id="lone-offsets",
+            group_id="lone-group",
+            producer_id=begun.producer_id,
+            producer_epoch=begun.producer_epoch,
+            topics=(
+                commit.TxnOffsetCommitRequestTopic(
+                    name=topic,
+                    partitions=(
+                        commit.TxnOffsetCommitRequestPartition(
+                            partition_index=0,
+                            committed_offset=1,
+                            committed_leader_epoch=-1,
+                            committed_metadata="",
+                        ),
+                    ),
+                ),
+            ),
+        )
+        answer = _call(sock, Api.TXN_OFFSET_COMMIT, 2, req, 2)
+        assert answer.topics[0].partitions[0].error_code == 48
+    status, subs = kafka_broker.admin("GET", f"/admin/v1/topics/{topic}/subscriptions")
+    assert status == 200 and b"lone-group" not in subs
+
+
+@pytest.mark.integration
+def test_a_broker_stopping_with_kafka_connections_open_logs_no_error(
+    kafka_broker: KafkaBroker,
+) -> None:
+    with socket.create_connection(("127.0.0.1", kafka_broker.kafka_port), timeout=10) as sock:
+        answer = _roundtrip(sock, _request(Api.API_VERSIONS, 0, {}, correlation_id=3))
+        assert struct.unpack_from(">i", answer) == (3,)  # (the connection is served)
+        assert kafka_broker.stop() == 0
+    log = kafka_broker.log()
+    assert "txnbuf: stopped" in log and " ERROR " not in log, log

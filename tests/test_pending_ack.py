@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-import subscriptions._subscription as subscription_module
+import subscriptions._pending_ack as pending_ack_module
 from buffer import MessageId, Partition, Topics
-from ledger import LedgerStore, faults
+from ledger import Entry, LedgerStore, faults
 from proto import TxnID, refusals
 from proto import txnbuf_pb2 as pb
 from subscriptions import (
@@ -45,6 +45,7 @@ from subscriptions._cursor import (
     TXN_ACK,
     TXN_COMMIT,
     AckRecord,
+    replay_cursor,
 )
 
 Position = tuple[int, int]
@@ -956,7 +957,7 @@ async def test_a_cancelled_caller_still_gets_its_record_applied(h: Harness) -> N
 
 
 async def test_pending_acks_survive_snapshots(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(subscription_module, "SNAPSHOT_EVERY", 2)
+    monkeypatch.setattr(pending_ack_module, "SNAPSHOT_EVERY", 2)
     await h.sub.ack([(0, 0)], False, T1)
     await h.sub.ack([(0, 1)], False)
     await h.sub.ack([(1, 0)], False, T2)
@@ -975,6 +976,63 @@ async def test_pending_acks_survive_snapshots(h: Harness, monkeypatch: pytest.Mo
     await sub.end_txn(T2, commit=True)
     sub = await h.reopen()
     assert sub.cursor.state((0, 0)) is P and sub.cursor.state((1, 0)) is D
+
+
+def test_a_reset_is_a_snapshot_record_applied_as_every_record() -> None:
+    """A reset writes the snapshot of the cursor it moves to; applying it
+    live and replaying the ledger give the same cursor."""
+    live = Cursor(START)
+    apply(live, INDIVIDUAL, (0, 0), (1, 0), (3, 2))
+    apply(live, TXN_ACK, (2, 1), txn=T1)
+    apply(live, TXN_COMMIT, txn=T1)
+    reset = AckRecord(SNAPSHOT, ((1, 0),))
+    assert reset.encode() == Cursor((1, 0)).snapshot()
+    assert apply(live, SNAPSHOT, (1, 0)) == []
+    assert dump(live) == dump(Cursor((1, 0)))
+    apply(live, INDIVIDUAL, (1, 1), (1, 2), (3, 0))
+    records = [AckRecord(INDIVIDUAL, ((0, 0), (1, 0), (3, 2))), reset]
+    records.append(AckRecord(INDIVIDUAL, ((1, 1), (1, 2), (3, 0))))
+    entries = [Entry(0, SNAPSHOT, Cursor(START).snapshot())]
+    entries += [Entry(n, r.kind, r.encode()) for n, r in enumerate(records, 1)]
+    replayed, _ = replay_cursor("c", entries, COUNT, LAST)
+    assert dump(replayed) == dump(live)
+    assert live.mark_delete == (1, WHOLE_ENTRY) and list(live.acked) == [(3, 0)]
+
+
+async def test_a_reset_keeps_ledger_order_with_the_records_around_it(h: Harness) -> None:
+    """An ack queued before a reset applies to the old cursor; one queued
+    while the reset is in flight applies to the new one (a transactional ack
+    then waits to be durable: it cannot be checked against a cursor that is
+    about to move); dispatch starts over from the new cursor."""
+    pushed: list[pb.DeliveredEntry] = []
+    consumer = make_consumer(pushed)
+    h.sub.add_consumer(consumer)
+    h.sub.start()
+    consumer.add_permits(100)
+    await wait_for(lambda: len(delivered(pushed)) == 12)
+    before = asyncio.ensure_future(h.sub.ack([(3, 0)], False))
+    await asyncio.sleep(0)
+    resetting = asyncio.ensure_future(h.sub.reset((1, WHOLE_ENTRY)))
+    for _ in range(10_000):
+        if any(r.kind == SNAPSHOT for r in h.sub.acks._inflight):
+            break
+        await asyncio.sleep(0)
+    else:
+        raise AssertionError("the reset record was never in flight")
+    await before
+    ledger = h.cursor_ledger
+    queued_at = ledger.last_entry_id
+    await h.sub.ack([(2, 0)], False, T1, early=True)
+    assert ledger.last_entry_id > queued_at  # answered once durable, not early
+    await resetting
+    assert h.sub.cursor.mark_delete == (1, WHOLE_ENTRY)
+    assert h.sub.cursor.pending_ack == {(2, 0): T1}
+    assert h.sub.cursor.state((3, 0)) is P  # acked before the reset: undone by it
+    pushed.clear()
+    await wait_for(lambda: delivered(pushed) == {(2, 1), (2, 2), (3, 0), (3, 1), (3, 2)})
+    sub = await h.reopen()
+    assert sub.cursor.mark_delete == (1, WHOLE_ENTRY)
+    assert sub.cursor.pending_ack == {(2, 0): T1} and not sub.cursor.acked
 
 
 async def test_fault_hooks_fire_after_the_record_is_durable(
@@ -1065,9 +1123,9 @@ async def test_nack_and_close_do_not_redeliver_locked_messages(h: Harness) -> No
     assert h.sub.pending[(1, 0)] is consumer
     # A nack racing with a txn ack: the message was requeued, then locked.
     h.sub.redeliver_unacked(consumer, [(1, 2)])
-    assert (1, 2) in h.sub.redeliver
+    assert (1, 2) in h.sub.dispatch.redeliver
     await h.sub.ack([(1, 2)], False, T1)
-    assert (1, 2) not in h.sub.redeliver
+    assert (1, 2) not in h.sub.dispatch.redeliver
     pushed.clear()
     h.sub.redeliver_unacked(consumer, None)
     consumer.add_permits(20)
@@ -1076,11 +1134,11 @@ async def test_nack_and_close_do_not_redeliver_locked_messages(h: Harness) -> No
     assert delivered(pushed) == {(e, i) for e in range(4) for i in range(3)} - {(1, 1), (1, 2)}
     # Closing the consumer: its pending messages are requeued, the locked ones are not.
     h.sub.remove_consumer(consumer)
-    assert (1, 1) not in h.sub.redeliver and (1, 2) not in h.sub.redeliver
-    assert len(h.sub.redeliver) == 10
+    assert (1, 1) not in h.sub.dispatch.redeliver and (1, 2) not in h.sub.dispatch.redeliver
+    assert len(h.sub.dispatch.redeliver) == 10
     # Aborting releases them to the redelivery set.
     await h.sub.end_txn(T1, commit=False)
-    assert {(1, 1), (1, 2)} <= set(h.sub.redeliver)
+    assert {(1, 1), (1, 2)} <= set(h.sub.dispatch.redeliver)
 
 
 async def test_requeue_drops_locked_and_deleted_messages(h: Harness) -> None:
@@ -1094,16 +1152,15 @@ async def test_requeue_drops_locked_and_deleted_messages(h: Harness) -> None:
         h.sub.pending[pos] = consumer
     h.sub.remove_consumer(consumer)
     assert not h.sub.pending
-    assert list(h.sub.redeliver) == [(0, 2)]
+    assert list(h.sub.dispatch.redeliver) == [(0, 2)]
 
 
 async def test_a_stale_redelivery_entry_is_never_sent(h: Harness) -> None:
     # A position lands in the redelivery set and is locked before dispatch
     # gets to it (the requeue path skips locked ones, so force it in).
     await h.sub.ack([(0, 0)], False, T1)
-    h.sub._redelivering().add((0, 0))
-    h.sub._redelivering().add((0, 1))
-    h.sub.read_entry = 4  # as if dispatch had read everything
+    h.sub.dispatch._redeliver_later([(0, 0), (0, 1)])
+    h.sub.dispatch.read_entry = 4  # as if dispatch had read everything
     pushed: list[pb.DeliveredEntry] = []
     consumer = make_consumer(pushed)
     h.sub.add_consumer(consumer)
@@ -1112,13 +1169,13 @@ async def test_a_stale_redelivery_entry_is_never_sent(h: Harness) -> None:
     await wait_for(lambda: (0, 1) in delivered(pushed))
     await asyncio.sleep(0.05)
     assert delivered(pushed) == {(0, 1)}
-    assert not h.sub.redeliver
+    assert not h.sub.dispatch.redeliver
 
 
 async def test_abort_of_messages_not_read_yet_delivers_them_once(h: Harness) -> None:
     await h.sub.ack([(3, 0), (3, 1)], False, T1)
     await h.sub.end_txn(T1, commit=False)
-    assert not h.sub.redeliver  # dispatch has not read entry 3: it will deliver them
+    assert not h.sub.dispatch.redeliver  # dispatch has not read entry 3: it will deliver them
     pushed: list[pb.DeliveredEntry] = []
     consumer = make_consumer(pushed)
     h.sub.add_consumer(consumer)
@@ -1255,7 +1312,7 @@ async def test_an_early_txn_ack_waits_behind_a_record_in_flight_on_its_messages(
     T1's by then)."""
     first = asyncio.ensure_future(h.sub.ack([(1, 0)], False, T1, early=True))
     await asyncio.sleep(0)  # T1's record is queued, not durable
-    assert h.sub._inflight
+    assert h.sub.acks._inflight
     with pytest.raises(refusals.Refusal) as refused:
         await h.sub.ack([(1, 0), (1, 1)], False, T2, early=True)
     assert refused.value.code == pb.TRANSACTION_CONFLICT
@@ -1272,7 +1329,7 @@ async def test_an_early_txn_ack_ignores_records_in_flight_on_other_messages(h: H
     commit = asyncio.ensure_future(h.sub.end_txn(T1, commit=True))  # in flight too
     plain = asyncio.ensure_future(h.sub.ack([(0, 0)], False))  # a plain ack in flight
     await asyncio.sleep(0)
-    assert len(h.sub._inflight) == 3
+    assert len(h.sub.acks._inflight) == 3
     await h.sub.ack([(2, 0), (2, 1)], False, T2, early=True)
     assert ledger.last_entry_id == before  # answered before anything was durable
     await asyncio.gather(other, commit, plain)
@@ -1297,14 +1354,14 @@ async def test_an_early_txn_ack_waits_behind_a_cumulative_ack_over_it(h: Harness
     assert h.sub.cursor.pending_ack == {(1, 2): T1}
 
 
-async def test_end_txn_not_durable_returns_once_queued(h: Harness) -> None:
-    """``durable=False`` (a coordinator sharing the store): END returns with
+async def test_an_early_end_txn_returns_once_queued(h: Harness) -> None:
+    """`end_txn_early` (a coordinator sharing the store): END returns with
     its record queued; the acks change when it is durable, and a reopen
     finds them changed."""
     await h.sub.ack([(0, 0), (0, 1), (0, 2)], False, T1)
     ledger = h.cursor_ledger
     before = ledger.last_entry_id
-    await h.sub.end_txn(T1, commit=True, durable=False)
+    h.sub.end_txn_early(T1, commit=True)
     assert ledger.last_entry_id == before  # returned before the record was durable
     assert h.sub.cursor.pending_ack == {(0, 0): T1, (0, 1): T1, (0, 2): T1}
     await h.settle()

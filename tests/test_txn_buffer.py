@@ -20,6 +20,7 @@ from buffer import (
     COMMIT_MARKER,
     DATA,
     Partition,
+    PartitionTxnState,
     PublishResult,
     SendRejectedError,
     Topics,
@@ -28,7 +29,6 @@ from buffer import (
     TxnConflictError,
     TxnEndedError,
     TxnInfo,
-    TxnState,
     entry_count,
     entry_kind,
     entry_meta,
@@ -36,14 +36,7 @@ from buffer import (
     txn_run_start,
 )
 from buffer._entries import txn_places
-from buffer._txnbuffer import (
-    TXN_ABORT,
-    TXN_COMMIT,
-    TXN_DATA,
-    TXN_SNAPSHOT,
-    TxnEvent,
-    transition,
-)
+from buffer._sidecar import TXN_ABORT, TXN_COMMIT, TXN_DATA, TXN_SNAPSHOT
 from ledger import Entry, LedgerStore, faults
 from proto import txnbuf_pb2 as pb
 
@@ -154,30 +147,6 @@ def crash_at(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     yield armed
 
 
-# -- the state table -------------------------------------------------------------------
-
-
-def test_transition_table() -> None:
-    O, C, A = TxnState.OPEN, TxnState.COMMITTED, TxnState.ABORTED  # noqa: E741
-    legal = {
-        (O, TxnEvent.DATA): O,
-        (O, TxnEvent.COMMIT): C,
-        (O, TxnEvent.ABORT): A,
-        (C, TxnEvent.COMMIT): C,
-        (A, TxnEvent.ABORT): A,
-    }
-    for state in TxnState:
-        for event in TxnEvent:
-            if (state, event) in legal:
-                assert transition(T1, state, event) is legal[(state, event)]
-            elif event is TxnEvent.DATA:
-                with pytest.raises(TxnEndedError, match="late write"):
-                    transition(T1, state, event)
-            else:
-                with pytest.raises(TxnConflictError, match=state.value):
-                    transition(T1, state, event)
-
-
 # -- creation --------------------------------------------------------------------------
 
 
@@ -220,14 +189,14 @@ async def test_publish_commit_materialize(stores: Stores) -> None:
     # Nothing is visible in the partition before the commit.
     assert part.ledger.last_entry_id == 0
     assert tb.open_transactions() == [T1, T2]
-    assert tb.status(T1) == TxnInfo(T1, TxnState.OPEN, 5, -1, (0, 2, 3))
+    assert tb.status(T1) == TxnInfo(T1, PartitionTxnState.OPEN, 5, -1, (0, 2, 3))
 
     await tb.end(T1, commit=True)
     assert await markers(part) == [(1, 5)]
     assert part.count(1) == 5
     await tb.settled()  # END answers at the durable marker; its TXN_COMMIT follows
     assert await sidecar_kinds(tb) == [TXN_DATA] * 4 + [TXN_COMMIT]
-    assert tb.status(T1) == TxnInfo(T1, TxnState.COMMITTED, 5, 1, ())
+    assert tb.status(T1) == TxnInfo(T1, PartitionTxnState.COMMITTED, 5, 1, ())
     assert tb.open_transactions() == [T2]
     assert await delivered(part, 1) == [b"a0", b"a1", b"a2", b"c0", b"c3"]
     # Message i of the transaction is (partition, marker entry id, i): the batch
@@ -285,7 +254,7 @@ async def test_abort_writes_no_marker_and_refuses_late_writes(stores: Stores) ->
     await tb.end(T1, commit=False)
     assert part.ledger.last_entry_id == -1
     assert await sidecar_kinds(tb) == [TXN_DATA, TXN_ABORT]
-    assert tb.status(T1) == TxnInfo(T1, TxnState.ABORTED, 2, -1, ())
+    assert tb.status(T1) == TxnInfo(T1, PartitionTxnState.ABORTED, 2, -1, ())
     assert tb.open_transactions() == []
     with pytest.raises(TxnEndedError, match="late write"):
         tb.publish(T1, "p", msgs(2))
@@ -301,7 +270,7 @@ async def test_late_write_after_commit_and_while_ending(stores: Stores) -> None:
     await tb.publish(T1, "p", msgs(0))
     ending = asyncio.ensure_future(tb.end(T1, commit=True))
     await asyncio.sleep(0)  # END has begun, its records are not durable yet
-    assert tb.status(T1) is not None and tb.status(T1).state is TxnState.OPEN  # type: ignore[union-attr]
+    assert tb.status(T1).state is PartitionTxnState.ENDING_COMMIT  # type: ignore[union-attr]
     with pytest.raises(TxnEndedError, match="ending"):
         tb.publish(T1, "p", msgs(1))
     with pytest.raises(TxnConflictError, match="commit has begun"):
@@ -321,8 +290,8 @@ async def test_end_of_a_transaction_that_never_wrote_here(stores: Stores) -> Non
     await tb.end(T2, commit=False)
     assert part.ledger.last_entry_id == -1  # no marker for no messages
     assert await sidecar_kinds(tb) == [TXN_COMMIT, TXN_ABORT]
-    assert tb.status(T1) == TxnInfo(T1, TxnState.COMMITTED, 0, -1, ())
-    assert tb.status(T2) == TxnInfo(T2, TxnState.ABORTED, 0, -1, ())
+    assert tb.status(T1) == TxnInfo(T1, PartitionTxnState.COMMITTED, 0, -1, ())
+    assert tb.status(T2) == TxnInfo(T2, PartitionTxnState.ABORTED, 0, -1, ())
     for txn in (T1, T2):  # the small record makes late writes refusable
         with pytest.raises(TxnEndedError):
             tb.publish(txn, "p", msgs(0))
@@ -370,8 +339,8 @@ async def test_conflicting_end_is_refused_and_changes_nothing(stores: Stores) ->
         await tb.end(T2, commit=True)
     assert await markers(part) == [(0, 1)]
     assert await sidecar_kinds(tb) == [TXN_DATA, TXN_DATA, TXN_COMMIT, TXN_ABORT]
-    assert tb.status(T1).state is TxnState.COMMITTED  # type: ignore[union-attr]
-    assert tb.status(T2).state is TxnState.ABORTED  # type: ignore[union-attr]
+    assert tb.status(T1).state is PartitionTxnState.COMMITTED  # type: ignore[union-attr]
+    assert tb.status(T2).state is PartitionTxnState.ABORTED  # type: ignore[union-attr]
 
 
 # -- deduplication ---------------------------------------------------------------------
@@ -469,7 +438,7 @@ async def test_crash_between_marker_and_commit_record(stores: Stores, crash_at: 
     _, part = await stores.reopen()
     tb = loaded(part)
     # Recovery found the marker and completed the sidecar record.
-    assert tb.status(T1) == TxnInfo(T1, TxnState.COMMITTED, 2, 0, ())
+    assert tb.status(T1) == TxnInfo(T1, PartitionTxnState.COMMITTED, 2, 0, ())
     assert await sidecar_kinds(tb) == [TXN_DATA, TXN_DATA, TXN_COMMIT]
     assert tb.open_transactions() == [T2]
     await tb.end(T1, commit=True)  # the coordinator's retry
@@ -495,7 +464,7 @@ async def test_crash_between_marker_and_commit_record_after_a_snapshot(
 
     _, part = await stores.reopen()
     tb = loaded(part)
-    assert tb.status(T1) == TxnInfo(T1, TxnState.COMMITTED, 1, 0, ())
+    assert tb.status(T1) == TxnInfo(T1, PartitionTxnState.COMMITTED, 1, 0, ())
     await tb.end(T1, commit=True)
     assert await markers(part) == [(0, 1)]
 
@@ -514,7 +483,7 @@ async def test_retry_after_a_failed_commit_record_adds_no_marker(
     await tb.settled()
     assert await markers(part) == [(0, 1)]
     assert await sidecar_kinds(tb) == [TXN_DATA, TXN_COMMIT]
-    assert tb.status(T1) == TxnInfo(T1, TxnState.COMMITTED, 1, 0, ())
+    assert tb.status(T1) == TxnInfo(T1, PartitionTxnState.COMMITTED, 1, 0, ())
 
 
 async def test_crash_after_data_write_then_retry(stores: Stores, crash_at: list[str]) -> None:
@@ -649,7 +618,7 @@ async def test_a_version_1_snapshot_is_read(stores: Stores) -> None:
     await tb.sidecar.append(json.dumps(old).encode(), meta=entry_meta(TXN_SNAPSHOT, 0))
     _, part = await stores.reopen()
     tb = loaded(part)
-    assert tb.status(T1) == TxnInfo(T1, TxnState.COMMITTED, 2, 0, ())
+    assert tb.status(T1) == TxnInfo(T1, PartitionTxnState.COMMITTED, 2, 0, ())
     assert [t.txn for t in tb.transactions()] == [T2]
     assert tb.stats()["committed"] == 1
     assert await tb.sweep() == 0  # T1's marker is in the partition: its record stays
@@ -675,7 +644,7 @@ async def test_sweep_keeps_what_is_needed(stores: Stores) -> None:
     # still in the partition, so its entries stay (and so does all after them).
     assert await tb.sweep() == 1
     assert tb.sidecar.first_entry_id == 1
-    assert tb.status(aborted) == TxnInfo(aborted, TxnState.ABORTED, 2, -1, ())
+    assert tb.status(aborted) == TxnInfo(aborted, PartitionTxnState.ABORTED, 2, -1, ())
     assert await delivered(part, 0) == [b"m0", b"m1"]
 
     # The subscriptions acknowledged the marker: the partition is trimmed past it.
@@ -683,7 +652,7 @@ async def test_sweep_keeps_what_is_needed(stores: Stores) -> None:
     part.trimmed(1)
     assert await tb.sweep() == 1  # up to the open transaction's entry
     assert tb.sidecar.first_entry_id == 2
-    assert tb.status(committed) == TxnInfo(committed, TxnState.COMMITTED, 2, 0, ())
+    assert tb.status(committed) == TxnInfo(committed, PartitionTxnState.COMMITTED, 2, 0, ())
     assert tb.open_transactions() == [still_open]
 
     await tb.end(still_open, commit=False)
@@ -704,7 +673,7 @@ async def test_sweep_keeps_what_is_needed(stores: Stores) -> None:
             await tb.end(aborted, commit=True)
         _, part = await stores.reopen()
         tb = loaded(part)
-        assert tb.status(committed) == TxnInfo(committed, TxnState.COMMITTED, 2, 0, ())
+        assert tb.status(committed) == TxnInfo(committed, PartitionTxnState.COMMITTED, 2, 0, ())
     assert part.ledger.last_entry_id == 1  # no second marker
 
 
@@ -805,48 +774,51 @@ async def test_an_early_send_is_answered_before_it_is_durable(stores: Stores) ->
     assert await delivered(part, marker[0]) == [b"m0", b"m1", b"m2", b"m3", b"m4", b"m5"]
 
 
-async def test_an_end_not_durable_returns_with_its_marker_queued(stores: Stores) -> None:
-    """``durable=False`` (a coordinator sharing the store): END returns once
+async def test_an_early_end_returns_with_its_marker_queued(stores: Stores) -> None:
+    """``early=True`` (a coordinator sharing the store): END returns once
     the marker is queued; the marker is durable before anything queued after
     it, and its TXN_COMMIT record follows."""
     _, part = await stores.open()
     tb = await part.txn_buffer()
     await tb.publish(T1, "p", msgs(0, 1))
     await tb.publish(T2, "p", msgs(0))
-    await tb.end(T1, commit=True, durable=False)
+    await tb.end(T1, commit=True, early=True)
     assert part.ledger.last_entry_id == -1  # the marker is not durable yet
     with pytest.raises(TxnEndedError):
         tb.publish(T1, "p", msgs(2))  # ending: refused from the call on
     after = await part.publish("plain", msgs(9))
     assert after.entry_id == 1  # behind the marker
-    await tb.end(T1, commit=True, durable=False)  # a retry waits for the first
+    await tb.end(T1, commit=True, early=True)  # a retry waits for the first
     await tb.settled()
     assert await markers(part) == [(0, 2)]
     assert await sidecar_kinds(tb) == [TXN_DATA, TXN_DATA, TXN_COMMIT]
-    assert tb.status(T1) == TxnInfo(T1, TxnState.COMMITTED, 2, 0, ())
-    await tb.end(T2, commit=False, durable=False)
+    assert tb.status(T1) == TxnInfo(T1, PartitionTxnState.COMMITTED, 2, 0, ())
+    await tb.end(T2, commit=False, early=True)
     await tb.settled()
     assert await sidecar_kinds(tb) == [TXN_DATA, TXN_DATA, TXN_COMMIT, TXN_ABORT]
     _, part = await stores.reopen()
     tb = loaded(part)
-    assert tb.status(T1).state is TxnState.COMMITTED and tb.status(T2).state is TxnState.ABORTED
+    assert (
+        tb.status(T1).state is PartitionTxnState.COMMITTED
+        and tb.status(T2).state is PartitionTxnState.ABORTED
+    )
     assert await delivered(part, 0) == [b"m0", b"m1"]
 
 
-async def test_an_end_not_durable_crashing_after_its_marker_is_completed_on_restart(
+async def test_an_early_end_crashing_after_its_marker_is_completed_on_restart(
     stores: Stores, crash_at: list[str]
 ) -> None:
     _, part = await stores.open()
     tb = await part.txn_buffer()
     await tb.publish(T1, "p", msgs(0, 1))
     crash_at.append("buffer.after_commit_marker")
-    await tb.end(T1, commit=True, durable=False)  # answered before the crash point
+    await tb.end(T1, commit=True, early=True)  # answered before the crash point
     await tb.settled()
     assert await markers(part) == [(0, 2)]
     assert await sidecar_kinds(tb) == [TXN_DATA]  # the crash came before TXN_COMMIT
     _, part = await stores.reopen()
     tb = loaded(part)
-    assert tb.status(T1) == TxnInfo(T1, TxnState.COMMITTED, 2, 0, ())
+    assert tb.status(T1) == TxnInfo(T1, PartitionTxnState.COMMITTED, 2, 0, ())
     assert await sidecar_kinds(tb) == [TXN_DATA, TXN_COMMIT]
 
 
@@ -864,13 +836,13 @@ async def test_an_end_queued_with_its_sends_names_them_all_in_one_group_commit(
     """END right behind sends not durable yet (what the broker does: a
     client's SENDs and END arrive together): the marker names every TXN_DATA
     record queued before it, durable or not, and goes in the same group
-    commit; `end_now` does it without a turn of the loop."""
+    commit; `end_early` does it without a turn of the loop."""
     store, part = await stores.open()
     tb = await part.txn_buffer()
     first = tb.publish(T1, "p", msgs(0, 1), early=True)
     second = tb.publish(T1, "p", msgs(2), early=True)
     commits = store.commits
-    assert tb.end_now(T1, commit=True)  # nothing durable yet, nothing awaited
+    assert tb.end_early(T1, commit=True)  # nothing durable yet, nothing awaited
     assert (await first, await second) == (txn_ids(0, 2), txn_ids(2, 1))
     aborted = tb.publish(T2, "p", msgs(3), early=True)
     await aborted
@@ -879,16 +851,16 @@ async def test_an_end_queued_with_its_sends_names_them_all_in_one_group_commit(
     assert await delivered(part, 0) == [b"m0", b"m1", b"m2"]
     assert store.commits - commits <= 2  # data and marker together (TXN_COMMIT after)
     # A second END while the first one's records are in flight waits (`end`).
-    assert tb.end_now(T2, commit=False)
-    assert not tb.end_now(T2, commit=False)
-    await tb.end(T2, commit=False, durable=False)
+    assert tb.end_early(T2, commit=False)
+    assert not tb.end_early(T2, commit=False)
+    await tb.end(T2, commit=False, early=True)
     await tb.settled()
-    assert tb.status(T2).state is TxnState.ABORTED
-    assert tb.end_now(T2, commit=False)  # (ended: nothing left to do)
+    assert tb.status(T2).state is PartitionTxnState.ABORTED
+    assert tb.end_early(T2, commit=False)  # (ended: nothing left to do)
     with pytest.raises(TxnConflictError):
-        tb.end_now(T2, commit=True)
+        tb.end_early(T2, commit=True)
     _, part = await stores.reopen()
-    assert loaded(part).status(T1) == TxnInfo(T1, TxnState.COMMITTED, 3, 0, ())
+    assert loaded(part).status(T1) == TxnInfo(T1, PartitionTxnState.COMMITTED, 3, 0, ())
     assert await delivered(part, 0) == [b"m0", b"m1", b"m2"]
 
 
@@ -939,7 +911,7 @@ async def test_an_older_epoch_is_refused_on_send_and_on_its_marker(stores: Store
     # A delayed marker of the finished transaction (epoch 0) is refused, changing nothing.
     with pytest.raises(StaleEpochError, match="marker of producer 5 epoch 0"):
         await tb.end(E0, commit=True, producer=(PID, 0))
-    assert tb.status(E0).state is TxnState.OPEN  # type: ignore[union-attr]
+    assert tb.status(E0).state is PartitionTxnState.OPEN  # type: ignore[union-attr]
     assert await markers(part) == []
     await tb.end(E1, commit=True, producer=(PID, 1))  # the current one's marker is fine
     assert [count for _, count in await markers(part)] == [1]

@@ -488,10 +488,11 @@ class KafkaApis:
         out["producer_id"], out["producer_epoch"] = pid, epoch
         return out
 
-    def add_partitions_to_txn(self, req: Any, version: int) -> Response:
+    def add_partitions_to_txn(self, req: Any, version: int) -> Awaitable[Response]:
         pid = req.v3_and_below_producer_id
         epoch = req.v3_and_below_producer_epoch
         failed: Exception | None = None
+        begun: Awaitable[TxnID] | None = None
         results: list[tuple[str, list[tuple[int, int]]]] = []
         for topic in req.v3_and_below_topics:
             codes = []
@@ -501,36 +502,57 @@ class KafkaApis:
                     continue
                 try:
                     self._partition(topic.name, index)
-                    self._coordinator_of_producer(pid).producer_add_partition(
-                        pid, epoch, topic.name, index
-                    )
+                    tc = self._coordinator_of_producer(pid)
+                    if begun is None:
+                        begun = tc.producer_begin(pid, epoch, f"add {topic.name}/{index}")
+                    tc.producer_add_partition(pid, epoch, topic.name, index)
                     codes.append((index, NONE))
                 except Exception as exc:
                     failed = exc
                     codes.append((index, self._code(exc)[0]))
             results.append((topic.name, codes))
-        return {
-            "throttle_time": 0,
-            "results_by_topic_v3_and_below": [
-                {
-                    "name": name,
-                    "results_by_partition": [
-                        {"partition_index": i, "partition_error_code": code} for i, code in codes
-                    ],
-                }
-                for name, codes in results
-            ],
-        }
 
-    def add_offsets_to_txn(self, req: Any, version: int) -> Response:
+        async def answer() -> Response:
+            nonlocal results
+            if begun is not None:
+                try:
+                    await begun
+                except Exception as exc:
+                    code = self._code(exc)[0]
+                    results = [(name, [(i, code) for i, _ in codes]) for name, codes in results]
+            return {
+                "throttle_time": 0,
+                "results_by_topic_v3_and_below": [
+                    {
+                        "name": name,
+                        "results_by_partition": [
+                            {"partition_index": i, "partition_error_code": code}
+                            for i, code in codes
+                        ],
+                    }
+                    for name, codes in results
+                ],
+            }
+
+        return answer()
+
+    def add_offsets_to_txn(self, req: Any, version: int) -> Response | Awaitable[Response]:
         try:
             _group_subscription(req.group_id)
-            self._coordinator_of_producer(req.producer_id).producer_txn(
+            begun = self._coordinator_of_producer(req.producer_id).producer_begin(
                 req.producer_id, req.producer_epoch, f"add the offsets of group {req.group_id!r}"
             )
         except Exception as exc:
             return {"throttle_time": 0, "error_code": self._code(exc)[0]}
-        return {"throttle_time": 0, "error_code": NONE}
+
+        async def answer() -> Response:
+            try:
+                await begun
+            except Exception as exc:
+                return {"throttle_time": 0, "error_code": self._code(exc)[0]}
+            return {"throttle_time": 0, "error_code": NONE}
+
+        return answer()
 
     async def end_txn(self, req: Any, version: int) -> Response:
         try:
@@ -557,7 +579,15 @@ class KafkaApis:
 
         try:
             name = _group_subscription(req.group_id)
-        except KafkaError as exc:
+            entry = self._coordinator_of_producer(pid).producer_of(pid)
+            if entry is not None and entry.identity == (pid, epoch) and entry.ongoing is None:
+                # (a refused identity is left to producer_add_subscription)
+                raise KafkaError(
+                    INVALID_TXN_STATE,
+                    f"offsets of group {req.group_id!r} refused: {entry.transactional_id!r} "
+                    "has no ongoing transaction (AddOffsetsToTxn begins one)",
+                )
+        except Exception as exc:
             refused: BaseException = exc
             return await self._offsets_answer(req.topics, lambda *_: _failed(refused))
         return await self._commit_offsets(req.topics, commit)

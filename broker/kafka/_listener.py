@@ -27,6 +27,7 @@ from broker.kafka._codec import (
     read_request,
 )
 from broker.kafka._handlers import UNSUPPORTED_VERSION, KafkaApis
+from ledger import faults
 
 if TYPE_CHECKING:
     from broker._server import Broker
@@ -37,6 +38,8 @@ log = logging.getLogger(__name__)
 
 MAX_REQUEST_SIZE = 100 << 20  # bytes in one request frame (Kafka's socket.request.max.bytes)
 _SIZE = struct.Struct(">i")
+# Crash tests' steps (`ledger.faults`): right after an answer to the API went out.
+_ANSWERED: dict[int, str] = {api: f"kafka.after_answer.{api.name.lower()}" for api in Api}
 
 
 class KafkaListener:
@@ -84,6 +87,11 @@ class KafkaListener:
         peer = writer.get_extra_info("peername")
         try:
             await _Connection(self.apis, reader, writer, peer).run()
+        except asyncio.CancelledError:
+            # (`close`: the connection task ends quietly. Ended cancelled, its
+            # done-callback in Python 3.11's asyncio.streams would log the
+            # CancelledError as an error.)
+            pass
         finally:
             self._connections.discard(task)
 
@@ -100,7 +108,10 @@ class _Connection:
         self.reader = reader
         self.writer = writer
         self.peer = peer
-        self._answers: asyncio.Queue[asyncio.Future[bytes | None] | None] = asyncio.Queue()
+        # (API, its answer) in request order; None: no more
+        self._answers: asyncio.Queue[tuple[int, asyncio.Future[bytes | None]] | None] = (
+            asyncio.Queue()
+        )
 
     async def run(self) -> None:
         writing = asyncio.ensure_future(self._write_loop())
@@ -136,38 +147,41 @@ class _Connection:
                 body_v0 = build(
                     Api.API_VERSIONS, 0, KafkaApis.api_versions_body(UNSUPPORTED_VERSION)
                 )
-                self._ready(encode_response(header, Api.API_VERSIONS, 0, body_v0))
+                self._ready(Api.API_VERSIONS, encode_response(header, Api.API_VERSIONS, 0, body_v0))
                 continue
             self._answer(header, body)
 
-    def _ready(self, frame: bytes | None) -> None:
+    def _ready(self, api: int, frame: bytes | None) -> None:
         done: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
         done.set_result(frame)
-        self._answers.put_nowait(done)
+        self._answers.put_nowait((api, done))
 
     def _answer(self, header: RequestHeader, body: Any) -> None:
         handler = self.apis.handler(header.api_key)
         result = handler(body, header.api_version)
         if result is None:  # (a Produce with acks=0 is not answered)
             return
+        api = header.api_key
         if isinstance(result, dict):
-            self._ready(_encode(header, result))
+            self._ready(api, _encode(header, result))
             return
-        self._answers.put_nowait(asyncio.ensure_future(_encoded(header, result)))
+        self._answers.put_nowait((api, asyncio.ensure_future(_encoded(header, result))))
 
     async def _write_loop(self) -> None:
         while True:
             answer = await self._answers.get()
             if answer is None:
                 return
+            api, pending = answer
             try:
-                frame = await answer
+                frame = await pending
             except Exception:
                 log.exception("Kafka connection %s: a request failed; closing it", self.peer)
                 self.writer.close()
                 return
             if frame is not None:
                 self.writer.write(frame)
+                faults.hit(_ANSWERED[api])
                 if self._answers.empty():
                     await self.writer.drain()
 

@@ -1,0 +1,162 @@
+"""A transaction's state on one partition, as one table, and the transaction buffer's errors.
+
+PIP-31 §Transaction Index keeps each transaction's status on a partition:
+
+    OPEN --COMMIT--> ENDING_COMMIT --MARKER--> MARKED --COMMIT_RECORD--> COMMITTED
+    OPEN --ABORT---> ENDING_ABORT --ABORT_RECORD--> ABORTED
+
+plus the rows of `TRANSITIONS` that keep a state (a send, a record, a
+repeated END) and those recovery needs. SEND, COMMIT and ABORT are
+requests (a transactional send, an EndTxnOnPartition); DATA, MARKER,
+COMMIT_RECORD and ABORT_RECORD are records that became durable (a TXN_DATA
+record, the commit marker, the TXN_COMMIT or TXN_ABORT record). The states
+in between live in memory only: recovery replays records, not ENDs, so a
+restart finds such a transaction OPEN (its coordinator ends it again), or
+MARKED when its marker is durable (recovery completes it with the
+TXN_COMMIT record). A MARKED transaction is committed for readers: its
+marker is in the partition.
+
+`transition` is the only way a state changes, live and in recovery. A pair
+without a row is refused with the error its event calls for, and nothing
+changes: a SEND with `TxnEndedError` (a late write), a COMMIT or ABORT with
+`TxnConflictError`, a record with `TransactionBufferError` (the logs
+contradict each other).
+"""
+
+from __future__ import annotations
+
+import enum
+
+from proto import TxnID, refusals
+
+__all__ = [
+    "TRANSITIONS",
+    "OutOfOrderSequenceError",
+    "PartitionTxnEvent",
+    "PartitionTxnState",
+    "StaleEpochError",
+    "TransactionBufferError",
+    "TxnConflictError",
+    "TxnEndedError",
+    "transition",
+    "txn_text",
+]
+
+
+class TransactionBufferError(Exception):
+    """Base of the transaction buffer's errors. Raised itself, a damaged
+    sidecar log or partition log (a malformed record, a marker naming what
+    is not there): not a refusal, so a client is answered UNKNOWN_ERROR and
+    the broker logs it. Its subclasses are refusals, each with its code::
+
+        TransactionBufferError
+        ├── TxnEndedError            INVALID_TXN_STATUS: a send for a transaction
+        │                            ended (or ending) here: a late write
+        ├── TxnConflictError         INVALID_TXN_STATUS: COMMIT of a transaction
+        │                            aborted (or aborting) here, or the reverse
+        ├── StaleEpochError          INVALID_PRODUCER_EPOCH
+        └── OutOfOrderSequenceError  OUT_OF_ORDER_SEQUENCE
+    """
+
+
+class TxnEndedError(TransactionBufferError, refusals.InvalidTxnStatus):
+    """A transactional send arrived after its transaction's END began here; nothing stored."""
+
+
+class TxnConflictError(TransactionBufferError, refusals.InvalidTxnStatus):
+    """An END contradicts how the transaction ended (or is ending) here."""
+
+
+class StaleEpochError(TransactionBufferError, refusals.InvalidProducerEpoch):
+    """The producer-epoch mode: a send or a commit marker of an epoch (or a
+    coordinator epoch) older than this partition has seen for its producer
+    id: a late write, or a marker of a finished transaction."""
+
+
+class OutOfOrderSequenceError(TransactionBufferError, refusals.OutOfOrderSequence):
+    """The producer-epoch mode: a send whose first sequence is not the next
+    one of its producer here (a gap, or a new epoch not starting at 0)."""
+
+
+class PartitionTxnState(enum.StrEnum):
+    """A transaction's state on one partition. (StrEnum, not Enum: hashed
+    in C, where Enum's hash is a Python call; the table is looked up a few
+    times per transaction.)"""
+
+    OPEN = "open"
+    ENDING_COMMIT = "ending_commit"  # COMMIT has begun: sends refused, no marker durable
+    MARKED = "marked"  # its commit marker is durable, its TXN_COMMIT record is not
+    ENDING_ABORT = "ending_abort"  # ABORT has begun: sends refused
+    COMMITTED = "committed"  # its TXN_COMMIT record is durable
+    ABORTED = "aborted"  # its TXN_ABORT record is durable
+
+
+class PartitionTxnEvent(enum.StrEnum):
+    """What happens to a transaction on one partition (see the table)."""
+
+    SEND = "send"
+    DATA = "data"
+    COMMIT = "commit"
+    ABORT = "abort"
+    MARKER = "marker"
+    COMMIT_RECORD = "commit record"
+    ABORT_RECORD = "abort record"
+
+
+_S, _E = PartitionTxnState, PartitionTxnEvent
+
+TRANSITIONS: dict[tuple[PartitionTxnState, PartitionTxnEvent], PartitionTxnState] = {
+    (_S.OPEN, _E.SEND): _S.OPEN,
+    (_S.OPEN, _E.DATA): _S.OPEN,
+    (_S.OPEN, _E.COMMIT): _S.ENDING_COMMIT,
+    (_S.OPEN, _E.ABORT): _S.ENDING_ABORT,
+    (_S.OPEN, _E.MARKER): _S.MARKED,  # (recovery, as the next two)
+    (_S.OPEN, _E.COMMIT_RECORD): _S.COMMITTED,
+    (_S.OPEN, _E.ABORT_RECORD): _S.ABORTED,
+    (_S.ENDING_COMMIT, _E.DATA): _S.ENDING_COMMIT,  # a send queued before the END
+    (_S.ENDING_COMMIT, _E.COMMIT): _S.ENDING_COMMIT,  # a retried END
+    (_S.ENDING_COMMIT, _E.MARKER): _S.MARKED,
+    (_S.ENDING_COMMIT, _E.COMMIT_RECORD): _S.COMMITTED,  # it wrote nothing here: no marker
+    (_S.MARKED, _E.DATA): _S.MARKED,  # applied after the marker of its group commit
+    (_S.MARKED, _E.COMMIT): _S.MARKED,
+    (_S.MARKED, _E.COMMIT_RECORD): _S.COMMITTED,
+    (_S.ENDING_ABORT, _E.DATA): _S.ENDING_ABORT,
+    (_S.ENDING_ABORT, _E.ABORT): _S.ENDING_ABORT,
+    (_S.ENDING_ABORT, _E.ABORT_RECORD): _S.ABORTED,
+    (_S.COMMITTED, _E.COMMIT): _S.COMMITTED,  # repeated ENDs are answered
+    (_S.ABORTED, _E.ABORT): _S.ABORTED,
+}
+
+# The END under way in each in-between state (for refusals).
+_ENDING = {_S.ENDING_COMMIT: "commit", _S.MARKED: "commit", _S.ENDING_ABORT: "abort"}
+
+
+def transition(txn: TxnID, state: PartitionTxnState, event: PartitionTxnEvent) -> PartitionTxnState:
+    """The state of ``txn`` after ``event``; raises (see the module) if there is none."""
+    try:
+        return TRANSITIONS[(state, event)]
+    except KeyError:
+        raise _refusal(txn, state, event) from None
+
+
+def _refusal(
+    txn: TxnID, state: PartitionTxnState, event: PartitionTxnEvent
+) -> TransactionBufferError:
+    ending = _ENDING.get(state)
+    if event is _E.SEND:
+        where = f"ending ({ending})" if ending else f"already {state.value}"
+        return TxnEndedError(
+            f"transaction {txn_text(txn)} is {where} on this partition: a late write is refused"
+        )
+    if event is _E.COMMIT or event is _E.ABORT:
+        why = f"its {ending} has begun" if ending else f"it is {state.value}"
+        return TxnConflictError(
+            f"cannot {event.value} transaction {txn_text(txn)}: {why} on this partition"
+        )
+    return TransactionBufferError(
+        f"a {event.value} of transaction {txn_text(txn)}, which is {state.value} on this partition"
+    )
+
+
+def txn_text(txn: TxnID) -> str:
+    return f"({txn[0]}, {txn[1]})"
