@@ -39,7 +39,11 @@ Decisions written down here:
   partition and subscription itself (KIP-890 part 2): ``begin_transaction``
   sends nothing. ``commit_transaction`` and ``abort_transaction`` answer the
   identity of the next transaction (the epoch bumped), which the producer
-  takes.
+  takes. A transaction that sent and acknowledged nothing ends (or
+  prepares) in the producer alone, keeping its identity, as Kafka's
+  clients do; so a commit the broker finds nothing ongoing for is one a
+  broker restart lost before any of it was durable, and it is refused
+  (``TransactionAbortableError``), never reported done.
 * ``prepare_transaction`` (2PC only) asks the broker to make the
   transaction PREPARED (durable; it survives a broker restart and never
   times out) once every send is answered (written behind them, as above):
@@ -197,6 +201,7 @@ class TransactionalProducer:
         self._round_robin = itertools.count()
         self._failure: TxnbufError | None = None  # the first send or ack that failed
         self._framing = False  # a frame-what-is-queued call is scheduled
+        self._began = False  # this transaction sent or acknowledged something
 
     def __repr__(self) -> str:
         return (
@@ -259,6 +264,7 @@ class TransactionalProducer:
             answer.ongoing_txn_producer_id, answer.ongoing_txn_epoch
         )
         self.state = ProducerState.PREPARED if not self._prepared.empty else after
+        self._began = not self._prepared.empty
 
     def _new_identity(self, producer_id: int, epoch: int) -> None:
         self.producer_id, self.epoch = producer_id, epoch
@@ -268,6 +274,7 @@ class TransactionalProducer:
     async def begin_transaction(self) -> None:
         """Begin a transaction (sends nothing: the broker begins it on the first send)."""
         self.state = self._move(_C.BEGIN)
+        self._began = False
 
     async def close(self) -> None:
         """Abandon the producer (an ongoing transaction is left to its
@@ -292,6 +299,7 @@ class TransactionalProducer:
         every send and raises the first failure."""
         if self.state is not ProducerState.IN_TRANSACTION:
             self._move(_C.SEND)  # (raises: a send is allowed only in a transaction)
+        self._began = True
         if type(value) is not bytes:
             if not isinstance(value, bytearray | memoryview):
                 raise InvalidInputError(f"value must be bytes, not {type(value).__name__}")
@@ -495,6 +503,7 @@ class TransactionalProducer:
             positions += (mid.partition, mid.entry_id, mid.batch_index)
         if not positions:
             return
+        self._began = True
         request = command(
             Type.TXN_OFFSETS,
             "txn_offsets",
@@ -517,6 +526,10 @@ class TransactionalProducer:
         which only ``abort_transaction`` goes on), then commit and take the
         next identity (see the module docstring)."""
         after = self._move(_C.COMMIT)
+        if not self._began:  # (nothing to commit: the identity stays)
+            self.state = after
+            self._prepared = PreparedTxnState()
+            return
         end = self._end_command(pb.COMMIT)
         if self.state is ProducerState.IN_TRANSACTION:
             reply = await self._behind_sends(end, "commit_transaction")
@@ -537,6 +550,11 @@ class TransactionalProducer:
             await self._sent()
         except TxnbufError:
             pass  # (aborting anyway)
+        if not self._began:  # (nothing to abort: the identity stays)
+            self.state = after
+            self._prepared = PreparedTxnState()
+            self._failure = None
+            return
         end = self._end_command(pb.ABORT)
         self._ended(await self._request(end, Type.PRODUCER_TXN_RESPONSE, "abort_transaction"))
         self.state = after
@@ -560,6 +578,10 @@ class TransactionalProducer:
         (durable; it survives a broker restart and never times out), and
         return its state to store with the application's own data."""
         after = self._move(_C.PREPARE)
+        if not self._began:  # (nothing to prepare: completing it commits nothing)
+            self._prepared = PreparedTxnState.of(self.producer_id, self.epoch)
+            self.state = after
+            return self._prepared
         reply = await self._behind_sends(
             command(
                 Type.PREPARE_PRODUCER_TXN,

@@ -74,6 +74,9 @@ _PR_SET_PDEATHSIG = 1
 PIPE_SIZE = 1 << 20  # bytes (Linux's default pipe-max-size)
 
 
+_STALL = os.environ.get("TXNBUF_WRITER_STALL", "")
+
+
 def key(ledger_id: int, entry_id: int) -> int:
     return (ledger_id << ENTRY_BITS) | entry_id
 
@@ -119,6 +122,8 @@ def commit(
 ) -> None:
     """One group commit: inserts, trims, one COMMIT. Appends alone that fit
     one statement go in autocommit mode: their own transaction, one step."""
+    while _STALL and os.path.exists(_STALL):  # (test-only: see `ledger.faults`)
+        time.sleep(0.01)
     per = raw.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // 3  # rows in one statement
     if not trims and len(rows) <= per:
         if rows:

@@ -878,18 +878,21 @@ class TransactionCoordinator:
     def prepare_producer_txn(self, producer_id: int, epoch: int) -> asyncio.Future[tuple[int, int]]:
         """KIP-939's prepareTransaction: the ongoing transaction PREPARED
         (`prepare_txn`, its record queued now, so it shares a group commit
-        with the transaction's last writes); the result, its identity (the
-        client's, if nothing is ongoing: completing with it commits nothing),
-        once that is durable. A refusal is raised at once, changing nothing."""
+        with the transaction's last writes); the result, its identity, once
+        that is durable; refused with nothing ongoing, as a commit is
+        (`end_producer_txn`). A refusal is raised at once, changing nothing."""
         entry = self._producers.check(producer_id, epoch, "prepare")
         if not entry.two_phase:
             raise InvalidTxnStateError(
                 f"prepare refused: {entry.transactional_id!r} did not enable two-phase commit"
             )
-        result: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
         if entry.ongoing is None:
-            result.set_result(entry.identity)
-            return result
+            raise TransactionAbortableError(
+                f"prepare refused: producer {producer_id} epoch {epoch} "
+                f"({entry.transactional_id!r}) has no transaction here; a broker restart lost "
+                "it before any of its writes were durable: abort it and begin the next"
+            )
+        result: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
         if entry.txn_identity != entry.identity:
             raise InvalidTxnStateError(
                 f"prepare refused: {entry.transactional_id!r} was initialized keeping its "
@@ -912,8 +915,11 @@ class TransactionCoordinator:
     def end_producer_txn(
         self, producer_id: int, epoch: int, commit: bool, bump: bool = True
     ) -> asyncio.Future[tuple[int, int]]:
-        """EndTxn: commit or abort the producer's ongoing transaction (nothing
-        to do if none) and bump its identity (KIP-890); the result, the
+        """EndTxn: commit or abort the producer's ongoing transaction and
+        bump its identity (KIP-890). With nothing ongoing an abort only
+        bumps, and a commit is refused (TRANSACTION_ABORTABLE): clients send
+        no END for a transaction that wrote nothing, so the transaction was
+        lost in a restart before any of it was durable. The result, the
         identity for its next transaction, once the decision is applied and
         the new identity durable. A retried END (the identity it ended, the
         same outcome) is answered with the identity it was given.
@@ -926,14 +932,20 @@ class TransactionCoordinator:
         entry = self._producers.of_producer(producer_id)
         loop = asyncio.get_running_loop()
         result: asyncio.Future[tuple[int, int]] = loop.create_future()
-        if (producer_id, epoch) != entry.identity and (producer_id, epoch) == (
-            entry.prev_producer_id,
-            entry.prev_epoch,
+        if (
+            (producer_id, epoch) == (entry.prev_producer_id, entry.prev_epoch)
+            and entry.prev_outcome == outcome
+            and ((producer_id, epoch) != entry.identity or entry.ongoing is None)
         ):
-            if entry.prev_outcome == outcome:
-                result.set_result(entry.identity)
-                return result
+            result.set_result(entry.identity)  # (a retry of the END that ended it)
+            return result
         entry = self._producers.check(producer_id, epoch, f"{outcome} transaction")
+        if entry.ongoing is None and commit:
+            raise TransactionAbortableError(
+                f"commit refused: producer {producer_id} epoch {epoch} "
+                f"({entry.transactional_id!r}) has no transaction here; a broker restart lost "
+                "it before any of its writes were durable: abort it and begin the next"
+            )
         decided: asyncio.Future[None] | None = None
         if entry.ongoing is not None:
             meta = self._table.get(entry.ongoing)
@@ -964,7 +976,14 @@ class TransactionCoordinator:
         else:
             pid, next_epoch = entry.identity
             ended = dataclasses.replace(
-                entry, ongoing=None, txn_producer_id=-1, txn_epoch=-1, updated_ms=_now_ms()
+                entry,
+                ongoing=None,
+                txn_producer_id=-1,
+                txn_epoch=-1,
+                prev_producer_id=producer_id,
+                prev_epoch=epoch,
+                prev_outcome=outcome,
+                updated_ms=_now_ms(),
             )
         written = self._append(ProducerRegistry.record(ended))
         waits: list[asyncio.Future[Any]] = [written] if decided is None else [decided, written]

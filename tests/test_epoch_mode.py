@@ -321,3 +321,55 @@ async def test_the_dual_write_example_recovers_after_a_crash_around_its_db_commi
         events = await client.subscribe("order-events", "audit", initial_position="earliest")
         got = [m.value for m in await receive_all(events)]
     assert sorted(got) == sorted(b"order %d amount %d" % (i, i * 10) for i in range(120))
+
+
+async def test_a_transaction_lost_in_a_restart_is_never_reported_committed(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    """Sends are answered before they are durable. The broker is SIGKILLed
+    with a transaction's sends answered and its writes (its begin included)
+    held by the store's writer, so the restart loses all of it; the commit
+    that follows is refused (the broker finds nothing ongoing), never
+    reported done, and the abort that follows lets the producer go on."""
+    stall = tmp_path / "stall"
+    broker.stop()
+    broker.env["TXNBUF_WRITER_STALL"] = str(stall)
+    broker.start()
+    async with Client(broker.url, operation_timeout=30) as client:
+        p = await client.create_transactional_producer("lost")
+        await p.init_transactions()
+        await p.begin_transaction()
+        await p.send("out", b"first")
+        await p.commit_transaction()
+        stall.touch()  # every write from here on is held, not committed
+        await p.begin_transaction()
+        sent = [await p.send("out", b"lost-%d" % i) for i in range(5)]
+        await asyncio.gather(*sent)  # answered (queued, not durable)
+        broker.kill()
+        stall.unlink()
+        broker.start()
+        with pytest.raises(errors.TransactionAbortableError, match="no transaction here"):
+            await p.commit_transaction()
+        await p.abort_transaction()
+        await p.begin_transaction()
+        await p.send("out", b"next")
+        await p.commit_transaction()
+        sink = await client.subscribe("out", "reader", initial_position="earliest")
+        assert sorted(m.value for m in await receive_all(sink)) == [b"first", b"next"]
+
+
+async def test_a_transaction_that_wrote_nothing_ends_in_the_client(broker: BrokerProcess) -> None:
+    """Commit, abort and prepare of a transaction that sent and acknowledged
+    nothing send nothing and keep the identity (as Kafka's clients do)."""
+    async with Client(broker.url) as client:
+        p = await client.create_transactional_producer("idle")
+        await p.init_transactions()
+        identity = (p.producer_id, p.epoch)
+        for end in (p.commit_transaction, p.abort_transaction):
+            await p.begin_transaction()
+            await end()
+            assert (p.producer_id, p.epoch) == identity and p.state is ProducerState.READY
+        await p.begin_transaction()
+        await p.send("out", b"x")
+        await p.commit_transaction()
+        assert (p.producer_id, p.epoch) == (identity[0], identity[1] + 1)

@@ -113,8 +113,14 @@ async def test_each_end_bumps_the_epoch_and_a_late_write_is_refused(open_tc: Ope
         assert second != first
         assert await tc.end_producer_txn(pid, 1, commit=False) == (pid, 2)
         await wait_status(tc, second, TxnStatus.ABORTED)
-        # Nothing ongoing: an END still bumps the epoch.
-        assert await tc.end_producer_txn(pid, 2, commit=True) == (pid, 3)
+        # Nothing ongoing: an abort still bumps the epoch; a commit is refused
+        # (clients send no END for a transaction that wrote nothing, so a
+        # restart lost it) and changes nothing.
+        with pytest.raises(TransactionAbortableError, match="has no transaction here"):
+            await tc.end_producer_txn(pid, 2, commit=True)
+        assert await tc.end_producer_txn(pid, 2, commit=False) == (pid, 3)
+        # A retried abort (its answer lost) is answered with the same identity.
+        assert await tc.end_producer_txn(pid, 2, commit=False) == (pid, 3)
     finally:
         await open_tc.close(tc)
 
@@ -139,13 +145,14 @@ async def test_epoch_overflow_takes_a_new_producer_id(
     open_tc: Opener, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """KIP-890 §Bump Epoch: producer x at epoch MAX-1 commits; the answer is
-    a new producer id z at epoch 0; a retry with (x, MAX-1) gets (z, 0)."""
+    a new producer id z at epoch 0; a retry with (x, MAX-1) gets (z, 0).
+    (Aborts with nothing ongoing step the epochs up: each bumps it.)"""
     monkeypatch.setattr(producers_module, "MAX_EPOCH", 3)
     tc = await open_tc()
     try:
         x, _, _, _ = await tc.init_producer("copier", 60_000)
-        assert await tc.end_producer_txn(x, 0, commit=True) == (x, 1)
-        assert await tc.end_producer_txn(x, 1, commit=True) == (x, 2)  # MAX - 1
+        assert await tc.end_producer_txn(x, 0, commit=False) == (x, 1)
+        assert await tc.end_producer_txn(x, 1, commit=False) == (x, 2)  # MAX - 1
         txnid = tc.producer_add_partition(x, 2, "out", 0)
         z, zero = await tc.end_producer_txn(x, 2, commit=True)
         assert z != x and zero == 0
@@ -156,8 +163,8 @@ async def test_epoch_overflow_takes_a_new_producer_id(
         tc.producer_add_partition(z, 0, "out", 0)
         assert tc.producer("copier").identity == (z, 0)  # type: ignore[union-attr]
         # InitProducerId overflows the same way.
-        assert await tc.end_producer_txn(z, 0, commit=True) == (z, 1)
-        assert await tc.end_producer_txn(z, 1, commit=True) == (z, 2)
+        assert await tc.end_producer_txn(z, 0, commit=False) == (z, 1)
+        assert await tc.end_producer_txn(z, 1, commit=False) == (z, 2)
         w, w_epoch, _, _ = await tc.init_producer("copier", 60_000)
         assert w not in (x, z) and w_epoch == 0
     finally:
@@ -287,8 +294,8 @@ async def test_keep_prepared_with_two_epoch_overflows_step_by_step(
     tc = await open_tc()
     try:
         x, _, _, _ = await tc.init_producer("flink", 100, two_phase=True)
-        assert await tc.end_producer_txn(x, 0, commit=True) == (x, 1)
-        assert await tc.end_producer_txn(x, 1, commit=True) == (x, 2)  # MAX - 1
+        assert await tc.end_producer_txn(x, 0, commit=False) == (x, 1)
+        assert await tc.end_producer_txn(x, 1, commit=False) == (x, 2)  # MAX - 1
         # 1-2. Ongoing at (x, MAX-1), prepared; 3. the client crashes.
         txnid = tc.producer_add_partition(x, 2, "out", 0)
         await tc.prepare_producer_txn(x, 2)
