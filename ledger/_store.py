@@ -390,7 +390,9 @@ class Ledger:
         if start >= cached:
             return cache[head + start - cached : head + end - cached + 1]
         # Take the cached part now: a commit during the disk read shifts the cache.
-        tail = cache[head : head + end - cached + 1]
+        # (None of it if the range ends before the cache: a slice's negative end
+        # would count from the list's end.)
+        tail = cache[head : head + end - cached + 1] if end >= cached else []
         from_disk = await self.store._read(self, start, min(end, cached - 1))
         from_disk.extend(tail)
         return from_disk
