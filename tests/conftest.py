@@ -31,6 +31,7 @@ import pytest
 
 from broker._auth import create_secret_key, create_token, load_signing_key
 from broker._connection import PROTOCOL_VERSION
+from ledger import faults
 from proto import txnbuf_pb2 as pb
 
 
@@ -248,3 +249,24 @@ def _bench_results_elsewhere(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Benchmarks run small by the tests record their figures in a temporary
     folder, not in bench/results (bench/_results.py)."""
     os.environ["TXNBUF_BENCH_RESULTS"] = str(tmp_path_factory.mktemp("bench-results"))
+
+
+class Crash(Exception):
+    """Raised by a patched `faults.hit` (the `crash_at` fixture): the process
+    'dies' here."""
+
+
+@pytest.fixture
+def crash_at(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Steps listed in the yielded list raise `Crash` when hit."""
+    armed: list[str] = []
+    real = faults.hit
+
+    def hit(step: str) -> None:
+        if step in armed:
+            armed.remove(step)
+            raise Crash(step)
+        real(step)
+
+    monkeypatch.setattr(faults, "hit", hit)
+    yield armed

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
+from conftest import Crash
 
 from buffer import (
     CommitMarker,
@@ -21,7 +22,7 @@ from buffer import (
     TxnEndedError,
 )
 from buffer._txnstate import TRANSITIONS, transition
-from ledger import LedgerStore, faults
+from ledger import LedgerStore
 from proto import refusals, wire_txnid
 from proto import txnbuf_pb2 as pb
 
@@ -96,25 +97,6 @@ def test_only_the_in_between_states_say_which_end_has_begun() -> None:
 
 
 # -- each state on a real transaction buffer ---------------------------------------
-
-
-class Crash(Exception):
-    """Raised by a patched `faults.hit`."""
-
-
-@pytest.fixture
-def crash_at(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    armed: list[str] = []
-    real = faults.hit
-
-    def hit(step: str) -> None:
-        if step in armed:
-            armed.remove(step)
-            raise Crash(step)
-        real(step)
-
-    monkeypatch.setattr(faults, "hit", hit)
-    yield armed
 
 
 @pytest.fixture

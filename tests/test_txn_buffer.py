@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from conftest import Crash
 
 import buffer._txnbuffer as txnbuffer_module
 from buffer import (
@@ -37,14 +38,10 @@ from buffer import (
 )
 from buffer._entries import txn_places
 from buffer._sidecar import TXN_ABORT, TXN_COMMIT, TXN_DATA, TXN_SNAPSHOT
-from ledger import Entry, LedgerStore, faults
+from ledger import Entry, LedgerStore
 from proto import txnbuf_pb2 as pb
 
 T1, T2, T3 = (1 << 48 | 1, 7), (1 << 48 | 2, 8), (2 << 48 | 3, 9)
-
-
-class Crash(Exception):
-    """Raised by a patched `faults.hit`: the process 'dies' here."""
 
 
 @pytest.fixture
@@ -129,22 +126,6 @@ async def delivered(part: Partition, entry_id: int) -> list[bytes]:
     batch = pb.EntryBatch.FromString(await part.materialize(entry))
     assert len(batch.messages) == entry_count(entry.meta)
     return [m.payload for m in batch.messages]
-
-
-@pytest.fixture
-def crash_at(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """Steps listed in the yielded list raise `Crash` when hit."""
-    armed: list[str] = []
-    real = faults.hit
-
-    def hit(step: str) -> None:
-        if step in armed:
-            armed.remove(step)
-            raise Crash(step)
-        real(step)
-
-    monkeypatch.setattr(faults, "hit", hit)
-    yield armed
 
 
 # -- creation --------------------------------------------------------------------------

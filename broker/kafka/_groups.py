@@ -139,6 +139,14 @@ class Groups:
                     f"group {group_id!r} has members: commit as one of them",
                 )
             return
+        self._check_current(group, group_id, member_id, generation)
+
+    @staticmethod
+    def _check_current(
+        group: _Group | None, group_id: str, member_id: str, generation: int
+    ) -> None:
+        """``member_id`` is a member of the group at ``generation``, which is
+        not rebalancing; the member is seen now."""
         if group is None or member_id not in group.members:
             raise GroupError(UNKNOWN_MEMBER_ID, f"no member {member_id!r} in group {group_id!r}")
         group.members[member_id].last_seen = time.monotonic()
@@ -336,17 +344,7 @@ class Groups:
     # -- Heartbeat, LeaveGroup, expiry --------------------------------------------------
 
     def heartbeat(self, group_id: str, member_id: str, generation: int) -> None:
-        group = self._groups.get(group_id)
-        if group is None or member_id not in group.members:
-            raise GroupError(UNKNOWN_MEMBER_ID, f"no member {member_id!r} in group {group_id!r}")
-        group.members[member_id].last_seen = time.monotonic()
-        if generation != group.generation:
-            raise GroupError(
-                ILLEGAL_GENERATION,
-                f"group {group_id!r} is at generation {group.generation}, not {generation}",
-            )
-        if group.state is State.PREPARING:
-            raise GroupError(REBALANCE_IN_PROGRESS, f"group {group_id!r} is rebalancing")
+        self._check_current(self._groups.get(group_id), group_id, member_id, generation)
 
     def leave(self, group_id: str, member_id: str) -> None:
         group = self._groups.get(group_id)
