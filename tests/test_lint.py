@@ -7,19 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_packaging import PACKAGES
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = [
-    "proto",
-    "ledger",
-    "tc",
-    "buffer",
-    "subscriptions",
-    "client",
-    "broker",
-    "checker",
-    "pipelines",
-]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
