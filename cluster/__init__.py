@@ -42,6 +42,7 @@ from cluster._ownership import (
     relation,
     score,
     slot_of,
+    watch,
 )
 from cluster._store import (
     Event,
@@ -89,4 +90,5 @@ __all__ = [
     "relation",
     "score",
     "slot_of",
+    "watch",
 ]

@@ -1,8 +1,10 @@
 """The driver: one broker's membership loop over a `MembershipStore`.
 
-Every ``renew_every`` seconds (a third of the lease by default), or at once
-when woken (`Member.store_failed`), the loop reads one snapshot of the
-cluster tables, asks `decide` what to do, and does it:
+Every ``renew_every`` seconds (a third of the lease by default, counted from
+the start of the previous look), or at once when woken
+(`Member.store_failed`), or when a broker that missed a renewal would lose
+its lease and leave slots to this one (`watch`), the loop reads one
+snapshot of the cluster tables, asks `decide` what to do, and does it:
 
 - DropAll: the host drops everything it holds (as a restart would);
 - Join / Renew: one statement each; a renewal refused (the lease had
@@ -10,13 +12,17 @@ cluster tables, asks `decide` what to do, and does it:
 - Release: the host unloads each slot (stops taking its commands, settles
   its writes), then one statement frees the rows still held at their epochs;
 - Take: one statement takes the rows still at the epochs seen; the host
-  loads each slot won (topics, coordinator recovery), all at once;
+  loads each slot won (topics, coordinator recovery) in a task of its own,
+  so that slow loads never hold up the next renewal (an unload or a drop
+  cancels a load still running);
 - Leave (draining): the host unloads every slot, then one transaction frees
   the rows and deletes the broker's row.
 
-A request whose answer does not come within ``timeout`` (or that fails) has
-an unknown outcome: the rest of that look is skipped and the next look
-re-reads. Independently of any answer, a broker whose last renewal was sent
+A request whose answer does not come within ``timeout`` (half a renewal
+interval by default) or that fails has an unknown outcome: the rest of that
+look is skipped and the next look, a sixth of an interval later, re-reads;
+so two answers lost in a row still leave the lease renewed in time.
+Independently of any answer, a broker whose last renewal was sent
 more than ``ttl`` ago (its own clock) drops everything: by then its lease
 has expired in the database and other brokers may take its slots, so it
 must stop serving what it holds in memory even if the database is
@@ -43,6 +49,7 @@ from cluster._ownership import (
     Renew,
     Take,
     decide,
+    watch,
 )
 from cluster._store import MembershipError, MembershipStore
 
@@ -92,14 +99,17 @@ class Member:
         self.urls = urls
         self.host = host
         self.lease = lease or LeaseTiming()
-        self.timeout = timeout or self.lease.renew_every
+        self.timeout = timeout or self.lease.renew_every / 2
         self._held: dict[int, int] = {}
+        self._loading: dict[int, asyncio.Task[None]] = {}
         self._draining = False
         self._store_failed = False
         self._deadline = float("-inf")  # local time until which the lease surely holds
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
         self._stopped = False
+        self._unknown = False  # the last look had a request with an unknown outcome
+        self._watch: float | None = None  # local time of an expiry to look at (`watch`)
 
     @property
     def held(self) -> Mapping[int, int]:
@@ -118,12 +128,21 @@ class Member:
 
     async def run(self) -> None:
         """Look every ``renew_every`` seconds until drained or stopped."""
-        while not self._stopped:
-            await self.tick()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.lease.renew_every):
-                    await self._wake.wait()
-            self._wake.clear()
+        loop = asyncio.get_running_loop()
+        try:
+            while not self._stopped:
+                started = loop.time()
+                done = await self.tick() is not None and not self._unknown
+                until = started + (self.lease.renew_every if done else self.lease.renew_every / 6)
+                if self._watch is not None:
+                    until = min(until, self._watch)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(max(0.0, until - loop.time())):
+                        await self._wake.wait()
+                self._wake.clear()
+        finally:
+            for task in self._loading.values():
+                task.cancel()
 
     def stop(self) -> None:
         """End `run` after its current look (without handing anything over)."""
@@ -153,12 +172,16 @@ class Member:
                 view = await self._call(self.store.read())
             except _Unknown:
                 return None
+            expiry = watch(view, self.me, self.lease)
+            # (The database's clock read `view.now` a little before now.)
+            self._watch = None if expiry is None else loop.time() + expiry - view.now + 0.001
             local = Local(self.me, dict(self._held), self._draining, self._store_failed)
             actions = decide(view, local, self.lease)
+            self._unknown = False
             try:
                 await self._apply(actions)
             except _Unknown:
-                pass
+                self._unknown = True
             return actions
 
     async def _apply(self, actions: tuple[Action, ...]) -> None:
@@ -180,8 +203,7 @@ class Member:
                 self._deadline = sent + self.lease.ttl
             elif isinstance(action, Leave):
                 for slot in sorted(self._held):
-                    await self.host.unload(slot)
-                    del self._held[slot]
+                    await self._unload(slot)
                 await self._call(self.store.leave(self.me))
             elif isinstance(action, Release):
                 releases[action.slot] = action.epoch
@@ -190,21 +212,40 @@ class Member:
         if releases:
             for slot in sorted(releases):
                 if slot in self._held:
-                    await self.host.unload(slot)
-                    del self._held[slot]
+                    await self._unload(slot)
             await self._call(self.store.release(self.me, releases))
         if takes:
             won = await self._call(self.store.take(self.me, takes))
             self._held.update(won)
-            try:
-                await asyncio.gather(*(self.host.load(k, e) for k, e in sorted(won.items())))
-            except Exception:
-                # A slot that cannot be loaded is as a store that failed.
-                log.exception("loading slots %s failed", sorted(won))
-                self.store_failed()
+            for slot, epoch in sorted(won.items()):
+                task = asyncio.create_task(self._load(slot, epoch))
+                self._loading[slot] = task
+
+    async def _load(self, slot: int, epoch: int) -> None:
+        try:
+            await self.host.load(slot, epoch)
+        except Exception:
+            # A slot that cannot be loaded is as a store that failed.
+            log.exception("%s: loading slot %d failed", self.me, slot)
+            self.store_failed()
+        finally:
+            if self._loading.get(slot) is asyncio.current_task():
+                del self._loading[slot]
+
+    async def _unload(self, slot: int) -> None:
+        loading = self._loading.pop(slot, None)
+        if loading is not None:
+            loading.cancel()
+            await asyncio.gather(loading, return_exceptions=True)
+        await self.host.unload(slot)
+        del self._held[slot]
 
     async def _drop(self, reason: str) -> None:
         log.warning("%s drops every slot it holds (%d): %s", self.me, len(self._held), reason)
+        loading, self._loading = self._loading, {}
+        for task in loading.values():
+            task.cancel()
+        await asyncio.gather(*loading.values(), return_exceptions=True)
         await self.host.drop_all(reason)
         self._held.clear()
         self._store_failed = False

@@ -71,6 +71,7 @@ __all__ = [
     "relation",
     "score",
     "slot_of",
+    "watch",
 ]
 
 
@@ -344,13 +345,42 @@ def decide(view: View, local: Local, lease: LeaseTiming) -> tuple[Action, ...]:
     target = placement(view.live(), [row.owner for row in view.slots])
     releases: list[Action] = []
     takes: list[Action] = []
+    held = local.held
     for k, row in enumerate(view.slots):
-        what = SLOT_RULES[relation(row, local.held.get(k), me, view), target[k] == me]
+        if row.owner != me and target[k] != me and k not in held:
+            continue  # FREE, EXPIRED or OTHERS, placed elsewhere: WAIT (a shortcut)
+        what = SLOT_RULES[relation(row, held.get(k), me, view), target[k] == me]
         if what is SlotAction.TAKE:
             takes.append(Take(k, row.epoch))
         elif what is SlotAction.RELEASE:
             releases.append(Release(k, row.epoch))
     return (*actions, *releases, *takes)
+
+
+def watch(view: View, me: str, lease: LeaseTiming) -> float | None:
+    """When (the database's clock) a look should come, sooner than the
+    usual cadence, to take slots of a broker that is about to lose its lease.
+
+    A live broker whose lease has less than ``ttl - 1.5 * renew_every`` left
+    has missed a renewal: if its lease runs out, placement without it gives
+    ``me`` some of its slots, and ``me`` looks right then instead of up to
+    one interval later (failover then takes about the ttl, not the ttl plus
+    an interval). The earliest such expiry, or None."""
+    if not view.is_live(me):
+        return None
+    live = view.live()
+    owners = [row.owner for row in view.slots]
+    soonest: float | None = None
+    for b in live:
+        until = view.brokers[b]
+        if b == me or until - view.now >= lease.ttl - 1.5 * lease.renew_every:
+            continue
+        if soonest is not None and until >= soonest:
+            continue
+        target = placement([x for x in live if x != b], owners)
+        if any(o == b and t == me for o, t in zip(owners, target, strict=True)):
+            soonest = until
+    return soonest
 
 
 def _drop_then(view: View, local: Local, reason: str, lease: LeaseTiming) -> tuple[Action, ...]:

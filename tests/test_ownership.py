@@ -103,6 +103,12 @@ def test_the_slot_table_has_a_row_for_every_pair() -> None:
     assert set(SLOT_RULES) == {(r, t) for r in SlotRelation for t in (True, False)}
 
 
+def test_a_row_neither_mine_nor_held_nor_placed_on_me_waits() -> None:
+    # decide skips these rows without looking them up: the table must agree.
+    for r in (SlotRelation.FREE, SlotRelation.EXPIRED, SlotRelation.OTHERS):
+        assert SLOT_RULES[r, False] is SlotAction.WAIT
+
+
 @pytest.mark.parametrize(
     ("row", "held", "expected"),
     [
