@@ -642,7 +642,8 @@ def analyse(sim: Sim, wall: float) -> Report:
     storm = [f for f in sim.faults if f.storm]
     kinds = ", ".join(f"{n} {k}" for k, n in sorted(Counter(f.kind for f in storm).items()))
     after_pauses = max(0.0, sim.storm_settled - sim.pauses_until)
-    out(f"  storm: {len(storm)} overlapping events ({kinds}) in {sim.storm_to - sim.storm_from:.0f} s,"
+    span = sim.storm_to - sim.storm_from
+    out(f"  storm: {len(storm)} overlapping events ({kinds}) in {span:.0f} s,"
         f" settled {sim.storm_settled - sim.storm_to:.1f} s after the last"
         f" ({after_pauses:.1f} s after the last pause ended)")  # fmt: skip
     # Safety.
