@@ -83,6 +83,7 @@ class Params:
     load: tuple[float, float] = (0.05, 0.5)  # seconds to load a slot (uniform)
     commit_every: float = 0.25  # each broker's group commit interval (mean)
     settle_timeout: float = 120.0
+    fence: bool = True  # False: a store without the commit fence (two writers appear)
 
 
 @dataclass
@@ -229,7 +230,7 @@ class Sim:
     def __init__(self, p: Params) -> None:
         self.p = p
         self.rng = random.Random(p.seed)
-        self.store = ModelStore(p.slots, self.clock)
+        self.store = ModelStore(p.slots, self.clock, fence=p.fence)
         self.brokers: dict[str, SimBroker] = {}  # running (or paused) brokers
         self.dead: list[str] = []  # killed, may be restarted
         self.next_id = 0

@@ -23,10 +23,11 @@ interval by default) or that fails has an unknown outcome: the rest of that
 look is skipped and the next look, a sixth of an interval later, re-reads;
 so two answers lost in a row still leave the lease renewed in time.
 Independently of any answer, a broker whose last renewal was sent
-more than ``ttl`` ago (its own clock) drops everything: by then its lease
-has expired in the database and other brokers may take its slots, so it
-must stop serving what it holds in memory even if the database is
-unreachable. Writes need no such care: the store's fence refuses them.
+``ttl`` ago (its own clock) drops everything, right then (no request waits
+past that moment, nor does the next look): by then its lease has expired
+in the database and other brokers may take its slots, so it must stop
+serving what it holds in memory even if the database is unreachable.
+Writes need no such care: the store's fence refuses them.
 """
 
 from __future__ import annotations
@@ -136,6 +137,8 @@ class Member:
                 until = started + (self.lease.renew_every if done else self.lease.renew_every / 6)
                 if self._watch is not None:
                     until = min(until, self._watch)
+                if self._held:
+                    until = min(until, self._deadline)
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(max(0.0, until - loop.time())):
                         await self._wake.wait()
@@ -251,8 +254,11 @@ class Member:
         self._store_failed = False
 
     async def _call(self, request: Awaitable[_T]) -> _T:
+        timeout = self.timeout
+        if self._held:  # never wait past the lease: the next look drops then
+            timeout = min(timeout, max(0.0, self._deadline - asyncio.get_running_loop().time()))
         try:
-            async with asyncio.timeout(self.timeout):
+            async with asyncio.timeout(timeout):
                 return await request
         except (MembershipError, TimeoutError, OSError) as exc:
             log.warning("%s: a request's outcome is unknown: %r", self.me, exc)

@@ -32,6 +32,7 @@ from cluster import (
     quotas,
     relation,
     slot_of,
+    watch,
 )
 
 LEASE = LeaseTiming(ttl=6.0)  # renewed every 2 s: due once 1 s has passed since the last
@@ -452,3 +453,30 @@ def test_a_quick_restart_takes_its_own_rows_back_without_waiting_for_its_lease()
     actions = r.look("a")
     assert set(takes(actions)) == mine  # MINE_UNHELD and placed on it: taken again
     assert all(r.store.slots[k].owner == "a" and r.store.slots[k].epoch == 2 for k in mine)
+
+
+# -- watch: looking when a broker that missed a renewal would leave slots here -----------
+
+
+def test_watch_names_the_expiry_of_a_broker_that_missed_a_renewal() -> None:
+    # ttl 6, renewed every 2 s: a lease with less than 3 s left missed a renewal.
+    rows = [("me", 1), ("x", 1), ("y", 1), ("x", 1)]
+    late = NOW + 2.5
+    v = view({"me": LIVE, "x": late, "y": LIVE}, rows)
+    assert watch(v, "me", LEASE) == late
+    assert watch(view({"me": LIVE, "x": NOW + 3.5, "y": LIVE}, rows), "me", LEASE) is None
+
+
+def test_watch_ignores_a_late_broker_whose_slots_would_go_elsewhere() -> None:
+    # x owns nothing: its expiry changes nothing for me.
+    v = view({"me": LIVE, "x": NOW + 1, "y": LIVE}, [("me", 1), ("y", 1)])
+    assert watch(v, "me", LEASE) is None
+    # Nor does anything matter to a broker that is not live itself.
+    v = view({"me": DEAD, "x": NOW + 1}, [("x", 1)])
+    assert watch(v, "me", LEASE) is None
+
+
+def test_watch_takes_the_earliest_of_several_late_brokers() -> None:
+    rows = [("x", 1), ("y", 1), ("x", 1), ("y", 1)]  # either's death gives me 2
+    v = view({"me": LIVE, "x": NOW + 2, "y": NOW + 1}, rows)
+    assert watch(v, "me", LEASE) == NOW + 1
