@@ -177,6 +177,8 @@ class SimBroker:
         self.commit_lock = asyncio.Lock()
         self.tasks: list[asyncio.Task[Any]] = []
         self.paused_with: dict[int, int] | None = None
+        self.generation = 0  # drops so far: a commit of an earlier store fails only that store
+        self.paused_generation = 0
 
     def start(self) -> None:
         self.tasks = [
@@ -202,6 +204,9 @@ class SimBroker:
             pass
 
     async def drop_all(self, reason: str) -> None:
+        # Start again from the store: the failed store is closed, and what it
+        # still had in flight can fail it but not the new one.
+        self.generation += 1
         self.loaded.clear()
         self.sim.drops[reason.split(":")[0].split(" held at")[0]] += 1
 
@@ -215,13 +220,14 @@ class SimBroker:
                 await self.commit(dict(self.loaded))
 
     async def commit(self, epochs: dict[int, int]) -> bool:
+        generation = self.generation
         async with self.commit_lock:
             try:
                 async with asyncio.timeout(self.member.timeout):
                     ok = await self.conn.commit(self.name, epochs)
             except TimeoutError:
                 ok = False  # unknown outcome: the store failed all the same
-        if not ok:
+        if not ok and generation == self.generation:
             self.member.store_failed()
         return ok
 
@@ -275,6 +281,7 @@ class Sim:
         fault = Fault(self.clock(), "pause", name, self.owned_by(name), duration, storm)
         broker.net.running.clear()
         broker.paused_with = dict(broker.loaded)
+        broker.paused_generation = broker.generation
         asyncio.get_running_loop().call_later(duration, self.wake, broker)
         self.pauses_until = max(self.pauses_until, self.clock() + duration)
         return self.note(fault)
@@ -296,7 +303,7 @@ class Sim:
         loop.call_later(broker.net.delay(), self._woken_arrive, broker, held, answer)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(broker.member.timeout):
-                if not await answer:
+                if not await answer and broker.generation == broker.paused_generation:
                     broker.member.store_failed()
 
     def _woken_arrive(

@@ -60,7 +60,9 @@ def test_a_woken_broker_cannot_write_to_the_slots_it_lost() -> None:
     assert check_history(sim.store.history, 32) == []
     ((broker, lost, refused),) = sim.woken_writes
     assert broker == victim and lost == 4 and refused == 1
-    assert sim.drops["the store failed"] >= 1
+    # It dropped everything it held (at its lease's end by its own clock, or
+    # when the fence refused that commit, whichever came first).
+    assert sim.drops["the lease expired with no renewal answered"] + sim.drops["the store failed"]
 
 
 def test_without_the_fence_the_woken_broker_writes_over_the_new_owners() -> None:
