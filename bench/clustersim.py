@@ -649,11 +649,10 @@ def analyse(sim: Sim, wall: float) -> Report:
     # Storm.
     storm = [f for f in sim.faults if f.storm]
     kinds = ", ".join(f"{n} {k}" for k, n in sorted(Counter(f.kind for f in storm).items()))
-    after_pauses = max(0.0, sim.storm_settled - sim.pauses_until)
     span = sim.storm_to - sim.storm_from
-    out(f"  storm: {len(storm)} overlapping events ({kinds}) in {span:.0f} s,"
-        f" settled {sim.storm_settled - sim.storm_to:.1f} s after the last"
-        f" ({after_pauses:.1f} s after the last pause ended)")  # fmt: skip
+    out(f"  storm: {len(storm)} overlapping events ({kinds}) in {span:.0f} s; settled"
+        f" {sim.storm_settled - max(sim.storm_to, sim.pauses_until):.1f} s after the last event"
+        f" or the end of the last pause, whichever came later")  # fmt: skip
     # Safety.
     woken = [w for w in sim.woken_writes if w[1]]
     refused = sum(w[2] for w in woken)

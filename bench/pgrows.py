@@ -7,7 +7,9 @@ without the slots' fence check.
 A PostgreSQL server of its own (``initdb`` in a temporary folder, Debian's
 binaries, fsync on) and one table shaped as the SQLite store's
 (``entries(id bigint PRIMARY KEY, meta bigint, data bytea)``, the key
-``ledger_id << 40 | entry_id``), plus the cluster's ``slots`` table. The
+``ledger_id << 40 | entry_id``), plus the cluster's ``slots`` table (1,024
+slots; ledger l in slot l mod 1,024). Each run appends round-robin to
+``--ledgers`` ledgers that already hold ``--prefill`` entries each. The
 records are those of the one-record local path, sized from their encoding:
 
 - partition entry: TxnID (16 B) + an EntryBatch: producer name (43 B) and
@@ -21,9 +23,10 @@ transaction: 3 rows), a batch of 100 messages per transaction (3 rows), and
 a plain send of one message (1 row). Each group commit is one PostgreSQL
 transaction of ``--group`` transactions; with the fence it first runs
 ``SELECT ... FROM slots ... FOR SHARE`` on the slots it writes. WAL bytes
-are measured with ``pg_current_wal_insert_lsn()`` (after a CHECKPOINT, so
-full-page images are counted as they come: each page's first change after a
-checkpoint writes the whole page). Wall-clock rates are this machine's, one
+are measured with ``pg_current_wal_insert_lsn()`` from a CHECKPOINT, so
+full-page images count as they come: each page's first change after a
+checkpoint writes the whole page, and appends to many ledgers touch as many
+index pages (one B-tree, each ledger a key range). Wall-clock rates are this machine's, one
 connection (a shared 2-core machine: only the bytes compare across machines).
 """
 
@@ -72,13 +75,18 @@ async def wal_lsn(conn: Any) -> int:
 
 
 async def measure(
-    conn: Any, shape: Shape, txns: int, group: int, fence: bool, ledgers: int
+    conn: Any, shape: Shape, txns: int, group: int, fence: bool, ledgers: int, prefill: int
 ) -> dict[str, float]:
     await conn.execute("TRUNCATE entries")
+    filler = os.urandom(64)
+    old = (((ledger << 40) | i, 1, filler) for ledger in range(ledgers) for i in range(prefill))
+    await conn.copy_records_to_table("entries", records=old)
+    await conn.execute("VACUUM ANALYZE entries")
     await conn.execute("CHECKPOINT")
-    next_id = [0] * ledgers
+    next_id = [prefill] * ledgers
     rows = 0
     payloads = [os.urandom(size) for size in shape.rows]
+    size_before = await conn.fetchval("SELECT pg_total_relation_size('entries')")
     before = await wal_lsn(conn)
     started = time.perf_counter()
     for first in range(0, txns, group):
@@ -100,7 +108,7 @@ async def measure(
         rows += len(batch)
     elapsed = time.perf_counter() - started
     wal = await wal_lsn(conn) - before
-    size = await conn.fetchval("SELECT pg_total_relation_size('entries')")
+    size = await conn.fetchval("SELECT pg_total_relation_size('entries')") - size_before
     data = sum(shape.rows) * txns
     return {
         "wal_txn": wal / txns,
@@ -129,8 +137,9 @@ async def run(args: argparse.Namespace) -> None:
             """.replace("$1", str(SLOTS))
         )
         print(f"PostgreSQL {cluster.version}, fsync on, synchronous_commit on, one connection;"
-              f" {args.txns} transactions per row below, random (incompressible) bytes;"
-              f" WAL measured from a CHECKPOINT")  # fmt: skip
+              f" {args.txns} transactions per row below, random (incompressible) bytes,"
+              f" appended round-robin to the ledgers, each holding {args.prefill} entries"
+              f" at the CHECKPOINT from which WAL and disk growth are measured")  # fmt: skip
         print(f"{'shape':<28} {'ledgers':>7} {'group':>5} {'fence':>5}  {'rows/msg':>8}"
               f" {'WAL B/txn':>9} {'WAL B/msg':>9} {'WAL over/row':>12} {'disk over/row':>13}"
               f" {'txn/s':>7} {'rows/s':>7}")  # fmt: skip
@@ -138,7 +147,9 @@ async def run(args: argparse.Namespace) -> None:
             for shape in SHAPES:
                 for group in args.group:
                     for fence in (False, True):
-                        m = await measure(conn, shape, args.txns, group, fence, ledgers)
+                        m = await measure(
+                            conn, shape, args.txns, group, fence, ledgers, args.prefill
+                        )
                         fenced = "yes" if fence else "no"
                         print(
                             f"{shape.name:<28} {ledgers:>7} {group:>5} {fenced:>5}"
@@ -158,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--txns", type=int, default=2000)
     ap.add_argument("--group", type=int, nargs="+", default=[1, 100])
     ap.add_argument("--ledgers", type=int, nargs="+", default=[1, 10000])
+    ap.add_argument("--prefill", type=int, default=20, help="entries per ledger before")
     args = ap.parse_args(argv)
     command = "python -m bench.pgrows " + " ".join(sys.argv[1:] if argv is None else argv)
     with recorded("pgrows", command.strip()):
