@@ -196,7 +196,7 @@ class SimBroker:
     async def load(self, slot: int, epoch: int) -> None:
         await asyncio.sleep(self.sim.rng.uniform(*self.sim.p.load))
         self.loaded[slot] = epoch
-        self.sim.served[(slot, epoch)] = asyncio.get_running_loop().time()
+        self.sim.served.setdefault(slot, []).append((asyncio.get_running_loop().time(), epoch))
 
     async def unload(self, slot: int) -> None:
         self.loaded.pop(slot, None)
@@ -240,7 +240,7 @@ class Sim:
         self.brokers: dict[str, SimBroker] = {}  # running (or paused) brokers
         self.dead: list[str] = []  # killed, may be restarted
         self.next_id = 0
-        self.served: dict[tuple[int, int], float] = {}
+        self.served: dict[int, list[tuple[float, int]]] = {}  # slot -> (time, epoch) loads
         self.faults: list[Fault] = []
         self.samples: list[tuple[float, int, int, int, int, int]] = []
         self.drops: Counter[str] = Counter()
@@ -545,6 +545,12 @@ def takes_after(
     return out
 
 
+def first_load(sim: Sim, slot: int, epoch: int) -> float:
+    """When ``slot`` was first loaded at ``epoch`` or later (its taker may
+    have dropped it and taken it again before it finished loading)."""
+    return min((t for t, e in sim.served.get(slot, []) if e >= epoch), default=math.inf)
+
+
 def moves_between(history: list[Any], t0: float, t1: float) -> int:
     """Slots taken by a broker other than the one that took them before."""
     last: dict[int, str] = {}
@@ -611,9 +617,7 @@ def analyse(sim: Sim, wall: float) -> Report:
             taken = takes_after(hist, f.time, f.slots)
             if len(taken) == len(f.slots):
                 failover.append(max(t for t, _ in taken.values()) - f.time)
-                served.append(
-                    max(sim.served.get((k, e), math.inf) for k, (_, e) in taken.items()) - f.time
-                )
+                served.append(max(first_load(sim, k, e) for k, (_, e) in taken.items()) - f.time)
     out(f"  {len(seq)} events one at a time, each until settled:"
         f" {', '.join(f'{len(v)} {k}' for k, v in sorted(by_kind.items()))}")  # fmt: skip
     if failover:
