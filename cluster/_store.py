@@ -65,7 +65,9 @@ class MembershipStore(Protocol):
     `MembershipError` when the outcome is unknown (connection lost, timeout,
     COMMIT failed), and the caller then re-reads rather than guesses.
 
-    ``read``, one snapshot::
+    ``read``, one snapshot (an implementation may keep the slots it read
+    and re-read them only when a version row, bumped by every take,
+    release and leave in the same transaction, has changed)::
 
         BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY;
         SELECT extract(epoch FROM now());
@@ -127,7 +129,13 @@ class MembershipStore(Protocol):
         FOR SHARE OF s;
 
     fewer rows than slots: ROLLBACK and fail the store (fail-stop; the
-    broker drops everything). ``FOR SHARE`` makes a concurrent ``take``
+    broker drops everything). Run it with one group commit in flight per
+    broker and database (two transactions share-locking one row make a
+    MultiXact). Sessions get ``idle_in_transaction_session_timeout`` below
+    the ttl, so that a broker paused between this check and its COMMIT does
+    not hold the lock (and block takeovers) for as long as TCP stays up, and
+    ``take`` runs with a ``lock_timeout`` (a take that times out is tried
+    again at the next look). ``FOR SHARE`` makes a concurrent ``take``
     (an UPDATE of the row) wait for this commit, and a commit that comes
     after the take see the new owner or epoch (READ COMMITTED re-checks the
     WHERE clause against the row's newest version after waiting). ``FOR KEY
