@@ -325,6 +325,9 @@ def decide(view: View, local: Local, lease: LeaseTiming) -> tuple[Action, ...]:
     module's docstring), in the order to carry them out: DropAll first,
     then Join or Renew, then releases, then takes."""
     me = local.me
+    bad = sorted(k for k in local.held if not 0 <= k < len(view.slots))
+    if bad:
+        raise ValueError(f"held slots {bad} do not exist (the cluster has {len(view.slots)})")
     if local.store_failed:
         return _drop_then(view, local, "the store failed", lease)
     if local.draining:

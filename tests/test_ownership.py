@@ -220,6 +220,21 @@ def test_a_slot_taken_from_under_a_live_broker_drops_everything() -> None:
     assert actions[1:] == (Renew(), Take(1, 1))
 
 
+def test_held_slots_that_do_not_exist_are_refused() -> None:
+    v = view({"me": LIVE}, [("me", 1)])
+    with pytest.raises(ValueError, match=r"held slots \[1, 7\] do not exist \(the cluster has 1\)"):
+        decide(v, Local("me", {0: 1, 1: 1, 7: 2}), LEASE)
+
+
+def test_the_model_store_refuses_slots_that_do_not_exist() -> None:
+    store = ModelStore(4, lambda: NOW)
+    store.join_now("me", "http://me", 6.0)
+    for step in (store.take_now, store.release_now, store.commit_now):
+        with pytest.raises(ValueError, match=r"no such slot: \[4\] \(the cluster has 4 slots\)"):
+            step("me", {0: 0, 4: 0})
+    assert store.slots == [SlotRow(None, 0)] * 4 and len(store.history) == 1
+
+
 def test_renew_only_when_due() -> None:
     rows = [("me", 1)]
     assert decide(view({"me": NOW + 5.5}, rows), Local("me", {0: 1}), LEASE) == ()
