@@ -21,7 +21,9 @@ lost (the request happened; the driver does not know). One run per ttl:
    flight, with the epochs it held;
 4. storm: the same events at random, overlapping, then a settle.
 
-It prints and records (bench/results/clustersim.md) the balance over time
+The clock is virtual and every random draw comes from ``--seed``: a run is
+the same every time, whatever the machine's load. It prints and records
+(bench/results/clustersim.md) the balance over time
 (max/min slots per live broker), failover times (SIGKILL to every slot of
 the dead broker owned again, and loaded), drain and pause figures, slots
 moved per join against the joiner's share, and it fails (exit status 1)
