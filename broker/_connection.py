@@ -26,6 +26,7 @@ import asyncio
 import collections
 import logging
 import time
+from itertools import repeat
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,7 @@ from google.protobuf.message import DecodeError
 from broker._auth import NOBODY, Principal
 from broker._epoch import epoch_handlers
 from broker._errors import error_code, error_text
+from broker._local import LocalCommits
 from broker._pipelines import pipeline_handlers
 from broker._seek import seek_handlers
 from broker._transactions import CLUSTER_ROLE, Transactions
@@ -62,11 +64,12 @@ __all__ = ["CLUSTER_ROLE", "PROTOCOL_VERSION", "Connection"]
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 6  # the only one served (proto/txnbuf.proto)
+PROTOCOL_VERSION = 7  # the only one served (proto/txnbuf.proto)
 SERVER_VERSION = "txnbuf/0.1.0"
 
 T = pb.BaseCommand
 _BODY_TYPE = {name.lower(): value for name, value in T.Type.items()}
+_MAX_RANGE = 1 << 20  # messages in one ACK range (an entry holds fewer: a frame is 5 MiB)
 _SUB_TYPES = {
     pb.CommandSubscribe.EXCLUSIVE: SubType.EXCLUSIVE,
     pb.CommandSubscribe.SHARED: SubType.SHARED,
@@ -127,6 +130,7 @@ class Connection:
             T.END_TXN: txns.on_end_txn,
             T.END_TXN_ON_PARTITION: txns.on_end_txn_on_partition,
             T.END_TXN_ON_SUBSCRIPTION: txns.on_end_txn_on_subscription,
+            T.COMMIT_TXN: LocalCommits(self).on_commit_txn,
             T.BATCH: self._on_batch,
         }
         self._handlers.update(epoch_handlers(self))  # (the producer-epoch mode)
@@ -690,20 +694,30 @@ class Connection:
 
 def _ack_positions(req: pb.CommandAck) -> dict[int, list[tuple[int, int]]]:
     """An ACK's messages, ``partition -> [(entry_id, batch_index), ...]``,
-    from its ``positions`` triples."""
-    flat = list(req.positions)
-    if not flat or len(flat) % 3:
+    from its ``ranges`` quadruples (partition, entry_id, first_index,
+    last_index). A cumulative ack names one range: its last message is the
+    bound."""
+    flat = req.ranges
+    if not flat or len(flat) % 4:
         raise refusals.InvalidArgument(
-            "ACK positions come in (partition, entry_id, batch_index) triples, at least one; "
-            f"got {len(flat)} numbers",
+            "ACK ranges come as (partition, entry_id, first_index, last_index) quadruples, at "
+            f"least one; got {len(flat)} numbers",
         )
-    partitions = flat[0::3]
-    first = partitions[0]
-    if partitions.count(first) == len(partitions):  # the usual case: one partition
-        return {first: list(zip(flat[1::3], flat[2::3], strict=True))}
+    if req.ack_type == pb.CommandAck.CUMULATIVE:
+        if len(flat) != 4:
+            raise refusals.InvalidArgument("a cumulative ACK names one range: its bound")
+        return {flat[0]: [(flat[1], flat[3])]}
     by_part: dict[int, list[tuple[int, int]]] = {}
-    for partition, entry_id, index in zip(partitions, flat[1::3], flat[2::3], strict=True):
-        by_part.setdefault(partition, []).append((entry_id, index))
+    for i in range(0, len(flat), 4):
+        partition, entry_id, first, last = flat[i], flat[i + 1], flat[i + 2], flat[i + 3]
+        if last < first or last - first >= _MAX_RANGE:
+            raise refusals.InvalidArgument(
+                f"ACK range {partition}:{entry_id}:{first}..{last} is empty or too long",
+            )
+        positions = by_part.get(partition)
+        if positions is None:
+            positions = by_part[partition] = []
+        positions.extend(zip(repeat(entry_id, last - first + 1), range(first, last + 1)))
     return by_part
 
 

@@ -9,14 +9,17 @@ carry their wire code (`InvalidNameError` is an `InvalidArgument`).
 
 from buffer._entries import (
     COMMIT_MARKER,
+    COMMITTED_TXN,
     DATA,
     DUPLICATE_POSITION,
     DuplicateTooOldError,
     PublishResult,
     SendRejectedError,
+    committed_entry,
     entry_count,
     entry_kind,
     entry_meta,
+    send_sequence_ids,
     txn_run_start,
 )
 from buffer._names import (
@@ -61,6 +64,7 @@ from buffer._txnstate import (
 )
 
 __all__ = [
+    "COMMITTED_TXN",
     "COMMIT_MARKER",
     "DATA",
     "DUPLICATE_POSITION",
@@ -104,6 +108,7 @@ __all__ = [
     "check_producer_name",
     "check_subscription_name",
     "check_topic_name",
+    "committed_entry",
     "decode_sidecar_record",
     "entry_count",
     "entry_kind",
@@ -111,6 +116,7 @@ __all__ = [
     "epoch_producer_name",
     "partition_ledger_prefixes",
     "quoted",
+    "send_sequence_ids",
     "sidecar_ledger_name",
     "txn_run_start",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import NamedTuple
 
@@ -165,6 +165,30 @@ class Message:
             f"Message(value={self.value!r}, key={self.key!r}, message_id={self.message_id}, "
             f"topic={self.topic!r}, redelivery_count={self.redelivery_count})"
         )
+
+
+# One message to send: (value, key, properties, sequence id).
+Entry = tuple[bytes, str | None, Mapping[str, str] | None, int]
+
+
+def encode_batch(entries: Sequence[Entry], now_ms: int) -> bytes:
+    """The messages of one send (every one stamped ``now_ms``) as a
+    serialized EntryBatch with no producer name: what a SEND or a
+    COMMIT_TXN carries, stored by the broker as it is."""
+    batch = pb.EntryBatch()
+    add = batch.messages.add
+    for value, key, properties, sequence_id in entries:
+        # Field by field: upb looks up each keyword argument of add() by
+        # name, which costs more than the attribute stores (per message).
+        single = add()
+        single.payload = value
+        single.sequence_id = sequence_id
+        single.publish_time_ms = now_ms
+        if key is not None:
+            single.key = key
+        if properties:
+            single.properties.update(properties)
+    return batch.SerializeToString()
 
 
 def decode_entry(topic: str, entry: pb.DeliveredEntry) -> list[Message]:

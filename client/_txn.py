@@ -8,6 +8,24 @@ producers and consumers do the sending.
 
 Decisions written down here:
 
+* A transaction holds its sends and acks until it ends (the local path,
+  docs/architecture.md): ``send(..., txn=)`` and ``acknowledge(..., txn=)``
+  queue them in the transaction, which ``commit()`` sends with the commit
+  and the ask for the next transaction as one COMMIT_TXN frame; the broker
+  answers it once, when everything is durable. The acks travel as ranges
+  (partition, entry, first index, last index), built as they are queued.
+  Nothing is written before the commit, so ``abort()`` sends only END_TXN
+  ABORT (and asks for the acknowledged messages again, as an abort of
+  written acks redelivers them). A commit the broker refuses changed
+  nothing: the client aborts and raises the refusal. A commit whose answer
+  did not come (a reconnect) is sent again as it was: the broker answers a
+  commit it wrote as done, and writes nothing twice.
+* The full path, for what does not fit in one frame: once what a
+  transaction holds would pass the broker's ``max_message_size``, or on
+  ``flush()``, ``prepare()``, a cumulative ack, or the close of a producer
+  or consumer it holds something of, the transaction sends what it holds
+  as SEND and ACK frames and from then on sends and acks as they come (as
+  below); it ends with END_TXN.
 * Sends and acks of a transaction return once queued (``Producer.send``,
   ``Consumer.acknowledge`` with ``txn=``): none costs a round trip of its
   own, so a loop that awaits each send and ack frames the whole batch at
@@ -75,6 +93,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -82,6 +101,7 @@ from proto import TxnID
 from proto import txnbuf_pb2 as pb
 
 from ._connection import Command, Type, command, copy_error, wait_future_until
+from ._message import Entry, MessageId, encode_batch, new_message_id
 from .errors import (
     ConnectionLostError,
     InvalidInputError,
@@ -95,6 +115,7 @@ from .errors import (
 
 if TYPE_CHECKING:
     from ._connection import Connection, Link
+    from ._consumer import Consumer
     from ._producer import Producer
     from ._spares import SparePool
 
@@ -214,6 +235,19 @@ class Transaction:
         # What commit() waits on while sends or acks are unanswered.
         self._settled: asyncio.Future[None] | None = None
         self._error: TxnbufError | None = None
+        # The local path (see the module docstring): while ``_holding``, the
+        # sends held, in order, each [producer, partition, entries, its
+        # first place]; the one filling per (topic, partition); the acks
+        # held per consumer, as [partition, entry, first, last] ranges;
+        # about how many bytes they make; and the COMMIT_TXN built from
+        # them (kept for a commit sent again).
+        self._holding = True
+        self._held_sends: list[list[Any]] = []
+        self._held_at: dict[tuple[str, int], list[Any]] = {}
+        self._held_acks: dict[Consumer, list[list[int]]] = {}
+        self._held_bytes = 0
+        self._held_limit = conn.max_message_size
+        self._commit_txn: pb.CommandCommitTxn | None = None
 
     def __repr__(self) -> str:
         return f"<Transaction {self.id} {self._state.value}>"
@@ -254,6 +288,165 @@ class Transaction:
             **fields,
         )
 
+    # --- the local path: what the transaction holds ---------------------------
+
+    def _hold_send(
+        self, producer: Producer, partition: int, entry: Entry, size: int
+    ) -> MessageId:
+        """Hold one message of ``producer`` for ``partition`` (checked by
+        the producer); its id, with its place in the transaction there."""
+        spot = (producer.topic, partition)
+        place = self._places.get(spot, 0)
+        self._places[spot] = place + 1
+        held = self._held_at.get(spot)
+        if held is None or held[0] is not producer:
+            held = self._held_at[spot] = [producer, partition, [], place]
+            self._held_sends.append(held)
+            producer._held_in[self] = None
+        held[2].append(entry)
+        self._held_bytes += size
+        if self._held_bytes > self._held_limit:
+            self._go_full()
+        return new_message_id((partition, -1, place))
+
+    def _hold_ack(self, consumer: Consumer, mid: MessageId) -> None:
+        """Hold one acknowledgement of ``consumer``'s: it extends the last
+        range held, or starts one."""
+        ranges = self._held_acks.get(consumer)
+        if ranges is None:
+            ranges = self._held_acks[consumer] = []
+            consumer._held_in[self] = None
+        partition, entry_id, index = mid
+        if ranges:
+            last = ranges[-1]
+            if last[3] + 1 == index and last[1] == entry_id and last[0] == partition:
+                last[3] = index
+                return
+        ranges.append([partition, entry_id, index, index])
+        self._held_bytes += 48  # (four varints, at most)
+        if self._held_bytes > self._held_limit:
+            self._go_full()
+
+    def flush(self) -> None:
+        """Send what the transaction holds to the broker now (as SEND and
+        ACK frames), and from now on each send and ack as it comes: the
+        full path, for a transaction that runs long or writes much (the
+        client then holds nothing of it). ``commit()`` ends it with END_TXN.
+        Does nothing once the transaction is on that path, or ending."""
+        if self._holding and self._state is TxnState.OPEN and not self._ending:
+            self._go_full()
+
+    def _go_full(self) -> None:
+        """Leave the local path: frame every held send (in the order they
+        were held, with the places they were given) and ack."""
+        self._holding = False
+        sends, self._held_sends = self._held_sends, []
+        acks, self._held_acks = self._held_acks, {}
+        self._held_at.clear()
+        self._held_bytes = 0
+        for producer, partition, entries, first in sends:
+            producer._held_in.pop(self, None)
+            producer._frame_held(partition, self, entries, first)
+        for consumer, ranges in acks.items():
+            consumer._held_in.pop(self, None)
+            consumer._send_held_acks(self, ranges)
+
+    def _release_held(self, redeliver: bool) -> None:
+        """Forget what the transaction holds (it ended, or was written);
+        ``redeliver``: ask for the messages it acknowledged again (it did
+        not commit), as an abort of written acks redelivers them."""
+        for held in self._held_sends:
+            held[0]._held_in.pop(self, None)
+        acks, self._held_acks = self._held_acks, {}
+        for consumer, ranges in acks.items():
+            consumer._held_in.pop(self, None)
+            if redeliver:
+                consumer._redeliver_ranges(ranges)
+        self._held_sends = []
+        self._held_at.clear()
+        self._held_bytes = 0
+
+    def _commit_command(self) -> pb.CommandCommitTxn:
+        """COMMIT_TXN of what the transaction holds (built once: a commit
+        sent again is the same)."""
+        if self._commit_txn is None:
+            out = pb.CommandCommitTxn(
+                txnid_most_bits=self.id.most_bits, txnid_least_bits=self.id.least_bits
+            )
+            now_ms = time.time_ns() // 1_000_000
+            for producer, partition, entries, _ in self._held_sends:
+                send = out.sends.add()
+                send.producer_id = producer.producer_id
+                send.partition = partition
+                send.batch = encode_batch(entries, now_ms)
+                first = entries[0][3]
+                if entries[-1][3] - first + 1 == len(entries):
+                    send.first_sequence_id = first
+            for consumer, ranges in self._held_acks.items():
+                acks = out.acks.add()
+                acks.consumer_id = consumer.consumer_id
+                acks.ranges.extend([x for r in ranges for x in r])
+            self._commit_txn = out
+        return self._commit_txn
+
+    async def _commit_held(self) -> None:
+        """``commit()`` on the local path: one COMMIT_TXN (see the module
+        docstring)."""
+        body = self._commit_command()
+        spares, self._spares = self._spares, None
+        ask = None if spares is None else spares.ask(max(1, round(self.timeout * 1000)))
+        unasked = ask
+
+        def build(request_id: int) -> Command:
+            nonlocal unasked
+            cmd = Command(type=Command.COMMIT_TXN)
+            commit = cmd.commit_txn
+            commit.CopyFrom(body)
+            commit.request_id = request_id
+            if unasked is not None:
+                commit.next_txn_ttl_ms = unasked.ttl_ms
+                commit.next_tc_id = unasked.tc_id
+                unasked = None
+            return cmd
+
+        answer = None
+        try:
+            reply = await self._conn.request(
+                build, Command.TXN_RESPONSE, f"commit transaction {self.id}", link_bound=False
+            )
+            answer = reply.txn_response
+        except TransactionTimeoutError:
+            self._state = transition(self._state, TxnEvent.ABORTED, self.id)
+            self._release_held(redeliver=True)
+            raise
+        except (TransactionNotFoundError, InvalidTxnStatusError):
+            self._state = transition(self._state, TxnEvent.LOST, self.id)
+            self._release_held(redeliver=True)
+            raise
+        except TxnbufError as exc:
+            if exc.retriable:
+                raise  # (its outcome is unknown: commit or abort again)
+            # Refused before anything was written: the transaction is open.
+            self._state = transition(self._state, TxnEvent.ABORT, self.id)
+            self._release_held(redeliver=True)
+            try:
+                await self._end(TxnEvent.ABORT)
+            except TxnbufError as again:
+                log.warning("aborting transaction %s after %s failed: %s", self.id, exc, again)
+            raise copy_error(exc) from None
+        finally:
+            if ask is not None:
+                assert spares is not None
+                if answer is not None and answer.HasField("next_txnid_most_bits"):
+                    spares.answered(
+                        ask, answer.next_txnid_most_bits, answer.next_txnid_least_bits,
+                        self._conn.gen,
+                    )  # fmt: skip
+                else:
+                    spares.unanswered(ask)
+        self._state = transition(self._state, TxnEvent.COMMITTED, self.id)
+        self._release_held(redeliver=False)
+
     # --- ending -------------------------------------------------------------
 
     async def commit(self) -> None:
@@ -266,6 +459,9 @@ class Transaction:
             return
         self._begin(TxnEvent.COMMIT)
         try:
+            if self._holding:
+                await self._commit_held()
+                return
             refused: TxnbufError | None = None
             if self._pending_ops:
                 tried = await self._commit_behind_ops()
@@ -321,6 +517,8 @@ class Transaction:
         the broker refuses further sends and acks in it."""
         from ._groups import prepare_transaction
 
+        if self._holding and self._state is TxnState.OPEN:
+            self._go_full()  # (prepare makes its writes durable: they go first)
         await prepare_transaction(self)
 
     async def abort(self) -> None:
@@ -330,6 +528,8 @@ class Transaction:
         if self._state is TxnState.ABORTED and not self._ending:
             return
         self._begin(TxnEvent.ABORT)
+        if self._holding:  # (nothing written: its acknowledged messages come again)
+            self._release_held(redeliver=True)
         for flush in self._flushes:  # (what was queued goes before the END, in order)
             flush()
         try:

@@ -18,8 +18,14 @@ Durably, a cursor is a ledger of records, ``meta`` giving the kind:
     3 TXN_ACK     txn (uint64 most_bits, least_bits), then int64 position pairs
     4 TXN_COMMIT  txn only
     5 TXN_ABORT   txn only
+    6 TXN_ACKED   txn, then int64 (entry id, first index, last index) ranges:
+                  a local transaction's acks, committed (docs/architecture.md)
 
-(native byte order). Replaying them in order through `Cursor.apply` rebuilds
+(native byte order). A TXN_ACKED record is its transaction's TXN_ACK and
+TXN_COMMIT at once: applying it locks whatever of its ranges the
+transaction does not hold yet, then commits what it holds. Live, the
+broker locked the ranges in memory when it queued the record (`lock`), so
+that a concurrent transaction conflicts; on replay nothing is locked yet. Replaying them in order through `Cursor.apply` rebuilds
 the cursor; a fresh snapshot lets the ledger be trimmed before it
 (`snapshot_then_trim`), and a reset of the cursor is a snapshot too. A record
 whose transitions the table refuses changes nothing (`AckConflict`), live and
@@ -52,6 +58,7 @@ __all__ = [
     "SNAPSHOT_EVERY",
     "TXN_ABORT",
     "TXN_ACK",
+    "TXN_ACKED",
     "TXN_COMMIT",
     "WHOLE_ENTRY",
     "AckConflict",
@@ -60,6 +67,7 @@ __all__ = [
     "check_txn",
     "decode_record",
     "encode_record",
+    "positions_of",
     "replay_cursor",
     "snapshot_then_trim",
     "txn_end_record",
@@ -72,16 +80,18 @@ log = logging.getLogger(__name__)
 # says entry e is done.
 WHOLE_ENTRY = (1 << 31) - 1
 
-SNAPSHOT, INDIVIDUAL, CUMULATIVE, TXN_ACK, TXN_COMMIT, TXN_ABORT = range(6)
+SNAPSHOT, INDIVIDUAL, CUMULATIVE, TXN_ACK, TXN_COMMIT, TXN_ABORT, TXN_ACKED = range(7)
 SNAPSHOT_EVERY = 1000  # records between the snapshots of a cursor's ledger
-_TXN_KINDS = frozenset({TXN_ACK, TXN_COMMIT, TXN_ABORT})
+_TXN_KINDS = frozenset({TXN_ACK, TXN_COMMIT, TXN_ABORT, TXN_ACKED})
 _KIND_NAMES = {
     INDIVIDUAL: "INDIVIDUAL",
     CUMULATIVE: "CUMULATIVE",
     TXN_ACK: "TXN_ACK",
     TXN_COMMIT: "TXN_COMMIT",
     TXN_ABORT: "TXN_ABORT",
+    TXN_ACKED: "TXN_ACKED",
 }
+Range = tuple[int, int, int]  # (entry id, first index, last index), inclusive
 _U64 = (1 << 64) - 1
 _ENTRY_OF = itemgetter(0)
 
@@ -146,6 +156,9 @@ class AckRecord:
     # applied to (nothing queued before it can change them): `Cursor.apply`
     # need not plan it again. Not stored.
     checked: bool = field(default=False, compare=False)
+    # TXN_ACKED: its positions as ranges, as stored (``positions`` holds
+    # them one by one).
+    ranges: tuple[Range, ...] = field(default=(), compare=False)
 
     def encode(self) -> bytes:
         if self.kind == SNAPSHOT and len(self.positions) == 1:
@@ -157,6 +170,8 @@ class AckRecord:
         if self.txn is None:
             raise ValueError(f"a {_KIND_NAMES[self.kind]} record needs a transaction id")
         head = array("Q", check_txn(self.txn)).tobytes()
+        if self.kind == TXN_ACKED:
+            return head + array("q", itertools.chain.from_iterable(self.ranges)).tobytes()
         return head + encode_record(self.positions) if self.kind == TXN_ACK else head
 
     @classmethod
@@ -166,11 +181,27 @@ class AckRecord:
             raise ValueError(f"unknown cursor record kind {kind}")
         if kind not in _TXN_KINDS:
             return cls(kind, tuple(decode_record(data)))
-        if len(data) < 16 or (kind != TXN_ACK and len(data) != 16):
+        if len(data) < 16 or (kind not in (TXN_ACK, TXN_ACKED) and len(data) != 16):
             raise ValueError(f"torn {_KIND_NAMES[kind]} record ({len(data)} bytes)")
         head = array("Q")
         head.frombytes(data[:16])
-        return cls(kind, tuple(decode_record(data[16:])), wire_txnid(head[0], head[1]))
+        txn = wire_txnid(head[0], head[1])
+        if kind == TXN_ACKED:
+            if (len(data) - 16) % 24:
+                raise ValueError(f"torn TXN_ACKED record ({len(data)} bytes)")
+            flat = array("q")
+            flat.frombytes(data[16:])
+            ranges = tuple(zip(flat[::3], flat[1::3], flat[2::3], strict=True))
+            return cls(kind, tuple(positions_of(ranges)), txn, ranges=ranges)
+        return cls(kind, tuple(decode_record(data[16:])), txn)
+
+
+def positions_of(ranges: Iterable[Range]) -> list[Position]:
+    """Every position of ``ranges``, in their order."""
+    out: list[Position] = []
+    for entry_id, first, last in ranges:
+        out.extend(zip(itertools.repeat(entry_id, last - first + 1), range(first, last + 1)))
+    return out
 
 
 def txn_end_record(txn: TxnID, commit: bool) -> AckRecord:
@@ -186,6 +217,7 @@ _EVENTS = {
     TXN_ACK: AckEvent.TXN_ACK,
     TXN_COMMIT: AckEvent.TXN_COMMIT,
     TXN_ABORT: AckEvent.TXN_ABORT,
+    TXN_ACKED: AckEvent.TXN_COMMIT,  # (after locking what it names)
 }
 
 Change = tuple[Position, MsgState]  # a message and its state after a record
@@ -287,6 +319,11 @@ class Cursor:
         if kind == TXN_ACK:
             locked = self.plan_txn_ack(positions, txn)
             return [(pos, MsgState.PENDING_ACK) for pos in locked]
+        if kind == TXN_ACKED:
+            self.plan_txn_ack(positions, txn)  # (raises if it cannot lock them)
+            held = dict.fromkeys(self.txn_acks.get(txn, ()))
+            held.update(dict.fromkeys(positions))
+            return [(pos, MsgState.DELETED) for pos in sorted(held)]
         after, held = self._plan_end(kind, txn)
         return [(pos, after) for pos in held]
 
@@ -415,6 +452,8 @@ class Cursor:
                 changed = list(positions) if checked else self.plan_txn_ack(positions, txn)
                 if changed:
                     self._lock_all(changed, txn)
+            elif kind == TXN_ACKED:
+                changed = self._commit_acked(positions, txn)
             else:
                 after, changed = self._plan_end(kind, txn)
                 if changed:
@@ -431,6 +470,32 @@ class Cursor:
         else:
             self.acked.update(changed)  # an INDIVIDUAL ack's: PENDING ones, now DELETED
         self._advance(count, last)
+        return changed
+
+    def lock(self, positions: list[Position], txn: TxnID) -> None:
+        """Lock ``positions`` (distinct, every one PENDING: the caller
+        checked them with `plan_txn_ack`) in PENDING_ACK for ``txn``, in
+        memory: a local transaction's acks while their TXN_ACKED record is
+        being written."""
+        self._lock_all(positions, txn)
+
+    def _commit_acked(self, positions: Iterable[Position], txn: TxnID) -> list[Position]:
+        """A TXN_ACKED record: lock what of ``positions`` ``txn`` does not
+        hold yet (all of them on replay, none live: see `lock`), through
+        the table (a conflict raises, changing nothing), then commit every
+        position it holds. Returns those, now DELETED."""
+        positions = list(positions)
+        held = self.txn_acks.get(txn)
+        if held is None or len(held) != len(positions):
+            todo = positions if held is None else [p for p in positions if p not in held]
+            locked = self.plan_txn_ack(todo, txn)
+            if locked:
+                self._lock_all(locked, txn)
+        after, changed = self._plan_end(TXN_COMMIT, txn)
+        if changed:
+            self._unlock_txn(txn, changed)
+            if after is MsgState.DELETED:
+                self._delete(changed)
         return changed
 
     def _lock(self, pos: Position, txn: TxnID) -> None:

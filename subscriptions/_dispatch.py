@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from sortedcontainers import SortedSet
 
-from buffer import DATA, Partition, Position, TransactionBuffer, entry_count, entry_kind
+from buffer import COMMIT_MARKER, Partition, Position, TransactionBuffer, entry_count, entry_kind
 from ledger import Entry, Ledger, read_runs
 from proto import refusals
 from proto import txnbuf_pb2 as pb
@@ -410,12 +410,13 @@ class Dispatcher:
             if entry.entry_id < self.read_entry:
                 continue  # a concurrent step already sent it
             n = entry_count(entry.meta)
-            if n > 0 and self.uncommitted is not None and entry_kind(entry.meta) != DATA:
+            marker = entry_kind(entry.meta) == COMMIT_MARKER
+            if n > 0 and marker and self.uncommitted is not None:
                 n = 0  # a commit marker: read uncommitted, its messages went already
             if n > 0:
                 if self._pick() is None:
                     break
-                if entry_kind(entry.meta) != DATA:
+                if marker:
                     # Resolve a commit marker into its messages (one task per
                     # subscription: nothing else moves read_entry).
                     entry = Entry(entry.entry_id, entry.meta, await part.materialize(entry))
@@ -530,7 +531,7 @@ class Dispatcher:
         fetched: dict[int, Entry | None] = dict.fromkeys(entry_ids)
         committed = [e for e in entry_ids if e >= -1]
         for entry in (await read_runs(part.ledger, committed, READ_BATCH)).values():
-            if entry_kind(entry.meta) != DATA:
+            if entry_kind(entry.meta) == COMMIT_MARKER:
                 entry = Entry(entry.entry_id, entry.meta, await part.materialize(entry))
             fetched[entry.entry_id] = entry
         buffer = self._buffer

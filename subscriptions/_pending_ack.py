@@ -38,11 +38,13 @@ from subscriptions._cursor import (
     SNAPSHOT_EVERY,
     TXN_ABORT,
     TXN_ACK,
+    TXN_ACKED,
     TXN_COMMIT,
     AckConflict,
     AckRecord,
     Cursor,
     check_txn,
+    Range,
     replay_cursor,
     snapshot_then_trim,
     txn_end_record,
@@ -197,12 +199,41 @@ class AckLog:
             if record.kind == CUMULATIVE:
                 if max(record.positions) >= first:
                     return False
-            elif record.kind in (INDIVIDUAL, TXN_ACK):
+            elif record.kind in (INDIVIDUAL, TXN_ACK, TXN_ACKED):
                 if mine is None:
                     mine = set(positions)
                 if not mine.isdisjoint(record.positions):
                     return False
         return True
+
+    # -- a local transaction's acks (docs/architecture.md) -------------------------
+
+    def check_acked(self, txn: TxnID, positions: list[Position]) -> None:
+        """Before a local transaction's commit: raise TRANSACTION_CONFLICT
+        (nothing changed) unless every one of ``positions`` (distinct,
+        existing) is PENDING now and no record in flight can change it
+        before a TXN_ACKED record queued now is applied."""
+        txn = self._check_txn(txn)
+        try:
+            self.cursor.plan_txn_ack(positions, txn)
+        except AckConflict as exc:
+            raise self._conflict(exc) from exc
+        if not self._unaffected_by_inflight(positions):
+            raise refusals.TransactionConflict(
+                f"{self._where}: an acknowledgement or reset of these messages is being "
+                "written; nothing changed",
+            )
+
+    def queue_acked(
+        self, txn: TxnID, ranges: tuple[Range, ...], positions: list[Position]
+    ) -> asyncio.Future[list[Position]]:
+        """A local transaction's acks of ``positions`` (``ranges``), checked
+        by `check_acked` in this turn of the loop: lock them in PENDING_ACK
+        now (in memory: a concurrent transaction's ack conflicts, dispatch
+        holds them back), and queue the TXN_ACKED record that commits them;
+        they are DELETED once it is durable. The result is what changed."""
+        self.cursor.lock(positions, txn)
+        return self._persist(AckRecord(TXN_ACKED, tuple(positions), txn, True, ranges))
 
     async def end_txn(self, txn: TxnID, commit: bool) -> None:
         """EndTxnOnSubscription: commit (DELETED) or abort (PENDING) ``txn``'s

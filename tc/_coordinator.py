@@ -33,6 +33,14 @@ One path per request:
   participants have queued their markers means a client's next send lands
   after them, and a consumer sees the committed messages once commit()
   returns.
+- A local transaction's commit (`commit_local`): the broker checks its
+  sends and acks, queues them, and this coordinator queues the one record
+  that commits it (OPEN -> COMMITTED, naming its participants) behind them,
+  in the same turn: one group commit holds the transaction's writes and its
+  outcome, so a crash leaves all of it or none of it, and there is nobody
+  to tell afterwards. `local_commit_check` tells a first commit (the
+  transaction is OPEN) from a retry whose answer was lost (it is COMMITTED:
+  answered once durable, nothing written twice).
 - Timeouts: OPEN transactions past their deadline are aborted, and so are
   PREPARED ones past their prepared timeout, if they were opened with one
   (a sorted index of deadlines in the table, one timer).
@@ -187,6 +195,8 @@ class TransactionCoordinator:
         # Decided transactions whose participants have not all applied the
         # decision yet: done once they have.
         self._applied: dict[TxnID, asyncio.Future[None]] = {}
+        # Local transactions' commits not durable yet (`commit_local`).
+        self._local_writes: dict[TxnID, asyncio.Future[int]] = {}
         self._expiry: asyncio.TimerHandle | None = None
         self._expiry_at = 0  # ms: when the expiry timer fires (0: none set)
         self._closed = False
@@ -323,6 +333,68 @@ class TransactionCoordinator:
         if not commit:
             return self._abort_by_coordinator(meta, TxnEvent.ABORT)
         return self._decide(meta, TxnEvent.COMMIT)
+
+    def local_commit_check(self, txnid: TxnID) -> asyncio.Future[None] | None:
+        """Before a local transaction's commit (COMMIT_TXN): None if
+        ``txnid`` may commit in one record now (`TxnTable.may_commit_local`);
+        a future done once its commit is durable if it committed already
+        (a retry whose answer was lost: nothing is written again); raises
+        otherwise (aborted, timed out, unknown, ...), changing nothing."""
+        meta = self._table.live(txnid)
+        if meta.status in (TxnStatus.COMMITTING, TxnStatus.COMMITTED):
+            written = self._local_writes.get(txnid)
+            if written is None:
+                return self._answer(txnid, None)
+            answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+            def durable(f: asyncio.Future[int]) -> None:
+                if not pass_failure(f, answered) and not answered.done():
+                    answered.set_result(None)
+
+            written.add_done_callback(durable)
+            return answered
+        if meta.status is TxnStatus.OPEN:
+            self._table.may_commit_local(txnid, _now_ms())
+            return None
+        if meta.timed_out:
+            raise TxnTimeoutError(meta.status, "commit (it timed out and was aborted)")
+        if txnid in self._aborted_at_start:
+            raise InvalidTxnStatusError(
+                meta.status,
+                "commit (it was open when the coordinator restarted, so it was aborted)",
+            )
+        raise InvalidTxnStatusError(meta.status, TxnEvent.COMMIT)
+
+    def commit_local(
+        self,
+        txnid: TxnID,
+        partitions: list[tuple[str, int]],
+        subscriptions: list[tuple[str, str]],
+    ) -> asyncio.Future[int]:
+        """Commit a local transaction: append its one record (OPEN ->
+        COMMITTED, naming ``partitions`` and ``subscriptions``), right
+        behind the writes the caller queued for it in this turn of the loop,
+        so they share one group commit; done once it is durable. The
+        transaction is COMMITTED here at once: a retry, or a timeout, finds
+        it so. Raises (nothing appended) unless it may
+        (`local_commit_check`)."""
+        rec = self._table.local_commit(txnid, partitions, subscriptions, _now_ms())
+        written = self._append(rec)
+        self.txns_committed += 1
+        # Until it is durable, a retry waits for it (and an END of it, as
+        # for any decided transaction, waits for `_applied`).
+        self._local_writes[txnid] = written
+        applied: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._applied[txnid] = applied
+
+        def done(f: asyncio.Future[int]) -> None:
+            del self._local_writes[txnid]
+            if not f.cancelled() and f.exception() is None:
+                applied.set_result(None)
+                self._applied.pop(txnid, None)
+
+        written.add_done_callback(done)
+        return written
 
     def prepare_txn(self, txnid: TxnID) -> asyncio.Future[int]:
         """KIP-939's prepare of an OPEN transaction: log PREPARED (naming
