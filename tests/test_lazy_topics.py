@@ -332,6 +332,7 @@ async def test_a_decided_transaction_reaches_a_participant_not_loaded(
         await (await client.subscribe("out", "s", initial_position="earliest")).close()
         message = await source.receive(timeout=10)
         txn = await client.new_transaction(timeout=120)
+        txn.flush()  # (the full path: its participants are told the decision)
         sink = await client.create_producer("out", producer_name="copier")
         await sink.send(b"output", txn=txn)
         await source.acknowledge(message, txn=txn)
