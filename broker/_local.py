@@ -26,8 +26,11 @@ crash leaves all of them or none. The answer goes once they are durable
 and applied: the messages visible, the acknowledgements DELETED.
 
 A retry of a commit whose answer was lost finds the transaction COMMITTED
-at its coordinator and is answered once that is durable: nothing is
-written twice.
+at its coordinator, under the number the client drew for the commit
+(``commit_id``, kept in the coordinator's record), and is answered once
+that is durable: nothing is written twice. Another COMMIT_TXN of a
+committed transaction (another number: someone else's, or a client's
+second commit) is refused, never answered as done.
 """
 
 from __future__ import annotations
@@ -87,8 +90,10 @@ class LocalCommits:
         read_at = time.perf_counter()
         try:
             txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
+            if not req.commit_id:
+                raise refusals.InvalidArgument("a COMMIT_TXN needs a commit_id (not 0)")
             tc = self.broker.coordinator(txnid)
-            committed = tc.local_commit_check(txnid)
+            committed = tc.local_commit_check(txnid, req.commit_id)
             if committed is None:
                 parts, acks = self._checked(req, txnid)
         except Exception as exc:
@@ -99,7 +104,7 @@ class LocalCommits:
             committed.add_done_callback(lambda f: self._answer(req, f, following, read_at))
             return
         try:
-            last = self._write(tc, txnid, parts, acks)
+            last = self._write(tc, txnid, req.commit_id, parts, acks)
         except Exception as exc:  # (refused before anything was written: see _write)
             txns._abort_following(following)
             txns._txn_respond(req, _WHAT, exc)
@@ -169,6 +174,7 @@ class LocalCommits:
         self,
         tc: TransactionCoordinator,
         txnid: TxnID,
+        commit_id: int,
         parts: list[_PartitionWrite],
         acks: list[_AckWrite],
     ) -> asyncio.Future[Any]:
@@ -183,6 +189,7 @@ class LocalCommits:
             txnid,
             [(w.partition.topic, w.partition.index) for w in parts],
             list(dict.fromkeys((w.sub.partition.topic, w.sub.name) for w in acks)),
+            commit_id,
         )
         last: asyncio.Future[Any] = written
         key = (txnid.most_bits, txnid.least_bits)

@@ -93,6 +93,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -371,7 +372,9 @@ class Transaction:
         sent again is the same)."""
         if self._commit_txn is None:
             out = pb.CommandCommitTxn(
-                txnid_most_bits=self.id.most_bits, txnid_least_bits=self.id.least_bits
+                txnid_most_bits=self.id.most_bits,
+                txnid_least_bits=self.id.least_bits,
+                commit_id=secrets.randbits(64) | 1,  # (sent again with its retries)
             )
             now_ms = time.time_ns() // 1_000_000
             for producer, partition, entries, _ in self._held_sends:

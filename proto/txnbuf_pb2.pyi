@@ -562,7 +562,7 @@ class TxnAckRanges(_message.Message):
     def __init__(self, consumer_id: _Optional[int] = ..., ranges: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CommandCommitTxn(_message.Message):
-    __slots__ = ("request_id", "txnid_most_bits", "txnid_least_bits", "sends", "acks", "next_txn_ttl_ms", "next_tc_id")
+    __slots__ = ("request_id", "txnid_most_bits", "txnid_least_bits", "sends", "acks", "next_txn_ttl_ms", "next_tc_id", "commit_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TXNID_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
     TXNID_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
@@ -570,6 +570,7 @@ class CommandCommitTxn(_message.Message):
     ACKS_FIELD_NUMBER: _ClassVar[int]
     NEXT_TXN_TTL_MS_FIELD_NUMBER: _ClassVar[int]
     NEXT_TC_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     txnid_most_bits: int
     txnid_least_bits: int
@@ -577,7 +578,8 @@ class CommandCommitTxn(_message.Message):
     acks: _containers.RepeatedCompositeFieldContainer[TxnAckRanges]
     next_txn_ttl_ms: int
     next_tc_id: int
-    def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., sends: _Optional[_Iterable[_Union[TxnSendData, _Mapping]]] = ..., acks: _Optional[_Iterable[_Union[TxnAckRanges, _Mapping]]] = ..., next_txn_ttl_ms: _Optional[int] = ..., next_tc_id: _Optional[int] = ...) -> None: ...
+    commit_id: int
+    def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., sends: _Optional[_Iterable[_Union[TxnSendData, _Mapping]]] = ..., acks: _Optional[_Iterable[_Union[TxnAckRanges, _Mapping]]] = ..., next_txn_ttl_ms: _Optional[int] = ..., next_tc_id: _Optional[int] = ..., commit_id: _Optional[int] = ...) -> None: ...
 
 class CommandTxnResponse(_message.Message):
     __slots__ = ("request_id", "txnid_most_bits", "txnid_least_bits", "error", "message", "next_txnid_most_bits", "next_txnid_least_bits")
@@ -626,7 +628,7 @@ class CommandEndTxnOnSubscription(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., subscription: _Optional[_Union[SubscriptionRef, _Mapping]] = ..., txn_action: _Optional[_Union[TxnAction, str]] = ...) -> None: ...
 
 class TransactionMetadataEntry(_message.Message):
-    __slots__ = ("metadata_op", "txnid_most_bits", "txnid_least_bits", "expected_status", "new_status", "partitions", "subscriptions", "txn_timeout_ms", "txn_start_time", "txn_last_modification_time", "timed_out", "boot_epoch", "producer_id", "producer_epoch", "two_phase", "producer", "tag", "prepared_timeout_ms", "group_id", "group_sequence", "group_duplicate", "group_updates")
+    __slots__ = ("metadata_op", "txnid_most_bits", "txnid_least_bits", "expected_status", "new_status", "partitions", "subscriptions", "txn_timeout_ms", "txn_start_time", "txn_last_modification_time", "timed_out", "boot_epoch", "producer_id", "producer_epoch", "two_phase", "producer", "tag", "prepared_timeout_ms", "group_id", "group_sequence", "group_duplicate", "group_updates", "commit_id")
     class TransactionMetadataOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         NEW: _ClassVar[TransactionMetadataEntry.TransactionMetadataOp]
@@ -663,6 +665,7 @@ class TransactionMetadataEntry(_message.Message):
     GROUP_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     GROUP_DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     GROUP_UPDATES_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_ID_FIELD_NUMBER: _ClassVar[int]
     metadata_op: TransactionMetadataEntry.TransactionMetadataOp
     txnid_most_bits: int
     txnid_least_bits: int
@@ -685,7 +688,8 @@ class TransactionMetadataEntry(_message.Message):
     group_sequence: int
     group_duplicate: bool
     group_updates: _containers.RepeatedCompositeFieldContainer[TransactionMetadataEntry]
-    def __init__(self, metadata_op: _Optional[_Union[TransactionMetadataEntry.TransactionMetadataOp, str]] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., expected_status: _Optional[_Union[TxnStatusValue, str]] = ..., new_status: _Optional[_Union[TxnStatusValue, str]] = ..., partitions: _Optional[_Iterable[_Union[PartitionRef, _Mapping]]] = ..., subscriptions: _Optional[_Iterable[_Union[SubscriptionRef, _Mapping]]] = ..., txn_timeout_ms: _Optional[int] = ..., txn_start_time: _Optional[int] = ..., txn_last_modification_time: _Optional[int] = ..., timed_out: _Optional[bool] = ..., boot_epoch: _Optional[int] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., two_phase: _Optional[bool] = ..., producer: _Optional[_Union[TransactionalProducer, _Mapping]] = ..., tag: _Optional[str] = ..., prepared_timeout_ms: _Optional[int] = ..., group_id: _Optional[str] = ..., group_sequence: _Optional[int] = ..., group_duplicate: _Optional[bool] = ..., group_updates: _Optional[_Iterable[_Union[TransactionMetadataEntry, _Mapping]]] = ...) -> None: ...
+    commit_id: int
+    def __init__(self, metadata_op: _Optional[_Union[TransactionMetadataEntry.TransactionMetadataOp, str]] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., expected_status: _Optional[_Union[TxnStatusValue, str]] = ..., new_status: _Optional[_Union[TxnStatusValue, str]] = ..., partitions: _Optional[_Iterable[_Union[PartitionRef, _Mapping]]] = ..., subscriptions: _Optional[_Iterable[_Union[SubscriptionRef, _Mapping]]] = ..., txn_timeout_ms: _Optional[int] = ..., txn_start_time: _Optional[int] = ..., txn_last_modification_time: _Optional[int] = ..., timed_out: _Optional[bool] = ..., boot_epoch: _Optional[int] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., two_phase: _Optional[bool] = ..., producer: _Optional[_Union[TransactionalProducer, _Mapping]] = ..., tag: _Optional[str] = ..., prepared_timeout_ms: _Optional[int] = ..., group_id: _Optional[str] = ..., group_sequence: _Optional[int] = ..., group_duplicate: _Optional[bool] = ..., group_updates: _Optional[_Iterable[_Union[TransactionMetadataEntry, _Mapping]]] = ..., commit_id: _Optional[int] = ...) -> None: ...
 
 class TransactionalProducer(_message.Message):
     __slots__ = ("transactional_id", "producer_id", "producer_epoch", "txn_producer_id", "txn_epoch", "ongoing_most_bits", "ongoing_least_bits", "has_ongoing", "prev_producer_id", "prev_epoch", "prev_outcome", "bumped_by", "timeout_ms", "two_phase", "updated_ms")

@@ -334,14 +334,20 @@ class TransactionCoordinator:
             return self._abort_by_coordinator(meta, TxnEvent.ABORT)
         return self._decide(meta, TxnEvent.COMMIT)
 
-    def local_commit_check(self, txnid: TxnID) -> asyncio.Future[None] | None:
-        """Before a local transaction's commit (COMMIT_TXN): None if
-        ``txnid`` may commit in one record now (`TxnTable.may_commit_local`);
-        a future done once its commit is durable if it committed already
-        (a retry whose answer was lost: nothing is written again); raises
-        otherwise (aborted, timed out, unknown, ...), changing nothing."""
+    def local_commit_check(self, txnid: TxnID, commit_id: int) -> asyncio.Future[None] | None:
+        """Before a local transaction's commit (COMMIT_TXN) numbered
+        ``commit_id``: None if ``txnid`` may commit in one record now
+        (`TxnTable.may_commit_local`); a future done once its commit is
+        durable if this commit was written already (a retry whose answer was
+        lost: nothing is written again); raises otherwise (aborted, timed
+        out, unknown, committed by another commit, ...), changing nothing."""
         meta = self._table.live(txnid)
         if meta.status in (TxnStatus.COMMITTING, TxnStatus.COMMITTED):
+            if meta.commit_id != commit_id:
+                raise InvalidTxnStatusError(
+                    meta.status,
+                    f"commit {txnid} with commit id {commit_id} (another commit ended it)",
+                )
             written = self._local_writes.get(txnid)
             if written is None:
                 return self._answer(txnid, None)
@@ -370,15 +376,17 @@ class TransactionCoordinator:
         txnid: TxnID,
         partitions: list[tuple[str, int]],
         subscriptions: list[tuple[str, str]],
+        commit_id: int,
     ) -> asyncio.Future[int]:
         """Commit a local transaction: append its one record (OPEN ->
-        COMMITTED, naming ``partitions`` and ``subscriptions``), right
+        COMMITTED, naming ``partitions`` and ``subscriptions`` and the
+        commit's number ``commit_id``), right
         behind the writes the caller queued for it in this turn of the loop,
         so they share one group commit; done once it is durable. The
         transaction is COMMITTED here at once: a retry, or a timeout, finds
         it so. Raises (nothing appended) unless it may
         (`local_commit_check`)."""
-        rec = self._table.local_commit(txnid, partitions, subscriptions, _now_ms())
+        rec = self._table.local_commit(txnid, partitions, subscriptions, _now_ms(), commit_id)
         written = self._append(rec)
         self.txns_committed += 1
         # Until it is durable, a retry waits for it (and an END of it, as

@@ -111,6 +111,8 @@ class TxnMeta:
     # PREPARED (0: for ever).
     tag: str = ""
     prepared_timeout_ms: int = 0
+    # A local transaction's commit: the number its client drew for it.
+    commit_id: int = 0
 
     @property
     def deadline_ms(self) -> int | None:
@@ -142,6 +144,7 @@ class TxnMeta:
             "two_phase": self.two_phase,
             "tag": self.tag,
             "prepared_timeout_ms": self.prepared_timeout_ms,
+            "commit_id": self.commit_id,
         }
 
     @classmethod
@@ -161,6 +164,7 @@ class TxnMeta:
             two_phase=bool(d.get("two_phase", False)),
             tag=str(d.get("tag", "")),
             prepared_timeout_ms=int(d.get("prepared_timeout_ms", 0)),
+            commit_id=int(d.get("commit_id", 0)),
         )
 
 
@@ -334,14 +338,16 @@ class TxnTable:
         partitions: list[tuple[str, int]],
         subscriptions: list[tuple[str, str]],
         now_ms: int,
+        commit_id: int,
     ) -> Record:
         """The one record of a local transaction's commit (OPEN ->
         COMMITTED, `TxnEvent.COMMIT_LOCAL`), naming the partitions and
-        subscriptions it wrote: written in the group commit of those writes,
-        it is the decision and the end at once. Raises (nothing built)
-        unless `may_commit_local`."""
+        subscriptions it wrote and the commit's number: written in the group
+        commit of those writes, it is the decision and the end at once.
+        Raises (nothing built) unless `may_commit_local`."""
         meta = self.may_commit_local(txnid, now_ms)
         rec = self._update(meta, transition(meta.status, TxnEvent.COMMIT_LOCAL), now_ms)
+        rec.commit_id = commit_id
         for topic, index in partitions:
             rec.partitions.add(topic=topic, partition=index)
         for topic, sub in subscriptions:
@@ -539,6 +545,8 @@ class TxnTable:
             self.deadlines.discard((deadline, txnid))
         meta.status = new
         meta.timed_out = meta.timed_out or rec.timed_out
+        if rec.commit_id:
+            meta.commit_id = rec.commit_id
         meta.last_modified_ms = max(meta.last_modified_ms, rec.txn_last_modification_time)
         if meta.status.ended:
             del self.txns[txnid]
