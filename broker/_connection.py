@@ -26,9 +26,9 @@ import asyncio
 import collections
 import logging
 import time
-from itertools import repeat
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import WSMsgType, web
@@ -717,7 +717,8 @@ def _ack_positions(req: pb.CommandAck) -> dict[int, list[tuple[int, int]]]:
         positions = by_part.get(partition)
         if positions is None:
             positions = by_part[partition] = []
-        positions.extend(zip(repeat(entry_id, last - first + 1), range(first, last + 1)))
+        n = last - first + 1
+        positions.extend(zip(repeat(entry_id, n), range(first, last + 1), strict=True))
     return by_part
 
 

@@ -145,7 +145,9 @@ class LocalCommits:
         for held in req.acks:
             consumer = conn.consumers.get(held.consumer_id)
             if consumer is None:
-                raise refusals.ConsumerNotFound(f"no consumer {held.consumer_id} on this connection")
+                raise refusals.ConsumerNotFound(
+                    f"no consumer {held.consumer_id} on this connection"
+                )
             security.allow_consume(conn.who, consumer.topic, consumer.subscription)
             flat = held.ranges
             if not flat or len(flat) % 4:

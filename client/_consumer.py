@@ -713,9 +713,7 @@ class Consumer:
     def _send_held_acks(self, txn: Transaction, ranges: list[list[int]]) -> None:
         """Frame the acks ``txn`` held (it leaves the local path)."""
         flat = [x for r in ranges for x in r]
-        ids = [
-            new_message_id((p, e, i)) for p, e, first, last in ranges for i in range(first, last + 1)
-        ]
+        ids = [new_message_id((p, e, i)) for p, e, a, b in ranges for i in range(a, b + 1)]
         txn._flushes[self._flush_acks] = None
         self._send_ack(INDIVIDUAL, ids, [], txn, self._tracker(txn), flat)
 

@@ -291,9 +291,7 @@ class Transaction:
 
     # --- the local path: what the transaction holds ---------------------------
 
-    def _hold_send(
-        self, producer: Producer, partition: int, entry: Entry, size: int
-    ) -> MessageId:
+    def _hold_send(self, producer: Producer, partition: int, entry: Entry, size: int) -> MessageId:
         """Hold one message of ``producer`` for ``partition`` (checked by
         the producer); its id, with its place in the transaction there."""
         spot = (producer.topic, partition)

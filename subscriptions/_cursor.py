@@ -25,7 +25,9 @@ Durably, a cursor is a ledger of records, ``meta`` giving the kind:
 TXN_COMMIT at once: applying it locks whatever of its ranges the
 transaction does not hold yet, then commits what it holds. Live, the
 broker locked the ranges in memory when it queued the record (`lock`), so
-that a concurrent transaction conflicts; on replay nothing is locked yet. Replaying them in order through `Cursor.apply` rebuilds
+that a concurrent transaction conflicts; on replay nothing is locked yet.
+
+Replaying the records in order through `Cursor.apply` rebuilds
 the cursor; a fresh snapshot lets the ledger be trimmed before it
 (`snapshot_then_trim`), and a reset of the cursor is a snapshot too. A record
 whose transitions the table refuses changes nothing (`AckConflict`), live and
@@ -200,7 +202,8 @@ def positions_of(ranges: Iterable[Range]) -> list[Position]:
     """Every position of ``ranges``, in their order."""
     out: list[Position] = []
     for entry_id, first, last in ranges:
-        out.extend(zip(itertools.repeat(entry_id, last - first + 1), range(first, last + 1)))
+        n = last - first + 1
+        out.extend(zip(itertools.repeat(entry_id, n), range(first, last + 1), strict=True))
     return out
 
 
@@ -321,9 +324,9 @@ class Cursor:
             return [(pos, MsgState.PENDING_ACK) for pos in locked]
         if kind == TXN_ACKED:
             self.plan_txn_ack(positions, txn)  # (raises if it cannot lock them)
-            held = dict.fromkeys(self.txn_acks.get(txn, ()))
-            held.update(dict.fromkeys(positions))
-            return [(pos, MsgState.DELETED) for pos in sorted(held)]
+            acked = dict.fromkeys(self.txn_acks.get(txn, ()))
+            acked.update(dict.fromkeys(positions))
+            return [(pos, MsgState.DELETED) for pos in sorted(acked)]
         after, held = self._plan_end(kind, txn)
         return [(pos, after) for pos in held]
 

@@ -262,10 +262,10 @@ async def several_in_one_group_commit(
     memory, and nothing of them is durable)."""
     await setup_copiers(broker)
     other = await holder.create_producer("other")
-    stall.touch()  # the next write is held, and what comes meanwhile waits behind it
+    await asyncio.to_thread(stall.touch)  # the next write is held, and what follows waits
     other.send_nowait(b"held")
     for _ in range(500):
-        if stall.with_name(stall.name + ".held").exists():
+        if await asyncio.to_thread(stall.with_name(stall.name + ".held").exists):
             break
         await asyncio.sleep(0.01)
     else:
