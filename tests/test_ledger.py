@@ -541,8 +541,7 @@ async def _close_or_fail(store: LedgerStore, seconds: float) -> None:
     except TimeoutError:
         # Stop the writer process and the reader ourselves, so that neither
         # outlives the test.
-        store._transport.kill()
-        await store._reader.close()
+        await store._engine.abandon()
         pytest.fail(f"LedgerStore.close() did not return within {seconds} s")
 
 
@@ -641,7 +640,7 @@ async def test_a_failed_commit_stops_the_store(db: Path) -> None:
     ledger = await store.open_ledger("a")
     await fill(ledger, 2)
     # The writer is another process: a trigger makes its next insert fail.
-    await store._reader.execute(
+    await store._engine._reader.execute(
         "CREATE TRIGGER fail BEFORE INSERT ON entries "
         "BEGIN SELECT RAISE(ABORT, 'disk I/O error'); END"
     )
@@ -652,7 +651,7 @@ async def test_a_failed_commit_stops_the_store(db: Path) -> None:
         await first
     with pytest.raises(LedgerError, match="refuses writes"):
         await second
-    await store._reader.execute("DROP TRIGGER fail")
+    await store._engine._reader.execute("DROP TRIGGER fail")
     with pytest.raises(LedgerError, match="refuses writes"):
         ledger.append(b"later")
     with pytest.raises(LedgerError, match="refuses writes"):
@@ -777,8 +776,8 @@ async def test_a_dead_writer_stops_the_store(db: Path) -> None:
     store = await LedgerStore.open(db)
     ledger = await store.open_ledger("a")
     await fill(ledger, 2)
-    store._transport.kill()
-    await store._protocol.exited
+    store._engine._transport.kill()
+    await store._engine._protocol.exited
     with pytest.raises(LedgerError, match="writer process exited"):
         ledger.append(b"after")
     assert ledger.last_entry_id == 1
@@ -789,7 +788,7 @@ async def test_a_write_in_flight_when_the_writer_dies_fails(db: Path) -> None:
     store = await LedgerStore.open(db)
     ledger = await store.open_ledger("a")
     pending = ledger.append(b"in flight")
-    store._transport.kill()
+    store._engine._transport.kill()
     with pytest.raises(LedgerError):
         await pending
     await _close_or_fail(store, 5)
@@ -802,7 +801,7 @@ from ledger import LedgerStore
 async def main(path):
     store = await LedgerStore.open(path)
     await (await store.open_ledger("a")).append(b"x")
-    print(store._transport.get_pid(), flush=True)
+    print(store._engine._transport.get_pid(), flush=True)
     await asyncio.sleep(60)
 
 asyncio.run(main(sys.argv[1]))
