@@ -52,9 +52,15 @@ class BrokerProcess:
     """A `txnbuf serve` subprocess that tests may kill and restart."""
 
     def __init__(
-        self, data_dir: Path, log_path: Path, port: int | None = None, auth: bool = False
+        self,
+        data_dir: Path,
+        log_path: Path,
+        port: int | None = None,
+        auth: bool = False,
+        store: str | None = None,
     ) -> None:
         self.data_dir = data_dir
+        self.store = store  # a PostgreSQL URL: `--store` (None: SQLite in data_dir)
         self.log_path = log_path
         self.port = port or free_port()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -107,6 +113,8 @@ class BrokerProcess:
             "INFO",
             *self.args,
         ]
+        if self.store is not None:
+            cmd += ["--store", self.store]
         if self.secret_key_file is not None:
             cmd += ["--auth-secret-key-file", str(self.secret_key_file)]
         if self.tls is not None:
@@ -171,12 +179,21 @@ class BrokerProcess:
             return e.code, e.read()
 
 
+STORES = ["sqlite", "postgresql"]
+# A test (or a module's ``pytestmark``) with this runs once per store: its
+# `broker` keeps its data in SQLite, then in a fresh PostgreSQL database.
+both_stores = pytest.mark.parametrize("broker", STORES, indirect=True)
+
+
 @pytest.fixture
 def broker(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[BrokerProcess]:
+    """A running broker; on SQLite unless parametrized (`both_stores`)."""
     auth = request.node.get_closest_marker("auth") is not None
-    proc = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", auth=auth)
+    kind = getattr(request, "param", "sqlite")
+    store = request.getfixturevalue("pg_url") if kind == "postgresql" else None
+    proc = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", auth=auth, store=store)
     if proc.token is not None:
         monkeypatch.setenv("TXNBUF_TOKEN", proc.token)
     proc.start()
