@@ -565,10 +565,11 @@ def one_run(
     tmp: str,
     cluster: PostgresCluster | None,
     runner: asyncio.Runner,
+    make_server: Callable[[], Server] | None = None,
 ) -> Run:
-    """Load a fresh server, copy every input with ``variant``'s workers, check
-    the output."""
-    server = start_server(variant.system, tmp, cluster)
+    """Load a fresh server (``variant``'s, or ``make_server()``), copy every
+    input with ``variant``'s workers, check the output."""
+    server = make_server() if make_server else start_server(variant.system, tmp, cluster)
     try:
         runner.run(server.load(args.messages, args.size, args.per_txn))
         ctx = multiprocessing.get_context("spawn")

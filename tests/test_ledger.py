@@ -22,7 +22,6 @@ import pytest
 
 from ledger import Entry, Ledger, LedgerError, LedgerStore, pass_failure, settled
 
-
 Location = Path | str  # a SQLite file, or a PostgreSQL URL
 
 
