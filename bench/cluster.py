@@ -18,7 +18,8 @@ n_tup_del`` of the tables of the schema ``txnbuf``, from
 ``pg_stat_user_tables``) and WAL bytes (``pg_current_wal_lsn()``), from
 the start of the copy to the stop of the broker. To count only the copy,
 the broker is restarted after the inputs are loaded (its connections end,
-which flushes their counts), and the figures start then; they include
+which flushes their counts), and the figures start then, and end once the
+broker's connections are gone after its stop; they include
 the output check's reads (no writes but a subscription) and the broker's
 stop.
 
@@ -83,7 +84,19 @@ async def _query(url: str, sql: str) -> Any:
         await conn.close()
 
 
-async def _snapshot(url: str) -> tuple[int, int, int]:
+async def _snapshot(url: str, settled: bool = False) -> tuple[int, int, int]:
+    """Rows written and inserted, and the WAL position. ``settled``: once
+    the broker's connections have ended (a backend's counts are flushed
+    when it exits), up to 10 s."""
+    for _ in range(500 if settled else 0):
+        others = await _query(
+            url,
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid()",
+        )
+        if others[0] == 0:
+            break
+        await asyncio.sleep(0.02)
     writes, inserted = await _query(url, _TABLE_WRITES)
     wal = (await _query(url, "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint"))[0]
     return int(writes), int(inserted), int(wal)
@@ -117,7 +130,7 @@ class PostgresTxnbuf(Txnbuf):
     def stop(self) -> None:
         super().stop()
         if self._start is not None:
-            end = asyncio.run(_snapshot(self.pg_url))
+            end = asyncio.run(_snapshot(self.pg_url, settled=True))
             self.written.rows += end[0] - self._start[0]
             self.written.inserted += end[1] - self._start[1]
             self.written.wal += end[2] - self._start[2]
