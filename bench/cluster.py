@@ -18,8 +18,9 @@ n_tup_del`` of the tables of the schema ``txnbuf``, from
 ``pg_stat_user_tables``) and WAL bytes (``pg_current_wal_lsn()``), from
 the start of the copy to the stop of the broker. To count only the copy,
 the broker is restarted after the inputs are loaded (its connections end,
-which flushes their counts), and the figures start then, and end once the
-broker's connections are gone after its stop; they include
+which flushes their counts), and the figures start then (its restart
+counted), and end once the broker's connections are gone after its stop;
+they include
 the output check's reads (no writes but a subscription) and the broker's
 stop.
 
@@ -118,8 +119,8 @@ class PostgresTxnbuf(Txnbuf):
     async def load(self, total: int, size: int, per_txn: int) -> None:
         await super().load(total, size, per_txn)
         self.broker.stop()
+        self._start = await _snapshot(self.pg_url, settled=True)
         Txnbuf.__init__(self, self.tmp, ["--store", self.pg_url])  # (the same store, anew)
-        self._start = await _snapshot(self.pg_url)
 
     def cpu(self) -> tuple[float, float | None]:
         """CPU seconds of the broker, and of PostgreSQL's server (the
