@@ -85,6 +85,7 @@ log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 READERS = 4  # connections of the read pool, at most
+STOP_WAIT = 10.0  # seconds a closing store waits for its connections to close
 CHUNK_ROWS = 20_000  # rows of one call of txnbuf.commit, at most
 CHUNK_BYTES = 64 << 20  # bytes of data of one call, at most (before the next row)
 FENCED = "TXF01"  # the SQLSTATE txnbuf.fence raises
@@ -532,8 +533,14 @@ class PostgresEngine:
             await asyncio.shield(self._task)
         except Exception:
             pass  # (reported by `_ended`)
-        await self._writer.close()
-        await self._readers.close()
+        try:  # (a connection that is gone, or a server that does not answer: let go)
+            await asyncio.wait_for(self._writer.close(), STOP_WAIT)
+        except (Exception, TimeoutError):
+            self._writer.terminate()
+        try:
+            await asyncio.wait_for(self._readers.close(), STOP_WAIT)
+        except (Exception, TimeoutError):
+            self._readers.terminate()
 
     async def abandon(self) -> None:
         self._task.cancel()

@@ -244,3 +244,26 @@ async def test_a_bad_url_is_a_clear_error() -> None:
     with pytest.raises(LedgerError, match="cannot connect to PostgreSQL at") as caught:
         await LedgerStore.open("postgresql://nobody:secret@127.0.0.1:1/none")
     assert "secret" not in str(caught.value)  # (no password in messages)
+
+
+async def test_a_lost_connection_stops_the_store(pg_url: str) -> None:
+    """A commit whose connection is gone has an unknown outcome: fail-stop."""
+    store = await LedgerStore.open(pg_url)
+    try:
+        ledger = await store.open_ledger("a")
+        await ledger.append(b"0")
+        pid = store._engine._writer.get_server_pid()  # type: ignore[attr-defined]
+        await rows(pg_url, "SELECT pg_terminate_backend($1)", pid)
+        with pytest.raises(LedgerError):
+            await ledger.append(b"1")
+        with pytest.raises(LedgerError, match="refuses writes"):
+            ledger.append(b"2")
+    finally:
+        async with asyncio.timeout(15):
+            await store.close()
+    reopened = await LedgerStore.open(pg_url)
+    try:
+        again = reopened.get_ledger("a")
+        assert again is not None and again.last_entry_id == 0
+    finally:
+        await reopened.close()
