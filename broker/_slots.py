@@ -20,13 +20,13 @@ metrics' counters) are in slot 0 while one broker holds every slot; they
 move out of the ledgers (to tables of their own) when slots are spread over
 several brokers. A name of any other shape is in no slot.
 
-crc32 (zlib's) is stable across processes, machines and Python versions,
-unlike ``hash()``.
+The hash is `cluster.slot_of`'s (crc32, stable across processes, machines
+and Python versions, unlike ``hash()``), the one the ownership core uses.
 """
 
 from __future__ import annotations
 
-import zlib
+import cluster
 
 __all__ = ["slot_of", "slot_of_key"]
 
@@ -34,8 +34,9 @@ _TOPIC_KINDS = frozenset({"p", "d", "x", "c", "u"})
 
 
 def slot_of_key(key: str, slots: int) -> int:
-    """The slot of a topic, group or transactional id called ``key``."""
-    return zlib.crc32(key.encode()) % slots
+    """The slot of a topic, group or transactional id called ``key``
+    (`cluster.slot_of`)."""
+    return cluster.slot_of(key, slots)
 
 
 def slot_of(ledger_name: str, slots: int) -> int | None:

@@ -15,7 +15,8 @@ brokers starting at once do not both create it; the lock serialises DDL
 only, nothing relies on it for the data)::
 
     txnbuf.meta(key, value)        schema_version, slots
-    txnbuf.slots(slot, owner, epoch)
+    txnbuf.slots(slot, owner, epoch)  owner NULL: free (`cluster.MembershipStore`'s
+                                      table ``slots``; its ``brokers`` goes beside it)
     txnbuf.ledgers(id, name, first_entry_id, next_entry_id)
     txnbuf.entries(ledger, entry, meta, data)   primary key (ledger, entry)
 
@@ -59,7 +60,11 @@ the new epoch (under READ COMMITTED its locking read re-reads the updated
 row) and fails: the transaction is rolled back and the commit fails with
 `LedgerFencedError` naming the slots, nothing of it written. A store that
 writes a slot it does not hold fails the same way. Leases and advisory
-locks are not used for this.
+locks are not used for this. The writer connection has
+``idle_in_transaction_session_timeout`` (`IDLE_IN_TRANSACTION`): a group
+commit large enough to be several statements in one transaction, whose
+broker is paused between them, does not hold its slots' share locks (and
+block a takeover) for as long as its TCP connection stays up.
 """
 
 from __future__ import annotations
@@ -86,6 +91,7 @@ log = logging.getLogger(__name__)
 SCHEMA_VERSION = 1
 READERS = 4  # connections of the read pool, at most
 STOP_WAIT = 10.0  # seconds a closing store waits for its connections to close
+IDLE_IN_TRANSACTION = "5s"  # the writer's idle_in_transaction_session_timeout
 CHUNK_ROWS = 20_000  # rows of one call of txnbuf.commit, at most
 CHUNK_BYTES = 64 << 20  # bytes of data of one call, at most (before the next row)
 FENCED = "TXF01"  # the SQLSTATE txnbuf.fence raises
@@ -99,7 +105,7 @@ CREATE SCHEMA IF NOT EXISTS txnbuf;
 CREATE TABLE txnbuf.meta (key text PRIMARY KEY, value text NOT NULL);
 CREATE TABLE txnbuf.slots (
     slot integer PRIMARY KEY,
-    owner text NOT NULL DEFAULT '',
+    owner text,
     epoch bigint NOT NULL DEFAULT 0
 );
 CREATE TABLE txnbuf.ledgers (
@@ -131,7 +137,7 @@ BEGIN
         SELECT s.slot, s.owner, s.epoch FROM txnbuf.slots AS s
         WHERE s.slot = ANY(p_slots) ORDER BY s.slot FOR SHARE
     ) AS s ON s.slot = f.slot
-    WHERE s.slot IS NULL OR s.owner <> p_owner OR s.epoch <> f.epoch;
+    WHERE s.slot IS NULL OR s.owner IS DISTINCT FROM p_owner OR s.epoch <> f.epoch;
     IF cardinality(lost) > 0 THEN
         RAISE EXCEPTION 'slots % are no longer held by % at the epochs it holds', lost, p_owner
             USING ERRCODE = '{FENCED}', DETAIL = array_to_string(lost, ',');
@@ -217,9 +223,9 @@ def _fenced(exc: asyncpg.PostgresError, owner: str) -> LedgerFencedError:
     )
 
 
-async def _connect(url: str) -> asyncpg.Connection:
+async def _connect(url: str, **options: Any) -> asyncpg.Connection:
     try:
-        conn: asyncpg.Connection = await asyncpg.connect(url)
+        conn: asyncpg.Connection = await asyncpg.connect(url, **options)
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, ValueError) as exc:
         raise LedgerError(f"cannot connect to PostgreSQL at {redacted(url)}: {exc}") from exc
     return conn
@@ -295,7 +301,8 @@ class PostgresEngine:
         if not 1 <= slots <= 1 << 16:
             raise LedgerError(f"slots must be 1..65536, not {slots}")
         location = redacted(url)
-        writer = await _connect(url)
+        settings = {"idle_in_transaction_session_timeout": IDLE_IN_TRANSACTION}
+        writer = await _connect(url, server_settings=settings)
         readers: asyncpg.Pool | None = None
         try:
             count = await _ensure_schema(writer, slots, location)

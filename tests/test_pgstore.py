@@ -62,7 +62,7 @@ async def test_the_first_store_creates_the_slots_and_a_later_one_keeps_their_num
     try:
         assert (first.slot_count, second.slot_count) == (8, 8)
         assert [tuple(r) for r in await rows(pg_url, "SELECT slot, owner, epoch FROM "
-                "txnbuf.slots ORDER BY slot")] == [(k, "", 0) for k in range(8)]  # fmt: skip
+                "txnbuf.slots ORDER BY slot")] == [(k, None, 0) for k in range(8)]  # fmt: skip
         assert await first.take_slots(range(8)) == {k: 1 for k in range(8)}
         assert first.epochs == {k: 1 for k in range(8)}
         assert await second.take_slots([3]) == {3: 2}
