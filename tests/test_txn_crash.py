@@ -179,6 +179,14 @@ async def test_a_crash_inside_an_open_transaction_is_all_or_nothing(
         )
 
 
+@pytest.mark.parametrize("broker", ["postgresql"], indirect=True)
+async def test_a_logged_commit_survives_a_crash_on_postgresql(broker: BrokerProcess) -> None:
+    """The same crash on a broker whose store is PostgreSQL: one partition
+    committed, the other not, when the broker is SIGKILLed."""
+    result, _ = await crash_at(broker, "tc.after_partition_end@1")
+    assert result == "committed"
+
+
 # -- the local path: one COMMIT_TXN, one group commit -----------------------------
 
 
@@ -333,3 +341,14 @@ async def test_a_group_commit_of_several_local_transactions_killed_before_it_is_
     outs, left = await copied(broker)
     assert outs == Counter()
     assert left == {c: [b"in-%d-%d" % (c, i) for i in range(N_INPUTS)] for c in range(COPIERS)}
+
+
+@pytest.mark.parametrize("broker", ["postgresql"], indirect=True)
+async def test_a_local_commit_killed_before_its_answer_on_postgresql(
+    broker: BrokerProcess,
+) -> None:
+    """The local path on a broker whose store is PostgreSQL: its records are
+    one PostgreSQL transaction; killed before the answer, the retried commit
+    is answered as done."""
+    result, error = await crash_at(broker, "broker.after_local_commit", full=False)
+    assert result == "committed" and error is None, repr(error)
