@@ -98,6 +98,8 @@ def run_check(args: argparse.Namespace) -> int:
             f"client crashes {stats['client_crashes']}, broker kills {stats['kills']}, "
             f"pauses {stats['pauses']}, final reads complete: {stats['final_reads_complete']}"
         )
+        paths = ", ".join(f"{k} {n}" for k, n in stats["paths"].items())
+        print(f"transactions by path and outcome: {paths}")
         print(f"seed {seed}; fault schedule {json.dumps(stats['fault_schedule'])}")
         if not result.valid:
             print("ANOMALIES FOUND; history kept at", history_path, file=sys.stderr)
