@@ -841,14 +841,14 @@ class _Check:
             return
         self.check_positions(cname, pname, first, last, cursor)
         sub = cname.rsplit("/", 1)[1]
-        for key, held in cursor.txn_acks.items():
+        for key in cursor.txn_acks:
             here, meta = self.decision(key)
             if not here or (
                 meta is not None and meta.status not in (TxnStatus.ABORTED, TxnStatus.COMMITTED)
             ):
                 continue  # (not checked, or its coordinator ends it on start)
             objects = [cname, _txn(key)]
-            n = len(held)
+            n = cursor.locks.count(key)
             if meta is not None and meta.status is TxnStatus.COMMITTED:
                 self.find(
                     "pending-ack-of-committed",

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from google.protobuf.message import DecodeError
 
-from buffer import Partition, Position, SendRejectedError, send_sequence_ids
+from buffer import Partition, SendRejectedError, send_sequence_ids
 from ledger import faults, unawaited
 from proto import MAX_MESSAGE_SIZE, oversized, refusals
 from proto import txnbuf_pb2 as pb
@@ -74,7 +74,6 @@ class _AckWrite:
 
     sub: PartitionSubscription
     ranges: list[Range]
-    positions: list[Position]
 
 
 class LocalCommits:
@@ -167,7 +166,8 @@ class LocalCommits:
         acks = []
         for sub, its in ranges.items():
             merged = merge_ranges(its)
-            acks.append(_AckWrite(sub, merged, sub.check_acked(txnid, merged)))
+            sub.check_acked(txnid, merged)
+            acks.append(_AckWrite(sub, merged))
         return list(parts.values()), acks
 
     # -- the write (one group commit) -----------------------------------------------
@@ -199,7 +199,7 @@ class LocalCommits:
             last = w.partition.append_committed(key, w.producer, w.batches, w.count)
             last.add_done_callback(unawaited)
         for a in acks:
-            last = a.sub.queue_acked(txnid, a.ranges, a.positions)
+            last = a.sub.queue_acked(txnid, a.ranges)
             last.add_done_callback(unawaited)
         if last is not written:
             return _after(last, written)

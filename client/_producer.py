@@ -446,6 +446,26 @@ class Producer:
         ``ProducerClosedError``, ``OperationTimeoutError`` or the broker's
         ``ServerError``.
         """
+        if (
+            txn is not None
+            and key is None
+            and properties is None
+            and sequence_id is None
+            and type(value) is bytes
+            and type(txn) is Transaction
+            and txn._holding
+            and txn._state is _OPEN
+            and txn._conn is self._conn
+            and not self._closing
+        ):
+            # The README loop's case, inline (a call per check costs more per
+            # message): a keyless message held by its transaction.
+            size = len(value) + MESSAGE_OVERHEAD
+            if size <= self._max_batch_bytes:
+                seq = self._next_sequence_id
+                self._last_sent = seq
+                self._next_sequence_id = seq + 1
+                return txn._hold_send(self, self._round_robin, (value, None, None, seq), size)
         if self._pending >= self._max_pending:
             await self._wait_for_room()
         queued = self._enqueue(value, key, properties, sequence_id, txn)

@@ -248,7 +248,12 @@ class Transaction:
         self._held_acks: dict[Consumer, list[list[int]]] = {}
         self._held_bytes = 0
         self._held_limit = conn.max_message_size
-        self._commit_txn: pb.CommandCommitTxn | None = None
+        self._commit_txn: Command | None = None
+        # The held sends and the acks' ranges used last (the next send or
+        # ack usually joins them).
+        self._last_held: list[Any] | None = None
+        self._last_acked: Consumer | None = None
+        self._last_ranges: list[list[int]] = []
 
     def __repr__(self) -> str:
         return f"<Transaction {self.id} {self._state.value}>"
@@ -294,27 +299,43 @@ class Transaction:
     def _hold_send(self, producer: Producer, partition: int, entry: Entry, size: int) -> MessageId:
         """Hold one message of ``producer`` for ``partition`` (checked by
         the producer); its id, with its place in the transaction there."""
-        spot = (producer.topic, partition)
-        place = self._places.get(spot, 0)
-        self._places[spot] = place + 1
-        held = self._held_at.get(spot)
-        if held is None or held[0] is not producer:
-            held = self._held_at[spot] = [producer, partition, [], place]
-            self._held_sends.append(held)
-            producer._held_in[self] = None
-        held[2].append(entry)
+        held = self._last_held
+        if held is None or held[0] is not producer or held[1] != partition:
+            held = self._held_for(producer, partition)
+        entries = held[2]
+        place = held[3] + len(entries)
+        entries.append(entry)
         self._held_bytes += size
         if self._held_bytes > self._held_limit:
             self._go_full()
         return new_message_id((partition, -1, place))
 
+    def _held_for(self, producer: Producer, partition: int) -> list[Any]:
+        """The held sends of ``producer`` for ``partition`` that the next
+        one joins: the last held there, if it is this producer's, else a new
+        one, placed after it (the transaction's messages on a partition are
+        placed in the order they are held)."""
+        spot = (producer.topic, partition)
+        last = self._held_at.get(spot)
+        if last is None or last[0] is not producer:
+            first = self._places.get(spot, 0) if last is None else last[3] + len(last[2])
+            last = self._held_at[spot] = [producer, partition, [], first]
+            self._held_sends.append(last)
+            producer._held_in[self] = None
+        self._last_held = last
+        return last
+
     def _hold_ack(self, consumer: Consumer, mid: MessageId) -> None:
         """Hold one acknowledgement of ``consumer``'s: it extends the last
         range held, or starts one."""
-        ranges = self._held_acks.get(consumer)
-        if ranges is None:
-            ranges = self._held_acks[consumer] = []
-            consumer._held_in[self] = None
+        if self._last_acked is consumer:
+            ranges = self._last_ranges
+        else:
+            ranges = self._held_acks.get(consumer)  # type: ignore[assignment]
+            if ranges is None:
+                ranges = self._held_acks[consumer] = []
+                consumer._held_in[self] = None
+            self._last_acked, self._last_ranges = consumer, ranges
         partition, entry_id, index = mid
         if ranges:
             last = ranges[-1]
@@ -343,6 +364,7 @@ class Transaction:
         acks, self._held_acks = self._held_acks, {}
         self._held_at.clear()
         self._held_bytes = 0
+        self._last_held = self._last_acked = None
         for producer, partition, entries, first in sends:
             producer._held_in.pop(self, None)
             producer._frame_held(partition, self, entries, first)
@@ -355,7 +377,10 @@ class Transaction:
         ``redeliver``: ask for the messages it acknowledged again (it did
         not commit), as an abort of written acks redelivers them."""
         for held in self._held_sends:
-            held[0]._held_in.pop(self, None)
+            producer = held[0]
+            producer._held_in.pop(self, None)
+            # (keyless messages go round robin: one partition per transaction)
+            producer._round_robin = (held[1] + 1) % producer.partitions
         acks, self._held_acks = self._held_acks, {}
         for consumer, ranges in acks.items():
             consumer._held_in.pop(self, None)
@@ -364,16 +389,16 @@ class Transaction:
         self._held_sends = []
         self._held_at.clear()
         self._held_bytes = 0
+        self._last_held = self._last_acked = None
 
-    def _commit_command(self) -> pb.CommandCommitTxn:
+    def _commit_command(self) -> Command:
         """COMMIT_TXN of what the transaction holds (built once: a commit
-        sent again is the same)."""
+        sent again is the same, but for its request id and its ask)."""
         if self._commit_txn is None:
-            out = pb.CommandCommitTxn(
-                txnid_most_bits=self.id.most_bits,
-                txnid_least_bits=self.id.least_bits,
-                commit_id=secrets.randbits(64) | 1,  # (sent again with its retries)
-            )
+            cmd = Command(type=Command.COMMIT_TXN)
+            out = cmd.commit_txn
+            out.txnid_most_bits, out.txnid_least_bits = self.id
+            out.commit_id = secrets.randbits(64) | 1  # (sent again with its retries)
             now_ms = time.time_ns() // 1_000_000
             for producer, partition, entries, _ in self._held_sends:
                 send = out.sends.add()
@@ -387,27 +412,28 @@ class Transaction:
                 acks = out.acks.add()
                 acks.consumer_id = consumer.consumer_id
                 acks.ranges.extend([x for r in ranges for x in r])
-            self._commit_txn = out
+            self._commit_txn = cmd
         return self._commit_txn
 
     async def _commit_held(self) -> None:
         """``commit()`` on the local path: one COMMIT_TXN (see the module
         docstring)."""
-        body = self._commit_command()
+        cmd = self._commit_command()
         spares, self._spares = self._spares, None
         ask = None if spares is None else spares.ask(max(1, round(self.timeout * 1000)))
         unasked = ask
 
         def build(request_id: int) -> Command:
             nonlocal unasked
-            cmd = Command(type=Command.COMMIT_TXN)
             commit = cmd.commit_txn
-            commit.CopyFrom(body)
             commit.request_id = request_id
             if unasked is not None:
                 commit.next_txn_ttl_ms = unasked.ttl_ms
                 commit.next_tc_id = unasked.tc_id
                 unasked = None
+            else:  # (a retry asks for nothing)
+                commit.ClearField("next_txn_ttl_ms")
+                commit.next_tc_id = 0
             return cmd
 
         answer = None

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -322,21 +323,15 @@ class Dispatcher:
     def forget(self, positions: list[Position], counts: bool = True) -> None:
         """Drop ``positions`` from the pending, redelivery (and, with
         ``counts``, redelivery count) bookkeeping."""
-        pending = self.pending
-        # (A commit's messages left it when they were locked: one C-level
-        # pass finds that, instead of a pop per message.)
-        if not pending.keys().isdisjoint(positions):
-            pop = pending.pop
-            for pos in positions:
-                pop(pos, None)
+        # (A pop per position in C, not a Python loop: a commit's hundreds
+        # of messages leave at once.)
+        deque(map(self.pending.pop, positions, repeat(None)), 0)
         if self.redeliver:  # (usually empty: no per-message call then)
             discard = self.redeliver.discard
             for pos in positions:
                 discard(pos)
         if counts and self.redelivery_counts:
-            drop = self.redelivery_counts.pop
-            for pos in positions:
-                drop(pos, None)
+            deque(map(self.redelivery_counts.pop, positions, repeat(None)), 0)
 
     # -- the task -----------------------------------------------------------------
 

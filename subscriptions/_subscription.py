@@ -17,7 +17,7 @@ from collections.abc import Callable
 from buffer import Partition, Position
 from ledger import Ledger
 from proto import TxnID, refusals
-from subscriptions._cursor import WHOLE_ENTRY, Cursor, positions_of
+from subscriptions._cursor import WHOLE_ENTRY, Cursor, Range
 from subscriptions._dispatch import Consumer, Dispatcher, SubType
 from subscriptions._pending_ack import AckLog
 from subscriptions._state import MsgState
@@ -204,12 +204,11 @@ class PartitionSubscription:
             )
         await self.acks.ack(positions, cumulative, txn, early)
 
-    def check_acked(self, txn: TxnID, ranges: list[tuple[int, int, int]]) -> list[Position]:
-        """Before a local transaction's commit: the positions of ``ranges``
-        ((entry id, first index, last index), sorted and apart), if every one
-        names a stored message that is PENDING here and may be locked now
-        (`AckLog.check_acked`); raises (`proto.refusals`, nothing changed)
-        otherwise."""
+    def check_acked(self, txn: TxnID, ranges: list[Range]) -> None:
+        """Before a local transaction's commit: raise (`proto.refusals`,
+        nothing changed) unless every message of ``ranges`` ((entry id,
+        first index, last index), sorted and apart) is stored, PENDING here
+        and may be locked now (`AckLog.check_acked`)."""
         for entry_id, first, last in ranges:
             if entry_id < -1:
                 raise refusals.NotAllowed(
@@ -221,15 +220,11 @@ class PartitionSubscription:
                     f"no messages {self.partition.index}:{entry_id}:{first}..{last} on "
                     f"{self.partition.name} (subscription {self.name!r})",
                 )
-        positions = positions_of(ranges)
-        self.acks.check_acked(txn, positions)
-        return positions
+        self.acks.check_acked(txn, ranges)
 
-    def queue_acked(
-        self, txn: TxnID, ranges: list[tuple[int, int, int]], positions: list[Position]
-    ) -> asyncio.Future[list[Position]]:
-        """`AckLog.queue_acked` of what `check_acked` returned."""
-        return self.acks.queue_acked(txn, tuple(ranges), positions)
+    def queue_acked(self, txn: TxnID, ranges: list[Range]) -> asyncio.Future[list[Position]]:
+        """`AckLog.queue_acked` of ranges `check_acked` passed."""
+        return self.acks.queue_acked(txn, tuple(ranges))
 
     async def end_txn(self, txn: TxnID, commit: bool) -> None:
         """EndTxnOnSubscription: `AckLog.end_txn`."""
