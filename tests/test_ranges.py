@@ -3,6 +3,7 @@ operation checked against a plain set of positions, on random workloads."""
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -69,7 +70,7 @@ def test_a_range_set_is_the_set_of_its_positions(seed: int) -> None:
         assert all(p in s for p in model)
         assert (entry, a) in s if (entry, a) in model else (entry, a) not in s
         runs = list(s.ranges())
-        for (e1, _, l1), (e2, f2, _) in zip(runs, runs[1:], strict=False):
+        for (e1, _, l1), (e2, f2, _) in itertools.pairwise(runs):
             assert e1 < e2 or f2 > l1 + 1  # disjoint and apart
     assert RangeSet(model) == s and s.copy() == s
 
