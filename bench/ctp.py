@@ -27,9 +27,10 @@ fails the check stops the benchmark).
   ``examples/consume_transform_produce.py`` does), then in
   ``async with client.transaction()`` per message ``await
   producer.send(..., txn=txn)`` and ``await consumer.acknowledge(msg,
-  txn=txn)``; leaving the block commits. ``fastest loop``: `bench.txn`'s
-  (`bench.txn.take`, `bench.txn.copy_in_one_txn`: sends queued without
-  waiting, the batch acknowledged in one call, then commit).
+  txn=txn)``; leaving the block commits. ``fastest loop``: the fewest calls
+  the public client needs for the same work: the same batch, then
+  `bench.txn.copy_in_one_txn` (``send_nowait`` per message, no await; the
+  batch acknowledged in one call; commit).
 
 Workers are OS processes (``multiprocessing``, each with a connection of its
 own), 1 and 4 by default, for every system; for txnbuf also asyncio tasks
@@ -82,7 +83,7 @@ import aiohttp
 
 from bench._postgres import PostgresCluster, PostgresServer, postgres_bin
 from bench._progress import Runs
-from bench.txn import copy_in_one_txn, take
+from bench.txn import copy_in_one_txn
 from bench.txnceiling import Broker
 from bench.txnpath import cpu_seconds
 from client import Client, Consumer, Producer, errors
@@ -490,12 +491,12 @@ def readme_loop(client: Client, consumer: Consumer, producer: Producer, per_txn:
 
 
 def fastest_loop(client: Client, consumer: Consumer, producer: Producer, per_txn: int) -> Step:
-    """`bench.txn`'s loop: sends queued, the batch acknowledged at once, commit."""
+    """The fewest calls: a batch, sends not awaited, the batch acknowledged
+    at once, commit."""
 
     async def step() -> int:
-        try:
-            batch = await take(consumer, per_txn, wait=IDLE)
-        except errors.OperationTimeoutError:
+        batch = await consumer.batch_receive(max_messages=per_txn, timeout=IDLE)
+        if not batch:
             return 0
         await copy_in_one_txn(client, consumer, producer, batch, transform)
         return len(batch)
@@ -643,7 +644,8 @@ def versions(systems: list[str], cluster: PostgresCluster | None) -> list[str]:
         lines.append(
             "txnbuf: README loop: batch_receive, then per message await send(txn=) and await "
             "acknowledge(msg, txn=), commit on leaving client.transaction(); fastest loop: "
-            "bench.txn's (sends queued, the batch acknowledged at once, commit)"
+            "batch_receive, then send_nowait(txn=) per message, the batch acknowledged at once, "
+            "commit"
         )
     return lines
 
