@@ -123,9 +123,9 @@ class _AckFrame:
 def message_id_of(message: Message | MessageId) -> MessageId:
     """The id of a Message, or the MessageId itself."""
     if type(message) is Message:
-        # First, and the field read directly: an ack passes here once per id,
-        # and a failing isinstance or the property costs more than the rest.
-        return message._id
+        # First: an ack passes here once per id, and a failing isinstance
+        # costs more than the rest.
+        return message.message_id
     if isinstance(message, MessageId):
         return message
     if isinstance(message, Message):
@@ -496,7 +496,9 @@ class Consumer:
             and txn._conn is self._conn
             and not self._closing
         ):
-            txn._hold_ack(self, message._id)  # (the usual case: held until the commit)
+            # (the usual case: held until the commit)
+            origin = message._origin
+            txn._hold_ack_at(self, origin.partition, origin.entry_id, message._index)
             return
         if (
             type(message) is Message
@@ -509,7 +511,7 @@ class Consumer:
             # transaction's acks of this turn are queued already (and its
             # client checked then), so no call and no list per message.
             queued_ids = queued[0]
-            queued_ids.append(message._id)
+            queued_ids.append(message.message_id)
             if len(queued_ids) >= MAX_ACKS_PER_FRAME:
                 del self._txn_acks[txn]
                 self._send_ack(INDIVIDUAL, queued_ids, [], txn, queued[1])

@@ -326,8 +326,13 @@ class Transaction:
         return last
 
     def _hold_ack(self, consumer: Consumer, mid: MessageId) -> None:
-        """Hold one acknowledgement of ``consumer``'s: it extends the last
-        range held, or starts one."""
+        """Hold one acknowledgement of ``consumer``'s (`_hold_ack_at`)."""
+        self._hold_ack_at(consumer, *mid)
+
+    def _hold_ack_at(self, consumer: Consumer, partition: int, entry_id: int, index: int) -> None:
+        """Hold one acknowledgement of ``consumer``'s, of the message at
+        (``partition``, ``entry_id``, ``index``): it extends the last range
+        held, or starts one."""
         if self._last_acked is consumer:
             ranges = self._last_ranges
         else:
@@ -336,7 +341,6 @@ class Transaction:
                 ranges = self._held_acks[consumer] = []
                 consumer._held_in[self] = None
             self._last_acked, self._last_ranges = consumer, ranges
-        partition, entry_id, index = mid
         if ranges:
             last = ranges[-1]
             if last[3] + 1 == index and last[1] == entry_id and last[0] == partition:
