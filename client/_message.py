@@ -208,6 +208,41 @@ def encode_batch(entries: Sequence[Entry], now_ms: int) -> bytes:
     return batch.SerializeToString()
 
 
+Extras = dict[int, tuple[str | None, Mapping[str, str] | None]]
+
+
+def encode_values(
+    values: Sequence[bytes], seqs: Sequence[int], extras: Extras | None, now_ms: int
+) -> bytes:
+    """`encode_batch` of messages given as their values, their sequence ids
+    and, by index, the key and properties of those that have any."""
+    batch = pb.EntryBatch()
+    add = batch.messages.add
+    for i, value in enumerate(values):
+        single = add()
+        single.payload = value
+        single.sequence_id = seqs[i]
+        single.publish_time_ms = now_ms
+        if extras is not None and (extra := extras.get(i)) is not None:
+            key, properties = extra
+            if key is not None:
+                single.key = key
+            if properties:
+                single.properties.update(properties)
+    return batch.SerializeToString()
+
+
+def held_entries(
+    values: Sequence[bytes], seqs: Sequence[int], extras: Extras | None
+) -> list[Entry]:
+    """The same messages as `Entry` tuples."""
+    out: list[Entry] = []
+    for i, value in enumerate(values):
+        key, properties = (None, None) if extras is None else extras.get(i, (None, None))
+        out.append((value, key, properties, seqs[i]))
+    return out
+
+
 def decode_entry(topic: str, entry: pb.DeliveredEntry) -> list[Message]:
     """The messages of one delivered ledger entry, in batch order.
 

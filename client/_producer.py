@@ -465,7 +465,7 @@ class Producer:
                 seq = self._next_sequence_id
                 self._last_sent = seq
                 self._next_sequence_id = seq + 1
-                return txn._hold_send(self, self._round_robin, (value, None, None, seq), size)
+                return txn._hold_send(self, self._round_robin, value, seq, size)
         if self._pending >= self._max_pending:
             await self._wait_for_room()
         queued = self._enqueue(value, key, properties, sequence_id, txn)
@@ -556,7 +556,8 @@ class Producer:
         if sequence_id >= self._next_sequence_id:
             self._next_sequence_id = sequence_id + 1
         if txn is not None and txn._holding:  # (held by the transaction: client._txn)
-            return txn._hold_send(self, partition, (value, key, properties, sequence_id), size)
+            extra = None if key is None and not properties else (key, properties)
+            return txn._hold_send(self, partition, value, sequence_id, size, extra)
         where = (partition, txn)
         batch = self._batches.get(where)
         if batch is not None and (alone or batch.size + size > max_bytes):

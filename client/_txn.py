@@ -95,14 +95,14 @@ import enum
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from proto import TxnID
 from proto import txnbuf_pb2 as pb
 
 from ._connection import Command, Type, command, copy_error, wait_future_until
-from ._message import Entry, MessageId, encode_batch, new_message_id
+from ._message import MessageId, encode_values, held_entries, new_message_id
 from .errors import (
     ConnectionLostError,
     InvalidInputError,
@@ -296,15 +296,32 @@ class Transaction:
 
     # --- the local path: what the transaction holds ---------------------------
 
-    def _hold_send(self, producer: Producer, partition: int, entry: Entry, size: int) -> MessageId:
+    def _hold_send(
+        self,
+        producer: Producer,
+        partition: int,
+        value: bytes,
+        seq: int,
+        size: int,
+        extra: tuple[str | None, Mapping[str, str] | None] | None = None,
+    ) -> MessageId:
         """Hold one message of ``producer`` for ``partition`` (checked by
-        the producer); its id, with its place in the transaction there."""
+        the producer): its value, sequence id and, if it has any, its key
+        and properties (``extra``); its id, with its place in the
+        transaction there. (Kept in per-batch lists of values and sequence
+        ids, not a tuple per message: fewer objects for the collector.)"""
         held = self._last_held
         if held is None or held[0] is not producer or held[1] != partition:
             held = self._held_for(producer, partition)
-        entries = held[2]
-        place = held[3] + len(entries)
-        entries.append(entry)
+        values = held[2]
+        place = held[3] + len(values)
+        if extra is not None:
+            extras = held[5]
+            if extras is None:
+                extras = held[5] = {}
+            extras[len(values)] = extra
+        values.append(value)
+        held[4].append(seq)
         self._held_bytes += size
         if self._held_bytes > self._held_limit:
             self._go_full()
@@ -319,7 +336,8 @@ class Transaction:
         last = self._held_at.get(spot)
         if last is None or last[0] is not producer:
             first = self._places.get(spot, 0) if last is None else last[3] + len(last[2])
-            last = self._held_at[spot] = [producer, partition, [], first]
+            # [producer, partition, values, first place, sequence ids, extras]
+            last = self._held_at[spot] = [producer, partition, [], first, [], None]
             self._held_sends.append(last)
             producer._held_in[self] = None
         self._last_held = last
@@ -369,9 +387,9 @@ class Transaction:
         self._held_at.clear()
         self._held_bytes = 0
         self._last_held = self._last_acked = None
-        for producer, partition, entries, first in sends:
+        for producer, partition, values, first, seqs, extras in sends:
             producer._held_in.pop(self, None)
-            producer._frame_held(partition, self, entries, first)
+            producer._frame_held(partition, self, held_entries(values, seqs, extras), first)
         for consumer, ranges in acks.items():
             consumer._held_in.pop(self, None)
             consumer._send_held_acks(self, ranges)
@@ -404,13 +422,13 @@ class Transaction:
             out.txnid_most_bits, out.txnid_least_bits = self.id
             out.commit_id = secrets.randbits(64) | 1  # (sent again with its retries)
             now_ms = time.time_ns() // 1_000_000
-            for producer, partition, entries, _ in self._held_sends:
+            for producer, partition, values, _, seqs, extras in self._held_sends:
                 send = out.sends.add()
                 send.producer_id = producer.producer_id
                 send.partition = partition
-                send.batch = encode_batch(entries, now_ms)
-                first = entries[0][3]
-                if entries[-1][3] - first + 1 == len(entries):
+                send.batch = encode_values(values, seqs, extras, now_ms)
+                first = seqs[0]
+                if seqs[-1] - first + 1 == len(seqs):
                     send.first_sequence_id = first
             for consumer, ranges in self._held_acks.items():
                 acks = out.acks.add()

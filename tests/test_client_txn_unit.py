@@ -1161,3 +1161,36 @@ async def test_a_spare_comes_with_the_commit(fake: FakeBroker, cli: Client) -> N
     assert fake.types().count("NEW_TXN") == 1
     assert [cm.next_tc_id for cm in commits(fake)] == [7, 3, 7]
     assert {cm.next_txn_ttl_ms for cm in commits(fake)} == {20_000}
+
+
+async def test_held_keys_and_properties_go_with_the_commit_or_the_full_way(
+    fake: FakeBroker, cli: Client
+) -> None:
+    fake.partitions["t"] = 2
+    producer = await cli.create_producer("t")
+    for full_way in (False, True):
+        txn = await cli.new_transaction()
+        sent = [
+            await producer.send(b"plain", txn=txn),
+            await producer.send(b"keyed", key="k", txn=txn),
+            await producer.send(b"props", properties={"p": "v"}, txn=txn),
+            await producer.send(b"both", key="k", properties={"q": "w"}, txn=txn),
+        ]
+        if full_way:
+            txn.flush()
+        await txn.commit()
+        stored = {
+            single.payload: (
+                single.key if single.HasField("key") else None,
+                dict(single.properties),
+            )
+            for _, single in [x for b in fake.txn(txn.id).buffers.values() for x in b]
+        }
+        assert stored == {
+            b"plain": (None, {}),
+            b"keyed": ("k", {}),
+            b"props": (None, {"p": "v"}),
+            b"both": ("k", {"q": "w"}),
+        }
+        assert sent[1].partition == sent[3].partition == partition_for_key("k", 2)
+    assert len(commits(fake)) == 1  # (the second went the full way)
