@@ -357,6 +357,7 @@ def _txn_json(tc: TransactionCoordinator, txnid: TxnID) -> dict[str, Any] | None
         return None
     out = meta.to_json()
     out["stuck"] = [p.to_json() for p in tc.stuck(txnid).get(txnid, ())]
+    out["spare"] = tc.is_spare(txnid)
     return out
 
 
@@ -370,12 +371,14 @@ def _unused(meta: TxnMeta) -> bool:
 
 
 async def list_transactions(request: web.Request) -> web.Response:
-    """``?state=OPEN&running_longer_than_ms=N&all=true`` (all optional).
-    ``STUCK``: the decided transactions a participant failed to apply.
-    ``running_longer_than_ms``: only transactions not ended yet (OPEN,
-    PREPARED, COMMITTING, ABORTING) open that long. Aborted transactions
-    that never had a participant (a client's unused spares) are left out
-    unless ``all=true``."""
+    """``?state=OPEN&running_longer_than_ms=N&in_progress=true&all=true``
+    (all optional). ``STUCK``: the decided transactions a participant
+    failed to apply. ``running_longer_than_ms``: only transactions not
+    ended yet (OPEN, PREPARED, COMMITTING, ABORTING) open that long.
+    ``in_progress=true``: only those not ended, and not a client's spare
+    nobody used yet (``"spare": true``). Aborted transactions that never
+    had a participant (a client's unused spares) are left out unless
+    ``all=true``."""
     broker = request.app[BROKER_KEY]
     state = request.query.get("state")
     if state is not None and state.upper() not in _STATES:
@@ -387,6 +390,7 @@ async def list_transactions(request: web.Request) -> web.Response:
         except ValueError:
             return _error(400, "running_longer_than_ms must be an integer")
     show_all = _flag(request, "all")
+    in_progress = _flag(request, "in_progress")
     now = int(time.time() * 1000)
     found = []
     for tc in broker.coordinators.values():
@@ -402,6 +406,8 @@ async def list_transactions(request: web.Request) -> web.Response:
             ):
                 continue
             if not show_all and _unused(meta):
+                continue
+            if in_progress and (meta.status not in _NOT_ENDED or tc.is_spare(meta.txnid)):
                 continue
             found.append(_txn_json(tc, meta.txnid))
     found.sort(key=lambda m: m["start_ms"] if m else 0)

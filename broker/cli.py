@@ -34,6 +34,7 @@ import errno
 import gc
 import importlib.metadata
 import logging
+import os
 import signal
 import socket
 import ssl
@@ -50,6 +51,7 @@ from broker._auth_cli import (
     run_security_command,
     serve_security,
 )
+from broker._backup import add_backup_parser, run_backup
 from broker._checkdata import add_check_data_parser, run_check_data
 from broker._server import MAX_REQUEST_LINE, UNLOAD_AFTER, Broker, make_app
 from ledger import LedgerError
@@ -93,6 +95,9 @@ async def serve(
         )
     except LedgerError as exc:  # (another broker on this data directory, a broken disk)
         raise SystemExit(f"txnbuf: cannot open the data in {data_dir}: {exc}") from None
+    except OSError as exc:  # (the data directory is a file, or not writable)
+        why = f"{exc.strerror}: {exc.filename}" if exc.strerror else str(exc)
+        raise SystemExit(f"txnbuf: cannot open the data in {data_dir}: {why}") from None
     except AclFileError as exc:
         raise SystemExit(f"txnbuf: {exc}") from None
     finally:
@@ -214,6 +219,21 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``txnbuf ...``; the exit code. Output to a pipe closed early (``txnbuf
+    transactions list --all | head``) ends the command quietly, exit 1, as
+    Python's documentation suggests (`signal.SIGPIPE` stays ignored: its
+    default would also kill a broker whose client went away)."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # (inside the try: a closed pipe shows here, not at exit)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # (no second error when Python flushes at exit)
+        return 1
+    return code
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     parser: argparse.ArgumentParser = _Parser(prog="txnbuf", description="txnbuf message broker")
     parser.add_argument("--version", action="version", version=f"txnbuf {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -276,6 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     add_check_parser(commands)
     add_check_data_parser(commands)
+    add_backup_parser(commands)
     add_security_parsers(commands)
     add_admin_parsers(commands)
     commands.metavar = "{" + ",".join(commands.choices) + "}"  # (named in a missing-one error)
@@ -284,6 +305,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_check(args)
     if args.command == "check-data":
         return run_check_data(args)
+    if args.command == "backup":
+        return run_backup(args)
     if args.command in ("token", "acl"):
         return run_security_command(args)
     if args.command in ADMIN_COMMANDS:
