@@ -176,6 +176,7 @@ def _tc_ids(text: str) -> tuple[int, ...]:
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # (docs/operations.md, Logs)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -288,7 +289,12 @@ def _main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--kafka-host", default=None, help="address of the Kafka listener (--host)")
     p.add_argument(
-        "--log-level", type=_log_level, default="INFO", help="DEBUG, INFO, WARNING, ERROR (INFO)"
+        "--log-level",
+        type=_log_level,
+        default="INFO",
+        metavar="LEVEL",
+        help=f"{', '.join(LOG_LEVELS)} (INFO); records go to stderr, one line each: "
+        f"{LOG_FORMAT.replace('%', '%%')}",
     )
     add_serve_options(p)
     from broker._admin_cli import ADMIN_COMMANDS, add_admin_parsers, run_admin
@@ -314,7 +320,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(),
         stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format=LOG_FORMAT,
     )
     if args.command == "serve":
         security = serve_security(args)
