@@ -69,6 +69,7 @@ __all__ = ["MAX_URL_BYTES", "add_admin_routes", "json_errors"]
 log = logging.getLogger(__name__)
 
 ADMIN_PAGE = Path(__file__).parent / "static" / "admin.html"
+FAVICON = Path(__file__).parent / "static" / "favicon.svg"
 MAX_URL_BYTES = 8 << 10  # a longer path and query is answered 414
 
 
@@ -616,10 +617,22 @@ async def admin_page(request: web.Request) -> web.FileResponse:
     return web.FileResponse(ADMIN_PAGE, headers={"Cache-Control": "no-cache"})
 
 
+async def favicon(request: web.Request) -> web.Response:
+    """The page's icon (SVG), at /favicon.svg and at /favicon.ico, where
+    browsers ask for one whatever the page says."""
+    return web.Response(
+        body=FAVICON.read_bytes(),
+        content_type="image/svg+xml",
+        headers={"Cache-Control": "max-age=86400"},
+    )
+
+
 def add_admin_routes(app: web.Application) -> None:
     app.middlewares.append(json_errors)  # (outermost: whatever answers, errors are JSON)
     app.middlewares.append(_require_admin)
     app.router.add_get("/", admin_page)
+    app.router.add_get("/favicon.ico", favicon)
+    app.router.add_get("/favicon.svg", favicon)
     app.router.add_get("/admin/v1/acl", list_acl)
     app.router.add_post("/admin/v1/acl/grant", grant_acl)
     app.router.add_post("/admin/v1/acl/revoke", revoke_acl)
