@@ -11,6 +11,7 @@ stops after a poll of IDLE_MS finds no record. (aiokafka is among the test
 extras: `pip install -e '.[test]'` or `pip install aiokafka`.)
 """
 
+import argparse
 import asyncio
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -18,8 +19,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 IDLE_MS = 5000  # a poll this long with no record, then stop
 
 
-async def main() -> None:
-    kafka = {"bootstrap_servers": "127.0.0.1:9092"}
+async def main(bootstrap: str) -> None:
+    kafka = {"bootstrap_servers": bootstrap}
     producer = AIOKafkaProducer(**kafka, transactional_id="copier-1")
     consumer = AIOKafkaConsumer("in", **kafka, group_id="copier", isolation_level="read_committed",
                                 enable_auto_commit=False, auto_offset_reset="earliest")  # fmt: skip
@@ -44,4 +45,7 @@ async def main() -> None:
     print(f"copied {copied} records")
 
 
-asyncio.run(main())
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bootstrap", default="127.0.0.1:9092", help="the Kafka listener")
+    asyncio.run(main(parser.parse_args().bootstrap))

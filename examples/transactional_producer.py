@@ -12,6 +12,7 @@ and rolls back what the first left open. It stops after IDLE seconds
 without input.
 """
 
+import argparse
 import asyncio
 import time
 
@@ -20,8 +21,8 @@ from client import Client
 IDLE = 5.0  # seconds without input, then stop
 
 
-async def main() -> None:
-    async with Client("http://127.0.0.1:6650") as client:
+async def main(url: str) -> None:
+    async with Client(url) as client:
         source = await client.subscribe("in", "copier", initial_position="earliest")
         p = await client.create_transactional_producer("copier-1", transaction_timeout=60.0)
         await p.init_transactions()
@@ -41,4 +42,7 @@ async def main() -> None:
     print(f"copied {copied} messages")
 
 
-asyncio.run(main())
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default="http://127.0.0.1:6650", help="the broker")
+    asyncio.run(main(parser.parse_args().url))

@@ -35,6 +35,36 @@ from ledger import faults
 from proto import txnbuf_pb2 as pb
 
 
+# Markers of whole modules, for the contributor's quicker loop (README:
+# ``pytest -m "not slow"``); CI runs every test. `spark`, `browser` and
+# `kafka` tests are also `slow`. A test may mark itself as well.
+MODULE_MARKS: dict[str, tuple[str, ...]] = {
+    "test_spark": ("spark",),
+    "test_spark_cluster": ("spark",),
+    "test_spark_crash": ("spark",),
+    "test_admin_page": ("browser",),
+    "test_kafka": ("kafka",),
+}
+SLOW_MODULES = {  # each takes a minute or more of the suite's time
+    "test_jepsen",
+    "test_copy",
+    "test_bench",
+    "test_loadtest",
+    "test_txn_crash",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        for name in MODULE_MARKS.get(module, ()):
+            item.add_marker(name)
+        if module in SLOW_MODULES or any(
+            item.get_closest_marker(m) for m in ("spark", "browser", "kafka")
+        ):
+            item.add_marker("slow")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
