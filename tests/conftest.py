@@ -34,7 +34,6 @@ from broker._connection import PROTOCOL_VERSION
 from ledger import faults
 from proto import txnbuf_pb2 as pb
 
-
 # Markers of whole modules, for the contributor's quicker loop (README:
 # ``pytest -m "not slow"``); CI runs every test. `spark`, `browser` and
 # `kafka` tests are also `slow`. A test may mark itself as well.

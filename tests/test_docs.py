@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -249,23 +250,25 @@ def until_interrupted(input_topic: str, output_topic: str, n: int = 50) -> Handl
         sent = [b"message %d" % i for i in range(n)]
         send(broker.url, input_topic, sent)
         (tmp / "program.py").write_text(localize(block.text, broker.url, tmp=tmp))
-        proc = subprocess.Popen(
-            [sys.executable, "program.py"],
-            cwd=tmp,
-            env=environment(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            wait_until(lambda: len(committed(broker.url, output_topic)) >= n, proc, "output")
-            proc.send_signal(signal.SIGINT)
-            _, err = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        with (tmp / "stderr").open("w") as stderr:
+            proc = subprocess.Popen(
+                [sys.executable, "program.py"],
+                cwd=tmp,
+                env=environment(),
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                text=True,
+                start_new_session=True,
+            )
+            try:
+                wait_until(lambda: len(committed(broker.url, output_topic)) >= n, proc, "output")
+                proc.send_signal(signal.SIGINT)
+                proc.wait(timeout=60)
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+        err = (tmp / "stderr").read_text()
         # Stopped by Ctrl-C, as its comment says, and by nothing else.
         assert proc.returncode in (-signal.SIGINT, 130), (proc.returncode, err)
         assert err.rstrip().endswith("KeyboardInterrupt"), err
@@ -311,7 +314,9 @@ def assert_lines_of(fragment: str, program: str, where: str) -> None:
         try:
             at = lines.index(code, at) + 1
         except ValueError:
-            raise AssertionError(f"{where}: {code!r} is not a line of the program (after line {at})")
+            raise AssertionError(
+                f"{where}: {code!r} is not a line of the program (after its line {at})"
+            ) from None
 
 
 def spark_copy(block: Block, tmp: Path, request: pytest.FixtureRequest) -> None:
@@ -331,22 +336,23 @@ def spark_streaming(block: Block, tmp: Path, request: pytest.FixtureRequest) -> 
     orders = [b"order %d" % i for i in range(100)]
     send(broker.url, "orders", orders)
     (tmp / "program.py").write_text(localize(block.text, broker.url, tmp=tmp))
-    proc = subprocess.Popen(
-        [sys.executable, "program.py"],
-        cwd=tmp,
-        env=environment(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # (its JVM with it, for the kill below)
-    )
-    try:
-        wait_until(lambda: len(committed(broker.url, "orders-upper")) >= 100, proc, "output")
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=60)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # (the JVM, if Ctrl-C left it)
-        proc.wait()
+    with (tmp / "output").open("w") as output:
+        proc = subprocess.Popen(
+            [sys.executable, "program.py"],
+            cwd=tmp,
+            env=environment(),
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # (its JVM with it, for the kill below)
+        )
+        try:
+            wait_until(lambda: len(committed(broker.url, "orders-upper")) >= 100, proc, "output")
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=60)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # (the JVM, if Ctrl-C left it)
+            proc.wait()
     assert sorted(committed(broker.url, "orders-upper")) == sorted(v.upper() for v in orders)
 
 
@@ -616,6 +622,7 @@ def tagged_transactions(block: Block, tmp: Path, request: pytest.FixtureRequest)
 # -- every block, and what it gets --------------------------------------------------
 
 SPARK = (pytest.mark.spark,)
+KAFKA = (pytest.mark.kafka,)
 SLOW = (pytest.mark.slow,)
 
 BLOCKS: dict[tuple[str, str, int], tuple[Handler, tuple[pytest.MarkDecorator, ...]]] = {
@@ -667,7 +674,8 @@ BLOCKS: dict[tuple[str, str, int], tuple[Handler, tuple[pytest.MarkDecorator, ..
     ("docs/security.md", "import asyncio", 0): (security_application, ()),
     (
         "docs/security.md",
-        "txnbuf token create-key-pair --private-key-file issuer.pem --public-key-file broker.pub \\",
+        "txnbuf token create-key-pair --private-key-file issuer.pem "
+        "--public-key-file broker.pub \\",
         0,
     ): (synopsis(), ()),
     (
@@ -760,7 +768,11 @@ def test_the_examples_table_is_complete() -> None:
 @pytest.mark.parametrize(
     "command",
     [
-        pytest.param(c, id=c.split()[1], marks=SPARK if "spark_" in c else ())
+        pytest.param(
+            c,
+            id=c.split()[1],
+            marks=SPARK if "spark_" in c else KAFKA if "kafka" in c else (),
+        )
         for c, _ in EXAMPLES
     ],
 )
