@@ -1,5 +1,6 @@
 """The `txnbuf` command line: ``txnbuf serve``, ``txnbuf check``,
-``txnbuf check-data`` (`broker._checkdata`), ``txnbuf token`` /
+``txnbuf check-data`` (`broker._checkdata`), ``txnbuf backup``
+(`broker._backup`), ``txnbuf token`` /
 ``txnbuf acl`` (`broker._auth_cli`), and the admin commands ``txnbuf
 topics|subscriptions|transactions|producers`` (`broker._admin_cli`). Bad
 options and a port in use end in one line on stderr (exit 2 and 1), not a
