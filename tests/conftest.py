@@ -70,6 +70,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class PortTaken(Exception):
+    """The port chosen for a broker was taken before it could bind it."""
+
+
 class BrokerProcess:
     """A `txnbuf serve` subprocess that tests may kill and restart."""
 
@@ -79,6 +83,10 @@ class BrokerProcess:
         self.data_dir = data_dir
         self.log_path = log_path
         self.port = port or free_port()
+        # A port `free_port` chose may be taken by another process before the
+        # broker binds it (a shared machine): the first start then takes
+        # another. Once started, a broker keeps its port (restarts use it).
+        self._port_movable = port is None
         self.proc: subprocess.Popen[bytes] | None = None
         self.env: dict[str, str] = {}  # extra environment, e.g. TXNBUF_FAULT
         self.args: list[str] = []  # extra `txnbuf serve` arguments
@@ -113,6 +121,17 @@ class BrokerProcess:
         return None if self.tls is None else ssl.create_default_context(cafile=self.tls[2])
 
     def start(self, timeout: float = 30.0) -> None:
+        for _ in range(3 if self._port_movable else 1):
+            try:
+                self._start(timeout)
+                break
+            except PortTaken:
+                self.port = free_port()
+        else:
+            raise RuntimeError(f"no free port for the broker:\n{self.log()}")
+        self._port_movable = False
+
+    def _start(self, timeout: float) -> None:
         assert self.proc is None or self.proc.poll() is not None, "broker already running"
         log = open(self.log_path, "ab")
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
@@ -140,6 +159,10 @@ class BrokerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if self._port_movable and f"cannot listen on 127.0.0.1:{self.port}: in use" in (
+                    self.log()
+                ):
+                    raise PortTaken(self.port)
                 raise RuntimeError(f"broker exited with {self.proc.returncode}:\n{self.log()}")
             try:
                 health = self.url + "/admin/v1/health"

@@ -218,3 +218,19 @@ def test_the_log_format_and_levels_are_those_serve_help_and_the_docs_state() -> 
     logs = OPERATIONS.split("### Logs", 1)[1].split("###", 1)[0]
     assert f"`{LOG_FORMAT}`" in logs
     assert f"one of {levels} (default INFO)" in " ".join(logs.split())
+
+
+def test_a_test_broker_whose_port_was_taken_starts_on_another(tmp_path: Path) -> None:
+    """The fixtures' broker on a shared machine: a port chosen free and
+    taken before the broker binds it makes it take another (once started,
+    a broker keeps its port)."""
+    import socket
+
+    broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log")
+    taken = broker.port
+    with socket.create_server(("127.0.0.1", taken)):
+        broker.start()
+        try:
+            assert broker.port != taken
+        finally:
+            broker.stop()
