@@ -619,6 +619,23 @@ def tagged_transactions(block: Block, tmp: Path, request: pytest.FixtureRequest)
         assert "transactions" in answer or "aborted" in answer, answer
 
 
+def cluster_tables(block: Block, tmp: Path, request: pytest.FixtureRequest) -> None:
+    """docs/scaling.md's tables: the columns of each are those of its CREATE
+    TABLE in `cluster.MembershipStore`'s docstring (the statements an
+    implementation runs)."""
+    import cluster
+
+    spec = cluster.MembershipStore.__doc__ or ""
+    for line in block.text.splitlines():
+        shown = re.match(r"(\w+)\(([^)]*)\)", line.strip())
+        assert shown is not None, line
+        table, columns = shown.group(1), [c.strip() for c in shown.group(2).split(",")]
+        created = re.search(rf"CREATE TABLE {table} \((.*?)\n\s*\);", spec, re.S)
+        assert created is not None, f"no CREATE TABLE {table} in cluster.MembershipStore"
+        defined = [c.split()[0] for c in created.group(1).strip().splitlines()]
+        assert columns == defined, (table, columns, defined)
+
+
 # -- every block, and what it gets --------------------------------------------------
 
 SPARK = (pytest.mark.spark,)
@@ -694,6 +711,11 @@ BLOCKS: dict[tuple[str, str, int], tuple[Handler, tuple[pytest.MarkDecorator, ..
         'from pipelines import spark_session  # a session with format("txnbuf") registered',
         0,
     ): (spark_streaming, SPARK),
+    (
+        "docs/scaling.md",
+        "brokers(id, urls, lease_until)     -- leases by the database's clock, now()",
+        0,
+    ): (cluster_tables, ()),
     (
         "docs/spark.md",
         '{"subscription": "enrich-orders", "partitions": {"0": [12, 0], "1": [7, 3]}}',
