@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
@@ -71,6 +71,21 @@ def browser(tmp_path: Path) -> Iterator[WebDriver]:
         driver.quit()
 
 
+def click(wait: WebDriverWait[WebDriver], selector: str) -> None:
+    """Click the element ``selector`` finds; the page redraws its tables
+    every refresh, so an element found just before a redraw is gone when
+    clicked: find it again then."""
+
+    def clicked(driver: WebDriver) -> bool:
+        try:
+            driver.find_element(By.CSS_SELECTOR, selector).click()
+        except StaleElementReferenceException:
+            return False
+        return True
+
+    wait.until(clicked)
+
+
 def cells(row: WebElement) -> list[str]:
     return [cell.text for cell in row.find_elements(By.TAG_NAME, "td")]
 
@@ -105,7 +120,7 @@ def abort_from_the_page(
             lambda d: re.fullmatch(r"\d+\.\d", d.find_element(By.CSS_SELECTOR, rate_cell).text)
         )
         seen["in_rate"] = driver.find_element(By.CSS_SELECTOR, rate_cell).text
-        driver.find_element(By.CSS_SELECTOR, f'button.abort[data-txnid="{txnid}"]').click()
+        click(wait, f'button.abort[data-txnid="{txnid}"]')
         wait.until(ec.alert_is_present()).accept()
         wait.until(ec.text_to_be_present_in_element((By.ID, "message"), "ABORTED"))
         seen["message"] = driver.find_element(By.ID, "message").text
@@ -172,7 +187,7 @@ def skip_from_the_page(driver: WebDriver, url: str, txnid: str, screenshot: Path
             "buttons": [b.text for b in driver.find_elements(By.CSS_SELECTOR, f"{row} button")],
             "summary": driver.find_element(By.ID, "txn-summary").text,
         }
-        driver.find_element(By.CSS_SELECTOR, f'button.skip[data-txnid="{txnid}"]').click()
+        click(wait, f'button.skip[data-txnid="{txnid}"]')
         wait.until(ec.alert_is_present()).accept()
         wait.until(ec.text_to_be_present_in_element((By.ID, "message"), "skip on"))
         seen["message"] = driver.find_element(By.ID, "message").text
