@@ -773,7 +773,7 @@ EXAMPLE_RUNS = {
     "examples/transactional_producer.py": ExampleRun((), "--url", "in", "copied 50 messages"),
     "examples/dual_write.py": ExampleRun(("--allow-2pc",), "--url", None, ""),
     "examples/aiokafka_copier.py": ExampleRun(("kafka",), "--bootstrap", "in", "copied 50 records"),
-    "examples/spark_transform.py": ExampleRun((), "--service-url", None, ""),
+    "examples/spark_transform.py": ExampleRun((), "--service-url", None, ""),  # (test_spark.py)
     "examples/spark_windowed.py": ExampleRun((), "--service-url", None, ""),
     "examples/spark_join.py": ExampleRun((), "--service-url", None, ""),
 }
@@ -781,6 +781,8 @@ EXAMPLE_RUNS = {
 
 def test_the_examples_table_is_complete() -> None:
     assert EXAMPLES, "the README has an examples table"
+    spark_tests = (ROOT / "tests" / "test_spark.py").read_text()
+    assert "def test_the_readmes_spark_example_commands_run(" in spark_tests
     assert EXAMPLE_PROGRAMS == set(EXAMPLE_RUNS)
     on_disk = {f"examples/{p.name}" for p in (ROOT / "examples").glob("*.py")}
     assert on_disk == EXAMPLE_PROGRAMS, "every program in examples/ is in the table"
@@ -790,18 +792,18 @@ def test_the_examples_table_is_complete() -> None:
 @pytest.mark.parametrize(
     "command",
     [
-        pytest.param(
-            c,
-            id=c.split()[1],
-            marks=SPARK if "spark_" in c else KAFKA if "kafka" in c else (),
-        )
+        pytest.param(c, id=c.split()[1], marks=KAFKA if "kafka" in c else ())
         for c, _ in EXAMPLES
+        if "/spark_" not in c  # (tests/test_spark.py runs those, on its Spark session)
     ],
 )
 def test_example_runs_as_the_readme_says(command: str, tmp_path: Path) -> None:
     """``.venv/bin/python examples/X.py ...`` as written (this venv's
     Python, from a folder of its own: `client` comes from the install, not
-    from the repository), against a broker started for it."""
+    from the repository), against a broker started for it. The Spark
+    examples run in tests/test_spark.py
+    (`test_the_readmes_spark_example_commands_run`), in-process on its
+    Spark session: a JVM each costs half a minute."""
     argv = shlex.split(localize(command, tmp=tmp_path))
     assert argv[0] == ".venv/bin/python", "run with the venv's Python, as the set-up makes it"
     program = argv[1]
