@@ -42,10 +42,12 @@ from subscriptions._cursor import (
     SNAPSHOT,
     TXN_ABORT,
     TXN_ACK,
+    TXN_ACKED,
     WHOLE_ENTRY,
     AckRecord,
     Cursor,
 )
+from subscriptions._ranges import DeliveredMap
 from subscriptions._state import MsgState
 from subscriptions._uncommitted import UncommittedCursor, from_wire, to_wire
 
@@ -109,7 +111,9 @@ class Dispatcher:
         self.cursor = cursor
         self.uncommitted = uncommitted
         self.consumers: list[Consumer] = []
-        self.pending: dict[Position, Consumer] = {}
+        # Delivered and not acknowledged, by position (ranges: an entry goes
+        # to one consumer whole).
+        self.pending: DeliveredMap[Consumer] = DeliveredMap()
         # Shared and empty until something is to be redelivered: most
         # subscriptions never need a set of their own.
         self.redeliver: SortedSet = _NO_REDELIVERIES
@@ -231,7 +235,7 @@ class Dispatcher:
         if consumer not in self.consumers:
             return
         self.consumers.remove(consumer)
-        self._requeue([p for p, c in self.pending.items() if c is consumer])
+        self._requeue(self.pending.of(consumer))
         self._update_active()
         self.wake()
 
@@ -252,7 +256,7 @@ class Dispatcher:
     def redeliver_unacked(self, consumer: Consumer, positions: list[Position] | None) -> None:
         """Negative ack: redeliver ``positions`` (all if None) pending on ``consumer``."""
         if positions is None:
-            mine = [p for p, c in self.pending.items() if c is consumer]
+            mine = self.pending.of(consumer)
         else:
             mine = [p for p in positions if self.pending.get(p) is consumer]
         self._requeue(mine)
@@ -264,8 +268,7 @@ class Dispatcher:
         A PENDING_ACK message stays locked (its transaction's abort
         redelivers it); a DELETED one is done.
         """
-        for pos in positions:
-            del self.pending[pos]
+        self.pending.forget(positions)
         self._redeliver_later([p for p in positions if self.state(p) is PENDING])
 
     def _redeliver_later(self, positions: list[Position]) -> None:
@@ -297,7 +300,10 @@ class Dispatcher:
         reset (SNAPSHOT) forgets everything and reads on from the new cursor.
         """
         kind = record.kind
-        if kind == TXN_ACK:
+        if kind == TXN_ACKED and not self.redeliver and not self.redelivery_counts:
+            for entry_id, first, last in record.ranges:  # (the usual case: by range)
+                self.pending.discard_range(entry_id, first, last)
+        elif kind == TXN_ACK:
             self.forget(changed, counts=False)  # locked: never redelivered
         elif kind == TXN_ABORT:
             self._redeliver_later([p for p in changed if p[0] < self.read_entry])
@@ -305,7 +311,7 @@ class Dispatcher:
                 self.wake()
         elif kind == CUMULATIVE:
             md = self.cursor.mark_delete
-            done = [p for p in self.pending if p <= md]
+            done = self.pending.through(md)
             done.extend(self.redeliver.irange(maximum=md))
             done.extend(changed)
             self.forget(done)
@@ -323,9 +329,7 @@ class Dispatcher:
     def forget(self, positions: list[Position], counts: bool = True) -> None:
         """Drop ``positions`` from the pending, redelivery (and, with
         ``counts``, redelivery count) bookkeeping."""
-        # (A pop per position in C, not a Python loop: a commit's hundreds
-        # of messages leave at once.)
-        deque(map(self.pending.pop, positions, repeat(None)), 0)
+        self.pending.forget(positions)
         if self.redeliver:  # (usually empty: no per-message call then)
             discard = self.redeliver.discard
             for pos in positions:
@@ -567,8 +571,10 @@ class Dispatcher:
     ) -> None:
         entry_id = entry.entry_id
         delivered = indexes if indexes else range(n)
-        # (entry_id, i) -> consumer for each i, without a Python loop.
-        self.pending.update(zip(zip(repeat(entry_id), delivered), repeat(consumer)))
+        if indexes:
+            self.pending.deliver(entry_id, indexes, consumer)
+        else:
+            self.pending.deliver_range(entry_id, 0, n - 1, consumer)
         consumer.permits -= len(delivered)
         self.messages_out += len(delivered)
         self.bytes_out += len(entry.data)

@@ -9,21 +9,24 @@ its work on an acknowledgement is per range, not per message.
 (first, last) pairs; the entries in a sorted list beside. `LockTable`:
 positions locked by transactions (PENDING_ACK), per entry a sorted list of
 disjoint (first, last, transaction) triples, and per transaction the ranges
-it holds. Neither does I/O; both are `subscriptions._cursor`'s.
+it holds. `DeliveredMap`: what dispatch delivered and is not acknowledged,
+each range with its consumer. None does I/O.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, MutableMapping
+from typing import TypeVar
 
 from buffer import Position
 from proto import TxnID
 
-__all__ = ["LockTable", "Range", "RangeSet", "positions_of", "ranges_of"]
+__all__ = ["DeliveredMap", "LockTable", "Range", "RangeSet", "positions_of", "ranges_of"]
 
 Range = tuple[int, int, int]  # (entry id, first index, last index), inclusive
+_C = TypeVar("_C")
 
 
 def ranges_of(positions: Iterable[Position]) -> list[Range]:
@@ -295,3 +298,126 @@ class LockTable:
     def count(self, txn: TxnID) -> int:
         """How many messages ``txn`` holds."""
         return sum(last - first + 1 for _, first, last in self.held.get(txn, ()))
+
+
+class DeliveredMap(MutableMapping[Position, _C]):
+    """Messages delivered and not acknowledged, each with its consumer, as
+    ranges: per entry a sorted list of disjoint (first, last, consumer).
+    An entry goes to one consumer whole (one range), so delivering it and
+    forgetting a commit of it cost per range, not per message. A mapping of
+    positions all the same."""
+
+    __slots__ = ("_by_entry", "_count")
+
+    def __init__(self) -> None:
+        self._by_entry: dict[int, list[tuple[int, int, _C]]] = {}
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[Position]:
+        for entry_id in sorted(self._by_entry):
+            for a, b, _ in self._by_entry[entry_id]:
+                yield from zip(itertools.repeat(entry_id), range(a, b + 1))
+
+    def __getitem__(self, pos: Position) -> _C:
+        for a, b, consumer in self._by_entry.get(pos[0], ()):
+            if a <= pos[1] <= b:
+                return consumer
+        raise KeyError(pos)
+
+    def __contains__(self, pos: object) -> bool:
+        try:
+            self[pos]  # type: ignore[index]
+        except (KeyError, TypeError):
+            return False
+        return True
+
+    def __setitem__(self, pos: Position, consumer: _C) -> None:
+        entry_id, index = pos
+        self.discard_range(entry_id, index, index)
+        self._add(entry_id, index, index, consumer)
+
+    def __delitem__(self, pos: Position) -> None:
+        if not self.discard_range(pos[0], pos[1], pos[1]):
+            raise KeyError(pos)
+
+    def clear(self) -> None:
+        self._by_entry.clear()
+        self._count = 0
+
+    def deliver(self, entry_id: int, indexes: Iterable[int], consumer: _C) -> None:
+        """``indexes`` (sorted) of entry ``entry_id`` went to ``consumer``
+        (a redelivery may take some from another one)."""
+        for _, first, last in ranges_of(zip(itertools.repeat(entry_id), indexes)):
+            self.discard_range(entry_id, first, last)
+            self._add(entry_id, first, last, consumer)
+
+    def deliver_range(self, entry_id: int, first: int, last: int, consumer: _C) -> None:
+        """``first``..``last`` of entry ``entry_id`` went to ``consumer``."""
+        if entry_id in self._by_entry:
+            self.discard_range(entry_id, first, last)
+        self._add(entry_id, first, last, consumer)
+
+    def _add(self, entry_id: int, first: int, last: int, consumer: _C) -> None:
+        runs = self._by_entry.get(entry_id)
+        if runs is None:
+            self._by_entry[entry_id] = [(first, last, consumer)]
+        else:
+            runs.insert(bisect.bisect_left([r[0] for r in runs], first), (first, last, consumer))
+        self._count += last - first + 1
+
+    def discard_range(self, entry_id: int, first: int, last: int) -> int:
+        """Forget ``first``..``last`` of entry ``entry_id``; how many were here."""
+        runs = self._by_entry.get(entry_id)
+        if not runs:
+            return 0
+        if len(runs) == 1 and runs[0][0] >= first and runs[0][1] <= last:  # (the usual case)
+            a, b, _ = runs[0]
+            del self._by_entry[entry_id]
+            self._count -= b - a + 1
+            return b - a + 1
+        out: list[tuple[int, int, _C]] = []
+        gone = 0
+        for a, b, consumer in runs:
+            if b < first or a > last:
+                out.append((a, b, consumer))
+                continue
+            gone += min(b, last) - max(a, first) + 1
+            if a < first:
+                out.append((a, first - 1, consumer))
+            if b > last:
+                out.append((last + 1, b, consumer))
+        if out:
+            self._by_entry[entry_id] = out
+        else:
+            del self._by_entry[entry_id]
+        self._count -= gone
+        return gone
+
+    def forget(self, positions: Iterable[Position]) -> None:
+        """Forget ``positions`` (those here)."""
+        by_entry = self._by_entry
+        for entry_id, first, last in ranges_of(positions):
+            if entry_id in by_entry:
+                self.discard_range(entry_id, first, last)
+
+    def of(self, consumer: _C) -> list[Position]:
+        """The positions delivered to ``consumer``, in order."""
+        return [p for p, c in self.items() if c is consumer]
+
+    def items(self) -> Iterator[tuple[Position, _C]]:  # type: ignore[override]
+        for entry_id in sorted(self._by_entry):
+            for a, b, consumer in self._by_entry[entry_id]:
+                for i in range(a, b + 1):
+                    yield (entry_id, i), consumer
+
+    def through(self, bound: Position) -> list[Position]:
+        """The positions at or before ``bound``, in order."""
+        out: list[Position] = []
+        for entry_id in sorted(e for e in self._by_entry if e <= bound[0]):
+            for a, b, _ in self._by_entry[entry_id]:
+                stop = b if entry_id < bound[0] else min(b, bound[1])
+                out.extend(zip(itertools.repeat(entry_id), range(a, stop + 1)))
+        return out

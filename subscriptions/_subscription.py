@@ -12,7 +12,7 @@ their positions have an entry id below -1.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from buffer import Partition, Position
 from ledger import Ledger
@@ -148,7 +148,7 @@ class PartitionSubscription:
         return self.dispatch.sub_type
 
     @property
-    def pending(self) -> dict[Position, Consumer]:
+    def pending(self) -> Mapping[Position, Consumer]:
         """Messages delivered and not acknowledged, and their consumers."""
         return self.dispatch.pending
 

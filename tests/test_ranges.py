@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from subscriptions._ranges import LockTable, RangeSet, positions_of, ranges_of
+from subscriptions._ranges import DeliveredMap, LockTable, RangeSet, positions_of, ranges_of
 
 T1, T2, T3 = (1, 1), (1, 2), (2, 7)
 
@@ -105,3 +105,49 @@ def test_a_lock_table_is_its_locked_positions(seed: int) -> None:
             assert table.holder(p) == t
         for t in (T1, T2, T3):
             assert table.count(t) == sum(1 for x in model.values() if x == t)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_delivered_map_is_a_dict_of_positions(seed: int) -> None:
+    rng = random.Random(seed)
+    delivered: DeliveredMap[str] = DeliveredMap()
+    model: dict[tuple[int, int], str] = {}
+    for _ in range(300):
+        entry, a = rng.randrange(5), rng.randrange(20)
+        b = a + rng.randrange(6)
+        who = rng.choice("xyz")
+        op = rng.random()
+        if op < 0.3:
+            delivered.deliver_range(entry, a, b, who)
+            model.update({(entry, i): who for i in range(a, b + 1)})
+        elif op < 0.45:
+            indexes = sorted(rng.sample(range(30), rng.randrange(1, 6)))
+            delivered.deliver(entry, indexes, who)
+            model.update({(entry, i): who for i in indexes})
+        elif op < 0.6:
+            positions = [(entry, i) for i in range(a, b + 1)]
+            rng.shuffle(positions)
+            delivered.forget(positions)
+            for p in positions:
+                model.pop(p, None)
+        elif op < 0.7:
+            gone = delivered.discard_range(entry, a, b)
+            assert gone == sum(1 for i in range(a, b + 1) if (entry, i) in model)
+            for i in range(a, b + 1):
+                model.pop((entry, i), None)
+        elif op < 0.8 and model:
+            pos = rng.choice(sorted(model))
+            del delivered[pos]
+            del model[pos]
+        elif op < 0.9:
+            delivered[(entry, a)] = who
+            model[(entry, a)] = who
+        else:
+            bound = (entry, a)
+            assert delivered.through(bound) == sorted(p for p in model if p <= bound)
+        assert dict(delivered.items()) == model and len(delivered) == len(model)
+        assert list(delivered) == sorted(model)
+        assert delivered.of(who) == sorted(p for p, c in model.items() if c == who)
+        for i in range(0, 30, 7):
+            assert ((entry, i) in delivered) == ((entry, i) in model)
+            assert delivered.get((entry, i)) == model.get((entry, i))
