@@ -69,7 +69,7 @@ from typing import Any, Protocol
 
 from ledger import LedgerError, LedgerStore, faults, pass_failure
 from proto import TxnID, refusals, wire_txnid
-from tc._log import TxnLog
+from tc._log import TxnLog, apply_record
 from tc._producers import (
     DEFAULT_EXPIRATION_MS,
     MAX_TXN_TIMEOUT_MS,
@@ -303,7 +303,8 @@ class TransactionCoordinator:
         coordinator can tell: opened ahead for a client, still OPEN, with no
         partition or subscription. (A client takes a spare without telling
         the coordinator, so a taken one looks the same until its first send
-        or acknowledgement.) Not kept across a restart."""
+        or acknowledgement reaches the broker: a local transaction's, until
+        its commit.) Not kept across a restart."""
         meta = self._table.txns.get(txnid)
         return (
             txnid in self._spares
@@ -312,6 +313,32 @@ class TransactionCoordinator:
             and not meta.partitions
             and not meta.subscriptions
         )
+
+    def _new_producer_txn(
+        self, entry: ProducerEntry, producer_id: int, epoch: int, lazy: bool
+    ) -> tuple[TxnID, asyncio.Future[int]]:
+        """Open ``entry``'s next transaction as its ongoing one: one NEW
+        record that carries the registry's change too (it applies both,
+        live and on replay), not a NEW and a PRODUCER record."""
+        rec = self._table.new(
+            0 if entry.two_phase else entry.timeout_ms,
+            _now_ms(),
+            entry.identity,
+            entry.two_phase,
+        )
+        txnid = self._table.next_txnid()
+        began = dataclasses.replace(
+            entry,
+            ongoing=txnid,
+            txn_producer_id=producer_id,
+            txn_epoch=epoch,
+            updated_ms=_now_ms(),
+        )
+        rec.producer.CopyFrom(ProducerRegistry.record(began).producer)
+        self.txns_begun += 1
+        written = self._append(rec, lazy=lazy)
+        self._arm_for(txnid)
+        return txnid, written
 
     def _arm_for(self, txnid: TxnID) -> None:
         """Fire the expiry at ``txnid``'s deadline if it has one before the
@@ -511,10 +538,17 @@ class TransactionCoordinator:
         answers = [self._abort_by_coordinator(meta, TxnEvent.ABORT) for meta in metas]
         return len(metas), _all_of(answers)
 
-    def _decide(self, meta: TxnMeta, event: TxnEvent) -> asyncio.Future[None]:
+    def _decide(
+        self, meta: TxnMeta, event: TxnEvent, producer: ProducerEntry | None = None
+    ) -> asyncio.Future[None]:
         """Log the decision on an OPEN transaction and tell its participants;
-        the result as `end_txn`'s."""
-        logged = self._append(self._table.decide(meta.txnid, event, _now_ms()))
+        the result as `end_txn`'s. ``producer``: the registry's change that
+        goes with the decision (a producer's END bumps its identity), in
+        the same record."""
+        rec = self._table.decide(meta.txnid, event, _now_ms())
+        if producer is not None:
+            rec.producer.CopyFrom(ProducerRegistry.record(producer).producer)
+        logged = self._append(rec)
         self._tell(meta, logged)
         return self._answer(meta.txnid, logged)
 
@@ -900,19 +934,7 @@ class TransactionCoordinator:
     ) -> TxnID:
         """Open the producer's next transaction and log it as its ongoing one
         (``lazy``: see `ledger.Ledger.append`)."""
-        txnid = self.new_txn(
-            0 if entry.two_phase else entry.timeout_ms,
-            producer=entry.identity,
-            two_phase=entry.two_phase,
-        )
-        began = dataclasses.replace(
-            entry,
-            ongoing=txnid,
-            txn_producer_id=producer_id,
-            txn_epoch=epoch,
-            updated_ms=_now_ms(),
-        )
-        written = self._append(ProducerRegistry.record(began), lazy=lazy)
+        txnid, written = self._new_producer_txn(entry, producer_id, epoch, lazy)
         self._begins[txnid] = written
         written.add_done_callback(lambda _: self._begins.pop(txnid, None))
         return txnid
@@ -1052,11 +1074,12 @@ class TransactionCoordinator:
                 f"({entry.transactional_id!r}) has no transaction here; a broker restart lost "
                 "it before any of its writes were durable: abort it and begin the next"
             )
+        decide: TxnMeta | None = None
         decided: asyncio.Future[None] | None = None
         if entry.ongoing is not None:
             meta = self._table.get(entry.ongoing)
             if meta is not None and meta.status in _WAITING:
-                decided = self._decide(meta, TxnEvent.COMMIT if commit else TxnEvent.ABORT)
+                decide = meta
             elif meta is not None and same_outcome(meta.status, commit):
                 decided = self._answer(entry.ongoing, None)
             else:
@@ -1091,8 +1114,14 @@ class TransactionCoordinator:
                 prev_outcome=outcome,
                 updated_ms=_now_ms(),
             )
-        written = self._append(ProducerRegistry.record(ended))
-        waits: list[asyncio.Future[Any]] = [written] if decided is None else [decided, written]
+        waits: list[asyncio.Future[Any]]
+        if decide is not None:
+            # The decision and the identity's change: one record.
+            event = TxnEvent.COMMIT if commit else TxnEvent.ABORT
+            waits = [self._decide(decide, event, producer=ended)]
+        else:
+            written = self._append(ProducerRegistry.record(ended))
+            waits = [written] if decided is None else [decided, written]
         left = len(waits)
 
         def one_done(f: asyncio.Future[Any]) -> None:
@@ -1110,34 +1139,34 @@ class TransactionCoordinator:
     def _abort_by_coordinator(self, meta: TxnMeta, event: TxnEvent) -> asyncio.Future[None]:
         """Abort ``meta`` (a timeout, a restart, an operator): decide, and if
         it is a producer's ongoing transaction, bump that producer's
-        identity, so a late write of it is refused and its client learns it
-        may abort and go on (TRANSACTION_ABORTABLE)."""
-        decided = self._decide(meta, event)
+        identity in the same record, so a late write of it is refused and
+        its client learns it may abort and go on (TRANSACTION_ABORTABLE)."""
+        bumped: ProducerEntry | None = None
         if meta.producer is not None:
             try:
                 entry = self._producers.of_producer(meta.producer[0])
             except Exception:
-                return decided
-            if entry.ongoing == meta.txnid and entry.txn_identity == entry.identity:
+                entry = None
+            if (
+                entry is not None
+                and entry.ongoing == meta.txnid
+                and (entry.txn_identity == entry.identity)
+            ):
                 pid, epoch = self._producers.bump(*entry.identity)
-                self._append(
-                    ProducerRegistry.record(
-                        dataclasses.replace(
-                            entry,
-                            producer_id=pid,
-                            epoch=epoch,
-                            ongoing=None,
-                            txn_producer_id=-1,
-                            txn_epoch=-1,
-                            prev_producer_id=entry.producer_id,
-                            prev_epoch=entry.epoch,
-                            prev_outcome="abort",
-                            bumped_by="coordinator",
-                            updated_ms=_now_ms(),
-                        )
-                    )
+                bumped = dataclasses.replace(
+                    entry,
+                    producer_id=pid,
+                    epoch=epoch,
+                    ongoing=None,
+                    txn_producer_id=-1,
+                    txn_epoch=-1,
+                    prev_producer_id=entry.producer_id,
+                    prev_epoch=entry.epoch,
+                    prev_outcome="abort",
+                    bumped_by="coordinator",
+                    updated_ms=_now_ms(),
                 )
-        return decided
+        return self._decide(meta, event, producer=bumped)
 
     def _expire_producers(self) -> None:
         """Forget the transactional ids idle for longer than their expiration
@@ -1191,7 +1220,7 @@ class TransactionCoordinator:
         """Append ``rec`` and apply it (append order is durability order);
         the result is done once it is durable."""
         written = self._log.append(rec, lazy)
-        self._table.apply(rec) or self._producers.apply(rec)
+        apply_record(self._table, self._producers, rec)
         if self._log.snapshot_due():
             self._log.write_snapshot(self._table, self._producers)
         return written
