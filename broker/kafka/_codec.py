@@ -55,12 +55,14 @@ class Api(enum.IntEnum):
     HEARTBEAT = 12
     LEAVE_GROUP = 13
     SYNC_GROUP = 14
+    SASL_HANDSHAKE = 17
     API_VERSIONS = 18
     INIT_PRODUCER_ID = 22
     ADD_PARTITIONS_TO_TXN = 24
     ADD_OFFSETS_TO_TXN = 25
     END_TXN = 26
     TXN_OFFSET_COMMIT = 28
+    SASL_AUTHENTICATE = 36
 
 
 # API -> (lowest, highest) version served. Produce is advertised from 0
@@ -84,6 +86,8 @@ VERSIONS: dict[Api, tuple[int, int]] = {
     Api.ADD_OFFSETS_TO_TXN: (0, 2),
     Api.END_TXN: (0, 2),
     Api.TXN_OFFSET_COMMIT: (0, 2),
+    Api.SASL_HANDSHAKE: (1, 1),  # (v0 sends raw SASL tokens after it: not served)
+    Api.SASL_AUTHENTICATE: (0, 1),
 }
 PRODUCE_MIN_DECODED = 3
 
@@ -176,11 +180,14 @@ def _skip_tagged_fields(buf: bytes, pos: int) -> int:
 def encode_response(header: RequestHeader, api_key: int, version: int, body: Any) -> bytes:
     """The frame (size prefix included) answering ``header`` with ``body``
     (a kio response of ``api_key`` at ``version``). The response header is
-    v0: no API served here answers with a flexible one."""
+    v1 (with tagged fields) for a flexible version, except ApiVersions's,
+    which is always v0."""
     out = io.BytesIO()
     out.write(b"\0\0\0\0")
     out.write(struct.pack(">i", header.correlation_id))
     cls: Any = type(body)
+    if cls.__flexible__ and api_key != Api.API_VERSIONS:
+        out.write(b"\0")  # (response header v1: no tagged fields)
     _writer(cls)(out, body)
     frame = out.getbuffer()
     struct.pack_into(">i", frame, 0, len(frame) - 4)
