@@ -464,8 +464,8 @@ async def test_a_role_gets_on_kafka_what_the_acl_grants_and_refusals_change_noth
 
     # Nothing granted: a produce is refused, and stores nothing.
     producer = AIOKafkaProducer(bootstrap_servers=boot, **creds)
-    await producer.start()
     try:
+        await producer.start()
         with pytest.raises(TopicAuthorizationFailedError):
             await producer.send_and_wait(topic, b"refused")
         with pytest.raises(TopicAuthorizationFailedError):
@@ -487,8 +487,8 @@ async def test_a_role_gets_on_kafka_what_the_acl_grants_and_refusals_change_noth
     assert broker.admin("GET", f"/admin/v1/producers/{tid}")[0] == 404
     broker.grant("produce", f"transactional-id:{tid}")
     txn = AIOKafkaProducer(bootstrap_servers=boot, transactional_id=tid, **creds)
-    await txn.start()
     try:
+        await txn.start()
         async with txn.transaction():
             await txn.send_and_wait(topic, b"in a transaction")
     finally:
@@ -499,8 +499,8 @@ async def test_a_role_gets_on_kafka_what_the_acl_grants_and_refusals_change_noth
         consumer = AIOKafkaConsumer(
             topic, bootstrap_servers=boot, group_id=group, auto_offset_reset="earliest", **creds
         )
-        await consumer.start()
         try:
+            await consumer.start()
             got: list[bytes] = []
             deadline = time.monotonic() + 20
             while len(got) < 2 and time.monotonic() < deadline:
@@ -513,8 +513,8 @@ async def test_a_role_gets_on_kafka_what_the_acl_grants_and_refusals_change_noth
 
     # (a consumer with no group: the Fetch is refused)
     lone = AIOKafkaConsumer(bootstrap_servers=boot, **creds)
-    await lone.start()
     try:
+        await lone.start()
         lone.assign([TopicPartition(topic, 0)])
         lone.seek(TopicPartition(topic, 0), 0)
         with pytest.raises(TopicAuthorizationFailedError):
@@ -532,8 +532,8 @@ async def test_a_role_gets_on_kafka_what_the_acl_grants_and_refusals_change_noth
     status, subs = broker.admin("GET", f"/admin/v1/topics/{topic}/subscriptions")
     assert status == 200 and b"audit" not in subs
     committed = AIOKafkaConsumer(bootstrap_servers=boot, group_id="readers", **creds)
-    await committed.start()
     try:
+        await committed.start()
         assert await committed.committed(TopicPartition(topic, 0)) is not None
     finally:
         await committed.stop()
@@ -784,3 +784,64 @@ async def test_a_plaintext_client_cannot_talk_to_the_tls_listener(
     finally:
         await producer.stop()
     assert tls_broker.topics() == before
+
+
+# -- the admin APIs ---------------------------------------------------------------------------
+
+
+@KAFKA_PYTHON_WARNINGS
+def test_the_admin_apis_need_a_superuser(tls_broker: SecureKafkaBroker) -> None:
+    """kafka-python's KafkaAdminClient over SASL_SSL: as a role, each admin
+    API is refused with the authorization error of the resource it names,
+    and nothing changes; as the superuser the same calls go through."""
+    from kafka import TopicPartition
+    from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewTopic
+    from kafka.errors import (
+        ClusterAuthorizationFailedError,
+        GroupAuthorizationFailedError,
+        TopicAuthorizationFailedError,
+        TransactionalIdAuthorizationFailedError,
+    )
+
+    broker = tls_broker
+    existing = broker.topic("kept", partitions=1)
+    broker.grant("produce", "topic:*")  # (a role with every topic still is no admin)
+    role = KafkaAdminClient(bootstrap_servers=broker.bootstrap, **broker.creds().kafka_python())
+    try:
+        with pytest.raises(TopicAuthorizationFailedError):
+            role.create_topics([NewTopic("made-by-app", 1, 1)])
+        with pytest.raises(TopicAuthorizationFailedError):
+            role.delete_topics([existing])
+        # (kafka-python drops DescribeConfigs' per-resource errors: no configs)
+        described = role.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, existing)], config_filter="all"
+        )
+        assert described == {"topic": {existing: {}}}
+        with pytest.raises(ClusterAuthorizationFailedError):
+            role.list_groups()
+        # (kafka-python reports DescribeGroups' per-group error as text)
+        assert (
+            GroupAuthorizationFailedError.__name__ in role.describe_groups(["any"])["any"]["error"]
+        )
+        with pytest.raises(ClusterAuthorizationFailedError):
+            role.describe_cluster()
+        with pytest.raises(ClusterAuthorizationFailedError):
+            role.list_transactions()
+        with pytest.raises(TransactionalIdAuthorizationFailedError):
+            role.describe_transactions(["any"])
+        with pytest.raises(TopicAuthorizationFailedError):
+            role.describe_producers([TopicPartition(existing, 0)])
+    finally:
+        role.close()
+    assert existing in broker.topics() and "made-by-app" not in broker.topics()
+    admin = KafkaAdminClient(
+        bootstrap_servers=broker.bootstrap,
+        **broker.creds("admin", mechanism="PLAIN").kafka_python(),
+    )
+    try:
+        admin.create_topics([NewTopic("made-by-admin", 1, 1)])
+        assert admin.describe_cluster()["cluster_id"] == "txnbuf"
+        admin.delete_topics([existing])
+    finally:
+        admin.close()
+    assert "made-by-admin" in broker.topics() and existing not in broker.topics()

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from broker.kafka._session import GROUP_AUTHORIZATION_FAILED
 
-__all__ = ["GroupError", "Groups", "JoinResult", "Member"]
+__all__ = ["GroupError", "GroupInfo", "Groups", "JoinResult", "Member"]
 
 # Kafka error codes the group protocol answers with.
 ILLEGAL_GENERATION = 22
@@ -73,6 +73,7 @@ class Member:
     rebalance_timeout_ms: int
     protocols: list[tuple[str, bytes]]
     owner: str | None = None  # the role that joined it
+    client_host: str = ""
     last_seen: float = field(default_factory=time.monotonic)
     join: asyncio.Future[JoinResult] | None = None
     sync: asyncio.Future[bytes] | None = None
@@ -90,6 +91,19 @@ class JoinResult:
     leader: str
     member_id: str
     members: list[tuple[str, str | None, bytes]]  # for the leader only
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    """A group as DescribeGroups and ListGroups show it: its state (Kafka's
+    name), protocol type and protocol, and its members with their
+    metadata (for that protocol) and assignments."""
+
+    group_id: str
+    state: str
+    protocol_type: str
+    protocol: str
+    members: list[tuple[Member, bytes, bytes]]
 
 
 @dataclass(slots=True)
@@ -134,6 +148,32 @@ class Groups:
         return group
 
     # -- queries -----------------------------------------------------------------
+
+    def group_ids(self) -> list[str]:
+        return sorted(self._groups)
+
+    def describe(self, group_id: str) -> GroupInfo | None:
+        group = self._groups.get(group_id)
+        if group is None:
+            return None
+        members = [
+            (
+                m,
+                next((meta for name, meta in m.protocols if name == group.protocol), b""),
+                m.assignment,
+            )
+            for m in group.members.values()
+        ]
+        protocol_type = group.protocol_type if group.members else ""
+        return GroupInfo(group_id, group.state.value, protocol_type, group.protocol, members)
+
+    def forget(self, group_id: str) -> None:
+        """Drop a group that has no members (its deletion)."""
+        group = self._groups.get(group_id)
+        if group is not None and not group.members:
+            if group.timer is not None:
+                group.timer.cancel()
+            del self._groups[group_id]
 
     def check_member(
         self, group_id: str, member_id: str, generation: int, owner: str | None = None
@@ -197,6 +237,7 @@ class Groups:
         rebalance_timeout_ms: int,
         require_known_id: bool,
         owner: str | None = None,
+        client_host: str = "",
     ) -> asyncio.Future[JoinResult]:
         """JoinGroup: a future answered once the next generation opens
         (``owner``: the role joining)."""
@@ -234,6 +275,7 @@ class Groups:
                 rebalance_timeout_ms,
                 list(protocols),
                 owner,
+                client_host,
             )
         else:
             member.protocols = list(protocols)

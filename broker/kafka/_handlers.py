@@ -43,6 +43,8 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from broker._errors import error_text, kafka_code
+from broker._operations import first_published_at_or_after
+from broker.kafka._admin import KafkaAdmin
 from broker.kafka._codec import VERSIONS, Api
 from broker.kafka._groups import GroupError, Groups
 from broker.kafka._offsets import MAX_ENTRY_MESSAGES, offset_of, position_of
@@ -136,6 +138,7 @@ class KafkaApis:
                 lambda req, version, session: session.sasl_authenticate(req, version)
             ),
         }
+        self._handlers.update(KafkaAdmin(self).handlers())
 
     def close(self) -> None:
         self.groups.close()
@@ -331,6 +334,11 @@ class KafkaApis:
             _plain_offset(partition.publish(name, batch.messages(first), None, first))
         )
 
+    def txn_sequence(self, partition: Partition, pid: int) -> tuple[TxnID, int] | None:
+        """(transaction, the producer's base sequence in it) of producer
+        ``pid``'s last transaction on ``partition``, if known."""
+        return self._txn_sequences.get((partition.topic, partition.index, pid))
+
     def _txn_first_sequence(self, partition: Partition, pid: int, txnid: TxnID, base: int) -> int:
         key = (partition.topic, partition.index, pid)
         known = self._txn_sequences.get(key)
@@ -453,8 +461,13 @@ class KafkaApis:
             self._batch_bytes -= len(dropped)
         return encoded
 
-    def list_offsets(self, req: Any, version: int, session: KafkaSession) -> Response:
+    def list_offsets(
+        self, req: Any, version: int, session: KafkaSession
+    ) -> Response | Awaitable[Response]:
+        """Earliest (-2), latest (-1), or the first offset of a message
+        published at or after a time (`_offset_for_time`)."""
         topics = []
+        by_time: list[tuple[Response, Partition, int]] = []
         for topic in req.topics:
             parts = []
             for p in topic.partitions:
@@ -477,11 +490,22 @@ class KafkaApis:
                     out["offset"] = offset_of(ledger.last_entry_id + 1, 0)
                 elif p.timestamp == -2:  # earliest
                     out["offset"] = offset_of(ledger.first_entry_id, 0)
-                else:
+                elif p.timestamp >= 0:
+                    by_time.append((out, partition, p.timestamp))
+                else:  # (-3, the largest timestamp, came with v7)
                     out["error_code"] = INVALID_REQUEST
                 parts.append(out)
             topics.append({"name": topic.name, "partitions": parts})
-        return {"throttle_time": 0, "topics": topics}
+        answer = {"throttle_time": 0, "topics": topics}
+        if not by_time:
+            return answer
+
+        async def timed() -> Response:
+            for out, partition, time_ms in by_time:
+                out["offset"], out["timestamp"] = await _offset_for_time(partition, time_ms)
+            return answer
+
+        return timed()
 
     # -- transactions ----------------------------------------------------------------------
 
@@ -658,13 +682,14 @@ class KafkaApis:
                 req.group_id,
                 req.member_id,
                 getattr(req, "group_instance_id", None),
-                "",
+                session.client_id,
                 req.protocol_type,
                 [(p.name, bytes(p.metadata)) for p in req.protocols],
                 session_ms,
                 rebalance_ms,
                 version >= 4,
                 session.who.role,
+                session.host,
             )
         except (GroupError, KafkaError) as exc:
             out["error_code"] = exc.code
@@ -979,6 +1004,29 @@ def _committed_offset(sub: PartitionSubscription) -> int:
     if index == WHOLE_ENTRY or index + 1 >= sub.partition.count(entry_id):
         return offset_of(entry_id + 1, 0)
     return offset_of(entry_id, index + 1)
+
+
+async def _offset_for_time(partition: Partition, time_ms: int) -> tuple[int, int]:
+    """(offset, publish time) of the first message of ``partition``
+    published at or after ``time_ms``, or (-1, -1) if none was (Kafka's
+    ListOffsets by timestamp). The entries are searched by their first
+    message's publish time, as a consumer's seek by time does
+    (`broker._operations.first_published_at_or_after`), then the entry
+    before the one found, whose later messages may be that late, and that
+    one are read message by message."""
+    ledger = partition.ledger
+    found = await first_published_at_or_after(partition, time_ms)
+    for entry_id in (found - 1, found):
+        if not ledger.first_entry_id <= entry_id <= ledger.last_entry_id:
+            continue
+        entries = await ledger.read(entry_id, entry_id)
+        if not entries:
+            continue
+        batch = pb.EntryBatch.FromString(await partition.materialize(entries[0]))
+        for index, message in enumerate(batch.messages[:MAX_ENTRY_MESSAGES]):
+            if message.publish_time_ms >= time_ms:
+                return offset_of(entry_id, index), message.publish_time_ms
+    return -1, -1
 
 
 async def _any_grows(partitions: list[Partition], timeout: float) -> None:

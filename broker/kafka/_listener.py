@@ -211,6 +211,7 @@ class _Connection:
 
     def _answer(self, header: RequestHeader, body: Any) -> None:
         handler = self.apis.handler(header.api_key)
+        self.session.client_id = header.client_id or ""
         result = handler(body, header.api_version, self.session)
         if result is None:  # (a Produce with acks=0 is not answered)
             return

@@ -153,6 +153,8 @@ class KafkaSession:
     ) -> None:
         self.security = security
         self.peer = peer
+        self.host = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        self.client_id = ""  # (the current request's, from its header)
         self.who: Principal = security.anonymous
         self.mechanism: str | None = None
         self.closing = False  # close the connection once this answer is out
