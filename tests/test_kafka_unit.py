@@ -457,3 +457,61 @@ def test_a_broker_stopping_with_kafka_connections_open_logs_no_error(
         assert kafka_broker.stop() == 0
     log = kafka_broker.log()
     assert "txnbuf: stopped" in log and " ERROR " not in log, log
+
+
+# -- SASL credentials and a member's subscription ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "data", "expected"),
+    [
+        ("PLAIN", b"\0app\0tok", ("app", "tok")),
+        ("PLAIN", b"app\0app\0tok", ("app", "tok")),
+        ("OAUTHBEARER", b"n,,\x01auth=Bearer tok\x01\x01", (None, "tok")),
+        ("OAUTHBEARER", b"n,a=app,\x01auth=Bearer tok\x01\x01", ("app", "tok")),
+        ("OAUTHBEARER", b"n,a=a=2Cb,\x01auth=bearer  tok \x01\x01", ("a,b", "tok")),
+        # (extensions, KIP-342, are read past)
+        ("OAUTHBEARER", b"n,,\x01auth=Bearer tok\x01traceId=7\x01\x01", (None, "tok")),
+    ],
+)
+def test_sasl_credentials_are_read(
+    mechanism: str, data: bytes, expected: tuple[str | None, str]
+) -> None:
+    from broker.kafka._session import sasl_credentials
+
+    assert sasl_credentials(mechanism, data) == expected
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "data", "words"),
+    [
+        ("PLAIN", b"app\0tok", "authzid NUL user NUL password"),
+        ("PLAIN", b"\0\0tok", "need a user"),
+        ("PLAIN", b"other\0app\0tok", "is not the user"),
+        ("PLAIN", b"\0app\0\xff", "not UTF-8"),
+        ("OAUTHBEARER", b"\x01", "gave up"),
+        ("OAUTHBEARER", b"Bearer tok", "OAUTHBEARER credentials are"),
+        ("OAUTHBEARER", b"p=tls,,\x01auth=Bearer tok\x01\x01", "GS2 header"),
+        ("OAUTHBEARER", b"n,,\x01user=app\x01\x01", "without auth=Bearer"),
+        ("OAUTHBEARER", b"n,,\x01auth=Basic tok\x01\x01", "must be 'Bearer <token>'"),
+        ("PLAIN", b"\0app\0" + b"t" * 20000, "bytes of SASL credentials"),
+    ],
+)
+def test_bad_sasl_credentials_are_refused_saying_why(
+    mechanism: str, data: bytes, words: str
+) -> None:
+    from broker.kafka._session import SaslError, sasl_credentials
+
+    with pytest.raises(SaslError, match=words):
+        sasl_credentials(mechanism, data)
+
+
+def test_a_consumer_subscription_is_read_for_its_topics() -> None:
+    from kafka.protocol.old.consumer_protocol import ConsumerProtocolMemberMetadata_v0
+
+    from broker.kafka._handlers import subscribed_topics
+
+    meta = ConsumerProtocolMemberMetadata_v0(0, ["orders", "payments"], b"x").encode()
+    assert subscribed_topics(bytes(meta)) == ["orders", "payments"]
+    with pytest.raises(ValueError):
+        subscribed_topics(b"\0\0\0\0\0\x05\0\x03ab")
