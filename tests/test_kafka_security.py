@@ -845,3 +845,29 @@ def test_the_admin_apis_need_a_superuser(tls_broker: SecureKafkaBroker) -> None:
     finally:
         admin.close()
     assert "made-by-admin" in broker.topics() and existing not in broker.topics()
+
+
+def test_connections_beyond_the_limit_are_closed(tmp_path: Path) -> None:
+    """--max-connections holds on the Kafka listener too: one connection
+    more is closed at once, unanswered; one of those open is served."""
+    from kio.schema.api_versions.v0.request import ApiVersionsRequest
+
+    broker = KafkaBroker(tmp_path / "data", tmp_path / "broker.log")
+    broker.args += ["--max-connections", "2"]
+    broker.start()
+    try:
+        first, second = RawKafka(broker.kafka_port), RawKafka(broker.kafka_port)
+        assert first.call(Api.API_VERSIONS, 0, ApiVersionsRequest()).error_code == 0
+        second.call(Api.API_VERSIONS, 0, ApiVersionsRequest())
+        third = RawKafka(broker.kafka_port)
+        try:
+            assert third.closed()
+        finally:
+            third.close()
+        assert first.call(Api.API_VERSIONS, 0, ApiVersionsRequest()).error_code == 0
+        first.close()
+        second.close()
+    finally:
+        broker.stop()
+        sys.stderr.write(broker.log())
+    assert "refused: 2 connections open, the limit (--max-connections 2)" in broker.log()

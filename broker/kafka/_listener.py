@@ -9,7 +9,8 @@ Kafka does -- except ApiVersions at a version it does not serve, which is
 answered (v0 body, UNSUPPORTED_VERSION, the versions served) so that the
 client can pick one.
 
-Security follows the broker's own port: with its TLS certificate the
+Security follows the broker's own port: at most ``--max-connections``
+connections (one more is closed at once), and with its TLS certificate the
 listener serves TLS (Kafka's SSL, or SASL_SSL with authentication), and
 when the broker authenticates, each connection authenticates with SASL
 before anything else (`broker.kafka._session`): a request before that
@@ -113,8 +114,22 @@ class KafkaListener:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None and self.apis is not None
-        self._connections.add(task)
         peer = writer.get_extra_info("peername")
+        limit = self.broker.security.limits.max_connections
+        if len(self._connections) >= limit:
+            # (Kafka's protocol has no answer before a request: the connection
+            # is closed, and the client tries again, as after Kafka's own
+            # max.connections)
+            log.warning(
+                "Kafka connection %s refused: %d connections open, the limit "
+                "(--max-connections %d)",
+                peer,
+                len(self._connections),
+                limit,
+            )
+            writer.close()
+            return
+        self._connections.add(task)
         try:
             await _Connection(self.apis, reader, writer, peer).run()
         except asyncio.CancelledError:
