@@ -871,3 +871,43 @@ def test_connections_beyond_the_limit_are_closed(tmp_path: Path) -> None:
         broker.stop()
         sys.stderr.write(broker.log())
     assert "refused: 2 connections open, the limit (--max-connections 2)" in broker.log()
+
+
+async def test_ssl_without_authentication(tmp_path: Path) -> None:
+    """A broker with a certificate and no key: its Kafka listener speaks
+    SSL; a client trusting the certificate produces and consumes, one
+    that does not trust it is refused at the handshake."""
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.errors import KafkaConnectionError
+    from aiokafka.helpers import create_ssl_context
+
+    from tests.test_kafka import aiokafka_read
+
+    broker = KafkaBroker(tmp_path / "data", tmp_path / "broker.log")
+    cert, key = self_signed(tmp_path)
+    broker.tls = (cert, key, cert)
+    broker.start()
+    try:
+        assert f"Kafka listener on 127.0.0.1:{broker.kafka_port} (SSL)" in broker.log()
+        creds = Credentials("SSL", cafile=str(cert))
+        topic = broker.topic("ssl", partitions=1)
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, **creds.aiokafka())
+        try:
+            await producer.start()
+            await producer.send_and_wait(topic, b"over tls")
+        finally:
+            await producer.stop()
+        assert await aiokafka_read(broker.bootstrap, topic, 1, creds) == [b"over tls"]
+        untrusting = AIOKafkaProducer(
+            bootstrap_servers=broker.bootstrap,
+            security_protocol="SSL",
+            ssl_context=create_ssl_context(),
+        )
+        try:
+            with pytest.raises(KafkaConnectionError):
+                await untrusting.start()
+        finally:
+            await untrusting.stop()
+    finally:
+        broker.stop()
+        sys.stderr.write(broker.log())
