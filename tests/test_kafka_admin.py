@@ -195,6 +195,10 @@ def test_kafka_python_admin_client(kafka_broker: KafkaBroker) -> None:
         assert group not in subscriptions(kafka_broker, a)
         assert group not in {g["group_id"] for g in admin.list_groups()}
 
+        from kafka.errors import GroupIdNotFoundError
+
+        with pytest.raises(GroupIdNotFoundError):
+            admin.delete_group_offsets(unique("none"), [TopicPartition(a, 0)])
         admin.delete_topics([b])
         assert b not in topic_names(kafka_broker)
     finally:
@@ -397,7 +401,8 @@ async def test_offsets_for_times_in_every_client(kafka_broker: KafkaBroker) -> N
     boot = kafka_broker.bootstrap
     topic = kafka_broker.topic("times", partitions=1)
     base = 1_700_000_000_000
-    producer = KafkaProducer(bootstrap_servers=boot)
+    # (a long linger: each flush sends the three records before it as one batch)
+    producer = KafkaProducer(bootstrap_servers=boot, linger_ms=60_000)
     for i in range(9):  # three entries of three messages, one second apart
         producer.send(topic, b"%d" % i, partition=0, timestamp_ms=base + i * 1000)
         if i % 3 == 2:

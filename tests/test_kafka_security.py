@@ -15,17 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import gc
 import io
 import json
-import logging
 import socket
 import ssl
 import struct
+import subprocess
 import sys
 import time
 import uuid
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -326,28 +324,38 @@ def _refused_aiokafka(boot: str, creds: Credentials) -> str:
     return asyncio.run(run())
 
 
-def _refused_kafka_python(boot: str, creds: Credentials) -> str:
-    from kafka import KafkaProducer
-    from kafka.errors import KafkaTimeoutError
+_KAFKA_PYTHON_REFUSED = """
+import logging, sys, warnings
+warnings.simplefilter("ignore")
+from kafka import KafkaProducer
+from kafka.errors import KafkaTimeoutError
+from tests.kafka_copier import Credentials
+said = []
+handler = logging.Handler()
+handler.emit = lambda record: said.append(record.getMessage())
+logging.getLogger("kafka").addHandler(handler)
+protocol, mechanism, role, token, cafile, boot = sys.argv[1:]
+creds = Credentials(protocol, mechanism, role, token, cafile)
+try:
+    KafkaProducer(bootstrap_servers=boot, bootstrap_timeout_ms=1500, **creds.kafka_python())
+except KafkaTimeoutError as exc:
+    print("refused:", exc)
+print("\\n".join(m for m in said if "SaslAuthenticationFailedError" in m))
+"""
 
+
+def _refused_kafka_python(boot: str, creds: Credentials) -> str:
     # kafka-python retries a refused bootstrap until its timeout and then
     # says only that it could not bootstrap; it logs the broker's reason.
-    # (Its constructor leaves its sockets to the garbage collector then.)
-    said: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
-    logging.getLogger("kafka").addHandler(handler)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ResourceWarning)
-            with pytest.raises(KafkaTimeoutError, match="Unable to bootstrap"):
-                KafkaProducer(
-                    bootstrap_servers=boot, bootstrap_timeout_ms=1500, **creds.kafka_python()
-                )
-            gc.collect()
-    finally:
-        logging.getLogger("kafka").removeHandler(handler)
-    return "\n".join(m for m in said if "SaslAuthenticationFailedError" in m)
+    # (In a process of its own: a constructor that fails leaves its sockets
+    # and its thread behind.)
+    result = subprocess.run(
+        [sys.executable, "-c", _KAFKA_PYTHON_REFUSED, creds.security_protocol, creds.mechanism,
+         creds.role, creds.token, creds.cafile or "", boot],
+        cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert "refused: KafkaTimeoutError: Unable to bootstrap" in result.stdout, result
+    return result.stdout
 
 
 def _refused_confluent(boot: str, creds: Credentials) -> str:

@@ -46,6 +46,7 @@ TRANSACTIONAL_ID_ or CLUSTER_AUTHORIZATION_FAILED) and changes nothing.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import Callable
@@ -120,7 +121,7 @@ _RETENTION_DOCS = {
 }
 
 
-def _topic_state(entry: ProducerEntry, tc: TransactionCoordinator) -> tuple[str, int]:
+def _txn_state(entry: ProducerEntry, tc: TransactionCoordinator) -> tuple[str, int]:
     """(Kafka's name for the state of a transactional id, its transaction's
     start in ms or -1)."""
     if entry.ongoing is not None:
@@ -158,6 +159,9 @@ class KafkaAdmin:
     def __init__(self, apis: KafkaApis) -> None:
         self.apis = apis
         self.broker = apis.broker
+        # (CreateTopics checks that a topic does not exist, then creates it:
+        # one at a time, or two could make, or grow, the same one)
+        self._creating = asyncio.Lock()
 
     def handlers(self) -> dict[int, Callable[[Any, int, KafkaSession], Any]]:
         from broker.kafka._codec import Api
@@ -198,13 +202,14 @@ class KafkaAdmin:
                 if names.count(t.name) > 1:
                     raise KafkaError(INVALID_REQUEST, f"topic {t.name!r} is named twice")
                 partitions, retention = self._new_topic(t)
-                if self.broker.topics.partition_count(t.name) is not None:
-                    raise KafkaError(TOPIC_ALREADY_EXISTS, f"topic {t.name!r} exists already")
-                if not req.validate_only:
-                    topic = await self.broker.topics.create(t.name, partitions)
-                    if retention != NO_RETENTION:
-                        await self.broker.topics.set_retention(t.name, retention)
-                    await self.broker.subscriptions.extend(topic)
+                async with self._creating:
+                    if self.broker.topics.partition_count(t.name) is not None:
+                        raise KafkaError(TOPIC_ALREADY_EXISTS, f"topic {t.name!r} exists already")
+                    if not req.validate_only:
+                        topic = await self.broker.topics.create(t.name, partitions)
+                        if retention != NO_RETENTION:
+                            await self.broker.topics.set_retention(t.name, retention)
+                        await self.broker.subscriptions.extend(topic)
                 out.update(
                     num_partitions=partitions,
                     replication_factor=1,
@@ -561,11 +566,11 @@ class KafkaAdmin:
                     in_use.update(subscribed_topics(meta))
                 except ValueError:
                     pass
+        if info is None and not self._subscribed_topics(group_id):
+            return answer(GROUP_ID_NOT_FOUND, {t.name: 0 for t in req.topics})
         codes: dict[str, int] = {}
         for t in req.topics:
             codes[t.name] = await self._delete_offsets(group_id, t, in_use)
-        if not any(self._subscribed_topics(group_id)) and info is None:
-            return answer(GROUP_ID_NOT_FOUND, codes)
         return answer(0, codes)
 
     async def _delete_offsets(self, group_id: str, t: Any, in_use: set[str]) -> int:
@@ -641,7 +646,7 @@ class KafkaAdmin:
         now = int(time.time() * 1000)
         for tc in self.broker.coordinators.values():
             for entry in tc.producers():
-                state, start = _topic_state(entry, tc)
+                state, start = _txn_state(entry, tc)
                 if states and state not in states:
                     continue
                 if pids and entry.producer_id not in pids:
@@ -679,7 +684,7 @@ class KafkaAdmin:
                 entry = tc.producer(tid)
                 if entry is None:
                     raise KafkaError(TRANSACTIONAL_ID_NOT_FOUND, f"no transactional id {tid!r}")
-                state, start = _topic_state(entry, tc)
+                state, start = _txn_state(entry, tc)
                 topics: dict[str, list[int]] = {}
                 meta = tc.get(entry.ongoing) if entry.ongoing is not None else None
                 if meta is not None and start >= 0:

@@ -1,10 +1,15 @@
 """The Kafka APIs, served from the broker's topics, coordinators and subscriptions.
 
-Each handler takes a decoded request and returns the response as a dict
+Each handler takes a decoded request, its version and the connection's
+`KafkaSession`, and returns the response as a dict
 (`broker.kafka._codec.build` turns it into the version's class), or an
-awaitable of one. A handler does its synchronous part when it is called, in
-the order requests arrive on a connection, so Produce requests are stored
-in that order (`broker.kafka._listener` answers them in that order too).
+awaitable of one. It checks what the session's principal may do
+(`KafkaSession.allow_*`, the broker's ACL) before anything changes; a
+refusal is answered with the Kafka code of the resource refused. The
+admin APIs are `broker.kafka._admin`'s. A handler does its synchronous
+part when it is called, in the order requests arrive on a connection, so
+Produce requests are stored in that order (`broker.kafka._listener`
+answers them in that order too).
 
 Transactions (the producer-epoch mode, as `broker._epoch` drives it from
 txnbuf's own protocol): InitProducerId goes to the coordinator the
