@@ -1,14 +1,17 @@
-"""The one storage primitive: append-only ledgers in SQLite (see DESIGN.md).
+"""The one storage primitive: append-only ledgers (see DESIGN.md).
 
 Everything durable in txnbuf is a ledger: partition logs, sidecar transaction
 logs, subscription cursors and coordinator logs. A `LedgerStore` is one
-SQLite database (WAL, ``synchronous=FULL``) holding many ledgers, written by
-group commits; `ReadOnlyStore` opens one for reading only (tools that inspect
-a stopped broker's data). `faults.hit(step)` is the test-only crash hook
-every layer uses (it sits here, on the lowest floor).
+database holding many ledgers, written by group commits: SQLite (WAL,
+``synchronous=FULL``, the default) or PostgreSQL (a ``postgresql://`` URL,
+with fencing by slots: `LedgerFencedError`). `ReadOnlyStore` opens a SQLite
+one for reading only (tools that inspect a stopped broker's data).
+`faults.hit(step)` is the test-only crash hook every layer uses (it sits
+here, on the lowest floor).
 """
 
 from ledger import _faults as faults
+from ledger._base import LedgerFencedError
 from ledger._readonly import ReadOnlyLedger, ReadOnlyStore
 from ledger._stats import Buckets
 from ledger._store import (
@@ -16,6 +19,7 @@ from ledger._store import (
     Ledger,
     LedgerError,
     LedgerStore,
+    is_postgres_url,
     pass_failure,
     read_runs,
     settled,
@@ -27,10 +31,12 @@ __all__ = [
     "Entry",
     "Ledger",
     "LedgerError",
+    "LedgerFencedError",
     "LedgerStore",
     "ReadOnlyLedger",
     "ReadOnlyStore",
     "faults",
+    "is_postgres_url",
     "pass_failure",
     "read_runs",
     "settled",
