@@ -167,10 +167,17 @@ async def send_pipelined(producer: Producer, payload: bytes, total: int, window:
 
 
 async def send_in_transactions(
-    client: Client, producer: Producer, payload: bytes, total: int, per_txn: int, inflight: int
+    client: Client,
+    producer: Producer,
+    payload: bytes,
+    total: int,
+    per_txn: int,
+    inflight: int,
+    full: bool = False,
 ) -> None:
     """Send ``total`` messages in transactions of ``per_txn``: ``inflight``
-    workers, each committing its transactions back to back."""
+    workers, each committing its transactions back to back (``full``: each
+    on the full path, `Transaction.flush` before its commit)."""
     sizes = [min(per_txn, total - s) for s in range(0, total, per_txn)]
 
     async def worker(mine: list[int]) -> None:
@@ -178,6 +185,8 @@ async def send_in_transactions(
             txn = await client.new_transaction(timeout=60)
             for _ in range(n):
                 producer.send_nowait(payload, txn=txn)
+            if full:
+                txn.flush()
             await txn.commit()
 
     await asyncio.gather(*(worker(sizes[w::inflight]) for w in range(inflight)))
