@@ -31,6 +31,7 @@ from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from broker._auth import AclEntry, AclError
+from broker._broker import BROKER_KEY, Broker
 from broker._operations import (
     AdminError,
     delete_subscription,
@@ -39,7 +40,6 @@ from broker._operations import (
     skip_messages,
     subscriptions_json,
 )
-from broker._server import BROKER_KEY, Broker
 from buffer import (
     NO_RETENTION,
     InvalidNameError,

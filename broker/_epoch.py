@@ -29,18 +29,16 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from google.protobuf.message import DecodeError
 
+from broker._context import Context, Handlers
 from broker._errors import error_code, error_text
 from buffer import PublishResult, Topic, check_topic_name, epoch_producer_name
 from proto import MAX_MESSAGE_SIZE, oversized, refusals
 from proto import txnbuf_pb2 as pb
 from tc import TransactionAbortableError, TransactionCoordinator, coordinator_of
-
-if TYPE_CHECKING:
-    from broker._connection import Connection
 
 __all__ = ["epoch_handlers"]
 
@@ -50,7 +48,7 @@ T = pb.BaseCommand
 _PID_SHIFT = 47  # (see tc._producers: a producer id carries its coordinator)
 
 
-def epoch_handlers(conn: Connection) -> dict[int, Callable[[pb.BaseCommand], None]]:
+def epoch_handlers(conn: Context) -> Handlers:
     """The handlers of the producer-epoch commands, for ``conn``'s dispatch table."""
     unanswered = _Unanswered()
     return {
@@ -131,7 +129,7 @@ class _Unanswered:
             del self._by_pid[pid]
 
 
-def _coordinator_of_producer(conn: Connection, producer_id: int) -> TransactionCoordinator:
+def _coordinator_of_producer(conn: Context, producer_id: int) -> TransactionCoordinator:
     tcid = producer_id >> _PID_SHIFT
     tc = conn.broker.coordinators.get(tcid)
     if tc is None:
@@ -141,7 +139,7 @@ def _coordinator_of_producer(conn: Connection, producer_id: int) -> TransactionC
     return tc
 
 
-def _allow_producer(conn: Connection, producer_id: int) -> None:
+def _allow_producer(conn: Context, producer_id: int) -> None:
     """Refuse a request carrying ``producer_id`` unless the connection may
     produce on the transactional id that holds it (Kafka's WRITE on the
     TransactionalId). A producer id nobody holds is left to the coordinator
@@ -155,7 +153,7 @@ def _allow_producer(conn: Connection, producer_id: int) -> None:
 
 
 def _respond(
-    conn: Connection,
+    conn: Context,
     request_id: int,
     exc: BaseException | None = None,
     **fields: int,
@@ -188,7 +186,7 @@ def _when_done(
     future.add_done_callback(done)
 
 
-def _init_producer_id(conn: Connection, cmd: pb.BaseCommand) -> None:
+def _init_producer_id(conn: Context, cmd: pb.BaseCommand) -> None:
     req = cmd.init_producer_id
 
     async def work() -> None:
@@ -214,10 +212,10 @@ def _init_producer_id(conn: Connection, cmd: pb.BaseCommand) -> None:
             resp.message = error_text(exc)
         conn.send(out)
 
-    conn._spawn(work())
+    conn.spawn(work())
 
 
-def _produce(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> None:
+def _produce(conn: Context, cmd: pb.BaseCommand, unanswered: _Unanswered) -> None:
     req = cmd.produce
     pid, epoch = req.producer_id, req.producer_epoch
     try:
@@ -290,7 +288,7 @@ async def _flattened(outer: Awaitable[Awaitable[PublishResult]]) -> PublishResul
     return await (await outer)
 
 
-def _txn_offsets(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> None:
+def _txn_offsets(conn: Context, cmd: pb.BaseCommand, unanswered: _Unanswered) -> None:
     req = cmd.txn_offsets
     ops = unanswered.read(req.producer_id, req.producer_epoch)
 
@@ -321,10 +319,10 @@ def _txn_offsets(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered)
         unanswered.answered(req.producer_id, ops, None)
         _respond(conn, req.request_id)
 
-    conn._spawn(work())
+    conn.spawn(work())
 
 
-def _prepare(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> None:
+def _prepare(conn: Context, cmd: pb.BaseCommand, unanswered: _Unanswered) -> None:
     req = cmd.prepare_producer_txn
     pid, epoch = req.producer_id, req.producer_epoch
 
@@ -360,10 +358,10 @@ def _prepare(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> 
             return
         start_prepare()
 
-    conn._spawn(after_ops())
+    conn.spawn(after_ops())
 
 
-def _end(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> None:
+def _end(conn: Context, cmd: pb.BaseCommand, unanswered: _Unanswered) -> None:
     req = cmd.end_producer_txn
     pid, epoch, commit = req.producer_id, req.producer_epoch, req.txn_action == pb.COMMIT
     try:
@@ -383,12 +381,12 @@ def _end(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> None
                 return
             _start_end(conn, req, unanswered)
 
-        conn._spawn(after_ops())
+        conn.spawn(after_ops())
         return
     _start_end(conn, req, unanswered)
 
 
-def _start_end(conn: Connection, req: pb.CommandEndProducerTxn, unanswered: _Unanswered) -> None:
+def _start_end(conn: Context, req: pb.CommandEndProducerTxn, unanswered: _Unanswered) -> None:
     try:
         tc = _coordinator_of_producer(conn, req.producer_id)
         ended = tc.end_producer_txn(

@@ -30,7 +30,7 @@ from subscriptions import WHOLE_ENTRY, PartitionSubscription
 from tc import TxnID, TxnMeta, TxnStatus
 
 if TYPE_CHECKING:
-    from broker._server import Broker
+    from broker._broker import Broker
 
 __all__ = [
     "AdminError",

@@ -13,7 +13,7 @@ database is closed.
 
 Topics load on first use (``--no-preload``: only then; by default a
 background pass loads them all after the start) and unload after
-``--unload-after`` seconds left alone (see `broker._server`).
+``--unload-after`` seconds left alone (see `broker._broker`).
 
 Garbage collection: opening the broker runs with the cyclic collector off,
 and then the broker freezes what it loaded (never scanned again) without
@@ -50,8 +50,9 @@ from broker._auth_cli import (
     run_security_command,
     serve_security,
 )
+from broker._broker import UNLOAD_AFTER, Broker
 from broker._checkdata import add_check_data_parser, run_check_data
-from broker._server import MAX_REQUEST_LINE, UNLOAD_AFTER, Broker, make_app
+from broker._server import MAX_REQUEST_LINE, make_app
 from ledger import LedgerError
 from tc import DEFAULT_EXPIRATION_MS, MAX_TXN_TIMEOUT_MS, ProducerSettings
 

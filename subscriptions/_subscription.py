@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import cast
 
 from buffer import Partition, Position
 from ledger import Ledger
@@ -23,7 +24,14 @@ from subscriptions._pending_ack import AckLog
 from subscriptions._state import MsgState
 from subscriptions._uncommitted import UncommittedCursor, UncommittedLog, from_wire
 
-__all__ = ["PartitionSubscription"]
+__all__ = ["PartitionSubscription", "attached"]
+
+
+def attached(consumer: Consumer) -> list[PartitionSubscription]:
+    """The partition subscriptions ``consumer`` is attached to (each one's
+    `add_consumer` put itself in ``consumer.subscriptions``, which
+    `subscriptions._dispatch` can only type as an `Attachment`)."""
+    return cast(list[PartitionSubscription], consumer.subscriptions)
 
 
 class PartitionSubscription:

@@ -15,8 +15,8 @@ import pytest
 from aiohttp import web
 
 import broker  # noqa: F401  (imports every server package: all their classes exist)
+from broker import Broker, make_app
 from broker._errors import KAFKA_CODES, error_code, error_text, kafka_code
-from broker._server import Broker, make_app
 from buffer import (
     DuplicateTooOldError,
     InvalidNameError,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from broker._server import Broker
+from broker import Broker
 from buffer import COMMIT_MARKER, entry_kind
 from client import Client, errors
 from proto import refusals

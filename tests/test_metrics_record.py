@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from broker._server import Broker
+from broker import Broker
 from proto import txnbuf_pb2 as pb
 from subscriptions import Consumer, SubType
 

@@ -64,7 +64,7 @@ from subscriptions import WHOLE_ENTRY, PartitionSubscription
 from tc import TransactionCoordinator, TxnID, coordinator_of
 
 if TYPE_CHECKING:
-    from broker._server import Broker
+    from broker._broker import Broker
 
 __all__ = ["NODE_ID", "KafkaApis"]
 

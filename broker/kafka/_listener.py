@@ -30,7 +30,7 @@ from broker.kafka._handlers import UNSUPPORTED_VERSION, KafkaApis
 from ledger import faults
 
 if TYPE_CHECKING:
-    from broker._server import Broker
+    from broker._broker import Broker
 
 __all__ = ["KafkaListener"]
 
