@@ -4,7 +4,12 @@ connects them.
 The broker runs the transaction coordinators named by ``tc_ids`` (each with
 its own log, a ledger in the broker's store) and is their `tc.Participant`:
 ending a transaction on a partition goes to the partition's transaction
-buffer, on a subscription to the subscription's pending acks.
+buffer, on a subscription to the subscription's pending acks. What a
+coordinator tells it (`tc.TxnEnd`) carries everything it needs: the broker
+never asks a coordinator back on that path. END_TXN_ON_PARTITION /
+_SUBSCRIPTION read off the wire are checked against the decision of their
+coordinator first (`decided_end`): anyone holding the cluster role could
+send one.
 
 Topics load on first use (see `buffer.Topics`): a start reads the topic
 list, opens the coordinators (which recover their own logs) and serves;
@@ -48,10 +53,11 @@ from subscriptions import Consumer, Subscriptions
 from tc import (
     ProducerSettings,
     TransactionCoordinator,
+    TxnEnd,
     TxnID,
-    TxnMeta,
     TxnNotFoundError,
     TxnStatus,
+    coordinator_of_producer,
 )
 
 __all__ = ["BROKER_KEY", "UNLOAD_AFTER", "Broker", "Client", "ConnectedProducer"]
@@ -62,7 +68,6 @@ BROKER_KEY: web.AppKey[Broker] = web.AppKey("broker")
 SWEEP_INTERVAL = 5.0  # seconds between transaction buffer sweeps (and unload passes)
 PRELOAD_BATCH = 32  # topics the background pass loads at once (a client's load waits behind)
 UNLOAD_AFTER = 600.0  # seconds a topic is left alone, nothing under way, before it unloads
-_ABORT_DECIDED = (TxnStatus.ABORTING, TxnStatus.ABORTED)
 
 
 @dataclass(slots=True)
@@ -376,6 +381,17 @@ class Broker:
             )
         return tc
 
+    def producer_coordinator(self, producer_id: int) -> TransactionCoordinator:
+        """The coordinator that issued ``producer_id`` (the producer-epoch
+        mode: its requests go there), if it runs here."""
+        tcid = coordinator_of_producer(producer_id)
+        tc = self.coordinators.get(tcid)
+        if tc is None:
+            raise refusals.InvalidProducerIdMapping(
+                f"producer id {producer_id} belongs to coordinator {tcid}, which does not run here",
+            )
+        return tc
+
     def publish_txn(
         self,
         partition: Partition,
@@ -427,57 +443,37 @@ class Broker:
             except Exception as exc:
                 job.future.set_exception(exc)
 
-    def check_decided(self, txnid: TxnID, commit: bool) -> TxnMeta:
-        """A participant applies only the outcome the transaction's
-        coordinator decided: raise (nothing changes) unless ``txnid``'s
-        coordinator runs here and has decided to commit (``commit``) or to
-        abort it. The coordinator's own calls always pass; an end from
-        anywhere else (END_TXN_ON_PARTITION / _SUBSCRIPTION on the wire) is
-        checked against it."""
-        tc = self.coordinators.get(txnid.tcid)
-        if tc is None:
-            raise refusals.NotAllowed(
-                f"transaction {txnid} belongs to coordinator {txnid.tcid}, which does not run "
-                "here: its decision cannot be checked, so nothing was changed",
-            )
-        meta = tc.get(txnid)
-        decided = (TxnStatus.COMMITTING, TxnStatus.COMMITTED) if commit else _ABORT_DECIDED
-        if meta is None or meta.status not in decided:
-            state = "unknown" if meta is None else meta.status.name
-            raise refusals.InvalidTxnStatus(
-                f"cannot {'commit' if commit else 'abort'} transaction {txnid} on a participant: "
-                f"its coordinator {txnid.tcid} did not decide so (it is {state} there); "
-                "nothing was changed",
-            )
-        return meta
+    # -- the coordinators' participant (`tc.Participant`) ----------------------------
 
     def end_txn_on_partition(
-        self, topic: str, partition: int, txnid: TxnID, commit: bool
+        self, topic: str, partition: int, end: TxnEnd
     ) -> Awaitable[None] | None:
         """`tc.Participant`: commit (marker) or abort the transaction on a
-        partition, as its coordinator decided (`check_decided`): queued at
-        once where its transaction buffer exists and no other END of it is
-        under way there, else once it can be."""
-        producer = self.check_decided(txnid, commit).producer
+        partition, as ``end`` (from its coordinator) says: queued at once
+        where its transaction buffer exists and no other END of it is under
+        way there, else once it can be."""
         faults.refuse("broker.end_txn_on_participant")
-        if not self._has_partition(topic, partition, txnid):
+        if not self._has_partition(topic, partition, end.txnid):
             return None
         found = self.topics.get(topic)
         if found is None:  # (not loaded: it is, then the end is queued)
-            return self._end_on_partition(topic, partition, txnid, commit, True, producer)
+            return self._end_on_partition(topic, partition, end, True)
         buffer = found.partitions[partition].transaction_buffer
-        if buffer is not None and buffer.end_early(txnid, commit, producer):
+        if buffer is not None and buffer.end_early(end.txnid, end.commit, end.producer):
             return None
-        return self._end_on_partition(topic, partition, txnid, commit, True, producer)
+        return self._end_on_partition(topic, partition, end, True)
 
-    async def end_txn_on_partition_durably(
-        self, topic: str, partition: int, txnid: TxnID, commit: bool
-    ) -> None:
-        """END_TXN_ON_PARTITION from the wire: `end_txn_on_partition`,
-        returning once what it wrote is durable."""
-        producer = self.check_decided(txnid, commit).producer
-        if self._has_partition(topic, partition, txnid):
-            await self._end_on_partition(topic, partition, txnid, commit, False, producer)
+    def end_txn_on_subscription(
+        self, topic: str, subscription: str, end: TxnEnd
+    ) -> Awaitable[None] | None:
+        """`tc.Participant`: commit or abort the transaction's pending acks,
+        as ``end`` says, queued at once (once the topic is loaded, if it is
+        not)."""
+        faults.refuse("broker.end_txn_on_participant")
+        if self.topics.get(topic) is None and topic in self.topics:
+            return self._end_on_subscription(topic, subscription, end, True)
+        self.subscriptions.end_txn_early(topic, subscription, end.txnid, end.commit)
+        return None
 
     def _has_partition(self, topic: str, partition: int, txnid: TxnID) -> bool:
         count = self.topics.partition_count(topic)
@@ -486,48 +482,61 @@ class Broker:
             return False
         return True
 
-    async def _end_on_partition(
-        self,
-        topic: str,
-        partition: int,
-        txnid: TxnID,
-        commit: bool,
-        early: bool,
-        producer: tuple[int, int] | None,
-    ) -> None:
+    async def _end_on_partition(self, topic: str, partition: int, end: TxnEnd, early: bool) -> None:
         found = await self.topics.load_topic(topic)  # (loaded, and prepared, first)
         if found is None or partition >= len(found.partitions):
-            log.warning("end %s on %s/%d: no such partition", txnid, topic, partition)
+            log.warning("end %s on %s/%d: no such partition", end.txnid, topic, partition)
             return
         buffer = await found.partitions[partition].txn_buffer()
-        await buffer.end(txnid, commit, early, producer)
+        await buffer.end(end.txnid, end.commit, early, end.producer)
 
-    def end_txn_on_subscription(
-        self, topic: str, subscription: str, txnid: TxnID, commit: bool
-    ) -> Awaitable[None] | None:
-        """`tc.Participant`: commit or abort the transaction's pending acks,
-        as its coordinator decided (`check_decided`), queued at once (once
-        the topic is loaded, if it is not)."""
-        self.check_decided(txnid, commit)
-        faults.refuse("broker.end_txn_on_participant")
-        if self.topics.get(topic) is None and topic in self.topics:
-            return self._end_on_subscription(topic, subscription, txnid, commit, True)
-        self.subscriptions.end_txn_early(topic, subscription, txnid, commit)
-        return None
+    async def _end_on_subscription(
+        self, topic: str, subscription: str, end: TxnEnd, early: bool
+    ) -> None:
+        await self.topics.load_topic(topic)  # (loaded, and prepared, first)
+        await self.subscriptions.end_txn(topic, subscription, end.txnid, end.commit, early)
+
+    # -- END_TXN_ON_PARTITION / _SUBSCRIPTION from the wire -------------------------------
+
+    def decided_end(self, txnid: TxnID, commit: bool) -> TxnEnd:
+        """What a participant would be told of ``txnid``, for an END read
+        off the wire (anyone with the cluster role could send one): raise
+        (nothing changes) unless ``txnid``'s coordinator runs here and has
+        decided to commit (``commit``) or to abort it."""
+        tc = self.coordinators.get(txnid.tcid)
+        if tc is None:
+            raise refusals.NotAllowed(
+                f"transaction {txnid} belongs to coordinator {txnid.tcid}, which does not run "
+                "here: its decision cannot be checked, so nothing was changed",
+            )
+        end = tc.decision(txnid)
+        if end is None or end.commit != commit:
+            meta = tc.get(txnid)
+            state = "unknown" if meta is None else meta.status.name
+            raise refusals.InvalidTxnStatus(
+                f"cannot {'commit' if commit else 'abort'} transaction {txnid} on a participant: "
+                f"its coordinator {txnid.tcid} did not decide so (it is {state} there); "
+                "nothing was changed",
+            )
+        return end
+
+    async def end_txn_on_partition_durably(
+        self, topic: str, partition: int, txnid: TxnID, commit: bool
+    ) -> None:
+        """END_TXN_ON_PARTITION from the wire: checked (`decided_end`), then
+        applied as `end_txn_on_partition`, returning once what it wrote is
+        durable."""
+        end = self.decided_end(txnid, commit)
+        if self._has_partition(topic, partition, txnid):
+            await self._end_on_partition(topic, partition, end, False)
 
     async def end_txn_on_subscription_durably(
         self, topic: str, subscription: str, txnid: TxnID, commit: bool
     ) -> None:
-        """END_TXN_ON_SUBSCRIPTION from the wire: `end_txn_on_subscription`,
-        returning once what it wrote is durable."""
-        self.check_decided(txnid, commit)
-        await self._end_on_subscription(topic, subscription, txnid, commit, False)
-
-    async def _end_on_subscription(
-        self, topic: str, subscription: str, txnid: TxnID, commit: bool, early: bool
-    ) -> None:
-        await self.topics.load_topic(topic)  # (loaded, and prepared, first)
-        await self.subscriptions.end_txn(topic, subscription, txnid, commit, early)
+        """END_TXN_ON_SUBSCRIPTION from the wire: checked (`decided_end`),
+        then applied, returning once what it wrote is durable."""
+        end = self.decided_end(txnid, commit)
+        await self._end_on_subscription(topic, subscription, end, False)
 
     def producer_count(self, topic: str) -> int:
         return self._producers_of.get(topic, 0)

@@ -27,25 +27,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any
 
 from google.protobuf.message import DecodeError
 
 from broker._context import Context, Handlers
 from broker._errors import error_code, error_text
 from buffer import PublishResult, Topic, check_topic_name, epoch_producer_name
+from ledger import on_outcome
 from proto import MAX_MESSAGE_SIZE, oversized, refusals
 from proto import txnbuf_pb2 as pb
-from tc import TransactionAbortableError, TransactionCoordinator, coordinator_of
+from tc import TransactionAbortableError, coordinator_of, coordinator_of_producer
 
 __all__ = ["epoch_handlers"]
 
 log = logging.getLogger(__name__)
 
 T = pb.BaseCommand
-_PID_SHIFT = 47  # (see tc._producers: a producer id carries its coordinator)
 
 
 def epoch_handlers(conn: Context) -> Handlers:
@@ -129,16 +128,6 @@ class _Unanswered:
             del self._by_pid[pid]
 
 
-def _coordinator_of_producer(conn: Context, producer_id: int) -> TransactionCoordinator:
-    tcid = producer_id >> _PID_SHIFT
-    tc = conn.broker.coordinators.get(tcid)
-    if tc is None:
-        raise refusals.InvalidProducerIdMapping(
-            f"producer id {producer_id} belongs to coordinator {tcid}, which does not run here",
-        )
-    return tc
-
-
 def _allow_producer(conn: Context, producer_id: int) -> None:
     """Refuse a request carrying ``producer_id`` unless the connection may
     produce on the transactional id that holds it (Kafka's WRITE on the
@@ -146,7 +135,7 @@ def _allow_producer(conn: Context, producer_id: int) -> None:
     to refuse."""
     if conn.who.superuser:
         return
-    tc = conn.broker.coordinators.get(producer_id >> _PID_SHIFT)
+    tc = conn.broker.coordinators.get(coordinator_of_producer(producer_id))
     entry = tc.producer_of(producer_id) if tc is not None else None
     if entry is not None:
         conn.broker.security.allow_transactional_id(conn.who, entry.transactional_id)
@@ -168,22 +157,6 @@ def _respond(
         for name, value in fields.items():
             setattr(resp, name, value)
     conn.send(out)
-
-
-def _when_done(
-    future: asyncio.Future[Any],
-    answer: Callable[[Any], None],
-    fail: Callable[[BaseException], None],
-) -> None:
-    def done(f: asyncio.Future[Any]) -> None:
-        if f.cancelled():
-            fail(asyncio.CancelledError())
-        elif (error := f.exception()) is not None:
-            fail(error)
-        else:
-            answer(f.result())
-
-    future.add_done_callback(done)
 
 
 def _init_producer_id(conn: Context, cmd: pb.BaseCommand) -> None:
@@ -234,7 +207,7 @@ def _produce(conn: Context, cmd: pb.BaseCommand, unanswered: _Unanswered) -> Non
             raise refusals.InvalidArgument("a PRODUCE batch holds messages and names no producer")
         if len(req.batch) > MAX_MESSAGE_SIZE and (too_big := oversized(batch.messages)):
             raise refusals.InvalidArgument(too_big)
-        tc = _coordinator_of_producer(conn, pid)
+        tc = conn.broker.producer_coordinator(pid)
         txnid = tc.producer_add_partition(pid, epoch, req.topic, req.partition)
 
         def publish(topic: Topic) -> Awaitable[PublishResult]:
@@ -281,7 +254,7 @@ def _produce(conn: Context, cmd: pb.BaseCommand, unanswered: _Unanswered) -> Non
         unanswered.answered(pid, ops, None)
         answer(result)
 
-    _when_done(asyncio.ensure_future(pending), succeed, fail)
+    on_outcome(asyncio.ensure_future(pending), succeed, fail)
 
 
 async def _flattened(outer: Awaitable[Awaitable[PublishResult]]) -> PublishResult:
@@ -307,7 +280,7 @@ def _txn_offsets(conn: Context, cmd: pb.BaseCommand, unanswered: _Unanswered) ->
             by_part: dict[int, list[tuple[int, int]]] = {}
             for partition, entry_id, index in zip(flat[0::3], flat[1::3], flat[2::3], strict=True):
                 by_part.setdefault(partition, []).append((entry_id, index))
-            tc = _coordinator_of_producer(conn, req.producer_id)
+            tc = conn.broker.producer_coordinator(req.producer_id)
             txnid = tc.producer_add_subscription(
                 req.producer_id, req.producer_epoch, consumer.topic, consumer.subscription
             )
@@ -338,13 +311,13 @@ def _prepare(conn: Context, cmd: pb.BaseCommand, unanswered: _Unanswered) -> Non
     def start_prepare() -> None:
         # (The PREPARED record is queued in this turn: in the sends' group commit.)
         try:
-            tc = _coordinator_of_producer(conn, pid)
+            tc = conn.broker.producer_coordinator(pid)
             prepared = tc.prepare_producer_txn(pid, epoch)
         except Exception as exc:
             _respond(conn, req.request_id, exc)
             return
         unanswered.forget(pid, epoch)
-        _when_done(prepared, answer, lambda exc: _respond(conn, req.request_id, exc))
+        on_outcome(prepared, answer, lambda exc: _respond(conn, req.request_id, exc))
 
     if not unanswered.waiting(pid, epoch):
         start_prepare()
@@ -388,7 +361,7 @@ def _end(conn: Context, cmd: pb.BaseCommand, unanswered: _Unanswered) -> None:
 
 def _start_end(conn: Context, req: pb.CommandEndProducerTxn, unanswered: _Unanswered) -> None:
     try:
-        tc = _coordinator_of_producer(conn, req.producer_id)
+        tc = conn.broker.producer_coordinator(req.producer_id)
         ended = tc.end_producer_txn(
             req.producer_id, req.producer_epoch, req.txn_action == pb.COMMIT
         )
@@ -400,4 +373,4 @@ def _start_end(conn: Context, req: pb.CommandEndProducerTxn, unanswered: _Unansw
     def answer(identity: tuple[int, int]) -> None:
         _respond(conn, req.request_id, producer_id=identity[0], producer_epoch=identity[1])
 
-    _when_done(ended, answer, lambda exc: _respond(conn, req.request_id, exc))
+    on_outcome(ended, answer, lambda exc: _respond(conn, req.request_id, exc))

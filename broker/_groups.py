@@ -30,6 +30,7 @@ from aiohttp import web
 from broker._broker import BROKER_KEY
 from broker._context import Context, Handlers
 from broker._errors import error_code, error_text
+from ledger import on_outcome
 from proto import refusals
 from proto import txnbuf_pb2 as pb
 from tc import TransactionCoordinator, TxnID, TxnMeta, wire_txnid
@@ -85,11 +86,11 @@ def _prepare_txn(conn: Context, cmd: pb.BaseCommand) -> None:
         _txn_respond(conn, req, what, exc)
         return
 
-    def done(f: asyncio.Future[int]) -> None:
-        error = asyncio.CancelledError() if f.cancelled() else f.exception()
-        _txn_respond(conn, req, what, error)
-
-    written.add_done_callback(done)
+    on_outcome(
+        written,
+        lambda _: _txn_respond(conn, req, what, None),
+        lambda exc: _txn_respond(conn, req, what, exc),
+    )
 
 
 def _txn_respond(
@@ -129,14 +130,11 @@ def _group_respond(
 
 
 def _when_done(conn: Context, request_id: int, done: asyncio.Future[None], **fields: Any) -> None:
-    def answer(f: asyncio.Future[None]) -> None:
-        error = asyncio.CancelledError() if f.cancelled() else f.exception()
-        if error is not None:
-            _group_respond(conn, request_id, error)
-        else:
-            _group_respond(conn, request_id, **fields)
-
-    done.add_done_callback(answer)
+    on_outcome(
+        done,
+        lambda _: _group_respond(conn, request_id, **fields),
+        lambda exc: _group_respond(conn, request_id, exc),
+    )
 
 
 def _commit_group(conn: Context, cmd: pb.BaseCommand) -> None:

@@ -5,10 +5,20 @@ logs, subscription cursors and coordinator logs. A `LedgerStore` is one
 SQLite database (WAL, ``synchronous=FULL``) holding many ledgers, written by
 group commits; `ReadOnlyStore` opens one for reading only (tools that inspect
 a stopped broker's data). `faults.hit(step)` is the test-only crash hook
-every layer uses (it sits here, on the lowest floor).
+every layer uses, and `ledger._futures` the idioms that chain futures
+without tasks (`then`, `all_of`, ...): both sit here, on the lowest floor.
 """
 
 from ledger import _faults as faults
+from ledger._futures import (
+    all_of,
+    on_outcome,
+    pass_failure,
+    resolved,
+    settled,
+    then,
+    unawaited,
+)
 from ledger._readonly import ReadOnlyLedger, ReadOnlyStore
 from ledger._stats import Buckets
 from ledger._store import (
@@ -16,10 +26,7 @@ from ledger._store import (
     Ledger,
     LedgerError,
     LedgerStore,
-    pass_failure,
     read_runs,
-    settled,
-    unawaited,
 )
 
 __all__ = [
@@ -30,9 +37,13 @@ __all__ = [
     "LedgerStore",
     "ReadOnlyLedger",
     "ReadOnlyStore",
+    "all_of",
     "faults",
+    "on_outcome",
     "pass_failure",
     "read_runs",
+    "resolved",
     "settled",
+    "then",
     "unawaited",
 ]

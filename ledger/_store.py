@@ -58,10 +58,7 @@ __all__ = [
     "Ledger",
     "LedgerError",
     "LedgerStore",
-    "pass_failure",
     "read_runs",
-    "settled",
-    "unawaited",
 ]
 
 log = logging.getLogger(__name__)
@@ -80,48 +77,6 @@ _T = TypeVar("_T")
 
 class LedgerError(Exception):
     """The store failed to make an operation durable (or is closed)."""
-
-
-def unawaited(f: asyncio.Future[Any]) -> None:
-    """Done callback of a write nobody awaits: mark its error seen (a failed
-    write stops the store, and whatever comes after it reports that)."""
-    if not f.cancelled():
-        f.exception()
-
-
-def pass_failure(source: asyncio.Future[Any], target: asyncio.Future[Any]) -> bool:
-    """If ``source`` failed or was cancelled, fail or cancel ``target`` the
-    same way (unless it is done already) and return True; False if
-    ``source`` succeeded (what follows is the caller's). For callbacks that
-    carry one future's outcome to another without a task."""
-    if source.cancelled():
-        if not target.done():
-            target.cancel()
-        return True
-    error = source.exception()
-    if error is None:
-        return False
-    if not target.done():
-        target.set_exception(error)
-    return True
-
-
-async def settled(future: asyncio.Future[Any]) -> None:
-    """Wait until ``future`` is done, whatever its outcome: ``asyncio.wait``
-    for one future, without its sets and callbacks (on every END's path)."""
-    if future.done():
-        return
-    waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def wake(_: object) -> None:
-        if not waiter.done():
-            waiter.set_result(None)
-
-    future.add_done_callback(wake)
-    try:
-        await waiter
-    finally:
-        future.remove_done_callback(wake)
 
 
 def _prefix_end(prefix: str) -> str | None:

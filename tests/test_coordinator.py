@@ -28,6 +28,7 @@ from tc import (
     NotStuckError,
     ProducerSettings,
     TransactionCoordinator,
+    TxnEnd,
     TxnEvent,
     TxnID,
     TxnNotFoundError,
@@ -54,6 +55,7 @@ class Recorder:
         self.hang = hang
         self.store: LedgerStore | None = None
         self.written: list[asyncio.Future[int]] = []
+        self.ends: list[TxnEnd] = []  # every end told, as told
 
     def _call(
         self, kind: str, topic: str, what: object, txnid: TxnID, commit: bool
@@ -80,14 +82,16 @@ class Recorder:
                 self.written.append(ledger.append(b"commit" if commit else b"abort"))
 
     def end_txn_on_partition(
-        self, topic: str, partition: int, txnid: TxnID, commit: bool
+        self, topic: str, partition: int, end: TxnEnd
     ) -> Awaitable[None] | None:
-        return self._call("partition", topic, partition, txnid, commit)
+        self.ends.append(end)
+        return self._call("partition", topic, partition, end.txnid, end.commit)
 
     def end_txn_on_subscription(
-        self, topic: str, subscription: str, txnid: TxnID, commit: bool
+        self, topic: str, subscription: str, end: TxnEnd
     ) -> Awaitable[None] | None:
-        return self._call("subscription", topic, subscription, txnid, commit)
+        self.ends.append(end)
+        return self._call("subscription", topic, subscription, end.txnid, end.commit)
 
 
 class Opener:
@@ -397,11 +401,11 @@ class Refuser(Recorder):
         self.refusing = True
 
     def end_txn_on_partition(
-        self, topic: str, partition: int, txnid: TxnID, commit: bool
+        self, topic: str, partition: int, end: TxnEnd
     ) -> Awaitable[None] | None:
         if self.refusing and (topic, partition) == ("t", 1):
-            raise TxnConflictError(f"cannot commit {txnid}: it is aborted on this partition")
-        return super().end_txn_on_partition(topic, partition, txnid, commit)
+            raise TxnConflictError(f"cannot commit {end.txnid}: it is aborted on this partition")
+        return super().end_txn_on_partition(topic, partition, end)
 
 
 async def wait_stuck(tc: TransactionCoordinator, txnid: TxnID, attempts: int = 1) -> None:
@@ -521,7 +525,8 @@ async def test_a_decided_transaction_is_finished_after_restart(open_tc: Opener) 
     """Decided (COMMITTING durable) and stopped before its participants
     answered: the restarted coordinator finishes it from the decision
     record alone (registrations are not logged)."""
-    tc = await open_tc(0, Recorder(hang=True))
+    first = Recorder(hang=True)
+    tc = await open_tc(0, first)
     txn = tc.new_txn()
     tc.add_partition(txn, "t", 0)
     tc.add_subscription(txn, "t", "s")
@@ -538,6 +543,30 @@ async def test_a_decided_transaction_is_finished_after_restart(open_tc: Opener) 
             ("partition", "t", 0, txn, True),
             ("subscription", "t", "s", txn, True),
         ]
+        # Each was told everything it needs, with the epoch of the
+        # coordinator that told it: 1 before the restart, 2 after.
+        assert first.ends == [TxnEnd(txn, True, None, 1)] * 2
+        assert rec.ends == [TxnEnd(txn, True, None, 2)] * 2
+        assert tc.decision(txn) == TxnEnd(txn, True, None, 2)
+    finally:
+        await open_tc.close(tc)
+
+
+async def test_a_producer_transaction_s_participants_are_told_its_producer(
+    open_tc: Opener,
+) -> None:
+    """A participant never asks the coordinator back: the END it is told
+    carries the producer and epoch the transaction belongs to."""
+    rec = Recorder()
+    tc = await open_tc(0, rec)
+    try:
+        pid, epoch, _, _ = await tc.init_producer("app", 60_000)
+        txn = tc.producer_add_partition(pid, epoch, "t", 0)
+        tc.producer_add_subscription(pid, epoch, "in", "s")
+        assert tc.decision(txn) is None  # (undecided)
+        await tc.end_producer_txn(pid, epoch, commit=True)
+        assert rec.ends == [TxnEnd(txn, True, (pid, epoch), 1)] * 2
+        assert tc.decision(txn) == TxnEnd(txn, True, (pid, epoch), 1)
     finally:
         await open_tc.close(tc)
 

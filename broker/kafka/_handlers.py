@@ -58,7 +58,6 @@ from buffer import (
     epoch_producer_name,
 )
 from ledger import Entry
-from proto import refusals
 from proto import txnbuf_pb2 as pb
 from subscriptions import WHOLE_ENTRY, PartitionSubscription
 from tc import TransactionCoordinator, TxnID, coordinator_of
@@ -72,7 +71,6 @@ log = logging.getLogger(__name__)
 
 NODE_ID = 0
 CLUSTER_ID = "txnbuf"
-_PID_SHIFT = 47  # (tc._producers: a producer id carries its coordinator)
 _IDEMPOTENT_PID_BITS = 46  # random producer ids of idempotent producers
 
 # Kafka error codes answered here directly.
@@ -779,12 +777,7 @@ class KafkaApis:
         return topic.partitions[index]
 
     def _coordinator_of_producer(self, producer_id: int) -> TransactionCoordinator:
-        tc = self.broker.coordinators.get(producer_id >> _PID_SHIFT)
-        if tc is None:
-            raise refusals.InvalidProducerIdMapping(
-                f"producer id {producer_id} belongs to no coordinator running here",
-            )
-        return tc
+        return self.broker.producer_coordinator(producer_id)
 
     @staticmethod
     def _code(exc: BaseException) -> tuple[int, str]:
