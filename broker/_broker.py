@@ -47,7 +47,7 @@ from broker._auth import AuthConfig, Security
 from broker._metrics import BrokerMetrics
 from buffer import Partition, PublishResult, Topic, Topics, TransactionBuffer
 from ledger import LedgerError, LedgerStore, faults
-from proto import refusals
+from proto import refusals, txn_text
 from proto import txnbuf_pb2 as pb
 from subscriptions import Consumer, Subscriptions
 from tc import (
@@ -313,9 +313,9 @@ class Broker:
         for (key, where, _), result in zip(held, results, strict=True):
             if isinstance(result, BaseException):
                 # (It stays open there, never committed; the next start tries again.)
-                log.error("aborting transaction (%d,%d) on %s failed: %s", *key, where, result)
+                log.error("aborting transaction %s on %s failed: %s", txn_text(key), where, result)
             else:
-                log.debug("aborted transaction (%d,%d) left open on %s", *key, where)
+                log.debug("aborted transaction %s left open on %s", txn_text(key), where)
         log.info(
             "aborted %d transactions left open by the restart on %d partitions and "
             "subscriptions of %s",

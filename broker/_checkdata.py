@@ -68,6 +68,7 @@ from buffer import (
     entry_kind,
 )
 from ledger import Entry, Ledger, LedgerError, LedgerStore, ReadOnlyStore, read_runs
+from proto import txn_text
 from subscriptions import Cursor, replay_cursor, txn_end_record
 from tc import ProducerRegistry, TxnID, TxnLog, TxnMeta, TxnStatus, TxnTable
 
@@ -391,7 +392,7 @@ class _Store(Protocol):
 
 
 def _txn(txn: TxnID) -> str:
-    return f"txn ({txn[0]},{txn[1]})"
+    return f"txn {txn_text(txn)}"
 
 
 def _ids(ids: Iterable[int], most: int = 8) -> str:

@@ -43,7 +43,7 @@ from broker._auth import NOBODY, Principal
 from broker._broker import Broker, ConnectedProducer
 from broker._context import Handlers, command, merge_handlers, success
 from broker._epoch import epoch_handlers
-from broker._errors import error_code, error_text
+from broker._errors import REFUSALS, error_code, error_text
 from broker._groups import group_handlers
 from broker._reader import reader_handlers
 from broker._seek import seek_handlers
@@ -52,12 +52,14 @@ from buffer import (
     InvalidNameError,
     MessageId,
     PublishResult,
+    SendRejectedError,
     check_consumer_name,
     check_producer_name,
     check_subscription_name,
     check_topic_name,
+    decode_send,
 )
-from proto import MAX_MESSAGE_SIZE, next_frame, oversized, refusals
+from proto import MAX_MESSAGE_SIZE, next_frame, refusals
 from proto import txnbuf_pb2 as pb
 from subscriptions import Consumer, SubType
 from tc import wire_txnid
@@ -297,7 +299,7 @@ class Connection:
                     count = len((await self.broker.topics.get_or_create(name)).partitions)
                 resp.partitions = count
             except InvalidNameError as exc:
-                resp.error = exc.code
+                resp.error = error_code(exc)
                 resp.message = str(exc)
             return command(T.PARTITIONED_METADATA_RESPONSE, "partitioned_metadata_response", resp)
 
@@ -311,8 +313,8 @@ class Connection:
         try:
             check_topic_name(req.topic)
             self.broker.security.allow_lookup(self.who, req.topic)
-        except refusals.Refusal as exc:
-            resp.error = exc.code
+        except REFUSALS as exc:
+            resp.error = error_code(exc)
             resp.message = str(exc)
         self.send(command(T.LOOKUP_RESPONSE, "lookup_response", resp))
 
@@ -410,21 +412,9 @@ class Connection:
             return
         partition = producer.topic.partitions[req.partition]
         try:
-            batch = pb.EntryBatch.FromString(req.batch)  # (the messages, as they will be stored)
-        except DecodeError:
-            fail(pb.MALFORMED_FRAME, "SEND batch is not a valid EntryBatch")
-            return
-        messages = batch.messages
-        if len(req.batch) > MAX_MESSAGE_SIZE and (too_big := oversized(messages)):
-            fail(pb.INVALID_ARGUMENT, too_big)
-            return
-        if not messages or batch.producer_name:
-            fail(
-                pb.INVALID_ARGUMENT,
-                "a SEND batch must not name a producer"
-                if messages
-                else "a SEND carries its messages in batch (an encoded EntryBatch): none given",
-            )
+            messages = decode_send(req.batch, "SEND").messages
+        except SendRejectedError as exc:
+            fail(error_code(exc), str(exc))
             return
         first_seq = req.first_sequence_id if req.HasField("first_sequence_id") else None
         try:

@@ -30,13 +30,11 @@ import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
-from google.protobuf.message import DecodeError
-
 from broker._context import Context, Handlers
 from broker._errors import error_code, error_text
-from buffer import PublishResult, Topic, check_topic_name, epoch_producer_name
+from buffer import PublishResult, Topic, check_topic_name, decode_send, epoch_producer_name
 from ledger import on_outcome
-from proto import MAX_MESSAGE_SIZE, oversized, refusals
+from proto import refusals
 from proto import txnbuf_pb2 as pb
 from tc import TransactionAbortableError, coordinator_of, coordinator_of_producer
 
@@ -199,14 +197,7 @@ def _produce(conn: Context, cmd: pb.BaseCommand, unanswered: _Unanswered) -> Non
             raise refusals.TopicNotFound(f"no topic {req.topic!r}")
         if req.partition >= partitions:
             raise refusals.InvalidArgument(f"topic {req.topic!r} has no partition {req.partition}")
-        try:
-            batch = pb.EntryBatch.FromString(req.batch)
-        except DecodeError:
-            raise refusals.MalformedFrame("PRODUCE batch is not a valid EntryBatch") from None
-        if not batch.messages or batch.producer_name:
-            raise refusals.InvalidArgument("a PRODUCE batch holds messages and names no producer")
-        if len(req.batch) > MAX_MESSAGE_SIZE and (too_big := oversized(batch.messages)):
-            raise refusals.InvalidArgument(too_big)
+        batch = decode_send(req.batch, "PRODUCE")
         tc = conn.broker.producer_coordinator(pid)
         txnid = tc.producer_add_partition(pid, epoch, req.topic, req.partition)
 

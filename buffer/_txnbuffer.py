@@ -95,11 +95,10 @@ from buffer._txnstate import (
     PartitionTxnState,
     StaleEpochError,
     TransactionBufferError,
-    transition,
-    txn_text,
+    step,
 )
 from ledger import Entry, Ledger, faults, pass_failure, settled, unawaited
-from proto import TxnID, wire_txnid
+from proto import TxnID, boot_epoch, txn_text, wire_txnid
 from proto import txnbuf_pb2 as pb
 
 __all__ = [
@@ -174,11 +173,6 @@ def _parse_epoch_producer(name: str) -> tuple[int, int] | None:
         return None
     pid, _, epoch = name[1:].partition(".")
     return int(pid), int(epoch)
-
-
-def _coordinator_epoch(txn: TxnID) -> int:
-    """The boot epoch of the coordinator that issued ``txn`` (see `tc`)."""
-    return (((txn[0] & ((1 << 48) - 1)) << 64) | txn[1]) >> 64
 
 
 def _check_key(txn: object, error: type[ValueError] = ValueError) -> None:
@@ -407,10 +401,10 @@ class TransactionBuffer:
         if t is None:
             ended = self._ended.get(txn)
             if ended is not None:
-                transition(txn, ended[0], _E.SEND)  # (refused)
+                step(txn, ended[0], _E.SEND)  # (refused)
             t = self._txns[txn] = _Txn(txn)  # durable with its first record
         else:
-            transition(txn, t.state, _E.SEND)
+            step(txn, t.state, _E.SEND)
         state = t.producer(producer)
         if epoch_producer is not None:
             self._check_epoch_send(txn, epoch_producer, seqs[0], state)
@@ -439,7 +433,7 @@ class TransactionBuffer:
         producer's epoch and transaction here."""
         pid, epoch = producer
         known = self.epoch_producers.get(pid)
-        coordinator_epoch = _coordinator_epoch(txn)
+        coordinator_epoch = boot_epoch(txn)
         if known is not None and (
             epoch < known.epoch or coordinator_epoch < known.coordinator_epoch
         ):
@@ -462,7 +456,7 @@ class TransactionBuffer:
             return
         pid, epoch = producer
         known = self.epoch_producers.get(pid)
-        coordinator_epoch = _coordinator_epoch(txn)
+        coordinator_epoch = boot_epoch(txn)
         if known is None or (coordinator_epoch, epoch) >= (known.coordinator_epoch, known.epoch):
             self.epoch_producers[pid] = EpochProducer(epoch, txn, coordinator_epoch)
 
@@ -595,14 +589,14 @@ class TransactionBuffer:
         event = _E.COMMIT if commit else _E.ABORT
         ended = self._ended.get(txn)
         if ended is not None:
-            transition(txn, ended[0], event)  # (a repeated END, or refused)
+            step(txn, ended[0], event)  # (a repeated END, or refused)
             return None
         if producer is not None:
             known = self.epoch_producers.get(producer[0])
             if (
                 known is not None
                 and known.txn != txn
-                and (known.epoch > producer[1] or known.coordinator_epoch > _coordinator_epoch(txn))
+                and (known.epoch > producer[1] or known.coordinator_epoch > boot_epoch(txn))
             ):
                 raise StaleEpochError(
                     f"the marker of producer {producer[0]} epoch {producer[1]} is older than "
@@ -611,7 +605,7 @@ class TransactionBuffer:
         t = self._txns.get(txn)
         if t is None:
             t = self._txns[txn] = _Txn(txn)
-        t.state = transition(txn, t.state, event)
+        t.state = step(txn, t.state, event)
         return t
 
     def _write_end(self, t: _Txn, early: bool) -> asyncio.Future[Any] | None:
@@ -720,7 +714,7 @@ class TransactionBuffer:
         if t is None:
             t = self._txns[key] = _Txn(key)
         try:
-            t.state = transition(key, t.state, _RECORD_EVENTS[type(record)])
+            t.state = step(key, t.state, _RECORD_EVENTS[type(record)])
         except TransactionBufferError as exc:  # the checks before appending prevent this
             log.error("%s: sidecar entry %d ignored: %s", self.name, entry.entry_id, exc)
             return
@@ -755,7 +749,7 @@ class TransactionBuffer:
                 )
             return
         try:
-            t.state = transition(key, t.state, _E.MARKER)
+            t.state = step(key, t.state, _E.MARKER)
         except TransactionBufferError as exc:  # (a second marker: the first one stands)
             log.error("%s: commit marker %d ignored: %s", self.name, entry.entry_id, exc)
             return
@@ -834,7 +828,7 @@ class TransactionBuffer:
             if t.state is not _S.OPEN:  # (version 1 kept the ended ones here)
                 self._retire(t)
             elif marker >= 0:
-                t.state = transition(key, t.state, _E.MARKER)
+                t.state = step(key, t.state, _E.MARKER)
         return int(record["covers"]), int(record["scan_from"])
 
     @classmethod

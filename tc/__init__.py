@@ -8,8 +8,10 @@ transactions out, and ends them on every participant through the
 `TxnTable` (`tc._table`, no I/O) and, for the producer-epoch mode (Kafka's
 transactional producer, `tc._epoch_mode`), a `ProducerRegistry`
 (`tc._producers`), both rebuilt on start from its log (`tc._log`). What it
-refuses it raises as subclasses of `proto.refusals` classes, which carry
-their wire code (`TxnNotFoundError` is a `TransactionNotFound`).
+refuses it raises as its own errors, each with one parent
+(`InvalidTxnStatusError`, `TxnNotFoundError`, the `ProducerEpochError`
+classes, ...); the broker answers each with its wire code from one table
+(`broker._errors.WIRE_CODES`).
 """
 
 from proto import TxnID, wire_txnid

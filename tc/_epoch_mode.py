@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ledger import all_of, resolved, then
-from proto import TxnID, refusals
+from proto import TxnID
 from tc._producers import (
     DEFAULT_EXPIRATION_MS,
     MAX_TXN_TIMEOUT_MS,
@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 _UNDECIDED = (TxnStatus.OPEN, TxnStatus.PREPARED)
 
 
-class TwoPhaseCommitNotAllowedError(ProducerEpochError, refusals.AuthorizationError):
+class TwoPhaseCommitNotAllowedError(ProducerEpochError):
     """A producer asked for two-phase commit (KIP-939) where the broker does
     not allow it (AUTHORIZATION_ERROR, as Kafka answers); nothing changed."""
 

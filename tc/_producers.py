@@ -39,7 +39,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from proto import TxnID, refusals, wire_txnid
+from proto import TxnID, wire_txnid
 from proto import txnbuf_pb2 as pb
 
 __all__ = [
@@ -91,45 +91,43 @@ def identity_of(rec: Record) -> tuple[int, int]:
     return (rec.producer.producer_id, rec.producer.producer_epoch)
 
 
-# -- errors (Kafka's names; each carries its wire code, see `proto.refusals`) ---------
+# -- errors (Kafka's names; the broker answers each with its code: `broker._errors`) -
 
 
 class ProducerEpochError(Exception):
     """Base of the producer-epoch mode's refusals; nothing changed."""
 
 
-class ProducerFencedError(ProducerEpochError, refusals.ProducerFenced):
+class ProducerFencedError(ProducerEpochError):
     """A newer instance of the transactional id has initialized: this one is
     fenced for good (fatal to the producer)."""
 
 
-class InvalidProducerEpochError(ProducerEpochError, refusals.InvalidProducerEpoch):
+class InvalidProducerEpochError(ProducerEpochError):
     """An epoch this producer id does not hold now (a late write of an ended
     transaction, say)."""
 
 
-class InvalidTxnStateError(ProducerEpochError, refusals.InvalidTxnState):
+class InvalidTxnStateError(ProducerEpochError):
     """Not allowed in the transaction's state (a send after prepare, 2PC not
     enabled, a write after init_transactions(keep_prepared_txn=True), ...)."""
 
 
-class TransactionAbortableError(ProducerEpochError, refusals.TransactionAbortable):
+class TransactionAbortableError(ProducerEpochError):
     """The coordinator aborted the transaction (timeout, restart, an
     operator): abort it and go on with the next one."""
 
 
-class InvalidPidMappingError(ProducerEpochError, refusals.InvalidProducerIdMapping):
+class InvalidPidMappingError(ProducerEpochError):
     """No such producer id (never, or its transactional id expired): fatal
     to the producer (KIP-890)."""
 
 
-class ConcurrentTransactionsError(ProducerEpochError, refusals.ConcurrentTransactions):
+class ConcurrentTransactionsError(ProducerEpochError):
     """The transactional id's previous transaction is still ending; retry."""
 
 
-class InvalidTransactionTimeoutError(
-    ProducerEpochError, refusals.InvalidTransactionTimeout, ValueError
-):
+class InvalidTransactionTimeoutError(ProducerEpochError):
     """A transaction timeout out of range."""
 
 
