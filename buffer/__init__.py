@@ -53,7 +53,8 @@ from buffer._sidecar import (
     sidecar_ledger_name,
 )
 from buffer._topics import PartitionCountError, Topic, Topics, partition_ledger_prefixes
-from buffer._txnbuffer import EpochProducer, TransactionBuffer, TxnInfo, epoch_producer_name
+from buffer._txnbuffer import TransactionBuffer
+from buffer._txnindex import EpochProducer, TxnInfo, epoch_producer_name
 from buffer._txnstate import (
     OutOfOrderSequenceError,
     PartitionTxnEvent,
