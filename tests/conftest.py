@@ -5,6 +5,9 @@ directory, waits until /admin/v1/health answers, and always stops it. A
 test can `kill()` it (SIGKILL) and `start()` it again on the same port and
 data directory. On failure the broker's log is shown (captured teardown output).
 
+`until` waits for a condition: a test waits for the condition it means,
+never for a length of time (a busy machine stretches any length).
+
 A test (or module) marked ``auth`` gets a broker that authenticates: a
 secret key beside its data directory, and a superuser's token in
 ``TXNBUF_TOKEN`` (which `client.Client` reads) and in `BrokerProcess.token`
@@ -13,6 +16,8 @@ secret key beside its data directory, and a superuser's token in
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
 import signal
 import socket
@@ -22,7 +27,7 @@ import sys
 import time
 import urllib.request
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +38,23 @@ from broker._auth import create_secret_key, create_token, load_signing_key
 from broker._connection import PROTOCOL_VERSION
 from ledger import faults
 from proto import txnbuf_pb2 as pb
+
+
+async def until(condition: Callable[[], object], what: str = "", timeout: float = 60.0) -> None:
+    """Return once ``condition()`` (or what it returns, awaited) is true,
+    asked every 20 ms; fail after ``timeout`` seconds, saying ``what`` was
+    awaited. The timeout only bounds a hang: the wait ends as soon as the
+    condition holds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        held = condition()
+        if inspect.isawaitable(held):
+            held = await held
+        if held:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
+        await asyncio.sleep(0.02)
 
 
 def free_port() -> int:

@@ -38,6 +38,7 @@ from tc import (
     check_update,
     transition,
 )
+from tests.conftest import until
 
 Op = pb.TransactionMetadataEntry
 EPOCH = 1 << 64  # a counter is (boot epoch << 64) | sequence
@@ -123,12 +124,11 @@ def open_tc(tmp_path: Path) -> Opener:
 
 
 async def wait_status(tc: TransactionCoordinator, txnid: TxnID, status: TxnStatus) -> None:
-    for _ in range(300):
+    def reached() -> bool:
         meta = tc.get(txnid)
-        if meta is not None and meta.status is status:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{txnid} never reached {status}: {tc.get(txnid)}")
+        return meta is not None and meta.status is status
+
+    await until(reached, f"{txnid} to reach {status}")
 
 
 async def records(tc: TransactionCoordinator) -> list[pb.TransactionMetadataEntry]:
@@ -305,7 +305,7 @@ async def test_commit_tells_every_participant_then_logs_committed(open_tc: Opene
             tc.verify_partition(txn, "out", 0)  # a late write is refused
         assert len(rec.calls) == 3
         # Logged: NEW, the decision naming the participants, the end. No registration.
-        await asyncio.sleep(0.1)  # (the end is logged lazily)
+        await until(lambda: tc._log.ledger.settled, "the end logged (lazily)")
         ops = [(r.metadata_op, r.new_status) for r in await records(tc)]
         assert ops == [
             (Op.BOOT, pb.OPEN),
@@ -326,7 +326,7 @@ async def test_participants_write_behind_the_decision_in_its_group_commit(
         txn = tc.new_txn()
         tc.add_partition(txn, "t", 0)
         tc.add_subscription(txn, "t", "s")
-        await asyncio.sleep(0.05)  # (NEW durable)
+        await until(lambda: tc._log.ledger.settled, "the NEW record durable")
         commits = tc.store.commits
         answered = tc.end_txn(txn, commit=True)
         assert len(rec.written) == 2 and not any(w.done() for w in rec.written)
@@ -409,12 +409,11 @@ class Refuser(Recorder):
 
 
 async def wait_stuck(tc: TransactionCoordinator, txnid: TxnID, attempts: int = 1) -> None:
-    for _ in range(500):
-        stuck = tc.stuck(txnid).get(txnid, [])
-        if stuck and stuck[0].attempts >= attempts:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{txnid} never stuck: {tc.stuck()}")
+    def stuck() -> bool:
+        found = tc.stuck(txnid).get(txnid, [])
+        return bool(found) and found[0].attempts >= attempts
+
+    await until(stuck, f"{txnid} stuck")
 
 
 async def test_a_participant_that_refuses_is_listed_stuck_until_it_applies(
@@ -467,7 +466,7 @@ async def test_an_operator_may_skip_a_stuck_participant(open_tc: Opener) -> None
         await end
         assert tc.stuck() == {}
         assert rec.calls == [("partition", "t", 0, txn, True)]  # t/1 left as it was
-        await asyncio.sleep(0.05)  # (the end durable)
+        await until(lambda: tc._log.ledger.settled, "the end durable")
     finally:
         await open_tc.close(tc)
     # The end is logged: a restart does not try the skipped participant again.
@@ -642,9 +641,8 @@ async def test_snapshots_bound_the_log_and_recover_the_same_state(
             ended.append((txn, TxnStatus.COMMITTED if i % 4 == 1 else TxnStatus.ABORTED))
     for txn, status in ended:
         await wait_status(tc, txn, status)
-    await asyncio.sleep(0.05)  # (the last ends durable)
     ledger = tc._log.ledger
-    assert ledger.entry_count < 60  # trimmed behind snapshots
+    await until(lambda: ledger.entry_count < 60, "the log trimmed behind snapshots")
     await open_tc.close(tc)
     tc = await open_tc(3, Recorder())
     try:

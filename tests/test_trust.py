@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from client import Client, Consumer, errors
 from proto import refusals
 from proto import txnbuf_pb2 as pb
 from tc import TxnID, TxnStatus
-from tests.conftest import BrokerProcess, RawConnection
+from tests.conftest import BrokerProcess, RawConnection, until
 
 T = pb.BaseCommand
 
@@ -179,15 +178,6 @@ async def test_a_restart_finishes_a_decided_transaction_without_a_stuck_particip
         broker.stop()
 
 
-async def wait_for(check, timeout: float = 15.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("timed out")
-
-
 def stuck_txns(broker: BrokerProcess) -> list[dict]:  # type: ignore[type-arg]
     status, listed = admin_json(broker, "GET", "/admin/v1/transactions?state=STUCK")
     assert status == 200
@@ -218,7 +208,7 @@ async def test_a_refusing_participant_is_surfaced_and_an_operator_skips_it(
             # The decision is durable; the participant never applies it: END
             # answers after its wait, and the client's view is the coordinator's.
             await txn.commit()
-            await wait_for(lambda: bool(stuck_txns(broker)))
+            await until(lambda: bool(stuck_txns(broker)))
             (listed,) = stuck_txns(broker)
             assert listed["txnid"] == str(txn.id) and listed["status"] == "COMMITTING"
             (stuck,) = listed["stuck"]
@@ -238,7 +228,7 @@ async def test_a_refusing_participant_is_surfaced_and_an_operator_skips_it(
                 broker, "POST", f"/admin/v1/transactions/{txn.id}/resolve", b'{"action": "skip"}'
             )
             assert status == 200 and body["participants"] == 1
-            await wait_for(lambda: not stuck_txns(broker))
+            await until(lambda: not stuck_txns(broker))
             status, meta = admin_json(broker, "GET", f"/admin/v1/transactions/{txn.id}")
             assert meta["status"] == "COMMITTED" and meta["stuck"] == []
             assert metric(broker, "txnbuf_transactions_stuck") == 0
@@ -271,7 +261,7 @@ async def test_a_participant_that_refuses_for_a_while_applies_the_decision_after
             txn = await client.new_transaction(timeout=60)
             await producer.send(b"applied late", txn=txn)
             commit = asyncio.ensure_future(txn.commit())
-            await wait_for(lambda: bool(stuck_txns(broker)))
+            await until(lambda: bool(stuck_txns(broker)))
             # An operator asks for a retry now, until the participant applies it.
             while stuck_txns(broker):
                 broker.admin(
