@@ -533,12 +533,18 @@ class TransactionBuffer:
 
     # -- snapshots and recovery -----------------------------------------------------
 
+    def _snapshot_record(self) -> bytes:
+        """The index as of every durable sidecar record and commit marker
+        (`TxnIndex.snapshot`)."""
+        return self._index.snapshot(
+            self.sidecar.last_entry_id, self.partition_ledger.last_entry_id + 1
+        )
+
     def _write_snapshot(self) -> tuple[asyncio.Future[int], int]:
         """Queue a snapshot; return its future and the last entry it covers."""
         covers = self.sidecar.last_entry_id
         self._since_snapshot = 0
-        record = self._index.snapshot(covers, self.partition_ledger.last_entry_id + 1)
-        fut = self.sidecar.append(*TxnSnapshot(record).encode())
+        fut = self.sidecar.append(*TxnSnapshot(self._snapshot_record()).encode())
 
         def done(f: asyncio.Future[int]) -> None:
             if f.cancelled() or f.exception() is not None:
