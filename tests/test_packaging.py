@@ -23,6 +23,7 @@ PACKAGES = [
     "broker",
     "checker",
     "pipelines",
+    "cluster",
 ]
 
 # What each package may import from ours (itself included). broker may import all.
@@ -37,6 +38,8 @@ ALLOWED: dict[str, set[str]] = {
     "checker": {"proto", "client", "checker"},
     # Spark's format("txnbuf") uses the client only (DESIGN.md: pipelines use client).
     "pipelines": {"client", "pipelines"},
+    # Membership and slot ownership: a pure core, its store interface and model.
+    "cluster": {"cluster"},
     # broker.cli hands `txnbuf check` to checker (imported only for that command).
     "broker": set(PACKAGES),
 }
