@@ -75,17 +75,21 @@ from tc._participants import (
 )
 from tc._producers import InvalidTxnStateError, ProducerEntry, ProducerRegistry
 from tc._status import InvalidTxnStatusError, TxnEvent, TxnStatus, status_of
-from tc._table import Record, TxnArgumentError, TxnMeta, TxnTable, TxnTimeoutError, same_outcome
+from tc._table import (
+    Record,
+    TxnArgumentError,
+    TxnMeta,
+    TxnTable,
+    TxnTimeoutError,
+    now_ms,
+    same_outcome,
+)
 
 __all__ = ["TransactionCoordinator"]
 
 log = logging.getLogger(__name__)
 
 _UNDECIDED = (TxnStatus.OPEN, TxnStatus.PREPARED)  # not decided: nothing to finish
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class TransactionCoordinator:
@@ -171,7 +175,7 @@ class TransactionCoordinator:
     def active_open_time_max_ms(self) -> int:
         """KIP-939's active-transaction-open-time-max: the longest any
         transaction not yet decided (OPEN or PREPARED) has been open."""
-        now = _now_ms()
+        now = now_ms()
         starts = [m.start_ms for m in self._table.txns.values() if m.status in _UNDECIDED]
         return max((now - s for s in starts), default=0)
 
@@ -208,7 +212,7 @@ class TransactionCoordinator:
         """Open a transaction (§CommandNewTxn): its NEW record is appended,
         and it is OPEN from now on. ``tag`` and ``prepared_timeout_ms``: see
         `tc._table`. ValueError for a bad timeout or tag."""
-        rec = self._table.new(timeout_ms, _now_ms(), producer, two_phase, tag, prepared_timeout_ms)
+        rec = self._table.new(timeout_ms, now_ms(), producer, two_phase, tag, prepared_timeout_ms)
         txnid = self._table.next_txnid()
         self.txns_begun += 1
         self.log_record(rec, lazy=True)  # (durable with the first write that needs it)
@@ -219,11 +223,11 @@ class TransactionCoordinator:
         """§CommandAddPartitionToTxn (or a send that asks to add its
         partition, KIP-890 part 2): TxnNotFound, or an invalid status
         unless OPEN; adding it again changes nothing."""
-        self._table.register(txnid, partitions=[(topic, partition)], now_ms=_now_ms())
+        self._table.register(txnid, partitions=[(topic, partition)], now_ms=now_ms())
 
     def add_subscription(self, txnid: TxnID, topic: str, subscription: str) -> None:
         """§CommandAddSubscriptionToTxn: as `add_partition`."""
-        self._table.register(txnid, subscriptions=[(topic, subscription)], now_ms=_now_ms())
+        self._table.register(txnid, subscriptions=[(topic, subscription)], now_ms=now_ms())
 
     def end_txn(self, txnid: TxnID, commit: bool) -> asyncio.Future[None]:
         """§CommandEndTxn: decide now, tell the participants; the result is
@@ -265,7 +269,7 @@ class TransactionCoordinator:
             return resolved(-1)
         if meta.status is not TxnStatus.OPEN:
             raise InvalidTxnStatusError(meta.status, TxnEvent.PREPARE)
-        written = self.log_record(self._table.decide(txnid, TxnEvent.PREPARE, _now_ms()))
+        written = self.log_record(self._table.decide(txnid, TxnEvent.PREPARE, now_ms()))
         self._arm_for(txnid)  # (a prepared timeout)
         return written
 
@@ -281,7 +285,7 @@ class TransactionCoordinator:
         Returns (duplicate, how many committed, how many aborted, done):
         ``done`` when the decision is durable and applied, as END's answer.
         Raises at once, changing nothing, as `TxnTable.group` refuses."""
-        rec = self._table.group(group, sequence, commit, abort_tag, _now_ms())
+        rec = self._table.group(group, sequence, commit, abort_tag, now_ms())
         updates = [
             (wire_txnid(u.txnid_most_bits, u.txnid_least_bits), status_of(u.new_status))
             for u in rec.group_updates
@@ -315,7 +319,7 @@ class TransactionCoordinator:
         """Log the decision (``event``: COMMIT, ABORT, TIMEOUT) on an
         undecided transaction and tell its participants; the result as
         `end_txn`'s."""
-        logged = self.log_record(self._table.decide(meta.txnid, event, _now_ms()))
+        logged = self.log_record(self._table.decide(meta.txnid, event, now_ms()))
         self._channel.tell(meta, self._end_of(meta), logged)
         return self._channel.answer(meta.txnid, logged)
 
@@ -344,7 +348,7 @@ class TransactionCoordinator:
         may abort and go on (TRANSACTION_ABORTABLE)."""
         decided = self.decide(meta, event)
         if meta.producer is not None:
-            rec = self._producers.coordinator_abort(meta.txnid, meta.producer[0], _now_ms())
+            rec = self._producers.coordinator_abort(meta.txnid, meta.producer[0], now_ms())
             if rec is not None:
                 self.log_record(rec)
         return decided
@@ -354,7 +358,7 @@ class TransactionCoordinator:
         durable: log the end (lazily: nobody waits for it, and it is durable
         only with what the participants queued behind the decision)."""
         try:
-            rec = self._table.finish(meta.txnid, _now_ms())
+            rec = self._table.finish(meta.txnid, now_ms())
         except InvalidTxnStatusError:
             return  # (ended already: a repeated finish after a restart)
         written = self.log_record(rec, lazy=True)
@@ -450,13 +454,13 @@ class TransactionCoordinator:
         if self._expiry is not None:
             self._expiry.cancel()
         self._expiry_at = deadline_ms
-        delay = max(0.0, (deadline_ms - _now_ms()) / 1000)
+        delay = max(0.0, (deadline_ms - now_ms()) / 1000)
         self._expiry = asyncio.get_running_loop().call_later(delay, self._expire)
 
     def _expire(self) -> None:
         """Abort every OPEN transaction past its deadline; wait for the next."""
         self._expiry, self._expiry_at = None, 0
-        for txnid in self._table.expired(_now_ms()):
+        for txnid in self._table.expired(now_ms()):
             log.info("coordinator %d: transaction %s timed out", self.tcid, txnid)
             meta = self._table.txns[txnid]
             try:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -47,7 +46,7 @@ from tc._producers import (
     identity_of,
 )
 from tc._status import TxnEvent, TxnStatus
-from tc._table import Record, TxnMeta, same_outcome
+from tc._table import Record, TxnMeta, now_ms, same_outcome
 
 __all__ = ["ProducerEpochMode", "ProducerSettings", "Transactions", "TwoPhaseCommitNotAllowedError"]
 
@@ -101,10 +100,6 @@ class Transactions(Protocol):
 
     def log_record(self, rec: Record, lazy: bool = False) -> asyncio.Future[int]:
         """Append ``rec`` to the log and apply it; done once durable."""
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class ProducerEpochMode:
@@ -177,13 +172,13 @@ class ProducerEpochMode:
         try:
             entry = self.registry.get(transactional_id)
             if entry is None:
-                rec = self.registry.first_init(transactional_id, timeout_ms, two_phase, _now_ms())
+                rec = self.registry.first_init(transactional_id, timeout_ms, two_phase, now_ms())
                 await self.txns.log_record(rec)
                 return (*identity_of(rec), -1, -1)
             if entry.ongoing is not None and not keep_prepared:
                 await self._roll(entry.ongoing)
                 entry = self.registry.get(transactional_id) or entry
-            rec = self.registry.init(entry, timeout_ms, two_phase, keep_prepared, _now_ms())
+            rec = self.registry.init(entry, timeout_ms, two_phase, keep_prepared, now_ms())
             await self.txns.log_record(rec)
             updated = self.registry.get(transactional_id)
             ongoing = (updated.txn_identity if updated is not None else None) or (-1, -1)
@@ -255,7 +250,7 @@ class ProducerEpochMode:
             producer=entry.identity,
             two_phase=entry.two_phase,
         )
-        rec = self.registry.begin(entry, txnid, producer_id, epoch, _now_ms())
+        rec = self.registry.begin(entry, txnid, producer_id, epoch, now_ms())
         written = self.txns.log_record(rec, lazy=lazy)
         self._begins[txnid] = written
         written.add_done_callback(lambda _: self._begins.pop(txnid, None))
@@ -401,7 +396,7 @@ class ProducerEpochMode:
                     f"{outcome} refused: the transaction of {entry.transactional_id!r} was "
                     "aborted; abort it and begin the next"
                 )
-        rec = self.registry.end(entry, producer_id, epoch, commit, bump, _now_ms())
+        rec = self.registry.end(entry, producer_id, epoch, commit, bump, now_ms())
         waits.append(self.txns.log_record(rec))
         identity = identity_of(rec)
         return then(all_of(waits), lambda _: identity)
@@ -414,7 +409,7 @@ class ProducerEpochMode:
         self._expiry = None
         if self._closed:
             return
-        for tid in self.registry.expired(_now_ms(), self.settings.expiration_ms):
+        for tid in self.registry.expired(now_ms(), self.settings.expiration_ms):
             log.info("coordinator %d: transactional id %r expired", self.txns.tcid, tid)
             self.txns.log_record(self.registry.expire(tid), lazy=True)
         every = min(60.0, max(0.05, self.settings.expiration_ms / 4000))

@@ -33,14 +33,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ledger import LedgerError, faults, pass_failure
 from proto import TxnID
-from tc._table import TxnMeta
+from tc._table import TxnMeta, now_ms
 
 __all__ = [
     "END_WAIT",
@@ -127,10 +126,6 @@ class StuckParticipant:
 # One participant of a decided transaction: its name ("partition t/0"), what
 # tells it the decision, and the crash hook hit once it has applied it.
 _Tell = tuple[str, Callable[[], "Awaitable[None] | None"], str]
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class ParticipantChannel:
@@ -331,7 +326,7 @@ class ParticipantChannel:
         stuck = self._stuck.setdefault(txnid, {})
         entry = stuck.get(participant)
         if entry is None:
-            entry = stuck[participant] = StuckParticipant(participant, "", _now_ms())
+            entry = stuck[participant] = StuckParticipant(participant, "", now_ms())
         entry.reason = str(exc) or type(exc).__name__
         entry.attempts += 1
         if entry.attempts & (entry.attempts - 1) == 0:

@@ -37,6 +37,7 @@ nothing, and aborts what it names.
 from __future__ import annotations
 
 import collections
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,6 +67,7 @@ __all__ = [
     "TxnNotFoundError",
     "TxnTable",
     "TxnTimeoutError",
+    "now_ms",
 ]
 
 Record = pb.TransactionMetadataEntry
@@ -77,6 +79,12 @@ ENDED_KEPT = 10_000  # ended transactions remembered, so a repeated END is answe
 ENDED_IN_SNAPSHOT = 1000  # of which the newest survive a restart
 GROUPS_KEPT = 10_000  # groups whose highest committed sequence is remembered
 _UNDECIDED = (TxnStatus.OPEN, TxnStatus.PREPARED)
+
+
+def now_ms() -> int:
+    """The wall clock in milliseconds, as the records hold times (the
+    coordinator passes it in: the table reads no clock)."""
+    return time.time_ns() // 1_000_000
 
 
 class TxnNotFoundError(LookupError):
