@@ -61,13 +61,11 @@ import argparse
 import asyncio
 import contextlib
 import datetime
-import glob
 import importlib.util
 import multiprocessing
 import os
 import platform
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -82,6 +80,7 @@ from typing import Any
 
 import aiohttp
 
+from bench._postgres import PostgresCluster, PostgresServer, postgres_bin
 from bench._progress import Runs
 from bench.txn import copy_in_one_txn, take
 from bench.txnceiling import Broker
@@ -207,46 +206,6 @@ class Run:
 # --- the servers ----------------------------------------------------------------------
 
 
-def postgres_bin() -> str | None:
-    """The folder of PostgreSQL's server programs (Debian keeps them off PATH)."""
-    found = sorted(
-        glob.glob("/usr/lib/postgresql/*/bin/postgres"),
-        key=lambda p: int(p.split("/")[4]) if p.split("/")[4].isdigit() else 0,
-    )
-    if not found and (on_path := shutil.which("postgres")):
-        found = [os.path.realpath(on_path)]
-    if not found or not os.path.exists(os.path.join(os.path.dirname(found[-1]), "initdb")):
-        return None
-    return os.path.dirname(found[-1])
-
-
-class PostgresCluster:
-    """A PostgreSQL data folder made by ``initdb`` in a temporary folder (as the
-    ``postgres`` user when we are root: the server refuses to run as root)."""
-
-    def __init__(self) -> None:
-        bindir = postgres_bin()
-        if bindir is None:
-            raise RuntimeError(missing("postgres"))
-        self.bin = bindir
-        self.user = "postgres" if os.geteuid() == 0 else None
-        self.dir = tempfile.mkdtemp(prefix="ctp-postgres-")
-        if self.user:
-            shutil.chown(self.dir, self.user)
-        self.data = os.path.join(self.dir, "data")
-        subprocess.run(
-            [os.path.join(bindir, "initdb"), "-D", self.data, "-U", "postgres",
-             "--auth=trust", "--no-sync", "-E", "UTF8"],
-            user=self.user, cwd=self.dir, check=True, capture_output=True,
-        )  # fmt: skip
-        self.version = subprocess.run(
-            [os.path.join(bindir, "postgres"), "--version"], capture_output=True, text=True
-        ).stdout.split()[2]  # (postgres (PostgreSQL) 15.18 ...)
-
-    def remove(self) -> None:
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
 class Server:
     """A server process a run starts and stops, and what the parent does with it."""
 
@@ -292,23 +251,9 @@ class Postgres(Server):
     name = "PostgreSQL"
 
     def __init__(self, cluster: PostgresCluster) -> None:
-        port = _free_port()
-        self.address = f"127.0.0.1:{port}"
-        log = os.path.join(cluster.dir, "log")
-        with open(log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [os.path.join(cluster.bin, "postgres"), "-D", cluster.data, "-p", str(port),
-                 "-k", cluster.dir, "-c", "listen_addresses=127.0.0.1",
-                 "-c", "fsync=on", "-c", "synchronous_commit=on"],
-                user=cluster.user, cwd=cluster.dir, stdout=out, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-
-        def ready() -> bool:
-            probe = [os.path.join(cluster.bin, "pg_isready"), "-q", "-h", "127.0.0.1",
-                     "-p", str(port)]  # fmt: skip
-            return subprocess.run(probe).returncode == 0
-
-        _wait_until(self, ready, log)
+        self.server = PostgresServer(cluster)
+        self.proc = self.server.proc
+        self.address = self.server.address
 
     async def _connect(self) -> Any:
         import asyncpg
@@ -341,8 +286,7 @@ class Postgres(Server):
             await conn.close()
 
     def stop(self) -> None:
-        self.proc.send_signal(signal.SIGINT)  # (fast shutdown)
-        super().stop()
+        self.server.stop()
 
 
 class Redis(Server):
@@ -621,10 +565,11 @@ def one_run(
     tmp: str,
     cluster: PostgresCluster | None,
     runner: asyncio.Runner,
+    make_server: Callable[[], Server] | None = None,
 ) -> Run:
-    """Load a fresh server, copy every input with ``variant``'s workers, check
-    the output."""
-    server = start_server(variant.system, tmp, cluster)
+    """Load a fresh server (``variant``'s, or ``make_server()``), copy every
+    input with ``variant``'s workers, check the output."""
+    server = make_server() if make_server else start_server(variant.system, tmp, cluster)
     try:
         runner.run(server.load(args.messages, args.size, args.per_txn))
         ctx = multiprocessing.get_context("spawn")

@@ -84,7 +84,10 @@ connection (AUTHENTICATION_ERROR); the client reconnects with what it has.
 
 The ACL lives in ``acl.json`` in the broker's data directory, written
 atomically (a temporary file, fsync, rename, fsync of the directory)
-before the change is applied in memory and answered. A JSON file rather
+before the change is applied in memory and answered. A broker whose store
+is PostgreSQL (``--store``) has no data directory: its ACL is the last
+entry of the ledger ``__meta/acl`` in the store, the same JSON document,
+each change appended whole and the entries before it trimmed. A JSON file rather
 than a ledger in the broker's store: the ACL is a small set, read whole at
 start and replaced whole on each change (a ledger would replay a history
 of grants and revokes for nothing), and an operator can read it, back it
@@ -123,6 +126,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from buffer import quoted
+from ledger import Ledger, LedgerStore
 from proto import refusals
 from proto import txnbuf_pb2 as pb
 
@@ -269,12 +273,35 @@ class AclEntry:
         return {"role": self.role, "permission": self.permission.value, "resource": self.resource}
 
 
-class AclStore:
-    """The grants, in memory and in ``path`` (see the module docstring).
-    `allows` answers from a cache that every change clears."""
+def _parse_acl(raw: bytes, where: str) -> list[AclEntry]:
+    """The grants of an ACL document; `AclFileError` if it does not parse."""
+    try:
+        doc = json.loads(raw)
+        if not isinstance(doc, dict) or doc.get("format") != 1:
+            raise AclError('expected {"format": 1, "grants": [...]}')
+        grants = doc.get("grants")
+        if not isinstance(grants, list):
+            raise AclError('"grants" must be a list')
+        entries = []
+        for g in grants:
+            if not isinstance(g, dict):
+                raise AclError(f"a grant must be an object, not {quoted(g)}")
+            entries.append(AclEntry.parse(g.get("role"), g.get("permission"), g.get("resource")))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise AclFileError(f"the ACL in {where} is broken: {exc}") from exc
+    return entries
 
-    def __init__(self, path: Path, entries: Iterable[AclEntry] = ()) -> None:
+
+class AclStore:
+    """The grants, in memory and in ``path`` or in ``ledger`` (see the
+    module docstring). `allows` answers from a cache that every change
+    clears."""
+
+    def __init__(
+        self, path: Path | None, entries: Iterable[AclEntry] = (), ledger: Ledger | None = None
+    ) -> None:
         self.path = path
+        self.ledger = ledger
         self._entries: frozenset[AclEntry] = frozenset(entries)
         self._lock = asyncio.Lock()
         self._index()
@@ -289,23 +316,14 @@ class AclStore:
             return cls(path)
         except OSError as exc:
             raise AclFileError(f"cannot read the ACL file {path}: {exc}") from exc
-        try:
-            doc = json.loads(raw)
-            if not isinstance(doc, dict) or doc.get("format") != 1:
-                raise AclError('expected {"format": 1, "grants": [...]}')
-            grants = doc.get("grants")
-            if not isinstance(grants, list):
-                raise AclError('"grants" must be a list')
-            entries = []
-            for g in grants:
-                if not isinstance(g, dict):
-                    raise AclError(f"a grant must be an object, not {quoted(g)}")
-                entries.append(
-                    AclEntry.parse(g.get("role"), g.get("permission"), g.get("resource"))
-                )
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise AclFileError(f"the ACL file {path} is broken: {exc}") from exc
-        return cls(path, entries)
+        return cls(path, _parse_acl(raw, f"the file {path}"))
+
+    @classmethod
+    async def load_ledger(cls, ledger: Ledger) -> AclStore:
+        """The ACL in ``ledger``: its last entry (empty if it has none)."""
+        last = await ledger.read(ledger.last_entry_id, ledger.last_entry_id)
+        entries = _parse_acl(last[0].data, f"the ledger {ledger.name}") if last else []
+        return cls(None, entries, ledger)
 
     def _index(self) -> None:
         self._by_key: dict[tuple[str, Permission, ResourceType], list[re.Pattern[str]]] = {}
@@ -364,7 +382,13 @@ class AclStore:
 
     async def _replace(self, entries: frozenset[AclEntry]) -> None:
         doc = {"format": 1, "grants": [e.to_json() for e in sorted(entries)]}
-        await asyncio.to_thread(_write_atomically, self.path, json.dumps(doc, indent=1) + "\n")
+        text = json.dumps(doc, indent=1) + "\n"
+        if self.ledger is not None:  # (the whole document, then the ones before it go)
+            last = await self.ledger.append(text.encode())
+            await self.ledger.trim(last)
+        else:
+            assert self.path is not None
+            await asyncio.to_thread(_write_atomically, self.path, text)
         self._entries = entries
         self._index()
 
@@ -596,6 +620,7 @@ class AuthConfig:
 
 
 ACL_FILE = "acl.json"  # in the broker's data directory
+ACL_LEDGER = "__meta/acl"  # in a PostgreSQL store (no data directory)
 
 
 class Security:
@@ -612,6 +637,16 @@ class Security:
     def load(cls, data_dir: Path, config: AuthConfig | None = None) -> Security:
         """With the ACL of ``data_dir`` (`AclFileError` if it is broken)."""
         return cls(AclStore.load(data_dir / ACL_FILE), config)
+
+    @classmethod
+    async def load_from_store(
+        cls, store: LedgerStore, config: AuthConfig | None = None
+    ) -> Security:
+        """With the ACL in ``store``'s ledger `ACL_LEDGER` (a PostgreSQL
+        store: the broker has no data directory)."""
+        ledger = await store.open_ledger(ACL_LEDGER)
+        ledger.no_tail_cache()
+        return cls(await AclStore.load_ledger(ledger), config)
 
     @property
     def enabled(self) -> bool:

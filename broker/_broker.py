@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from aiohttp import web
 
 from broker._auth import AuthConfig, Security
 from broker._metrics import BrokerMetrics
+from broker._slots import slot_of
 from buffer import Partition, PublishResult, Topic, Topics, TransactionBuffer
 from ledger import LedgerError, LedgerStore, faults
 from proto import refusals, txn_text
@@ -60,7 +62,14 @@ from tc import (
     coordinator_of_producer,
 )
 
-__all__ = ["BROKER_KEY", "UNLOAD_AFTER", "Broker", "Client", "ConnectedProducer"]
+__all__ = [
+    "BROKER_KEY",
+    "UNLOAD_AFTER",
+    "Broker",
+    "Client",
+    "ConnectedProducer",
+    "open_cluster_store",
+]
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +106,7 @@ class Broker:
 
     def __init__(
         self,
-        data_dir: Path,
+        data_dir: Path | None,
         store: LedgerStore,
         topics: Topics,
         subs: Subscriptions,
@@ -105,9 +114,12 @@ class Broker:
         security: Security | None = None,
         unload_after: float | None = UNLOAD_AFTER,
     ) -> None:
-        self.data_dir = data_dir
+        self.data_dir = data_dir  # (None: the store is PostgreSQL, no data directory)
         # Authentication, the ACL and the limits on one client (`broker._auth`).
-        self.security = security or Security.load(data_dir)
+        if security is None:
+            assert data_dir is not None
+            security = Security.load(data_dir)
+        self.security = security
         self.store = store
         self.topics = topics
         self.subscriptions = subs
@@ -138,30 +150,43 @@ class Broker:
         producer_settings: ProducerSettings | None = None,
         preload: bool = True,
         unload_after: float | None = UNLOAD_AFTER,
+        store_url: str | None = None,
     ) -> Broker:
         """``auth``: authentication, superusers and limits (none, the
         default: see `broker._auth`). ``preload``: load every topic in the
         background after the start; ``unload_after``: seconds a topic is
         left alone before it unloads (None: never; see the module
-        docstring)."""
-        data_dir = Path(data_dir)
-        data_dir.mkdir(parents=True, exist_ok=True)
-        security = Security.load(data_dir, auth)
+        docstring). ``store_url``: a PostgreSQL database instead of
+        ``data_dir`` (`open_cluster_store`)."""
         t0 = time.perf_counter()
-        store = await LedgerStore.open(data_dir / "broker.db")
+        where: Path | str
+        folder: Path | None = None
+        if store_url is None:
+            where = folder = Path(data_dir)
+            folder.mkdir(parents=True, exist_ok=True)
+            security = Security.load(folder, auth)
+            store = await LedgerStore.open(folder / "broker.db")
+        else:
+            store = await open_cluster_store(store_url, f"{url or 'broker'} pid {os.getpid()}")
+            where = store.location
+            try:
+                security = await Security.load_from_store(store, auth)
+            except BaseException:
+                await store.close()
+                raise
         topics = await Topics.load(store, lazy=True)
         subs = await Subscriptions.load(topics)
         for name in sorted(topics.deleted):  # (a deletion that a crash interrupted)
             await subs.delete_leftovers(name)
             await topics.delete_ledgers(name)
-        broker = cls(data_dir, store, topics, subs, url, security, unload_after)
+        broker = cls(folder, store, topics, subs, url, security, unload_after)
         topics.prepare = broker._prepare_topic
         topics.discard = broker._discard_topic
         log.info(
             "found %d topics (%d ledgers) in %s in %.2fs",
             len(topics),
             len(store.ledger_names()),
-            data_dir,
+            where,
             time.perf_counter() - t0,
         )
         try:
@@ -185,7 +210,7 @@ class Broker:
         """Coordinator ``tcid`` keeps its log in the broker's store, next to
         the partitions and subscriptions it ends transactions on, so that
         they write right behind its records (see `tc`)."""
-        if (self.data_dir / f"tc-{tcid}.db").exists():
+        if self.data_dir is not None and (self.data_dir / f"tc-{tcid}.db").exists():
             raise LedgerError(
                 f"{self.data_dir / f'tc-{tcid}.db'} is a coordinator log in a separate file, "
                 "which this version of txnbuf does not read (coordinators log in broker.db)"
@@ -564,6 +589,30 @@ class Broker:
                 self._producers_of[topic] = left
             else:
                 del self._producers_of[topic]
+
+
+async def open_cluster_store(url: str, owner: str) -> LedgerStore:
+    """The broker's store in the PostgreSQL database ``url``, as ``owner``,
+    holding every slot of the database: each slot's epoch goes up, so a
+    broker that held them before is fenced from its next write on (it
+    stops: `broker.cli`). Ownership shared between brokers is not built
+    yet: the last broker started on a database is the one that serves it.
+    Each ledger's slot: `broker._slots`."""
+    store = await LedgerStore.open(url, owner=owner, slot_of=slot_of)
+    try:
+        epochs = await store.take_slots(range(store.slot_count))
+    except BaseException:
+        await store.close()
+        raise
+    log.info(
+        "took all %d slots of %s as %r (epochs %d..%d)",
+        len(epochs),
+        store.location,
+        owner,
+        min(epochs.values(), default=0),
+        max(epochs.values(), default=0),
+    )
+    return store
 
 
 @dataclass(slots=True)

@@ -171,7 +171,8 @@ class Observed(Protocol):
     def store(self) -> LedgerStore: ...
 
     @property
-    def data_dir(self) -> Path: ...
+    def data_dir(self) -> Path | None:
+        """(None: the store is PostgreSQL, no data directory.)"""
 
     @property
     def started(self) -> float: ...
@@ -391,11 +392,12 @@ class BrokerMetrics:
             "the decision durable and applied by every participant",
             self.commit_seconds,
         )
-        yield GaugeMetricFamily(
-            "txnbuf_data_dir_bytes",
-            "Bytes of the files in the broker's data directory (database, WAL)",
-            value=_dir_bytes(broker.data_dir),
-        )
+        if broker.data_dir is not None:  # (none with a PostgreSQL store)
+            yield GaugeMetricFamily(
+                "txnbuf_data_dir_bytes",
+                "Bytes of the files in the broker's data directory (database, WAL)",
+                value=_dir_bytes(broker.data_dir),
+            )
 
     def _subscription_gauges(self) -> Iterable[Metric]:
         broker = self.broker

@@ -53,7 +53,7 @@ from broker._auth_cli import (
 from broker._broker import UNLOAD_AFTER, Broker
 from broker._checkdata import add_check_data_parser, run_check_data
 from broker._server import MAX_REQUEST_LINE, make_app
-from ledger import LedgerError
+from ledger import LedgerError, LedgerFencedError, is_postgres_url
 from tc import DEFAULT_EXPIRATION_MS, MAX_TXN_TIMEOUT_MS, ProducerSettings
 
 __all__ = ["main", "serve"]
@@ -74,11 +74,17 @@ async def serve(
     kafka: tuple[str, int] | None = None,
     preload: bool = True,
     unload_after: float | None = UNLOAD_AFTER,
+    store_url: str | None = None,
 ) -> None:
     """Run a broker until SIGTERM or SIGINT. ``auth``: authentication and
     limits (`broker._auth`); ``ssl_context``: serve TLS; ``kafka``: (host,
-    port) of a Kafka listener beside it (`broker.kafka`); ``preload`` and
-    ``unload_after``: see `Broker.open`."""
+    port) of a Kafka listener beside it (`broker.kafka`); ``preload``,
+    ``unload_after`` and ``store_url``: see `Broker.open`.
+
+    A broker whose store is fenced (another broker took its slots over:
+    `ledger.LedgerFencedError`) stops at once, logging why at ERROR, and
+    exits with status 1: everything it would write is refused, and what it
+    holds in memory is no longer the truth."""
     scheme = "https" if ssl_context is not None else "http"
     _check_port(host, port)  # (before the data directory is opened, or created)
     gc.disable()
@@ -91,9 +97,11 @@ async def serve(
             producer_settings=producer_settings,
             preload=preload,
             unload_after=unload_after,
+            store_url=store_url,
         )
     except LedgerError as exc:  # (another broker on this data directory, a broken disk)
-        raise SystemExit(f"txnbuf: cannot open the data in {data_dir}: {exc}") from None
+        where = data_dir if store_url is None else "the store"
+        raise SystemExit(f"txnbuf: cannot open the data in {where}: {exc}") from None
     except AclFileError as exc:
         raise SystemExit(f"txnbuf: {exc}") from None
     finally:
@@ -120,12 +128,27 @@ async def serve(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        fenced: list[LedgerFencedError] = []
+
+        def store_failed(failure: asyncio.Future[LedgerError]) -> None:
+            error = failure.result()
+            if isinstance(error, LedgerFencedError):
+                log.error(
+                    "fenced: another broker took over slots %s of the store; this broker "
+                    "stops serving (%s)",
+                    ",".join(map(str, error.slots)),
+                    error,
+                )
+                fenced.append(error)
+                stop.set()
+
+        broker.store.failure.add_done_callback(store_failed)
         log.info(
             "txnbuf broker listening on %s://%s:%d (data in %s, coordinators %s, %s)",
             scheme,
             host,
             port,
-            data_dir,
+            data_dir if store_url is None else broker.store.location,
             ",".join(map(str, tc_ids)),
             "tokens required" if broker.security.enabled else "no authentication",
         )
@@ -137,6 +160,8 @@ async def serve(
         await broker.close()
         await runner.cleanup()
         log.info("stopped")
+    if fenced:
+        raise SystemExit(1)
 
 
 def _cannot_listen(host: str, port: int, exc: OSError) -> str:
@@ -207,6 +232,14 @@ def _seconds(text: str) -> float:
     return seconds
 
 
+def _store_url(text: str) -> str:
+    if not is_postgres_url(text):
+        raise argparse.ArgumentTypeError(
+            f"a store is a PostgreSQL URL (postgresql://user@host:port/db), not {text!r}"
+        )
+    return text
+
+
 def _version() -> str:
     try:
         return importlib.metadata.version("txnbuf")
@@ -220,6 +253,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     p = commands.add_parser("serve", help="run a broker")
     p.add_argument("--data-dir", default="./txnbuf-data", help="where data lives (./txnbuf-data)")
+    p.add_argument(
+        "--store",
+        type=_store_url,
+        default=None,
+        metavar="URL",
+        help="keep everything in this PostgreSQL database instead of --data-dir "
+        "(a libpq URL: postgresql://user:password@host:port/db; see docs/cluster.md)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     p.add_argument("--port", type=_port, default=6650, help="port to listen on (6650)")
     p.add_argument(
@@ -321,6 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     kafka,
                     args.preload,
                     args.unload_after or None,
+                    args.store,
                 )
             )
     return 0

@@ -26,7 +26,7 @@ import sqlite3
 from pathlib import Path
 
 from ledger import _writer
-from ledger._store import Entry, LedgerError
+from ledger._base import Entry, LedgerError
 
 __all__ = ["ReadOnlyLedger", "ReadOnlyStore"]
 

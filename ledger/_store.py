@@ -1,36 +1,48 @@
-"""Ledgers in one SQLite database, written by group commits.
+"""Ledgers in one database, written by group commits, on an engine.
 
 A ledger is an append-only sequence of entries with increasing entry ids,
 read by range and trimmed from the front. Many ledgers share one database
-file (a `LedgerStore`). Appends and trims wait in a queue; a group commit
-takes everything queued when it starts and commits it as one SQLite
-transaction: one fsync (WAL, ``synchronous=FULL``) for all of them. A future
-resolves only after its commit is on disk.
+(a `LedgerStore`). Appends and trims wait in a queue; a group commit takes
+everything queued when it starts and commits it as one database
+transaction. A future resolves only after its commit is durable.
 
-Every write goes through a writer process of the store's own
-(`ledger._writer`), fed through a pipe: the event loop queues appends and
-trims, hands them over once per turn of the loop, and settles them when the
-writer answers. The writer commits whatever reached it while its previous
-commit ran, together, and shares no interpreter lock with the busy event
-loop (see `ledger._writer`).
+The store is in two parts. `LedgerStore` holds what does not depend on
+the database: the `Ledger` objects and their ids, tail caches, listeners
+and waiters, the queue of appends and trims, lazy appends, the bookkeeping
+of group commits, fail-stop and the figures. An *engine* (`Engine`) holds
+the database: it loads the catalog, creates and deletes ledgers, commits a
+batch of appends and trims atomically, and reads. Two engines:
 
+- SQLite (`ledger._sqlite`, the default): one file, WAL with
+  ``synchronous=FULL``, written by a writer process of the store's own.
+- PostgreSQL (`ledger._postgres`): any libpq URL, through asyncpg; many
+  brokers' stores may share one database, each fenced by its slots.
+
+`LedgerStore.open` picks the engine from its first argument: a
+``postgresql://`` (or ``postgres://``) URL, or a file path.
+
+The record format is the engine's concern only as bytes: an entry is its
+id, a ``meta`` integer the ledger's user gives it (the partition stores its
+message count there, so that a start learns entry sizes without reading
+blobs) and its data. Entry ids are at most 40 bits and ledger ids 23 (the
+key ``ledger_id << 40 | entry_id`` both engines are handed).
+
+The store hands the engine what a turn of the event loop appended, as one
+request; the engine commits whatever reached it while its previous commit
+ran, together, in the order it came, and answers each request in order.
 Append order is durability order, across all the ledgers of a store: an
 append made after another (in the event loop's order) is committed in the
-same SQLite transaction or a later one, and never without it, because a
-failed commit stops the store (fail-stop: every later write is refused until
-it is reopened). The coordinator relies on this to let participants write
+same transaction or a later one, and never without it, because a failed
+commit stops the store (fail-stop: every later write is refused until it
+is reopened). The coordinator relies on this to let participants write
 right behind its log records when they share a store (see `tc`).
 
-Reads that miss the in-memory tail cache go to an aiosqlite connection of
-this process, used for nothing else (each read is one hop to its thread and
-back); in WAL mode they never queue behind a commit.
-
-Layout: table ``ledgers(id, name, first_entry_id, next_entry_id)`` and
-table ``entries(id, meta, data)`` whose integer primary key is
-``ledger_id << 40 | entry_id``: one B-tree, each ledger a contiguous key
-range. ``meta`` is a small integer the ledger's user gives each entry (the
-partition stores its message count there) so that start-up can learn entry
-sizes without reading blobs.
+Fencing (PostgreSQL): a store opened with ``slot_of`` gives every ledger a
+slot (or none) and checks, in each transaction that writes a slot's
+ledgers, that the database still names this store's owner and epoch for the
+slot (`ledger._postgres` says how). A commit that fails the check writes
+nothing and fails with `LedgerFencedError`; the store then refuses every
+later write, as after any failed commit.
 """
 
 from __future__ import annotations
@@ -38,26 +50,27 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import os
-import sqlite3
-import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Protocol
 
-import aiosqlite
 from sortedcontainers import SortedList
 
 from ledger import _writer
+from ledger._base import EngineSink, Entry, LedgerError, LedgerFencedError
 from ledger._stats import COMMIT_SECONDS_BOUNDS, COMMIT_SIZE_BOUNDS, Buckets
 
 __all__ = [
+    "Engine",
+    "EngineSink",
     "Entry",
     "Ledger",
     "LedgerError",
+    "LedgerFencedError",
     "LedgerStore",
+    "is_postgres_url",
     "read_runs",
 ]
 
@@ -70,13 +83,61 @@ CLOSE_ROUNDS = 10  # rounds of follow-up writes `LedgerStore.close` waits for
 
 _MAX_ENTRY_ID = _writer.MAX_ENTRY_ID
 _key = _writer.key  # ledger_id << 40 | entry_id
-STOP_WAIT = 10.0  # seconds a closing store waits for its writer process to exit
 LOCK_WAIT = 10.0  # seconds a store waits for another writer of its database to go
-_T = TypeVar("_T")
+DEFAULT_SLOTS = 64  # slots of a PostgreSQL database made by its first store
+
+# A ledger's slot: ``slot_of(ledger name, slots of the database)``; None: no slot.
+SlotOf = Callable[[str, int], "int | None"]
 
 
-class LedgerError(Exception):
-    """The store failed to make an operation durable (or is closed)."""
+def is_postgres_url(location: object) -> bool:
+    """Does ``location`` name a PostgreSQL database (a libpq URL)?"""
+    return isinstance(location, str) and location.startswith(("postgresql://", "postgres://"))
+
+
+class Engine(Protocol):
+    """A database under a `LedgerStore` (see the module docstring).
+
+    Requests, each with a sequence number the store counts up from 1
+    (``slots``, ``slot``: only to an engine that ``fences``):
+
+        ("write", rows, trims[, slots])  rows: [(ledger_id << 40 | entry_id,
+            meta, data)], trims: [(ledger_id, first, next)], slots: the
+            slots of the ledgers written; answer ``(commits, rows, seconds)``:
+            the group commits done so far, and the rows and duration of the
+            one that wrote it
+        ("create", name[, slot])  answer: the ledger's id
+        ("delete", ledger_id[, slot])
+
+    Answers go to `EngineSink._answered`, in the order of the requests;
+    consecutive writes may share one group commit. After a failed commit
+    every later request is answered with that failure (fail-stop).
+    """
+
+    location: str  # for messages (no password)
+    fences: bool  # does it take slots (and check them on every write)?
+
+    def attach(self, sink: EngineSink) -> None: ...
+
+    async def load_catalog(self, pack: Callable[[int, int, int], int]) -> dict[str, int]:
+        """Every ledger's name -> ``pack(id, first entry id, next entry id)``."""
+        ...
+
+    def submit(self, seq: int, request: tuple[Any, ...]) -> None: ...
+
+    async def close(self) -> None:
+        """Answer everything submitted, then let go of the database."""
+        ...
+
+    async def abandon(self) -> None:
+        """Let go of the database at once, answering nothing more."""
+        ...
+
+    async def read(self, ledger_id: int, start: int, end: int) -> list[Entry]: ...
+
+    async def read_meta(self, ledger_id: int) -> list[tuple[int, int]]: ...
+
+    async def read_sizes(self, ledger_id: int) -> list[tuple[int, int]]: ...
 
 
 def _prefix_end(prefix: str) -> str | None:
@@ -112,13 +173,6 @@ def _gone(ledger: Ledger) -> LedgerError:
     return LedgerError(f"this object of ledger {ledger.name} was released (get it again)")
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
-    entry_id: int
-    meta: int
-    data: bytes
-
-
 class Readable(Protocol):
     """What reads a ledger's entries by range (`Ledger`, `ReadOnlyLedger`)."""
 
@@ -140,18 +194,6 @@ async def read_runs(ledger: Readable, entry_ids: Sequence[int], window: int) -> 
                 found[entry.entry_id] = entry
         i = j + 1
     return found
-
-
-async def _on_thread(conn: aiosqlite.Connection, fn: Callable[..., _T], *args: Any) -> _T:
-    """Run ``fn(sqlite3_connection, *args)`` on the connection's own thread.
-
-    aiosqlite has no public call for "run this function on your thread";
-    `Connection._execute` is that call (checked against aiosqlite 0.20-0.22,
-    pinned in pyproject.toml). This is the only place that uses it.
-    """
-    raw: sqlite3.Connection = conn._conn
-    result: _T = await conn._execute(fn, raw, *args)  # type: ignore[no-untyped-call]
-    return result
 
 
 @dataclass(slots=True)
@@ -178,36 +220,6 @@ class _Sent:
     batch: list[_Append | _Trim]
     trims: dict[Ledger, int]
     appended: int
-
-
-class _WriterProtocol(asyncio.SubprocessProtocol):
-    """Reads the writer's answers as they come and hands each to the store."""
-
-    def __init__(self) -> None:
-        self.store: LedgerStore | None = None
-        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.exited: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._buffer = bytearray()
-
-    def pipe_data_received(self, fd: int, data: bytes) -> None:
-        self._buffer += data
-        for seq, error, result in _writer.take_frames(self._buffer):
-            if seq == 0:
-                if not self.ready.done():
-                    if error is None:
-                        self.ready.set_result(None)
-                    else:
-                        self.ready.set_exception(LedgerError(error))
-            elif self.store is not None:
-                self.store._answered(seq, error, result)
-
-    def process_exited(self) -> None:
-        if not self.ready.done():
-            self.ready.set_exception(LedgerError("the writer process exited before it was ready"))
-        if not self.exited.done():
-            self.exited.set_result(None)
-        if self.store is not None:
-            self.store._writer_exited()
 
 
 _DROPPED = Entry(-1, 0, b"")  # in a tail cache, before its head: let go
@@ -410,62 +422,24 @@ class Ledger:
             self._cut_cache()
 
 
-async def _stop(transport: asyncio.SubprocessTransport, protocol: _WriterProtocol) -> None:
-    """Close the writer's stdin (it exits once it has answered everything)
-    and wait for it; kill it if it does not go."""
-    stdin = transport.get_pipe_transport(0)
-    if stdin is not None:
-        stdin.close()
-    try:
-        await asyncio.wait_for(asyncio.shield(protocol.exited), STOP_WAIT)
-    except TimeoutError:
-        log.error("the ledger writer process did not exit; killing it")
-        transport.kill()
-        await protocol.exited
-    transport.close()
-
-
-def _read_catalog(raw: sqlite3.Connection) -> dict[str, Ledger | int]:
-    """Every ledger's name -> its packed ids (`_pack`), on the reader's
-    thread: each with its greatest entry key, in one statement (one range
-    seek per ledger), row by row (no list of every row at once: the start of
-    a store of many ledgers leaves less memory behind)."""
-    catalog: dict[str, Ledger | int] = {}
-    for ledger_id, name, first, nxt, max_key in raw.execute(
-        "SELECT id, name, first_entry_id, next_entry_id, (SELECT max(e.id) FROM "
-        "entries AS e WHERE e.id >= ledgers.id << ? AND e.id <= (ledgers.id << ?) + ?) "
-        "FROM ledgers",
-        (_writer.ENTRY_BITS, _writer.ENTRY_BITS, _MAX_ENTRY_ID),
-    ):
-        # next_entry_id is written by trims only (so that ids never repeat
-        # once every entry is trimmed); otherwise the entries tell.
-        nxt = max(nxt, first)
-        if max_key is not None:
-            nxt = max(nxt, (max_key & _MAX_ENTRY_ID) + 1)
-        catalog[name] = _pack(ledger_id, first, nxt)
-    return catalog
-
-
 class LedgerStore:
-    """A SQLite database of ledgers, written by a group-committing writer process."""
+    """Ledgers in one database, written by group commits on an `Engine`."""
 
     def __init__(
         self,
-        path: Path,
-        transport: asyncio.SubprocessTransport,
-        protocol: _WriterProtocol,
-        reader: aiosqlite.Connection,
+        engine: Engine,
         cache_entries: int,
         cache_bytes: int,
+        slot_of: SlotOf | None = None,
+        slot_count: int = 0,
     ) -> None:
-        self.path = path
+        self.location = engine.location
         self.cache_entries = cache_entries
         self.cache_bytes = cache_bytes
-        self._transport = transport
-        self._protocol = protocol
-        # (opened with stdin=PIPE; uvloop's pipe transports are not WriteTransport subclasses)
-        self._stdin = cast(asyncio.WriteTransport, transport.get_pipe_transport(0))
-        self._reader = reader
+        self._engine = engine
+        # A ledger's slot, when the engine fences (None: no fencing).
+        self._slot_of = slot_of if engine.fences else None
+        self.slot_count = slot_count  # slots of the database (0: it has none)
         # Every ledger by name: its object if it is in use, else its id and
         # first and next entry ids packed in one integer (`_pack`), about 40
         # bytes where a `Ledger` costs 150. A ledger gets its object when it
@@ -478,12 +452,12 @@ class LedgerStore:
         # range of it (`ledger_names`), found in O(log n).
         self._names = SortedList()
         self._loop = asyncio.get_running_loop()
-        # Appends and trims not yet handed to the writer.
+        # Appends and trims not yet handed to the engine.
         self._queue: collections.deque[_Append | _Trim] = collections.deque()
         self._send_scheduled = False  # a `_send` is due this turn of the loop
-        # What the writer has not answered yet, in the order it was sent
-        # (the writer answers in that order): writes, and the futures of
-        # ledger creations and deletions.
+        # What the engine has not answered yet, in the order it was sent
+        # (it answers in that order): writes, and the futures of ledger
+        # creations and deletions.
         self._seq = 0
         self._unanswered: collections.deque[tuple[int, _Sent | asyncio.Future[Any]]] = (
             collections.deque()
@@ -495,56 +469,82 @@ class LedgerStore:
         # Set by a write that failed: the store then refuses every write
         # (fail-stop), see `_fail`.
         self._failed: LedgerError | None = None
+        # Done (with the error) when the store fails: a broker stops on it.
+        self.failure: asyncio.Future[LedgerError] = self._loop.create_future()
         self.commits = 0  # group commits done, for stats and benchmarks
         self.appends = 0
-        # Each group commit's appends, and how long the writer took to commit
+        # Each group commit's appends, and how long the engine took to commit
         # it (inserts, trims, the COMMIT and its fsync), for /metrics.
         self.commit_sizes = Buckets(COMMIT_SIZE_BOUNDS)
         self.commit_seconds = Buckets(COMMIT_SECONDS_BOUNDS)
-        protocol.store = self
+        engine.attach(self)
 
     @classmethod
     async def open(
         cls,
-        path: str | Path,
+        location: str | Path,
         *,
         cache_entries: int = 4096,
         cache_bytes: int = 16 << 20,
         lock_wait: float = LOCK_WAIT,
+        owner: str | None = None,
+        slot_of: SlotOf | None = None,
+        slots: int = DEFAULT_SLOTS,
     ) -> LedgerStore:
-        """Open (or create) the database at ``path`` and load its ledger table.
+        """Open (or create) the database at ``location`` and load its catalog.
 
-        Starts the store's writer process; raises `LedgerError` if it cannot
-        start, for instance when another process's writer still holds this
-        database after ``lock_wait`` seconds.
+        ``location``: a file path (SQLite: starts the store's writer
+        process; raises `LedgerError` if it cannot start, for instance when
+        another process's writer still holds this database after
+        ``lock_wait`` seconds), or a PostgreSQL URL (`is_postgres_url`).
+
+        PostgreSQL only: ``slots``, the slots of a database this store
+        creates (an existing database keeps its own: `slot_count`);
+        ``owner`` and ``slot_of``, the name this store writes as and each
+        ledger's slot (``slot_of(name, slot_count)``, None for none). With
+        them every write checks the slots it touches (fencing); the store
+        holds no slot until `take_slots`. Without them it checks nothing
+        (a store used alone: tools, tests of the store).
         """
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        loop = asyncio.get_running_loop()
-        transport, protocol = await loop.subprocess_exec(
-            _WriterProtocol,
-            sys.executable,
-            _writer.__file__,
-            str(path),
-            str(os.getpid()),
-            str(lock_wait),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=None,
-        )
-        reader: aiosqlite.Connection | None = None
+        if is_postgres_url(location):
+            from ledger._postgres import PostgresEngine
+
+            engine: Engine = await PostgresEngine.open(str(location), owner, slots)
+        else:
+            from ledger._sqlite import SqliteEngine
+
+            engine = await SqliteEngine.open(Path(location), lock_wait)
         try:
-            await protocol.ready
-            reader = await aiosqlite.connect(path, isolation_level=None)
-            store = cls(path, transport, protocol, reader, cache_entries, cache_bytes)
-            store._ledgers = await _on_thread(reader, _read_catalog)
+            count = getattr(engine, "slot_count", 0)
+            store = cls(engine, cache_entries, cache_bytes, slot_of if owner else None, count)
+            store._ledgers = dict(await engine.load_catalog(_pack))
             store._names.update(store._ledgers)
         except BaseException:
-            if reader is not None:
-                await reader.close()
-            await _stop(transport, protocol)
+            await engine.abandon()
             raise
         return store
+
+    async def take_slots(self, slots: Iterable[int]) -> dict[int, int]:
+        """Take ``slots`` for this store's owner (PostgreSQL): each slot's
+        epoch goes up by one, which fences whoever held it, and every later
+        write to its ledgers checks that epoch. Returns slot -> epoch. The
+        catalog is loaded again afterwards (what the previous owner wrote
+        up to its last commit is in it)."""
+        self._check_open()
+        take = getattr(self._engine, "take_slots", None)
+        if take is None or not self._engine.fences:
+            raise LedgerError(f"the store {self.location} has no slots (SQLite, or no owner)")
+        if self._in_use or self._queue or self._unanswered:
+            raise LedgerError("take slots before any ledger is used")
+        epochs: dict[int, int] = await take(list(slots))
+        self._ledgers = dict(await self._engine.load_catalog(_pack))
+        self._names = SortedList(self._ledgers)
+        return epochs
+
+    @property
+    def epochs(self) -> dict[int, int]:
+        """The slots this store holds, with their epochs (empty on SQLite)."""
+        return dict(getattr(self._engine, "epochs", {}))
 
     async def close(self) -> None:
         """Finish what is queued, and what finishing it queues (the records
@@ -576,14 +576,15 @@ class LedgerStore:
                 break
         self._closed = True
         if self._queue:  # (still coming after CLOSE_ROUNDS rounds: refused)
-            log.warning("%s: closed with %d writes still coming in", self.path, len(self._queue))
-            closed = LedgerError(f"ledger store {self.path} is closed")
+            log.warning(
+                "%s: closed with %d writes still coming in", self.location, len(self._queue)
+            )
+            closed = LedgerError(f"ledger store {self.location} is closed")
             for op in self._queue:
                 if not op.future.done():
                     op.future.set_exception(closed)
             self._queue.clear()
-        await _stop(self._transport, self._protocol)
-        await self._reader.close()
+        await self._engine.close()
 
     def ledger_names(self, prefix: str = "") -> list[str]:
         """The names of the ledgers that start with ``prefix``, sorted.
@@ -622,7 +623,10 @@ class LedgerStore:
         if ledger is not None:
             return ledger
         self._check_open()
-        ledger_id = await self._request("create", name)
+        if self._slot_of is None:
+            ledger_id = await self._request("create", name)
+        else:
+            ledger_id = await self._request("create", name, self._slot_of(name, self.slot_count))
         ledger = self.get_ledger(name)  # created meanwhile by a concurrent caller?
         if ledger is None:
             ledger = self._ledgers[name] = Ledger(self, ledger_id, name, 0, 0)
@@ -658,13 +662,16 @@ class LedgerStore:
         self._names.remove(name)
         ledger.deleted = True
         self._check_open()
-        await self._request("delete", ledger.id)
+        if self._slot_of is None:
+            await self._request("delete", ledger.id)
+        else:
+            await self._request("delete", ledger.id, self._slot_of(name, self.slot_count))
 
     # -- the writer ---------------------------------------------------------
 
     def _check_open(self) -> None:
         if self._closed:
-            raise LedgerError(f"ledger store {self.path} is closed")
+            raise LedgerError(f"ledger store {self.location} is closed")
         if self._failed is not None:
             raise self._failed
 
@@ -709,7 +716,7 @@ class LedgerStore:
         self._loop.call_soon(self._send)
 
     def _send(self) -> None:
-        """Hand what is queued to the writer."""
+        """Hand what is queued to the engine."""
         self._send_scheduled = False
         if not self._queue or self._failed is not None:
             return
@@ -727,23 +734,42 @@ class LedgerStore:
         for ledger, first in heads.items():
             ledger._first = first
         trims = [(lg.id, first, lg._next) for lg, first in heads.items()]
-        self._write("write", rows, trims, pending=_Sent(batch, heads, len(rows)))
+        pending = _Sent(batch, heads, len(rows))
+        if self._slot_of is None:
+            self._write(("write", rows, trims), pending)
+        else:
+            self._write(("write", rows, trims, self._slots_of(batch)), pending)
 
-    def _request(self, kind: str, arg: object) -> asyncio.Future[Any]:
+    def _slots_of(self, batch: list[_Append | _Trim]) -> tuple[int, ...]:
+        """The slots of the ledgers ``batch`` writes."""
+        slot_of, count = self._slot_of, self.slot_count
+        assert slot_of is not None
+        seen: set[Ledger] = set()
+        slots: set[int] = set()
+        for op in batch:
+            ledger = op.ledger
+            if ledger not in seen:
+                seen.add(ledger)
+                slot = slot_of(ledger.name, count)
+                if slot is not None:
+                    slots.add(slot)
+        return tuple(sorted(slots))
+
+    def _request(self, *request: object) -> asyncio.Future[Any]:
         """A creation or deletion, in order with the writes sent before it."""
         if self._send_scheduled:
             self._send()  # (what was appended before goes first)
         fut: asyncio.Future[Any] = self._loop.create_future()
-        self._write(kind, arg, pending=fut)
+        self._write(request, fut)
         return fut
 
-    def _write(self, *request: object, pending: _Sent | asyncio.Future[Any]) -> None:
+    def _write(self, request: tuple[object, ...], pending: _Sent | asyncio.Future[Any]) -> None:
         self._seq += 1
         self._unanswered.append((self._seq, pending))
-        self._stdin.write(_writer.frame((self._seq, *request)))
+        self._engine.submit(self._seq, request)
 
-    def _answered(self, seq: int, error: str | None, result: Any) -> None:
-        """The writer's answer to request ``seq`` (they come in order)."""
+    def _answered(self, seq: int, error: str | LedgerError | None, result: Any) -> None:
+        """The engine's answer to request ``seq`` (they come in order)."""
         if not self._unanswered or self._unanswered[0][0] != seq:
             self._fail([], f"the writer answered request {seq} out of order")
             return
@@ -758,35 +784,41 @@ class LedgerStore:
                 self._settle(pending)
             else:
                 self._fail(pending.batch, error)
-        elif not pending.done():
-            if error is None:
+        else:
+            if isinstance(error, LedgerFencedError):  # (fenced: fail-stop, as a failed commit)
+                self._fail([], error)
+            if pending.done():
+                pass
+            elif error is None:
                 pending.set_result(result)
             else:
-                pending.set_exception(self._failed or LedgerError(error))
+                failed = error if isinstance(error, LedgerError) else LedgerError(error)
+                pending.set_exception(self._failed or failed)
         if not self._unanswered and self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
 
-    def _writer_exited(self) -> None:
-        """The writer process is gone: whatever it did not answer is lost."""
+    def _engine_lost(self, reason: str) -> None:
+        """The engine is gone: whatever it did not answer is lost."""
         if self._unanswered or not self._closed:
-            self._fail([], "the writer process exited")
+            self._fail([], reason)
 
-    def _fail(self, batch: list[_Append | _Trim], error: str) -> None:
+    def _fail(self, batch: list[_Append | _Trim], error: str | LedgerError) -> None:
         # Fail-stop: once a write failed, nothing more is written. Callers
         # rely on append order meaning durability order (an entry appended
         # after another is durable only if that one is: the coordinator lets
         # participants write right behind its log records), which a later
         # commit succeeding after a failed one would break; and after a
         # failed fsync what is on disk is unknown (PostgreSQL learned this
-        # the hard way). The broker has to be restarted. (The writer refuses
+        # the hard way). The broker has to be restarted. (The engine refuses
         # what it receives after a failure, too.)
         if self._failed is None:
-            self._failed = LedgerError(
-                f"group commit to {self.path} failed: {error}; the store refuses writes "
-                "until it is reopened"
+            self._failed = _error(
+                self.location, error, "; the store refuses writes until it is reopened"
             )
             log.critical("%s", self._failed)
-        first = LedgerError(f"group commit to {self.path} failed: {error}")
+            if not self.failure.done():
+                self.failure.set_result(self._failed)
+        first = _error(self.location, error)
         for op in batch:
             if not op.future.done():
                 op.future.set_exception(first)
@@ -831,36 +863,20 @@ class LedgerStore:
 
     async def _read(self, ledger: Ledger, start: int, end: int) -> list[Entry]:
         self._check_open()
-
-        def read(raw: sqlite3.Connection) -> list[Entry]:
-            cur = raw.execute(
-                "SELECT id, meta, data FROM entries WHERE id >= ? AND id <= ? ORDER BY id",
-                (_key(ledger.id, start), _key(ledger.id, end)),
-            )
-            return [Entry(k & _MAX_ENTRY_ID, m, d) for k, m, d in cur]
-
-        return await _on_thread(self._reader, read)
+        return await self._engine.read(ledger.id, start, end)
 
     async def _read_meta(self, ledger: Ledger) -> list[tuple[int, int]]:
         self._check_open()
-
-        def read(raw: sqlite3.Connection) -> list[tuple[int, int]]:
-            cur = raw.execute(
-                "SELECT id, meta FROM entries WHERE id >= ? AND id <= ? ORDER BY id",
-                (_key(ledger.id, 0), _key(ledger.id, _MAX_ENTRY_ID)),
-            )
-            return [(k & _MAX_ENTRY_ID, m) for k, m in cur]
-
-        return await _on_thread(self._reader, read)
+        return await self._engine.read_meta(ledger.id)
 
     async def _read_sizes(self, ledger: Ledger) -> list[tuple[int, int]]:
         self._check_open()
+        return await self._engine.read_sizes(ledger.id)
 
-        def read(raw: sqlite3.Connection) -> list[tuple[int, int]]:
-            cur = raw.execute(
-                "SELECT id, length(data) FROM entries WHERE id >= ? AND id <= ? ORDER BY id",
-                (_key(ledger.id, 0), _key(ledger.id, _MAX_ENTRY_ID)),
-            )
-            return [(k & _MAX_ENTRY_ID, n) for k, n in cur]
 
-        return await _on_thread(self._reader, read)
+def _error(location: str, error: str | LedgerError, then: str = "") -> LedgerError:
+    """The error of a failed group commit (a `LedgerFencedError` stays one)."""
+    text = f"group commit to {location} failed: {error}{then}"
+    if isinstance(error, LedgerFencedError):
+        return LedgerFencedError(text, error.slots)
+    return LedgerError(text)

@@ -5,6 +5,10 @@ directory, waits until /admin/v1/health answers, and always stops it. A
 test can `kill()` it (SIGKILL) and `start()` it again on the same port and
 data directory. On failure the broker's log is shown (captured teardown output).
 
+`postgres` is one private PostgreSQL server for the whole session
+(`bench._postgres`: ``initdb`` in a temporary folder, Debian's binaries);
+`pg_url` a fresh database on it for one test, dropped after it.
+
 `until` waits for a condition: a test waits for the condition it means,
 never for a length of time (a busy machine stretches any length).
 
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import itertools
 import os
 import signal
 import socket
@@ -34,6 +39,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from bench._postgres import PostgresCluster, PostgresServer
 from broker._auth import create_secret_key, create_token, load_signing_key
 from broker._connection import PROTOCOL_VERSION
 from ledger import faults
@@ -67,9 +73,15 @@ class BrokerProcess:
     """A `txnbuf serve` subprocess that tests may kill and restart."""
 
     def __init__(
-        self, data_dir: Path, log_path: Path, port: int | None = None, auth: bool = False
+        self,
+        data_dir: Path,
+        log_path: Path,
+        port: int | None = None,
+        auth: bool = False,
+        store: str | None = None,
     ) -> None:
         self.data_dir = data_dir
+        self.store = store  # a PostgreSQL URL: `--store` (None: SQLite in data_dir)
         self.log_path = log_path
         self.port = port or free_port()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -122,6 +134,8 @@ class BrokerProcess:
             "INFO",
             *self.args,
         ]
+        if self.store is not None:
+            cmd += ["--store", self.store]
         if self.secret_key_file is not None:
             cmd += ["--auth-secret-key-file", str(self.secret_key_file)]
         if self.tls is not None:
@@ -186,12 +200,21 @@ class BrokerProcess:
             return e.code, e.read()
 
 
+STORES = ["sqlite", "postgresql"]
+# A test (or a module's ``pytestmark``) with this runs once per store: its
+# `broker` keeps its data in SQLite, then in a fresh PostgreSQL database.
+both_stores = pytest.mark.parametrize("broker", STORES, indirect=True)
+
+
 @pytest.fixture
 def broker(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[BrokerProcess]:
+    """A running broker; on SQLite unless parametrized (`both_stores`)."""
     auth = request.node.get_closest_marker("auth") is not None
-    proc = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", auth=auth)
+    kind = getattr(request, "param", "sqlite")
+    store = request.getfixturevalue("pg_url") if kind == "postgresql" else None
+    proc = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", auth=auth, store=store)
     if proc.token is not None:
         monkeypatch.setenv("TXNBUF_TOKEN", proc.token)
     proc.start()
@@ -292,3 +315,42 @@ def crash_at(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 
     monkeypatch.setattr(faults, "hit", hit)
     yield armed
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """One PostgreSQL server for the session (its databases: `pg_url`)."""
+    cluster = PostgresCluster()
+    try:
+        server = PostgresServer(cluster, ["max_connections=300"])
+        try:
+            yield server
+        finally:
+            server.stop()
+    finally:
+        cluster.remove()
+
+
+_databases = itertools.count()
+
+
+async def _admin_sql(url: str, *statements: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    try:
+        for statement in statements:
+            await conn.execute(statement)
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+def pg_url(postgres: PostgresServer) -> Iterator[str]:
+    """The URL of a fresh database on the session's server, dropped after the test."""
+    name = f"t{os.getpid()}_{next(_databases)}"
+    asyncio.run(_admin_sql(postgres.url(), f"CREATE DATABASE {name}"))
+    try:
+        yield postgres.url(name)
+    finally:
+        asyncio.run(_admin_sql(postgres.url(), f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))

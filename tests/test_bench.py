@@ -353,3 +353,38 @@ def test_versus_reads_the_rows_of_txn_and_ctp() -> None:
             "writer us": 4.4,
         }
     }
+
+
+@pytest.mark.integration
+def test_cluster_benchmark_runs_both_stores_and_counts_what_postgresql_wrote(
+    tmp_path: Path,
+) -> None:
+    results = tmp_path / "cluster.md"
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.cluster", "--messages", "1000", "--rounds", "1",
+         "--workers", "1", "--results", str(results)],
+        cwd=ROOT, capture_output=True, text=True, check=True, timeout=180,
+    ).stdout  # fmt: skip
+    rows = {
+        cells[0]: cells[1:]
+        for line in out.splitlines()
+        if line.startswith("| ") and (cells := [c.strip() for c in line.strip("|").split("|")])
+    }
+    for label in ("SQLite, 1 process", "PostgreSQL, 1 process"):
+        assert float(rows[label][1].replace(",", "")) > 0, out  # the median msgs/s
+    assert "- 1 process: " in out.split("PostgreSQL / SQLite:")[1]
+    written = out.split("per message copied (all rounds):")[1].splitlines()[1]
+    rows_per_message = float(written.split(": ")[1].split(" rows")[0])
+    assert rows_per_message > 0, written
+    assert "Every run's output was checked: 1,000 outputs" in out
+    assert results.read_text().count("PostgreSQL, 1 process") == 1
+
+
+@pytest.mark.integration
+def test_pgdriver_benchmark_runs_asyncpg(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.pgdriver", "--commits", "20", "--rounds", "1",
+         "--rows", "1,10", "--results", str(tmp_path / "pgdriver.md")],
+        cwd=ROOT, capture_output=True, text=True, check=True, timeout=120,
+    ).stdout  # fmt: skip
+    assert "| asyncpg | 1 |" in out and "| asyncpg | 10 |" in out

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from client import Client, Consumer, Message, PreparedTxnState, ProducerState, errors
-from tests.conftest import BrokerProcess
+from tests.conftest import BrokerProcess, both_stores
 
 pytestmark = pytest.mark.integration
 
@@ -47,6 +47,7 @@ def broker_2pc(tmp_path: Path) -> Iterator[BrokerProcess]:
         proc.stop()
 
 
+@both_stores
 async def test_copy_commit_and_abort_with_send_offsets(broker: BrokerProcess) -> None:
     broker.admin("PUT", "/admin/v1/topics/out", b'{"partitions": 2}')
     async with Client(broker.url) as client:
@@ -87,6 +88,7 @@ async def test_copy_commit_and_abort_with_send_offsets(broker: BrokerProcess) ->
         assert described["ongoing_txnid"] is None
 
 
+@both_stores
 async def test_a_new_instance_fences_the_old_one_everywhere(broker: BrokerProcess) -> None:
     async with Client(broker.url) as client:
         await seed(client, "in", 2)

@@ -18,7 +18,7 @@ import pytest
 
 from client import Client, Consumer, Message, errors
 from proto import txnbuf_pb2 as pb
-from tests.conftest import BrokerProcess, RawConnection, send_command
+from tests.conftest import BrokerProcess, RawConnection, both_stores, send_command
 
 T = pb.BaseCommand
 
@@ -44,6 +44,7 @@ def stats(broker: BrokerProcess, topic: str) -> dict:  # type: ignore[type-arg]
     return json.loads(body)  # type: ignore[no-any-return]
 
 
+@both_stores
 async def test_everything_sent_to_three_partitions_is_delivered(broker: BrokerProcess) -> None:
     status, body = broker.admin("PUT", "/admin/v1/topics/orders", b'{"partitions": 3}')
     assert (status, json.loads(body)) == (200, {"topic": "orders", "partitions": 3})
@@ -71,6 +72,7 @@ async def test_everything_sent_to_three_partitions_is_delivered(broker: BrokerPr
     assert sum(p["messages"] for p in s["partitions"]) == 3000
 
 
+@both_stores
 async def test_acked_never_redelivered_unacked_redelivered_after_sigkill(
     broker: BrokerProcess,
 ) -> None:
@@ -91,6 +93,7 @@ async def test_acked_never_redelivered_unacked_redelivered_after_sigkill(
         await assert_nothing_more(consumer)
 
 
+@both_stores
 async def test_duplicate_sequence_ids_not_stored_twice_across_restart(
     broker: BrokerProcess,
 ) -> None:
@@ -322,6 +325,7 @@ async def test_growing_a_topic_extends_its_subscriptions(broker: BrokerProcess) 
     assert [sorted(p["subscriptions"]) for p in s["partitions"]] == [["s"], ["s"], ["s"]]
 
 
+@both_stores
 async def test_a_restart_recovers_every_topic_and_subscription(broker: BrokerProcess) -> None:
     """300 topics whose names are prefixes of each other (t1, t10, t100),
     some with a second subscription whose name sorts around "/" ("s-x"),

@@ -1,4 +1,8 @@
-"""LedgerStore / Ledger: ids, group commit, durability, reads, trims, listeners."""
+"""LedgerStore / Ledger: ids, group commit, durability, reads, trims, listeners.
+
+The tests of the store's behaviour run on both engines (``db`` is a SQLite
+file or the URL of a fresh PostgreSQL database); those of SQLite's writer
+process take ``sqlite_db``. Fencing: tests/test_pgstore.py."""
 
 from __future__ import annotations
 
@@ -18,14 +22,24 @@ import pytest
 
 from ledger import Entry, Ledger, LedgerError, LedgerStore, pass_failure, settled
 
+Location = Path | str  # a SQLite file, or a PostgreSQL URL
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Location:
+    if request.param == "sqlite":
+        return tmp_path / "ledgers.db"
+    url: str = request.getfixturevalue("pg_url")
+    return url
+
 
 @pytest.fixture
-def db(tmp_path: Path) -> Path:
+def sqlite_db(tmp_path: Path) -> Path:
     return tmp_path / "ledgers.db"
 
 
 @pytest.fixture
-async def store(db: Path) -> AsyncIterator[LedgerStore]:
+async def store(db: Location) -> AsyncIterator[LedgerStore]:
     s = await LedgerStore.open(db)
     try:
         yield s
@@ -41,8 +55,19 @@ async def fill(ledger: Ledger, n: int, meta: int = 1) -> list[int]:
     return list(await asyncio.gather(*(ledger.append(payload(i), meta) for i in range(n))))
 
 
-def stored_row(db: Path, ledger: Ledger, entry_id: int) -> tuple[int, bytes] | None:
-    """Read one entry with a separate plain sqlite3 connection (layout of ledger/_store.py)."""
+def stored_row(db: Location, ledger: Ledger, entry_id: int) -> tuple[int, bytes] | None:
+    """Read one entry with a separate connection (plain sqlite3, or psql):
+    the layout of ledger/_sqlite.py and ledger/_postgres.py."""
+    if isinstance(db, str):
+        out = subprocess.run(
+            ["psql", db, "-At", "-c", "SELECT meta, encode(data, 'hex') FROM txnbuf.entries "
+             f"WHERE ledger = {ledger.id} AND entry = {entry_id}"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+        if not out:
+            return None
+        meta, data = out.split("|")
+        return int(meta), bytes.fromhex(data)
     conn = sqlite3.connect(db)
     try:
         row = conn.execute(
@@ -79,7 +104,7 @@ async def test_concurrent_appends_get_ids_in_call_order(store: LedgerStore) -> N
     assert [e.data for e in entries] == [payload(i) for i in range(50)]
 
 
-async def test_future_resolves_only_after_commit(store: LedgerStore, db: Path) -> None:
+async def test_future_resolves_only_after_commit(store: LedgerStore, db: Location) -> None:
     ledger = await store.open_ledger("a")
     commits = store.commits
     seen_at_resolution: list[object] = []
@@ -115,7 +140,7 @@ async def test_appends_queued_during_a_commit_go_in_the_next_one(store: LedgerSt
     assert store.commits - commits <= 3
 
 
-async def test_a_lazy_append_goes_with_the_next_commit(store: LedgerStore, db: Path) -> None:
+async def test_a_lazy_append_goes_with_the_next_commit(store: LedgerStore, db: Location) -> None:
     ledger = await store.open_ledger("a")
     commits = store.commits
     lazy = ledger.append(b"lazy", lazy=True)
@@ -128,7 +153,7 @@ async def test_a_lazy_append_goes_with_the_next_commit(store: LedgerStore, db: P
 
 
 async def test_a_lazy_append_alone_is_committed_after_the_delay(
-    store: LedgerStore, db: Path
+    store: LedgerStore, db: Location
 ) -> None:
     import ledger._store as store_module
 
@@ -140,7 +165,7 @@ async def test_a_lazy_append_alone_is_committed_after_the_delay(
     assert stored_row(db, ledger, 0) == (1, b"alone")
 
 
-async def test_close_commits_lazy_appends(db: Path) -> None:
+async def test_close_commits_lazy_appends(db: Location) -> None:
     store = await LedgerStore.open(db)
     ledger = await store.open_ledger("a")
     lazy = ledger.append(b"lazy", lazy=True)
@@ -156,7 +181,7 @@ def expected(start: int, end: int, meta: int = 1) -> list[Entry]:
     return [Entry(i, meta, payload(i)) for i in range(start, end + 1)]
 
 
-async def read_back(db: Path, first: int, last: int, **options: Any) -> list[Entry]:
+async def read_back(db: Location, first: int, last: int, **options: Any) -> list[Entry]:
     """Entries ``first`` .. ``last`` of ledger "a", read by a store opened
     anew (``options`` go to `LedgerStore.open`)."""
     store = await LedgerStore.open(db, **options)
@@ -170,7 +195,7 @@ async def read_back(db: Path, first: int, last: int, **options: Any) -> list[Ent
 RANGES = [(0, 19), (0, 0), (3, 7), (15, 19), (17, 19), (19, 19), (10, 18), (-5, 2), (18, 99)]
 
 
-async def test_reads_from_disk_and_tail_cache_agree(db: Path) -> None:
+async def test_reads_from_disk_and_tail_cache_agree(db: Location) -> None:
     small = await LedgerStore.open(db, cache_entries=2)
     disk_reads: list[tuple[int, int]] = []
     real_read = small._read
@@ -207,7 +232,7 @@ async def test_reads_from_disk_and_tail_cache_agree(db: Path) -> None:
         await big.close()
 
 
-async def test_cache_byte_limit_sends_old_entries_to_disk(db: Path) -> None:
+async def test_cache_byte_limit_sends_old_entries_to_disk(db: Location) -> None:
     store = await LedgerStore.open(db, cache_bytes=30)  # each payload is ~8 bytes
     try:
         ledger = await store.open_ledger("a")
@@ -217,7 +242,7 @@ async def test_cache_byte_limit_sends_old_entries_to_disk(db: Path) -> None:
         await store.close()
 
 
-async def test_read_spanning_disk_and_cache_while_a_commit_evicts_the_cache(db: Path) -> None:
+async def test_read_spanning_disk_and_cache_while_a_commit_evicts_the_cache(db: Location) -> None:
     # Ledger.read computes where the cache starts, awaits the disk part, then
     # indexes the cache with that stale start. A commit that lands during the
     # disk read (a reader catching up while producers write) shifts the cache.
@@ -247,7 +272,7 @@ async def test_read_meta_gives_ids_and_meta_without_data(store: LedgerStore) -> 
     assert await other.read_meta() == []
 
 
-async def test_meta_round_trips_through_reopen(db: Path) -> None:
+async def test_meta_round_trips_through_reopen(db: Location) -> None:
     store = await LedgerStore.open(db)
     ledger = await store.open_ledger("a")
     metas = [0, 1, 2, 7, 2**40, -3]
@@ -279,7 +304,7 @@ async def test_wait_for_returns_once_entry_is_durable(store: LedgerStore) -> Non
 # -- trims ---------------------------------------------------------------------
 
 
-async def test_trim_removes_entries_below_and_survives_reopen(db: Path) -> None:
+async def test_trim_removes_entries_below_and_survives_reopen(db: Location) -> None:
     store = await LedgerStore.open(db)
     ledger = await store.open_ledger("a")
     other = await store.open_ledger("b")
@@ -316,7 +341,7 @@ async def test_trim_beyond_the_end_trims_everything(store: LedgerStore) -> None:
     assert await ledger.append(b"next") == 5
 
 
-async def test_ids_never_repeat_after_trimming_everything_and_reopening(db: Path) -> None:
+async def test_ids_never_repeat_after_trimming_everything_and_reopening(db: Location) -> None:
     store = await LedgerStore.open(db)
     ledger = await store.open_ledger("a")
     await fill(ledger, 7)
@@ -397,7 +422,7 @@ async def test_listeners_are_per_ledger(store: LedgerStore) -> None:
 # -- ledgers -------------------------------------------------------------------
 
 
-async def test_open_ledger_is_durable_and_idempotent(db: Path) -> None:
+async def test_open_ledger_is_durable_and_idempotent(db: Location) -> None:
     store = await LedgerStore.open(db)
     a = await store.open_ledger("x/a")
     assert await store.open_ledger("x/a") is a
@@ -435,7 +460,7 @@ PREFIXES = [
 ]  # fmt: skip
 
 
-async def test_ledger_names_by_prefix_are_exactly_the_names_with_that_prefix(db: Path) -> None:
+async def test_ledger_names_by_prefix_are_exactly_the_names_with_that_prefix(db: Location) -> None:
     """A prefix is a range of the sorted names: t1's names, not t10's or
     t1-x's; empty for a prefix nothing has; the same after a reopen, and
     after a deletion and a creation."""
@@ -478,7 +503,7 @@ def test_prefix_end_is_the_first_string_past_the_prefix() -> None:
     assert _prefix_end("\U0010ffff") is None
 
 
-async def test_ledgers_created_together_get_their_own_ids_and_keep_order(db: Path) -> None:
+async def test_ledgers_created_together_get_their_own_ids_and_keep_order(db: Location) -> None:
     """Creations that reach the writer together are one transaction; each
     gets its own id, an append queued before them is durable with them,
     and all of them are there after a reopen."""
@@ -504,7 +529,7 @@ async def test_ledgers_created_together_get_their_own_ids_and_keep_order(db: Pat
         await store.close()
 
 
-async def test_delete_ledger_removes_it_and_its_entries(db: Path) -> None:
+async def test_delete_ledger_removes_it_and_its_entries(db: Location) -> None:
     store = await LedgerStore.open(db)
     a = await store.open_ledger("a")
     b = await store.open_ledger("b")
@@ -541,12 +566,11 @@ async def _close_or_fail(store: LedgerStore, seconds: float) -> None:
     except TimeoutError:
         # Stop the writer process and the reader ourselves, so that neither
         # outlives the test.
-        store._transport.kill()
-        await store._reader.close()
+        await store._engine.abandon()
         pytest.fail(f"LedgerStore.close() did not return within {seconds} s")
 
 
-async def test_close_flushes_queued_appends(db: Path) -> None:
+async def test_close_flushes_queued_appends(db: Location) -> None:
     store = await LedgerStore.open(db)
     ledger = await store.open_ledger("a")
     futures = [ledger.append(payload(i)) for i in range(5)]
@@ -556,7 +580,7 @@ async def test_close_flushes_queued_appends(db: Path) -> None:
     assert await read_back(db, 0, 10) == expected(0, 4)
 
 
-async def test_close_waits_for_what_durable_callbacks_write(db: Path) -> None:
+async def test_close_waits_for_what_durable_callbacks_write(db: Location) -> None:
     """A listener and a done callback that append when an entry is durable
     (as subscriptions write snapshots and buffers their end records): close
     writes their entries too, in a second round, instead of refusing them."""
@@ -580,7 +604,7 @@ async def test_close_waits_for_what_durable_callbacks_write(db: Path) -> None:
     ]
 
 
-async def test_close_when_idle_and_twice(db: Path) -> None:
+async def test_close_when_idle_and_twice(db: Location) -> None:
     store = await LedgerStore.open(db)
     ledger = await store.open_ledger("a")
     await ledger.append(b"x")
@@ -588,7 +612,7 @@ async def test_close_when_idle_and_twice(db: Path) -> None:
     await _close_or_fail(store, 1.5)  # closing again is a no-op
 
 
-async def test_two_closes_at_once_both_return(db: Path) -> None:
+async def test_two_closes_at_once_both_return(db: Location) -> None:
     store = await LedgerStore.open(db)
     ledger = await store.open_ledger("a")
     appended = ledger.append(b"x")
@@ -597,7 +621,7 @@ async def test_two_closes_at_once_both_return(db: Path) -> None:
     assert appended.result() == 0
 
 
-async def test_closed_store_refuses_work(db: Path) -> None:
+async def test_closed_store_refuses_work(db: Location) -> None:
     store = await LedgerStore.open(db, cache_entries=1)
     ledger = await store.open_ledger("a")
     await fill(ledger, 3)
@@ -612,7 +636,7 @@ async def test_closed_store_refuses_work(db: Path) -> None:
         await ledger.read(0, 2)  # needs the disk
 
 
-async def test_group_commits_larger_than_one_statement(db: Path) -> None:
+async def test_group_commits_larger_than_one_statement(db: Location) -> None:
     """Rows go in as multi-row INSERTs of at most SQLite's variable limit
     (32766 variables: 10922 rows of three)."""
     store = await LedgerStore.open(db)
@@ -634,25 +658,52 @@ async def test_group_commits_larger_than_one_statement(db: Path) -> None:
     await store.close()
 
 
-async def test_a_failed_commit_stops_the_store(db: Path) -> None:
+async def fail_inserts(store: LedgerStore, db: Location, on: bool) -> None:
+    """Make every insert of an entry fail from now on (``on``), as a broken
+    disk would, or no longer: a trigger, made on another connection."""
+    if isinstance(db, Path):  # (the writer is another process)
+        reader = store._engine._reader  # type: ignore[attr-defined]
+        if on:
+            await reader.execute(
+                "CREATE TRIGGER fail BEFORE INSERT ON entries "
+                "BEGIN SELECT RAISE(ABORT, 'disk I/O error'); END"
+            )
+        else:
+            await reader.execute("DROP TRIGGER fail")
+        return
+    import asyncpg
+
+    conn = await asyncpg.connect(db)
+    try:
+        if on:
+            await conn.execute(
+                "CREATE FUNCTION fail() RETURNS trigger LANGUAGE plpgsql AS "
+                "$$ BEGIN RAISE EXCEPTION 'disk I/O error'; END $$; "
+                "CREATE TRIGGER fail BEFORE INSERT ON txnbuf.entries "
+                "FOR EACH ROW EXECUTE FUNCTION fail()"
+            )
+        else:
+            await conn.execute("DROP TRIGGER fail ON txnbuf.entries; DROP FUNCTION fail()")
+    finally:
+        await conn.close()
+
+
+async def test_a_failed_commit_stops_the_store(db: Location) -> None:
     """Append order is durability order: after a failed commit nothing later
     may land without it, so the store refuses every write until reopened."""
     store = await LedgerStore.open(db)
     ledger = await store.open_ledger("a")
     await fill(ledger, 2)
-    # The writer is another process: a trigger makes its next insert fail.
-    await store._reader.execute(
-        "CREATE TRIGGER fail BEFORE INSERT ON entries "
-        "BEGIN SELECT RAISE(ABORT, 'disk I/O error'); END"
-    )
+    await fail_inserts(store, db, True)
     first = ledger.append(b"lost")
-    await asyncio.sleep(0)  # the writer takes the first one alone
+    await asyncio.sleep(0)  # the engine takes the first one alone
     second = ledger.append(b"queued behind it")
     with pytest.raises(LedgerError, match="disk I/O error"):
         await first
     with pytest.raises(LedgerError, match="refuses writes"):
         await second
-    await store._reader.execute("DROP TRIGGER fail")
+    assert store.failure.done()
+    await fail_inserts(store, db, False)
     with pytest.raises(LedgerError, match="refuses writes"):
         ledger.append(b"later")
     with pytest.raises(LedgerError, match="refuses writes"):
@@ -703,7 +754,7 @@ asyncio.run(main(sys.argv[1]))
 """
 
 
-def run_writer_until_acked_then_sigkill(db: Path, want: int) -> list[int]:
+def run_writer_until_acked_then_sigkill(db: Location, want: int) -> list[int]:
     """Run CRASH_WRITER on ``db``, collect ``want`` acknowledged ids, SIGKILL it."""
     child = subprocess.Popen(
         [sys.executable, "-c", CRASH_WRITER, str(db)],
@@ -736,7 +787,7 @@ def run_writer_until_acked_then_sigkill(db: Path, want: int) -> list[int]:
 
 
 @pytest.mark.crash
-async def test_acknowledged_appends_survive_sigkill(db: Path) -> None:
+async def test_acknowledged_appends_survive_sigkill(db: Location) -> None:
     acked = await asyncio.to_thread(run_writer_until_acked_then_sigkill, db, 300)
 
     store = await LedgerStore.open(db)
@@ -761,35 +812,35 @@ async def test_acknowledged_appends_survive_sigkill(db: Path) -> None:
 # -- the writer process --------------------------------------------------------
 
 
-async def test_a_second_store_on_the_same_database_is_refused(db: Path) -> None:
+async def test_a_second_store_on_the_same_database_is_refused(sqlite_db: Path) -> None:
     """One writer per database: the second waits for the first, then gives up."""
-    first = await LedgerStore.open(db)
+    first = await LedgerStore.open(sqlite_db)
     try:
         await fill(await first.open_ledger("a"), 2)
         with pytest.raises(LedgerError, match="in use by another process"):
-            await LedgerStore.open(db, lock_wait=0.3)
+            await LedgerStore.open(sqlite_db, lock_wait=0.3)
     finally:
         await first.close()
-    assert await read_back(db, 0, 9, lock_wait=5) == expected(0, 1)
+    assert await read_back(sqlite_db, 0, 9, lock_wait=5) == expected(0, 1)
 
 
-async def test_a_dead_writer_stops_the_store(db: Path) -> None:
-    store = await LedgerStore.open(db)
+async def test_a_dead_writer_stops_the_store(sqlite_db: Path) -> None:
+    store = await LedgerStore.open(sqlite_db)
     ledger = await store.open_ledger("a")
     await fill(ledger, 2)
-    store._transport.kill()
-    await store._protocol.exited
+    store._engine._transport.kill()
+    await store._engine._protocol.exited
     with pytest.raises(LedgerError, match="writer process exited"):
         ledger.append(b"after")
     assert ledger.last_entry_id == 1
     await _close_or_fail(store, 5)
 
 
-async def test_a_write_in_flight_when_the_writer_dies_fails(db: Path) -> None:
-    store = await LedgerStore.open(db)
+async def test_a_write_in_flight_when_the_writer_dies_fails(sqlite_db: Path) -> None:
+    store = await LedgerStore.open(sqlite_db)
     ledger = await store.open_ledger("a")
     pending = ledger.append(b"in flight")
-    store._transport.kill()
+    store._engine._transport.kill()
     with pytest.raises(LedgerError):
         await pending
     await _close_or_fail(store, 5)
@@ -802,7 +853,7 @@ from ledger import LedgerStore
 async def main(path):
     store = await LedgerStore.open(path)
     await (await store.open_ledger("a")).append(b"x")
-    print(store._transport.get_pid(), flush=True)
+    print(store._engine._transport.get_pid(), flush=True)
     await asyncio.sleep(60)
 
 asyncio.run(main(sys.argv[1]))
@@ -817,7 +868,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def kill_owner_and_watch_its_writer(db: Path) -> bool:
+def kill_owner_and_watch_its_writer(db: Location) -> bool:
     """Start OWNER on ``db``, SIGKILL it; is its writer gone within 5 s?"""
     owner = subprocess.Popen(
         [sys.executable, "-c", OWNER, str(db)], stdout=subprocess.PIPE, text=True
@@ -841,12 +892,12 @@ def kill_owner_and_watch_its_writer(db: Path) -> bool:
 
 
 @pytest.mark.crash
-async def test_the_writer_dies_with_its_owner(db: Path) -> None:
+async def test_the_writer_dies_with_its_owner(sqlite_db: Path) -> None:
     """A SIGKILLed broker leaves no writer behind to write after it."""
-    assert await asyncio.to_thread(kill_owner_and_watch_its_writer, db), (
+    assert await asyncio.to_thread(kill_owner_and_watch_its_writer, sqlite_db), (
         "the writer outlived its owner"
     )
-    store = await LedgerStore.open(db, lock_wait=5)  # (its lock went with it)
+    store = await LedgerStore.open(sqlite_db, lock_wait=5)  # (its lock went with it)
     try:
         ledger = store.get_ledger("a")
         assert ledger is not None and ledger.last_entry_id == 0
@@ -924,7 +975,7 @@ async def test_pass_failure_carries_a_failure_or_cancellation_and_nothing_else()
 
 
 @pytest.mark.parametrize("seed", range(6))
-async def test_reads_across_the_tail_cache_match_a_model(db: Path, seed: int) -> None:
+async def test_reads_across_the_tail_cache_match_a_model(db: Location, seed: int) -> None:
     """Random appends (awaited or not), trims and reads with a small tail
     cache: every read returns exactly the entries asked for that are not
     trimmed, in order, with their own data, whether they come from the

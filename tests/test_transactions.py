@@ -14,7 +14,14 @@ import pytest
 
 from client import Client, Consumer, Message, TxnState, errors
 from proto import txnbuf_pb2 as pb
-from tests.conftest import BrokerProcess, RawConnection, send_command, unbatch, until
+from tests.conftest import (
+    BrokerProcess,
+    RawConnection,
+    both_stores,
+    send_command,
+    unbatch,
+    until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -43,6 +50,7 @@ async def seed(client: Client, topic: str, n: int) -> None:
     await producer.close()
 
 
+@both_stores
 async def test_commit_makes_sends_visible_and_acks_final(broker: BrokerProcess) -> None:
     broker.admin("PUT", "/admin/v1/topics/out", b'{"partitions": 3}')
     async with Client(broker.url) as client:
@@ -162,6 +170,7 @@ async def test_end_txn_opens_the_next_transaction_only_when_it_succeeds(
         assert meta["status"] == "COMMITTED"
 
 
+@both_stores
 async def test_abort_discards_sends_and_redelivers_inputs(broker: BrokerProcess) -> None:
     async with Client(broker.url) as client:
         await seed(client, "in", 5)
@@ -196,6 +205,7 @@ async def test_exception_in_transaction_block_aborts(broker: BrokerProcess) -> N
         assert meta["status"] in ("ABORTING", "ABORTED")
 
 
+@both_stores
 async def test_conflicting_acks_abort_the_second_transaction(broker: BrokerProcess) -> None:
     async with Client(broker.url) as client:
         await seed(client, "in", 3)
@@ -611,6 +621,7 @@ async def test_two_coordinators_share_the_transactions(tmp_path) -> None:  # typ
     assert {"tc/0", "tc/1"} <= names
 
 
+@both_stores
 async def test_the_consume_transform_produce_example_runs(broker: BrokerProcess) -> None:
     result = await asyncio.to_thread(
         subprocess.run,

@@ -388,14 +388,14 @@ async def test_a_failed_append_can_be_retried_after_a_restart(stores: Stores) ->
     store, part = await stores.open()
     tb = await part.txn_buffer()
     await tb.publish(T1, "p", msgs(0))
-    await store._reader.execute(  # (the writer is another process)
+    await store._engine._reader.execute(  # (the writer is another process)
         "CREATE TRIGGER fail BEFORE INSERT ON entries BEGIN SELECT RAISE(ABORT, 'disk full'); END"
     )
     with pytest.raises(Exception, match="disk full"):
         await tb.publish(T1, "p", msgs(1, 2))
     with pytest.raises(Exception, match="refuses writes"):
         tb.publish(T1, "p", msgs(1, 2))  # the store stopped (fail-stop)
-    await store._reader.execute("DROP TRIGGER fail")
+    await store._engine._reader.execute("DROP TRIGGER fail")
     _, part = await stores.reopen()
     tb = await part.txn_buffer()
     assert await tb.publish(T1, "p", msgs(1, 2)) == txn_ids(1, 2)

@@ -165,3 +165,11 @@ async def test_a_crash_inside_an_open_transaction_is_all_or_nothing(
         assert isinstance(error, errors.InvalidTxnStatusError | errors.TransactionNotFoundError), (
             repr(error)
         )
+
+
+@pytest.mark.parametrize("broker", ["postgresql"], indirect=True)
+async def test_a_logged_commit_survives_a_crash_on_postgresql(broker: BrokerProcess) -> None:
+    """The same crash on a broker whose store is PostgreSQL: one partition
+    committed, the other not, when the broker is SIGKILLed."""
+    result, _ = await crash_at(broker, "tc.after_partition_end@1")
+    assert result == "committed"
