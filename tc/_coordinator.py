@@ -90,6 +90,7 @@ __all__ = ["TransactionCoordinator"]
 log = logging.getLogger(__name__)
 
 _UNDECIDED = (TxnStatus.OPEN, TxnStatus.PREPARED)  # not decided: nothing to finish
+MAX_SPARES_KEPT = 10_000  # spares remembered for `is_spare` (newest kept)
 
 
 class TransactionCoordinator:
@@ -115,6 +116,9 @@ class TransactionCoordinator:
         self._expiry_at = 0  # ms: when the expiry timer fires (0: none set)
         self._closed = False
         self._aborted_at_start: set[TxnID] = set()  # (for a clearer error)
+        # Transactions opened as a client's spare (`new_txn(spare=True)`),
+        # newest last, at most MAX_SPARES_KEPT: memory only (`is_spare`).
+        self._spares: dict[TxnID, None] = {}
         # Transactions opened, ended (committed / aborted, the timed out
         # ones among the aborted) since start, for stats.
         self.txns_begun = 0
@@ -208,16 +212,38 @@ class TransactionCoordinator:
         two_phase: bool = False,
         tag: str = "",
         prepared_timeout_ms: int = 0,
+        spare: bool = False,
     ) -> TxnID:
         """Open a transaction (§CommandNewTxn): its NEW record is appended,
         and it is OPEN from now on. ``tag`` and ``prepared_timeout_ms``: see
-        `tc._table`. ValueError for a bad timeout or tag."""
+        `tc._table`. ``spare``: opened ahead for a client (the next
+        transaction an END_TXN asks for; see `is_spare`). ValueError for a
+        bad timeout or tag."""
         rec = self._table.new(timeout_ms, now_ms(), producer, two_phase, tag, prepared_timeout_ms)
         txnid = self._table.next_txnid()
         self.txns_begun += 1
         self.log_record(rec, lazy=True)  # (durable with the first write that needs it)
         self._arm_for(txnid)
+        if spare:
+            self._spares[txnid] = None
+            if len(self._spares) > MAX_SPARES_KEPT:
+                del self._spares[next(iter(self._spares))]
         return txnid
+
+    def is_spare(self, txnid: TxnID) -> bool:
+        """Whether ``txnid`` is a spare nobody has used yet, as far as this
+        coordinator can tell: opened ahead for a client, still OPEN, with no
+        partition or subscription. (A client takes a spare without telling
+        the coordinator, so a taken one looks the same until its first send
+        or acknowledgement.) Not kept across a restart."""
+        meta = self._table.txns.get(txnid)
+        return (
+            txnid in self._spares
+            and meta is not None
+            and meta.status is TxnStatus.OPEN
+            and not meta.partitions
+            and not meta.subscriptions
+        )
 
     def add_partition(self, txnid: TxnID, topic: str, partition: int) -> None:
         """§CommandAddPartitionToTxn (or a send that asks to add its
