@@ -30,7 +30,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from broker._auth import AclEntry, AclError
+from broker._acl import AclEntry, AclError
 from broker._broker import BROKER_KEY, Broker
 from broker._errors import REFUSALS, error_code
 from broker._operations import (

@@ -46,7 +46,8 @@ from typing import NoReturn
 
 from aiohttp import web
 
-from broker._auth import AclFileError, AuthConfig, check_listen
+from broker._acl import AclFileError
+from broker._auth import AuthConfig, check_listen
 from broker._auth_cli import (
     add_security_parsers,
     add_serve_options,
