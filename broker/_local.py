@@ -38,19 +38,19 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from google.protobuf.message import DecodeError
 
+from broker._broker import ConnectedProducer
+from broker._context import Context
+from broker._transactions import Transactions
 from buffer import Partition, SendRejectedError, send_sequence_ids
 from ledger import faults, unawaited
 from proto import MAX_MESSAGE_SIZE, oversized, refusals
 from proto import txnbuf_pb2 as pb
-from subscriptions import PartitionSubscription
+from subscriptions import PartitionSubscription, attached
 from tc import TransactionCoordinator, TxnID, wire_txnid
-
-if TYPE_CHECKING:
-    from broker._connection import Connection
 
 __all__ = ["LocalCommits"]
 
@@ -76,16 +76,26 @@ class _AckWrite:
     ranges: list[Range]
 
 
-class LocalCommits:
-    """COMMIT_TXN on the connection ``conn`` (see the module docstring)."""
+class Producers(Context, Protocol):
+    """A connection as COMMIT_TXN sees it: a `Context` and its producers."""
 
-    def __init__(self, conn: Connection) -> None:
+    @property
+    def producers(self) -> dict[int, ConnectedProducer]:
+        """The producers the client created on this connection, by id."""
+
+
+class LocalCommits:
+    """COMMIT_TXN on the connection ``conn``, whose transaction commands
+    ``txns`` handles (see the module docstring)."""
+
+    def __init__(self, conn: Producers, txns: Transactions) -> None:
         self.conn = conn
+        self.txns = txns
         self.broker = conn.broker
 
     def on_commit_txn(self, cmd: pb.BaseCommand) -> None:
         req = cmd.commit_txn
-        txns = self.conn.txns
+        txns = self.txns
         read_at = time.perf_counter()
         try:
             txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
@@ -154,7 +164,7 @@ class LocalCommits:
                     "acknowledgements come as (partition, entry_id, first_index, last_index) "
                     f"ranges, at least one; got {len(flat)} numbers"
                 )
-            subs = {s.partition.index: s for s in consumer.subscriptions}
+            subs = {s.partition.index: s for s in attached(consumer)}
             for i in range(0, len(flat), 4):
                 sub = subs.get(flat[i])
                 if sub is None:
@@ -212,7 +222,7 @@ class LocalCommits:
         following: TxnID | None,
         read_at: float,
     ) -> None:
-        txns = self.conn.txns
+        txns = self.txns
         if done.cancelled() or done.exception() is not None:
             txns._abort_following(following)
             error = asyncio.CancelledError() if done.cancelled() else done.exception()

@@ -96,13 +96,13 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from proto import TxnID
 from proto import txnbuf_pb2 as pb
 
 from ._connection import Command, Type, command, copy_error, wait_future_until
-from ._message import MessageId, encode_values, held_entries, new_message_id
+from ._message import Entry, MessageId, encode_values, held_entries, new_message_id
 from .errors import (
     ConnectionLostError,
     InvalidInputError,
@@ -117,8 +117,6 @@ from .errors import (
 
 if TYPE_CHECKING:
     from ._connection import Connection, Link
-    from ._consumer import Consumer
-    from ._producer import Producer
     from ._spares import SparePool
 
 log = logging.getLogger("client")
@@ -180,6 +178,40 @@ def transition(state: TxnState, event: TxnEvent, txn_id: TxnID) -> TxnState:
         ) from None
 
 
+class BatchFiller(Protocol):
+    """A producer filling a batch of sends in a transaction (``client._producer``):
+    framed when another producer starts one on the same partition."""
+
+    def _frame_filling(self, partition: int, txn: Transaction) -> None: ...
+
+
+class HeldSender(Protocol):
+    """A producer whose sends a transaction holds (the local path:
+    ``client._producer``)."""
+
+    topic: str
+    producer_id: int
+    partitions: int
+    _round_robin: int
+    _held_in: dict[Transaction, None]
+
+    def _frame_held(
+        self, partition: int, txn: Transaction, entries: list[Entry], first_index: int
+    ) -> None: ...
+
+
+class HeldAcker(Protocol):
+    """A consumer whose acknowledgements a transaction holds (the local
+    path: ``client._consumer``)."""
+
+    consumer_id: int
+    _held_in: dict[Transaction, None]
+
+    def _send_held_acks(self, txn: Transaction, ranges: list[list[int]]) -> None: ...
+
+    def _redeliver_ranges(self, ranges: list[list[int]]) -> None: ...
+
+
 # --- the transaction ----------------------------------------------------------
 
 
@@ -232,7 +264,7 @@ class Transaction:
         # message framed there, and the producer whose batch of the
         # transaction is filling for it (``client._producer``).
         self._places: dict[tuple[str, int], int] = {}
-        self._filling: dict[tuple[str, int], Producer] = {}
+        self._filling: dict[tuple[str, int], BatchFiller] = {}
         self._pending_ops = 0
         # What commit() waits on while sends or acks are unanswered.
         self._settled: asyncio.Future[None] | None = None
@@ -246,14 +278,14 @@ class Transaction:
         self._holding = True
         self._held_sends: list[list[Any]] = []
         self._held_at: dict[tuple[str, int], list[Any]] = {}
-        self._held_acks: dict[Consumer, list[list[int]]] = {}
+        self._held_acks: dict[HeldAcker, list[list[int]]] = {}
         self._held_bytes = 0
         self._held_limit = conn.max_message_size
         self._commit_txn: Command | None = None
         # The held sends and the acks' ranges used last (the next send or
         # ack usually joins them).
         self._last_held: list[Any] | None = None
-        self._last_acked: Consumer | None = None
+        self._last_acked: HeldAcker | None = None
         self._last_ranges: list[list[int]] = []
 
     def __repr__(self) -> str:
@@ -303,7 +335,7 @@ class Transaction:
 
     def _hold_send(
         self,
-        producer: Producer,
+        producer: HeldSender,
         partition: int,
         value: bytes,
         seq: int,
@@ -332,7 +364,7 @@ class Transaction:
             self._go_full()
         return new_message_id((partition, -1, place))
 
-    def _held_for(self, producer: Producer, partition: int) -> list[Any]:
+    def _held_for(self, producer: HeldSender, partition: int) -> list[Any]:
         """The held sends of ``producer`` for ``partition`` that the next
         one joins: the last held there, if it is this producer's, else a new
         one, placed after it (the transaction's messages on a partition are
@@ -348,11 +380,11 @@ class Transaction:
         self._last_held = last
         return last
 
-    def _hold_ack(self, consumer: Consumer, mid: MessageId) -> None:
+    def _hold_ack(self, consumer: HeldAcker, mid: MessageId) -> None:
         """Hold one acknowledgement of ``consumer``'s (`_hold_ack_at`)."""
         self._hold_ack_at(consumer, *mid)
 
-    def _hold_ack_at(self, consumer: Consumer, partition: int, entry_id: int, index: int) -> None:
+    def _hold_ack_at(self, consumer: HeldAcker, partition: int, entry_id: int, index: int) -> None:
         """Hold one acknowledgement of ``consumer``'s, of the message at
         (``partition``, ``entry_id``, ``index``): it extends the last range
         held, or starts one."""
@@ -565,15 +597,50 @@ class Transaction:
 
     async def prepare(self) -> None:
         """Make the transaction PREPARED (for a group commit, see
-        ``client._groups``): wait for its sends and acks (aborting it and
-        raising the first failure, as ``commit``), then PREPARE_TXN. Once
-        this returns, its writes are durable and it waits for its decision;
-        the broker refuses further sends and acks in it."""
-        from ._groups import prepare_transaction
-
-        if self._holding and self._state is TxnState.OPEN:
+        ``client._groups``): wait until every send and ack of it is answered
+        (abort it and raise the first failure, as ``commit`` does), then
+        PREPARE_TXN: once answered, all of them are durable and the
+        transaction waits for its decision (END_TXN or a group commit).
+        After this the broker refuses further sends and acks in it, and so
+        does the client (its state is PREPARED: a send or ack raises
+        ``InvalidTxnStatusError`` at once, as it would be refused only in
+        the broker's answer otherwise). Preparing it again returns at once."""
+        if self._state is TxnState.PREPARED:
+            return
+        if self._state is not TxnState.OPEN:
+            raise InvalidTxnStatusError(
+                f"transaction {self.id} is {self._state.value}: cannot prepare"
+            )
+        if self._holding:
             self._go_full()  # (prepare makes its writes durable: they go first)
-        await prepare_transaction(self)
+        conn = self._conn
+        for flush in list(self._flushes):  # (queued sends framed now)
+            flush()
+        if self._pending_ops:
+            self._settled = self._loop.create_future()
+            await wait_future_until(
+                self._settled,
+                self._loop.time() + 2 * conn.operation_timeout,
+                f"prepare of transaction {self.id} (waiting for its sends and acks)",
+            )
+        if self._error is not None:
+            error = self._error
+            await self._abort_after_error()
+            raise copy_error(error)
+        txn_id = self.id
+        await conn.request(
+            lambda request_id: command(
+                Type.PREPARE_TXN,
+                "prepare_txn",
+                request_id=request_id,
+                txnid_most_bits=txn_id.most_bits,
+                txnid_least_bits=txn_id.least_bits,
+            ),
+            Command.TXN_RESPONSE,
+            f"prepare transaction {txn_id}",
+            link_bound=False,
+        )
+        self._state = transition(self._state, TxnEvent.PREPARE, txn_id)
 
     async def abort(self) -> None:
         """Abort the transaction now (sends and acks in flight are

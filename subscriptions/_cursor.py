@@ -46,7 +46,7 @@ from operator import itemgetter
 
 from buffer import Position
 from ledger import Entry, Ledger
-from proto import TxnID, wire_txnid
+from proto import TxnID, txn_text, wire_txnid
 from subscriptions._ranges import LockTable, Range, RangeSet, positions_of, ranges_of
 from subscriptions._state import AckEvent, InvalidAckTransition, MsgState, transition
 
@@ -74,7 +74,6 @@ __all__ = [
     "replay_cursor",
     "snapshot_then_trim",
     "txn_end_record",
-    "txn_text",
 ]
 
 log = logging.getLogger(__name__)
@@ -96,11 +95,6 @@ _KIND_NAMES = {
 }
 _U64 = (1 << 64) - 1
 _ENTRY_OF = itemgetter(0)
-
-
-def txn_text(txn: TxnID) -> str:
-    """A transaction as `proto.TxnID` prints it: ``(most_bits,least_bits)``."""
-    return f"({txn[0]},{txn[1]})"
 
 
 def _pos_text(pos: Position) -> str:

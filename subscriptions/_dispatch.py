@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from sortedcontainers import SortedSet
 
@@ -51,10 +51,7 @@ from subscriptions._ranges import DeliveredMap
 from subscriptions._state import MsgState
 from subscriptions._uncommitted import UncommittedCursor, from_wire, to_wire
 
-if TYPE_CHECKING:
-    from subscriptions._subscription import PartitionSubscription
-
-__all__ = ["Consumer", "Dispatcher", "SubType"]
+__all__ = ["Attachment", "Consumer", "Dispatcher", "SubType"]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +64,16 @@ class SubType(enum.Enum):
     EXCLUSIVE = "exclusive"
     SHARED = "shared"
     FAILOVER = "failover"
+
+
+class Attachment(Protocol):
+    """A partition subscription a consumer is attached to, as the consumer
+    sees it (`subscriptions._subscription.PartitionSubscription`, which
+    imports this module: `subscriptions._subscription.attached` gives the
+    list back with its own type)."""
+
+    def wake(self) -> None:
+        """Permits came: deliver what is waiting."""
 
 
 @dataclass(eq=False)
@@ -85,7 +92,7 @@ class Consumer:
     push: Callable[[Consumer, list[pb.DeliveredEntry]], None]
     on_active_change: Callable[[Consumer, bool], None] = lambda c, active: None
     permits: int = 0
-    subscriptions: list[PartitionSubscription] = field(default_factory=list)
+    subscriptions: list[Attachment] = field(default_factory=list)
     order: int = 0  # connect order, breaks ties between equal names
     read_uncommitted: bool = False  # wants a read_uncommitted subscription
 
