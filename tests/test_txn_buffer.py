@@ -38,6 +38,7 @@ from buffer import (
 )
 from buffer._entries import txn_places
 from buffer._sidecar import TXN_ABORT, TXN_COMMIT, TXN_DATA, TXN_SNAPSHOT
+import ledger._store as ledger_store
 from ledger import Entry, LedgerStore
 from proto import txnbuf_pb2 as pb
 
@@ -753,6 +754,26 @@ async def test_an_early_send_is_answered_before_it_is_durable(stores: Stores) ->
     await tb.end(T1, commit=True)
     (marker,) = await markers(part)
     assert await delivered(part, marker[0]) == [b"m0", b"m1", b"m2", b"m3", b"m4", b"m5"]
+
+
+async def test_an_early_send_starts_no_group_commit_of_its_own(
+    stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An early send is a lazy append: it waits in the store's queue for
+    the next group commit (the END's), and goes in the same one as the
+    commit marker, before it."""
+    monkeypatch.setattr(ledger_store, "LAZY_DELAY", 3600.0)  # (never alone, in this test)
+    store, part = await stores.open()
+    tb = await part.txn_buffer()
+    commits = store.commits
+    tb.publish(T1, "p", msgs(0, 1), early=True)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert store.commits == commits and tb.sidecar.last_entry_id == -1
+    await tb.end(T1, commit=True)
+    assert store.commits == commits + 1  # the send and the marker: one group commit
+    (marker,) = await markers(part)
+    assert await delivered(part, marker[0]) == [b"m0", b"m1"]
 
 
 async def test_an_early_end_returns_with_its_marker_queued(stores: Stores) -> None:
