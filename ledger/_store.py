@@ -566,9 +566,14 @@ class LedgerStore:
 
             engine: Engine = await PostgresEngine.open(str(location), owner, slots)
         else:
-            from ledger._sqlite import SqliteEngine
+            import os
 
-            engine = await SqliteEngine.open(Path(location), lock_wait)
+            from ledger._sqlite import SqliteEngine, SqliteThreadEngine
+
+            if os.environ.get("TXNBUF_SQLITE_WRITER") == "thread":  # (measuring: see bench.hops)
+                engine = await SqliteThreadEngine.open(Path(location), lock_wait)
+            else:
+                engine = await SqliteEngine.open(Path(location), lock_wait)
         try:
             count = getattr(engine, "slot_count", 0)
             store = cls(engine, cache_entries, cache_bytes, slot_of if owner else None, count)

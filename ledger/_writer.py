@@ -53,6 +53,7 @@ import time
 from typing import Any
 
 LENGTH = struct.Struct("<I")
+Answer = tuple[int, str | None, Any]  # (seq, error text or None, result)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS ledgers (
@@ -249,10 +250,10 @@ class Writer:
         self.failed: str | None = None
         self.commits = 0  # group commits done (each write's answer carries the count)
 
-    def handle(self, batch: list[tuple[Any, ...]]) -> list[bytes]:
+    def handle(self, batch: list[tuple[Any, ...]]) -> list[Answer]:
         """Answers to ``batch``, in order: consecutive writes as one group
         commit, consecutive creations as one transaction."""
-        answers: list[bytes] = []
+        answers: list[Answer] = []
         writes: list[tuple[Any, ...]] = []
         creates: list[tuple[Any, ...]] = []
         for request in batch:
@@ -273,14 +274,14 @@ class Writer:
                     if self.failed is not None:
                         raise RuntimeError(self.failed)
                     delete(self.raw, ledger_id)
-                    answers.append(frame((seq, None, None)))
+                    answers.append((seq, None, None))
                 except Exception as exc:
-                    answers.append(frame((seq, f"{type(exc).__name__}: {exc}", None)))
+                    answers.append((seq, f"{type(exc).__name__}: {exc}", None))
         answers.extend(self.write(writes))
         answers.extend(self.create(creates))
         return answers
 
-    def create(self, creates: list[tuple[Any, ...]]) -> list[bytes]:
+    def create(self, creates: list[tuple[Any, ...]]) -> list[Answer]:
         """Create the ledgers of ``creates`` in one transaction (one fsync:
         a broker creating many topics at once creates their ledgers together)."""
         if not creates:
@@ -297,13 +298,10 @@ class Writer:
                 raise
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-            return [frame((seq, error, None)) for seq, _, _ in creates]
-        return [
-            frame((seq, None, ledger_id))
-            for (seq, _, _), ledger_id in zip(creates, ids, strict=True)
-        ]
+            return [(seq, error, None) for seq, _, _ in creates]
+        return [(seq, None, ledger_id) for (seq, _, _), ledger_id in zip(creates, ids, strict=True)]
 
-    def write(self, writes: list[tuple[Any, ...]]) -> list[bytes]:
+    def write(self, writes: list[tuple[Any, ...]]) -> list[Answer]:
         if not writes:
             return []
         if self.failed is None:
@@ -314,10 +312,19 @@ class Writer:
                 took = time.perf_counter() - started
                 self.commits += 1
                 result = (self.commits, len(rows), took)
-                return [frame((w[0], None, result)) for w in writes]
+                return [(w[0], None, result) for w in writes]
             except Exception as exc:
                 self.failed = f"{type(exc).__name__}: {exc}"
-        return [frame((w[0], self.failed, None)) for w in writes]
+        return [(w[0], self.failed, None) for w in writes]
+
+
+def connect(path: str) -> sqlite3.Connection:
+    """The writer's connection to ``path``: WAL, ``synchronous=FULL``, the schema made."""
+    raw = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    raw.execute("PRAGMA journal_mode=WAL")
+    raw.execute("PRAGMA synchronous=FULL")
+    raw.executescript(SCHEMA)
+    return raw
 
 
 def serve(path: str, parent: int, lock_wait: float) -> None:
@@ -334,10 +341,7 @@ def serve(path: str, parent: int, lock_wait: float) -> None:
         widen(fd)
     try:
         lock(path, lock_wait)
-        raw = sqlite3.connect(path, isolation_level=None)
-        raw.execute("PRAGMA journal_mode=WAL")
-        raw.execute("PRAGMA synchronous=FULL")
-        raw.executescript(SCHEMA)
+        raw = connect(path)
     except Exception as exc:
         os.write(out, frame((0, f"{type(exc).__name__}: {exc}", None)))
         return
@@ -350,7 +354,7 @@ def serve(path: str, parent: int, lock_wait: float) -> None:
         batch = requests.take()
         if not batch:
             return  # stdin closed: the store is closed (or the broker died)
-        data = b"".join(writer.handle(batch))
+        data = b"".join([frame(answer) for answer in writer.handle(batch)])
         while data:
             data = data[os.write(out, data) :]
 
