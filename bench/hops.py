@@ -59,7 +59,7 @@ from bench.ctp import (
     check,
     worker_process,
 )
-from bench.throughput import BrokerProcess
+from bench.throughput import BrokerProcess, _free_port
 
 WRITER_THREAD = "txnbuf-writer"  # (ledger._sqlite names its writer thread so)
 COMMITS, TXNS = "txnbuf_ledger_commits", "txnbuf_transactions_committed"
@@ -123,11 +123,19 @@ class Broker(Txnbuf):
 
     def __init__(self, tmp: str, spec: Spec) -> None:
         data = tempfile.mkdtemp(dir=tmp, prefix="txnbuf-")
-        self.broker = BrokerProcess(data, root=spec.root, env=dict(spec.env))  # type: ignore[assignment]
+        options: list[str] = []
+        if spec.scheme != "http":  # (the stream listener, on a port of its own)
+            stream_port = _free_port()
+            options = ["--stream-port", str(stream_port)]
+        self.broker = BrokerProcess(  # type: ignore[assignment]
+            data, root=spec.root, env=dict(spec.env), options=options
+        )
         self.proc = self.broker.proc
         self.http = self.broker.url
         self.address = self.http  # (`load` and `outputs` use the WebSocket)
-        self.workers_url = self.http.replace("http", spec.scheme, 1)
+        self.workers_url = self.http
+        if spec.scheme != "http":
+            self.workers_url = f"{spec.scheme}://127.0.0.1:{stream_port}"
 
     def cpu(self) -> tuple[float, float | None]:
         """CPU seconds of the broker without its writer, and of its writer
@@ -150,7 +158,7 @@ class Broker(Txnbuf):
         return out
 
     def pids(self) -> list[int]:
-        """The broker's process and its children (the writer process)."""
+        """The broker's process and its children (an older checkout's writer process)."""
         pid = self.proc.pid
         found = [pid]
         for entry in os.listdir("/proc"):

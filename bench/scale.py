@@ -13,7 +13,8 @@ acknowledged. Prints:
 
 - restart to healthy: start of the process until ``/admin/v1/health`` answers,
 - all read again: start of the process until every topic's message came back,
-- broker RSS (``/proc``, the main process; its ledger writer process apart):
+- broker RSS (``/proc``, the broker's process; a writer process apart, for
+  an older checkout's broker that had one):
   empty, before the kill, once healthy again, and after everything was read,
   and the growth per topic once healthy (``(healthy - empty) / N``: topics
   not loaded yet, where a broker loads them on first use) and after every

@@ -28,7 +28,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import WSMsgType, web
 from google.protobuf.message import DecodeError
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from broker._server import Broker
 
 
-__all__ = ["CLUSTER_ROLE", "PROTOCOL_VERSION", "Connection"]
+__all__ = ["CLUSTER_ROLE", "PROTOCOL_VERSION", "Connection", "Socket"]
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +87,20 @@ def command(kind: pb.BaseCommand.Type, field: str, body: Any) -> pb.BaseCommand:
     return cmd
 
 
+class Socket(Protocol):
+    """What a connection writes to: aiohttp's WebSocket, or a stream
+    listener's socket (`broker._stream`)."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    async def send_bytes(self, data: bytes) -> None: ...
+
+    async def close(self) -> bool | None: ...
+
+
 class Connection:
-    def __init__(self, broker: Broker, ws: web.WebSocketResponse, peer: str) -> None:
+    def __init__(self, broker: Broker, ws: Socket, peer: str) -> None:
         self.broker = broker
         self.ws = ws
         self.peer = peer
@@ -136,16 +148,30 @@ class Connection:
     # -- the loops ------------------------------------------------------------------
 
     async def run(self) -> None:
+        """Serve the WebSocket's frames until it closes."""
+        ws = self.ws
+        assert isinstance(ws, web.WebSocketResponse)
         writer = asyncio.get_running_loop().create_task(self._write_loop())
         try:
-            async for msg in self.ws:
+            async for msg in ws:
                 if msg.type == WSMsgType.BINARY:
                     self._on_frame(msg.data)
                 elif msg.type == WSMsgType.TEXT:
                     self._error(0, pb.MALFORMED_FRAME, "frames must be binary BaseCommand messages")
                 elif msg.type == WSMsgType.ERROR:
-                    log.info("connection %s failed: %s", self.peer, self.ws.exception())
+                    log.info("connection %s failed: %s", self.peer, ws.exception())
                     break
+        finally:
+            self.close()
+            self._out_ready.set()
+            await writer
+
+    async def run_fed(self, gone: asyncio.Future[None]) -> None:
+        """Serve a socket that hands each frame to `_on_frame` as it reads
+        it (`broker._stream`), until ``gone`` is done."""
+        writer = asyncio.get_running_loop().create_task(self._write_loop())
+        try:
+            await gone
         finally:
             self.close()
             self._out_ready.set()

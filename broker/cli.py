@@ -74,11 +74,13 @@ async def serve(
     preload: bool = True,
     unload_after: float | None = UNLOAD_AFTER,
     store_url: str | None = None,
+    stream_port: int | None = None,
 ) -> None:
     """Run a broker until SIGTERM or SIGINT. ``auth``: authentication and
     limits (`broker._auth`); ``ssl_context``: serve TLS; ``kafka``: (host,
     port) of a Kafka listener beside it (`broker.kafka`); ``preload``,
-    ``unload_after`` and ``store_url``: see `Broker.open`.
+    ``unload_after`` and ``store_url``: see `Broker.open`; ``stream_port``:
+    serve the data plane on raw TCP on this port too (`broker._stream`).
 
     A broker whose store is fenced (another broker took its slots over:
     `ledger.LedgerFencedError`) stops at once, logging why at ERROR, and
@@ -112,7 +114,16 @@ async def serve(
     )
     await runner.setup()
     listener = None
+    stream = None
     try:
+        if stream_port is not None:
+            from broker._stream import StreamListener
+
+            stream = StreamListener(broker, host, stream_port, ssl_context)
+            try:
+                await stream.start()
+            except OSError as exc:
+                raise SystemExit(_cannot_listen(host, stream_port, exc)) from None
         if kafka is not None:
             from broker.kafka import KafkaListener
 
@@ -156,6 +167,8 @@ async def serve(
     finally:
         if listener is not None:
             await listener.close()
+        if stream is not None:
+            await stream.close()
         await broker.close()
         await runner.cleanup()
         log.info("stopped")
@@ -309,6 +322,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--kafka-host", default=None, help="address of the Kafka listener (--host)")
     p.add_argument(
+        "--stream-port",
+        type=int,
+        default=None,
+        help="also serve the data plane on raw TCP on this port, for txnbuf:// URLs (off)",
+    )
+    p.add_argument(
         "--log-level", type=_log_level, default="INFO", help="DEBUG, INFO, WARNING, ERROR (INFO)"
     )
     add_serve_options(p)
@@ -362,6 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     args.preload,
                     args.unload_after or None,
                     args.store,
+                    args.stream_port,
                 )
             )
     return 0

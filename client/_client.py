@@ -65,16 +65,20 @@ class Client:
         token: str | None = None,
         tls_ca: str | os.PathLike[str] | None = None,
     ) -> None:
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise InvalidInputError(f"url must look like http://host:port, not {url!r}")
+        if not isinstance(url, str) or not url.startswith(
+            ("http://", "https://", "txnbuf://", "txnbufs://")
+        ):
+            raise InvalidInputError(
+                f"url must look like http://host:port (or txnbuf://host:port), not {url!r}"
+            )
         if not operation_timeout > 0:
             raise InvalidInputError("operation_timeout must be positive")
         if token is None:
             token = os.environ.get("TXNBUF_TOKEN", "")
         if not isinstance(token, str) or not token.isascii():
             raise InvalidInputError("token must be a str of ASCII characters (a JWT)")
-        if tls_ca is not None and not url.startswith("https://"):
-            raise InvalidInputError("tls_ca is for https:// URLs")
+        if tls_ca is not None and not url.startswith(("https://", "txnbufs://")):
+            raise InvalidInputError("tls_ca is for https:// and txnbufs:// URLs")
         context = tls_context(tls_ca) if tls_ca is not None else None
         self.url = url
         self.operation_timeout = operation_timeout

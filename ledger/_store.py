@@ -14,7 +14,7 @@ the database: it loads the catalog, creates and deletes ledgers, commits a
 batch of appends and trims atomically, and reads. Two engines:
 
 - SQLite (`ledger._sqlite`, the default): one file, WAL with
-  ``synchronous=FULL``, written by a writer process of the store's own.
+  ``synchronous=FULL``, written by a writer thread of the store's own.
 - PostgreSQL (`ledger._postgres`): any libpq URL, through asyncpg; many
   brokers' stores may share one database, each fenced by its slots.
 
@@ -105,7 +105,7 @@ class EngineSink(Protocol):
         """The answer to request ``seq``; answers come in the order of the requests."""
 
     def _engine_lost(self, reason: str) -> None:
-        """The engine can answer nothing more (its process or connection is gone)."""
+        """The engine can answer nothing more (its writer or connection is gone)."""
 
 
 class Engine(Protocol):
@@ -269,7 +269,7 @@ class _Trim:
 
 @dataclass(slots=True)
 class _Sent:
-    """A write handed to the writer process: its operations, in order, the
+    """A write handed to the engine: its operations, in order, the
     ledgers it trims (their new first entry ids) and how many entries it adds."""
 
     batch: list[_Append | _Trim]
@@ -549,8 +549,8 @@ class LedgerStore:
         """Open (or create) the database at ``location`` and load its catalog.
 
         ``location``: a file path (SQLite: starts the store's writer
-        process; raises `LedgerError` if it cannot start, for instance when
-        another process's writer still holds this database after
+        thread; raises `LedgerError` if it cannot start, for instance when
+        another broker's store still holds this database after
         ``lock_wait`` seconds), or a PostgreSQL URL (`is_postgres_url`).
 
         PostgreSQL only: ``slots``, the slots of a database this store
@@ -566,14 +566,9 @@ class LedgerStore:
 
             engine: Engine = await PostgresEngine.open(str(location), owner, slots)
         else:
-            import os
+            from ledger._sqlite import SqliteEngine
 
-            from ledger._sqlite import SqliteEngine, SqliteThreadEngine
-
-            if os.environ.get("TXNBUF_SQLITE_WRITER") == "thread":  # (measuring: see bench.hops)
-                engine = await SqliteThreadEngine.open(Path(location), lock_wait)
-            else:
-                engine = await SqliteEngine.open(Path(location), lock_wait)
+            engine = await SqliteEngine.open(Path(location), lock_wait)
         try:
             count = getattr(engine, "slot_count", 0)
             store = cls(engine, cache_entries, cache_bytes, slot_of if owner else None, count)

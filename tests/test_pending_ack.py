@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
+import ledger._store as ledger_store
 import subscriptions._pending_ack as pending_ack_module
 from buffer import MessageId, Partition, Topics
-import ledger._store as ledger_store
 from ledger import Entry, LedgerStore, faults
 from proto import TxnID, refusals
 from proto import txnbuf_pb2 as pb

@@ -17,6 +17,7 @@ import pytest
 from conftest import Crash
 
 import buffer._txnbuffer as txnbuffer_module
+import ledger._store as ledger_store
 from buffer import (
     COMMIT_MARKER,
     DATA,
@@ -38,7 +39,6 @@ from buffer import (
 )
 from buffer._entries import txn_places
 from buffer._sidecar import TXN_ABORT, TXN_COMMIT, TXN_DATA, TXN_SNAPSHOT
-import ledger._store as ledger_store
 from ledger import Entry, LedgerStore
 from proto import txnbuf_pb2 as pb
 
@@ -388,7 +388,7 @@ async def test_a_failed_append_can_be_retried_after_a_restart(stores: Stores) ->
     store, part = await stores.open()
     tb = await part.txn_buffer()
     await tb.publish(T1, "p", msgs(0))
-    await store._engine._reader.execute(  # (the writer is another process)
+    await store._engine._reader.execute(  # (another connection: the trigger is the file's)
         "CREATE TRIGGER fail BEFORE INSERT ON entries BEGIN SELECT RAISE(ABORT, 'disk full'); END"
     )
     with pytest.raises(Exception, match="disk full"):
