@@ -100,10 +100,12 @@ class Socket(Protocol):
 
 
 class Connection:
-    def __init__(self, broker: Broker, ws: Socket, peer: str) -> None:
+    def __init__(self, broker: Broker, ws: Socket, peer: str, url: str | None = None) -> None:
         self.broker = broker
         self.ws = ws
         self.peer = peer
+        # The URL of the listener this connection came on (LOOKUP answers it).
+        self.url = url or broker.url
         self.producers: dict[int, _Producer] = {}
         self.consumers: dict[int, Consumer] = {}
         # Who this connection is (`broker._auth`): until it authenticates,
@@ -340,7 +342,7 @@ class Connection:
     def _on_lookup(self, cmd: pb.BaseCommand) -> None:
         req = cmd.lookup
         resp = pb.CommandLookupTopicResponse(
-            request_id=req.request_id, broker_service_url=self.broker.url, authoritative=True
+            request_id=req.request_id, broker_service_url=self.url, authoritative=True
         )
         try:
             check_topic_name(req.topic)

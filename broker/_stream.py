@@ -29,6 +29,8 @@ __all__ = ["StreamListener"]
 
 log = logging.getLogger(__name__)
 
+LINGER = 5.0  # seconds a closed connection waits for the client to close its end
+
 
 class StreamListener:
     """Serve the data plane for ``broker`` on ``host``:``port`` (`start`,
@@ -45,8 +47,9 @@ class StreamListener:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        scheme = "txnbufs" if self.ssl_context is not None else "txnbuf"
         self._server = await loop.create_server(
-            lambda: StreamSocket(self.broker),
+            lambda: StreamSocket(self.broker, f"{scheme}://{self.host}:{self.port}"),
             self.host,
             self.port,
             ssl=self.ssl_context,
@@ -66,8 +69,9 @@ class StreamSocket(asyncio.Protocol):
     WebSocket (``send_bytes``, ``close``, ``closed``), and the frames read
     handed to it as they come (`Connection.run_fed`)."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, url: str) -> None:
         self.broker = broker
+        self.url = url
         self.closed = False
         self._transport: asyncio.Transport | None = None
         self._frames = StreamFrames(MAX_MESSAGE_SIZE + FRAME_SLACK)
@@ -86,7 +90,7 @@ class StreamSocket(asyncio.Protocol):
             return
         peer = transport.get_extra_info("peername")
         name = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        conn = self._conn = Connection(broker, self, f"stream {name}")
+        conn = self._conn = Connection(broker, self, f"stream {name}", self.url)
         broker.connections.add(conn)
         task = asyncio.get_running_loop().create_task(conn.run_fed(self._gone))
         task.add_done_callback(lambda _t: broker.connections.discard(conn))
@@ -136,6 +140,17 @@ class StreamSocket(asyncio.Protocol):
         return True
 
     def _close(self) -> None:
+        """Stop reading and writing; the socket closes once the client has
+        read what was written (it closes its end, or `LINGER` seconds pass).
+        Closing at once with the client's frames unread would reset the
+        connection, and the client could lose the answer that says why."""
+        transport = self._transport
+        if self.closed or transport is None:
+            self.closed = True
+            return
         self.closed = True
-        if self._transport is not None:
-            self._transport.close()
+        if transport.can_write_eof():
+            transport.write_eof()
+            asyncio.get_running_loop().call_later(LINGER, transport.close)
+        else:  # (TLS: no half-close)
+            transport.close()

@@ -88,6 +88,8 @@ async def serve(
     holds in memory is no longer the truth."""
     scheme = "https" if ssl_context is not None else "http"
     _check_port(host, port)  # (before the data directory is opened, or created)
+    if stream_port is not None:
+        _check_port(host, stream_port)
     gc.disable()
     try:
         broker = await Broker.open(

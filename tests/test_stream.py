@@ -156,7 +156,7 @@ async def test_a_role_gets_only_what_the_acl_grants_on_the_stream(
         await raw.close()
 
 
-async def test_a_frame_over_the_limit_or_not_a_frame_closes_the_stream(
+async def test_a_frame_over_the_limit_or_not_a_frame_closes_the_stream_and_a_lookup_names_it(
     streaming: BrokerProcess,
 ) -> None:
     port = streaming.stream_port or 0
@@ -174,6 +174,10 @@ async def test_a_frame_over_the_limit_or_not_a_frame_closes_the_stream(
     assert answer.error.error == pb.MALFORMED_FRAME
     raw.send(connect(streaming.token or ""))
     assert (await raw.receive()).type == T.CONNECTED
+    # A lookup on the stream names the stream listener.
+    raw.send(frame(T.LOOKUP, "lookup", pb.CommandLookupTopic(request_id=1, topic="t")))
+    answer = await raw.receive()
+    assert answer.lookup_response.broker_service_url == streaming.stream_url
     await raw.close()
 
 
@@ -229,8 +233,8 @@ def test_stream_frames_cut_what_was_read_into_frames() -> None:
     assert frames.feed(a) == [b"abc"]
     data = a + b + stream_frame(b"0123456789")
     assert frames.feed(data[:5]) == []
-    assert frames.feed(data[5:9]) == [b"abc", b""]
-    assert frames.feed(data[9:]) == [b"0123456789"]
+    assert frames.feed(data[5:11]) == [b"abc", b""]
+    assert frames.feed(data[11:]) == [b"0123456789"]
     with pytest.raises(FrameTooLargeError, match="11 bytes"):
         frames.feed(stream_frame(b"x" * 11))
 
