@@ -69,6 +69,7 @@ __all__ = ["MAX_URL_BYTES", "add_admin_routes", "json_errors"]
 log = logging.getLogger(__name__)
 
 ADMIN_PAGE = Path(__file__).parent / "static" / "admin.html"
+FAVICON = Path(__file__).parent / "static" / "favicon.svg"
 MAX_URL_BYTES = 8 << 10  # a longer path and query is answered 414
 
 
@@ -357,6 +358,7 @@ def _txn_json(tc: TransactionCoordinator, txnid: TxnID) -> dict[str, Any] | None
         return None
     out = meta.to_json()
     out["stuck"] = [p.to_json() for p in tc.stuck(txnid).get(txnid, ())]
+    out["spare"] = tc.is_spare(txnid)
     return out
 
 
@@ -370,12 +372,14 @@ def _unused(meta: TxnMeta) -> bool:
 
 
 async def list_transactions(request: web.Request) -> web.Response:
-    """``?state=OPEN&running_longer_than_ms=N&all=true`` (all optional).
-    ``STUCK``: the decided transactions a participant failed to apply.
-    ``running_longer_than_ms``: only transactions not ended yet (OPEN,
-    PREPARED, COMMITTING, ABORTING) open that long. Aborted transactions
-    that never had a participant (a client's unused spares) are left out
-    unless ``all=true``."""
+    """``?state=OPEN&running_longer_than_ms=N&in_progress=true&all=true``
+    (all optional). ``STUCK``: the decided transactions a participant
+    failed to apply. ``running_longer_than_ms``: only transactions not
+    ended yet (OPEN, PREPARED, COMMITTING, ABORTING) open that long.
+    ``in_progress=true``: only those not ended, and not a client's spare
+    nobody used yet (``"spare": true``). Aborted transactions that never
+    had a participant (a client's unused spares) are left out unless
+    ``all=true``."""
     broker = request.app[BROKER_KEY]
     state = request.query.get("state")
     if state is not None and state.upper() not in _STATES:
@@ -387,6 +391,7 @@ async def list_transactions(request: web.Request) -> web.Response:
         except ValueError:
             return _error(400, "running_longer_than_ms must be an integer")
     show_all = _flag(request, "all")
+    in_progress = _flag(request, "in_progress")
     now = int(time.time() * 1000)
     found = []
     for tc in broker.coordinators.values():
@@ -402,6 +407,8 @@ async def list_transactions(request: web.Request) -> web.Response:
             ):
                 continue
             if not show_all and _unused(meta):
+                continue
+            if in_progress and (meta.status not in _NOT_ENDED or tc.is_spare(meta.txnid)):
                 continue
             found.append(_txn_json(tc, meta.txnid))
     found.sort(key=lambda m: m["start_ms"] if m else 0)
@@ -610,10 +617,22 @@ async def admin_page(request: web.Request) -> web.FileResponse:
     return web.FileResponse(ADMIN_PAGE, headers={"Cache-Control": "no-cache"})
 
 
+async def favicon(request: web.Request) -> web.Response:
+    """The page's icon (SVG), at /favicon.svg and at /favicon.ico, where
+    browsers ask for one whatever the page says."""
+    return web.Response(
+        body=FAVICON.read_bytes(),
+        content_type="image/svg+xml",
+        headers={"Cache-Control": "max-age=86400"},
+    )
+
+
 def add_admin_routes(app: web.Application) -> None:
     app.middlewares.append(json_errors)  # (outermost: whatever answers, errors are JSON)
     app.middlewares.append(_require_admin)
     app.router.add_get("/", admin_page)
+    app.router.add_get("/favicon.ico", favicon)
+    app.router.add_get("/favicon.svg", favicon)
     app.router.add_get("/admin/v1/acl", list_acl)
     app.router.add_post("/admin/v1/acl/grant", grant_acl)
     app.router.add_post("/admin/v1/acl/revoke", revoke_acl)

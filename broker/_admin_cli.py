@@ -260,6 +260,7 @@ def _txn_rows(txns: list[dict[str, Any]]) -> list[dict[str, Any]]:
         rows.append(
             {
                 **t,
+                "status": t["status"] + (" (spare, unused)" if t.get("spare") else ""),
                 "age_s": f"{(now - t['start_ms']) / 1000:.1f}",
                 "participants": parts,
                 "stuck": len(t.get("stuck", [])) or None,
@@ -278,6 +279,8 @@ def _transactions(args: argparse.Namespace) -> None:
             query["running_longer_than_ms"] = str(args.running_longer_than_ms)
         if args.all:
             query["all"] = "true"
+        elif not args.state:
+            query["in_progress"] = "true"
         path = "/admin/v1/transactions" + ("?" + urllib.parse.urlencode(query) if query else "")
         answer = request(url, "GET", path)
         _print(args, answer, lambda a: table(_txn_rows(a["transactions"]), _TXN_COLUMNS))
@@ -417,7 +420,11 @@ def add_admin_parsers(commands: argparse._SubParsersAction[argparse.ArgumentPars
     p.add_argument(
         "--running-longer-than-ms", type=int, metavar="MS", help="not ended, open this long"
     )
-    p.add_argument("--all", action="store_true", help="also the client's unused spares")
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="also those ended recently and the clients' spares (default: in progress only)",
+    )
     for name, doc in (("show", "one transaction"), ("abort", "abort an open transaction")):
         p = x.add_parser(name, help=doc)
         _common(p)

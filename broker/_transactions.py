@@ -284,7 +284,7 @@ class Transactions:
 
     # -- the next transaction -------------------------------------------------------
 
-    def _open_txn(self, tc_id: int, ttl_ms: int) -> TxnID:
+    def _open_txn(self, tc_id: int, ttl_ms: int, spare: bool = False) -> TxnID:
         """A new transaction on coordinator ``tc_id`` (NEW_TXN, or the next
         one an END_TXN asks for)."""
         tc = self.broker.coordinators.get(tc_id)
@@ -292,14 +292,14 @@ class Transactions:
             raise refusals.TransactionCoordinatorNotFound(
                 f"no coordinator {tc_id} here (coordinators: {sorted(self.broker.coordinators)})",
             )
-        return tc.new_txn(ttl_ms)
+        return tc.new_txn(ttl_ms, spare=spare)
 
     def _open_next(self, req: pb.CommandEndTxn) -> TxnID | None:
         """Open the transaction an END_TXN asks for (its timeout, on its
         coordinator); None if it cannot be opened (the END stands, and the
         client asks with NEW_TXN)."""
         try:
-            return self._open_txn(req.next_tc_id, req.next_txn_ttl_ms)
+            return self._open_txn(req.next_tc_id, req.next_txn_ttl_ms, spare=True)
         except Exception as exc:
             log.debug("connection %s: no next transaction: %s", self.conn.peer, exc)
             return None

@@ -1,5 +1,6 @@
 """The `txnbuf` command line: ``txnbuf serve``, ``txnbuf check``,
-``txnbuf check-data`` (`broker._checkdata`), ``txnbuf token`` /
+``txnbuf check-data`` (`broker._checkdata`), ``txnbuf backup``
+(`broker._backup`), ``txnbuf token`` /
 ``txnbuf acl`` (`broker._auth_cli`), and the admin commands ``txnbuf
 topics|subscriptions|transactions|producers`` (`broker._admin_cli`). Bad
 options and a port in use end in one line on stderr (exit 2 and 1), not a
@@ -34,6 +35,7 @@ import errno
 import gc
 import importlib.metadata
 import logging
+import os
 import signal
 import socket
 import ssl
@@ -50,6 +52,7 @@ from broker._auth_cli import (
     run_security_command,
     serve_security,
 )
+from broker._backup import add_backup_parser, run_backup
 from broker._checkdata import add_check_data_parser, run_check_data
 from broker._server import MAX_REQUEST_LINE, UNLOAD_AFTER, Broker, make_app
 from ledger import LedgerError, LedgerFencedError, is_postgres_url
@@ -105,6 +108,9 @@ async def serve(
     except LedgerError as exc:  # (another broker on this data directory, a broken disk)
         where = data_dir if store_url is None else "the store"
         raise SystemExit(f"txnbuf: cannot open the data in {where}: {exc}") from None
+    except OSError as exc:  # (the data directory is a file, or not writable)
+        why = f"{exc.strerror}: {exc.filename}" if exc.strerror else str(exc)
+        raise SystemExit(f"txnbuf: cannot open the data in {data_dir}: {why}") from None
     except AclFileError as exc:
         raise SystemExit(f"txnbuf: {exc}") from None
     finally:
@@ -211,6 +217,7 @@ def _tc_ids(text: str) -> tuple[int, ...]:
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # (docs/operations.md, Logs)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -262,6 +269,21 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``txnbuf ...``; the exit code. Output to a pipe closed early (``txnbuf
+    transactions list --all | head``) ends the command quietly, exit 1, as
+    Python's documentation suggests (`signal.SIGPIPE` stays ignored: its
+    default would also kill a broker whose client went away)."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # (inside the try: a closed pipe shows here, not at exit)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # (no second error when Python flushes at exit)
+        return 1
+    return code
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     parser: argparse.ArgumentParser = _Parser(prog="txnbuf", description="txnbuf message broker")
     parser.add_argument("--version", action="version", version=f"txnbuf {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -330,7 +352,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also serve the data plane on raw TCP on this port, for txnbuf:// URLs (off)",
     )
     p.add_argument(
-        "--log-level", type=_log_level, default="INFO", help="DEBUG, INFO, WARNING, ERROR (INFO)"
+        "--log-level",
+        type=_log_level,
+        default="INFO",
+        metavar="LEVEL",
+        help=f"{', '.join(LOG_LEVELS)} (INFO); records go to stderr, one line each: "
+        f"{LOG_FORMAT.replace('%', '%%')}",
     )
     add_serve_options(p)
     from broker._admin_cli import ADMIN_COMMANDS, add_admin_parsers, run_admin
@@ -338,6 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     add_check_parser(commands)
     add_check_data_parser(commands)
+    add_backup_parser(commands)
     add_security_parsers(commands)
     add_admin_parsers(commands)
     commands.metavar = "{" + ",".join(commands.choices) + "}"  # (named in a missing-one error)
@@ -346,6 +374,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_check(args)
     if args.command == "check-data":
         return run_check_data(args)
+    if args.command == "backup":
+        return run_backup(args)
     if args.command in ("token", "acl"):
         return run_security_command(args)
     if args.command in ADMIN_COMMANDS:
@@ -353,7 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(),
         stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format=LOG_FORMAT,
     )
     if args.command == "serve":
         security = serve_security(args)

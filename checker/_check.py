@@ -115,7 +115,7 @@ class Result:
         for name in CLASSES:
             n = self.counts[name]
             if name in self.informational:
-                status = "(informational)" if n else ""
+                status = "found (informational)" if n else "ok (informational)"
             else:
                 status = "ANOMALY" if n else "ok"
             lines.append(f"{name:<24}{n:>10}  {status}".rstrip())

@@ -194,9 +194,13 @@ class Nemesis:
         self.kills = 0
         self.pauses = 0
         self.epoch = 0  # bumped after every kill: clients must start over
+        # (seconds from the start of the workload, fault): the same seed gives
+        # the same faults at about the same times.
         self.schedule: list[tuple[float, str]] = []
+        self.started = time.monotonic()
 
     async def run(self, until: float) -> None:
+        self.started = time.monotonic()
         if not self.cfg.faults:
             return
         while True:
@@ -205,7 +209,7 @@ class Nemesis:
                 return
             await asyncio.sleep(wait)
             fault = self.rng.choice(self.cfg.faults)
-            self.schedule.append((round(time.monotonic(), 3), fault))
+            self.schedule.append((round(time.monotonic() - self.started, 1), fault))
             op = self.rec.invoke("nemesis", fault)
             if fault == "kill":
                 await asyncio.to_thread(self.broker.kill)

@@ -88,6 +88,7 @@ from .errors import (
     InvalidTxnStatusError,
     NotAllowedError,
     OperationTimeoutError,
+    ProtocolError,
     TransactionNotFoundError,
     TransactionTimeoutError,
     TxnbufError,
@@ -239,7 +240,11 @@ class Transaction:
         else:
             error = future.exception()
         if error is not None and self._error is None:
-            self._error = error if isinstance(error, TxnbufError) else TxnbufError(repr(error))
+            if not isinstance(error, TxnbufError):  # (a client bug: foreign errors are translated)
+                wrapped = ProtocolError(f"an operation of transaction {self.id} failed: {error!r}")
+                wrapped.__cause__ = error
+                error = wrapped
+            self._error = error
         settled = self._settled
         if not self._pending_ops and settled is not None and not settled.done():
             settled.set_result(None)

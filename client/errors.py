@@ -1,8 +1,12 @@
 """Everything the txnbuf client raises.
 
-Every exception carries ``code`` (the wire ``ServerError`` number, or None for
-errors the client detects itself) and ``retriable`` (True when the same
-operation may succeed if tried again). Retry logic looks only at
+Every exception carries ``code`` and ``retriable``. ``code`` is the wire
+``ServerError`` number (``proto/txnbuf.proto``, below 1000) for an error the
+broker answered with, and a client-side code (1000 and above, never on the
+wire; `CLIENT_CODES` names them) for an error the client detects itself.
+The two bases, ``TxnbufError`` and ``ServerError``, are never raised
+themselves (their ``code`` is None). ``retriable`` is True when the same
+operation may succeed if tried again. Retry logic looks only at
 ``retriable``. ``fatal`` (the producer-epoch mode): the transactional
 producer can do nothing more; create a new one (Kafka's "application
 recoverable" errors, KIP-1050).
@@ -10,17 +14,17 @@ recoverable" errors, KIP-1050).
 The tree::
 
     TxnbufError
-    ├── InvalidInputError (also ValueError)      bad argument; nothing was sent
-    │   └── MessageTooBigError                    a message over max_message_size
-    ├── ClosedError
-    │   ├── ClientClosedError
-    │   ├── ProducerClosedError
-    │   └── ConsumerClosedError
-    ├── OperationTimeoutError (also TimeoutError) retriable
-    ├── ProducerQueueFullError                    retriable
-    ├── BrokerConnectionError                     retriable
-    │   └── ConnectionLostError                   retriable
-    ├── ProtocolError                             the broker broke the protocol
+    ├── InvalidInputError (also ValueError)      1000 bad argument; nothing was sent
+    │   └── MessageTooBigError                    1001 a message over max_message_size
+    ├── ClosedError                               1010
+    │   ├── ClientClosedError                     1011
+    │   ├── ProducerClosedError                   1012
+    │   └── ConsumerClosedError                   1013
+    ├── OperationTimeoutError (also TimeoutError) 1020 retriable
+    ├── ProducerQueueFullError                    1021 retriable
+    ├── BrokerConnectionError                     1030 retriable
+    │   └── ConnectionLostError                   1031 retriable
+    ├── ProtocolError                             1040 the broker broke the protocol
     └── ServerError                               one subclass per wire code
         ├── UnknownServerError                    UNKNOWN_ERROR and unknown codes
         ├── MalformedFrameError                   MALFORMED_FRAME
@@ -69,6 +73,7 @@ from __future__ import annotations
 from proto import txnbuf_pb2 as pb
 
 __all__ = [
+    "CLIENT_CODES",
     "AuthenticationError",
     "AuthorizationError",
     "BrokerConnectionError",
@@ -128,10 +133,39 @@ class TxnbufError(Exception):
 
 
 # --- errors the client detects itself ------------------------------------
+# Their codes: 1000 and above, apart from the wire's (which stay below 1000).
+
+INVALID_INPUT = 1000
+MESSAGE_TOO_BIG = 1001
+CLOSED = 1010
+CLIENT_CLOSED = 1011
+PRODUCER_CLOSED = 1012
+CONSUMER_CLOSED = 1013
+OPERATION_TIMEOUT = 1020
+PRODUCER_QUEUE_FULL = 1021
+BROKER_CONNECTION = 1030
+CONNECTION_LOST = 1031
+PROTOCOL_ERROR = 1040
+
+CLIENT_CODES: dict[int, str] = {
+    INVALID_INPUT: "INVALID_INPUT",
+    MESSAGE_TOO_BIG: "MESSAGE_TOO_BIG",
+    CLOSED: "CLOSED",
+    CLIENT_CLOSED: "CLIENT_CLOSED",
+    PRODUCER_CLOSED: "PRODUCER_CLOSED",
+    CONSUMER_CLOSED: "CONSUMER_CLOSED",
+    OPERATION_TIMEOUT: "OPERATION_TIMEOUT",
+    PRODUCER_QUEUE_FULL: "PRODUCER_QUEUE_FULL",
+    BROKER_CONNECTION: "BROKER_CONNECTION",
+    CONNECTION_LOST: "CONNECTION_LOST",
+    PROTOCOL_ERROR: "PROTOCOL_ERROR",
+}
 
 
 class InvalidInputError(TxnbufError, ValueError):
     """An argument was wrong; the message names it. Nothing was sent."""
+
+    code = INVALID_INPUT
 
 
 class MessageTooBigError(InvalidInputError):
@@ -139,29 +173,41 @@ class MessageTooBigError(InvalidInputError):
     bytes of the encoded message, payload, key and properties). Messages
     are not chunked: nothing was sent."""
 
+    code = MESSAGE_TOO_BIG
+
 
 class ClosedError(TxnbufError):
     """The object was closed (by the application or after a fatal error)."""
 
+    code = CLOSED
+
 
 class ClientClosedError(ClosedError):
     """The Client was closed; create a new one."""
+
+    code = CLIENT_CLOSED
 
 
 class ProducerClosedError(ClosedError):
     """The Producer was closed; ``__cause__`` holds the reason if it was not
     closed by the application."""
 
+    code = PRODUCER_CLOSED
+
 
 class ConsumerClosedError(ClosedError):
     """The Consumer was closed; ``__cause__`` holds the reason if it was not
     closed by the application."""
+
+    code = CONSUMER_CLOSED
 
 
 class OperationTimeoutError(TxnbufError, TimeoutError):
     """The operation did not finish within its time limit (the client's
     ``operation_timeout``, or the ``timeout`` given to ``receive``). The
     outcome of a timed-out send is unknown: it may have been stored."""
+
+    code = OPERATION_TIMEOUT
 
     retriable = True
 
@@ -170,11 +216,15 @@ class ProducerQueueFullError(TxnbufError):
     """``Producer.send_nowait`` found the producer's pending-message bound
     reached; ``await Producer.send`` waits for room instead."""
 
+    code = PRODUCER_QUEUE_FULL
+
     retriable = True
 
 
 class BrokerConnectionError(TxnbufError):
     """The broker could not be reached."""
+
+    code = BROKER_CONNECTION
 
     retriable = True
 
@@ -182,11 +232,15 @@ class BrokerConnectionError(TxnbufError):
 class ConnectionLostError(BrokerConnectionError):
     """The connection dropped while the request was in flight."""
 
+    code = CONNECTION_LOST
+
     retriable = True
 
 
 class ProtocolError(TxnbufError):
     """The broker sent something this client cannot understand."""
+
+    code = PROTOCOL_ERROR
 
 
 # --- errors the broker reports (one class per wire code) ------------------

@@ -95,6 +95,11 @@ class ReadOnlyStore:
         try:
             conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
             try:
+                (version,) = conn.execute("PRAGMA user_version").fetchone()
+                try:
+                    _writer.check_format(version, str(path))
+                except _writer.FormatError as exc:
+                    raise LedgerError(str(exc)) from None
                 rows = conn.execute(
                     "SELECT id, name, first_entry_id, next_entry_id FROM ledgers"
                 ).fetchall()

@@ -194,7 +194,7 @@ class _WriterThread:
                 lock_fd = _writer.lock(path, lock_wait)
                 raw = _writer.connect(path)
             except Exception as exc:
-                self._call(self._started, f"{type(exc).__name__}: {exc}")
+                self._call(self._started, str(exc) or type(exc).__name__)
                 return
             self._call(self._started, None)
             self._serve(_writer.Writer(raw))

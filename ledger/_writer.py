@@ -53,6 +53,14 @@ CREATE TABLE IF NOT EXISTS entries (
 );
 """
 
+# The format of the data a broker keeps in the database (the tables above
+# and the records of every ledger), in SQLite's ``user_version``. A writer
+# opens a database of this format or an older one it knows how to bring up
+# to date (`UPGRADES`), stamps it with this one, and refuses a newer one.
+# Version 0 is a database from before the stamp: the same layout as 1.
+FORMAT_VERSION = 1
+UPGRADES: dict[int, str] = {0: ""}  # from version -> the SQL that makes it version + 1
+
 ENTRY_BITS = 40
 MAX_ENTRY_ID = (1 << ENTRY_BITS) - 1
 
@@ -152,6 +160,44 @@ def lock(path: str, wait: float) -> int:
             time.sleep(0.01)
 
 
+class FormatError(Exception):
+    """The database is of a format this txnbuf does not read."""
+
+
+def check_format(version: int, path: str) -> None:
+    """Raise `FormatError` if this txnbuf cannot read format ``version``."""
+    if version > FORMAT_VERSION:
+        raise FormatError(
+            f"{path} holds data of format {version}, written by a newer txnbuf; this one "
+            f"reads formats up to {FORMAT_VERSION}: run the newer txnbuf, or restore a backup "
+            "taken before the upgrade"
+        )
+    if version < 0 or any(v not in UPGRADES for v in range(version, FORMAT_VERSION)):
+        raise FormatError(f"{path} holds data of format {version}, which this txnbuf cannot read")
+
+
+def open_format(raw: sqlite3.Connection, path: str) -> None:
+    """Create the schema, or check and bring up to date the format of an
+    existing database (`FORMAT_VERSION`), in one transaction."""
+    raw.execute("BEGIN IMMEDIATE")
+    try:
+        version = raw.execute("PRAGMA user_version").fetchone()[0]
+        check_format(version, path)
+        for statement in SCHEMA.split(";"):
+            if statement.strip():
+                raw.execute(statement)
+        for v in range(version, FORMAT_VERSION):
+            for statement in UPGRADES[v].split(";"):
+                if statement.strip():
+                    raw.execute(statement)
+        if version != FORMAT_VERSION:
+            raw.execute(f"PRAGMA user_version = {FORMAT_VERSION}")
+        raw.execute("COMMIT")
+    except BaseException:
+        raw.execute("ROLLBACK")
+        raise
+
+
 class Writer:
     """Answers requests on one connection; fail-stop after a failed commit."""
 
@@ -233,5 +279,5 @@ def connect(path: str) -> sqlite3.Connection:
     raw = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     raw.execute("PRAGMA journal_mode=WAL")
     raw.execute("PRAGMA synchronous=FULL")
-    raw.executescript(SCHEMA)
+    open_format(raw, path)
     return raw

@@ -91,6 +91,7 @@ log = logging.getLogger(__name__)
 RETRY_MAX_S = 2.0  # the longest wait between tries of a participant with a storage error
 STUCK_RETRY_MAX_S = 30.0  # ... and of a participant that refuses
 END_WAIT = 5.0  # seconds END waits for the participants to apply the decision
+MAX_SPARES_KEPT = 10_000  # spares remembered for `is_spare` (newest kept)
 
 
 class NotStuckError(LookupError):
@@ -197,6 +198,9 @@ class TransactionCoordinator:
         # Decided transactions with a participant that failed to apply the
         # decision: txnid -> participant -> what went wrong.
         self._stuck: dict[TxnID, dict[str, StuckParticipant]] = {}
+        # Transactions opened as a client's spare (`new_txn(spare=True)`),
+        # newest last, at most MAX_SPARES_KEPT: memory only (`is_spare`).
+        self._spares: dict[TxnID, None] = {}
         self.participant_failures = 0  # failed attempts to end on a participant, ever
         # Transactions opened, ended (committed / aborted, the timed out
         # ones among the aborted) since start, for stats.
@@ -266,16 +270,38 @@ class TransactionCoordinator:
         two_phase: bool = False,
         tag: str = "",
         prepared_timeout_ms: int = 0,
+        spare: bool = False,
     ) -> TxnID:
         """Open a transaction (§CommandNewTxn): its NEW record is appended,
         and it is OPEN from now on. ``tag`` and ``prepared_timeout_ms``: see
-        `tc._table`. ValueError for a bad timeout or tag."""
+        `tc._table`. ``spare``: opened ahead for a client (the next
+        transaction an END_TXN asks for; see `is_spare`). ValueError for a
+        bad timeout or tag."""
         rec = self._table.new(timeout_ms, _now_ms(), producer, two_phase, tag, prepared_timeout_ms)
         txnid = self._table.next_txnid()
         self.txns_begun += 1
         self._append(rec, lazy=True)  # (durable with the first write that needs it)
         self._arm_for(txnid)
+        if spare:
+            self._spares[txnid] = None
+            if len(self._spares) > MAX_SPARES_KEPT:
+                del self._spares[next(iter(self._spares))]
         return txnid
+
+    def is_spare(self, txnid: TxnID) -> bool:
+        """Whether ``txnid`` is a spare nobody has used yet, as far as this
+        coordinator can tell: opened ahead for a client, still OPEN, with no
+        partition or subscription. (A client takes a spare without telling
+        the coordinator, so a taken one looks the same until its first send
+        or acknowledgement.) Not kept across a restart."""
+        meta = self._table.txns.get(txnid)
+        return (
+            txnid in self._spares
+            and meta is not None
+            and meta.status is TxnStatus.OPEN
+            and not meta.partitions
+            and not meta.subscriptions
+        )
 
     def _arm_for(self, txnid: TxnID) -> None:
         """Fire the expiry at ``txnid``'s deadline if it has one before the

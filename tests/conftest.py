@@ -41,11 +41,44 @@ from broker._connection import PROTOCOL_VERSION
 from ledger import faults
 from proto import txnbuf_pb2 as pb
 
+# Markers of whole modules, for the contributor's quicker loop (README:
+# ``pytest -m "not slow"``); CI runs every test. `spark`, `browser` and
+# `kafka` tests are also `slow`. A test may mark itself as well.
+MODULE_MARKS: dict[str, tuple[str, ...]] = {
+    "test_spark": ("spark",),
+    "test_spark_cluster": ("spark",),
+    "test_spark_crash": ("spark",),
+    "test_admin_page": ("browser",),
+    "test_kafka": ("kafka",),
+}
+SLOW_MODULES = {  # each takes a minute or more of the suite's time
+    "test_jepsen",
+    "test_copy",
+    "test_bench",
+    "test_loadtest",
+    "test_txn_crash",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        for name in MODULE_MARKS.get(module, ()):
+            item.add_marker(name)
+        if module in SLOW_MODULES or any(
+            item.get_closest_marker(m) for m in ("spark", "browser", "kafka")
+        ):
+            item.add_marker("slow")
+
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+class PortTaken(Exception):
+    """The port chosen for a broker was taken before it could bind it."""
 
 
 class BrokerProcess:
@@ -63,6 +96,10 @@ class BrokerProcess:
         self.store = store  # a PostgreSQL URL: `--store` (None: SQLite in data_dir)
         self.log_path = log_path
         self.port = port or free_port()
+        # A port `free_port` chose may be taken by another process before the
+        # broker binds it (a shared machine): the first start then takes
+        # another. Once started, a broker keeps its port (restarts use it).
+        self._port_movable = port is None
         self.proc: subprocess.Popen[bytes] | None = None
         self.env: dict[str, str] = {}  # extra environment, e.g. TXNBUF_FAULT
         self.args: list[str] = []  # extra `txnbuf serve` arguments
@@ -105,6 +142,17 @@ class BrokerProcess:
         return None if self.tls is None else ssl.create_default_context(cafile=self.tls[2])
 
     def start(self, timeout: float = 30.0) -> None:
+        for _ in range(3 if self._port_movable else 1):
+            try:
+                self._start(timeout)
+                break
+            except PortTaken:
+                self.port = free_port()
+        else:
+            raise RuntimeError(f"no free port for the broker:\n{self.log()}")
+        self._port_movable = False
+
+    def _start(self, timeout: float) -> None:
         assert self.proc is None or self.proc.poll() is not None, "broker already running"
         log = open(self.log_path, "ab")
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
@@ -136,6 +184,10 @@ class BrokerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if self._port_movable and f"cannot listen on 127.0.0.1:{self.port}: in use" in (
+                    self.log()
+                ):
+                    raise PortTaken(self.port)
                 raise RuntimeError(f"broker exited with {self.proc.returncode}:\n{self.log()}")
             try:
                 health = self.url + "/admin/v1/health"

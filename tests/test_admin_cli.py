@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -166,3 +167,97 @@ def test_commands_carry_a_token_to_a_broker_that_authenticates(tmp_path: Path) -
             assert ok(broker, "topics", "list").splitlines()[1].split()[0] == "t"
     finally:
         broker.stop()
+
+
+async def test_transactions_list_shows_those_in_progress_and_all_ended_ones_with_all(
+    broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import client._spares
+
+    monkeypatch.setattr(client._spares, "MAX_AGE", 120.0)  # (the spare waits for the listing)
+    async with Client(broker.url) as c:
+        producer = await c.create_producer("tl")
+        async with c.transaction(timeout=600) as done:  # (its END opens a spare)
+            await producer.send(b"x", txn=done)
+        running = await c.new_transaction(timeout=60)  # (another timeout: not the spare)
+        await producer.send(b"y", txn=running)
+        await producer.flush()
+        listed = {t["txnid"]: t for t in as_json(broker, "transactions", "list")["transactions"]}
+        assert list(listed) == [str(running.id)], "in progress only: not ended, no spare"
+        everything = as_json(broker, "transactions", "list", "--all")["transactions"]
+        statuses = {t["txnid"]: (t["status"], t["spare"]) for t in everything}
+        assert statuses[str(done.id)] == ("COMMITTED", False)
+        assert statuses[str(running.id)] == ("OPEN", False)
+        spares = [t for t, (status, spare) in statuses.items() if spare]
+        assert len(spares) == 1 and statuses[spares[0]][0] == "OPEN"
+        table = ok(broker, "transactions", "list", "--all")
+        assert "OPEN (spare, unused)" in table and "COMMITTED" in table
+        assert "COMMITTED" not in ok(broker, "transactions", "list")
+        await running.abort()
+
+
+def _closed_pipe_runs(commands: list[list[str]]) -> list[tuple[list[str], int, str]]:
+    """``txnbuf *args`` for each of ``commands`` at once, each writing to a
+    pipe whose reader has gone: (args, exit code, stderr) of each. Their
+    output is unbuffered, so that the first write meets the closed pipe
+    while the command runs (as a long output does when ``head`` stops
+    reading), not in the flush at exit."""
+    import os
+
+    runs = []
+    for args in commands:
+        read, write = os.pipe()
+        os.close(read)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "broker", *args],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        os.close(write)
+        runs.append((args, proc))
+    return [(args, proc.wait(timeout=120), proc.communicate()[1]) for args, proc in runs]
+
+
+def test_every_command_survives_a_closed_pipe(broker: BrokerProcess, tmp_path: Path) -> None:
+    """``txnbuf ... | head`` with the reader gone: no traceback, whatever the command."""
+    url = ["--url", broker.url]
+    ok(broker, "topics", "create", "piped", "--partitions", "2")
+    key = tmp_path / "secret.key"
+    assert txnbuf("token", "create-secret-key", "--output", str(key)).returncode == 0
+    commands = [
+        ["--version"],
+        ["--help"],
+        ["serve", "--help"],
+        ["topics", "list", *url],
+        ["topics", "stats", "piped", *url],
+        ["subscriptions", "list", "piped", *url],
+        ["transactions", "list", "--all", *url],
+        ["producers", "list", "--json", *url],
+        ["token", "create", "--subject", "a", "--secret-key-file", str(key)],
+        ["acl", "list", *url],
+        ["check", "--help"],
+        ["check-data", "--help"],
+        ["backup", str(broker.data_dir), str(tmp_path / "copy")],
+    ]
+    for args, code, stderr in _closed_pipe_runs(commands):
+        assert "Traceback" not in stderr and "Error" not in stderr, (args, stderr)
+        assert code in (0, 1), (args, code, stderr)
+
+
+def test_one_line_errors_name_no_exception_class(broker: BrokerProcess, tmp_path: Path) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    port = str(broker.port + 1 if broker.port < 65535 else broker.port - 1)
+    for args in (
+        ["serve", "--data-dir", str(broker.data_dir), "--port", port],  # in use by `broker`
+        ["serve", "--data-dir", str(a_file), "--port", port],  # not a folder
+        ["check-data", str(broker.data_dir)],  # a broker runs on it
+        ["backup", str(tmp_path / "nothing"), str(tmp_path / "copy")],
+    ):
+        result = txnbuf(*args)
+        assert result.returncode in (1, 2), (args, result)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, (args, result.stderr)
+        assert not re.search(r"\b[A-Z]\w*(Error|Exception)\b", lines[0]), lines[0]

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
@@ -63,11 +63,27 @@ def browser(tmp_path: Path) -> Iterator[WebDriver]:
         f"--user-data-dir={tmp_path / 'chromium-profile'}", "--window-size=1400,1000",
     ):  # fmt: skip
         options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # (the console, for errors)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     try:
         yield driver
     finally:
         driver.quit()
+
+
+def click(wait: WebDriverWait[WebDriver], selector: str) -> None:
+    """Click the element ``selector`` finds; the page redraws its tables
+    every refresh, so an element found just before a redraw is gone when
+    clicked: find it again then."""
+
+    def clicked(driver: WebDriver) -> bool:
+        try:
+            driver.find_element(By.CSS_SELECTOR, selector).click()
+        except StaleElementReferenceException:
+            return False
+        return True
+
+    wait.until(clicked)
 
 
 def cells(row: WebElement) -> list[str]:
@@ -104,7 +120,7 @@ def abort_from_the_page(
             lambda d: re.fullmatch(r"\d+\.\d", d.find_element(By.CSS_SELECTOR, rate_cell).text)
         )
         seen["in_rate"] = driver.find_element(By.CSS_SELECTOR, rate_cell).text
-        driver.find_element(By.CSS_SELECTOR, f'button.abort[data-txnid="{txnid}"]').click()
+        click(wait, f'button.abort[data-txnid="{txnid}"]')
         wait.until(ec.alert_is_present()).accept()
         wait.until(ec.text_to_be_present_in_element((By.ID, "message"), "ABORTED"))
         seen["message"] = driver.find_element(By.ID, "message").text
@@ -171,7 +187,7 @@ def skip_from_the_page(driver: WebDriver, url: str, txnid: str, screenshot: Path
             "buttons": [b.text for b in driver.find_elements(By.CSS_SELECTOR, f"{row} button")],
             "summary": driver.find_element(By.ID, "txn-summary").text,
         }
-        driver.find_element(By.CSS_SELECTOR, f'button.skip[data-txnid="{txnid}"]').click()
+        click(wait, f'button.skip[data-txnid="{txnid}"]')
         wait.until(ec.alert_is_present()).accept()
         wait.until(ec.text_to_be_present_in_element((By.ID, "message"), "skip on"))
         seen["message"] = driver.find_element(By.ID, "message").text
@@ -256,3 +272,60 @@ async def test_page_of_a_broker_that_authenticates_asks_for_a_token(
         broker.stop()
     assert before.startswith("token needed: /admin/v1/") and "needs a token" in before
     assert after == "broker up"
+
+
+def test_favicon_is_served(broker: BrokerProcess) -> None:
+    for path in ("/favicon.ico", "/favicon.svg"):
+        with urllib.request.urlopen(broker.url + path, timeout=10) as answer:
+            assert answer.status == 200
+            assert answer.headers["Content-Type"] == "image/svg+xml"
+            assert answer.read().startswith(b"<svg")
+
+
+def first_render(driver: WebDriver, url: str, topic: str, screenshot: Path) -> dict[str, Any]:
+    """What the page shows the first time it shows ``topic``."""
+    wait = WebDriverWait(driver, 20)
+    driver.get(url + "/")
+    try:
+        row = wait.until(
+            ec.presence_of_element_located((By.CSS_SELECTOR, f'tr.topic[data-topic="{topic}"]'))
+        )
+        seen: dict[str, Any] = {"topic": cells(row)}
+        spare = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "tr.spare")))
+        seen["spare"] = spare.text
+        seen["summary"] = driver.find_element(By.ID, "txn-summary").text
+        seen["console"] = [
+            entry for entry in driver.get_log("browser") if entry["level"] in ("SEVERE", "ERROR")
+        ]
+        return seen
+    except TimeoutException:
+        driver.save_screenshot(str(screenshot))
+        raise AssertionError(
+            f"the page did not show what was expected (screenshot {screenshot}):\n"
+            + driver.find_element(By.TAG_NAME, "body").text
+        ) from None
+
+
+@pytest.mark.integration
+async def test_first_render_has_rates_an_icon_and_a_labelled_spare(
+    broker: BrokerProcess, browser: WebDriver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rates on the first render (not from the second refresh on), no 404
+    in the console (the favicon), and a client's spare transaction shown
+    as such and not counted as in progress."""
+    import client._spares
+
+    monkeypatch.setattr(client._spares, "MAX_AGE", 120.0)  # (the spare waits for the page)
+    topic = "first-render"
+    async with Client(broker.url) as c:
+        producer = await c.create_producer(topic)
+        async with c.transaction(timeout=600) as txn:  # (its END opens a spare)
+            await producer.send(b"x", txn=txn)
+        seen = await asyncio.to_thread(
+            first_render, browser, broker.url, topic, tmp_path / "page.png"
+        )
+    assert re.fullmatch(r"\d+\.\d", seen["topic"][3]), seen["topic"]  # In msg/s
+    assert "spare, unused" in seen["spare"] and "OPEN" in seen["spare"]
+    assert seen["summary"].startswith("0 in progress"), seen["summary"]
+    assert "1 spare opened ahead by clients, unused" in seen["summary"]
+    assert seen["console"] == []

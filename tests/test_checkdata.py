@@ -311,6 +311,28 @@ async def test_progress_lines(run_data: tuple[Path, TxnID, TxnID]) -> None:
     assert lines[-1] == f"checked {5 * len(lines)} of {report.ledgers} ledgers"
 
 
+def _writer_gone(db: Path, timeout: float = 30.0) -> None:
+    """Wait until no writer process holds ``db``'s lock: the kernel kills a
+    killed broker's writer (its parent-death signal) a moment after it."""
+    import fcntl
+    import os
+    import time
+
+    fd = os.open(f"{db}.lock", os.O_RDONLY)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                return
+            except BlockingIOError:
+                assert time.monotonic() < deadline, "the writer outlived its broker"
+                time.sleep(0.01)
+    finally:
+        os.close(fd)
+
+
 @pytest.mark.crash
 @pytest.mark.parametrize(
     "step",
@@ -330,6 +352,7 @@ async def test_the_data_a_crash_leaves_has_only_informational_findings(
     assert broker.proc is not None
     await asyncio.to_thread(broker.proc.wait, 30)  # the fault killed it
     assert f"SIGKILL at {step}" in broker.log()
+    await asyncio.to_thread(_writer_gone, broker.data_dir / "broker.db")
 
     wal = broker.data_dir / "broker.db-wal"
     files = {p: p.read_bytes() for p in (broker.data_dir / "broker.db", wal)}

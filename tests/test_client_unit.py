@@ -13,17 +13,20 @@ checked at teardown, for any command or field the protocol does not allow.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import socket
 import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp import WSMsgType, web
 
 import client
+import proto
 from client import Client, Message, MessageId, errors
 from client._connection import PROTOCOL_VERSION
 from client._consumer import build_ack
@@ -741,6 +744,51 @@ def test_error_tree() -> None:
         if isinstance(obj, type):
             assert issubclass(obj, errors.TxnbufError), name
             assert name in (errors.__doc__ or ""), f"{name} missing from the tree"
+
+
+def test_every_error_the_client_raises_has_a_code() -> None:
+    """Client-side errors have codes of their own (1000 and above, one per
+    class, named in CLIENT_CODES), apart from the wire's; only the two
+    bases are without one, and the client never raises a base itself."""
+    wire = set(pb.ServerError.values())
+    client_side = {}
+    for name in errors.__all__:
+        cls = getattr(errors, name)
+        if not isinstance(cls, type) or cls in (errors.TxnbufError, errors.ServerError):
+            continue
+        assert isinstance(cls.code, int), f"{name} has no code"
+        if not issubclass(cls, errors.ServerError):
+            assert "code" in cls.__dict__, f"{name} inherits its code"
+            assert cls.code >= 1000 and cls.code not in wire, name
+            client_side[cls.code] = name
+    assert sorted(client_side) == sorted(errors.CLIENT_CODES), "one class per client-side code"
+    assert errors.TxnbufError.code is None and errors.ServerError.code is None
+    root = Path(client.__file__).parent
+    for path in root.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                assert node.func.id not in ("TxnbufError", "ServerError"), (
+                    f"{path.name}:{node.lineno} raises a base class (no code)"
+                )
+
+
+async def test_client_side_errors_carry_their_codes(fake: FakeBroker) -> None:
+    c = Client(fake.url, operation_timeout=5.0)
+    producer = await c.create_producer("t")
+    with pytest.raises(errors.MessageTooBigError) as big:
+        await producer.send(b"x" * (proto.MAX_MESSAGE_SIZE + 1))
+    assert big.value.code == errors.MESSAGE_TOO_BIG == 1001
+    with pytest.raises(errors.InvalidInputError) as bad:
+        await producer.send("not bytes")  # type: ignore[arg-type]
+    assert bad.value.code == errors.INVALID_INPUT
+    await producer.close()
+    with pytest.raises(errors.ProducerClosedError) as closed:
+        await producer.send(b"x")
+    assert closed.value.code == errors.PRODUCER_CLOSED
+    await c.close()
+    with pytest.raises(errors.ClientClosedError) as gone:
+        await c.create_producer("t")
+    assert gone.value.code == errors.CLIENT_CLOSED
 
 
 def test_public_names() -> None:

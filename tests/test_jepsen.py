@@ -61,6 +61,15 @@ def test_queue_workload_under_kills_pauses_and_client_crashes_has_no_anomalies(
     ops = int(next(line.split()[-1] for line in result.stdout.splitlines()
                    if line.startswith("operations")))  # fmt: skip
     assert ops > 1000
+    assert len(re.findall(r"\b\d+ operations\b|^operations\s", out, re.M)) == 1, "one count"
+    table = result.stdout.split("anomaly class")[1].split("result:")[0]
+    for row in table.splitlines()[2:-1]:  # (between the rules: every class has a status)
+        assert re.fullmatch(r"[\w-]+\s+\d+  (ok|ANOMALY|(ok|found) \(informational\))", row), row
+    # "faults (seconds from the start): kill at 12.3s, pause at 20.1s, ..."
+    schedule = re.search(r"faults \(seconds from the start\): (.*)", result.stdout)
+    assert schedule is not None, result.stdout[-2000:]
+    for at in re.findall(r"(?:kill|pause) at ([\d.]+)s", schedule.group(1)):
+        assert 0 < float(at) < 75
     assert history.stat().st_size > 0
     assert ", tokens;" in result.stderr
     grants = json.loads((tmp_path / "work" / "data" / "acl.json").read_text())["grants"]

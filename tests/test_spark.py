@@ -278,6 +278,30 @@ def test_the_join_example_enriches_each_order_once(
     assert {o["name"] for o in joined if o["customer"] == "c-1"} == {"Customer 1"}
 
 
+def _readme_spark_examples() -> list[str]:
+    from tests.test_docs import EXAMPLES
+
+    return [command for command, _ in EXAMPLES if "/spark_" in command]
+
+
+@pytest.mark.parametrize("command", _readme_spark_examples(), ids=lambda c: c.split()[1])
+def test_the_readmes_spark_example_commands_run(
+    command: str, spark: Any, module_broker: BrokerProcess, tmp_path: Path
+) -> None:
+    """The README's Spark example commands, with their arguments as written
+    (the broker's address added, /tmp/ moved to this test's folder), on
+    this module's Spark session: a JVM of their own each would cost the
+    suite half a minute apiece. (tests/test_docs.py runs the README's other
+    examples as processes of their own, and tests/test_spark_cluster.py
+    runs spark_transform as one.)"""
+    from tests.test_docs import localize
+
+    argv = localize(command, tmp=tmp_path).split()
+    assert argv[0] == ".venv/bin/python" and argv[1].startswith("examples/spark_")
+    example = load_example(Path(argv[1]).stem)
+    assert example.main([*argv[2:], "--service-url", module_broker.url]) == 0
+
+
 def test_the_benchmark_runs_small(spark: Any, module_broker: BrokerProcess, tmp_path: Path) -> None:
     from bench import spark as bench_spark
 
