@@ -34,7 +34,7 @@ class Client:
             producer = await client.create_producer("orders")
             await producer.send(b"payload")
 
-    One WebSocket (``<url>/ws``) carries every producer and consumer of the
+    One WebSocket (``<url>/ws``, or one stream) carries every producer and consumer of the
     client; it reconnects by itself when it drops (see ``client._connection``
     for what is re-created and re-sent). Every operation gives up after
     ``operation_timeout`` seconds with ``OperationTimeoutError``. The client
@@ -55,6 +55,9 @@ class Client:
     broker that refuses it makes ``connect`` raise ``AuthenticationError``
     at once. An ``https://`` URL connects over TLS; ``tls_ca`` names a PEM
     file of the CA certificates to trust (default: the system's).
+    ``txnbuf://host:port`` (``txnbufs://`` with TLS) connects to the
+    broker's stream listener (``txnbuf serve --stream-port``): the same
+    protocol on raw TCP instead of the WebSocket, with less framing.
     """
 
     def __init__(

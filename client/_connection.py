@@ -37,7 +37,12 @@ Decisions written down here:
   certificate the client does not trust: ``BrokerConnectionError`` that is
   not retriable) raises that error at once.
 * Credentials: a token goes in CONNECT (``auth_method`` "token"); TLS
-  (``https://`` URLs) uses the SSL context the Client made from its CA.
+  (``https://`` and ``txnbufs://`` URLs) uses the SSL context the Client
+  made from its CA.
+* Transport: ``http(s)://`` URLs open the WebSocket ``/ws``;
+  ``txnbuf(s)://host:port`` the broker's stream listener (``client._stream``:
+  the same frames on raw TCP, each behind its length). A link runs the same
+  on either.
 * Timeouts of sends and acks (the hot path) are enforced by one sweeper
   task ticking every ``operation_timeout / 10`` (at most 1 s, at least
   10 ms), not by a timer per message.
