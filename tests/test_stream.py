@@ -156,6 +156,20 @@ async def test_a_role_gets_only_what_the_acl_grants_on_the_stream(
         await raw.close()
 
 
+async def test_a_token_that_expires_ends_its_stream(streaming: BrokerProcess) -> None:
+    raw = await RawStream().open(streaming.stream_port or 0)
+    try:
+        raw.send(connect(streaming.make_token("admin", expires_in=2)))
+        assert (await raw.receive()).type == T.CONNECTED
+        raw.send(frame(T.PING, "ping", pb.CommandPing()))
+        assert (await raw.receive()).type == T.PONG
+        answer = await raw.receive()  # (within 10 s: the token ends after 2)
+        assert answer.error.error == pb.AUTHENTICATION_ERROR and "expired" in answer.error.message
+        assert await raw.closed()
+    finally:
+        await raw.close()
+
+
 async def test_a_frame_over_the_limit_or_not_a_frame_closes_the_stream_and_a_lookup_names_it(
     streaming: BrokerProcess,
 ) -> None:
