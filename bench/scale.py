@@ -394,7 +394,8 @@ def topic_table(results: Iterable[TopicResult]) -> list[str]:
                          f"{r.growth_per_topic:,.0f}", per_read]  # fmt: skip
         cells = [r.side, f"{r.topics:,}", f"{r.setup_s:.1f}", *restarted[:2],
                  mib(r.rss_empty_kb), mib(r.rss_before_kb), *restarted[2:],
-                 mib(r.writer_rss_kb), f"{r.data_bytes / r.topics:,.0f}"]  # fmt: skip
+                 mib(r.writer_rss_kb) if r.writer_rss_kb else "-",
+                 f"{r.data_bytes / r.topics:,.0f}"]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 

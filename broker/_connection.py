@@ -104,8 +104,9 @@ class Connection:
         self.broker = broker
         self.ws = ws
         self.peer = peer
-        # The URL of the listener this connection came on (LOOKUP answers it).
-        self.url = url or broker.url
+        # The URL of the listener this connection came on, if not the
+        # broker's (LOOKUP answers it).
+        self._url = url
         self.producers: dict[int, _Producer] = {}
         self.consumers: dict[int, Consumer] = {}
         # Who this connection is (`broker._auth`): until it authenticates,
@@ -342,7 +343,9 @@ class Connection:
     def _on_lookup(self, cmd: pb.BaseCommand) -> None:
         req = cmd.lookup
         resp = pb.CommandLookupTopicResponse(
-            request_id=req.request_id, broker_service_url=self.url, authoritative=True
+            request_id=req.request_id,
+            broker_service_url=self._url or self.broker.url,
+            authoritative=True,
         )
         try:
             check_topic_name(req.topic)
