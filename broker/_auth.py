@@ -16,7 +16,9 @@ every connection is the anonymous principal, which holds every permission
 and the `ADMIN_ROLE`, but not the ``cluster`` role (coordinator-to-
 participant commands are refused to all). The CLI refuses to serve that way
 on an address other than loopback unless ``--insecure`` says so
-(`check_listen`).
+(`check_listen`), on every listener: the Kafka listener too, which
+authenticates with these tokens and roles over SASL and checks its
+requests with these permissions (`broker.kafka._session`).
 
 Roles and permissions:
 
@@ -692,6 +694,14 @@ class Security:
             raise refusals.AuthenticationError("the Authorization header must be 'Bearer <token>'")
         return self._principal(token.strip())
 
+    def authenticate_token(self, token: str) -> Principal:
+        """The principal of a bare token (the Kafka listener's SASL
+        credentials; AUTHENTICATION_ERROR if it does not hold); ANONYMOUS
+        when authentication is off, as for a CONNECT."""
+        if self.authenticator is None:
+            return ANONYMOUS
+        return self._principal(token)
+
     def _principal(self, token: str) -> Principal:
         assert self.authenticator is not None
         role, expires = self.authenticator.verify(token)
@@ -814,8 +824,12 @@ class Security:
             )
 
 
-def check_listen(host: str, authenticated: bool, insecure: bool) -> str | None:
-    """Why the broker must not listen on ``host`` as configured, or None."""
+def check_listen(host: str, authenticated: bool, insecure: bool, listener: str = "") -> str | None:
+    """Why the broker must not listen on ``host`` as configured, or None
+    (``listener``: which one, e.g. "Kafka", for the message). Every
+    listener follows this rule: the data plane and admin API, the stream
+    listener (``--stream-port``, on the same host), and the Kafka
+    listener."""
     if authenticated or insecure:
         return None
     if host == "localhost":
@@ -825,7 +839,8 @@ def check_listen(host: str, authenticated: bool, insecure: bool) -> str | None:
             return None
     except ValueError:
         pass
+    what = f"for {listener} on" if listener else "on"
     return (
-        f"refusing to listen on {host} without authentication: give --auth-secret-key-file "
+        f"refusing to listen {what} {host} without authentication: give --auth-secret-key-file "
         "or --auth-public-key-file, or --insecure to let anyone who reaches the port do anything"
     )

@@ -24,7 +24,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from buffer import Position
+from buffer import Partition, Position
 from proto import refusals
 from subscriptions import WHOLE_ENTRY, PartitionSubscription
 from tc import TxnID, TxnMeta, TxnStatus
@@ -34,8 +34,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AdminError",
+    "check_not_in_use",
     "delete_subscription",
     "delete_topic",
+    "first_published_at_or_after",
     "holding_transactions",
     "reset_subscription",
     "skip_messages",
@@ -187,6 +189,13 @@ def _refuse_or_force(
             "add ?force=true to abort those transactions and drop those clients",
         )
     return holders
+
+
+def check_not_in_use(broker: Broker, topic: str, subscription: str | None, what: str) -> None:
+    """AdminError 409 if deleting ``topic`` (or only its ``subscription``)
+    without ``force`` would be refused: a check of several before any
+    is deleted."""
+    _refuse_or_force(broker, topic, subscription, False, what)
 
 
 def _drop_clients(broker: Broker, topic: str, subscription: str | None = None) -> None:
@@ -346,7 +355,7 @@ async def reset_subscription(
             else:
                 md = (entry_id - 1, WHOLE_ENTRY) if index == 0 else (entry_id, index - 1)
         else:
-            md = (await _first_at_or_after(sub, value) - 1, WHOLE_ENTRY)
+            md = (await first_published_at_or_after(sub.partition, value) - 1, WHOLE_ENTRY)
         targets.append((sub, md))
     for sub, _ in targets:  # (refuse before anything moves)
         try:
@@ -368,10 +377,10 @@ async def reset_subscription(
     }
 
 
-async def _first_at_or_after(sub: PartitionSubscription, time_ms: int) -> int:
-    """The first entry of the partition published at or after ``time_ms``
-    (binary search: publish times grow with entry ids, near enough)."""
-    part = sub.partition
+async def first_published_at_or_after(part: Partition, time_ms: int) -> int:
+    """The first entry of the partition whose first message was published
+    at or after ``time_ms`` (binary search: publish times grow with entry
+    ids, near enough); the next entry id if none was."""
     low, high = part.ledger.first_entry_id, part.ledger.last_entry_id + 1
     while low < high:
         mid = (low + high) // 2

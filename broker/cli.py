@@ -8,7 +8,9 @@ traceback.
 
 ``txnbuf serve`` with no arguments runs one broker on 127.0.0.1:6650 with its
 data in ./txnbuf-data, authenticating nobody; it refuses another address
-without authentication unless ``--insecure`` (docs/security.md). SIGTERM and
+without authentication unless ``--insecure``, for the stream listener
+(``--stream-port``, on ``--host``) and the Kafka listener
+(``--kafka-host``) too (docs/security.md). SIGTERM and
 SIGINT stop it cleanly: connections are closed, queued writes finish, the
 database is closed.
 
@@ -73,17 +75,20 @@ async def serve(
     auth: AuthConfig | None = None,
     ssl_context: ssl.SSLContext | None = None,
     producer_settings: ProducerSettings | None = None,
-    kafka: tuple[str, int] | None = None,
+    kafka: tuple[str, int, str | None] | None = None,
     preload: bool = True,
     unload_after: float | None = UNLOAD_AFTER,
     store_url: str | None = None,
     stream_port: int | None = None,
 ) -> None:
     """Run a broker until SIGTERM or SIGINT. ``auth``: authentication and
-    limits (`broker._auth`); ``ssl_context``: serve TLS; ``kafka``: (host,
-    port) of a Kafka listener beside it (`broker.kafka`); ``preload``,
-    ``unload_after`` and ``store_url``: see `Broker.open`; ``stream_port``:
-    serve the data plane on raw TCP on this port too (`broker._stream`).
+    limits (`broker._auth`); ``ssl_context``: serve TLS (on the Kafka
+    listener and the stream listener too); ``kafka``: (host, port,
+    advertised host or None) of a Kafka listener beside it
+    (`broker.kafka`), which authenticates when the broker does;
+    ``preload``, ``unload_after`` and ``store_url``: see `Broker.open`;
+    ``stream_port``: serve the data plane on raw TCP on this port too
+    (`broker._stream`).
 
     A broker whose store is fenced (another broker took its slots over:
     `ledger.LedgerFencedError`) stops at once, logging why at ERROR, and
@@ -135,7 +140,7 @@ async def serve(
         if kafka is not None:
             from broker.kafka import KafkaListener
 
-            listener = KafkaListener(broker, *kafka)
+            listener = KafkaListener(broker, *kafka, ssl_context=ssl_context)
             await listener.start()
         site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_context)
         try:
@@ -346,6 +351,12 @@ def _main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--kafka-host", default=None, help="address of the Kafka listener (--host)")
     p.add_argument(
+        "--kafka-advertised-host",
+        default=None,
+        help="the address Kafka clients are told to connect to (--kafka-host; 127.0.0.1 for "
+        "a wildcard address such as 0.0.0.0)",
+    )
+    p.add_argument(
         "--stream-port",
         type=int,
         default=None,
@@ -387,7 +398,11 @@ def _main(argv: Sequence[str] | None = None) -> int:
     )
     if args.command == "serve":
         security = serve_security(args)
-        refusal = check_listen(args.host, security.auth.authenticator is not None, args.insecure)
+        authenticated = security.auth.authenticator is not None
+        refusal = check_listen(args.host, authenticated, args.insecure)
+        if refusal is None and args.kafka_port is not None:
+            kafka_host = args.kafka_host or args.host
+            refusal = check_listen(kafka_host, authenticated, args.insecure, "Kafka")
         if refusal is not None:
             raise SystemExit(f"txnbuf: {refusal}")
         loop_factory = _event_loop_factory()
@@ -399,7 +414,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
             )
             kafka = None
             if args.kafka_port is not None:
-                kafka = (args.kafka_host or args.host, args.kafka_port)
+                kafka = (args.kafka_host or args.host, args.kafka_port, args.kafka_advertised_host)
             runner.run(
                 serve(
                     args.data_dir,

@@ -5,6 +5,7 @@ own process, and as processes of their own that it SIGKILLs:
 
     python -m tests.kafka_copier CLIENT BOOTSTRAP SRC DST GROUP
         [--per-txn N] [--pause-at K] [--timeout S]
+        [--security-protocol P [--sasl-mechanism M --role R] [--ssl-cafile F]]
 
 A copier reads `src` (two partitions) as a member of consumer group
 `group`, read_committed, and for each batch of up to ``per_txn`` records
@@ -25,6 +26,11 @@ it (exit status 1). With ``--pause-at K`` it stops before its K-th commit,
 with that transaction open at the broker (its records stored, its offsets
 sent), prints ``open``, and commits once it reads a line on stdin (a test
 kills it there, or kills the broker and then lets it commit).
+
+With ``--security-protocol`` SASL_PLAINTEXT or SASL_SSL it authenticates
+with the token in the environment variable TXNBUF_TOKEN (`Credentials`):
+OAUTHBEARER (the token as the bearer token) or PLAIN (the user ``--role``,
+the password the token); with SSL or SASL_SSL it trusts ``--ssl-cafile``.
 """
 
 from __future__ import annotations
@@ -32,14 +38,107 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 ABORT_EVERY = 3
 SESSION_TIMEOUT_MS = 2000  # (a killed member leaves its group this soon)
 HEARTBEAT_MS = 400
 REQUEST_TIMEOUT_MS = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """How a Kafka client connects: Kafka's security protocol, and for SASL
+    the mechanism, the role and its token; for TLS the CA file to trust.
+    Each method gives one client library's settings for them."""
+
+    security_protocol: str = "PLAINTEXT"
+    mechanism: str = "OAUTHBEARER"
+    role: str = ""
+    token: str = ""
+    cafile: str | None = None
+
+    @property
+    def sasl(self) -> bool:
+        return self.security_protocol.startswith("SASL_")
+
+    @property
+    def tls(self) -> bool:
+        return self.security_protocol.endswith("SSL")
+
+    def aiokafka(self) -> dict[str, Any]:
+        from aiokafka.abc import AbstractTokenProvider
+        from aiokafka.helpers import create_ssl_context
+
+        conf: dict[str, Any] = {"security_protocol": self.security_protocol}
+        if self.tls:
+            conf["ssl_context"] = create_ssl_context(cafile=self.cafile)
+        if self.sasl:
+            conf["sasl_mechanism"] = self.mechanism
+            token = self.token
+
+            class Provider(AbstractTokenProvider):
+                async def token(self) -> str:
+                    return token
+
+            if self.mechanism == "PLAIN":
+                conf.update(sasl_plain_username=self.role, sasl_plain_password=token)
+            else:
+                conf["sasl_oauth_token_provider"] = Provider()
+        return conf
+
+    def kafka_python(self) -> dict[str, Any]:
+        from kafka.net.sasl.oauth import AbstractTokenProvider
+
+        conf: dict[str, Any] = {"security_protocol": self.security_protocol}
+        if self.tls:
+            conf["ssl_cafile"] = self.cafile
+        if self.sasl:
+            conf["sasl_mechanism"] = self.mechanism
+            token = self.token
+
+            class Provider(AbstractTokenProvider):
+                def token(self) -> str:
+                    return token
+
+            if self.mechanism == "PLAIN":
+                conf.update(sasl_plain_username=self.role, sasl_plain_password=token)
+            else:
+                conf["sasl_oauth_token_provider"] = Provider()
+        return conf
+
+    def confluent(self) -> dict[str, Any]:
+        conf: dict[str, Any] = {"security.protocol": self.security_protocol}
+        if self.tls:
+            conf["ssl.ca.location"] = self.cafile
+        if self.sasl:
+            conf["sasl.mechanism"] = self.mechanism
+            token = self.token
+            if self.mechanism == "PLAIN":
+                conf.update({"sasl.username": self.role, "sasl.password": token})
+            else:
+                # (the token's lifetime as librdkafka wants it: far off; the
+                # broker ends the connection when the token itself expires)
+                conf["oauth_cb"] = lambda _config: (token, time.time() + 3600)
+        return conf
+
+    def copier_args(self) -> list[str]:
+        """The copier process's options for these (its token goes in its
+        environment: TXNBUF_TOKEN)."""
+        args = ["--security-protocol", self.security_protocol]
+        if self.sasl:
+            args += ["--sasl-mechanism", self.mechanism, "--role", self.role]
+        if self.cafile is not None:
+            args += ["--ssl-cafile", self.cafile]
+        return args
+
+
+PLAINTEXT = Credentials()
 
 
 class Copy:
@@ -48,9 +147,17 @@ class Copy:
     `committed`, or `aborted`)."""
 
     def __init__(
-        self, boot: str, src: str, dst: str, group: str, per_txn: int, timeout: float
+        self,
+        boot: str,
+        src: str,
+        dst: str,
+        group: str,
+        per_txn: int,
+        timeout: float,
+        creds: Credentials = PLAINTEXT,
     ) -> None:
         self.boot = boot
+        self.creds = creds
         self.src, self.dst = src, dst
         self.group = group
         self.tid = f"{group}-tx"
@@ -90,6 +197,7 @@ async def aiokafka_copier(copy: Copy) -> None:
         bootstrap_servers=copy.boot,
         transactional_id=copy.tid,
         request_timeout_ms=REQUEST_TIMEOUT_MS,
+        **copy.creds.aiokafka(),
     )
     consumer = AIOKafkaConsumer(
         copy.src,
@@ -101,6 +209,7 @@ async def aiokafka_copier(copy: Copy) -> None:
         request_timeout_ms=REQUEST_TIMEOUT_MS,
         session_timeout_ms=SESSION_TIMEOUT_MS,
         heartbeat_interval_ms=HEARTBEAT_MS,
+        **copy.creds.aiokafka(),
     )
     try:
         await producer.start()  # (init_transactions)
@@ -149,6 +258,7 @@ def kafka_python_copier(copy: Copy) -> None:
         bootstrap_servers=copy.boot,
         transactional_id=copy.tid,
         request_timeout_ms=REQUEST_TIMEOUT_MS,
+        **copy.creds.kafka_python(),
     )
     consumer = None
     try:
@@ -163,6 +273,7 @@ def kafka_python_copier(copy: Copy) -> None:
             request_timeout_ms=REQUEST_TIMEOUT_MS,
             session_timeout_ms=SESSION_TIMEOUT_MS,
             heartbeat_interval_ms=HEARTBEAT_MS,
+            **copy.creds.kafka_python(),
         )
         parts = [TopicPartition(copy.src, 0), TopicPartition(copy.src, 1)]
         while True:
@@ -205,9 +316,11 @@ def kafka_python_copier(copy: Copy) -> None:
 def confluent_copier(copy: Copy) -> None:
     from confluent_kafka import Consumer, Producer, TopicPartition
 
-    producer = Producer({"bootstrap.servers": copy.boot, "transactional.id": copy.tid})
+    security = copy.creds.confluent()
+    producer = Producer({"bootstrap.servers": copy.boot, "transactional.id": copy.tid, **security})
     consumer = Consumer(
         {
+            **security,
             "bootstrap.servers": copy.boot,
             "group.id": copy.group,
             "auto.offset.reset": "earliest",
@@ -265,9 +378,17 @@ class ProcessCopy(Copy):
     """A copier process's life: it tells the test what it does (stdout)."""
 
     def __init__(
-        self, boot: str, src: str, dst: str, group: str, per_txn: int, timeout: float, pause_at: int
+        self,
+        boot: str,
+        src: str,
+        dst: str,
+        group: str,
+        per_txn: int,
+        timeout: float,
+        pause_at: int,
+        creds: Credentials = PLAINTEXT,
     ) -> None:
-        super().__init__(boot, src, dst, group, per_txn, timeout)
+        super().__init__(boot, src, dst, group, per_txn, timeout, creds)
         self.pause_at = pause_at  # 0: none
 
     def committing(self) -> None:
@@ -326,7 +447,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-txn", type=int, default=10)
     parser.add_argument("--pause-at", type=int, default=0, help="stop before this commit")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds to finish in")
+    parser.add_argument("--security-protocol", default="PLAINTEXT")
+    parser.add_argument("--sasl-mechanism", default="OAUTHBEARER", choices=["OAUTHBEARER", "PLAIN"])
+    parser.add_argument("--role", default="", help="PLAIN's user name")
+    parser.add_argument("--ssl-cafile", default=None)
     args = parser.parse_args(argv)
+    creds = Credentials(
+        args.security_protocol,
+        args.sasl_mechanism,
+        args.role,
+        os.environ.get("TXNBUF_TOKEN", ""),
+        args.ssl_cafile,
+    )
     copy = ProcessCopy(
         args.bootstrap,
         args.src,
@@ -335,6 +467,7 @@ def main(argv: list[str] | None = None) -> int:
         args.per_txn,
         args.timeout,
         args.pause_at,
+        creds,
     )
     try:
         COPIERS[args.client](copy)

@@ -315,6 +315,25 @@ def test_scale_benchmark_runs_small_and_records_its_figures(tmp_path: Path) -> N
 
 
 @pytest.mark.integration
+def test_kafka_benchmark_measures_sasl_ssl_and_each_codec_beside_plaintext() -> None:
+    from bench.kafka import CODECS
+
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.kafka", "--messages", "300", "--per-txn", "50",
+         "--rounds", "1", "--no-tansu"],
+        cwd=ROOT, capture_output=True, text=True, check=True, timeout=600,
+    ).stdout  # fmt: skip
+    for client in ("aiokafka", "confluent-kafka"):
+        for protocol in ("PLAINTEXT", "SASL_SSL"):
+            assert f"{client} -> txnbuf {protocol}" in out
+        for codec in CODECS:
+            assert f"plain produce, 100 B JSON, {codec}, median of 1" in out
+    recorded = (Path(os.environ["TXNBUF_BENCH_RESULTS"]) / "kafka.md").read_text()
+    assert "| plain fetch, median of 1 | confluent-kafka -> txnbuf SASL_SSL |" in recorded
+    assert " cores; Python " in recorded and "broker CPU us/msg" in recorded
+
+
+@pytest.mark.integration
 def test_cluster_benchmark_runs_both_stores_and_counts_what_postgresql_wrote(
     tmp_path: Path,
 ) -> None:

@@ -567,6 +567,27 @@ def _wait_for_https(port: int, ca: Path, proc: subprocess.Popen[Any]) -> None:
             time.sleep(0.1)
 
 
+def kafka_sasl_program(block: Block, tmp: Path, request: pytest.FixtureRequest) -> None:
+    """The Kafka listener's program: a broker that authenticates and serves
+    TLS and Kafka; ``orders-app`` granted produce on ``orders-*``, its
+    token in app.token and the CA in ca.pem beside the program."""
+    from tests.test_kafka_security import SecureKafkaBroker
+
+    assert "orders-app" in block.before and "ca.pem" in block.before
+    broker = SecureKafkaBroker(tmp / "data", tmp / "broker.log", tls=True)  # (tmp/cert.pem)
+    (tmp / "ca.pem").write_bytes((tmp / "cert.pem").read_bytes())
+    broker.start()
+    try:
+        broker.grant("produce", "topic:orders-*", role="orders-app")
+        (tmp / "app.token").write_text(broker.make_token("orders-app") + "\n")
+        out = ok(run_python(block.text.replace("broker:9092", broker.bootstrap), tmp))
+        assert re.fullmatch(r"aiokafka: offset \d+\nconfluent-kafka: delivered\n", out), out
+        assert broker.messages("orders-eu") == 2
+    finally:
+        broker.stop()
+        sys.stderr.write(f"----- broker log -----\n{broker.log()[-5000:]}\n")
+
+
 def security_application(block: Block, tmp: Path, request: pytest.FixtureRequest) -> None:
     """Run by `security_setup`, after the commands before it."""
     assert "The application, in the same folder" in block.before
@@ -689,6 +710,7 @@ BLOCKS: dict[tuple[str, str, int], tuple[Handler, tuple[pytest.MarkDecorator, ..
         0,
     ): (security_setup, ()),
     ("docs/security.md", "import asyncio", 0): (security_application, ()),
+    ("docs/security.md", "import asyncio", 1): (kafka_sasl_program, KAFKA),
     (
         "docs/security.md",
         "txnbuf token create-key-pair --private-key-file issuer.pem "

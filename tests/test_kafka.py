@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import os
 import signal
 import sys
 import threading
@@ -30,6 +31,7 @@ from typing import Any, BinaryIO, TypeVar
 import pytest
 
 from tests.conftest import BrokerProcess, free_port
+from tests.kafka_copier import PLAINTEXT, Credentials
 
 pytestmark = [pytest.mark.integration]
 
@@ -103,8 +105,10 @@ class KafkaClient:
     `tests.kafka_copier`'s, run as a process)."""
 
     name: str  # (`tests.kafka_copier.COPIERS`)
-    seed: Callable[[str, str, list[bytes]], Awaitable[None]]  # (bootstrap, topic, values)
-    read: Callable[[str, str, int], Awaitable[list[bytes]]]  # read_committed, as a group
+    # (bootstrap, topic, values[, credentials])
+    seed: Callable[..., Awaitable[None]]
+    # (bootstrap, topic, n[, credentials]): read_committed, as a group
+    read: Callable[..., Awaitable[list[bytes]]]
     restart_before_commit: bool = False  # (`check_copier`)
 
 
@@ -139,17 +143,20 @@ class Copier:
         self.lines: list[str] = []
 
     @classmethod
-    async def start(cls, args: list[str], log: Path) -> Copier:
+    async def start(cls, args: list[str], log: Path, creds: Credentials = PLAINTEXT) -> Copier:
+        env = {**os.environ, "TXNBUF_TOKEN": creds.token}
         with _appending(log) as err:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
                 "tests.kafka_copier",
                 *args,
+                *creds.copier_args(),
                 cwd=ROOT,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=err,
+                env=env,
             )
         return cls(proc, log)
 
@@ -199,6 +206,8 @@ async def check_copier(
     n: int,
     per_txn: int,
     broker_kills: int = 0,
+    creds: Credentials = PLAINTEXT,
+    topics: tuple[str, str] | None = None,
 ) -> None:
     """`client`'s copier copies ``n`` messages between two new topics
     (two partitions each) exactly once, read_committed by a group of
@@ -213,16 +222,19 @@ async def check_copier(
     commit fails with the client's fenced error and the life ends; the next
     life (a new producer, whose init_transactions rolls back what was left,
     and a new consumer, which starts from the group's committed offsets)
-    goes on. The last one copies the rest."""
-    src, dst = broker.topic("in"), broker.topic("out")
+    goes on. The last one copies the rest.
+
+    ``creds``: how every client connects (the seeder and the reader too);
+    ``topics``: (source, destination), made here if not given."""
+    src, dst = topics or (broker.topic("in"), broker.topic("out"))
     group = f"copier-{uuid.uuid4().hex[:6]}"
     values = [b"m%d" % i for i in range(n)]
-    await client.seed(broker.bootstrap, src, values)
+    await client.seed(broker.bootstrap, src, values, creds)
     args = [client.name, broker.bootstrap, src, dst, group, "--per-txn", str(per_txn)]
     log = tmp_path / "copier.log"
     aborts = 0
     for _ in range(broker_kills):
-        life = await Copier.start([*args, "--pause-at", "4"], log)
+        life = await Copier.start([*args, "--pause-at", "4"], log, creds)
         try:
             await life.wait_for("open")
             broker.kill()
@@ -236,13 +248,13 @@ async def check_copier(
             aborts += sum(line.startswith("aborted") for line in life.lines)
         finally:
             await life.kill()
-    life = await Copier.start(args, log)
+    life = await Copier.start(args, log, creds)
     try:
         assert await life.end() == (0, "done"), life.told()
         aborts += sum(line.startswith("aborted") for line in life.lines)
     finally:
         await life.kill()
-    got = await client.read(broker.bootstrap, dst, n)
+    got = await client.read(broker.bootstrap, dst, n, creds)
     assert Counter(got) == Counter(v.upper() for v in values)
     assert aborts > 0
 
@@ -250,10 +262,12 @@ async def check_copier(
 # -- aiokafka -------------------------------------------------------------------------
 
 
-async def aiokafka_seed(boot: str, topic: str, values: list[bytes]) -> None:
+async def aiokafka_seed(
+    boot: str, topic: str, values: list[bytes], creds: Credentials = PLAINTEXT
+) -> None:
     from aiokafka import AIOKafkaProducer
 
-    seeder = AIOKafkaProducer(bootstrap_servers=boot)
+    seeder = AIOKafkaProducer(bootstrap_servers=boot, **creds.aiokafka())
     await seeder.start()
     try:
         await asyncio.gather(*(seeder.send_and_wait(topic, v, key=v) for v in values))
@@ -261,7 +275,9 @@ async def aiokafka_seed(boot: str, topic: str, values: list[bytes]) -> None:
         await seeder.stop()
 
 
-async def aiokafka_read(boot: str, topic: str, n: int) -> list[bytes]:
+async def aiokafka_read(
+    boot: str, topic: str, n: int, creds: Credentials = PLAINTEXT
+) -> list[bytes]:
     from aiokafka import AIOKafkaConsumer
 
     reader = AIOKafkaConsumer(
@@ -270,6 +286,7 @@ async def aiokafka_read(boot: str, topic: str, n: int) -> list[bytes]:
         group_id=f"reader-{topic}",
         auto_offset_reset="earliest",
         isolation_level="read_committed",
+        **creds.aiokafka(),
     )
     await reader.start()
     got: list[bytes] = []
@@ -295,17 +312,19 @@ async def test_aiokafka_transactional_copier_exactly_once(
 # -- kafka-python -------------------------------------------------------------------------
 
 
-def kafka_python_seed(boot: str, topic: str, values: list[bytes]) -> None:
+def kafka_python_seed(
+    boot: str, topic: str, values: list[bytes], creds: Credentials = PLAINTEXT
+) -> None:
     from kafka import KafkaProducer
 
-    seeder = KafkaProducer(bootstrap_servers=boot)
+    seeder = KafkaProducer(bootstrap_servers=boot, **creds.kafka_python())
     for v in values:
         seeder.send(topic, v, key=v)
     seeder.flush()
     seeder.close()
 
 
-def kafka_python_read(boot: str, topic: str, n: int) -> list[bytes]:
+def kafka_python_read(boot: str, topic: str, n: int, creds: Credentials = PLAINTEXT) -> list[bytes]:
     from kafka import KafkaConsumer
 
     reader = KafkaConsumer(
@@ -314,6 +333,7 @@ def kafka_python_read(boot: str, topic: str, n: int) -> list[bytes]:
         group_id=f"reader-{topic}",
         auto_offset_reset="earliest",
         isolation_level="read_committed",
+        **creds.kafka_python(),
     )
     got: list[bytes] = []
     reading = Reading(n)
@@ -348,20 +368,23 @@ async def test_kafka_python_transactional_copier_exactly_once(
 # -- confluent-kafka (librdkafka) ---------------------------------------------------------
 
 
-def confluent_seed(boot: str, topic: str, values: list[bytes]) -> None:
+def confluent_seed(
+    boot: str, topic: str, values: list[bytes], creds: Credentials = PLAINTEXT
+) -> None:
     from confluent_kafka import Producer
 
-    seeder = Producer({"bootstrap.servers": boot})
+    seeder = Producer({"bootstrap.servers": boot, **creds.confluent()})
     for v in values:
         seeder.produce(topic, v, key=v)
     assert seeder.flush(30) == 0
 
 
-def confluent_read(boot: str, topic: str, n: int) -> list[bytes]:
+def confluent_read(boot: str, topic: str, n: int, creds: Credentials = PLAINTEXT) -> list[bytes]:
     from confluent_kafka import Consumer
 
     reader = Consumer(
         {
+            **creds.confluent(),
             "bootstrap.servers": boot,
             "group.id": f"reader-{topic}",
             "auto.offset.reset": "earliest",

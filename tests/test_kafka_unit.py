@@ -48,7 +48,7 @@ def kafka_python_batch(
 ) -> bytes:
     from kafka.record.default_records import DefaultRecordBatchBuilder
 
-    builder = DefaultRecordBatchBuilder(2, compression, transactional, 7, 3, 10, 1 << 20)
+    builder = DefaultRecordBatchBuilder(2, compression, transactional, 7, 3, 10, 8 << 20)
     for i, (key, value, headers) in enumerate(records):
         builder.append(i, 1_700_000_000_000 + i, key, value, headers)
     return bytes(builder.build())
@@ -87,10 +87,34 @@ def test_a_kafka_python_batch_becomes_messages() -> None:
     assert [m.publish_time_ms for m in messages] == [1_700_000_000_000 + i for i in range(3)]
 
 
-def test_a_gzip_batch_is_read() -> None:
-    data = kafka_python_batch([(b"k", b"v" * 100, [])], compression=1)
+@pytest.mark.parametrize("codec", [1, 2, 3, 4], ids=["gzip", "snappy", "lz4", "zstd"])
+def test_a_compressed_batch_is_read(codec: int) -> None:
+    """kafka-python's own compression (python-snappy, xerial framing; lz4;
+    zstandard) of a batch larger than the first output buffer tried."""
+    values = [bytes([i % 251]) * 50_000 + b"%d" % i for i in range(40)]  # 2 MB
+    data = kafka_python_batch([(b"k%d" % i, v, [("h", b"x")]) for i, v in enumerate(values)], codec)
+    assert len(data) < 200_000
     (batch,) = read_batches(data)
-    assert [m.payload for m in batch.messages(0)] == [b"v" * 100]
+    assert [m.payload for m in batch.messages(0)] == values
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+def test_a_batch_that_would_inflate_too_far_is_refused(codec: str) -> None:
+    import cramjam
+
+    from broker.kafka._records import inflate
+
+    mod = getattr(cramjam, codec)
+    plain = b"\0" * 3_000_000
+    packed = bytes(mod.compress_raw(plain) if codec == "snappy" else mod.compress(plain))
+    number = {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}[codec]
+    assert inflate(number, packed, limit=3_000_000) == plain
+    with pytest.raises(RecordError, match="larger than 2000000 bytes") as refused:
+        inflate(number, packed, limit=2_000_000)
+    assert refused.value.code == CORRUPT_MESSAGE
+    with pytest.raises(RecordError, match="does not decompress") as refused:
+        inflate(number, packed[: len(packed) // 2] + b"junk", limit=3_000_000)
+    assert refused.value.code == CORRUPT_MESSAGE
 
 
 @pytest.mark.parametrize(
@@ -116,13 +140,13 @@ def test_a_batch_with_a_bad_crc_or_codec_is_refused() -> None:
     with pytest.raises(RecordError, match="CRC") as refused:
         read_batches(bytes(data))
     assert refused.value.code == CORRUPT_MESSAGE
-    lz4 = bytearray(kafka_python_batch([(b"k", b"v", [])]))
-    lz4[22] |= 3  # (attributes: lz4), its CRC made right again
+    unknown = bytearray(kafka_python_batch([(b"k", b"v", [])]))
+    unknown[22] |= 5  # (attributes: codec 5), its CRC made right again
     from crc32c import crc32c
 
-    struct.pack_into(">I", lz4, 17, crc32c(bytes(lz4[21:])))
+    struct.pack_into(">I", unknown, 17, crc32c(bytes(unknown[21:])))
     with pytest.raises(RecordError) as refused:
-        read_batches(bytes(lz4))
+        read_batches(bytes(unknown))
     assert refused.value.code == UNSUPPORTED_COMPRESSION_TYPE
     with pytest.raises(RecordError) as refused:
         read_batches(bytes(data[:30]))
@@ -433,3 +457,61 @@ def test_a_broker_stopping_with_kafka_connections_open_logs_no_error(
         assert kafka_broker.stop() == 0
     log = kafka_broker.log()
     assert "txnbuf: stopped" in log and " ERROR " not in log, log
+
+
+# -- SASL credentials and a member's subscription ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "data", "expected"),
+    [
+        ("PLAIN", b"\0app\0tok", ("app", "tok")),
+        ("PLAIN", b"app\0app\0tok", ("app", "tok")),
+        ("OAUTHBEARER", b"n,,\x01auth=Bearer tok\x01\x01", (None, "tok")),
+        ("OAUTHBEARER", b"n,a=app,\x01auth=Bearer tok\x01\x01", ("app", "tok")),
+        ("OAUTHBEARER", b"n,a=a=2Cb,\x01auth=bearer  tok \x01\x01", ("a,b", "tok")),
+        # (extensions, KIP-342, are read past)
+        ("OAUTHBEARER", b"n,,\x01auth=Bearer tok\x01traceId=7\x01\x01", (None, "tok")),
+    ],
+)
+def test_sasl_credentials_are_read(
+    mechanism: str, data: bytes, expected: tuple[str | None, str]
+) -> None:
+    from broker.kafka._session import sasl_credentials
+
+    assert sasl_credentials(mechanism, data) == expected
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "data", "words"),
+    [
+        ("PLAIN", b"app\0tok", "authzid NUL user NUL password"),
+        ("PLAIN", b"\0\0tok", "need a user"),
+        ("PLAIN", b"other\0app\0tok", "is not the user"),
+        ("PLAIN", b"\0app\0\xff", "not UTF-8"),
+        ("OAUTHBEARER", b"\x01", "gave up"),
+        ("OAUTHBEARER", b"Bearer tok", "OAUTHBEARER credentials are"),
+        ("OAUTHBEARER", b"p=tls,,\x01auth=Bearer tok\x01\x01", "GS2 header"),
+        ("OAUTHBEARER", b"n,,\x01user=app\x01\x01", "without auth=Bearer"),
+        ("OAUTHBEARER", b"n,,\x01auth=Basic tok\x01\x01", "must be 'Bearer <token>'"),
+        ("PLAIN", b"\0app\0" + b"t" * 20000, "bytes of SASL credentials"),
+    ],
+)
+def test_bad_sasl_credentials_are_refused_saying_why(
+    mechanism: str, data: bytes, words: str
+) -> None:
+    from broker.kafka._session import SaslError, sasl_credentials
+
+    with pytest.raises(SaslError, match=words):
+        sasl_credentials(mechanism, data)
+
+
+def test_a_consumer_subscription_is_read_for_its_topics() -> None:
+    from kafka.protocol.old.consumer_protocol import ConsumerProtocolMemberMetadata_v0
+
+    from broker.kafka._handlers import subscribed_topics
+
+    meta = ConsumerProtocolMemberMetadata_v0(0, ["orders", "payments"], b"x").encode()
+    assert subscribed_topics(bytes(meta)) == ["orders", "payments"]
+    with pytest.raises(ValueError):
+        subscribed_topics(b"\0\0\0\0\0\x05\0\x03ab")

@@ -20,7 +20,15 @@ from client._connection import stream_address
 from proto import FrameTooLargeError, StreamFrames, stream_frame
 from proto import txnbuf_pb2 as pb
 from tests.conftest import BrokerProcess, free_port
-from tests.test_security import COMMANDS, connect, frame, grant, self_signed, topic_names
+from tests.test_security import (
+    COMMANDS,
+    connect,
+    frame,
+    grant,
+    self_signed,
+    topic_names,
+    txnbuf,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.auth]
 
@@ -236,6 +244,21 @@ async def test_the_connection_limit_counts_stream_connections(tmp_path: Path) ->
     finally:
         broker.stop()
         sys.stderr.write(broker.log())
+
+
+def test_serve_refuses_a_stream_beyond_loopback_without_authentication(tmp_path: Path) -> None:
+    """The stream listener listens on ``--host``: the start-up rule that
+    refuses another address than loopback without authentication (or
+    --insecure) covers it, before anything is created or listened on."""
+    ports = ["--port", str(free_port()), "--stream-port", str(free_port())]
+    result = txnbuf("serve", "--host", "0.0.0.0", *ports, "--data-dir", str(tmp_path / "d"))
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "txnbuf: refusing to listen on 0.0.0.0 without authentication: give "
+        "--auth-secret-key-file or --auth-public-key-file, or --insecure to let anyone who "
+        "reaches the port do anything"
+    ]
+    assert not (tmp_path / "d").exists()
 
 
 # -- units ----------------------------------------------------------------------------

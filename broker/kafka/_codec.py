@@ -8,11 +8,13 @@ built from a plain dict (`build`), whose keys the version's class picks
 from (a field a version lacks is left out; one it needs and the dict lacks
 takes its default).
 
-`VERSIONS` is what ApiVersions advertises: the non-flexible versions of
-each API, plus ApiVersions v3, which the three common Python clients
-(aiokafka, kafka-python, confluent-kafka) negotiate down to. The response
-header is v0 (the correlation id) for them all: ApiVersions's always is,
-and nothing else served is flexible.
+`VERSIONS` is what ApiVersions advertises: for the data plane the
+non-flexible versions of each API, plus ApiVersions v3, which the three
+common Python clients (aiokafka, kafka-python, confluent-kafka) negotiate
+down to; for the admin APIs, flexible versions too (some exist only so).
+A flexible request's header has tagged fields after the client id, and
+its response header is v1 (tagged fields after the correlation id) --
+except ApiVersions's, which is always v0.
 """
 
 from __future__ import annotations
@@ -55,12 +57,26 @@ class Api(enum.IntEnum):
     HEARTBEAT = 12
     LEAVE_GROUP = 13
     SYNC_GROUP = 14
+    DESCRIBE_GROUPS = 15
+    LIST_GROUPS = 16
+    SASL_HANDSHAKE = 17
     API_VERSIONS = 18
+    CREATE_TOPICS = 19
+    DELETE_TOPICS = 20
     INIT_PRODUCER_ID = 22
     ADD_PARTITIONS_TO_TXN = 24
     ADD_OFFSETS_TO_TXN = 25
     END_TXN = 26
     TXN_OFFSET_COMMIT = 28
+    DESCRIBE_CONFIGS = 32
+    SASL_AUTHENTICATE = 36
+    CREATE_PARTITIONS = 37
+    DELETE_GROUPS = 42
+    OFFSET_DELETE = 47
+    DESCRIBE_CLUSTER = 60
+    DESCRIBE_PRODUCERS = 61
+    DESCRIBE_TRANSACTIONS = 65
+    LIST_TRANSACTIONS = 66
 
 
 # API -> (lowest, highest) version served. Produce is advertised from 0
@@ -84,6 +100,22 @@ VERSIONS: dict[Api, tuple[int, int]] = {
     Api.ADD_OFFSETS_TO_TXN: (0, 2),
     Api.END_TXN: (0, 2),
     Api.TXN_OFFSET_COMMIT: (0, 2),
+    Api.SASL_HANDSHAKE: (1, 1),  # (v0 sends raw SASL tokens after it: not served)
+    Api.SASL_AUTHENTICATE: (0, 1),
+    # The admin APIs (`broker.kafka._admin`): every version kio has, most
+    # of them flexible (compact arrays, tagged fields).
+    Api.CREATE_TOPICS: (2, 7),
+    Api.DELETE_TOPICS: (1, 6),
+    Api.CREATE_PARTITIONS: (0, 3),
+    Api.DESCRIBE_CONFIGS: (1, 4),
+    Api.LIST_GROUPS: (0, 5),
+    Api.DESCRIBE_GROUPS: (0, 6),
+    Api.DELETE_GROUPS: (0, 2),
+    Api.OFFSET_DELETE: (0, 0),
+    Api.DESCRIBE_CLUSTER: (0, 2),
+    Api.LIST_TRANSACTIONS: (0, 2),
+    Api.DESCRIBE_TRANSACTIONS: (0, 0),
+    Api.DESCRIBE_PRODUCERS: (0, 0),
 }
 PRODUCE_MIN_DECODED = 3
 
@@ -176,11 +208,14 @@ def _skip_tagged_fields(buf: bytes, pos: int) -> int:
 def encode_response(header: RequestHeader, api_key: int, version: int, body: Any) -> bytes:
     """The frame (size prefix included) answering ``header`` with ``body``
     (a kio response of ``api_key`` at ``version``). The response header is
-    v0: no API served here answers with a flexible one."""
+    v1 (with tagged fields) for a flexible version, except ApiVersions's,
+    which is always v0."""
     out = io.BytesIO()
     out.write(b"\0\0\0\0")
     out.write(struct.pack(">i", header.correlation_id))
     cls: Any = type(body)
+    if cls.__flexible__ and api_key != Api.API_VERSIONS:
+        out.write(b"\0")  # (response header v1: no tagged fields)
     _writer(cls)(out, body)
     frame = out.getbuffer()
     struct.pack_into(">i", frame, 0, len(frame) - 4)
@@ -221,7 +256,15 @@ def _converter(hint: Any, kafka_type: str | None) -> Callable[[Any], Any]:
     if kafka_type in ("timedelta_i32", "timedelta_i64"):
         return _millis
     if kafka_type == "datetime_i64":
-        return _timestamp
+        if type(None) in typing.get_args(hint):
+            return _timestamp
+        return _instant  # (not nullable: -1 is written as -1)
+    args = typing.get_args(hint)
+    if type(None) in args and len(args) == 2:  # (a nullable array of entities, say)
+        inner = next(a for a in args if a is not type(None))
+        if typing.get_origin(inner) is tuple:
+            convert = _converter(inner, kafka_type)
+            return lambda value: None if value is None else convert(value)
     nested = _nested_entity(hint)
     if nested is not None:
         entity, many = nested
@@ -256,4 +299,10 @@ def _millis(value: Any) -> datetime.timedelta:
 def _timestamp(value: Any) -> datetime.datetime | None:
     if value is None or value < 0:
         return None
+    return datetime.datetime.fromtimestamp(value / 1000, datetime.UTC)
+
+
+def _instant(value: Any) -> datetime.datetime:
+    """Milliseconds since the epoch (-1 for none, as Kafka writes it) as
+    the datetime kio writes back as that number."""
     return datetime.datetime.fromtimestamp(value / 1000, datetime.UTC)

@@ -15,6 +15,12 @@ the leader's assignments) -> STABLE; any join or leave starts PREPARING
 again. Nothing here is durable: after a restart members get
 UNKNOWN_MEMBER_ID and join again. What is durable, a group's committed
 offsets, lives in its subscriptions (see `broker.kafka._handlers`).
+
+A member belongs to the role that joined it (``owner``, None without
+authentication): SyncGroup, Heartbeat, LeaveGroup and OffsetCommit as
+that member from another role are refused GROUP_AUTHORIZATION_FAILED, so
+a member id seen by the group's leader or in DescribeGroups is no
+capability to another role.
 """
 
 from __future__ import annotations
@@ -27,7 +33,9 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["GroupError", "Groups", "JoinResult", "Member"]
+from broker.kafka._session import GROUP_AUTHORIZATION_FAILED
+
+__all__ = ["GroupError", "GroupInfo", "Groups", "JoinResult", "Member"]
 
 # Kafka error codes the group protocol answers with.
 ILLEGAL_GENERATION = 22
@@ -64,6 +72,8 @@ class Member:
     session_timeout_ms: int
     rebalance_timeout_ms: int
     protocols: list[tuple[str, bytes]]
+    owner: str | None = None  # the role that joined it
+    client_host: str = ""
     last_seen: float = field(default_factory=time.monotonic)
     join: asyncio.Future[JoinResult] | None = None
     sync: asyncio.Future[bytes] | None = None
@@ -81,6 +91,19 @@ class JoinResult:
     leader: str
     member_id: str
     members: list[tuple[str, str | None, bytes]]  # for the leader only
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    """A group as DescribeGroups and ListGroups show it: its state (Kafka's
+    name), protocol type and protocol, and its members with their
+    metadata (for that protocol) and assignments."""
+
+    group_id: str
+    state: str
+    protocol_type: str
+    protocol: str
+    members: list[tuple[Member, bytes, bytes]]
 
 
 @dataclass(slots=True)
@@ -126,11 +149,39 @@ class Groups:
 
     # -- queries -----------------------------------------------------------------
 
-    def check_member(self, group_id: str, member_id: str, generation: int) -> None:
+    def group_ids(self) -> list[str]:
+        return sorted(self._groups)
+
+    def describe(self, group_id: str) -> GroupInfo | None:
+        group = self._groups.get(group_id)
+        if group is None:
+            return None
+        members = [
+            (
+                m,
+                next((meta for name, meta in m.protocols if name == group.protocol), b""),
+                m.assignment,
+            )
+            for m in group.members.values()
+        ]
+        protocol_type = group.protocol_type if group.members else ""
+        return GroupInfo(group_id, group.state.value, protocol_type, group.protocol, members)
+
+    def forget(self, group_id: str) -> None:
+        """Drop a group that has no members (its deletion)."""
+        group = self._groups.get(group_id)
+        if group is not None and not group.members:
+            if group.timer is not None:
+                group.timer.cancel()
+            del self._groups[group_id]
+
+    def check_member(
+        self, group_id: str, member_id: str, generation: int, owner: str | None = None
+    ) -> None:
         """An offset commit's check: a commit with generation -1 and no
         member id comes from outside the group protocol (allowed while the
-        group has no members); else the member and generation must be the
-        current ones."""
+        group has no members); else the member (of ``owner``'s) and
+        generation must be the current ones."""
         group = self._groups.get(group_id)
         if generation < 0 and not member_id:
             if group is not None and group.members:
@@ -139,17 +190,31 @@ class Groups:
                     f"group {group_id!r} has members: commit as one of them",
                 )
             return
-        self._check_current(group, group_id, member_id, generation)
+        self._check_current(group, group_id, member_id, generation, owner)
 
     @staticmethod
-    def _check_current(
-        group: _Group | None, group_id: str, member_id: str, generation: int
-    ) -> None:
-        """``member_id`` is a member of the group at ``generation``, which is
-        not rebalancing; the member is seen now."""
-        if group is None or member_id not in group.members:
+    def _member(
+        group: _Group | None, group_id: str, member_id: str, owner: str | None
+    ) -> tuple[_Group, Member]:
+        """The group and its member ``member_id``, which ``owner`` joined."""
+        member = None if group is None else group.members.get(member_id)
+        if group is None or member is None:
             raise GroupError(UNKNOWN_MEMBER_ID, f"no member {member_id!r} in group {group_id!r}")
-        group.members[member_id].last_seen = time.monotonic()
+        if member.owner != owner:
+            raise GroupError(
+                GROUP_AUTHORIZATION_FAILED,
+                f"member {member_id!r} of group {group_id!r} belongs to another role",
+            )
+        return group, member
+
+    @classmethod
+    def _check_current(
+        cls, group: _Group | None, group_id: str, member_id: str, generation: int, owner: str | None
+    ) -> None:
+        """``member_id`` is ``owner``'s member of the group at ``generation``,
+        which is not rebalancing; the member is seen now."""
+        group, member = cls._member(group, group_id, member_id, owner)
+        member.last_seen = time.monotonic()
         if generation != group.generation:
             raise GroupError(
                 ILLEGAL_GENERATION,
@@ -171,8 +236,11 @@ class Groups:
         session_timeout_ms: int,
         rebalance_timeout_ms: int,
         require_known_id: bool,
+        owner: str | None = None,
+        client_host: str = "",
     ) -> asyncio.Future[JoinResult]:
-        """JoinGroup: a future answered once the next generation opens."""
+        """JoinGroup: a future answered once the next generation opens
+        (``owner``: the role joining)."""
         group = self._group(group_id)
         if not protocols:
             raise GroupError(INCONSISTENT_GROUP_PROTOCOL, "a JoinGroup names no protocol")
@@ -194,8 +262,10 @@ class Groups:
                 raise GroupError(MEMBER_ID_REQUIRED, "join again with this member id", member_id)
         elif member_id not in group.members and member_id not in group.pending:
             raise GroupError(UNKNOWN_MEMBER_ID, f"no member {member_id!r} in group {group_id!r}")
-        group.pending.discard(member_id)
         member = group.members.get(member_id)
+        if member is not None:
+            self._member(group, group_id, member_id, owner)
+        group.pending.discard(member_id)
         if member is None:
             member = group.members[member_id] = Member(
                 member_id,
@@ -204,6 +274,8 @@ class Groups:
                 session_timeout_ms,
                 rebalance_timeout_ms,
                 list(protocols),
+                owner,
+                client_host,
             )
         else:
             member.protocols = list(protocols)
@@ -311,11 +383,10 @@ class Groups:
         member_id: str,
         generation: int,
         assignments: Sequence[tuple[str, bytes]],
+        owner: str | None = None,
     ) -> asyncio.Future[bytes]:
         """SyncGroup: the member's assignment, once the leader has sent them."""
-        group = self._groups.get(group_id)
-        if group is None or member_id not in group.members:
-            raise GroupError(UNKNOWN_MEMBER_ID, f"no member {member_id!r} in group {group_id!r}")
+        group, member = self._member(self._groups.get(group_id), group_id, member_id, owner)
         if generation != group.generation:
             raise GroupError(
                 ILLEGAL_GENERATION,
@@ -323,7 +394,6 @@ class Groups:
             )
         if group.state is State.PREPARING:
             raise GroupError(REBALANCE_IN_PROGRESS, f"group {group_id!r} is rebalancing")
-        member = group.members[member_id]
         member.last_seen = time.monotonic()
         fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         if group.state is State.STABLE:
@@ -343,13 +413,13 @@ class Groups:
 
     # -- Heartbeat, LeaveGroup, expiry --------------------------------------------------
 
-    def heartbeat(self, group_id: str, member_id: str, generation: int) -> None:
-        self._check_current(self._groups.get(group_id), group_id, member_id, generation)
+    def heartbeat(
+        self, group_id: str, member_id: str, generation: int, owner: str | None = None
+    ) -> None:
+        self._check_current(self._groups.get(group_id), group_id, member_id, generation, owner)
 
-    def leave(self, group_id: str, member_id: str) -> None:
-        group = self._groups.get(group_id)
-        if group is None or member_id not in group.members:
-            raise GroupError(UNKNOWN_MEMBER_ID, f"no member {member_id!r} in group {group_id!r}")
+    def leave(self, group_id: str, member_id: str, owner: str | None = None) -> None:
+        group, _ = self._member(self._groups.get(group_id), group_id, member_id, owner)
         self._remove(group, member_id)
 
     def _remove(self, group: _Group, member_id: str) -> None:

@@ -1,10 +1,15 @@
 """The Kafka APIs, served from the broker's topics, coordinators and subscriptions.
 
-Each handler takes a decoded request and returns the response as a dict
+Each handler takes a decoded request, its version and the connection's
+`KafkaSession`, and returns the response as a dict
 (`broker.kafka._codec.build` turns it into the version's class), or an
-awaitable of one. A handler does its synchronous part when it is called, in
-the order requests arrive on a connection, so Produce requests are stored
-in that order (`broker.kafka._listener` answers them in that order too).
+awaitable of one. It checks what the session's principal may do
+(`KafkaSession.allow_*`, the broker's ACL) before anything changes; a
+refusal is answered with the Kafka code of the resource refused. The
+admin APIs are `broker.kafka._admin`'s. A handler does its synchronous
+part when it is called, in the order requests arrive on a connection, so
+Produce requests are stored in that order (`broker.kafka._listener`
+answers them in that order too).
 
 Transactions (the producer-epoch mode, as `broker._epoch` drives it from
 txnbuf's own protocol): InitProducerId goes to the coordinator the
@@ -37,15 +42,23 @@ import asyncio
 import collections
 import logging
 import secrets
+import struct
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from broker._errors import error_text, kafka_code
+from broker._operations import first_published_at_or_after
+from broker.kafka._admin import KafkaAdmin
 from broker.kafka._codec import VERSIONS, Api
 from broker.kafka._groups import GroupError, Groups
 from broker.kafka._offsets import MAX_ENTRY_MESSAGES, offset_of, position_of
 from broker.kafka._records import RecordError, control_batch, data_batch, read_batches
+from broker.kafka._session import (
+    GROUP_AUTHORIZATION_FAILED,
+    KafkaError,
+    KafkaSession,
+)
 from buffer import (
     COMMIT_MARKER,
     InvalidNameError,
@@ -92,15 +105,7 @@ BATCH_CACHE_BYTES = 64 << 20  # encoded Kafka batches of recent entries
 READ_ENTRIES = 64  # entries read at a time for a Fetch
 
 Response = dict[str, Any]
-Handler = Callable[[Any, int], "Response | Awaitable[Response] | None"]
-
-
-class KafkaError(Exception):
-    """A request refused with a Kafka error code."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+Handler = Callable[[Any, int, KafkaSession], "Response | Awaitable[Response] | None"]
 
 
 class KafkaApis:
@@ -133,7 +138,12 @@ class KafkaApis:
             Api.LEAVE_GROUP: self.leave_group,
             Api.OFFSET_COMMIT: self.offset_commit,
             Api.OFFSET_FETCH: self.offset_fetch,
+            Api.SASL_HANDSHAKE: lambda req, version, session: session.sasl_handshake(req, version),
+            Api.SASL_AUTHENTICATE: (
+                lambda req, version, session: session.sasl_authenticate(req, version)
+            ),
         }
+        self._handlers.update(KafkaAdmin(self).handlers())
 
     def close(self) -> None:
         self.groups.close()
@@ -154,23 +164,25 @@ class KafkaApis:
             "throttle_time": 0,
         }
 
-    def api_versions(self, req: Any, version: int) -> Response:
+    def api_versions(self, req: Any, version: int, session: KafkaSession) -> Response:
         return self.api_versions_body()
 
     def _node(self) -> Response:
         return {"node_id": NODE_ID, "host": self.host, "port": self.port, "rack": None}
 
-    async def metadata(self, req: Any, version: int) -> Response:
+    async def metadata(self, req: Any, version: int, session: KafkaSession) -> Response:
         wanted = req.topics
         if wanted is None or (version == 0 and not wanted):
-            names = self.broker.topics.names()
+            # (every topic this role may produce or consume on, as Kafka
+            # lists the topics a principal may describe)
+            names = [n for n in self.broker.topics.names() if session.may_describe(n)]
             create = False
         else:
             names = [t.name for t in wanted]
             create = getattr(req, "allow_auto_topic_creation", True)
         topics = []
         for name in names:
-            topics.append(await self._topic_metadata(name, create))
+            topics.append(await self._topic_metadata(name, create, session))
         return {
             "throttle_time": 0,
             "brokers": [self._node()],
@@ -180,7 +192,7 @@ class KafkaApis:
             "cluster_authorized_operations": -(2**31),
         }
 
-    async def _topic_metadata(self, name: str, create: bool) -> Response:
+    async def _topic_metadata(self, name: str, create: bool, session: KafkaSession) -> Response:
         out: Response = {
             "error_code": NONE,
             "name": name,
@@ -192,6 +204,11 @@ class KafkaApis:
             check_topic_name(name)
         except InvalidNameError:
             out["error_code"] = INVALID_TOPIC
+            return out
+        try:
+            session.allow_describe(name)  # (before it is created)
+        except KafkaError as exc:
+            out["error_code"] = exc.code
             return out
         topic = await self.broker.topics.load_topic(name)  # (loaded on first use)
         if topic is None and create:
@@ -213,8 +230,9 @@ class KafkaApis:
         ]
         return out
 
-    def find_coordinator(self, req: Any, version: int) -> Response:
-        # Every group and every transaction coordinator of this broker is here.
+    def find_coordinator(self, req: Any, version: int, session: KafkaSession) -> Response:
+        # Every group and every transaction coordinator of this broker is
+        # here (any role may be told so: it names nothing it may not see).
         return {
             "throttle_time": 0,
             "error_code": NONE,
@@ -224,7 +242,7 @@ class KafkaApis:
 
     # -- Produce -----------------------------------------------------------------------
 
-    def produce(self, req: Any, version: int) -> Awaitable[Response] | None:
+    def produce(self, req: Any, version: int, session: KafkaSession) -> Awaitable[Response] | None:
         pending: list[tuple[str, int, Awaitable[int]]] = []
         for topic_data in req.topic_data:
             for part in topic_data.partition_data:
@@ -232,7 +250,7 @@ class KafkaApis:
                     (
                         topic_data.name,
                         part.index,
-                        self._produce_partition(req, topic_data.name, part),
+                        self._produce_partition(req, topic_data.name, part, session),
                     )
                 )
         if req.acks == 0:
@@ -263,12 +281,20 @@ class KafkaApis:
             "throttle_time": 0,
         }
 
-    def _produce_partition(self, req: Any, topic_name: str, part: Any) -> Awaitable[int]:
+    def _produce_partition(
+        self, req: Any, topic_name: str, part: Any, session: KafkaSession
+    ) -> Awaitable[int]:
         """Queue one partition's batches; the awaitable gives the base offset
-        (-1 for a transactional send: its offsets are its commit marker's)."""
+        (-1 for a transactional send: its offsets are its commit marker's).
+        Refused (nothing stored) unless the role may produce on the topic,
+        and for a transactional batch on the transactional id."""
         try:
+            session.allow_produce(topic_name)
             partition = self._partition(topic_name, part.index)
             batches = read_batches(bytes(part.records or b""))
+            for batch in batches:
+                if batch.transactional:
+                    self._allow_producer(session, batch.producer_id, req.transactional_id)
             results = [self._store_batch(req, partition, batch) for batch in batches]
         except Exception as exc:
             return _failed(exc)
@@ -313,6 +339,11 @@ class KafkaApis:
             _plain_offset(partition.publish(name, batch.messages(first), None, first))
         )
 
+    def txn_sequence(self, partition: Partition, pid: int) -> tuple[TxnID, int] | None:
+        """(transaction, the producer's base sequence in it) of producer
+        ``pid``'s last transaction on ``partition``, if known."""
+        return self._txn_sequences.get((partition.topic, partition.index, pid))
+
     def _txn_first_sequence(self, partition: Partition, pid: int, txnid: TxnID, base: int) -> int:
         key = (partition.topic, partition.index, pid)
         known = self._txn_sequences.get(key)
@@ -328,7 +359,7 @@ class KafkaApis:
 
     # -- Fetch, ListOffsets ----------------------------------------------------------------
 
-    async def fetch(self, req: Any, version: int) -> Response:
+    async def fetch(self, req: Any, version: int, session: KafkaSession) -> Response:
         if getattr(req, "session_id", 0) or getattr(req, "session_epoch", -1) > 0:
             return {
                 "throttle_time": 0,
@@ -346,7 +377,7 @@ class KafkaApis:
                 parts = []
                 for p in topic.partitions:
                     out, partition = await self._fetch_partition(
-                        topic.topic, p.partition, p.fetch_offset, p.partition_max_bytes
+                        topic.topic, p.partition, p.fetch_offset, p.partition_max_bytes, session
                     )
                     total += len(out["records"] or b"")
                     if partition is not None and out["error_code"] == NONE and not out["records"]:
@@ -364,7 +395,7 @@ class KafkaApis:
             await _any_grows(watch, left)
 
     async def _fetch_partition(
-        self, topic_name: str, index: int, offset: int, max_bytes: int
+        self, topic_name: str, index: int, offset: int, max_bytes: int, session: KafkaSession
     ) -> tuple[Response, Partition | None]:
         out: Response = {
             "partition_index": index,
@@ -377,6 +408,7 @@ class KafkaApis:
             "records": b"",
         }
         try:
+            session.allow_read(topic_name)
             partition = self._partition(topic_name, index)
         except KafkaError as exc:
             out["error_code"] = exc.code
@@ -434,8 +466,13 @@ class KafkaApis:
             self._batch_bytes -= len(dropped)
         return encoded
 
-    def list_offsets(self, req: Any, version: int) -> Response:
+    def list_offsets(
+        self, req: Any, version: int, session: KafkaSession
+    ) -> Response | Awaitable[Response]:
+        """Earliest (-2), latest (-1), or the first offset of a message
+        published at or after a time (`_offset_for_time`)."""
         topics = []
+        by_time: list[tuple[Response, Partition, int]] = []
         for topic in req.topics:
             parts = []
             for p in topic.partitions:
@@ -447,6 +484,7 @@ class KafkaApis:
                     "leader_epoch": 0,
                 }
                 try:
+                    session.allow_describe(topic.name)
                     partition = self._partition(topic.name, p.partition_index)
                 except KafkaError as exc:
                     out["error_code"] = exc.code
@@ -457,15 +495,26 @@ class KafkaApis:
                     out["offset"] = offset_of(ledger.last_entry_id + 1, 0)
                 elif p.timestamp == -2:  # earliest
                     out["offset"] = offset_of(ledger.first_entry_id, 0)
-                else:
+                elif p.timestamp >= 0:
+                    by_time.append((out, partition, p.timestamp))
+                else:  # (-3, the largest timestamp, came with v7)
                     out["error_code"] = INVALID_REQUEST
                 parts.append(out)
             topics.append({"name": topic.name, "partitions": parts})
-        return {"throttle_time": 0, "topics": topics}
+        answer = {"throttle_time": 0, "topics": topics}
+        if not by_time:
+            return answer
+
+        async def timed() -> Response:
+            for out, partition, time_ms in by_time:
+                out["offset"], out["timestamp"] = await _offset_for_time(partition, time_ms)
+            return answer
+
+        return timed()
 
     # -- transactions ----------------------------------------------------------------------
 
-    async def init_producer_id(self, req: Any, version: int) -> Response:
+    async def init_producer_id(self, req: Any, version: int, session: KafkaSession) -> Response:
         out: Response = {
             "throttle_time": 0,
             "error_code": NONE,
@@ -478,6 +527,7 @@ class KafkaApis:
             out["producer_epoch"] = 0
             return out
         try:
+            session.allow_transactional_id(req.transactional_id)
             coordinators = self.broker.coordinators
             tc = coordinators[coordinator_of(req.transactional_id, list(coordinators))]
             timeout_ms = round(req.transaction_timeout.total_seconds() * 1000)
@@ -488,15 +538,33 @@ class KafkaApis:
         out["producer_id"], out["producer_epoch"] = pid, epoch
         return out
 
-    def add_partitions_to_txn(self, req: Any, version: int) -> Awaitable[Response]:
+    def add_partitions_to_txn(
+        self, req: Any, version: int, session: KafkaSession
+    ) -> Awaitable[Response]:
         pid = req.v3_and_below_producer_id
         epoch = req.v3_and_below_producer_epoch
         failed: Exception | None = None
         begun: Awaitable[TxnID] | None = None
         results: list[tuple[str, list[tuple[int, int]]]] = []
+        # Refused (nothing added, nothing begun) unless the role may produce
+        # on the transactional id and on every topic: the topics refused are
+        # TOPIC_AUTHORIZATION_FAILED, the others OPERATION_NOT_ATTEMPTED.
+        refused: dict[str, int] = {}
+        try:
+            self._allow_producer(session, pid, req.v3_and_below_transactional_id)
+        except KafkaError as exc:
+            refused = {t.name: exc.code for t in req.v3_and_below_topics}
+        for topic in req.v3_and_below_topics:
+            try:
+                session.allow_produce(topic.name)
+            except KafkaError as exc:
+                refused.setdefault(topic.name, exc.code)
         for topic in req.v3_and_below_topics:
             codes = []
             for index in topic.partitions:
+                if refused:
+                    codes.append((index, refused.get(topic.name, OPERATION_NOT_ATTEMPTED)))
+                    continue
                 if failed is not None:
                     codes.append((index, OPERATION_NOT_ATTEMPTED))
                     continue
@@ -536,8 +604,11 @@ class KafkaApis:
 
         return answer()
 
-    def add_offsets_to_txn(self, req: Any, version: int) -> Response | Awaitable[Response]:
+    def add_offsets_to_txn(
+        self, req: Any, version: int, session: KafkaSession
+    ) -> Response | Awaitable[Response]:
         try:
+            self._allow_producer(session, req.producer_id, req.transactional_id)
             _group_subscription(req.group_id)
             begun = self._coordinator_of_producer(req.producer_id).producer_begin(
                 req.producer_id, req.producer_epoch, f"add the offsets of group {req.group_id!r}"
@@ -554,8 +625,9 @@ class KafkaApis:
 
         return answer()
 
-    async def end_txn(self, req: Any, version: int) -> Response:
+    async def end_txn(self, req: Any, version: int, session: KafkaSession) -> Response:
         try:
+            self._allow_producer(session, req.producer_id, req.transactional_id)
             tc = self._coordinator_of_producer(req.producer_id)
             await tc.end_producer_txn(
                 req.producer_id, req.producer_epoch, req.committed, bump=False
@@ -564,7 +636,7 @@ class KafkaApis:
             return {"throttle_time": 0, "error_code": self._code(exc)[0]}
         return {"throttle_time": 0, "error_code": NONE}
 
-    async def txn_offset_commit(self, req: Any, version: int) -> Response:
+    async def txn_offset_commit(self, req: Any, version: int, session: KafkaSession) -> Response:
         pid, epoch = req.producer_id, req.producer_epoch
 
         async def commit(topic: Topic, index: int, offset: int) -> None:
@@ -578,6 +650,7 @@ class KafkaApis:
             await sub.ack([bound], True, txnid, True)
 
         try:
+            self._allow_producer(session, pid, req.transactional_id)
             name = _group_subscription(req.group_id)
             entry = self._coordinator_of_producer(pid).producer_of(pid)
             if entry is not None and entry.identity == (pid, epoch) and entry.ongoing is None:
@@ -590,11 +663,11 @@ class KafkaApis:
         except Exception as exc:
             refused: BaseException = exc
             return await self._offsets_answer(req.topics, lambda *_: _failed(refused))
-        return await self._commit_offsets(req.topics, commit)
+        return await self._commit_offsets(req.topics, commit, session, name)
 
     # -- consumer groups ------------------------------------------------------------------
 
-    async def join_group(self, req: Any, version: int) -> Response:
+    async def join_group(self, req: Any, version: int, session: KafkaSession) -> Response:
         out: Response = {
             "throttle_time": 0,
             "error_code": NONE,
@@ -609,16 +682,19 @@ class KafkaApis:
         rebalance_ms = session_ms if rebalance is None else round(rebalance.total_seconds() * 1000)
         try:
             _group_subscription(req.group_id)
+            self._allow_join(session, req)
             joined = await self.groups.join(
                 req.group_id,
                 req.member_id,
                 getattr(req, "group_instance_id", None),
-                "",
+                session.client_id,
                 req.protocol_type,
                 [(p.name, bytes(p.metadata)) for p in req.protocols],
                 session_ms,
                 rebalance_ms,
                 version >= 4,
+                session.who.role,
+                session.host,
             )
         except (GroupError, KafkaError) as exc:
             out["error_code"] = exc.code
@@ -637,33 +713,34 @@ class KafkaApis:
         )
         return out
 
-    async def sync_group(self, req: Any, version: int) -> Response:
+    async def sync_group(self, req: Any, version: int, session: KafkaSession) -> Response:
         try:
             assignment = await self.groups.sync(
                 req.group_id,
                 req.member_id,
                 req.generation_id,
                 [(a.member_id, bytes(a.assignment)) for a in req.assignments],
+                session.who.role,
             )
         except GroupError as exc:
             return {"throttle_time": 0, "error_code": exc.code, "assignment": b""}
         return {"throttle_time": 0, "error_code": NONE, "assignment": assignment}
 
-    def heartbeat(self, req: Any, version: int) -> Response:
+    def heartbeat(self, req: Any, version: int, session: KafkaSession) -> Response:
         try:
-            self.groups.heartbeat(req.group_id, req.member_id, req.generation_id)
+            self.groups.heartbeat(req.group_id, req.member_id, req.generation_id, session.who.role)
         except GroupError as exc:
             return {"throttle_time": 0, "error_code": exc.code}
         return {"throttle_time": 0, "error_code": NONE}
 
-    def leave_group(self, req: Any, version: int) -> Response:
+    def leave_group(self, req: Any, version: int, session: KafkaSession) -> Response:
         try:
-            self.groups.leave(req.group_id, req.member_id)
+            self.groups.leave(req.group_id, req.member_id, session.who.role)
         except GroupError as exc:
             return {"throttle_time": 0, "error_code": exc.code}
         return {"throttle_time": 0, "error_code": NONE}
 
-    async def offset_commit(self, req: Any, version: int) -> Response:
+    async def offset_commit(self, req: Any, version: int, session: KafkaSession) -> Response:
         generation = req.generation_id_or_member_epoch
 
         async def commit(topic: Topic, index: int, offset: int) -> None:
@@ -674,17 +751,25 @@ class KafkaApis:
 
         try:
             name = _group_subscription(req.group_id)
-            self.groups.check_member(req.group_id, req.member_id, generation)
+            self.groups.check_member(req.group_id, req.member_id, generation, session.who.role)
         except (GroupError, KafkaError) as exc:
             refused: BaseException = exc
             return await self._offsets_answer(req.topics, lambda *_: _failed(refused))
-        return await self._commit_offsets(req.topics, commit)
+        return await self._commit_offsets(req.topics, commit, session, name)
 
     async def _commit_offsets(
-        self, topics: Any, commit: Callable[[Topic, int, int], Awaitable[None]]
+        self,
+        topics: Any,
+        commit: Callable[[Topic, int, int], Awaitable[None]],
+        session: KafkaSession,
+        group: str,
     ) -> Response:
+        """Commit each partition's offset (refused there, nothing changed,
+        unless the role may consume on its topic as ``group``)."""
+
         def one(topic_name: str, index: int, offset: int) -> Awaitable[None]:
             try:
+                session.allow_group(topic_name, group)
                 partition = self._partition(topic_name, index)
             except Exception as exc:
                 return _failed(exc)
@@ -715,24 +800,35 @@ class KafkaApis:
             "topics": [{"name": n, "partitions": p} for n, p in by_topic.items()],
         }
 
-    async def offset_fetch(self, req: Any, version: int) -> Response:
+    async def offset_fetch(self, req: Any, version: int, session: KafkaSession) -> Response:
         try:
             name = _group_subscription(req.group_id)
         except KafkaError as exc:
             return {"throttle_time": 0, "topics": [], "error_code": exc.code}
         subs = self.broker.subscriptions
+
+        def refusal(topic: str) -> int:
+            """The code that refuses this role the group's offsets on ``topic``."""
+            try:
+                session.allow_group(topic, name)
+            except KafkaError as exc:
+                return exc.code
+            return NONE
+
         # The topics that may hold the group's offsets, loaded (a topic not
-        # loaded has its cursors in the store only).
+        # loaded has its cursors in the store only); asked for all of them,
+        # the ones this role may read as the group.
         known = self.broker.topics
         store = self.broker.store
         for t in (
-            [t.name for t in req.topics]
+            [t.name for t in req.topics if not refusal(t.name)]
             if req.topics is not None
             else [
                 t
                 for t in known.names()
                 if known.get(t) is None
                 and store.has_ledger(PartitionSubscription.ledger_name(t, 0, name))
+                and not refusal(t)
             ]
         ):
             await known.load_topic(t)
@@ -740,22 +836,23 @@ class KafkaApis:
             wanted = [
                 (t, [s.partition.index for s in found])
                 for t in self.broker.topics.names()
-                if (found := subs.of_topic(t).get(name))
+                if (found := subs.of_topic(t).get(name)) and not refusal(t)
             ]
         else:
             wanted = [(t.name, list(t.partition_indexes)) for t in req.topics]
         topics = []
         for topic_name, indexes in wanted:
             parts = []
+            code = refusal(topic_name)
             for index in indexes:
-                sub = subs.get(topic_name, index, name)
+                sub = None if code else subs.get(topic_name, index, name)
                 parts.append(
                     {
                         "partition_index": index,
                         "committed_offset": -1 if sub is None else _committed_offset(sub),
                         "committed_leader_epoch": -1,
                         "metadata": "",
-                        "error_code": NONE,
+                        "error_code": code,
                     }
                 )
             topics.append({"name": topic_name, "partitions": parts})
@@ -777,6 +874,54 @@ class KafkaApis:
                 UNKNOWN_TOPIC_OR_PARTITION, f"no partition {index} of topic {topic_name!r}"
             )
         return topic.partitions[index]
+
+    def _allow_producer(
+        self, session: KafkaSession, producer_id: int, transactional_id: str | None
+    ) -> None:
+        """A transactional request: refused (TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+        unless the role may produce on the transactional id it names and on
+        the one that holds its producer id (as `broker._epoch` checks the
+        producer-epoch mode: without it, a role could end or write into
+        another's transaction by naming its own transactional id)."""
+        if session.superuser:
+            return
+        if transactional_id is not None:
+            session.allow_transactional_id(transactional_id)
+        tc = self.broker.coordinators.get(producer_id >> _PID_SHIFT)
+        entry = tc.producer_of(producer_id) if tc is not None else None
+        if entry is not None and entry.transactional_id != transactional_id:
+            session.allow_transactional_id(entry.transactional_id)
+
+    @staticmethod
+    def _allow_join(session: KafkaSession, req: Any) -> None:
+        """JoinGroup: a consumer group member subscribes to topics (its
+        protocols' metadata, Kafka's ConsumerProtocolSubscription): the role
+        must be allowed to consume on each as the group (else
+        GROUP_AUTHORIZATION_FAILED, nothing joined). Another protocol type
+        (Kafka Connect's, say) names no topics: a superuser's only."""
+        if session.superuser:
+            return
+        group = req.group_id
+        if req.protocol_type != "consumer":
+            raise KafkaError(
+                GROUP_AUTHORIZATION_FAILED,
+                f"group {group!r}: only a superuser may join with protocol type "
+                f"{req.protocol_type!r} (a consumer group's is 'consumer')",
+            )
+        for protocol in req.protocols:
+            try:
+                topics = subscribed_topics(bytes(protocol.metadata))
+            except ValueError as exc:
+                raise KafkaError(
+                    GROUP_AUTHORIZATION_FAILED,
+                    f"group {group!r}: protocol {protocol.name!r}'s subscription does not "
+                    f"decode ({exc}), so its topics cannot be checked",
+                ) from None
+            for topic in topics:
+                try:
+                    session.allow_group(topic, group)
+                except KafkaError as exc:
+                    raise KafkaError(GROUP_AUTHORIZATION_FAILED, str(exc)) from None
 
     def _coordinator_of_producer(self, producer_id: int) -> TransactionCoordinator:
         tc = self.broker.coordinators.get(producer_id >> _PID_SHIFT)
@@ -811,6 +956,29 @@ def _epoch_producer(name: str) -> tuple[int, int]:
     return -1, -1
 
 
+def subscribed_topics(metadata: bytes) -> list[str]:
+    """The topics of a consumer's ConsumerProtocolSubscription (JoinGroup's
+    protocol metadata): a version (int16), then an array (int32 count) of
+    strings (int16 length, UTF-8); what follows is left unread. ValueError
+    if it is not one."""
+    try:
+        _, count = struct.unpack_from(">hi", metadata, 0)
+        if not 0 <= count <= len(metadata):
+            raise ValueError(f"{count} topics")
+        pos = 6
+        topics = []
+        for _ in range(count):
+            (size,) = struct.unpack_from(">h", metadata, pos)
+            pos += 2
+            if size < 0 or pos + size > len(metadata):
+                raise ValueError("a topic name runs past the metadata")
+            topics.append(metadata[pos : pos + size].decode())
+            pos += size
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise ValueError(str(exc)) from None
+    return topics
+
+
 def _group_subscription(group_id: str) -> str:
     try:
         return check_subscription_name(group_id)
@@ -841,6 +1009,29 @@ def _committed_offset(sub: PartitionSubscription) -> int:
     if index == WHOLE_ENTRY or index + 1 >= sub.partition.count(entry_id):
         return offset_of(entry_id + 1, 0)
     return offset_of(entry_id, index + 1)
+
+
+async def _offset_for_time(partition: Partition, time_ms: int) -> tuple[int, int]:
+    """(offset, publish time) of the first message of ``partition``
+    published at or after ``time_ms``, or (-1, -1) if none was (Kafka's
+    ListOffsets by timestamp). The entries are searched by their first
+    message's publish time, as a consumer's seek by time does
+    (`broker._operations.first_published_at_or_after`), then the entry
+    before the one found, whose later messages may be that late, and that
+    one are read message by message."""
+    ledger = partition.ledger
+    found = await first_published_at_or_after(partition, time_ms)
+    for entry_id in (found - 1, found):
+        if not ledger.first_entry_id <= entry_id <= ledger.last_entry_id:
+            continue
+        entries = await ledger.read(entry_id, entry_id)
+        if not entries:
+            continue
+        batch = pb.EntryBatch.FromString(await partition.materialize(entries[0]))
+        for index, message in enumerate(batch.messages[:MAX_ENTRY_MESSAGES]):
+            if message.publish_time_ms >= time_ms:
+                return offset_of(entry_id, index), message.publish_time_ms
+    return -1, -1
 
 
 async def _any_grows(partitions: list[Partition], timeout: float) -> None:

@@ -13,24 +13,33 @@ the entry's offsets (`broker.kafka._offsets`), and a commit marker as a
 transactional batch of its transaction's messages followed by a COMMIT
 control batch. Every batch carries a CRC-32C of its body.
 
-Only uncompressed and gzip batches are read (`COMPRESSION`); batches are
-written uncompressed.
+A produced batch may be compressed with any of Kafka's codecs
+(`COMPRESSION`): gzip, snappy (raw, or in the xerial framing Kafka's Java
+producer and kafka-python write), lz4 (the LZ4 frame format) or zstd, each
+read with cramjam (one well-kept wheel with the four; aiokafka reads and
+writes them with it too). A batch inflates to `MAX_INFLATED` bytes at
+most: one that would inflate further (a decompression bomb), or that does
+not decompress, is refused CORRUPT_MESSAGE. Fetched batches are written
+uncompressed (txnbuf keeps messages, not Kafka's batches, and every client
+reads an uncompressed batch).
 """
 
 from __future__ import annotations
 
-import gzip
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import cramjam
 from crc32c import crc32c
 
 from proto import txnbuf_pb2 as pb
 
 __all__ = [
+    "COMPRESSION",
     "CORRUPT_MESSAGE",
     "INVALID_RECORD",
+    "MAX_INFLATED",
     "UNSUPPORTED_COMPRESSION_TYPE",
     "ProducedBatch",
     "RecordError",
@@ -49,7 +58,10 @@ _BODY = struct.Struct(">hiqqqhii")  # attributes .. record count (after the crc)
 _TRANSACTIONAL = 0x10
 _CONTROL = 0x20
 _COMPRESSION_MASK = 0x07
-COMPRESSION = {0: "none", 1: "gzip"}
+COMPRESSION = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+MAX_INFLATED = 100 << 20  # bytes a compressed batch's records may inflate to (a request's most)
+_FIRST_GUESS = 1 << 20  # the first output buffer tried is 16 times the input, at least this
+_XERIAL = b"\x82SNAPPY\x00"  # (then a version and a compatible version, int32 each)
 _NO_PRODUCER = -1
 
 
@@ -164,23 +176,90 @@ def _read_batch(body: bytes) -> ProducedBatch:
         raise RecordError(INVALID_RECORD, "a producer may not write control batches")
     compression = attributes & _COMPRESSION_MASK
     records = body[_BODY.size :]
-    if compression == 1:
-        try:
-            records = gzip.decompress(records)
-        except (OSError, EOFError) as exc:
-            raise RecordError(
-                CORRUPT_MESSAGE, f"a gzip record batch does not inflate: {exc}"
-            ) from None
-    elif compression:
-        raise RecordError(
-            UNSUPPORTED_COMPRESSION_TYPE,
-            f"record batch compression {compression} is not served (only none and gzip)",
-        )
+    if compression:
+        records = inflate(compression, records)
     if count <= 0:
         raise RecordError(CORRUPT_MESSAGE, "a record batch with no records")
     return ProducedBatch(
         pid, epoch, base_seq, bool(attributes & _TRANSACTIONAL), count, base_ts, records
     )
+
+
+def inflate(compression: int, data: bytes, limit: int = MAX_INFLATED) -> bytes:
+    """The records of a batch compressed with codec ``compression``;
+    `RecordError` if the codec is unknown, the data does not decompress or
+    would inflate past ``limit`` bytes."""
+    name = COMPRESSION.get(compression)
+    if name is None or name == "none":
+        raise RecordError(
+            UNSUPPORTED_COMPRESSION_TYPE,
+            f"record batch compression {compression} is not a Kafka codec "
+            "(1 gzip, 2 snappy, 3 lz4, 4 zstd)",
+        )
+    try:
+        if name == "snappy":
+            return _snappy(data, limit)
+        return _bounded(_DECOMPRESS_INTO[name], data, limit)
+    except (cramjam.DecompressionError, ValueError) as exc:
+        raise RecordError(
+            CORRUPT_MESSAGE,
+            f"a {name} record batch does not decompress (corrupt, or larger than "
+            f"{limit} bytes): {exc}",
+        ) from None
+
+
+_DECOMPRESS_INTO: dict[str, Callable[[bytes, bytearray], int]] = {
+    "gzip": cramjam.gzip.decompress_into,
+    "lz4": cramjam.lz4.decompress_into,
+    "zstd": cramjam.zstd.decompress_into,
+}
+
+
+def _bounded(into: Callable[[bytes, bytearray], int], data: bytes, limit: int) -> bytes:
+    """Decompress into an output buffer of a guessed size, four times larger
+    on each try up to ``limit`` (cramjam refuses to write past its end)."""
+    size = min(limit, max(_FIRST_GUESS, 16 * len(data)))
+    while True:
+        out = bytearray(size)
+        try:
+            n = into(data, out)
+        except cramjam.DecompressionError:
+            if size >= limit:
+                raise
+            size = min(limit, size * 4)
+            continue
+        return bytes(memoryview(out)[:n])
+
+
+def _snappy(data: bytes, limit: int) -> bytes:
+    """Raw snappy, or xerial-framed: a 16-byte header, then blocks each of
+    an int32 length and raw snappy (Kafka's Java producer writes it so)."""
+    if not data.startswith(_XERIAL):
+        return _snappy_block(data, limit)
+    pos = 16
+    blocks = []
+    total = 0
+    while pos < len(data):
+        if pos + 4 > len(data):
+            raise ValueError("a xerial snappy block length is cut short")
+        (size,) = struct.unpack_from(">i", data, pos)
+        pos += 4
+        if size < 0 or pos + size > len(data):
+            raise ValueError("a xerial snappy block runs past its batch")
+        block = _snappy_block(data[pos : pos + size], limit - total)
+        total += len(block)
+        blocks.append(block)
+        pos += size
+    return b"".join(blocks)
+
+
+def _snappy_block(data: bytes, limit: int) -> bytes:
+    size = cramjam.snappy.decompress_raw_len(data)
+    if size > limit:
+        raise ValueError(f"it would inflate to {size} bytes")
+    out = bytearray(size)
+    n = cramjam.snappy.decompress_raw_into(data, out)
+    return bytes(memoryview(out)[:n])
 
 
 def _read_records(records: bytes, count: int, base_ts: int, seq: int) -> list[pb.SingleMessage]:
