@@ -397,3 +397,13 @@ def test_framing_benchmark_runs_both_transports() -> None:
         cwd=ROOT, capture_output=True, text=True, check=True, timeout=120,
     ).stdout  # fmt: skip
     assert "| aiohttp WebSocket |" in out and "| raw TCP (length + bytes) |" in out
+
+
+def test_sqlitecommit_benchmark_runs_every_shape() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.sqlitecommit", "--commits", "5", "--rounds", "1",
+         "--rows", "2"],
+        cwd=ROOT, capture_output=True, text=True, check=True, timeout=120,
+    ).stdout  # fmt: skip
+    for shape in ("one statement", "executemany", "row by row"):
+        assert f"| 2 | {shape} |" in out
