@@ -143,6 +143,7 @@ async def test_a_role_gets_only_what_the_acl_grants_on_the_stream(
             await client.create_producer("orders")
         with pytest.raises(errors.AuthorizationError, match="'consume'"):
             await client.subscribe("orders", "billing")
+        assert "orders" not in topic_names(streaming)  # (the refusals created nothing)
         grant(streaming, "app", "produce", "topic:orders")
         producer = await client.create_producer("orders")
         await producer.send(b"one")
