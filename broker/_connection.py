@@ -6,8 +6,15 @@ permits) happens in the read loop; work that waits (durable acks, receipts,
 topic creation) runs in tasks, so one slow request never stalls the others.
 Answers go through one writer task, in order; the answers ready at once go
 as one BATCH frame (one write, one wake-up on each side), and a BATCH from
-the client is handled command by command. The transaction commands are
-`broker._transactions`' (one `Transactions` per connection).
+the client is handled command by command.
+
+The connection serves the commands of the data plane itself (CONNECT,
+PRODUCER, SEND, SUBSCRIBE, FLOW, ACK, ...) and pulls in the handler tables
+of the other modules: `broker._transactions` (one `Transactions` per
+connection), `broker._epoch`, `broker._reader`, `broker._groups`,
+`broker._seek`. Each table takes the connection as a
+`broker._context.Context` and none imports this module; a command type has
+one handler, whatever order the tables come in (`merge_handlers`).
 
 The connection speaks one protocol version, `PROTOCOL_VERSION` (see
 proto/txnbuf.proto): a CONNECT asking for another is answered with an ERROR
@@ -26,37 +33,36 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Awaitable, Coroutine
+from typing import Any, Protocol
 
 from aiohttp import WSMsgType, web
 from google.protobuf.message import DecodeError
 
 from broker._auth import NOBODY, Principal
+from broker._broker import Broker, ConnectedProducer
+from broker._context import Handlers, command, merge_handlers, success
 from broker._epoch import epoch_handlers
-from broker._errors import error_code, error_text
-from broker._pipelines import pipeline_handlers
+from broker._errors import REFUSALS, error_code, error_text
+from broker._groups import group_handlers
+from broker._reader import reader_handlers
 from broker._seek import seek_handlers
 from broker._transactions import CLUSTER_ROLE, Transactions
 from buffer import (
     InvalidNameError,
     MessageId,
     PublishResult,
-    Topic,
+    SendRejectedError,
     check_consumer_name,
     check_producer_name,
     check_subscription_name,
     check_topic_name,
+    decode_send,
 )
-from proto import MAX_MESSAGE_SIZE, next_frame, oversized, refusals
+from proto import MAX_MESSAGE_SIZE, next_frame, refusals
 from proto import txnbuf_pb2 as pb
 from subscriptions import Consumer, SubType
 from tc import wire_txnid
-
-if TYPE_CHECKING:
-    from broker._server import Broker
-
 
 __all__ = ["CLUSTER_ROLE", "PROTOCOL_VERSION", "Connection", "Socket"]
 
@@ -72,19 +78,6 @@ _SUB_TYPES = {
     pb.CommandSubscribe.SHARED: SubType.SHARED,
     pb.CommandSubscribe.FAILOVER: SubType.FAILOVER,
 }
-
-
-@dataclass(slots=True)
-class _Producer:
-    producer_id: int
-    name: str
-    topic: Topic
-
-
-def command(kind: pb.BaseCommand.Type, field: str, body: Any) -> pb.BaseCommand:
-    cmd = pb.BaseCommand(type=kind)
-    getattr(cmd, field).CopyFrom(body)
-    return cmd
 
 
 class Socket(Protocol):
@@ -107,12 +100,12 @@ class Connection:
         # The URL of the listener this connection came on, if not the
         # broker's (LOOKUP answers it).
         self._url = url
-        self.producers: dict[int, _Producer] = {}
+        self.producers: dict[int, ConnectedProducer] = {}
         self.consumers: dict[int, Consumer] = {}
         # Who this connection is (`broker._auth`): until it authenticates,
         # NOBODY, which may send nothing but CONNECT; the anonymous
         # principal if the broker authenticates nobody. ``roles``: what
-        # `_require_role` looks for.
+        # `require_role` looks for.
         self.who: Principal = broker.security.anonymous
         self.roles: frozenset[str] = self.who.roles
         self._expiry: asyncio.TimerHandle | None = None  # the token's end
@@ -122,7 +115,7 @@ class Connection:
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self.txns = txns = Transactions(self)
-        self._handlers: dict[int, Callable[[pb.BaseCommand], None]] = {
+        own: Handlers = {
             T.CONNECT: self._on_connect,
             T.PARTITIONED_METADATA: self._on_partitioned_metadata,
             T.LOOKUP: self._on_lookup,
@@ -136,17 +129,16 @@ class Connection:
             T.CLOSE_CONSUMER: self._on_close_consumer,
             T.PING: self._on_ping,
             T.PONG: lambda cmd: None,
-            T.NEW_TXN: txns.on_new_txn,
-            T.ADD_PARTITION_TO_TXN: txns.on_add_partition,
-            T.ADD_SUBSCRIPTION_TO_TXN: txns.on_add_subscription,
-            T.END_TXN: txns.on_end_txn,
-            T.END_TXN_ON_PARTITION: txns.on_end_txn_on_partition,
-            T.END_TXN_ON_SUBSCRIPTION: txns.on_end_txn_on_subscription,
             T.BATCH: self._on_batch,
         }
-        self._handlers.update(epoch_handlers(self))  # (the producer-epoch mode)
-        self._handlers.update(pipeline_handlers(self))  # (reading by position, txn groups)
-        self._handlers.update(seek_handlers(self))  # (a consumer's seek and unsubscribe)
+        self._handlers = merge_handlers(
+            own,
+            txns.handlers(),  # (PIP-31 transactions)
+            epoch_handlers(self),  # (the producer-epoch mode)
+            reader_handlers(self),  # (reading by position)
+            group_handlers(self),  # (transaction groups)
+            seek_handlers(self),  # (a consumer's seek and unsubscribe)
+        )
 
     # -- the loops ------------------------------------------------------------------
 
@@ -158,7 +150,7 @@ class Connection:
         try:
             async for msg in ws:
                 if msg.type == WSMsgType.BINARY:
-                    self._on_frame(msg.data)
+                    self.on_frame(msg.data)
                 elif msg.type == WSMsgType.TEXT:
                     self._error(0, pb.MALFORMED_FRAME, "frames must be binary BaseCommand messages")
                 elif msg.type == WSMsgType.ERROR:
@@ -170,7 +162,7 @@ class Connection:
             await writer
 
     async def run_fed(self, gone: asyncio.Future[None]) -> None:
-        """Serve a socket that hands each frame to `_on_frame` as it reads
+        """Serve a socket that hands each frame to `on_frame` as it reads
         it (`broker._stream`), until ``gone`` is done."""
         writer = asyncio.get_running_loop().create_task(self._write_loop())
         try:
@@ -222,14 +214,21 @@ class Connection:
         # a send already queued to the ledger completes, and its answer is
         # dropped (the client retries it on its next connection).
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    async def shut(self) -> None:
+        """`close`, and close the socket (the broker stops)."""
+        self.close()
+        await self.ws.close()
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     # -- dispatch -------------------------------------------------------------------
 
-    def _on_frame(self, data: bytes) -> None:
+    def on_frame(self, data: bytes) -> None:
+        """Handle one frame read off the socket (`run` calls it for the
+        WebSocket's messages, a stream listener for each frame it cuts)."""
         try:
             cmd = pb.BaseCommand.FromString(data)
         except DecodeError:
@@ -271,7 +270,7 @@ class Connection:
             )
         )
 
-    def _answer(self, request_id: int, work: Awaitable[pb.BaseCommand | None], what: str) -> None:
+    def answer(self, request_id: int, work: Awaitable[pb.BaseCommand | None], what: str) -> None:
         """Run ``work`` in a task; send its answer, or an ERROR if it raises."""
 
         async def run() -> None:
@@ -284,10 +283,7 @@ class Connection:
             if answer is not None:
                 self.send(answer)
 
-        self._spawn(run())
-
-    def _success(self, request_id: int) -> pb.BaseCommand:
-        return command(T.SUCCESS, "success", pb.CommandSuccess(request_id=request_id))
+        self.spawn(run())
 
     # -- handlers -------------------------------------------------------------------
 
@@ -334,11 +330,11 @@ class Connection:
                     count = len((await self.broker.topics.get_or_create(name)).partitions)
                 resp.partitions = count
             except InvalidNameError as exc:
-                resp.error = exc.code
+                resp.error = error_code(exc)
                 resp.message = str(exc)
             return command(T.PARTITIONED_METADATA_RESPONSE, "partitioned_metadata_response", resp)
 
-        self._answer(req.request_id, work(), "partitioned metadata")
+        self.answer(req.request_id, work(), "partitioned metadata")
 
     def _on_lookup(self, cmd: pb.BaseCommand) -> None:
         req = cmd.lookup
@@ -350,8 +346,8 @@ class Connection:
         try:
             check_topic_name(req.topic)
             self.broker.security.allow_lookup(self.who, req.topic)
-        except refusals.Refusal as exc:
-            resp.error = exc.code
+        except REFUSALS as exc:
+            resp.error = error_code(exc)
             resp.message = str(exc)
         self.send(command(T.LOOKUP_RESPONSE, "lookup_response", resp))
 
@@ -371,7 +367,9 @@ class Connection:
                 )
             self.broker.security.allow_another("producer", len(self.producers))
             self.broker.claim_producer(topic.name, req.producer_name, self)
-            self.producers[req.producer_id] = _Producer(req.producer_id, req.producer_name, topic)
+            self.producers[req.producer_id] = ConnectedProducer(
+                req.producer_id, req.producer_name, topic
+            )
             last = max(p.dedup.last_sequence_id(req.producer_name) for p in topic.partitions)
             return command(
                 T.PRODUCER_SUCCESS,
@@ -384,7 +382,7 @@ class Connection:
                 ),
             )
 
-        self._answer(req.request_id, work(), "create producer")
+        self.answer(req.request_id, work(), "create producer")
 
     def _on_close_producer(self, cmd: pb.BaseCommand) -> None:
         req = cmd.close_producer
@@ -397,7 +395,7 @@ class Connection:
             )
             return
         self.broker.release_producer(producer.topic.name, producer.name, self)
-        self.send(self._success(req.request_id))
+        self.send(success(req.request_id))
 
     def _on_send(self, cmd: pb.BaseCommand) -> None:
         """Handle a SEND. A transactional one adds its partition to the
@@ -447,21 +445,9 @@ class Connection:
             return
         partition = producer.topic.partitions[req.partition]
         try:
-            batch = pb.EntryBatch.FromString(req.batch)  # (the messages, as they will be stored)
-        except DecodeError:
-            fail(pb.MALFORMED_FRAME, "SEND batch is not a valid EntryBatch")
-            return
-        messages = batch.messages
-        if len(req.batch) > MAX_MESSAGE_SIZE and (too_big := oversized(messages)):
-            fail(pb.INVALID_ARGUMENT, too_big)
-            return
-        if not messages or batch.producer_name:
-            fail(
-                pb.INVALID_ARGUMENT,
-                "a SEND batch must not name a producer"
-                if messages
-                else "a SEND carries its messages in batch (an encoded EntryBatch): none given",
-            )
+            messages = decode_send(req.batch, "SEND").messages
+        except SendRejectedError as exc:
+            fail(error_code(exc), str(exc))
             return
         first_seq = req.first_sequence_id if req.HasField("first_sequence_id") else None
         try:
@@ -525,7 +511,7 @@ class Connection:
                 return
             answer(result)
 
-        self._spawn(receipt())
+        self.spawn(receipt())
 
     def _on_subscribe(self, cmd: pb.BaseCommand) -> None:
         req = cmd.subscribe
@@ -558,11 +544,11 @@ class Connection:
             await self.broker.subscriptions.subscribe(topic, sub_name, consumer, earliest)
             if self._closed:
                 self.broker.subscriptions.detach(consumer)
-                return self._success(req.request_id)
+                return success(req.request_id)
             self.consumers[req.consumer_id] = consumer
-            return self._success(req.request_id)
+            return success(req.request_id)
 
-        self._answer(req.request_id, work(), "subscribe")
+        self.answer(req.request_id, work(), "subscribe")
 
     def _push(self, consumer: Consumer, entries: list[pb.DeliveredEntry]) -> None:
         self.send(
@@ -626,7 +612,7 @@ class Connection:
                 self.txns.op_answered(req, resp.message if resp.HasField("error") else None)
             self.send(command(T.ACK_RESPONSE, "ack_response", resp))
 
-        self._spawn(work())
+        self.spawn(work())
 
     def _on_redeliver(self, cmd: pb.BaseCommand) -> None:
         req = cmd.redeliver_unacknowledged
@@ -650,9 +636,9 @@ class Connection:
             )
             return
         self.broker.subscriptions.detach(consumer)
-        self.send(self._success(req.request_id))
+        self.send(success(req.request_id))
 
-    def _require_role(self, role: str, what: str) -> None:
+    def require_role(self, role: str, what: str) -> None:
         """Refuse ``what`` (AUTHORIZATION_ERROR, nothing changes) unless this
         connection holds ``role``."""
         if role not in self.roles:

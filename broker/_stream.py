@@ -17,13 +17,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
+from broker._broker import Broker
 from broker._connection import Connection
 from proto import FRAME_SLACK, MAX_MESSAGE_SIZE, FrameTooLargeError, StreamFrames, stream_frame
-
-if TYPE_CHECKING:
-    from broker._server import Broker
 
 __all__ = ["StreamListener"]
 
@@ -106,7 +104,7 @@ class StreamSocket(asyncio.Protocol):
             self._close()
             return
         for frame in frames:
-            conn._on_frame(frame)
+            conn.on_frame(frame)
 
     def eof_received(self) -> bool:
         return False  # (close the transport: the client is done)

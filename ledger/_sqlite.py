@@ -37,15 +37,12 @@ import sqlite3
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import aiosqlite
 
 from ledger import _writer
-from ledger._base import Entry, LedgerError
-
-if TYPE_CHECKING:
-    from ledger._store import EngineSink
+from ledger._base import EngineSink, Entry, LedgerError
 
 __all__ = ["SqliteEngine"]
 

@@ -41,7 +41,7 @@ from proto import TxnID
 from proto import txnbuf_pb2 as pb
 from subscriptions import WHOLE_ENTRY
 from subscriptions._cursor import SNAPSHOT, TXN_ACK, AckRecord
-from tests.conftest import BrokerProcess
+from tests.conftest import BrokerProcess, until
 from tests.test_txn_crash import (
     abort_open_transactions,
     assert_all_or_nothing,
@@ -63,12 +63,14 @@ def txnbuf(*args: str) -> subprocess.CompletedProcess[str]:
 async def wait_all_ended(broker: BrokerProcess) -> None:
     """Until the coordinator has ended every transaction (the aborts of a
     closing client's spare transactions are logged after END answers)."""
-    for _ in range(100):
+
+    def ended() -> bool:
         _, body = broker.admin("GET", "/admin/v1/transactions")
-        if all(t["status"] in ("COMMITTED", "ABORTED") for t in json.loads(body)["transactions"]):
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"transactions did not end: {body!r}")
+        return all(
+            t["status"] in ("COMMITTED", "ABORTED") for t in json.loads(body)["transactions"]
+        )
+
+    await until(ended, "every transaction ended")
 
 
 async def run_transactions(broker: BrokerProcess) -> tuple[TxnID, TxnID]:
@@ -312,8 +314,8 @@ async def test_progress_lines(run_data: tuple[Path, TxnID, TxnID]) -> None:
 
 
 def _writer_gone(db: Path, timeout: float = 30.0) -> None:
-    """Wait until no writer process holds ``db``'s lock: the kernel kills a
-    killed broker's writer (its parent-death signal) a moment after it."""
+    """Wait until no broker holds ``db``'s lock: the kernel releases a
+    killed broker's lock as the process goes, a moment after the kill."""
     import fcntl
     import os
     import time
