@@ -34,7 +34,7 @@ class Client:
             producer = await client.create_producer("orders")
             await producer.send(b"payload")
 
-    One WebSocket (``<url>/ws``) carries every producer and consumer of the
+    One WebSocket (``<url>/ws``, or one stream) carries every producer and consumer of the
     client; it reconnects by itself when it drops (see ``client._connection``
     for what is re-created and re-sent). Every operation gives up after
     ``operation_timeout`` seconds with ``OperationTimeoutError``. The client
@@ -55,6 +55,9 @@ class Client:
     broker that refuses it makes ``connect`` raise ``AuthenticationError``
     at once. An ``https://`` URL connects over TLS; ``tls_ca`` names a PEM
     file of the CA certificates to trust (default: the system's).
+    ``txnbuf://host:port`` (``txnbufs://`` with TLS) connects to the
+    broker's stream listener (``txnbuf serve --stream-port``): the same
+    protocol on raw TCP instead of the WebSocket, with less framing.
     """
 
     def __init__(
@@ -65,16 +68,20 @@ class Client:
         token: str | None = None,
         tls_ca: str | os.PathLike[str] | None = None,
     ) -> None:
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise InvalidInputError(f"url must look like http://host:port, not {url!r}")
+        if not isinstance(url, str) or not url.startswith(
+            ("http://", "https://", "txnbuf://", "txnbufs://")
+        ):
+            raise InvalidInputError(
+                f"url must look like http://host:port (or txnbuf://host:port), not {url!r}"
+            )
         if not operation_timeout > 0:
             raise InvalidInputError("operation_timeout must be positive")
         if token is None:
             token = os.environ.get("TXNBUF_TOKEN", "")
         if not isinstance(token, str) or not token.isascii():
             raise InvalidInputError("token must be a str of ASCII characters (a JWT)")
-        if tls_ca is not None and not url.startswith("https://"):
-            raise InvalidInputError("tls_ca is for https:// URLs")
+        if tls_ca is not None and not url.startswith(("https://", "txnbufs://")):
+            raise InvalidInputError("tls_ca is for https:// and txnbufs:// URLs")
         context = tls_context(tls_ca) if tls_ca is not None else None
         self.url = url
         self.operation_timeout = operation_timeout
