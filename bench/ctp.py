@@ -53,7 +53,9 @@ branch is compared with main (and both with the peers) in one run. Such a
 row runs in a process of this script started with that checkout first on
 the path (its broker and its worker processes import that checkout's code;
 this script and the bench helpers it imports are that checkout's too,
-except this file). ``--loops`` limits txnbuf's loops.
+except this file). ``--loops`` limits txnbuf's loops. ``--stream``: txnbuf's workers connect to
+the broker's raw TCP listener (``--stream-port``, ``txnbuf://``) instead of
+the WebSocket.
 
 Prints each run's msgs/s, the medians, CPU microseconds per message of the
 client processes, the server (txnbuf: the broker's main process; PostgreSQL:
@@ -227,11 +229,13 @@ class Run:
 
 
 class Server:
-    """A server process a run starts and stops, and what the parent does with it."""
+    """A server process a run starts and stops, and what the parent does with it
+    (``workers_url``: where the workers connect, if not ``address``)."""
 
     name = ""
     proc: subprocess.Popen[bytes]
     address = ""
+    workers_url = ""
 
     async def load(self, total: int, size: int, per_txn: int) -> None:
         raise NotImplementedError
@@ -369,10 +373,14 @@ class Redis(Server):
 class Txnbuf(Server):
     name = "txnbuf"
 
-    def __init__(self, tmp: str, options: Sequence[str] = ()) -> None:
+    def __init__(self, tmp: str, options: Sequence[str] = (), stream: bool = False) -> None:
+        port = _free_port() if stream else 0
+        options = [*options, "--stream-port", str(port)] if stream else list(options)
         self.broker = Broker(tempfile.mkdtemp(dir=tmp, prefix="txnbuf-"), False, options)
         self.proc = self.broker.proc
         self.address = self.broker.url
+        if stream:  # (the workers on the raw TCP listener; loading and checking on /ws)
+            self.workers_url = f"txnbuf://127.0.0.1:{port}"
 
     def cpu(self) -> tuple[float, float | None]:
         return self.broker.cpu()
@@ -407,11 +415,13 @@ class Txnbuf(Server):
         self.broker.stop()
 
 
-def start_server(system: str, tmp: str, cluster: PostgresCluster | None) -> Server:
+def start_server(
+    system: str, tmp: str, cluster: PostgresCluster | None, stream: bool = False
+) -> Server:
     if system == "postgres":
         assert cluster is not None
         return Postgres(cluster)
-    return Redis(tmp) if system == "redis" else Txnbuf(tmp)
+    return Redis(tmp) if system == "redis" else Txnbuf(tmp, stream=stream)
 
 
 # --- the workers (each in a process of its own) ---------------------------------------
@@ -589,13 +599,14 @@ def one_run(
 ) -> Run:
     """Load a fresh server (``variant``'s, or ``make_server()``), copy every
     input with ``variant``'s workers, check the output."""
-    server = make_server() if make_server else start_server(variant.system, tmp, cluster)
+    stream = getattr(args, "stream", False)
+    server = make_server() if make_server else start_server(variant.system, tmp, cluster, stream)
     try:
         runner.run(server.load(args.messages, args.size, args.per_txn))
         ctx = multiprocessing.get_context("spawn")
         processes = variant.workers if variant.processes else 1
         sync = Sync(ctx, processes)
-        jobs = [Job(variant, server.address, args.messages, args.per_txn, i)
+        jobs = [Job(variant, server.workers_url or server.address, args.messages, args.per_txn, i)
                 for i in range(processes)]  # fmt: skip
         workers = [ctx.Process(target=worker_process, args=(job, sync)) for job in jobs]
         for w in workers:
@@ -804,7 +815,8 @@ def run_in_checkout(variant: Variant, args: argparse.Namespace, checkout: Path) 
     """`one_run` of ``variant`` in a process of this script that has
     ``checkout`` first on its path (so its broker and its workers run that
     checkout's code); the run it prints."""
-    options = {"messages": args.messages, "per_txn": args.per_txn, "size": args.size}
+    options = {"messages": args.messages, "per_txn": args.per_txn, "size": args.size,
+               "stream": args.stream}  # fmt: skip
     one = json.dumps({"variant": [variant.workers, variant.processes, variant.loop], **options})
     # run_path, not -m: this file, with none of its folder's modules in the
     # way of the checkout's packages (bench/cluster.py and cluster/).
@@ -843,6 +855,8 @@ def main() -> None:
     parser.add_argument("--systems", type=_systems, default=list(SYSTEMS),
                         help="of postgres,redis,txnbuf")  # fmt: skip
     parser.add_argument("--loops", type=_loops, default=list(LOOPS), help="of readme,fastest")
+    parser.add_argument("--stream", action="store_true",
+                        help="txnbuf's workers on the raw TCP listener (txnbuf://)")  # fmt: skip
     parser.add_argument("--baseline", type=_baseline, action="append", default=[],
                         help="[NAME=]DIR: txnbuf's rows with that checkout's code too")  # fmt: skip
     parser.add_argument("--results", type=Path, default=RESULTS,
@@ -867,6 +881,9 @@ def main() -> None:
     cluster = PostgresCluster() if "postgres" in systems else None
     try:
         header = [machine(), *versions(systems, cluster)]
+        if args.stream and "txnbuf" in systems:
+            header.append("txnbuf's workers connect to the raw TCP listener (--stream-port, "
+                          "txnbuf://); loading and checking go through the WebSocket")  # fmt: skip
         header += [f"baseline {name}: txnbuf's rows again with the code of {folder}"
                    for name, folder in sides.items()]  # fmt: skip
         with (

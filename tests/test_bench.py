@@ -248,11 +248,12 @@ def test_ctp_benchmark_runs_every_system_installed(tmp_path: Path) -> None:
 def test_ctp_benchmark_runs_a_baseline_checkout_in_the_same_rotation(tmp_path: Path) -> None:
     """bench.ctp --baseline runs txnbuf's rows again with another
     checkout's code (here this one, as a folder given by path), checks their
-    output too, and gives each row's ratio to the baseline's."""
+    output too, and gives each row's ratio to the baseline's; with
+    --stream, both sides' workers on the raw TCP listener."""
     results = tmp_path / "ctp.md"
     out = subprocess.run(
         [sys.executable, "-m", "bench.ctp", "--messages", "1000", "--rounds", "1",
-         "--workers", "1", "--systems", "txnbuf", "--loops", "readme",
+         "--workers", "1", "--systems", "txnbuf", "--loops", "readme", "--stream",
          "--baseline", f"other={ROOT}", "--results", str(results)],
         cwd=ROOT, capture_output=True, text=True, check=True, timeout=180,
     ).stdout  # fmt: skip
@@ -260,6 +261,7 @@ def test_ctp_benchmark_runs_a_baseline_checkout_in_the_same_rotation(tmp_path: P
     assert rows == ["txnbuf, README loop, 1 process", "txnbuf (other), README loop, 1 process"]
     assert f"baseline other: txnbuf's rows again with the code of {ROOT}" in out
     assert "- txnbuf, README loop, 1 process / other: " in out
+    assert "txnbuf's workers connect to the raw TCP listener" in out
     assert "Every run's output was checked: 1,000 outputs" in out
 
 
