@@ -12,8 +12,9 @@ COMMIT_TXN (its sends, ``--per-txn`` 100-byte messages as one
 for the next transaction) and a FLOW; the server decodes it and answers
 one TXN_RESPONSE and one MESSAGE carrying the next ``--per-txn`` inputs as
 one entry (the consumer's next batch), which the client decodes. No
-broker: what differs between the two rows is the transport alone (framing, masking, the WebSocket machinery of aiohttp on
-both sides, against a protocol callback and a length prefix).
+broker: what differs between the two rows is the transport alone
+(framing, masking, the WebSocket machinery of aiohttp on both sides,
+against a protocol callback and a length prefix).
 
 Printed per transport: transactions per second and CPU µs per transaction
 of the client and of the server (process time), the median of the rounds,
