@@ -118,7 +118,7 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -306,7 +306,23 @@ class AclStore:
         self.ledger = ledger
         self._entries: frozenset[AclEntry] = frozenset(entries)
         self._lock = asyncio.Lock()
+        # A cluster broker that does not own the ACL's slot: what a grant or
+        # revoke raises (`refusals.NotOwner`), nothing changed.
+        self.not_writable: Callable[[], Exception] | None = None
         self._index()
+
+    def replace_entries(self, entries: Iterable[AclEntry]) -> None:
+        """Take the grants read from the store (a cluster broker that does
+        not write the ACL reads it again now and then)."""
+        entries = frozenset(entries)
+        if entries != self._entries:
+            self._entries = entries
+            self._index()
+
+    @staticmethod
+    def parse(data: bytes, where: str) -> list[AclEntry]:
+        """The grants of one ACL document."""
+        return _parse_acl(data, where)
 
     @classmethod
     def load(cls, path: Path) -> AclStore:
@@ -369,6 +385,7 @@ class AclStore:
     async def grant(self, entry: AclEntry) -> bool:
         """Add ``entry`` (durably, then in memory); False if it was there."""
         async with self._lock:
+            self._check_writable()
             if entry in self._entries:
                 return False
             await self._replace(self._entries | {entry})
@@ -377,10 +394,15 @@ class AclStore:
     async def revoke(self, entry: AclEntry) -> bool:
         """Remove ``entry`` (durably, then in memory); False if it was not there."""
         async with self._lock:
+            self._check_writable()
             if entry not in self._entries:
                 return False
             await self._replace(self._entries - {entry})
             return True
+
+    def _check_writable(self) -> None:
+        if self.ledger is None and self.path is None and self.not_writable is not None:
+            raise self.not_writable()
 
     async def _replace(self, entries: frozenset[AclEntry]) -> None:
         doc = {"format": 1, "grants": [e.to_json() for e in sorted(entries)]}
@@ -393,6 +415,13 @@ class AclStore:
             await asyncio.to_thread(_write_atomically, self.path, text)
         self._entries = entries
         self._index()
+
+
+async def read_acl(store: LedgerStore) -> list[AclEntry]:
+    """The grants of the ACL ledger as the database holds it now (written
+    by whichever broker owns its slot)."""
+    entries = await store.read_fresh(ACL_LEDGER)
+    return _parse_acl(entries[-1].data, f"the ledger {ACL_LEDGER}") if entries else []
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -649,6 +678,14 @@ class Security:
         ledger = await store.open_ledger(ACL_LEDGER)
         ledger.no_tail_cache()
         return cls(await AclStore.load_ledger(ledger), config)
+
+    @classmethod
+    async def load_cluster(cls, store: LedgerStore, config: AuthConfig | None = None) -> Security:
+        """A cluster broker's: the ACL as the store holds it now, read only
+        (`broker._cluster` gives it the ledger to write while this broker
+        owns its slot, and reads it again now and then otherwise)."""
+        security = cls(AclStore(None, await read_acl(store)), config)
+        return security
 
     @property
     def enabled(self) -> bool:

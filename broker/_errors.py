@@ -38,6 +38,7 @@ class it names; ``(also X)``: callers may catch it as the built-in X)::
     │   ├── TooManyRequests                           TOO_MANY_REQUESTS
     │   ├── AuthenticationError                       AUTHENTICATION_ERROR
     │   ├── AuthorizationError                        AUTHORIZATION_ERROR
+    │   ├── NotOwner                                  NOT_OWNER (a cluster: the slot is elsewhere)
     │   │   └── tc.TwoPhaseCommitNotAllowedError      (also tc.ProducerEpochError)
     │   ├── TransactionConflict                       TRANSACTION_CONFLICT
     │   ├── TransactionNotFound                       TRANSACTION_NOT_FOUND
@@ -105,6 +106,7 @@ KAFKA_CODES: dict[pb.ServerError, int] = {
     pb.NOT_ALLOWED: 42,  # INVALID_REQUEST
     pb.SEQUENCE_TOO_OLD: 46,  # DUPLICATE_SEQUENCE_NUMBER
     pb.AUTHORIZATION_ERROR: 53,  # TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    pb.NOT_OWNER: 6,  # NOT_LEADER_OR_FOLLOWER (retriable: refresh metadata)
     pb.TRANSACTION_CONFLICT: 51,  # CONCURRENT_TRANSACTIONS: another transaction holds it
     pb.TRANSACTION_NOT_FOUND: 48,  # INVALID_TXN_STATE
     pb.INVALID_TXN_STATUS: 48,  # INVALID_TXN_STATE

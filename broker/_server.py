@@ -33,6 +33,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -40,7 +41,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from broker._auth import AuthConfig, Security
 from broker._connection import Connection
 from broker._metrics import BrokerMetrics
-from broker._slots import slot_of
+from broker._slots import slot_of, slot_of_key
 from buffer import Partition, PublishResult, Topic, Topics, TransactionBuffer
 from ledger import LedgerError, LedgerStore, faults
 from proto import FRAME_SLACK, MAX_MESSAGE_SIZE, refusals
@@ -55,7 +56,7 @@ from tc import (
     TxnStatus,
 )
 
-__all__ = ["BROKER_KEY", "MAX_REQUEST_LINE", "Broker", "make_app"]
+__all__ = ["BROKER_KEY", "MAX_REQUEST_LINE", "Broker", "ClusterGate", "broker_id", "make_app"]
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,10 @@ class Broker:
         self._awaiting_buffer: dict[Partition, list[_TxnSend]] = {}
         self.started = time.time()
         self.metrics = BrokerMetrics(self)
+        # A cluster broker (`broker._cluster`): which slots it serves, and the
+        # refusal of what it does not (None: one broker, every slot).
+        self.cluster: ClusterGate | None = None
+        self.store_owner = ""  # the name its PostgreSQL store writes as (`broker_id`)
 
     @classmethod
     async def open(
@@ -119,13 +124,16 @@ class Broker:
         preload: bool = True,
         unload_after: float | None = UNLOAD_AFTER,
         store_url: str | None = None,
+        cluster: bool = False,
     ) -> Broker:
         """``auth``: authentication, superusers and limits (none, the
         default: see `broker._auth`). ``preload``: load every topic in the
         background after the start; ``unload_after``: seconds a topic is
         left alone before it unloads (None: never; see the module
         docstring). ``store_url``: a PostgreSQL database instead of
-        ``data_dir`` (`open_cluster_store`)."""
+        ``data_dir`` (`open_cluster_store`); with ``cluster`` it takes no
+        slot and no coordinator: `broker._cluster.ClusterHost` loads them as
+        the cluster gives them to it."""
         t0 = time.perf_counter()
         where: Path | str
         folder: Path | None = None
@@ -134,20 +142,37 @@ class Broker:
             folder.mkdir(parents=True, exist_ok=True)
             security = Security.load(folder, auth)
             store = await LedgerStore.open(folder / "broker.db")
+        elif cluster:
+            store = await LedgerStore.open(store_url, owner=broker_id(url), slot_of=slot_of)
+            where = store.location
+            tc_ids = ()
+            try:
+                security = await Security.load_cluster(store, auth)
+            except BaseException:
+                await store.close()
+                raise
         else:
-            store = await open_cluster_store(store_url, f"{url or 'broker'} pid {os.getpid()}")
+            store = await open_cluster_store(store_url, broker_id(url))
             where = store.location
             try:
                 security = await Security.load_from_store(store, auth)
             except BaseException:
                 await store.close()
                 raise
-        topics = await Topics.load(store, lazy=True)
+        if cluster:
+            count = store.slot_count
+            topics = await Topics.load(
+                store, lazy=True, slots=count, slot_of=lambda name: slot_of_key(name, count)
+            )
+        else:
+            topics = await Topics.load(store, lazy=True)
         subs = await Subscriptions.load(topics)
         for name in sorted(topics.deleted):  # (a deletion that a crash interrupted)
             await subs.delete_leftovers(name)
             await topics.delete_ledgers(name)
         broker = cls(folder, store, topics, subs, url, security, unload_after)
+        if store_url is not None:
+            broker.store_owner = broker_id(url)
         topics.prepare = broker._prepare_topic
         topics.discard = broker._discard_topic
         log.info(
@@ -158,7 +183,8 @@ class Broker:
             time.perf_counter() - t0,
         )
         try:
-            await broker.metrics.load(store)
+            if not cluster:  # (a cluster's brokers do not keep the counters: docs/cluster.md)
+                await broker.metrics.load(store)
             for tcid in tc_ids:
                 broker.coordinators[tcid] = await broker._open_coordinator(tcid, producer_settings)
         except BaseException:
@@ -368,6 +394,8 @@ class Broker:
     def coordinator(self, txnid: TxnID) -> TransactionCoordinator:
         """The coordinator that owns ``txnid`` (its TCID), if it runs here."""
         tc = self.coordinators.get(txnid.tcid)
+        if tc is None and self.cluster is not None:
+            raise self.cluster.coordinator_not_here(txnid.tcid)
         if tc is None:
             raise TxnNotFoundError(
                 f"transaction {txnid} belongs to coordinator {txnid.tcid}, which does not run "
@@ -434,6 +462,8 @@ class Broker:
         anywhere else (END_TXN_ON_PARTITION / _SUBSCRIPTION on the wire) is
         checked against it."""
         tc = self.coordinators.get(txnid.tcid)
+        if tc is None and self.cluster is not None:
+            raise self.cluster.coordinator_not_here(txnid.tcid)
         if tc is None:
             raise refusals.NotAllowed(
                 f"transaction {txnid} belongs to coordinator {txnid.tcid}, which does not run "
@@ -479,6 +509,8 @@ class Broker:
             await self._end_on_partition(topic, partition, txnid, commit, False, producer)
 
     def _has_partition(self, topic: str, partition: int, txnid: TxnID) -> bool:
+        if self.cluster is not None:  # (elsewhere: the coordinator tries again, never "done")
+            self.cluster.gate(topic)
         count = self.topics.partition_count(topic)
         if count is None or partition >= count:
             log.warning("end %s on %s/%d: no such partition", txnid, topic, partition)
@@ -509,6 +541,8 @@ class Broker:
         the topic is loaded, if it is not)."""
         self.check_decided(txnid, commit)
         faults.refuse("broker.end_txn_on_participant")
+        if self.cluster is not None:
+            self.cluster.gate(topic)
         if self.topics.get(topic) is None and topic in self.topics:
             return self._end_on_subscription(topic, subscription, txnid, commit, True)
         self.subscriptions.end_txn_early(topic, subscription, txnid, commit)
@@ -527,6 +561,13 @@ class Broker:
     ) -> None:
         await self.topics.load_topic(topic)  # (loaded, and prepared, first)
         await self.subscriptions.end_txn(topic, subscription, txnid, commit, early)
+
+    def reset_connections_state(self) -> None:
+        """Forget the producers of the connections (all closed: a cluster
+        broker that starts again from its store)."""
+        self._producer_owners.clear()
+        self._producers_of.clear()
+        self._awaiting_buffer.clear()
 
     def producer_count(self, topic: str) -> int:
         return self._producers_of.get(topic, 0)
@@ -602,6 +643,25 @@ class _QuietParseErrors(logging.Filter):
             log.info("refused an HTTP request that could not be read: %s", exc.message)
             return False
         return True
+
+
+class ClusterGate(Protocol):
+    """What a cluster broker's host (`broker._cluster.ClusterHost`) answers
+    for the slots it does not serve."""
+
+    def gate(self, topic: str) -> None:
+        """Raise `refusals.NotOwner` unless ``topic``'s slot is served here."""
+        ...
+
+    def coordinator_not_here(self, tcid: int) -> refusals.Refusal:
+        """The refusal of a command for coordinator ``tcid``, not served here."""
+        ...
+
+
+def broker_id(url: str) -> str:
+    """The name a broker writes to its store as (and joins a cluster as):
+    its URL and process id, unique among the brokers of a database."""
+    return f"{url or 'broker'} pid {os.getpid()}"
 
 
 async def open_cluster_store(url: str, owner: str) -> LedgerStore:

@@ -33,7 +33,7 @@ LOCK_TIMEOUT = "1s"
 IDLE_IN_TRANSACTION = "5s"
 POOL_SIZE = 2  # connections: a look at a time, and a drain's leave beside it
 
-_READ_BROKERS = "SELECT id, extract(epoch FROM lease_until)::float8 FROM txnbuf.brokers"
+_READ_BROKERS = "SELECT id, extract(epoch FROM lease_until)::float8, urls FROM txnbuf.brokers"
 _READ_SLOTS = "SELECT slot, owner, epoch FROM txnbuf.slots ORDER BY slot"
 _JOIN = """
 INSERT INTO txnbuf.brokers (id, urls, lease_until)
@@ -79,6 +79,9 @@ class PostgresMembership:
     def __init__(self, pool: asyncpg.Pool, slots: int) -> None:
         self._pool = pool
         self.slots = slots  # the number of slots of the database
+        # The last snapshot read, and the registered brokers' URLs then.
+        self.last_view: View | None = None
+        self.last_urls: dict[str, str] = {}
 
     @classmethod
     async def open(cls, url: str) -> PostgresMembership:
@@ -142,11 +145,14 @@ class PostgresMembership:
                     slots = await conn.fetch(_READ_SLOTS)
         except _DRIVER_ERRORS as exc:
             raise _unknown("reading the cluster tables", exc) from exc
-        return View(
+        view = View(
             float(now),
-            {b: float(until) for b, until in brokers},
+            {b: float(until) for b, until, _ in brokers},
             tuple(SlotRow(owner, int(epoch)) for _, owner, epoch in slots),
         )
+        self.last_view = view
+        self.last_urls = {b: urls for b, _, urls in brokers}
+        return view
 
     async def join(self, me: str, urls: str, ttl: float) -> float:
         rows = await self._fetch("joining", _JOIN, me, urls, float(ttl))

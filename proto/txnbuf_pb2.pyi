@@ -28,6 +28,7 @@ class ServerError(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TOO_MANY_REQUESTS: _ClassVar[ServerError]
     AUTHENTICATION_ERROR: _ClassVar[ServerError]
     AUTHORIZATION_ERROR: _ClassVar[ServerError]
+    NOT_OWNER: _ClassVar[ServerError]
     TRANSACTION_CONFLICT: _ClassVar[ServerError]
     TRANSACTION_NOT_FOUND: _ClassVar[ServerError]
     INVALID_TXN_STATUS: _ClassVar[ServerError]
@@ -74,6 +75,7 @@ TOPIC_NOT_FOUND: ServerError
 TOO_MANY_REQUESTS: ServerError
 AUTHENTICATION_ERROR: ServerError
 AUTHORIZATION_ERROR: ServerError
+NOT_OWNER: ServerError
 TRANSACTION_CONFLICT: ServerError
 TRANSACTION_NOT_FOUND: ServerError
 INVALID_TXN_STATUS: ServerError
