@@ -304,7 +304,7 @@ class Connection:
                 if count is None:
                     count = len((await self.broker.topics.get_or_create(name)).partitions)
                 resp.partitions = count
-            except InvalidNameError as exc:
+            except refusals.Refusal as exc:  # (a bad name, no permission, another broker's slot)
                 resp.error = exc.code
                 resp.message = str(exc)
             return command(T.PARTITIONED_METADATA_RESPONSE, "partitioned_metadata_response", resp)
