@@ -40,7 +40,6 @@ from broker._pipelines import pipeline_handlers
 from broker._seek import seek_handlers
 from broker._transactions import CLUSTER_ROLE, Transactions
 from buffer import (
-    InvalidNameError,
     MessageId,
     PublishResult,
     Topic,

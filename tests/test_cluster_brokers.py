@@ -88,7 +88,9 @@ def topic_in(slot: int, prefix: str = "t") -> str:
     return f"{prefix}{i}"
 
 
-def served_by(found: dict[str | None, set[int]], slot: int, procs: list[BrokerProcess]) -> BrokerProcess:
+def served_by(
+    found: dict[str | None, set[int]], slot: int, procs: list[BrokerProcess]
+) -> BrokerProcess:
     for proc in procs:
         if slot in found.get(owner_id(proc), set()):
             return proc
@@ -150,15 +152,21 @@ async def test_slots_spread_and_a_killed_brokers_slots_are_served_again(
         # A command for a slot a does not own: NOT_OWNER, naming the owner.
         elsewhere = next(s for s in range(SLOTS) if s not in mine)
         other = served_by(await owners(pg_url), elsewhere, [b, c])
-        async with RawConnection(a.url) as raw:
-            answer = await raw.request(
-                pb.BaseCommand.PARTITIONED_METADATA,
-                "partitioned_metadata",
-                pb.CommandPartitionedMetadata(request_id=1, topic=topic_in(elsewhere, "x")),
-            )
-        refused = answer.partitioned_metadata_response
-        assert refused.error == pb.NOT_OWNER, answer
-        assert f"slot {elsewhere}" in refused.message and f"at {other.url}" in refused.message
+        refused = pb.CommandPartitionedMetadataResponse()
+
+        async def names_the_owner() -> bool:  # (once a's last look saw the owner)
+            async with RawConnection(a.url) as raw:
+                answer = await raw.request(
+                    pb.BaseCommand.PARTITIONED_METADATA,
+                    "partitioned_metadata",
+                    pb.CommandPartitionedMetadata(request_id=1, topic=topic_in(elsewhere, "x")),
+                )
+            refused.CopyFrom(answer.partitioned_metadata_response)
+            assert refused.error == pb.NOT_OWNER, answer
+            return f"at {other.url}" in refused.message
+
+        await wait_for("a names the owner", names_the_owner)
+        assert f"slot {elsewhere}, which this broker does not serve" in refused.message
         a.kill()
     took = await wait_for(
         "a's slots taken by b and c", lambda: spread_over(pg_url, [b, c]), timeout=WAIT
@@ -181,13 +189,13 @@ async def test_slots_spread_and_a_killed_brokers_slots_are_served_again(
 async def test_a_sigtermed_broker_hands_its_slots_over_without_waiting_for_its_lease(
     tmp_path: Path, pg_url: str, logs: list[BrokerProcess]
 ) -> None:
-    start_all(tmp_path, pg_url, 3, 60.0, logs)  # (a lease far longer than the wait below)
+    start_all(tmp_path, pg_url, 3, 30.0, logs)  # (expires 20 s or more after the SIGTERM)
     a, b, c = logs
     await wait_for("slots spread over the 3 brokers", lambda: spread_over(pg_url, logs))
     gone = owner_id(a)
     assert a.proc is not None
     a.proc.send_signal(signal.SIGTERM)
-    took = await wait_for("a's slots handed to b and c", lambda: spread_over(pg_url, [b, c]), 30)
+    took = await wait_for("a's slots handed to b and c", lambda: spread_over(pg_url, [b, c]), 18)
     print(f"SIGTERM -> every slot owned again: {took:.2f}s")
     assert a.proc.wait(timeout=WAIT) == 0
     assert "handed over every slot and left the cluster" in a.log()
