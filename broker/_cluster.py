@@ -203,6 +203,10 @@ class ClusterHost:
         await broker.topics.close()
         for topic in broker.topics.all():
             broker.subscriptions.unload_topic(topic.name)
+        try:
+            await broker.subscriptions.close()
+        except Exception as exc:  # (its store failed: nothing more to write)
+            log.warning("closing the dropped subscriptions failed: %s", exc)
         old = broker.store
         try:
             await asyncio.wait_for(old.close(), CLOSE_WAIT)

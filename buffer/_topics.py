@@ -88,7 +88,7 @@ class Topics:
         self._load_tasks: set[asyncio.Task[None]] = set()
         self._after: dict[str, list[Callable[[Topic | None, BaseException | None], None]]] = {}
         self._lock = asyncio.Lock()
-        self._meta = store.get_ledger(_META_LEDGER)
+        self._meta: Ledger | None = None  # the topic list (one broker: set by `load`)
         # Topics deleted whose ledgers may still be there (see the module docstring).
         self.deleted: set[str] = set()
         # Run on a topic being loaded, before it becomes visible; and on a
@@ -101,6 +101,7 @@ class Topics:
         self.slots = 0
         self.slot_of: Callable[[str], int] = lambda name: 0
         self._metas: dict[int, Ledger] = {}
+        self._legacy: list[bytes] = []  # a cluster: the single broker's list, read once
         self.gate: Callable[[str], None] | None = None
 
     @classmethod
@@ -121,6 +122,10 @@ class Topics:
             assert slot_of is not None
             topics.slots = slots
             topics.slot_of = slot_of
+            legacy = store.get_ledger(_META_LEDGER)
+            if legacy is not None:  # (read once, then given back: it is slot 0's ledger)
+                topics._legacy = [e.data for e in await topics._entries(legacy)]
+                store.release_ledger(legacy)
             return topics
         topics._meta = await store.open_ledger(_META_LEDGER)
         await topics._read_list(topics._meta)
@@ -133,13 +138,24 @@ class Topics:
             await topics.load_all()
         return topics
 
-    async def _read_list(self, meta: Ledger, slot: int | None = None) -> None:
-        """Apply the records of the topic list ``meta`` (those of topics of
-        ``slot`` only, if given)."""
+    @staticmethod
+    async def _entries(meta: Ledger) -> list[Any]:
+        out = []
+        for start in range(meta.first_entry_id, meta.last_entry_id + 1, _READ_CHUNK):
+            out.extend(await meta.read(start, start + _READ_CHUNK - 1))
+        return out
+
+    async def _read_list(self, meta: Ledger) -> None:
+        """Apply the records of the topic list ``meta``."""
         # (A chunk of records at a time: less memory left behind by a start.)
         for start in range(meta.first_entry_id, meta.last_entry_id + 1, _READ_CHUNK):
-            for entry in await meta.read(start, start + _READ_CHUNK - 1):
-                record = json.loads(entry.data)
+            self._apply([e.data for e in await meta.read(start, start + _READ_CHUNK - 1)])
+
+    def _apply(self, records: list[bytes], slot: int | None = None) -> None:
+        """Apply topic-list records (those of topics of ``slot`` only, if given)."""
+        if records:
+            for data in records:
+                record = json.loads(data)
                 if slot is not None and self.slot_of(record["topic"]) != slot:
                     continue
                 # (Interned: the broker's other tables keyed by topic share it.)
@@ -162,10 +178,7 @@ class Topics:
         """Read the topic list of ``slot`` (just taken: its ledgers are
         writable here); returns the deleted topics of the slot whose ledgers
         are still there (a deletion a failure interrupted)."""
-        legacy = self.store.get_ledger(_META_LEDGER)
-        if legacy is not None:
-            await self._read_list(legacy, slot)
-            self.store.release_ledger(legacy)
+        self._apply(self._legacy, slot)
         meta = self._metas[slot] = await self.store.open_ledger(f"{_META_LEDGER}/{slot}")
         await self._read_list(meta)
         leftovers = [
