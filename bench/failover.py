@@ -143,7 +143,9 @@ async def served(url: str, slots: set[int], by: dict[str, Broker], t0: float) ->
     return time.monotonic() - t0
 
 
-async def one_failover(url: str, brokers: list[Broker], victim: Broker, sig: int) -> tuple[float, float]:
+async def one_failover(
+    url: str, brokers: list[Broker], victim: Broker, sig: int
+) -> tuple[float, float]:
     held = {s for s, o in (await owners(url)).items() if o == victim.owner}
     others = [b for b in brokers if b is not victim]
     t0 = time.monotonic()
@@ -170,8 +172,11 @@ async def run(url: str, folder: Path, rounds: int, ttl: float | None) -> None:
                 owned, serving = await one_failover(url, brokers, victim, sig)
                 out.append((owned, serving))
                 name = "SIGKILL" if sig == signal.SIGKILL else "SIGTERM"
-                print(f"round {r + 1} {name}: every slot owned again {owned:.2f}s, "
-                      f"every slot of the victim served again {serving:.2f}s", flush=True)  # fmt: skip
+                print(
+                    f"round {r + 1} {name}: every slot owned again {owned:.2f}s, "
+                    f"every slot of the victim served again {serving:.2f}s",
+                    flush=True,
+                )
                 victim.wait()
                 victim.start()
                 await wait_until(lambda: spread(url, brokers))
@@ -201,8 +206,11 @@ def main() -> None:
             command = "python -m bench.failover " + " ".join(sys.argv[1:])
             with recorded("failover", command.strip()), tempfile.TemporaryDirectory() as tmp:
                 ttl = "default" if args.lease_ttl is None else f"{args.lease_ttl:g} s"
-                print(f"3 brokers, {SLOTS} slots, lease {ttl}, PostgreSQL {cluster.version}, "
-                      f"{os.cpu_count()} cores shared by PostgreSQL, the brokers and this client")  # fmt: skip
+                cores = os.cpu_count()
+                print(
+                    f"3 brokers, {SLOTS} slots, lease {ttl}, PostgreSQL {cluster.version}, "
+                    f"{cores} cores shared by PostgreSQL, the brokers and this client"
+                )
                 asyncio.run(run(server.url(), Path(tmp), args.rounds, args.lease_ttl))
         finally:
             server.stop()

@@ -696,6 +696,7 @@ def test_retriable_codes_are_exactly_the_documented_ones() -> None:
         pb.SERVICE_NOT_READY,
         pb.TOO_MANY_REQUESTS,
         pb.CONCURRENT_TRANSACTIONS,
+        pb.NOT_OWNER,  # (a cluster: retriable at the slot's owner)
     }
 
 
