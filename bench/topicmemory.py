@@ -68,7 +68,7 @@ def _type_census() -> collections.Counter[str]:
 async def _serve(broker: Any) -> tuple[Any, str]:
     from aiohttp import web
 
-    from broker._server import make_app
+    from broker import make_app
 
     runner = web.AppRunner(make_app(broker), access_log=None, handle_signals=False)
     await runner.setup()
@@ -93,7 +93,7 @@ def _traced() -> int:
 
 async def _held_by_broker(data: Path) -> int:
     """Traced memory held by a broker opened (and serving) on ``data``, settled."""
-    from broker._server import Broker
+    from broker import Broker
 
     gc.collect()
     before = _traced()
@@ -110,7 +110,7 @@ async def _held_by_broker(data: Path) -> int:
 async def one_side(topics: int, clients: int, breakdown: int, frames: int) -> dict[str, Any]:
     """Run in the checkout on ``sys.path``; the figures as a dict."""
     from bench.scale import read_again, set_up_topics
-    from broker._server import Broker
+    from broker import Broker
 
     names = [f"t{i}" for i in range(topics)]
     with tempfile.TemporaryDirectory() as tmp:

@@ -67,7 +67,7 @@ def children_cpu() -> float:
 
 async def one_round(txns: int, per_txn: int, concurrency: int) -> dict[str, float]:
     """Run ``txns`` transactions in a fresh broker; CPU and wall time per transaction."""
-    from broker._server import Broker
+    from broker import Broker
     from proto import txnbuf_pb2 as pb
     from subscriptions import Consumer, SubType
 

@@ -30,7 +30,9 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from broker._auth import AclEntry, AclError
+from broker._acl import AclEntry, AclError
+from broker._broker import BROKER_KEY, Broker
+from broker._errors import REFUSALS, error_code
 from broker._operations import (
     AdminError,
     delete_subscription,
@@ -39,7 +41,6 @@ from broker._operations import (
     skip_messages,
     subscriptions_json,
 )
-from broker._server import BROKER_KEY, Broker
 from buffer import (
     NO_RETENTION,
     InvalidNameError,
@@ -106,8 +107,8 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         return await handler(request)
     except AdminError as exc:
         return _error(exc.status, str(exc))
-    except refusals.Refusal as exc:
-        return _error(_HTTP_STATUS.get(exc.code, 409), str(exc))
+    except REFUSALS as exc:
+        return _error(_HTTP_STATUS.get(error_code(exc), 409), str(exc))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

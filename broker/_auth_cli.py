@@ -33,15 +33,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from broker._acl import AclEntry, AclError, check_role
 from broker._auth import (
     ADMIN_ROLE,
-    AclEntry,
-    AclError,
     AuthConfig,
     Authenticator,
     KeyFileError,
     Limits,
-    check_role,
     create_key_pair,
     create_secret_key,
     create_token,

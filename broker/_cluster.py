@@ -44,7 +44,7 @@ import logging
 import time
 
 from broker._auth import ACL_LEDGER, read_acl
-from broker._server import Broker
+from broker._broker import Broker
 from broker._slots import slot_of, slot_of_key
 from buffer import Topics
 from cluster import LeaseTiming, Member, MembershipError, PostgresMembership
@@ -244,8 +244,7 @@ class ClusterHost:
 
     async def _close_connections(self) -> None:
         for conn in list(self.broker.connections):
-            conn.close()
-            await conn.ws.close()
+            await conn.shut()
 
     async def _refresh_acl(self) -> None:
         """Read the ACL again every renewal interval, unless this broker

@@ -6,8 +6,15 @@ permits) happens in the read loop; work that waits (durable acks, receipts,
 topic creation) runs in tasks, so one slow request never stalls the others.
 Answers go through one writer task, in order; the answers ready at once go
 as one BATCH frame (one write, one wake-up on each side), and a BATCH from
-the client is handled command by command. The transaction commands are
-`broker._transactions`' (one `Transactions` per connection).
+the client is handled command by command.
+
+The connection serves the commands of the data plane itself (CONNECT,
+PRODUCER, SEND, SUBSCRIBE, FLOW, ACK, ...) and pulls in the handler tables
+of the other modules: `broker._transactions` (one `Transactions` per
+connection), `broker._epoch`, `broker._reader`, `broker._groups`,
+`broker._seek`. Each table takes the connection as a
+`broker._context.Context` and none imports this module; a command type has
+one handler, whatever order the tables come in (`merge_handlers`).
 
 The connection speaks one protocol version, `PROTOCOL_VERSION` (see
 proto/txnbuf.proto): a CONNECT asking for another is answered with an ERROR
@@ -26,36 +33,35 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Coroutine
+from typing import Any
 
 from aiohttp import WSMsgType, web
 from google.protobuf.message import DecodeError
 
 from broker._auth import NOBODY, Principal
+from broker._broker import Broker, ConnectedProducer
+from broker._context import Handlers, command, merge_handlers, success
 from broker._epoch import epoch_handlers
-from broker._errors import error_code, error_text
-from broker._pipelines import pipeline_handlers
+from broker._errors import REFUSALS, error_code, error_text
+from broker._groups import group_handlers
+from broker._reader import reader_handlers
 from broker._seek import seek_handlers
 from broker._transactions import CLUSTER_ROLE, Transactions
 from buffer import (
     MessageId,
     PublishResult,
-    Topic,
+    SendRejectedError,
     check_consumer_name,
     check_producer_name,
     check_subscription_name,
     check_topic_name,
+    decode_send,
 )
-from proto import MAX_MESSAGE_SIZE, next_frame, oversized, refusals
+from proto import MAX_MESSAGE_SIZE, next_frame, refusals
 from proto import txnbuf_pb2 as pb
 from subscriptions import Consumer, SubType
 from tc import wire_txnid
-
-if TYPE_CHECKING:
-    from broker._server import Broker
-
 
 __all__ = ["CLUSTER_ROLE", "PROTOCOL_VERSION", "Connection"]
 
@@ -73,30 +79,17 @@ _SUB_TYPES = {
 }
 
 
-@dataclass(slots=True)
-class _Producer:
-    producer_id: int
-    name: str
-    topic: Topic
-
-
-def command(kind: pb.BaseCommand.Type, field: str, body: Any) -> pb.BaseCommand:
-    cmd = pb.BaseCommand(type=kind)
-    getattr(cmd, field).CopyFrom(body)
-    return cmd
-
-
 class Connection:
     def __init__(self, broker: Broker, ws: web.WebSocketResponse, peer: str) -> None:
         self.broker = broker
         self.ws = ws
         self.peer = peer
-        self.producers: dict[int, _Producer] = {}
+        self.producers: dict[int, ConnectedProducer] = {}
         self.consumers: dict[int, Consumer] = {}
         # Who this connection is (`broker._auth`): until it authenticates,
         # NOBODY, which may send nothing but CONNECT; the anonymous
         # principal if the broker authenticates nobody. ``roles``: what
-        # `_require_role` looks for.
+        # `require_role` looks for.
         self.who: Principal = broker.security.anonymous
         self.roles: frozenset[str] = self.who.roles
         self._expiry: asyncio.TimerHandle | None = None  # the token's end
@@ -106,7 +99,7 @@ class Connection:
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self.txns = txns = Transactions(self)
-        self._handlers: dict[int, Callable[[pb.BaseCommand], None]] = {
+        own: Handlers = {
             T.CONNECT: self._on_connect,
             T.PARTITIONED_METADATA: self._on_partitioned_metadata,
             T.LOOKUP: self._on_lookup,
@@ -120,17 +113,16 @@ class Connection:
             T.CLOSE_CONSUMER: self._on_close_consumer,
             T.PING: self._on_ping,
             T.PONG: lambda cmd: None,
-            T.NEW_TXN: txns.on_new_txn,
-            T.ADD_PARTITION_TO_TXN: txns.on_add_partition,
-            T.ADD_SUBSCRIPTION_TO_TXN: txns.on_add_subscription,
-            T.END_TXN: txns.on_end_txn,
-            T.END_TXN_ON_PARTITION: txns.on_end_txn_on_partition,
-            T.END_TXN_ON_SUBSCRIPTION: txns.on_end_txn_on_subscription,
             T.BATCH: self._on_batch,
         }
-        self._handlers.update(epoch_handlers(self))  # (the producer-epoch mode)
-        self._handlers.update(pipeline_handlers(self))  # (reading by position, txn groups)
-        self._handlers.update(seek_handlers(self))  # (a consumer's seek and unsubscribe)
+        self._handlers = merge_handlers(
+            own,
+            txns.handlers(),  # (PIP-31 transactions)
+            epoch_handlers(self),  # (the producer-epoch mode)
+            reader_handlers(self),  # (reading by position)
+            group_handlers(self),  # (transaction groups)
+            seek_handlers(self),  # (a consumer's seek and unsubscribe)
+        )
 
     # -- the loops ------------------------------------------------------------------
 
@@ -192,7 +184,12 @@ class Connection:
         # a send already queued to the ledger completes, and its answer is
         # dropped (the client retries it on its next connection).
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    async def shut(self) -> None:
+        """`close`, and close the socket (the broker stops)."""
+        self.close()
+        await self.ws.close()
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -241,7 +238,7 @@ class Connection:
             )
         )
 
-    def _answer(self, request_id: int, work: Awaitable[pb.BaseCommand | None], what: str) -> None:
+    def answer(self, request_id: int, work: Awaitable[pb.BaseCommand | None], what: str) -> None:
         """Run ``work`` in a task; send its answer, or an ERROR if it raises."""
 
         async def run() -> None:
@@ -254,10 +251,7 @@ class Connection:
             if answer is not None:
                 self.send(answer)
 
-        self._spawn(run())
-
-    def _success(self, request_id: int) -> pb.BaseCommand:
-        return command(T.SUCCESS, "success", pb.CommandSuccess(request_id=request_id))
+        self.spawn(run())
 
     # -- handlers -------------------------------------------------------------------
 
@@ -303,12 +297,12 @@ class Connection:
                 if count is None:
                     count = len((await self.broker.topics.get_or_create(name)).partitions)
                 resp.partitions = count
-            except refusals.Refusal as exc:  # (a bad name, no permission, another broker's slot)
-                resp.error = exc.code
+            except REFUSALS as exc:  # (a bad name, no permission, another broker's slot)
+                resp.error = error_code(exc)
                 resp.message = str(exc)
             return command(T.PARTITIONED_METADATA_RESPONSE, "partitioned_metadata_response", resp)
 
-        self._answer(req.request_id, work(), "partitioned metadata")
+        self.answer(req.request_id, work(), "partitioned metadata")
 
     def _on_lookup(self, cmd: pb.BaseCommand) -> None:
         req = cmd.lookup
@@ -318,8 +312,8 @@ class Connection:
         try:
             check_topic_name(req.topic)
             self.broker.security.allow_lookup(self.who, req.topic)
-        except refusals.Refusal as exc:
-            resp.error = exc.code
+        except REFUSALS as exc:
+            resp.error = error_code(exc)
             resp.message = str(exc)
         self.send(command(T.LOOKUP_RESPONSE, "lookup_response", resp))
 
@@ -339,7 +333,9 @@ class Connection:
                 )
             self.broker.security.allow_another("producer", len(self.producers))
             self.broker.claim_producer(topic.name, req.producer_name, self)
-            self.producers[req.producer_id] = _Producer(req.producer_id, req.producer_name, topic)
+            self.producers[req.producer_id] = ConnectedProducer(
+                req.producer_id, req.producer_name, topic
+            )
             last = max(p.dedup.last_sequence_id(req.producer_name) for p in topic.partitions)
             return command(
                 T.PRODUCER_SUCCESS,
@@ -352,7 +348,7 @@ class Connection:
                 ),
             )
 
-        self._answer(req.request_id, work(), "create producer")
+        self.answer(req.request_id, work(), "create producer")
 
     def _on_close_producer(self, cmd: pb.BaseCommand) -> None:
         req = cmd.close_producer
@@ -365,7 +361,7 @@ class Connection:
             )
             return
         self.broker.release_producer(producer.topic.name, producer.name, self)
-        self.send(self._success(req.request_id))
+        self.send(success(req.request_id))
 
     def _on_send(self, cmd: pb.BaseCommand) -> None:
         """Handle a SEND. A transactional one adds its partition to the
@@ -415,21 +411,9 @@ class Connection:
             return
         partition = producer.topic.partitions[req.partition]
         try:
-            batch = pb.EntryBatch.FromString(req.batch)  # (the messages, as they will be stored)
-        except DecodeError:
-            fail(pb.MALFORMED_FRAME, "SEND batch is not a valid EntryBatch")
-            return
-        messages = batch.messages
-        if len(req.batch) > MAX_MESSAGE_SIZE and (too_big := oversized(messages)):
-            fail(pb.INVALID_ARGUMENT, too_big)
-            return
-        if not messages or batch.producer_name:
-            fail(
-                pb.INVALID_ARGUMENT,
-                "a SEND batch must not name a producer"
-                if messages
-                else "a SEND carries its messages in batch (an encoded EntryBatch): none given",
-            )
+            messages = decode_send(req.batch, "SEND").messages
+        except SendRejectedError as exc:
+            fail(error_code(exc), str(exc))
             return
         first_seq = req.first_sequence_id if req.HasField("first_sequence_id") else None
         try:
@@ -493,7 +477,7 @@ class Connection:
                 return
             answer(result)
 
-        self._spawn(receipt())
+        self.spawn(receipt())
 
     def _on_subscribe(self, cmd: pb.BaseCommand) -> None:
         req = cmd.subscribe
@@ -526,11 +510,11 @@ class Connection:
             await self.broker.subscriptions.subscribe(topic, sub_name, consumer, earliest)
             if self._closed:
                 self.broker.subscriptions.detach(consumer)
-                return self._success(req.request_id)
+                return success(req.request_id)
             self.consumers[req.consumer_id] = consumer
-            return self._success(req.request_id)
+            return success(req.request_id)
 
-        self._answer(req.request_id, work(), "subscribe")
+        self.answer(req.request_id, work(), "subscribe")
 
     def _push(self, consumer: Consumer, entries: list[pb.DeliveredEntry]) -> None:
         self.send(
@@ -594,7 +578,7 @@ class Connection:
                 self.txns.op_answered(req, resp.message if resp.HasField("error") else None)
             self.send(command(T.ACK_RESPONSE, "ack_response", resp))
 
-        self._spawn(work())
+        self.spawn(work())
 
     def _on_redeliver(self, cmd: pb.BaseCommand) -> None:
         req = cmd.redeliver_unacknowledged
@@ -618,9 +602,9 @@ class Connection:
             )
             return
         self.broker.subscriptions.detach(consumer)
-        self.send(self._success(req.request_id))
+        self.send(success(req.request_id))
 
-    def _require_role(self, role: str, what: str) -> None:
+    def require_role(self, role: str, what: str) -> None:
         """Refuse ``what`` (AUTHORIZATION_ERROR, nothing changes) unless this
         connection holds ``role``."""
         if role not in self.roles:

@@ -27,30 +27,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
-from google.protobuf.message import DecodeError
-
+from broker._context import Context, Handlers
 from broker._errors import error_code, error_text
-from buffer import PublishResult, Topic, check_topic_name, epoch_producer_name
-from proto import MAX_MESSAGE_SIZE, oversized, refusals
+from buffer import PublishResult, Topic, check_topic_name, decode_send, epoch_producer_name
+from ledger import on_outcome
+from proto import refusals
 from proto import txnbuf_pb2 as pb
-from tc import TransactionAbortableError, TransactionCoordinator, coordinator_of
-
-if TYPE_CHECKING:
-    from broker._connection import Connection
+from tc import TransactionAbortableError, coordinator_of, coordinator_of_producer
 
 __all__ = ["epoch_handlers"]
 
 log = logging.getLogger(__name__)
 
 T = pb.BaseCommand
-_PID_SHIFT = 47  # (see tc._producers: a producer id carries its coordinator)
 
 
-def epoch_handlers(conn: Connection) -> dict[int, Callable[[pb.BaseCommand], None]]:
+def epoch_handlers(conn: Context) -> Handlers:
     """The handlers of the producer-epoch commands, for ``conn``'s dispatch table."""
     unanswered = _Unanswered()
     return {
@@ -131,31 +126,21 @@ class _Unanswered:
             del self._by_pid[pid]
 
 
-def _coordinator_of_producer(conn: Connection, producer_id: int) -> TransactionCoordinator:
-    tcid = producer_id >> _PID_SHIFT
-    tc = conn.broker.coordinators.get(tcid)
-    if tc is None:
-        raise refusals.InvalidProducerIdMapping(
-            f"producer id {producer_id} belongs to coordinator {tcid}, which does not run here",
-        )
-    return tc
-
-
-def _allow_producer(conn: Connection, producer_id: int) -> None:
+def _allow_producer(conn: Context, producer_id: int) -> None:
     """Refuse a request carrying ``producer_id`` unless the connection may
     produce on the transactional id that holds it (Kafka's WRITE on the
     TransactionalId). A producer id nobody holds is left to the coordinator
     to refuse."""
     if conn.who.superuser:
         return
-    tc = conn.broker.coordinators.get(producer_id >> _PID_SHIFT)
+    tc = conn.broker.coordinators.get(coordinator_of_producer(producer_id))
     entry = tc.producer_of(producer_id) if tc is not None else None
     if entry is not None:
         conn.broker.security.allow_transactional_id(conn.who, entry.transactional_id)
 
 
 def _respond(
-    conn: Connection,
+    conn: Context,
     request_id: int,
     exc: BaseException | None = None,
     **fields: int,
@@ -172,23 +157,7 @@ def _respond(
     conn.send(out)
 
 
-def _when_done(
-    future: asyncio.Future[Any],
-    answer: Callable[[Any], None],
-    fail: Callable[[BaseException], None],
-) -> None:
-    def done(f: asyncio.Future[Any]) -> None:
-        if f.cancelled():
-            fail(asyncio.CancelledError())
-        elif (error := f.exception()) is not None:
-            fail(error)
-        else:
-            answer(f.result())
-
-    future.add_done_callback(done)
-
-
-def _init_producer_id(conn: Connection, cmd: pb.BaseCommand) -> None:
+def _init_producer_id(conn: Context, cmd: pb.BaseCommand) -> None:
     req = cmd.init_producer_id
 
     async def work() -> None:
@@ -214,10 +183,10 @@ def _init_producer_id(conn: Connection, cmd: pb.BaseCommand) -> None:
             resp.message = error_text(exc)
         conn.send(out)
 
-    conn._spawn(work())
+    conn.spawn(work())
 
 
-def _produce(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> None:
+def _produce(conn: Context, cmd: pb.BaseCommand, unanswered: _Unanswered) -> None:
     req = cmd.produce
     pid, epoch = req.producer_id, req.producer_epoch
     try:
@@ -228,15 +197,8 @@ def _produce(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> 
             raise refusals.TopicNotFound(f"no topic {req.topic!r}")
         if req.partition >= partitions:
             raise refusals.InvalidArgument(f"topic {req.topic!r} has no partition {req.partition}")
-        try:
-            batch = pb.EntryBatch.FromString(req.batch)
-        except DecodeError:
-            raise refusals.MalformedFrame("PRODUCE batch is not a valid EntryBatch") from None
-        if not batch.messages or batch.producer_name:
-            raise refusals.InvalidArgument("a PRODUCE batch holds messages and names no producer")
-        if len(req.batch) > MAX_MESSAGE_SIZE and (too_big := oversized(batch.messages)):
-            raise refusals.InvalidArgument(too_big)
-        tc = _coordinator_of_producer(conn, pid)
+        batch = decode_send(req.batch, "PRODUCE")
+        tc = conn.broker.producer_coordinator(pid)
         txnid = tc.producer_add_partition(pid, epoch, req.topic, req.partition)
 
         def publish(topic: Topic) -> Awaitable[PublishResult]:
@@ -283,14 +245,14 @@ def _produce(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> 
         unanswered.answered(pid, ops, None)
         answer(result)
 
-    _when_done(asyncio.ensure_future(pending), succeed, fail)
+    on_outcome(asyncio.ensure_future(pending), succeed, fail)
 
 
 async def _flattened(outer: Awaitable[Awaitable[PublishResult]]) -> PublishResult:
     return await (await outer)
 
 
-def _txn_offsets(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> None:
+def _txn_offsets(conn: Context, cmd: pb.BaseCommand, unanswered: _Unanswered) -> None:
     req = cmd.txn_offsets
     ops = unanswered.read(req.producer_id, req.producer_epoch)
 
@@ -309,7 +271,7 @@ def _txn_offsets(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered)
             by_part: dict[int, list[tuple[int, int]]] = {}
             for partition, entry_id, index in zip(flat[0::3], flat[1::3], flat[2::3], strict=True):
                 by_part.setdefault(partition, []).append((entry_id, index))
-            tc = _coordinator_of_producer(conn, req.producer_id)
+            tc = conn.broker.producer_coordinator(req.producer_id)
             txnid = tc.producer_add_subscription(
                 req.producer_id, req.producer_epoch, consumer.topic, consumer.subscription
             )
@@ -321,10 +283,10 @@ def _txn_offsets(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered)
         unanswered.answered(req.producer_id, ops, None)
         _respond(conn, req.request_id)
 
-    conn._spawn(work())
+    conn.spawn(work())
 
 
-def _prepare(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> None:
+def _prepare(conn: Context, cmd: pb.BaseCommand, unanswered: _Unanswered) -> None:
     req = cmd.prepare_producer_txn
     pid, epoch = req.producer_id, req.producer_epoch
 
@@ -340,13 +302,13 @@ def _prepare(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> 
     def start_prepare() -> None:
         # (The PREPARED record is queued in this turn: in the sends' group commit.)
         try:
-            tc = _coordinator_of_producer(conn, pid)
+            tc = conn.broker.producer_coordinator(pid)
             prepared = tc.prepare_producer_txn(pid, epoch)
         except Exception as exc:
             _respond(conn, req.request_id, exc)
             return
         unanswered.forget(pid, epoch)
-        _when_done(prepared, answer, lambda exc: _respond(conn, req.request_id, exc))
+        on_outcome(prepared, answer, lambda exc: _respond(conn, req.request_id, exc))
 
     if not unanswered.waiting(pid, epoch):
         start_prepare()
@@ -360,10 +322,10 @@ def _prepare(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> 
             return
         start_prepare()
 
-    conn._spawn(after_ops())
+    conn.spawn(after_ops())
 
 
-def _end(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> None:
+def _end(conn: Context, cmd: pb.BaseCommand, unanswered: _Unanswered) -> None:
     req = cmd.end_producer_txn
     pid, epoch, commit = req.producer_id, req.producer_epoch, req.txn_action == pb.COMMIT
     try:
@@ -383,14 +345,14 @@ def _end(conn: Connection, cmd: pb.BaseCommand, unanswered: _Unanswered) -> None
                 return
             _start_end(conn, req, unanswered)
 
-        conn._spawn(after_ops())
+        conn.spawn(after_ops())
         return
     _start_end(conn, req, unanswered)
 
 
-def _start_end(conn: Connection, req: pb.CommandEndProducerTxn, unanswered: _Unanswered) -> None:
+def _start_end(conn: Context, req: pb.CommandEndProducerTxn, unanswered: _Unanswered) -> None:
     try:
-        tc = _coordinator_of_producer(conn, req.producer_id)
+        tc = conn.broker.producer_coordinator(req.producer_id)
         ended = tc.end_producer_txn(
             req.producer_id, req.producer_epoch, req.txn_action == pb.COMMIT
         )
@@ -402,4 +364,4 @@ def _start_end(conn: Connection, req: pb.CommandEndProducerTxn, unanswered: _Una
     def answer(identity: tuple[int, int]) -> None:
         _respond(conn, req.request_id, producer_id=identity[0], producer_epoch=identity[1])
 
-    _when_done(ended, answer, lambda exc: _respond(conn, req.request_id, exc))
+    on_outcome(ended, answer, lambda exc: _respond(conn, req.request_id, exc))

@@ -1,75 +1,56 @@
 """Exceptions -> wire error codes: the one edge where an error answer is made.
 
-Every refusal the server packages raise is a `proto.refusals.Refusal` and
-carries its code: `error_code` answers with it. A `ledger.LedgerError` (the
+A request the server refuses raises an exception that says what was wrong
+and changes nothing: a `proto.refusals.Refusal` (one class per wire code,
+raised where no package of its own has a word for it) or an error of the
+package that refused (`tc`, `buffer`), each class with one parent. The
+broker answers each with the code of the one table `WIRE_CODES` (as httpx
+maps httpcore's exceptions with ``HTTPCORE_EXC_MAP``): the code of the
+nearest class of the exception's own line of parents in the table (single
+inheritance: one line, no order to get wrong). A `ledger.LedgerError` (the
 storage floor knows no wire codes) is answered PERSISTENCE_ERROR. Anything
 else is a bug: it is answered UNKNOWN_ERROR and logged here, with its
 traceback. Every place that answers an error (`broker._connection`,
 `broker._transactions`, `broker._epoch`, `broker._groups`, `broker._reader`,
-`broker.kafka`) goes through `error_code` and `error_text`.
+`broker._admin`, `broker.kafka`) goes through `error_code` and
+`error_text`; one that answers a refusal itself catches `REFUSALS`.
 
-The tree (a package's own class inherits its code from the `refusals`
-class it names; ``(also X)``: callers may catch it as the built-in X)::
+The tree (each class has one parent; its code is its own row of the table,
+or its nearest parent's)::
 
     Exception
     ├── proto.refusals.Refusal                        code: its ServerError value
-    │   ├── MalformedFrame                            MALFORMED_FRAME
-    │   ├── UnknownCommand                            UNKNOWN_COMMAND
-    │   ├── InvalidTopicName                          INVALID_TOPIC_NAME
-    │   │   └── buffer.InvalidTopicNameError          (also InvalidNameError)
-    │   ├── InvalidArgument                           INVALID_ARGUMENT
-    │   │   ├── buffer.InvalidNameError               (also ValueError) a name
-    │   │   ├── buffer.SendRejectedError              (also ValueError) a malformed send
-    │   │   ├── buffer.PartitionCountError            (also ValueError)
-    │   │   ├── buffer.RetentionError                 (also ValueError)
-    │   │   └── tc.TxnArgumentError                   (also ValueError) a timeout, tag, group
-    │   ├── PersistenceError                          PERSISTENCE_ERROR (and ledger.LedgerError)
-    │   ├── ServiceNotReady                           SERVICE_NOT_READY
-    │   ├── ProducerNotFound                          PRODUCER_NOT_FOUND
-    │   ├── ConsumerNotFound                          CONSUMER_NOT_FOUND
-    │   ├── ProducerBusy                              PRODUCER_BUSY
-    │   ├── ConsumerBusy                              CONSUMER_BUSY
-    │   ├── SubscriptionTypeMismatch                  SUBSCRIPTION_TYPE_MISMATCH
-    │   ├── UnknownMessageId                          UNKNOWN_MESSAGE_ID
-    │   ├── NotAllowed                                NOT_ALLOWED
-    │   ├── SequenceTooOld                            SEQUENCE_TOO_OLD
-    │   │   └── buffer.DuplicateTooOldError
-    │   ├── TopicNotFound                             TOPIC_NOT_FOUND
-    │   ├── TooManyRequests                           TOO_MANY_REQUESTS
-    │   ├── AuthenticationError                       AUTHENTICATION_ERROR
-    │   ├── AuthorizationError                        AUTHORIZATION_ERROR
-    │   ├── NotOwner                                  NOT_OWNER (a cluster: the slot is elsewhere)
-    │   │   └── tc.TwoPhaseCommitNotAllowedError      (also tc.ProducerEpochError)
-    │   ├── TransactionConflict                       TRANSACTION_CONFLICT
-    │   ├── TransactionNotFound                       TRANSACTION_NOT_FOUND
-    │   │   └── tc.TxnNotFoundError                   (also LookupError)
-    │   ├── InvalidTxnStatus                          INVALID_TXN_STATUS
-    │   │   ├── tc.InvalidTxnStatusError
-    │   │   ├── buffer.TxnEndedError                  (also TransactionBufferError)
-    │   │   └── buffer.TxnConflictError               (also TransactionBufferError)
-    │   ├── TransactionTimeout                        TRANSACTION_TIMEOUT
-    │   │   └── tc.TxnTimeoutError                    (also tc.InvalidTxnStatusError)
-    │   ├── ProducerFenced                            PRODUCER_FENCED
-    │   │   └── tc.ProducerFencedError                (also tc.ProducerEpochError)
-    │   ├── TransactionCoordinatorNotFound            TRANSACTION_COORDINATOR_NOT_FOUND
-    │   ├── InvalidTxnState                           INVALID_TXN_STATE
-    │   │   └── tc.InvalidTxnStateError               (also tc.ProducerEpochError)
-    │   ├── OutOfOrderSequence                        OUT_OF_ORDER_SEQUENCE
-    │   │   └── buffer.OutOfOrderSequenceError        (also TransactionBufferError)
-    │   ├── TransactionAbortable                      TRANSACTION_ABORTABLE
-    │   │   └── tc.TransactionAbortableError          (also tc.ProducerEpochError)
-    │   ├── InvalidProducerIdMapping                  INVALID_PRODUCER_ID_MAPPING
-    │   │   └── tc.InvalidPidMappingError             (also tc.ProducerEpochError)
-    │   ├── InvalidProducerEpoch                      INVALID_PRODUCER_EPOCH
-    │   │   ├── tc.InvalidProducerEpochError          (also tc.ProducerEpochError)
-    │   │   └── buffer.StaleEpochError                (also TransactionBufferError)
-    │   ├── ConcurrentTransactions                    CONCURRENT_TRANSACTIONS
-    │   │   └── tc.ConcurrentTransactionsError        (also tc.ProducerEpochError)
-    │   └── InvalidTransactionTimeout                 INVALID_TRANSACTION_TIMEOUT
-    │       └── tc.InvalidTransactionTimeoutError     (also ProducerEpochError, ValueError)
+    │   └── MalformedFrame, InvalidArgument, ...      one class per code (`proto.refusals`)
+    ├── ValueError
+    │   ├── buffer.InvalidNameError                   INVALID_ARGUMENT (a name)
+    │   │   └── buffer.InvalidTopicNameError          INVALID_TOPIC_NAME
+    │   ├── buffer.SendRejectedError                  INVALID_ARGUMENT (a malformed send)
+    │   │   └── buffer.MalformedSendError             MALFORMED_FRAME (not an EntryBatch)
+    │   ├── buffer.PartitionCountError                INVALID_ARGUMENT
+    │   ├── buffer.RetentionError                     INVALID_ARGUMENT
+    │   └── tc.TxnArgumentError                       INVALID_ARGUMENT (a timeout, tag, group)
+    ├── LookupError
+    │   ├── tc.TxnNotFoundError                       TRANSACTION_NOT_FOUND
+    │   └── tc.NotStuckError                          (not a refusal: UNKNOWN_ERROR)
+    ├── buffer.DuplicateTooOldError                   SEQUENCE_TOO_OLD
+    ├── tc.InvalidTxnStatusError                      INVALID_TXN_STATUS
+    │   └── tc.TxnTimeoutError                        TRANSACTION_TIMEOUT
+    ├── tc.ProducerEpochError                         (the producer-epoch mode's)
+    │   ├── tc.ProducerFencedError                    PRODUCER_FENCED
+    │   ├── tc.InvalidProducerEpochError              INVALID_PRODUCER_EPOCH
+    │   ├── tc.InvalidTxnStateError                   INVALID_TXN_STATE
+    │   ├── tc.TransactionAbortableError              TRANSACTION_ABORTABLE
+    │   ├── tc.InvalidPidMappingError                 INVALID_PRODUCER_ID_MAPPING
+    │   ├── tc.ConcurrentTransactionsError            CONCURRENT_TRANSACTIONS
+    │   ├── tc.InvalidTransactionTimeoutError         INVALID_TRANSACTION_TIMEOUT
+    │   └── tc.TwoPhaseCommitNotAllowedError          AUTHORIZATION_ERROR
+    ├── buffer.TransactionBufferError                 (itself: a damaged log, UNKNOWN_ERROR)
+    │   ├── buffer.TxnEndedError                      INVALID_TXN_STATUS (a late write)
+    │   ├── buffer.TxnConflictError                   INVALID_TXN_STATUS
+    │   ├── buffer.StaleEpochError                    INVALID_PRODUCER_EPOCH
+    │   └── buffer.OutOfOrderSequenceError            OUT_OF_ORDER_SEQUENCE
     ├── ledger.LedgerError                            PERSISTENCE_ERROR
-    └── anything else (KeyError, a damaged log's      UNKNOWN_ERROR, logged with
-        buffer.TransactionBufferError, ...)           its traceback
+    └── anything else (KeyError, ...)                 UNKNOWN_ERROR, logged with its traceback
 
 The Kafka listener answers a Kafka client with Kafka's code for the same
 refusal: `kafka_code`, through the one table `KAFKA_CODES`.
@@ -79,13 +60,91 @@ from __future__ import annotations
 
 import logging
 
+from buffer import (
+    DuplicateTooOldError,
+    InvalidNameError,
+    InvalidTopicNameError,
+    MalformedSendError,
+    OutOfOrderSequenceError,
+    PartitionCountError,
+    RetentionError,
+    SendRejectedError,
+    StaleEpochError,
+    TxnConflictError,
+    TxnEndedError,
+)
 from ledger import LedgerError
+from proto import refusals
 from proto import txnbuf_pb2 as pb
-from proto.refusals import Refusal
+from tc import (
+    ConcurrentTransactionsError,
+    InvalidPidMappingError,
+    InvalidProducerEpochError,
+    InvalidTransactionTimeoutError,
+    InvalidTxnStateError,
+    InvalidTxnStatusError,
+    ProducerFencedError,
+    TransactionAbortableError,
+    TwoPhaseCommitNotAllowedError,
+    TxnArgumentError,
+    TxnNotFoundError,
+    TxnTimeoutError,
+)
 
-__all__ = ["KAFKA_CODES", "error_code", "error_text", "kafka_code"]
+__all__ = [
+    "KAFKA_CODES",
+    "REFUSALS",
+    "WIRE_CODES",
+    "error_code",
+    "error_text",
+    "kafka_code",
+    "wire_code",
+]
 
 log = logging.getLogger(__name__)
+
+_REFUSAL_CODES: dict[type[BaseException], pb.ServerError] = {
+    cls: cls.code
+    for cls in (getattr(refusals, name) for name in refusals.__all__)
+    if cls is not refusals.Refusal
+}
+
+# What a request's refusal is answered with: the wire's own refusals carry
+# their code; the packages' errors are mapped here, each class once.
+WIRE_CODES: dict[type[BaseException], pb.ServerError] = {
+    **_REFUSAL_CODES,
+    # tc
+    InvalidTxnStatusError: pb.INVALID_TXN_STATUS,
+    TxnTimeoutError: pb.TRANSACTION_TIMEOUT,
+    TxnNotFoundError: pb.TRANSACTION_NOT_FOUND,
+    TxnArgumentError: pb.INVALID_ARGUMENT,
+    ProducerFencedError: pb.PRODUCER_FENCED,
+    InvalidProducerEpochError: pb.INVALID_PRODUCER_EPOCH,
+    InvalidTxnStateError: pb.INVALID_TXN_STATE,
+    TransactionAbortableError: pb.TRANSACTION_ABORTABLE,
+    InvalidPidMappingError: pb.INVALID_PRODUCER_ID_MAPPING,
+    ConcurrentTransactionsError: pb.CONCURRENT_TRANSACTIONS,
+    InvalidTransactionTimeoutError: pb.INVALID_TRANSACTION_TIMEOUT,
+    TwoPhaseCommitNotAllowedError: pb.AUTHORIZATION_ERROR,
+    # buffer
+    InvalidNameError: pb.INVALID_ARGUMENT,
+    InvalidTopicNameError: pb.INVALID_TOPIC_NAME,
+    SendRejectedError: pb.INVALID_ARGUMENT,
+    MalformedSendError: pb.MALFORMED_FRAME,
+    PartitionCountError: pb.INVALID_ARGUMENT,
+    RetentionError: pb.INVALID_ARGUMENT,
+    DuplicateTooOldError: pb.SEQUENCE_TOO_OLD,
+    TxnEndedError: pb.INVALID_TXN_STATUS,
+    TxnConflictError: pb.INVALID_TXN_STATUS,
+    StaleEpochError: pb.INVALID_PRODUCER_EPOCH,
+    OutOfOrderSequenceError: pb.OUT_OF_ORDER_SEQUENCE,
+    # ledger: the storage failed (not a refusal: nothing is wrong with the request)
+    LedgerError: pb.PERSISTENCE_ERROR,
+}
+
+# The classes of a request's refusals (for ``except REFUSALS``: a handler
+# that answers a refusal in its own answer).
+REFUSALS: tuple[type[BaseException], ...] = tuple(c for c in WIRE_CODES if c is not LedgerError)
 
 
 # What a Kafka client is answered for each refusal (Kafka's error codes, see
@@ -122,15 +181,23 @@ KAFKA_CODES: dict[pb.ServerError, int] = {
 }
 
 
+def wire_code(exc: BaseException) -> pb.ServerError | None:
+    """The code `WIRE_CODES` answers ``exc`` with (None: not a refusal)."""
+    for cls in type(exc).__mro__:
+        code = WIRE_CODES.get(cls)
+        if code is not None:
+            return code
+    return None
+
+
 def error_code(exc: BaseException, what: str = "a request") -> pb.ServerError:
     """The `ServerError` code that tells a client what went wrong: a
-    refusal's own, PERSISTENCE_ERROR for the storage; for anything else
-    UNKNOWN_ERROR, and ``exc`` is logged with its traceback (``what``
-    failed: the connection and the request, for the log)."""
-    if isinstance(exc, Refusal):
-        return exc.code
-    if isinstance(exc, LedgerError):
-        return pb.PERSISTENCE_ERROR
+    refusal's (`WIRE_CODES`), PERSISTENCE_ERROR for the storage; for
+    anything else UNKNOWN_ERROR, and ``exc`` is logged with its traceback
+    (``what`` failed: the connection and the request, for the log)."""
+    code = wire_code(exc)
+    if code is not None:
+        return code
     log.error("%s failed (answered UNKNOWN_ERROR)", what, exc_info=exc)
     return pb.UNKNOWN_ERROR
 
@@ -138,7 +205,7 @@ def error_code(exc: BaseException, what: str = "a request") -> pb.ServerError:
 def error_text(exc: BaseException) -> str:
     """The message of an error answer: a refusal's says what was wrong; an
     unexpected error's names its type (the broker's log has the rest)."""
-    if isinstance(exc, Refusal | LedgerError):
+    if wire_code(exc) is not None:
         return str(exc) or type(exc).__name__
     return f"internal error: {type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 

@@ -2,7 +2,7 @@
 exactly-once sink (`pipelines`) needs of the coordinators.
 
 - NEW_TXN with a ``tag`` or ``prepared_ttl_ms``: a transaction that carries
-  them (a plain NEW_TXN goes on to the connection's own handler).
+  them (`broker._transactions` handles every NEW_TXN).
 - PREPARE_TXN: a PIP-31 transaction PREPARED by its TxnID (answered with
   TXN_RESPONSE once the PREPARED record, and every write of the
   transaction queued before it, is durable).
@@ -23,18 +23,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
+from broker._broker import BROKER_KEY
+from broker._context import Context, Handlers
 from broker._errors import error_code, error_text
+from ledger import on_outcome
 from proto import refusals
 from proto import txnbuf_pb2 as pb
 from tc import TransactionCoordinator, TxnID, TxnMeta, wire_txnid
-
-if TYPE_CHECKING:
-    from broker._connection import Connection
 
 __all__ = ["add_group_routes", "group_handlers"]
 
@@ -43,33 +42,23 @@ log = logging.getLogger(__name__)
 T = pb.BaseCommand
 
 
-def group_handlers(conn: Connection) -> dict[int, Callable[[pb.BaseCommand], None]]:
-    """The handlers of the group commands for ``conn``'s dispatch table
-    (added after its own: NEW_TXN without a tag goes on to its handler)."""
-    plain_new_txn = conn._handlers[T.NEW_TXN]
-
-    def new_txn(cmd: pb.BaseCommand) -> None:
-        if cmd.new_txn.tag or cmd.new_txn.prepared_ttl_ms:
-            _new_tagged_txn(conn, cmd)
-        else:
-            plain_new_txn(cmd)
-
+def group_handlers(conn: Context) -> Handlers:
+    """The handlers of the group commands for ``conn``'s dispatch table."""
     return {
-        T.NEW_TXN: new_txn,
         T.PREPARE_TXN: lambda cmd: _prepare_txn(conn, cmd),
         T.COMMIT_GROUP: lambda cmd: _commit_group(conn, cmd),
         T.ABORT_TAGGED: lambda cmd: _abort_tagged(conn, cmd),
     }
 
 
-def _may_end(conn: Connection, metas: list[TxnMeta]) -> None:
+def _may_end(conn: Context, metas: list[TxnMeta]) -> None:
     """Deciding transactions needs what writing them needed, as END_TXN
     (`broker._auth`); refused whole if one is refused."""
     for meta in metas:
         conn.broker.security.allow_end(conn.who, meta.partitions, meta.subscriptions)
 
 
-def _coordinator(conn: Connection, tc_id: int) -> TransactionCoordinator:
+def _coordinator(conn: Context, tc_id: int) -> TransactionCoordinator:
     tc = conn.broker.coordinators.get(tc_id)
     if tc is None:
         raise refusals.TransactionCoordinatorNotFound(
@@ -78,24 +67,7 @@ def _coordinator(conn: Connection, tc_id: int) -> TransactionCoordinator:
     return tc
 
 
-def _new_tagged_txn(conn: Connection, cmd: pb.BaseCommand) -> None:
-    req = cmd.new_txn
-    out = pb.BaseCommand(type=T.NEW_TXN_RESPONSE)
-    resp = out.new_txn_response
-    resp.request_id = req.request_id
-    try:
-        txnid = _coordinator(conn, req.tc_id).new_txn(
-            req.txn_ttl_ms, tag=req.tag, prepared_timeout_ms=req.prepared_ttl_ms
-        )
-        resp.txnid_most_bits = txnid.most_bits
-        resp.txnid_least_bits = txnid.least_bits
-    except Exception as exc:
-        resp.error = error_code(exc, f"connection {conn.peer}: new tagged transaction")
-        resp.message = error_text(exc)
-    conn.send(out)
-
-
-def _prepare_txn(conn: Connection, cmd: pb.BaseCommand) -> None:
+def _prepare_txn(conn: Context, cmd: pb.BaseCommand) -> None:
     req = cmd.prepare_txn
     what = "prepare transaction"
     try:
@@ -114,15 +86,15 @@ def _prepare_txn(conn: Connection, cmd: pb.BaseCommand) -> None:
         _txn_respond(conn, req, what, exc)
         return
 
-    def done(f: asyncio.Future[int]) -> None:
-        error = asyncio.CancelledError() if f.cancelled() else f.exception()
-        _txn_respond(conn, req, what, error)
-
-    written.add_done_callback(done)
+    on_outcome(
+        written,
+        lambda _: _txn_respond(conn, req, what, None),
+        lambda exc: _txn_respond(conn, req, what, exc),
+    )
 
 
 def _txn_respond(
-    conn: Connection, req: pb.CommandPrepareTxn, what: str, exc: BaseException | None
+    conn: Context, req: pb.CommandPrepareTxn, what: str, exc: BaseException | None
 ) -> None:
     """PREPARE_TXN's answer: TXN_RESPONSE, with the error if ``exc``."""
     out = pb.BaseCommand(type=T.TXN_RESPONSE)
@@ -137,7 +109,7 @@ def _txn_respond(
 
 
 def _group_respond(
-    conn: Connection,
+    conn: Context,
     request_id: int,
     exc: BaseException | None = None,
     duplicate: bool = False,
@@ -157,20 +129,15 @@ def _group_respond(
     conn.send(out)
 
 
-def _when_done(
-    conn: Connection, request_id: int, done: asyncio.Future[None], **fields: Any
-) -> None:
-    def answer(f: asyncio.Future[None]) -> None:
-        error = asyncio.CancelledError() if f.cancelled() else f.exception()
-        if error is not None:
-            _group_respond(conn, request_id, error)
-        else:
-            _group_respond(conn, request_id, **fields)
-
-    done.add_done_callback(answer)
+def _when_done(conn: Context, request_id: int, done: asyncio.Future[None], **fields: Any) -> None:
+    on_outcome(
+        done,
+        lambda _: _group_respond(conn, request_id, **fields),
+        lambda exc: _group_respond(conn, request_id, exc),
+    )
 
 
-def _commit_group(conn: Connection, cmd: pb.BaseCommand) -> None:
+def _commit_group(conn: Context, cmd: pb.BaseCommand) -> None:
     req = cmd.commit_group
     try:
         txnids = [wire_txnid(t.most_bits, t.least_bits) for t in req.txns]
@@ -195,7 +162,7 @@ def _commit_group(conn: Connection, cmd: pb.BaseCommand) -> None:
     )
 
 
-def _abort_tagged(conn: Connection, cmd: pb.BaseCommand) -> None:
+def _abort_tagged(conn: Context, cmd: pb.BaseCommand) -> None:
     req = cmd.abort_tagged
     try:
         tc = _coordinator(conn, req.tc_id)
@@ -223,8 +190,6 @@ def _tag_query(request: web.Request) -> tuple[str, bool] | web.Response:
 async def list_tagged(request: web.Request) -> web.Response:
     """``?tag=T[&prefix=true]``: the transactions not ended with that tag
     (or a tag starting with it), on every coordinator, oldest first."""
-    from broker._server import BROKER_KEY
-
     query = _tag_query(request)
     if isinstance(query, web.Response):
         return query
@@ -242,8 +207,6 @@ async def abort_tagged(request: web.Request) -> web.Response:
     """``?tag=T[&prefix=true]``: abort the undecided (OPEN or PREPARED)
     transactions with that tag on every coordinator; answers their ids
     once the aborts are durable and applied."""
-    from broker._server import BROKER_KEY
-
     query = _tag_query(request)
     if isinstance(query, web.Response):
         return query

@@ -21,7 +21,7 @@ at least what any scrape showed (the counts between that record and the
 crash are lost: it is an undercount, never a reset). A deleted topic's
 series are dropped.
 
-Topics load on first use (`broker._server`): the counters of a topic not
+Topics load on first use (`broker._broker`): the counters of a topic not
 loaded are its base, shown as they are; a topic that unloads adds what its
 objects counted to the base first (`fold_topic`). The gauges of topics and
 subscriptions (backlog, unacked, consumers) are the loaded topics' only: a
@@ -38,8 +38,9 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Iterator, Sized
+from pathlib import Path
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -50,14 +51,12 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from buffer import Topic
+from buffer import Topic, Topics
 from ledger import Buckets, Ledger, LedgerError, LedgerStore
-from tc import TxnStatus
+from subscriptions import Subscriptions
+from tc import TransactionCoordinator, TxnStatus
 
-if TYPE_CHECKING:
-    from broker._server import Broker
-
-__all__ = ["LATENCY_BOUNDS", "BrokerMetrics"]
+__all__ = ["LATENCY_BOUNDS", "BrokerMetrics", "Observed"]
 
 log = logging.getLogger(__name__)
 
@@ -153,11 +152,39 @@ def _histogram(name: str, doc: str, buckets: Buckets) -> HistogramMetricFamily:
     )
 
 
+class Observed(Protocol):
+    """What the metrics read of a broker (`broker._broker.Broker`), when scraped."""
+
+    @property
+    def topics(self) -> Topics: ...
+
+    @property
+    def subscriptions(self) -> Subscriptions: ...
+
+    @property
+    def coordinators(self) -> dict[int, TransactionCoordinator]: ...
+
+    @property
+    def connections(self) -> Sized: ...
+
+    @property
+    def store(self) -> LedgerStore: ...
+
+    @property
+    def data_dir(self) -> Path | None:
+        """(None: the store is PostgreSQL, no data directory.)"""
+
+    @property
+    def started(self) -> float: ...
+
+    def producer_counts(self) -> dict[str, int]: ...
+
+
 class BrokerMetrics:
     """The metrics of one broker: open with `load`, then `start`; `close`
     writes the counters' totals one last time."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Observed) -> None:
         self.broker = broker
         # A SEND read -> its receipt queued; an END_TXN read -> answered.
         self.send_seconds = Buckets(LATENCY_BOUNDS)

@@ -24,13 +24,13 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
+from broker._errors import REFUSALS
 from buffer import Partition, Position
-from proto import refusals
 from subscriptions import WHOLE_ENTRY, PartitionSubscription
 from tc import TxnID, TxnMeta, TxnStatus
 
 if TYPE_CHECKING:
-    from broker._server import Broker
+    from broker._broker import Broker
 
 __all__ = [
     "AdminError",
@@ -360,12 +360,12 @@ async def reset_subscription(
     for sub, _ in targets:  # (refuse before anything moves)
         try:
             sub.check_no_txn_acks("reset")
-        except refusals.Refusal as exc:
+        except REFUSALS as exc:
             raise AdminError(409, str(exc)) from None
     for sub, md in targets:
         try:
             await sub.reset(md)
-        except refusals.Refusal as exc:
+        except REFUSALS as exc:
             raise AdminError(409, str(exc)) from None
     return {
         "topic": topic,

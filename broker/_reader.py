@@ -38,17 +38,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING
 
+from broker._context import Context, Handlers
 from broker._errors import error_code, error_text
 from buffer import Partition, Position, Topic, check_subscription_name, check_topic_name
 from proto import refusals
 from proto import txnbuf_pb2 as pb
 from subscriptions import WHOLE_ENTRY, PartitionSubscription
-
-if TYPE_CHECKING:
-    from broker._connection import Connection
 
 __all__ = ["DEFAULT_MAX_MESSAGES", "MAX_READ_BYTES", "reader_handlers"]
 
@@ -61,11 +57,11 @@ MAX_READ_BYTES = 4 << 20  # a read answers about this much data at most (one ent
 MAX_WAIT_MS = 60_000
 
 
-def reader_handlers(conn: Connection) -> dict[int, Callable[[pb.BaseCommand], None]]:
+def reader_handlers(conn: Context) -> Handlers:
     """The handlers of READ_ENTRIES and CURSOR for ``conn``'s dispatch table."""
     return {
-        T.READ_ENTRIES: lambda cmd: conn._spawn(_read_entries(conn, cmd.read_entries)),
-        T.CURSOR: lambda cmd: conn._spawn(_cursor(conn, cmd.cursor)),
+        T.READ_ENTRIES: lambda cmd: conn.spawn(_read_entries(conn, cmd.read_entries)),
+        T.CURSOR: lambda cmd: conn.spawn(_cursor(conn, cmd.cursor)),
     }
 
 
@@ -136,7 +132,7 @@ def plan_read(
     return runs, (entry_id, index)
 
 
-async def _read_entries(conn: Connection, req: pb.CommandReadEntries) -> None:
+async def _read_entries(conn: Context, req: pb.CommandReadEntries) -> None:
     out = pb.BaseCommand(type=T.READ_ENTRIES_RESPONSE)
     resp = out.read_entries_response
     resp.request_id = req.request_id
@@ -150,7 +146,7 @@ async def _read_entries(conn: Connection, req: pb.CommandReadEntries) -> None:
 
 
 async def _fill_read(
-    conn: Connection, req: pb.CommandReadEntries, resp: pb.CommandReadEntriesResponse
+    conn: Context, req: pb.CommandReadEntries, resp: pb.CommandReadEntriesResponse
 ) -> None:
     conn.broker.security.allow_read(conn.who, check_topic_name(req.topic))
     part = _partition(await conn.broker.topics.load_topic(req.topic), req.topic, req.partition)
@@ -227,7 +223,7 @@ def _before(pos: Position) -> Position:
     return (entry_id, index - 1) if index > 0 else (entry_id - 1, WHOLE_ENTRY)
 
 
-async def _cursor(conn: Connection, req: pb.CommandCursor) -> None:
+async def _cursor(conn: Context, req: pb.CommandCursor) -> None:
     out = pb.BaseCommand(type=T.CURSOR_RESPONSE)
     resp = out.cursor_response
     resp.request_id = req.request_id

@@ -12,9 +12,9 @@ A refusal changes nothing.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from broker._context import Context, Handlers, success
 from broker._operations import (
     AdminError,
     delete_subscription,
@@ -25,7 +25,6 @@ from proto import refusals
 from proto import txnbuf_pb2 as pb
 
 if TYPE_CHECKING:
-    from broker._connection import Connection
     from subscriptions import Consumer
 
 __all__ = ["seek_handlers"]
@@ -42,7 +41,7 @@ _REFUSALS: dict[int, type[refusals.Refusal]] = {
 }
 
 
-def seek_handlers(conn: Connection) -> dict[int, Callable[[pb.BaseCommand], None]]:
+def seek_handlers(conn: Context) -> Handlers:
     """SEEK and UNSUBSCRIBE for ``conn``'s dispatch table."""
 
     def consumer_of(consumer_id: int, what: str) -> Consumer:
@@ -88,9 +87,9 @@ def seek_handlers(conn: Connection) -> dict[int, Callable[[pb.BaseCommand], None
                 consumer.topic,
                 target,
             )
-            return conn._success(req.request_id)
+            return success(req.request_id)
 
-        conn._answer(req.request_id, work(), "seek")
+        conn.answer(req.request_id, work(), "seek")
 
     def on_unsubscribe(cmd: pb.BaseCommand) -> None:
         req = cmd.unsubscribe
@@ -121,8 +120,8 @@ def seek_handlers(conn: Connection) -> dict[int, Callable[[pb.BaseCommand], None
             except AdminError as exc:  # (not expected: checked just above)
                 raise _REFUSALS.get(exc.status, refusals.NotAllowed)(str(exc)) from None
             log.info("consumer %s unsubscribed: %s deleted", consumer.name, what)
-            return conn._success(req.request_id)
+            return success(req.request_id)
 
-        conn._answer(req.request_id, work(), "unsubscribe")
+        conn.answer(req.request_id, work(), "unsubscribe")
 
     return {T.SEEK: on_seek, T.UNSUBSCRIBE: on_unsubscribe}

@@ -1,13 +1,15 @@
 """The transaction commands of one connection (PIP-31 §TC Request Processing).
 
-A `Transactions` belongs to one `broker._connection.Connection`, which hands
-it NEW_TXN, ADD_PARTITION_TO_TXN, ADD_SUBSCRIPTION_TO_TXN, END_TXN and the
-coordinator's END_TXN_ON_PARTITION / END_TXN_ON_SUBSCRIPTION, and tells it
-of each transactional SEND and ACK it reads and answers (`op_read`,
-`op_answered`): what an END_TXN ``after_ops`` waits for. Answers go out
-through the connection's writer, like every other answer. A handler
-answers at once or from a callback of the coordinator's future; only an END
-that must wait for operations still unanswered, and the ends on
+A `Transactions` belongs to one connection (its `broker._context.Context`),
+whose dispatch table takes its `handlers`: NEW_TXN (with a tag or a
+prepared timeout too: a transaction group's, see `broker._groups`),
+ADD_PARTITION_TO_TXN, ADD_SUBSCRIPTION_TO_TXN, END_TXN and the
+coordinator's END_TXN_ON_PARTITION / END_TXN_ON_SUBSCRIPTION. The
+connection tells it of each transactional SEND and ACK it reads and answers
+(`op_read`, `op_answered`): what an END_TXN ``after_ops`` waits for.
+Answers go out through the connection's writer, like every other answer. A
+handler answers at once or from a callback of the coordinator's future;
+only an END that must wait for operations still unanswered, and the ends on
 participants, run in a task.
 
 END_TXN may also open the client's next transaction (``next_txn_ttl_ms``):
@@ -21,16 +23,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from broker._context import Context, Handlers
 from broker._errors import error_code, error_text
 from buffer import check_subscription_name, check_topic_name
 from proto import refusals
 from proto import txnbuf_pb2 as pb
 from tc import TxnID, wire_txnid
-
-if TYPE_CHECKING:
-    from broker._connection import Connection
 
 __all__ = ["CLUSTER_ROLE", "Transactions"]
 
@@ -55,15 +55,26 @@ class _TxnOps:
 
 
 class Transactions:
-    """The transaction commands of ``conn`` (see the module docstring)."""
+    """The transaction commands of the connection ``ctx`` (see the module docstring)."""
 
-    def __init__(self, conn: Connection) -> None:
-        self.conn = conn
-        self.broker = conn.broker
-        self.send = conn.send
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.broker = ctx.broker
+        self.send = ctx.send
         # Per transaction (most, least bits): its SENDs and ACKs read here and
         # not answered yet, or one answered with an error (END_TXN after_ops).
         self._txn_ops: dict[tuple[int, int], _TxnOps] = {}
+
+    def handlers(self) -> Handlers:
+        """This connection's handlers of the transaction commands."""
+        return {
+            T.NEW_TXN: self.on_new_txn,
+            T.ADD_PARTITION_TO_TXN: self.on_add_partition,
+            T.ADD_SUBSCRIPTION_TO_TXN: self.on_add_subscription,
+            T.END_TXN: self.on_end_txn,
+            T.END_TXN_ON_PARTITION: self.on_end_txn_on_partition,
+            T.END_TXN_ON_SUBSCRIPTION: self.on_end_txn_on_subscription,
+        }
 
     # -- the operations an END_TXN after_ops waits for ------------------------------
 
@@ -136,7 +147,7 @@ class Transactions:
             resp.next_txnid_most_bits = following.most_bits
             resp.next_txnid_least_bits = following.least_bits
         if exc is not None:
-            resp.error = error_code(exc, f"connection {self.conn.peer}: {what}")
+            resp.error = error_code(exc, f"connection {self.ctx.peer}: {what}")
             resp.message = error_text(exc)
         self.send(cmd)
 
@@ -151,21 +162,23 @@ class Transactions:
                 return
             self._txn_respond(req, what, None)
 
-        self.conn._spawn(run())
+        self.ctx.spawn(run())
 
     # -- the client's commands ------------------------------------------------------
 
     def on_new_txn(self, cmd: pb.BaseCommand) -> None:
+        """NEW_TXN; with a ``tag`` or a ``prepared_ttl_ms``, a transaction
+        that carries them (a transaction group's, `broker._groups`)."""
         req = cmd.new_txn
         out = pb.BaseCommand(type=T.NEW_TXN_RESPONSE)
         resp = out.new_txn_response
         resp.request_id = req.request_id
         try:
-            txnid = self._open_txn(req.tc_id, req.txn_ttl_ms)
+            txnid = self._open_txn(req.tc_id, req.txn_ttl_ms, req.tag, req.prepared_ttl_ms)
             resp.txnid_most_bits = txnid.most_bits
             resp.txnid_least_bits = txnid.least_bits
         except Exception as exc:
-            resp.error = error_code(exc, f"connection {self.conn.peer}: new transaction")
+            resp.error = error_code(exc, f"connection {self.ctx.peer}: new transaction")
             resp.message = error_text(exc)
         self.send(out)
 
@@ -177,7 +190,7 @@ class Transactions:
             parts = []
             for ref in req.partitions:
                 count = self.broker.topics.partition_count(check_topic_name(ref.topic))
-                self.broker.security.allow_produce(self.conn.who, ref.topic)
+                self.broker.security.allow_produce(self.ctx.who, ref.topic)
                 if count is None or ref.partition >= count:
                     raise refusals.InvalidArgument(f"no partition {ref.topic}/{ref.partition}")
                 parts.append((ref.topic, ref.partition))
@@ -202,7 +215,7 @@ class Transactions:
             if not subs:
                 raise refusals.InvalidArgument("name at least one subscription")
             for topic_name, sub in subs:  # (all checked before any is added)
-                self.broker.security.allow_consume(self.conn.who, topic_name, sub)
+                self.broker.security.allow_consume(self.ctx.who, topic_name, sub)
             for topic_name, sub in subs:
                 tc.add_subscription(txnid, topic_name, sub)
         except Exception as exc:
@@ -227,7 +240,7 @@ class Transactions:
         following = self._open_next(req) if req.HasField("next_txn_ttl_ms") else None
         ops = self._txn_ops.get((req.txnid_most_bits, req.txnid_least_bits))
         if req.after_ops and ops is not None:
-            self.conn._spawn(self._end_after_ops(req, following))
+            self.ctx.spawn(self._end_after_ops(req, following))
             return
         self._end(req, following)
 
@@ -235,7 +248,7 @@ class Transactions:
         """END_TXN needs what writing the transaction needed (`broker._auth`).
         False, after a refusal, if this connection lacks it. A transaction
         unknown here is left to the END to answer."""
-        who = self.conn.who
+        who = self.ctx.who
         if who.superuser:
             return True
         txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
@@ -284,7 +297,14 @@ class Transactions:
 
     # -- the next transaction -------------------------------------------------------
 
-    def _open_txn(self, tc_id: int, ttl_ms: int, spare: bool = False) -> TxnID:
+    def _open_txn(
+        self,
+        tc_id: int,
+        ttl_ms: int,
+        tag: str = "",
+        prepared_ttl_ms: int = 0,
+        spare: bool = False,
+    ) -> TxnID:
         """A new transaction on coordinator ``tc_id`` (NEW_TXN, or the next
         one an END_TXN asks for)."""
         tc = self.broker.coordinators.get(tc_id)
@@ -294,7 +314,7 @@ class Transactions:
             raise refusals.TransactionCoordinatorNotFound(
                 f"no coordinator {tc_id} here (coordinators: {sorted(self.broker.coordinators)})",
             )
-        return tc.new_txn(ttl_ms, spare=spare)
+        return tc.new_txn(ttl_ms, tag=tag, prepared_timeout_ms=prepared_ttl_ms, spare=spare)
 
     def _open_next(self, req: pb.CommandEndTxn) -> TxnID | None:
         """Open the transaction an END_TXN asks for (its timeout, on its
@@ -303,7 +323,7 @@ class Transactions:
         try:
             return self._open_txn(req.next_tc_id, req.next_txn_ttl_ms, spare=True)
         except Exception as exc:
-            log.debug("connection %s: no next transaction: %s", self.conn.peer, exc)
+            log.debug("connection %s: no next transaction: %s", self.ctx.peer, exc)
             return None
 
     def _abort_following(self, following: TxnID | None) -> None:
@@ -315,7 +335,7 @@ class Transactions:
             self.broker.coordinator(following).end_txn(following, False).add_done_callback(_quietly)
         except Exception as exc:
             log.debug(
-                "connection %s: aborting unanswered %s failed: %s", self.conn.peer, following, exc
+                "connection %s: aborting unanswered %s failed: %s", self.ctx.peer, following, exc
             )
 
     # -- the coordinator's commands to its participants -----------------------------
@@ -324,7 +344,7 @@ class Transactions:
         req = cmd.end_txn_on_partition
         txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
         try:
-            self.conn._require_role(CLUSTER_ROLE, "END_TXN_ON_PARTITION")
+            self.ctx.require_role(CLUSTER_ROLE, "END_TXN_ON_PARTITION")
             work: Awaitable[None] = self.broker.end_txn_on_partition_durably(
                 req.partition.topic, req.partition.partition, txnid, req.txn_action == pb.COMMIT
             )
@@ -336,7 +356,7 @@ class Transactions:
         req = cmd.end_txn_on_subscription
         txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
         try:
-            self.conn._require_role(CLUSTER_ROLE, "END_TXN_ON_SUBSCRIPTION")
+            self.ctx.require_role(CLUSTER_ROLE, "END_TXN_ON_SUBSCRIPTION")
             work: Awaitable[None] = self.broker.end_txn_on_subscription_durably(
                 req.subscription.topic,
                 req.subscription.subscription,

@@ -15,7 +15,7 @@ database is closed.
 
 Topics load on first use (``--no-preload``: only then; by default a
 background pass loads them all after the start) and unload after
-``--unload-after`` seconds left alone (see `broker._server`).
+``--unload-after`` seconds left alone (see `broker._broker`).
 
 Garbage collection: opening the broker runs with the cyclic collector off,
 and then the broker freezes what it loaded (never scanned again) without
@@ -46,7 +46,8 @@ from typing import TYPE_CHECKING, NoReturn
 
 from aiohttp import web
 
-from broker._auth import AclFileError, AuthConfig, check_listen
+from broker._acl import AclFileError
+from broker._auth import AuthConfig, check_listen
 from broker._auth_cli import (
     add_security_parsers,
     add_serve_options,
@@ -54,8 +55,9 @@ from broker._auth_cli import (
     serve_security,
 )
 from broker._backup import add_backup_parser, run_backup
+from broker._broker import UNLOAD_AFTER, Broker
 from broker._checkdata import add_check_data_parser, run_check_data
-from broker._server import MAX_REQUEST_LINE, UNLOAD_AFTER, Broker, make_app
+from broker._server import MAX_REQUEST_LINE, make_app
 from ledger import LedgerError, LedgerFencedError, is_postgres_url
 from tc import DEFAULT_EXPIRATION_MS, MAX_TXN_TIMEOUT_MS, ProducerSettings
 

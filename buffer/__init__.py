@@ -3,8 +3,10 @@
 A partition's transaction buffer (PIP-31 §Sidecar Approach) is its sidecar
 transaction log with the transaction index, commit markers, materialization
 and sweep: `TransactionBuffer`, reached through `Partition.txn_buffer()`.
-What it refuses it raises as subclasses of `proto.refusals` classes, which
-carry their wire code (`InvalidNameError` is an `InvalidArgument`).
+What it refuses it raises as its own errors, each with one parent
+(`InvalidNameError`, `SendRejectedError`, the `TransactionBufferError`
+classes, ...), or as `proto.refusals` classes; the broker answers each with
+its wire code from one table (`broker._errors.WIRE_CODES`).
 """
 
 from buffer._entries import (
@@ -12,8 +14,10 @@ from buffer._entries import (
     DATA,
     DUPLICATE_POSITION,
     DuplicateTooOldError,
+    MalformedSendError,
     PublishResult,
     SendRejectedError,
+    decode_send,
     entry_count,
     entry_kind,
     entry_meta,
@@ -49,7 +53,8 @@ from buffer._sidecar import (
     sidecar_ledger_name,
 )
 from buffer._topics import PartitionCountError, Topic, Topics, partition_ledger_prefixes
-from buffer._txnbuffer import EpochProducer, TransactionBuffer, TxnInfo, epoch_producer_name
+from buffer._txnbuffer import TransactionBuffer
+from buffer._txnindex import EpochProducer, TxnInfo, epoch_producer_name
 from buffer._txnstate import (
     OutOfOrderSequenceError,
     PartitionTxnEvent,
@@ -76,6 +81,7 @@ __all__ = [
     "EpochProducer",
     "InvalidNameError",
     "InvalidTopicNameError",
+    "MalformedSendError",
     "MessageId",
     "OutOfOrderSequenceError",
     "Partition",
@@ -104,6 +110,7 @@ __all__ = [
     "check_producer_name",
     "check_subscription_name",
     "check_topic_name",
+    "decode_send",
     "decode_sidecar_record",
     "entry_count",
     "entry_kind",

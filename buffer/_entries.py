@@ -15,8 +15,10 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from google.protobuf.message import DecodeError
+
 from buffer._names import Position
-from proto import refusals
+from proto import MAX_MESSAGE_SIZE, oversized
 from proto import txnbuf_pb2 as pb
 
 __all__ = [
@@ -25,8 +27,10 @@ __all__ = [
     "DATA",
     "DUPLICATE_POSITION",
     "DuplicateTooOldError",
+    "MalformedSendError",
     "PublishResult",
     "SendRejectedError",
+    "decode_send",
     "entry_batch",
     "entry_count",
     "entry_kind",
@@ -71,8 +75,33 @@ def entry_kind(meta: int) -> int:
     return meta >> _KIND_SHIFT
 
 
-class SendRejectedError(refusals.InvalidArgument, ValueError):
+class SendRejectedError(ValueError):
     """A send is malformed (e.g. sequence ids not increasing); nothing stored."""
+
+
+class MalformedSendError(SendRejectedError):
+    """A send's batch is not an encoded `EntryBatch` at all; nothing stored."""
+
+
+def decode_send(encoded: bytes, command: str) -> pb.EntryBatch:
+    """The messages of a send (``command``: SEND, PRODUCE), checked: an
+    encoded `EntryBatch` (else `MalformedSendError`) of at least one
+    message, none over the size limit, naming no producer (the broker names
+    it: else `SendRejectedError`). The one check of every send's batch."""
+    try:
+        batch = pb.EntryBatch.FromString(encoded)  # (the messages, as they will be stored)
+    except DecodeError:
+        raise MalformedSendError(f"{command} batch is not a valid EntryBatch") from None
+    messages = batch.messages
+    if len(encoded) > MAX_MESSAGE_SIZE and (too_big := oversized(messages)):
+        raise SendRejectedError(too_big)
+    if not messages:
+        raise SendRejectedError(
+            f"a {command} carries its messages in batch (an encoded EntryBatch): none given"
+        )
+    if batch.producer_name:
+        raise SendRejectedError(f"a {command} batch must not name a producer")
+    return batch
 
 
 def send_sequence_ids(
@@ -118,7 +147,7 @@ def stored_sequence_ids(messages: Sequence[pb.SingleMessage]) -> Sequence[int]:
     return [m.sequence_id for m in messages]
 
 
-class DuplicateTooOldError(refusals.SequenceTooOld):
+class DuplicateTooOldError(Exception):
     """A re-sent message is stored already, but too long ago to know its id."""
 
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from proto import refusals
-
 __all__ = [
     "MAX_PARTITIONS",
     "QUOTE_LIMIT",
@@ -48,7 +46,7 @@ def quoted(value: object, limit: int = QUOTE_LIMIT) -> str:
     return text
 
 
-class InvalidNameError(refusals.InvalidArgument, ValueError):
+class InvalidNameError(ValueError):
     """A subscription, producer or consumer name breaks the naming rule
     (INVALID_ARGUMENT); a topic name, `InvalidTopicNameError`."""
 
@@ -57,7 +55,7 @@ class InvalidNameError(refusals.InvalidArgument, ValueError):
         self.kind = kind
 
 
-class InvalidTopicNameError(refusals.InvalidTopicName, InvalidNameError):
+class InvalidTopicNameError(InvalidNameError):
     """A topic name breaks the naming rule (INVALID_TOPIC_NAME)."""
 
 

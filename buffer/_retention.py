@@ -22,12 +22,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from proto import refusals
-
 __all__ = ["NO_RETENTION", "Retention", "RetentionError"]
 
 
-class RetentionError(refusals.InvalidArgument, ValueError):
+class RetentionError(ValueError):
     """A retention setting that is not one; nothing changed."""
 
 

@@ -55,7 +55,7 @@ _READ_CHUNK = 4096  # records of the topic list read at once on start
 _T = TypeVar("_T")
 
 
-class PartitionCountError(refusals.InvalidArgument, ValueError):
+class PartitionCountError(ValueError):
     """A partition count out of range, or lower than the topic has."""
 
 

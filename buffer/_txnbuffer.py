@@ -11,7 +11,11 @@ marker's entry id: message i of the transaction is at (partition, marker
 entry id, i). The records and the marker are `buffer._sidecar`'s types.
 
 The transaction index (PIP-31 §Transaction Index: state, sidecar entries,
-commit marker) lives in memory. Each transaction's state follows the table
+commit marker) lives in memory, as data (`buffer._txnindex.TxnIndex`: the
+transactions not ended here, the ended ones remembered, the retention
+blocks, the producer-epoch producers, and its snapshots). This module is its
+I/O: sends, ENDs, the records and markers that move it, recovery,
+materialization and sweep. Each transaction's state follows the table
 of `buffer._txnstate`: requests (a send, an END) are checked against it
 before anything is appended, and durable records move it on, through two
 ledger listeners -- one on the sidecar (each durable record, `_apply`), one
@@ -36,34 +40,27 @@ its TXN_COMMIT record not yet queued).
 
 The index holds the transactions that have not ended here; once its
 TXN_COMMIT or TXN_ABORT record is durable, a transaction leaves it for a
-bounded set of ended ones (the last `ENDED_TXNS_KEPT`, the newest
+bounded set of ended ones (`buffer._txnindex.ENDED_TXNS_KEPT`, the newest
 `ENDED_IN_SNAPSHOT` of them kept in snapshots too), so late writes and
 retried ENDs stay answered correctly. Older ones are forgotten: the
 broker's check that the coordinator knows the transaction as OPEN (KIP-890
 §Ensure Ongoing Transaction) covers them.
 
 Retention (PIP-31 §Retention Cursor): a committed transaction's sidecar
-records are needed while its commit marker is in the partition ledger. The
-buffer keeps that as retention blocks of up to `RETENTION_BLOCK` committed
-transactions each: the highest marker and the lowest sidecar entry of the
-block. `sweep` drops a block once the partition is trimmed past its highest
-marker, and trims the sidecar up to the lowest entry still needed. So memory
-and snapshots do not grow by a transaction's worth for each commit on a
-partition that is never trimmed (one without subscriptions), at the price of
-keeping up to a block's worth of sidecar records a little longer.
+records are needed while its commit marker is in the partition ledger; the
+index keeps them as retention blocks (`TxnIndex.retire`). `sweep` drops a
+block once the partition is trimmed past its highest marker, and trims the
+sidecar up to the lowest entry still needed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
 import collections
 import functools
-import itertools
 import json
 import logging
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from buffer._dedup import ProducerSequence
@@ -89,29 +86,13 @@ from buffer._sidecar import (
     TxnSnapshot,
     decode_sidecar_record,
 )
-from buffer._txnstate import (
-    OutOfOrderSequenceError,
-    PartitionTxnEvent,
-    PartitionTxnState,
-    StaleEpochError,
-    TransactionBufferError,
-    transition,
-    txn_text,
-)
+from buffer._txnindex import EpochProducer, IndexedTxn, TxnIndex, TxnInfo, check_key, read_ids
+from buffer._txnstate import PartitionTxnEvent, PartitionTxnState, TransactionBufferError, step
 from ledger import Entry, Ledger, faults, pass_failure, settled, unawaited
-from proto import TxnID, wire_txnid
+from proto import TxnID, txn_text
 from proto import txnbuf_pb2 as pb
 
-__all__ = [
-    "ENDED_IN_SNAPSHOT",
-    "ENDED_TXNS_KEPT",
-    "RETENTION_BLOCK",
-    "SNAPSHOT_EVERY",
-    "EpochProducer",
-    "TransactionBuffer",
-    "TxnInfo",
-    "epoch_producer_name",
-]
+__all__ = ["SNAPSHOT_EVERY", "TransactionBuffer"]
 
 log = logging.getLogger(__name__)
 
@@ -122,150 +103,17 @@ _S, _E = PartitionTxnState, PartitionTxnEvent
 # for about one transaction's worth of snapshot, and recovery replays at most
 # as many records after the snapshot as the snapshot itself holds.
 SNAPSHOT_EVERY = 1000
-# Committed transactions per retention block (see the module docstring).
-RETENTION_BLOCK = 256
-# How many swept (forgotten) ended transactions are still remembered, and
-# how many of the newest of them a snapshot keeps (a snapshot is JSON
-# written every SNAPSHOT_EVERY records, so it keeps fewer).
-ENDED_TXNS_KEPT = 10_000
-ENDED_IN_SNAPSHOT = 1_000
 # Recently materialized commit markers kept in memory.
 MATERIALIZED_CACHE_ENTRIES = 64
 MATERIALIZED_CACHE_BYTES = 8 << 20
-# Read a marker's sidecar entries as one range when it is at most this many
-# times longer than the entries themselves (else run by run).
-_DENSE_READ = 4
 _REPLAY_CHUNK = 256
 
-_U64 = 1 << 64
-# The snapshot format: 2 keeps committed transactions as retention blocks;
-# 1, which listed each committed transaction whose marker is in the
-# partition, is read too.
-_SNAPSHOT_VERSION = 2
 # The sidecar records that move a transaction's state.
 _RECORD_EVENTS: dict[type, PartitionTxnEvent] = {
     TxnData: _E.DATA,
     TxnCommit: _E.COMMIT_RECORD,
     TxnAbort: _E.ABORT_RECORD,
 }
-
-
-@dataclass(slots=True)
-class EpochProducer:
-    """What a partition knows of a producer-epoch producer (KIP-98 §Broker
-    PID-Sequence Management): its latest epoch here, its transaction that
-    has not ended here (if any), and the highest coordinator epoch (the
-    boot epoch in that transaction's id) of its transactions here. The last
-    sequence is the transaction's (its `ProducerSequence`)."""
-
-    epoch: int
-    txn: TxnID | None
-    coordinator_epoch: int
-
-
-def epoch_producer_name(producer_id: int, epoch: int) -> str:
-    """The producer name a producer-epoch send is stored under (no user
-    producer name starts with '~')."""
-    return f"~{producer_id}.{epoch}"
-
-
-def _parse_epoch_producer(name: str) -> tuple[int, int] | None:
-    if not name.startswith("~"):
-        return None
-    pid, _, epoch = name[1:].partition(".")
-    return int(pid), int(epoch)
-
-
-def _coordinator_epoch(txn: TxnID) -> int:
-    """The boot epoch of the coordinator that issued ``txn`` (see `tc`)."""
-    return (((txn[0] & ((1 << 48) - 1)) << 64) | txn[1]) >> 64
-
-
-def _check_key(txn: object, error: type[ValueError] = ValueError) -> None:
-    if isinstance(txn, tuple) and len(txn) == 2:
-        most, least = txn
-        if isinstance(most, int) and isinstance(least, int):
-            if 0 <= most < _U64 and 0 <= least < _U64:
-                return
-    raise error(
-        f"a transaction id is (most_bits, least_bits), two unsigned 64-bit integers; got {txn!r}"
-    )
-
-
-# -- the index ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class TxnInfo:
-    """What the index knows of one transaction (for admin and stats).
-
-    ``entries`` are its TXN_DATA records in the sidecar (empty once it ended here),
-    ``count`` its messages here, ``marker`` its commit marker's entry id in
-    the partition ledger (-1: none).
-    """
-
-    txn: TxnID
-    state: PartitionTxnState
-    count: int
-    marker: int
-    entries: tuple[int, ...]
-
-
-@dataclass(slots=True, eq=False)
-class _Txn:
-    key: TxnID
-    state: PartitionTxnState = PartitionTxnState.OPEN
-    entries: list[int] = field(default_factory=list)  # sidecar TXN_DATA entry ids
-    starts: list[int] = field(default_factory=list)  # batch index of each one's first message
-    count: int = 0
-    marker: int = -1
-    # Live only, never persisted:
-    queued: int = 0  # messages in the records queued so far (``count`` once all are applied)
-    # TXN_DATA records queued and not yet applied (durable), in order: with
-    # ``entries``, what its commit marker names (ids are known when queued).
-    unapplied: collections.deque[int] = field(default_factory=collections.deque)
-    producers: dict[str, ProducerSequence] = field(default_factory=dict)
-    writes: asyncio.Future[Any] | None = None  # its END's writes (the last one's append)
-
-    def base_of(self, entry_id: int) -> int:
-        """Batch index of the first message of the TXN_DATA record ``entry_id``."""
-        i = bisect.bisect_left(self.entries, entry_id)
-        if i == len(self.entries) or self.entries[i] != entry_id:
-            raise TransactionBufferError(
-                f"sidecar entry {entry_id} is not a record of transaction {txn_text(self.key)}"
-            )
-        return self.starts[i]
-
-    def producer(self, name: str) -> ProducerSequence:
-        seq = self.producers.get(name)
-        if seq is None:
-            seq = self.producers[name] = ProducerSequence()
-        return seq
-
-    def writing(self) -> asyncio.Future[Any] | None:
-        """Its END's writes while they are in flight (None if none are)."""
-        writes = self.writes
-        return None if writes is None or writes.done() else writes
-
-    def info(self) -> TxnInfo:
-        return TxnInfo(self.key, self.state, self.count, self.marker, tuple(self.entries))
-
-
-async def _read_ids(ledger: Ledger, ids: Sequence[int]) -> list[Entry]:
-    """The entries ``ids`` (increasing) that still exist, in few range reads."""
-    if not ids:
-        return []
-    first, last = ids[0], ids[-1]
-    if last - first + 1 <= _DENSE_READ * len(ids):
-        wanted = set(ids)
-        return [e for e in await ledger.read(first, last) if e.entry_id in wanted]
-    out: list[Entry] = []
-    start = 0
-    for i in range(1, len(ids) + 1):
-        if i == len(ids) or ids[i] != ids[i - 1] + 1:  # a run ends at i - 1
-            out.extend(await ledger.read(ids[start], ids[i - 1]))
-            start = i
-    return out
 
 
 # -- the buffer ---------------------------------------------------------------------
@@ -282,25 +130,17 @@ class TransactionBuffer:
         self.name = name
         self.partition_ledger = partition_ledger
         self.sidecar = sidecar
-        self._txns: dict[TxnID, _Txn] = {}  # those not ended here (durably)
-        # Swept transactions still remembered: key -> (state, marker, count).
-        self._ended: collections.OrderedDict[TxnID, tuple[PartitionTxnState, int, int]] = (
-            collections.OrderedDict()
-        )
-        # Retention blocks: [highest marker, lowest sidecar entry, transactions].
-        self._retained: list[list[int]] = []
+        self._index = TxnIndex(name)  # what it knows of the transactions (no I/O)
         self._since_snapshot = 0
         self._snapshot: tuple[int, int] | None = None  # latest durable: (entry id, covers)
         self._cache: collections.OrderedDict[int, bytes] = collections.OrderedDict()
         self._cache_bytes = 0
         self.snapshots_written = 0
-        # The producer-epoch mode: producer id -> what this partition knows of it.
-        self.epoch_producers: dict[int, EpochProducer] = {}
         sidecar.add_listener(self._on_sidecar)
         partition_ledger.add_listener(self._on_partition)
 
     def __repr__(self) -> str:
-        return f"TransactionBuffer({self.name!r}, {len(self._txns)} transactions)"
+        return f"TransactionBuffer({self.name!r}, {len(self._index.txns)} transactions)"
 
     def detach(self) -> None:
         """Stop following the ledgers (the buffer is no longer used)."""
@@ -309,60 +149,33 @@ class TransactionBuffer:
 
     # -- admin and stats ------------------------------------------------------------
 
+    @property
+    def epoch_producers(self) -> dict[int, EpochProducer]:
+        """The producer-epoch mode: producer id -> what this partition knows of it."""
+        return self._index.epoch_producers
+
     def status(self, txn: TxnID) -> TxnInfo | None:
         """What this partition knows of ``txn`` (None: nothing, or forgotten)."""
-        t = self._txns.get(txn)
-        if t is not None:
-            return t.info()
-        ended = self._ended.get(txn)
-        if ended is not None:
-            state, marker, count = ended
-            return TxnInfo(txn, state, count, marker, ())
-        return None
-
-    def _remember(self, key: TxnID, state: PartitionTxnState, marker: int, count: int) -> None:
-        self._ended[key] = (state, marker, count)
-        self._ended.move_to_end(key)
-        while len(self._ended) > ENDED_TXNS_KEPT:
-            self._ended.popitem(last=False)
-
-    def _retire(self, t: _Txn) -> None:
-        """``t`` ended here, durably: from the index to the ended ones, and a
-        committed one's sidecar records into a retention block."""
-        self._txns.pop(t.key, None)
-        self._remember(t.key, t.state, t.marker, t.count)
-        if t.state is _S.COMMITTED and t.marker >= 0 and t.entries:
-            block = self._retained[-1] if self._retained else None
-            if block is None or block[2] >= RETENTION_BLOCK:
-                self._retained.append([t.marker, t.entries[0], 1])
-            else:
-                block[0] = max(block[0], t.marker)
-                block[1] = min(block[1], t.entries[0])
-                block[2] += 1
+        return self._index.status(txn)
 
     def idle(self) -> bool:
         """Does every transaction that touched this partition have its end
         here durable (none open, none ending)?"""
-        return not self._txns
+        return not self._index.txns
 
     def open_transactions(self) -> list[TxnID]:
         """Transactions with durable writes here that have not ended, in key order."""
-        return sorted(k for k, t in self._txns.items() if t.entries)
+        return self._index.open_transactions()
 
     def transactions(self) -> list[TxnInfo]:
         """The transaction index (those not ended here, durably), in key order."""
-        return [self._txns[k].info() for k in sorted(self._txns)]
+        return self._index.transactions()
 
     def stats(self) -> dict[str, Any]:
         """``committed``: committed transactions whose markers are still in
         the partition; ``aborted``: aborted ones among the remembered."""
-        ended = collections.Counter(state for state, _, _ in self._ended.values())
         return {
-            "open": sum(1 for t in self._txns.values() if t.entries),
-            "committed": sum(block[2] for block in self._retained),
-            "aborted": ended[_S.ABORTED],
-            "ended_remembered": len(self._ended),
-            "retention_blocks": len(self._retained),
+            **self._index.stats(),
             "sidecar_first_entry": self.sidecar.first_entry_id,
             "sidecar_last_entry": self.sidecar.last_entry_id,
             "snapshots_written": self.snapshots_written,
@@ -401,19 +214,19 @@ class TransactionBuffer:
         Raises (nothing stored) `SendRejectedError` for bad input and
         `TxnEndedError` when the transaction has ended (or is ending) here.
         """
-        _check_key(txn, SendRejectedError)
+        check_key(txn, SendRejectedError)
         seqs = send_sequence_ids(messages, first_seq)
-        t = self._txns.get(txn)
+        t = self._index.txns.get(txn)
         if t is None:
-            ended = self._ended.get(txn)
+            ended = self._index.ended.get(txn)
             if ended is not None:
-                transition(txn, ended[0], _E.SEND)  # (refused)
-            t = self._txns[txn] = _Txn(txn)  # durable with its first record
+                step(txn, ended[0], _E.SEND)  # (refused)
+            t = self._index.txns[txn] = IndexedTxn(txn)  # durable with its first record
         else:
-            transition(txn, t.state, _E.SEND)
+            step(txn, t.state, _E.SEND)
         state = t.producer(producer)
         if epoch_producer is not None:
-            self._check_epoch_send(txn, epoch_producer, seqs[0], state)
+            self._index.check_epoch_send(txn, epoch_producer, seqs[0], state)
         if seqs[0] > state.pushed:  # the usual case: nothing re-sent
             queued = self._append(t, producer, messages, seqs, state, encoded)
             if not early:
@@ -432,43 +245,9 @@ class TransactionBuffer:
             )
         return self._mixed(t, seqs, fresh, state, waits, appended)
 
-    def _check_epoch_send(
-        self, txn: TxnID, producer: tuple[int, int], first: int, state: ProducerSequence
-    ) -> None:
-        """The producer-epoch checks of a send (see `publish`); notes the
-        producer's epoch and transaction here."""
-        pid, epoch = producer
-        known = self.epoch_producers.get(pid)
-        coordinator_epoch = _coordinator_epoch(txn)
-        if known is not None and (
-            epoch < known.epoch or coordinator_epoch < known.coordinator_epoch
-        ):
-            raise StaleEpochError(
-                f"producer {pid} epoch {epoch} is older than epoch {known.epoch} on {self.name}: "
-                "a write of a finished transaction is refused"
-            )
-        if first > state.pushed + 1:
-            expected = state.pushed + 1
-            raise OutOfOrderSequenceError(
-                f"producer {pid} epoch {epoch} sent sequence {first} to {self.name}, where "
-                f"{expected} comes next{' (an epoch starts at 0)' if expected == 0 else ''}"
-            )
-        self.epoch_producers[pid] = EpochProducer(epoch, txn, coordinator_epoch)
-
-    def _note_epoch_producer(self, txn: TxnID, name: str) -> None:
-        """Recovery: a stored send of ``name`` in ``txn``, if a producer-epoch one."""
-        producer = _parse_epoch_producer(name)
-        if producer is None:
-            return
-        pid, epoch = producer
-        known = self.epoch_producers.get(pid)
-        coordinator_epoch = _coordinator_epoch(txn)
-        if known is None or (coordinator_epoch, epoch) >= (known.coordinator_epoch, known.epoch):
-            self.epoch_producers[pid] = EpochProducer(epoch, txn, coordinator_epoch)
-
     def _append(
         self,
-        t: _Txn,
+        t: IndexedTxn,
         producer: str,
         messages: Sequence[pb.SingleMessage],
         seqs: Sequence[int],
@@ -493,7 +272,7 @@ class TransactionBuffer:
         fut.add_done_callback(done)
         return fut
 
-    async def _new(self, t: _Txn, appended: asyncio.Future[int]) -> PublishResult:
+    async def _new(self, t: IndexedTxn, appended: asyncio.Future[int]) -> PublishResult:
         entry_id = await appended
         faults.hit("buffer.after_txn_data_write")
         base = t.base_of(entry_id)
@@ -501,7 +280,7 @@ class TransactionBuffer:
 
     async def _mixed(
         self,
-        t: _Txn,
+        t: IndexedTxn,
         seqs: Sequence[int],
         fresh: list[int],
         state: ProducerSequence,
@@ -588,33 +367,24 @@ class TransactionBuffer:
 
     def _begin_end(
         self, txn: TxnID, commit: bool, producer: tuple[int, int] | None = None
-    ) -> _Txn | None:
+    ) -> IndexedTxn | None:
         """Check an END of ``txn`` against its state and move it on (sends
         are refused from now on); None if it ended here already (the same way)."""
-        _check_key(txn)
+        check_key(txn)
         event = _E.COMMIT if commit else _E.ABORT
-        ended = self._ended.get(txn)
+        ended = self._index.ended.get(txn)
         if ended is not None:
-            transition(txn, ended[0], event)  # (a repeated END, or refused)
+            step(txn, ended[0], event)  # (a repeated END, or refused)
             return None
         if producer is not None:
-            known = self.epoch_producers.get(producer[0])
-            if (
-                known is not None
-                and known.txn != txn
-                and (known.epoch > producer[1] or known.coordinator_epoch > _coordinator_epoch(txn))
-            ):
-                raise StaleEpochError(
-                    f"the marker of producer {producer[0]} epoch {producer[1]} is older than "
-                    f"epoch {known.epoch} on {self.name}: refused"
-                )
-        t = self._txns.get(txn)
+            self._index.check_epoch_marker(txn, producer)
+        t = self._index.txns.get(txn)
         if t is None:
-            t = self._txns[txn] = _Txn(txn)
-        t.state = transition(txn, t.state, event)
+            t = self._index.txns[txn] = IndexedTxn(txn)
+        t.state = step(txn, t.state, event)
         return t
 
-    def _write_end(self, t: _Txn, early: bool) -> asyncio.Future[Any] | None:
+    def _write_end(self, t: IndexedTxn, early: bool) -> asyncio.Future[Any] | None:
         """Queue the writes that end ``t`` here (its state says which); the
         future an END that is not ``early`` returns at (None: at once)."""
         answered: asyncio.Future[Any] | None
@@ -631,18 +401,18 @@ class TransactionBuffer:
         writes.add_done_callback(functools.partial(self._written, t))
         return None if early else answered
 
-    def _append_marker(self, t: _Txn) -> asyncio.Future[int]:
+    def _append_marker(self, t: IndexedTxn) -> asyncio.Future[int]:
         """The commit marker of every TXN_DATA record of ``t``, durable or queued."""
         marker = CommitMarker(t.key, [*t.entries, *t.unapplied], max(t.queued, t.count))
         return self.partition_ledger.append(*marker.encode())
 
-    def _commit_record(self, t: _Txn) -> asyncio.Future[int]:
+    def _commit_record(self, t: IndexedTxn) -> asyncio.Future[int]:
         data, meta = TxnCommit(t.key, t.marker).encode()
         # (answered at the marker: nobody waits for the record)
         return self.sidecar.append(data, meta, lazy=t.marker >= 0)
 
     def _after_marker(
-        self, t: _Txn, marker: asyncio.Future[int], answered: asyncio.Future[Any] | None
+        self, t: IndexedTxn, marker: asyncio.Future[int], answered: asyncio.Future[Any] | None
     ) -> asyncio.Future[int]:
         """Append the TXN_COMMIT record once ``marker`` is durable; the result
         is the record's append (failed if the marker failed). ``answered``
@@ -675,7 +445,7 @@ class TransactionBuffer:
         marker.add_done_callback(marked)
         return recorded
 
-    def _written(self, t: _Txn, writes: asyncio.Future[Any]) -> None:
+    def _written(self, t: IndexedTxn, writes: asyncio.Future[Any]) -> None:
         if not writes.cancelled() and writes.exception() is not None:
             # Recovery completes a TXN_COMMIT from its marker; a retried END writes again.
             log.error("%s: ending %s failed: %s", self.name, txn_text(t.key), writes.exception())
@@ -690,7 +460,7 @@ class TransactionBuffer:
 
     async def settled(self) -> None:
         """Wait until the writes of the ENDs answered so far are durable."""
-        pending = [t.writes for t in self._txns.values() if t.writes is not None]
+        pending = [t.writes for t in self._index.txns.values() if t.writes is not None]
         if pending:
             await asyncio.wait(pending)
 
@@ -703,7 +473,7 @@ class TransactionBuffer:
                 self._apply(entry)
                 records += 1
         self._since_snapshot += records
-        if self._since_snapshot >= max(SNAPSHOT_EVERY, len(self._txns)):
+        if self._since_snapshot >= max(SNAPSHOT_EVERY, len(self._index.txns)):
             self._write_snapshot()
 
     def _apply(self, entry: Entry) -> None:
@@ -716,11 +486,11 @@ class TransactionBuffer:
         if isinstance(record, TxnSnapshot):
             return
         key = record.txn
-        t = self._txns.get(key)
+        t = self._index.txns.get(key)
         if t is None:
-            t = self._txns[key] = _Txn(key)
+            t = self._index.txns[key] = IndexedTxn(key)
         try:
-            t.state = transition(key, t.state, _RECORD_EVENTS[type(record)])
+            t.state = step(key, t.state, _RECORD_EVENTS[type(record)])
         except TransactionBufferError as exc:  # the checks before appending prevent this
             log.error("%s: sidecar entry %d ignored: %s", self.name, entry.entry_id, exc)
             return
@@ -734,7 +504,7 @@ class TransactionBuffer:
         if isinstance(record, TxnCommit) and record.marker >= 0:
             t.marker = record.marker
         t.producers = {}  # ended: no more sends to deduplicate
-        self._retire(t)
+        self._index.retire(t)
 
     def _on_partition(self, _ledger: Ledger, entries: list[Entry]) -> None:
         for entry in entries:
@@ -744,9 +514,9 @@ class TransactionBuffer:
     def _on_marker(self, entry: Entry) -> None:
         """A commit marker is durable in the partition ledger: note it in the index."""
         key = CommitMarker.decode(entry.meta, entry.data).txn
-        t = self._txns.get(key)
+        t = self._index.txns.get(key)
         if t is None:
-            if key not in self._ended:
+            if key not in self._index.ended:
                 log.error(
                     "%s: commit marker %d of unknown transaction %s",
                     self.name,
@@ -755,7 +525,7 @@ class TransactionBuffer:
                 )
             return
         try:
-            t.state = transition(key, t.state, _E.MARKER)
+            t.state = step(key, t.state, _E.MARKER)
         except TransactionBufferError as exc:  # (a second marker: the first one stands)
             log.error("%s: commit marker %d ignored: %s", self.name, entry.entry_id, exc)
             return
@@ -764,39 +534,11 @@ class TransactionBuffer:
     # -- snapshots and recovery -----------------------------------------------------
 
     def _snapshot_record(self) -> bytes:
-        """The index as JSON, as of every durable sidecar record and commit marker.
-
-        ``{"v": 2, "covers": last sidecar entry applied, "scan_from": first
-        partition entry whose markers are not applied, "txns": [[most, least,
-        state, marker, count, entries, starts], ...], "ended": [[most, least,
-        state, marker, count], ...], "retained": [[highest marker, lowest
-        entry, transactions], ...], "epoch_producers": [[producer id, epoch,
-        txn, coordinator epoch], ...]}``. The transactions in ``txns`` have
-        not ended: their state is "open" (an END under way is not durable; a
-        durable marker is ``marker``). Those without a durable record (a
-        send still in flight) are left out: their records come after
-        ``covers``.
-        """
-        txns = [
-            [k[0], k[1], _S.OPEN.value, t.marker, t.count, t.entries, t.starts]
-            for k, t in self._txns.items()
-            if t.entries
-        ]
-        newest = itertools.islice(reversed(self._ended.items()), ENDED_IN_SNAPSHOT)
-        ended = [[k[0], k[1], s.value, m, c] for k, (s, m, c) in newest][::-1]
-        record = {
-            "v": _SNAPSHOT_VERSION,
-            "covers": self.sidecar.last_entry_id,
-            "scan_from": self.partition_ledger.last_entry_id + 1,
-            "txns": txns,
-            "ended": ended,
-            "retained": self._retained,
-            "epoch_producers": [
-                [pid, p.epoch, p.txn, p.coordinator_epoch]
-                for pid, p in self.epoch_producers.items()
-            ],
-        }
-        return json.dumps(record, separators=(",", ":")).encode()
+        """The index as of every durable sidecar record and commit marker
+        (`TxnIndex.snapshot`)."""
+        return self._index.snapshot(
+            self.sidecar.last_entry_id, self.partition_ledger.last_entry_id + 1
+        )
 
     def _write_snapshot(self) -> tuple[asyncio.Future[int], int]:
         """Queue a snapshot; return its future and the last entry it covers."""
@@ -814,28 +556,6 @@ class TransactionBuffer:
 
         fut.add_done_callback(done)
         return fut, covers
-
-    def _restore(self, record: dict[str, Any]) -> tuple[int, int]:
-        version = record.get("v")
-        if version not in (1, _SNAPSHOT_VERSION):
-            raise TransactionBufferError(f"{self.name}: unknown snapshot version {version}")
-        for most, least, state, marker, count in record["ended"]:
-            self._remember(wire_txnid(most, least), _S(state), marker, count)
-        self._retained = [list(block) for block in record.get("retained", [])]
-        for pid, epoch, txn, coordinator_epoch in record.get("epoch_producers", []):
-            self.epoch_producers[pid] = EpochProducer(
-                epoch, None if txn is None else wire_txnid(txn[0], txn[1]), coordinator_epoch
-            )
-        for most, least, state, marker, count, entries, starts in record["txns"]:
-            key = wire_txnid(most, least)
-            t = self._txns[key] = _Txn(
-                key, PartitionTxnState(state), entries, starts, count, marker
-            )
-            if t.state is not _S.OPEN:  # (version 1 kept the ended ones here)
-                self._retire(t)
-            elif marker >= 0:
-                t.state = transition(key, t.state, _E.MARKER)
-        return int(record["covers"]), int(record["scan_from"])
 
     @classmethod
     async def load(
@@ -866,7 +586,7 @@ class TransactionBuffer:
         replay_from, scan_from = sidecar.first_entry_id, self.partition_ledger.first_entry_id
         if snapshot is not None:
             (snap,) = await sidecar.read(snapshot, snapshot)
-            covers, scan_from = self._restore(json.loads(snap.data))
+            covers, scan_from = self._index.restore(json.loads(snap.data))
             self._snapshot = (snapshot, covers)
             replay_from = covers + 1
         records = 0
@@ -879,7 +599,7 @@ class TransactionBuffer:
                 if kind == TXN_DATA:  # (the epochs of producer-epoch sends since the snapshot)
                     data = TxnData.decode(entry.meta, entry.data)
                     name = pb.EntryBatch.FromString(bytes(data.batch)).producer_name
-                    self._note_epoch_producer(data.txn, name)
+                    self._index.note_epoch_producer(data.txn, name)
         self._since_snapshot = records
 
         if partition_meta is None:
@@ -887,20 +607,20 @@ class TransactionBuffer:
         markers = [
             e for e, m in partition_meta if e >= scan_from and entry_kind(m) == COMMIT_MARKER
         ]
-        for entry in await _read_ids(self.partition_ledger, markers):
+        for entry in await read_ids(self.partition_ledger, markers):
             self._on_marker(entry)
 
         # Sequence state of open transactions, so that re-sends are not stored twice.
-        opened = sorted(e for t in self._txns.values() for e in t.entries)
-        for entry in await _read_ids(sidecar, opened):
+        opened = sorted(e for t in self._index.txns.values() for e in t.entries)
+        for entry in await read_ids(sidecar, opened):
             data = TxnData.decode(entry.meta, entry.data)
-            t = self._txns[data.txn]
+            t = self._index.txns[data.txn]
             batch = pb.EntryBatch.FromString(bytes(data.batch))
             seqs = stored_sequence_ids(batch.messages)
             t.producer(batch.producer_name).record(seqs, t.base_of(entry.entry_id))
 
         # A crash between a commit marker and its TXN_COMMIT record: complete it.
-        interrupted = [t for t in self._txns.values() if t.state is _S.MARKED]
+        interrupted = [t for t in self._index.txns.values() if t.state is _S.MARKED]
         for t in interrupted:
             log.info(
                 "%s: completing the commit of %s (marker %d)", self.name, txn_text(t.key), t.marker
@@ -918,7 +638,7 @@ class TransactionBuffer:
             self._cache.move_to_end(marker.entry_id)
             return cached
         commit = CommitMarker.decode(marker.meta, marker.data)
-        records = await _read_ids(self.sidecar, commit.entries)
+        records = await read_ids(self.sidecar, commit.entries)
         batches = []
         count = 0
         for record in records:
@@ -958,10 +678,7 @@ class TransactionBuffer:
         acknowledged). A fresh snapshot (written when anything changed) lets
         the log go up to here.
         """
-        first_marker = self.partition_ledger.first_entry_id
-        retained = [block for block in self._retained if block[0] >= first_marker]
-        released = len(retained) != len(self._retained)
-        self._retained = retained
+        released = self._index.release(self.partition_ledger.first_entry_id)
         if released or self._snapshot is None or self._snapshot[0] != self.sidecar.last_entry_id:
             written, covers = self._write_snapshot()
             await written
@@ -970,11 +687,7 @@ class TransactionBuffer:
         keep = covers + 1
         if keep_from is not None:
             keep = min(keep, keep_from)
-        for block in self._retained:
-            keep = min(keep, block[1])
-        for t in self._txns.values():
-            if t.entries:
-                keep = min(keep, t.entries[0])
+        keep = self._index.needed_from(keep)
         drop = keep - self.sidecar.first_entry_id
         if drop <= 0:
             return 0

@@ -16,10 +16,13 @@ MARKED when its marker is durable (recovery completes it with the
 TXN_COMMIT record). A MARKED transaction is committed for readers: its
 marker is in the partition.
 
-`transition` is the only way a state changes, live and in recovery. A pair
-without a row is refused with the error its event calls for, and nothing
-changes: a SEND with `TxnEndedError` (a late write), a COMMIT or ABORT with
-`TxnConflictError`, a record with `TransactionBufferError` (the logs
+`transition(state, event)` is the only way a state changes, live and in
+recovery (the shape of txnbuf's three state tables, see `tc._status`); a
+pair without a row raises `InvalidPartitionTxnTransition` and changes
+nothing. The transaction buffer moves a transaction through `step`, which
+refuses such a pair with the error its event calls for, naming the
+transaction: a SEND with `TxnEndedError` (a late write), a COMMIT or ABORT
+with `TxnConflictError`, a record with `TransactionBufferError` (the logs
 contradict each other).
 """
 
@@ -27,10 +30,11 @@ from __future__ import annotations
 
 import enum
 
-from proto import TxnID, refusals
+from proto import TxnID, txn_text
 
 __all__ = [
     "TRANSITIONS",
+    "InvalidPartitionTxnTransition",
     "OutOfOrderSequenceError",
     "PartitionTxnEvent",
     "PartitionTxnState",
@@ -38,8 +42,8 @@ __all__ = [
     "TransactionBufferError",
     "TxnConflictError",
     "TxnEndedError",
+    "step",
     "transition",
-    "txn_text",
 ]
 
 
@@ -47,7 +51,8 @@ class TransactionBufferError(Exception):
     """Base of the transaction buffer's errors. Raised itself, a damaged
     sidecar log or partition log (a malformed record, a marker naming what
     is not there): not a refusal, so a client is answered UNKNOWN_ERROR and
-    the broker logs it. Its subclasses are refusals, each with its code::
+    the broker logs it. Its subclasses are refusals, each with the code the
+    broker answers it with (`broker._errors.WIRE_CODES`)::
 
         TransactionBufferError
         ├── TxnEndedError            INVALID_TXN_STATUS: a send for a transaction
@@ -59,21 +64,21 @@ class TransactionBufferError(Exception):
     """
 
 
-class TxnEndedError(TransactionBufferError, refusals.InvalidTxnStatus):
+class TxnEndedError(TransactionBufferError):
     """A transactional send arrived after its transaction's END began here; nothing stored."""
 
 
-class TxnConflictError(TransactionBufferError, refusals.InvalidTxnStatus):
+class TxnConflictError(TransactionBufferError):
     """An END contradicts how the transaction ended (or is ending) here."""
 
 
-class StaleEpochError(TransactionBufferError, refusals.InvalidProducerEpoch):
+class StaleEpochError(TransactionBufferError):
     """The producer-epoch mode: a send or a commit marker of an epoch (or a
     coordinator epoch) older than this partition has seen for its producer
     id: a late write, or a marker of a finished transaction."""
 
 
-class OutOfOrderSequenceError(TransactionBufferError, refusals.OutOfOrderSequence):
+class OutOfOrderSequenceError(TransactionBufferError):
     """The producer-epoch mode: a send whose first sequence is not the next
     one of its producer here (a gap, or a new epoch not starting at 0)."""
 
@@ -131,11 +136,29 @@ TRANSITIONS: dict[tuple[PartitionTxnState, PartitionTxnEvent], PartitionTxnState
 _ENDING = {_S.ENDING_COMMIT: "commit", _S.MARKED: "commit", _S.ENDING_ABORT: "abort"}
 
 
-def transition(txn: TxnID, state: PartitionTxnState, event: PartitionTxnEvent) -> PartitionTxnState:
-    """The state of ``txn`` after ``event``; raises (see the module) if there is none."""
+class InvalidPartitionTxnTransition(Exception):
+    """No transition for (state, event): the event is refused."""
+
+    def __init__(self, state: PartitionTxnState, event: PartitionTxnEvent) -> None:
+        super().__init__(f"cannot apply {event.value} to a transaction that is {state.value}")
+        self.state = state
+        self.event = event
+
+
+def transition(state: PartitionTxnState, event: PartitionTxnEvent) -> PartitionTxnState:
+    """The state after ``event``; raises `InvalidPartitionTxnTransition` if there is none."""
     try:
         return TRANSITIONS[(state, event)]
     except KeyError:
+        raise InvalidPartitionTxnTransition(state, event) from None
+
+
+def step(txn: TxnID, state: PartitionTxnState, event: PartitionTxnEvent) -> PartitionTxnState:
+    """`transition` of transaction ``txn``; refuses a pair without a row
+    with the error its event calls for (see the module), naming ``txn``."""
+    try:
+        return transition(state, event)
+    except InvalidPartitionTxnTransition:
         raise _refusal(txn, state, event) from None
 
 
@@ -156,7 +179,3 @@ def _refusal(
     return TransactionBufferError(
         f"a {event.value} of transaction {txn_text(txn)}, which is {state.value} on this partition"
     )
-
-
-def txn_text(txn: TxnID) -> str:
-    return f"({txn[0]}, {txn[1]})"

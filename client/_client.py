@@ -14,7 +14,7 @@ from proto import TxnID
 
 from ._connection import Command, Connection, command
 from ._consumer import Consumer
-from ._deadletter import DeadLetterPolicy, DeadLetters
+from ._deadletter import DeadLetterPolicy, DeadLetters, Source
 from ._epoch import TransactionalProducer
 from ._foreign import tls_context
 from ._producer import Producer
@@ -221,7 +221,14 @@ class Client:
             negative_ack_redelivery_delay=negative_ack_redelivery_delay,
         )
         if dead_letter_policy is not None:
-            consumer._dead_letters = DeadLetters(self, consumer, dead_letter_policy)
+            source = Source(
+                consumer.topic,
+                consumer.subscription,
+                consumer.consumer_id,
+                lambda message, txn: consumer.acknowledge(message, txn=txn),
+                consumer._give_back,
+            )
+            consumer._dead_letters = DeadLetters(self, source, dead_letter_policy)
         await consumer._subscribe()
         return consumer
 

@@ -669,6 +669,12 @@ class Consumer:
         )
         self._shut()  # (the broker has dropped the consumer with its subscription)
 
+    def _give_back(self, ids: list[MessageId]) -> None:
+        """Messages handed to the dead letters whose move failed: delivered
+        again (unless this consumer is closing)."""
+        if not self._closing:
+            self._redeliver(ids)
+
     def _redeliver(self, ids: list[MessageId]) -> None:
         if not self._conn.is_current(self._gen):
             return

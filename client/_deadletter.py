@@ -31,16 +31,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from ._message import Message
+from ._message import Message, MessageId
+from ._producer import Producer
+from ._txn import Transaction
 from .errors import InvalidInputError, TxnbufError
-
-if TYPE_CHECKING:
-    from ._client import Client
-    from ._consumer import Consumer
-    from ._producer import Producer
 
 __all__ = ["DeadLetterPolicy"]
 
@@ -68,15 +67,45 @@ class DeadLetterPolicy:
                 raise InvalidInputError(f"{name} must be a non-empty str or None, not {value!r}")
 
 
+class _Closable(Protocol):
+    async def close(self) -> None: ...
+
+
+class Mover(Protocol):
+    """What moving dead letters needs of the `client.Client`: a producer to
+    the dead letter topic, its initial subscription, and transactions."""
+
+    async def create_producer(self, topic: str) -> Producer: ...
+
+    async def subscribe(
+        self, topic: str, subscription: str, *, initial_position: str = ...
+    ) -> _Closable: ...
+
+    def transaction(self) -> AbstractAsyncContextManager[Transaction]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """The consumer whose dead letters move: where they come from, how one
+    is acknowledged in the move's transaction, and how messages whose move
+    failed are given back to the broker (nothing once the consumer closes)."""
+
+    topic: str
+    subscription: str
+    consumer_id: int
+    acknowledge: Callable[[Message, Transaction], Awaitable[None]]
+    give_back: Callable[[list[MessageId]], None]
+
+
 class DeadLetters:
     """The moves of one consumer's dead letters."""
 
-    def __init__(self, client: Client, consumer: Consumer, policy: DeadLetterPolicy) -> None:
+    def __init__(self, client: Mover, source: Source, policy: DeadLetterPolicy) -> None:
         self.client = client
-        self.consumer = consumer
+        self.source = source
         self.policy = policy
         self.max_redeliver_count = policy.max_redeliver_count
-        self.topic = policy.dead_letter_topic or f"{consumer.topic}-{consumer.subscription}-DLQ"
+        self.topic = policy.dead_letter_topic or f"{source.topic}-{source.subscription}-DLQ"
         self._queued: list[Message] = []
         self._wake = asyncio.Event()
         self._producer: Producer | None = None
@@ -89,7 +118,7 @@ class DeadLetters:
         self._wake.set()
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(
-                self._run(), name=f"txnbuf-dead-letters-{self.consumer.consumer_id}"
+                self._run(), name=f"txnbuf-dead-letters-{self.source.consumer_id}"
             )
 
     async def _run(self) -> None:
@@ -109,13 +138,12 @@ class DeadLetters:
                     level,
                     "moving %d message(s) of %r to %r failed: %s; they come again",
                     len(batch),
-                    self.consumer.subscription,
+                    self.source.subscription,
                     self.topic,
                     exc,
                 )
                 await asyncio.sleep(RETRY_AFTER)
-                if not self.consumer._closing:
-                    self.consumer._redeliver([m.message_id for m in batch])
+                self.source.give_back([m.message_id for m in batch])
 
     async def _move(self, batch: list[Message]) -> None:
         producer = self._producer
@@ -132,10 +160,10 @@ class DeadLetters:
                 properties["REAL_TOPIC"] = msg.topic
                 properties["ORIGIN_MESSAGE_ID"] = str(msg.message_id)
                 await producer.send(msg.value, msg.key, properties, txn=txn)
-                await self.consumer.acknowledge(msg, txn=txn)
+                await self.source.acknowledge(msg, txn)
         self.moved += len(batch)
         log.info(
-            "moved %d message(s) of %r to %r", len(batch), self.consumer.subscription, self.topic
+            "moved %d message(s) of %r to %r", len(batch), self.source.subscription, self.topic
         )
 
     async def close(self) -> None:

@@ -25,18 +25,15 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from proto import TxnID
 
-from ._connection import Command, Type, command, copy_error, wait_future_until
-from ._txn import Transaction, TxnEvent, TxnState, transition
-from .errors import InvalidInputError, InvalidTxnStatusError
+from ._connection import ClientLink, Command, Type, command
+from ._txn import Transaction
+from .errors import InvalidInputError
 
-if TYPE_CHECKING:
-    from ._client import Client
-
-__all__ = ["GroupResult", "TransactionGroups", "prepare_transaction"]
+__all__ = ["GroupResult", "TransactionGroups"]
 
 MAX_TTL_MS = 2**64 - 1
 
@@ -66,52 +63,10 @@ def _ms(seconds: float, what: str, zero: bool = False) -> int:
     return ms
 
 
-async def prepare_transaction(txn: Transaction) -> None:
-    """``Transaction.prepare``: wait until every send and ack of ``txn`` is
-    answered (abort it and raise the first failure, as ``commit`` does),
-    then PREPARE_TXN: once answered, all of them are durable and the
-    transaction waits for its decision (END_TXN or a group commit). After
-    this the broker refuses further sends and acks in it, and so does the
-    client (the transaction's state is PREPARED: a send or ack raises
-    ``InvalidTxnStatusError`` at once, as it would be refused only in the
-    broker's answer otherwise). Preparing it again returns at once."""
-    if txn.state is TxnState.PREPARED:
-        return
-    if txn.state is not TxnState.OPEN:
-        raise InvalidTxnStatusError(f"transaction {txn.id} is {txn.state.value}: cannot prepare")
-    conn = txn._conn
-    for flush in list(txn._flushes):  # (queued sends framed now)
-        flush()
-    if txn._pending_ops:
-        txn._settled = txn._loop.create_future()
-        await wait_future_until(
-            txn._settled,
-            txn._loop.time() + 2 * conn.operation_timeout,
-            f"prepare of transaction {txn.id} (waiting for its sends and acks)",
-        )
-    if txn._error is not None:
-        error = txn._error
-        await txn._abort_after_error()
-        raise copy_error(error)
-    await conn.request(
-        lambda request_id: command(
-            Type.PREPARE_TXN,
-            "prepare_txn",
-            request_id=request_id,
-            txnid_most_bits=txn.id.most_bits,
-            txnid_least_bits=txn.id.least_bits,
-        ),
-        Command.TXN_RESPONSE,
-        f"prepare transaction {txn.id}",
-        link_bound=False,
-    )
-    txn._state = transition(txn._state, TxnEvent.PREPARE, txn.id)
-
-
 class TransactionGroups:
     """The group requests of one ``Client`` (``TransactionGroups(client)``)."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: ClientLink) -> None:
         self._client = client
         self._conn = client._conn
 

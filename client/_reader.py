@@ -25,17 +25,13 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from proto import txnbuf_pb2 as pb
 
-from ._connection import Command, Type, command
+from ._connection import ClientLink, Command, Connection, Type, command
 from ._message import Message, decode_entry
 from .errors import InvalidInputError, OperationTimeoutError
-
-if TYPE_CHECKING:
-    from ._client import Client
-    from ._connection import Connection
 
 __all__ = ["Position", "ReadResult", "Reader", "SubscriptionCursor"]
 
@@ -254,7 +250,7 @@ class SubscriptionCursor:
     "earliest")``; nothing is sent until a call."""
 
     def __init__(
-        self, client: Client, topic: str, subscription: str, initial_position: str = "latest"
+        self, client: ClientLink, topic: str, subscription: str, initial_position: str = "latest"
     ) -> None:
         for what, name in (("topic", topic), ("subscription", subscription)):
             if not isinstance(name, str) or not name:

@@ -39,6 +39,8 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any, NamedTuple
 
+from proto import txn_text
+
 from .errors import TxnbufError
 
 log = logging.getLogger("client")
@@ -167,8 +169,11 @@ class SparePool:
         try:
             await self._abort(spare)
         except TxnbufError as exc:
-            log.debug("aborting spare transaction (%d,%d) failed: %s",
-                      spare.most_bits, spare.least_bits, exc)  # fmt: skip
+            log.debug(
+                "aborting spare transaction %s failed: %s",
+                txn_text((spare.most_bits, spare.least_bits)),
+                exc,
+            )
 
     async def close(self, timeout: float) -> None:
         """Abort every spare held (and those still to come with an END),

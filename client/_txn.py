@@ -76,7 +76,7 @@ import asyncio
 import enum
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from proto import TxnID
 from proto import txnbuf_pb2 as pb
@@ -96,7 +96,6 @@ from .errors import (
 
 if TYPE_CHECKING:
     from ._connection import Connection, Link
-    from ._producer import Producer
     from ._spares import SparePool
 
 log = logging.getLogger("client")
@@ -158,6 +157,13 @@ def transition(state: TxnState, event: TxnEvent, txn_id: TxnID) -> TxnState:
         ) from None
 
 
+class BatchFiller(Protocol):
+    """A producer filling a batch of sends in a transaction (``client._producer``):
+    framed when another producer starts one on the same partition."""
+
+    def _frame_filling(self, partition: int, txn: Transaction) -> None: ...
+
+
 # --- the transaction ----------------------------------------------------------
 
 
@@ -210,7 +216,7 @@ class Transaction:
         # message framed there, and the producer whose batch of the
         # transaction is filling for it (``client._producer``).
         self._places: dict[tuple[str, int], int] = {}
-        self._filling: dict[tuple[str, int], Producer] = {}
+        self._filling: dict[tuple[str, int], BatchFiller] = {}
         self._pending_ops = 0
         # What commit() waits on while sends or acks are unanswered.
         self._settled: asyncio.Future[None] | None = None
@@ -320,13 +326,48 @@ class Transaction:
 
     async def prepare(self) -> None:
         """Make the transaction PREPARED (for a group commit, see
-        ``client._groups``): wait for its sends and acks (aborting it and
-        raising the first failure, as ``commit``), then PREPARE_TXN. Once
-        this returns, its writes are durable and it waits for its decision;
-        the broker refuses further sends and acks in it."""
-        from ._groups import prepare_transaction
-
-        await prepare_transaction(self)
+        ``client._groups``): wait until every send and ack of it is answered
+        (abort it and raise the first failure, as ``commit`` does), then
+        PREPARE_TXN: once answered, all of them are durable and the
+        transaction waits for its decision (END_TXN or a group commit).
+        After this the broker refuses further sends and acks in it, and so
+        does the client (its state is PREPARED: a send or ack raises
+        ``InvalidTxnStatusError`` at once, as it would be refused only in
+        the broker's answer otherwise). Preparing it again returns at once."""
+        if self._state is TxnState.PREPARED:
+            return
+        if self._state is not TxnState.OPEN:
+            raise InvalidTxnStatusError(
+                f"transaction {self.id} is {self._state.value}: cannot prepare"
+            )
+        conn = self._conn
+        for flush in list(self._flushes):  # (queued sends framed now)
+            flush()
+        if self._pending_ops:
+            self._settled = self._loop.create_future()
+            await wait_future_until(
+                self._settled,
+                self._loop.time() + 2 * conn.operation_timeout,
+                f"prepare of transaction {self.id} (waiting for its sends and acks)",
+            )
+        if self._error is not None:
+            error = self._error
+            await self._abort_after_error()
+            raise copy_error(error)
+        txn_id = self.id
+        await conn.request(
+            lambda request_id: command(
+                Type.PREPARE_TXN,
+                "prepare_txn",
+                request_id=request_id,
+                txnid_most_bits=txn_id.most_bits,
+                txnid_least_bits=txn_id.least_bits,
+            ),
+            Command.TXN_RESPONSE,
+            f"prepare transaction {txn_id}",
+            link_bound=False,
+        )
+        self._state = transition(self._state, TxnEvent.PREPARE, txn_id)
 
     async def abort(self) -> None:
         """Abort the transaction now (sends and acks in flight are

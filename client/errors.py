@@ -63,7 +63,14 @@ The tree::
 ``for_code(code)`` turns a wire code into its class (``UnknownServerError``
 for a code this client does not know); ``from_wire(code, message)`` builds
 the exception. The registry is built from the subclasses of ``ServerError``
-that set ``code``, so adding a code means adding one class here.
+that set ``code`` (each code once), so adding a code means adding one class
+here.
+
+Each class has one txnbuf parent. ``InvalidInputError`` and
+``OperationTimeoutError`` also have a built-in one (``ValueError``,
+``TimeoutError``): a promise of the client's API, so that ``except
+ValueError`` and ``except TimeoutError`` catch them. The built-ins carry no
+``code``, so no code depends on the order of parents.
 
 Foreign exceptions (aiohttp, OSError, protobuf) never escape the client: they
 are translated in ``client/_foreign.py`` and chained with ``raise ... from``.

@@ -1,4 +1,6 @@
-"""What every part of `ledger` shares: the entry and the errors.
+"""What every part of `ledger` shares: the entry, the errors, and what an
+engine tells its store (`EngineSink`: the engines stand below the store,
+which imports them).
 
 The errors::
 
@@ -14,8 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
-__all__ = ["Entry", "LedgerError", "LedgerFencedError"]
+__all__ = ["EngineSink", "Entry", "LedgerError", "LedgerFencedError"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,3 +40,13 @@ class LedgerFencedError(LedgerError):
     def __init__(self, message: str, slots: Iterable[int] = ()) -> None:
         super().__init__(message)
         self.slots = tuple(sorted(slots))
+
+
+class EngineSink(Protocol):
+    """What an engine tells its store (`ledger.LedgerStore`)."""
+
+    def _answered(self, seq: int, error: str | LedgerError | None, result: Any) -> None:
+        """The answer to request ``seq``; answers come in the order of the requests."""
+
+    def _engine_lost(self, reason: str) -> None:
+        """The engine can answer nothing more (its process or connection is gone)."""

@@ -77,15 +77,12 @@ import logging
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import asyncpg
 
 from ledger import _writer
-from ledger._base import Entry, LedgerError, LedgerFencedError
-
-if TYPE_CHECKING:
-    from ledger._store import EngineSink
+from ledger._base import EngineSink, Entry, LedgerError, LedgerFencedError
 
 __all__ = ["SCHEMA_VERSION", "PostgresEngine"]
 

@@ -33,15 +33,12 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import aiosqlite
 
 from ledger import _writer
-from ledger._base import Entry, LedgerError
-
-if TYPE_CHECKING:
-    from ledger._store import EngineSink
+from ledger._base import EngineSink, Entry, LedgerError
 
 __all__ = ["SqliteEngine"]
 

@@ -59,7 +59,7 @@ from typing import Any, Protocol
 from sortedcontainers import SortedList
 
 from ledger import _writer
-from ledger._base import Entry, LedgerError, LedgerFencedError
+from ledger._base import EngineSink, Entry, LedgerError, LedgerFencedError
 from ledger._stats import COMMIT_SECONDS_BOUNDS, COMMIT_SIZE_BOUNDS, Buckets
 
 __all__ = [
@@ -71,10 +71,7 @@ __all__ = [
     "LedgerFencedError",
     "LedgerStore",
     "is_postgres_url",
-    "pass_failure",
     "read_runs",
-    "settled",
-    "unawaited",
 ]
 
 log = logging.getLogger(__name__)
@@ -96,16 +93,6 @@ SlotOf = Callable[[str, int], "int | None"]
 def is_postgres_url(location: object) -> bool:
     """Does ``location`` name a PostgreSQL database (a libpq URL)?"""
     return isinstance(location, str) and location.startswith(("postgresql://", "postgres://"))
-
-
-class EngineSink(Protocol):
-    """What an engine tells its store (`LedgerStore`)."""
-
-    def _answered(self, seq: int, error: str | LedgerError | None, result: Any) -> None:
-        """The answer to request ``seq``; answers come in the order of the requests."""
-
-    def _engine_lost(self, reason: str) -> None:
-        """The engine can answer nothing more (its process or connection is gone)."""
 
 
 class Engine(Protocol):
@@ -151,48 +138,6 @@ class Engine(Protocol):
     async def read_meta(self, ledger_id: int) -> list[tuple[int, int]]: ...
 
     async def read_sizes(self, ledger_id: int) -> list[tuple[int, int]]: ...
-
-
-def unawaited(f: asyncio.Future[Any]) -> None:
-    """Done callback of a write nobody awaits: mark its error seen (a failed
-    write stops the store, and whatever comes after it reports that)."""
-    if not f.cancelled():
-        f.exception()
-
-
-def pass_failure(source: asyncio.Future[Any], target: asyncio.Future[Any]) -> bool:
-    """If ``source`` failed or was cancelled, fail or cancel ``target`` the
-    same way (unless it is done already) and return True; False if
-    ``source`` succeeded (what follows is the caller's). For callbacks that
-    carry one future's outcome to another without a task."""
-    if source.cancelled():
-        if not target.done():
-            target.cancel()
-        return True
-    error = source.exception()
-    if error is None:
-        return False
-    if not target.done():
-        target.set_exception(error)
-    return True
-
-
-async def settled(future: asyncio.Future[Any]) -> None:
-    """Wait until ``future`` is done, whatever its outcome: ``asyncio.wait``
-    for one future, without its sets and callbacks (on every END's path)."""
-    if future.done():
-        return
-    waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def wake(_: object) -> None:
-        if not waiter.done():
-            waiter.set_result(None)
-
-    future.add_done_callback(wake)
-    try:
-        await waiter
-    finally:
-        future.remove_done_callback(wake)
 
 
 def _prefix_end(prefix: str) -> str | None:

@@ -4,7 +4,8 @@ Every WebSocket frame is one serialized `txnbuf_pb2.BaseCommand` (a BATCH
 carries several, see `batch_frame` and `next_frame`). The generated files are committed;
 `scripts/gen-proto` regenerates them. `refusals` holds the server's
 exception class of each wire error code; `TxnID` is the transaction id
-every side (client, coordinator, partitions, subscriptions) uses.
+every side (client, coordinator, partitions, subscriptions) uses, and
+`txn_text` how one is printed, everywhere.
 
 Note: `proto` is also the import name of Google's proto-plus package. txnbuf
 owns this name in its environment; `tests/test_packaging.py` checks it.
@@ -13,7 +14,7 @@ owns this name in its environment; `tests/test_packaging.py` checks it.
 from proto import refusals, txnbuf_pb2
 from proto._framing import BATCH_MAX_BYTES, batch_frame, next_frame
 from proto._limits import FRAME_SLACK, MAX_MESSAGE_SIZE, oversized
-from proto._txnid import MAX_TCID, TxnID, wire_txnid
+from proto._txnid import MAX_TCID, TxnID, boot_epoch, txn_text, wire_txnid
 
 __all__ = [
     "BATCH_MAX_BYTES",
@@ -22,9 +23,11 @@ __all__ = [
     "MAX_TCID",
     "TxnID",
     "batch_frame",
+    "boot_epoch",
     "next_frame",
     "oversized",
     "refusals",
+    "txn_text",
     "txnbuf_pb2",
     "wire_txnid",
 ]

@@ -1,19 +1,41 @@
-"""TxnID: the 128-bit transaction id of PIP-31 §TxnID.
+"""TxnID: the 128-bit transaction id of PIP-31 §TxnID, and its one text.
 
 The high 16 bits of ``most_bits`` are the id of the transaction coordinator
 (TCID) that issued it; the rest of the 128 bits is that TC's counter, so a
-TxnID says which TC owns it.
+TxnID says which TC owns it. A counter is the coordinator's boot epoch
+(112 - `SEQUENCE_BITS` bits: each start of a coordinator logs a new one, see
+`tc._table`) and a sequence within it (`SEQUENCE_BITS`): `TxnID.issued`,
+`boot_epoch`. A partition compares the boot epochs of a producer's
+transactions (the producer-epoch mode), so the layout lives here, below
+both.
+
+A transaction id is printed one way everywhere, in logs, errors and the
+admin API: `txn_text`, ``(most_bits,least_bits)`` (`TxnID.parse` reads it
+back), whether it is a `TxnID` or the plain tuple partitions key
+transactions by.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["MAX_TCID", "TxnID", "wire_txnid"]
+__all__ = ["MAX_TCID", "SEQUENCE_BITS", "TxnID", "boot_epoch", "txn_text", "wire_txnid"]
 
 _U64 = (1 << 64) - 1
 _TC_SHIFT = 48
 MAX_TCID = (1 << 16) - 1
+SEQUENCE_BITS = 64  # a counter is (the coordinator's boot epoch << 64) | sequence
+
+
+def txn_text(txn: tuple[int, int]) -> str:
+    """How a transaction id is printed: ``(most_bits,least_bits)``."""
+    return f"({txn[0]},{txn[1]})"
+
+
+def boot_epoch(txn: tuple[int, int]) -> int:
+    """The boot epoch of the coordinator that issued ``txn`` (a `TxnID` or
+    its plain tuple)."""
+    return (((txn[0] & ((1 << _TC_SHIFT) - 1)) << 64) | txn[1]) >> SEQUENCE_BITS
 
 
 class _Halves(NamedTuple):
@@ -48,16 +70,32 @@ class TxnID(_Halves):
             raise ValueError(f"counter must fit in 112 bits, got {counter}")
         return cls((tcid << _TC_SHIFT) | (counter >> 64), counter & _U64)
 
+    @classmethod
+    def issued(cls, tcid: int, epoch: int, sequence: int) -> TxnID:
+        """The id number ``sequence`` issued by coordinator ``tcid`` in its
+        boot epoch ``epoch``."""
+        return cls.of(tcid, (epoch << SEQUENCE_BITS) | sequence)
+
     @property
     def tcid(self) -> int:
         return self.most_bits >> _TC_SHIFT
+
+    @property
+    def epoch(self) -> int:
+        """The boot epoch of the coordinator when it issued this id."""
+        return self.counter >> SEQUENCE_BITS
+
+    @property
+    def sequence(self) -> int:
+        """Its place among the ids of that boot epoch."""
+        return self.counter & ((1 << SEQUENCE_BITS) - 1)
 
     @property
     def counter(self) -> int:
         return ((self.most_bits & ((1 << _TC_SHIFT) - 1)) << 64) | self.least_bits
 
     def __str__(self) -> str:
-        return f"({self.most_bits},{self.least_bits})"
+        return txn_text(self)
 
     @classmethod
     def parse(cls, text: str) -> TxnID:

@@ -42,7 +42,7 @@ from sortedcontainers import SortedSet
 
 from buffer import Position
 from ledger import Entry, Ledger
-from proto import TxnID, wire_txnid
+from proto import TxnID, txn_text, wire_txnid
 from subscriptions._state import AckEvent, InvalidAckTransition, MsgState, transition
 
 __all__ = [
@@ -63,7 +63,6 @@ __all__ = [
     "replay_cursor",
     "snapshot_then_trim",
     "txn_end_record",
-    "txn_text",
 ]
 
 log = logging.getLogger(__name__)
@@ -84,11 +83,6 @@ _KIND_NAMES = {
 }
 _U64 = (1 << 64) - 1
 _ENTRY_OF = itemgetter(0)
-
-
-def txn_text(txn: TxnID) -> str:
-    """A transaction as `proto.TxnID` prints it: ``(most_bits,least_bits)``."""
-    return f"({txn[0]},{txn[1]})"
 
 
 def _pos_text(pos: Position) -> str:

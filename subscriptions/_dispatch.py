@@ -27,7 +27,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from sortedcontainers import SortedSet
 
@@ -48,10 +48,7 @@ from subscriptions._cursor import (
 from subscriptions._state import MsgState
 from subscriptions._uncommitted import UncommittedCursor, from_wire, to_wire
 
-if TYPE_CHECKING:
-    from subscriptions._subscription import PartitionSubscription
-
-__all__ = ["Consumer", "Dispatcher", "SubType"]
+__all__ = ["Attachment", "Consumer", "Dispatcher", "SubType"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +61,16 @@ class SubType(enum.Enum):
     EXCLUSIVE = "exclusive"
     SHARED = "shared"
     FAILOVER = "failover"
+
+
+class Attachment(Protocol):
+    """A partition subscription a consumer is attached to, as the consumer
+    sees it (`subscriptions._subscription.PartitionSubscription`, which
+    imports this module: `subscriptions._subscription.attached` gives the
+    list back with its own type)."""
+
+    def wake(self) -> None:
+        """Permits came: deliver what is waiting."""
 
 
 @dataclass(eq=False)
@@ -82,7 +89,7 @@ class Consumer:
     push: Callable[[Consumer, list[pb.DeliveredEntry]], None]
     on_active_change: Callable[[Consumer, bool], None] = lambda c, active: None
     permits: int = 0
-    subscriptions: list[PartitionSubscription] = field(default_factory=list)
+    subscriptions: list[Attachment] = field(default_factory=list)
     order: int = 0  # connect order, breaks ties between equal names
     read_uncommitted: bool = False  # wants a read_uncommitted subscription
 

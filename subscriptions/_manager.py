@@ -20,7 +20,7 @@ from typing import Any
 from buffer import MessageId, Partition, Position, Topic, Topics
 from proto import TxnID, refusals
 from subscriptions._dispatch import Consumer
-from subscriptions._subscription import PartitionSubscription
+from subscriptions._subscription import PartitionSubscription, attached
 
 __all__ = ["Subscriptions"]
 
@@ -262,12 +262,12 @@ class Subscriptions:
 
     def detach(self, consumer: Consumer) -> None:
         """Detach ``consumer`` everywhere; its unacked messages are redelivered."""
-        for sub in list(consumer.subscriptions):
+        for sub in list(attached(consumer)):
             sub.remove_consumer(consumer)
 
     def redeliver(self, consumer: Consumer, ids: list[MessageId] | None) -> None:
         """Negative ack of ``ids`` (all unacked messages of ``consumer`` if None)."""
-        for sub in consumer.subscriptions:
+        for sub in attached(consumer):
             if ids is None:
                 sub.redeliver_unacked(consumer, None)
             else:
@@ -309,7 +309,7 @@ class Subscriptions:
         ``early``: see `PartitionSubscription.ack`."""
         if not by_part or not any(by_part.values()):
             raise refusals.InvalidArgument("an acknowledgement needs message ids")
-        subs = {s.partition.index: s for s in consumer.subscriptions}
+        subs = {s.partition.index: s for s in attached(consumer)}
         for partition, positions in by_part.items():
             sub = subs.get(partition)
             if not positions:

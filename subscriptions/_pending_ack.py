@@ -10,12 +10,12 @@ a row of the table in `subscriptions._state`, applied by `Cursor.apply`.
 Persist, then act: every record is checked against the cursor, appended,
 and applied when it is durable, in ledger order (in the append's done
 callback, so that a caller that stops waiting cannot leave a durable record
-unapplied); `AckLog.on_applied` then hears what changed. A record that a
+unapplied); `PendingAckLog.on_applied` then hears what changed. A record that a
 concurrent one made invalid in between is refused when applied: it changes
 nothing, live and in replay, and its caller gets the conflict. Plain acks,
 the transactions' records and a reset (a SNAPSHOT record) share this one
 order; a snapshot every ``SNAPSHOT_EVERY`` records lets the ledger be
-trimmed. Early answers (`AckLog.ack`, `AckLog.end_txn_early`) are for
+trimmed. Early answers (`PendingAckLog.ack`, `PendingAckLog.end_txn_early`) are for
 transactions that a restart aborts if it finds them open
 (docs/decisions.md, Transactions).
 """
@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 
 from buffer import Partition, Position
 from ledger import Ledger, faults, unawaited
-from proto import TxnID, refusals
+from proto import TxnID, refusals, txn_text
 from subscriptions._cursor import (
     CUMULATIVE,
     INDIVIDUAL,
@@ -46,18 +46,17 @@ from subscriptions._cursor import (
     replay_cursor,
     snapshot_then_trim,
     txn_end_record,
-    txn_text,
 )
 from subscriptions._state import InvalidAckTransition
 
-__all__ = ["AckLog"]
+__all__ = ["PendingAckLog"]
 
 log = logging.getLogger(__name__)
 
 ENDED_MEMORY = 10_000  # ended transactions remembered, to refuse their late acks
 
 
-class AckLog:
+class PendingAckLog:
     """The acknowledgements of subscription ``name`` on ``partition``:
     ``cursor``, kept by the records of ``ledger``. ``count`` gives an entry's
     message count (see `Cursor.apply`). Create with `create` or `load`."""
@@ -89,7 +88,7 @@ class AckLog:
         partition: Partition,
         name: str,
         count: Callable[[int], int],
-    ) -> AckLog:
+    ) -> PendingAckLog:
         """A new cursor at ``mark_delete``, durably (its first snapshot)."""
         cursor = Cursor(mark_delete)
         await ledger.append(cursor.snapshot(), meta=SNAPSHOT)
@@ -98,7 +97,7 @@ class AckLog:
     @classmethod
     async def load(
         cls, ledger: Ledger, partition: Partition, name: str, count: Callable[[int], int]
-    ) -> AckLog:
+    ) -> PendingAckLog:
         """The cursor rebuilt from ``ledger`` (`replay_cursor`)."""
         entries = await ledger.read(ledger.first_entry_id, ledger.last_entry_id)
         cursor, ended = replay_cursor(ledger.name, entries, count, partition.ledger.last_entry_id)

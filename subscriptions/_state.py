@@ -17,7 +17,8 @@ acking a locked or deleted message is a conflict (the client aborts it). A
 transaction re-sending its own ack of a message it holds is a retry, which
 the cursor recognises before it consults this table.
 
-`transition` is the only way a state changes, live and in recovery; an
+`transition(state, event)` is the only way a state changes, live and in
+recovery (the shape of txnbuf's three state tables, see `tc._status`); an
 event that has no row raises `InvalidAckTransition` and changes nothing.
 """
 
@@ -28,13 +29,13 @@ import enum
 __all__ = ["TRANSITIONS", "AckEvent", "InvalidAckTransition", "MsgState", "transition"]
 
 
-class MsgState(enum.Enum):
+class MsgState(enum.StrEnum):
     PENDING = "PENDING"
     PENDING_ACK = "PENDING_ACK"
     DELETED = "DELETED"
 
 
-class AckEvent(enum.Enum):
+class AckEvent(enum.StrEnum):
     ACK = "ACK"  # individual or cumulative acknowledgement, outside a transaction
     TXN_ACK = "TXN_ACK"  # acknowledgement inside a transaction
     TXN_COMMIT = "TXN_COMMIT"  # the transaction holding the message committed

@@ -1,6 +1,6 @@
 """A subscription on one partition: its acknowledgements and its dispatch.
 
-`PartitionSubscription` composes an `AckLog` (the cursor and the ledger of
+`PartitionSubscription` composes an `PendingAckLog` (the cursor and the ledger of
 its records: plain acks and PIP-31's PENDING_ACK, `subscriptions._pending_ack`)
 and a `Dispatcher` (consumers, permits and redelivery,
 `subscriptions._dispatch`), which follows every record the log applies. A
@@ -13,17 +13,25 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import cast
 
 from buffer import Partition, Position
 from ledger import Ledger
 from proto import TxnID, refusals
 from subscriptions._cursor import WHOLE_ENTRY, Cursor
 from subscriptions._dispatch import Consumer, Dispatcher, SubType
-from subscriptions._pending_ack import AckLog
+from subscriptions._pending_ack import PendingAckLog
 from subscriptions._state import MsgState
 from subscriptions._uncommitted import UncommittedCursor, UncommittedLog, from_wire
 
-__all__ = ["PartitionSubscription"]
+__all__ = ["PartitionSubscription", "attached"]
+
+
+def attached(consumer: Consumer) -> list[PartitionSubscription]:
+    """The partition subscriptions ``consumer`` is attached to (each one's
+    `add_consumer` put itself in ``consumer.subscriptions``, which
+    `subscriptions._dispatch` can only type as an `Attachment`)."""
+    return cast(list[PartitionSubscription], consumer.subscriptions)
 
 
 class PartitionSubscription:
@@ -35,7 +43,7 @@ class PartitionSubscription:
         self,
         partition: Partition,
         name: str,
-        acks: AckLog,
+        acks: PendingAckLog,
         uncommitted: UncommittedLog | None = None,
     ) -> None:
         self.partition = partition
@@ -85,7 +93,7 @@ class PartitionSubscription:
         log = partition.ledger
         start_at = (log.first_entry_id - 1 if earliest else log.last_entry_id, WHOLE_ENTRY)
         count = _counter(partition, read_uncommitted)
-        acks = await AckLog.create(ledger, start_at, partition, name, count)
+        acks = await PendingAckLog.create(ledger, start_at, partition, name, count)
         return cls(partition, name, acks, uncommitted)
 
     @classmethod
@@ -97,7 +105,7 @@ class PartitionSubscription:
         )
         uncommitted = None if uledger is None else await UncommittedLog.load(uledger)
         count = _counter(partition, uledger is not None)
-        acks = await AckLog.load(ledger, partition, name, count)
+        acks = await PendingAckLog.load(ledger, partition, name, count)
         return cls(partition, name, acks, uncommitted)
 
     # -- lifecycle ----------------------------------------------------------------
@@ -177,7 +185,7 @@ class PartitionSubscription:
         txn: TxnID | None = None,
         early: bool = False,
     ) -> None:
-        """Acknowledge durably, then apply: `AckLog.ack`. A message read
+        """Acknowledge durably, then apply: `PendingAckLog.ack`. A message read
         uncommitted takes only a plain individual ack. Raises
         (`proto.refusals`) besides: NOT_ALLOWED for a cumulative ack on a
         shared subscription, INVALID_ARGUMENT for no positions. Positions
@@ -205,11 +213,11 @@ class PartitionSubscription:
         await self.acks.ack(positions, cumulative, txn, early)
 
     async def end_txn(self, txn: TxnID, commit: bool) -> None:
-        """EndTxnOnSubscription: `AckLog.end_txn`."""
+        """EndTxnOnSubscription: `PendingAckLog.end_txn`."""
         await self.acks.end_txn(txn, commit)
 
     def end_txn_early(self, txn: TxnID, commit: bool) -> None:
-        """`AckLog.end_txn_early`."""
+        """`PendingAckLog.end_txn_early`."""
         self.acks.end_txn_early(txn, commit)
 
     def check_no_txn_acks(self, what: str) -> None:

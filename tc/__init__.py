@@ -1,25 +1,24 @@
 """The transaction coordinator (PIP-31 §Transaction Coordinator).
 
-`TransactionCoordinator` issues `TxnID`s, logs each transaction's status
-(`TxnStatus`, one table in `tc._status`), times transactions out, and ends
-them on every participant through the `Participant` interface. What it
-knows is a `TxnTable` (`tc._table`, no I/O) and, for the producer-epoch
-mode (Kafka's transactional producer), a `ProducerRegistry`
+`TransactionCoordinator` (`tc._coordinator`) issues `TxnID`s, logs each
+transaction's status (`TxnStatus`, one table in `tc._status`), times
+transactions out, and ends them on every participant through the
+`Participant` interface (`tc._participants`: a participant is told a
+`TxnEnd`, everything it needs, and never asks back). What it knows is a
+`TxnTable` (`tc._table`, no I/O) and, for the producer-epoch mode (Kafka's
+transactional producer, `tc._epoch_mode`), a `ProducerRegistry`
 (`tc._producers`), both rebuilt on start from its log (`tc._log`). What it
-refuses it raises as subclasses of `proto.refusals` classes, which carry
-their wire code (`TxnNotFoundError` is a `TransactionNotFound`).
+refuses it raises as its own errors, each with one parent
+(`InvalidTxnStatusError`, `TxnNotFoundError`, the `ProducerEpochError`
+classes, ...); the broker answers each with its wire code from one table
+(`broker._errors.WIRE_CODES`).
 """
 
 from proto import TxnID, wire_txnid
-from tc._coordinator import (
-    NotStuckError,
-    Participant,
-    ProducerSettings,
-    StuckParticipant,
-    TransactionCoordinator,
-    TwoPhaseCommitNotAllowedError,
-)
+from tc._coordinator import TransactionCoordinator
+from tc._epoch_mode import ProducerSettings, TwoPhaseCommitNotAllowedError
 from tc._log import TxnLog
+from tc._participants import NotStuckError, Participant, StuckParticipant, TxnEnd
 from tc._producers import (
     DEFAULT_EXPIRATION_MS,
     MAX_EPOCH,
@@ -35,6 +34,8 @@ from tc._producers import (
     ProducerRegistry,
     TransactionAbortableError,
     coordinator_of,
+    coordinator_of_producer,
+    producer_id,
 )
 from tc._status import (
     TRANSITIONS,
@@ -69,6 +70,7 @@ __all__ = [
     "TransactionCoordinator",
     "TwoPhaseCommitNotAllowedError",
     "TxnArgumentError",
+    "TxnEnd",
     "TxnEvent",
     "TxnID",
     "TxnLog",
@@ -79,6 +81,8 @@ __all__ = [
     "TxnTimeoutError",
     "check_update",
     "coordinator_of",
+    "coordinator_of_producer",
+    "producer_id",
     "transition",
     "wire_txnid",
 ]

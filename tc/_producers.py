@@ -19,20 +19,27 @@ registry of the coordinator its hash picks. The entry holds
   (``coordinator``: a timeout or a restart; the client may abort and go on).
 
 Every change is a PRODUCER record of the whole entry in the coordinator's
-log, applied as it is appended, replayed on start (`apply`).
+log, applied as it is appended, replayed on start (`apply`). The registry
+builds those records (`first_init`, `init`, `begin`, `end`,
+`coordinator_abort`, `expire`: pure functions of the registry, like
+`tc.TxnTable.decide`) and returns them, not applied: the coordinator logs a
+record, then applies it (`tc._epoch_mode` does the I/O).
 
-Producer ids are unique across coordinators: ``tcid << 47 | counter``, the
-counter above every id logged. An epoch bump that would reach `MAX_EPOCH`
-allocates a new producer id with epoch 0 (KIP-890's overflow case).
+Producer ids are unique across coordinators: a producer id carries the
+coordinator that issued it (`producer_id`, `coordinator_of_producer`: the
+one home of that layout), and a counter above every id the coordinator
+logged. An epoch bump that would reach `MAX_EPOCH` allocates a new producer
+id with epoch 0 (KIP-890's overflow case).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from proto import TxnID, refusals, wire_txnid
+from proto import TxnID, wire_txnid
 from proto import txnbuf_pb2 as pb
 
 __all__ = [
@@ -50,56 +57,77 @@ __all__ = [
     "ProducerRegistry",
     "TransactionAbortableError",
     "coordinator_of",
+    "coordinator_of_producer",
+    "identity_of",
+    "producer_id",
 ]
 
 MAX_EPOCH = 32767  # Kafka's Short.MAX_VALUE: a bump that would reach it takes a new id
 MAX_TXN_TIMEOUT_MS = 15 * 60 * 1000  # transaction.max.timeout.ms
 DEFAULT_EXPIRATION_MS = 7 * 24 * 3600 * 1000  # transactional.id.expiration.ms
-_PID_SHIFT = 47  # producer id = tcid << 47 | counter (positive int64)
+_COUNTER_BITS = 47  # a producer id is tcid << 47 | counter: a positive int64
 _NONE = -1
 
 Record = pb.TransactionMetadataEntry
 
 
-# -- errors (Kafka's names; each carries its wire code, see `proto.refusals`) ---------
+def producer_id(tcid: int, counter: int) -> int:
+    """The producer id number ``counter`` issued by coordinator ``tcid``."""
+    return (tcid << _COUNTER_BITS) | counter
+
+
+def coordinator_of_producer(producer_id: int) -> int:
+    """The coordinator that issued ``producer_id`` (it holds the producer's
+    entry: its requests go there)."""
+    return producer_id >> _COUNTER_BITS
+
+
+def _counter_of(producer_id: int) -> int:
+    return producer_id & ((1 << _COUNTER_BITS) - 1)
+
+
+def identity_of(rec: Record) -> tuple[int, int]:
+    """The (producer id, epoch) a PRODUCER record gives its client."""
+    return (rec.producer.producer_id, rec.producer.producer_epoch)
+
+
+# -- errors (Kafka's names; the broker answers each with its code: `broker._errors`) -
 
 
 class ProducerEpochError(Exception):
     """Base of the producer-epoch mode's refusals; nothing changed."""
 
 
-class ProducerFencedError(ProducerEpochError, refusals.ProducerFenced):
+class ProducerFencedError(ProducerEpochError):
     """A newer instance of the transactional id has initialized: this one is
     fenced for good (fatal to the producer)."""
 
 
-class InvalidProducerEpochError(ProducerEpochError, refusals.InvalidProducerEpoch):
+class InvalidProducerEpochError(ProducerEpochError):
     """An epoch this producer id does not hold now (a late write of an ended
     transaction, say)."""
 
 
-class InvalidTxnStateError(ProducerEpochError, refusals.InvalidTxnState):
+class InvalidTxnStateError(ProducerEpochError):
     """Not allowed in the transaction's state (a send after prepare, 2PC not
     enabled, a write after init_transactions(keep_prepared_txn=True), ...)."""
 
 
-class TransactionAbortableError(ProducerEpochError, refusals.TransactionAbortable):
+class TransactionAbortableError(ProducerEpochError):
     """The coordinator aborted the transaction (timeout, restart, an
     operator): abort it and go on with the next one."""
 
 
-class InvalidPidMappingError(ProducerEpochError, refusals.InvalidProducerIdMapping):
+class InvalidPidMappingError(ProducerEpochError):
     """No such producer id (never, or its transactional id expired): fatal
     to the producer (KIP-890)."""
 
 
-class ConcurrentTransactionsError(ProducerEpochError, refusals.ConcurrentTransactions):
+class ConcurrentTransactionsError(ProducerEpochError):
     """The transactional id's previous transaction is still ending; retry."""
 
 
-class InvalidTransactionTimeoutError(
-    ProducerEpochError, refusals.InvalidTransactionTimeout, ValueError
-):
+class InvalidTransactionTimeoutError(ProducerEpochError):
     """A transaction timeout out of range."""
 
 
@@ -277,7 +305,7 @@ class ProducerRegistry:
     def allocate(self) -> int:
         """A producer id never handed out by this coordinator (it is taken
         once the record holding it is applied)."""
-        return (self.tcid << _PID_SHIFT) | self._next_counter
+        return producer_id(self.tcid, self._next_counter)
 
     def bump(self, producer_id: int, epoch: int) -> tuple[int, int]:
         """The next identity: the next epoch, or a new producer id with epoch 0
@@ -286,18 +314,113 @@ class ProducerRegistry:
             return self.allocate(), 0
         return producer_id, epoch + 1
 
-    # -- records --------------------------------------------------------------------
+    # -- records asked for ---------------------------------------------------------
+
+    def first_init(
+        self, transactional_id: str, timeout_ms: int, two_phase: bool, now_ms: int
+    ) -> Record:
+        """The record of a transactional id's first InitProducerId: a new
+        producer id, epoch 0."""
+        entry = ProducerEntry(transactional_id, self.allocate(), 0, timeout_ms, two_phase, now_ms)
+        return _record(entry)
+
+    def init(
+        self,
+        entry: ProducerEntry,
+        timeout_ms: int,
+        two_phase: bool,
+        keep_prepared: bool,
+        now_ms: int,
+    ) -> Record:
+        """The record of a known transactional id's InitProducerId: the next
+        identity, fencing every older instance (``bumped_by`` "init"). The
+        ongoing transaction stays, with its own identity, only if
+        ``keep_prepared`` (KIP-939); otherwise it has been rolled already."""
+        pid, epoch = self.bump(*entry.identity)
+        kept = entry.ongoing is not None and keep_prepared
+        return _record(
+            dataclasses.replace(
+                entry,
+                producer_id=pid,
+                epoch=epoch,
+                timeout_ms=timeout_ms,
+                two_phase=two_phase,
+                updated_ms=now_ms,
+                bumped_by="init",
+                ongoing=entry.ongoing if kept else None,
+                txn_producer_id=entry.txn_producer_id if kept else _NONE,
+                txn_epoch=entry.txn_epoch if kept else _NONE,
+            )
+        )
 
     @staticmethod
-    def record(entry: ProducerEntry) -> Record:
-        return Record(metadata_op=Record.PRODUCER, producer=entry.to_record())
+    def begin(
+        entry: ProducerEntry, txnid: TxnID, producer_id: int, epoch: int, now_ms: int
+    ) -> Record:
+        """The record that makes ``txnid`` the producer's ongoing transaction,
+        of identity (``producer_id``, ``epoch``)."""
+        return _record(
+            dataclasses.replace(
+                entry,
+                ongoing=txnid,
+                txn_producer_id=producer_id,
+                txn_epoch=epoch,
+                updated_ms=now_ms,
+            )
+        )
+
+    def end(
+        self,
+        entry: ProducerEntry,
+        producer_id: int,
+        epoch: int,
+        commit: bool,
+        bump: bool,
+        now_ms: int,
+    ) -> Record:
+        """The record of EndTxn by (``producer_id``, ``epoch``): nothing
+        ongoing, that identity and outcome remembered (a retried END is
+        answered with success), and the next identity (KIP-890; ``bump``
+        False: Kafka's EndTxn before version 5, which keeps it)."""
+        pid, next_epoch = self.bump(*entry.identity) if bump else entry.identity
+        return _record(
+            _ended(
+                entry,
+                (pid, next_epoch),
+                (producer_id, epoch),
+                "commit" if commit else "abort",
+                "end" if bump else entry.bumped_by,
+                now_ms,
+            )
+        )
+
+    def coordinator_abort(self, txnid: TxnID, producer: int, now_ms: int) -> Record | None:
+        """The record of the coordinator aborting ``txnid`` (a timeout, a
+        restart, an operator), a transaction of producer id ``producer``:
+        if it is that producer's ongoing one, of its current identity, the
+        next identity (``bumped_by`` "coordinator": a late write of it is
+        refused, and its client learns it may abort and go on). None if
+        there is nothing to change."""
+        tid = self._by_pid.get(producer)
+        entry = None if tid is None else self.entries.get(tid)
+        if entry is None or entry.ongoing != txnid or entry.txn_identity != entry.identity:
+            return None
+        return _record(
+            _ended(
+                entry, self.bump(*entry.identity), entry.identity, "abort", "coordinator", now_ms
+            )
+        )
 
     @staticmethod
-    def expire_record(transactional_id: str) -> Record:
+    def expire(transactional_id: str) -> Record:
+        """The record that forgets ``transactional_id`` (its producer ids
+        are then unknown: INVALID_PRODUCER_ID_MAPPING)."""
         return Record(
             metadata_op=Record.PRODUCER_EXPIRED,
             producer=pb.TransactionalProducer(transactional_id=transactional_id),
         )
+
+    # -- changes ----------------------------------------------------------------------
 
     def apply(self, rec: Record) -> bool:
         """Apply a PRODUCER / PRODUCER_EXPIRED record (live and in recovery)."""
@@ -319,10 +442,8 @@ class ProducerRegistry:
         for pid in (entry.producer_id, entry.txn_producer_id, entry.prev_producer_id):
             if pid != _NONE:
                 self._by_pid[pid] = entry.transactional_id
-                if pid >> _PID_SHIFT == self.tcid:
-                    self._next_counter = max(
-                        self._next_counter, (pid & ((1 << _PID_SHIFT) - 1)) + 1
-                    )
+                if coordinator_of_producer(pid) == self.tcid:
+                    self._next_counter = max(self._next_counter, _counter_of(pid) + 1)
 
     def _unindex(self, entry: ProducerEntry) -> None:
         for pid in (entry.producer_id, entry.txn_producer_id, entry.prev_producer_id):
@@ -339,3 +460,32 @@ class ProducerRegistry:
             self._put(
                 ProducerEntry.from_record(pb.TransactionalProducer.FromString(bytes.fromhex(text)))
             )
+
+
+def _record(entry: ProducerEntry) -> Record:
+    return Record(metadata_op=Record.PRODUCER, producer=entry.to_record())
+
+
+def _ended(
+    entry: ProducerEntry,
+    identity: tuple[int, int],
+    ended: tuple[int, int],
+    outcome: str,
+    bumped_by: str,
+    now_ms: int,
+) -> ProducerEntry:
+    """``entry`` once its transaction ended (``outcome``) as ``ended``:
+    nothing ongoing, the identity ``identity``."""
+    return dataclasses.replace(
+        entry,
+        producer_id=identity[0],
+        epoch=identity[1],
+        ongoing=None,
+        txn_producer_id=_NONE,
+        txn_epoch=_NONE,
+        prev_producer_id=ended[0],
+        prev_epoch=ended[1],
+        prev_outcome=outcome,
+        bumped_by=bumped_by,
+        updated_ms=now_ms,
+    )

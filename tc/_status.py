@@ -16,13 +16,20 @@ only if it was opened with a prepared timeout (a sink's transaction, whose
 job may die before it decides). `transition` is the only way a status
 changes; the log stores (expected, new) pairs, which `check_update` checks
 against the same table on replay.
+
+The three state tables of txnbuf (this one, a transaction on one partition
+in `buffer._txnstate`, a message of a subscription in `subscriptions._state`)
+have one shape: states and events are `enum.StrEnum`, the table is a dict
+``(state, event) -> state``, and ``transition(state, event)`` returns the
+next state or raises the table's error (here `InvalidTxnStatusError`, the
+refusal itself), changing nothing.
 """
 
 from __future__ import annotations
 
 import enum
 
-from proto import refusals
+from proto import txnbuf_pb2 as pb
 
 __all__ = [
     "TRANSITIONS",
@@ -32,20 +39,21 @@ __all__ = [
     "check_update",
     "status_of",
     "transition",
+    "wire_status",
 ]
 
 
-class TxnStatus(enum.IntEnum):
-    """An int underneath (the log's TxnStatusValue): hashed and compared in
-    C, where a plain Enum hashed in Python (the transition table is looked up
-    by (status, event) on every update)."""
+class TxnStatus(enum.StrEnum):
+    """A str underneath: hashed in C (the transition table is looked up by
+    (status, event) on every update). The log holds its TxnStatusValue
+    (`wire_status`, `status_of`)."""
 
-    OPEN = 0
-    COMMITTING = 1
-    COMMITTED = 2
-    ABORTING = 3
-    ABORTED = 4
-    PREPARED = 5
+    OPEN = "OPEN"
+    COMMITTING = "COMMITTING"
+    COMMITTED = "COMMITTED"
+    ABORTING = "ABORTING"
+    ABORTED = "ABORTED"
+    PREPARED = "PREPARED"
 
     @property
     def ended(self) -> bool:
@@ -60,13 +68,13 @@ class TxnEvent(enum.StrEnum):
     PREPARE = "PREPARE"  # every write is durable; the decision is made elsewhere (2PC)
 
 
-class InvalidTxnStatusError(refusals.InvalidTxnStatus):
+class InvalidTxnStatusError(Exception):
     """No transition for (status, event); nothing changed."""
 
     def __init__(self, status: TxnStatus, event: TxnEvent | str) -> None:
         what = event.value if isinstance(event, TxnEvent) else event
         super().__init__(f"cannot {what} a transaction that is {status.name}")
-        self.status = status
+        self.status = self.state = status
         self.event = event
 
 
@@ -93,12 +101,21 @@ def transition(status: TxnStatus, event: TxnEvent) -> TxnStatus:
         raise InvalidTxnStatusError(status, event) from None
 
 
-_BY_VALUE = tuple(sorted(TxnStatus, key=int))
+_WIRE: dict[TxnStatus, pb.TxnStatusValue] = {
+    status: pb.TxnStatusValue.Value(status.value)  # type: ignore[misc]
+    for status in TxnStatus
+}
+_BY_VALUE = tuple(sorted(TxnStatus, key=_WIRE.__getitem__))
+
+
+def wire_status(status: TxnStatus) -> pb.TxnStatusValue:
+    """The log's TxnStatusValue of ``status``."""
+    return _WIRE[status]
 
 
 def status_of(value: int) -> TxnStatus:
-    """The status logged as ``value`` (``TxnStatus(value)``, without the
-    enum's lookup: a record read back is applied on every update)."""
+    """The status logged as ``value`` (a TxnStatusValue; a tuple lookup: a
+    record read back is applied on every update)."""
     if 0 <= value < len(_BY_VALUE):
         return _BY_VALUE[value]
     raise ValueError(f"{value} is not a transaction status")

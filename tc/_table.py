@@ -17,10 +17,10 @@ checked against the status table (`tc._status`) and returned, not applied:
 the coordinator logs a record, then applies it (see `tc._coordinator`).
 `snapshot` / `restore` turn the table into plain data and back.
 
-A TxnID's 112-bit counter is (boot epoch << 64) | sequence: each start of
-the coordinator logs BOOT with a new epoch before it hands out an id, so an
-id answered before its NEW record was durable (and lost in a crash) is never
-handed out again, and ids grow across restarts.
+A TxnID's 112-bit counter is a boot epoch and a sequence (`TxnID.issued`):
+each start of the coordinator logs BOOT with a new epoch before it hands out
+an id, so an id answered before its NEW record was durable (and lost in a
+crash) is never handed out again, and ids grow across restarts.
 
 Transaction groups (an exactly-once sink's batches, `pipelines`): a
 transaction may carry a ``tag`` (indexed while it has not ended, so that
@@ -37,12 +37,13 @@ nothing, and aborts what it names.
 from __future__ import annotations
 
 import collections
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from sortedcontainers import SortedList
 
-from proto import TxnID, refusals, wire_txnid
+from proto import TxnID, wire_txnid
 from proto import txnbuf_pb2 as pb
 from tc._status import (
     InvalidTxnStatusError,
@@ -51,6 +52,7 @@ from tc._status import (
     check_update,
     status_of,
     transition,
+    wire_status,
 )
 
 __all__ = [
@@ -65,6 +67,7 @@ __all__ = [
     "TxnNotFoundError",
     "TxnTable",
     "TxnTimeoutError",
+    "now_ms",
 ]
 
 Record = pb.TransactionMetadataEntry
@@ -76,19 +79,24 @@ ENDED_KEPT = 10_000  # ended transactions remembered, so a repeated END is answe
 ENDED_IN_SNAPSHOT = 1000  # of which the newest survive a restart
 GROUPS_KEPT = 10_000  # groups whose highest committed sequence is remembered
 _UNDECIDED = (TxnStatus.OPEN, TxnStatus.PREPARED)
-_SEQ_BITS = 64  # a counter is (boot epoch << 64) | sequence
 
 
-class TxnNotFoundError(refusals.TransactionNotFound, LookupError):
+def now_ms() -> int:
+    """The wall clock in milliseconds, as the records hold times (the
+    coordinator passes it in: the table reads no clock)."""
+    return time.time_ns() // 1_000_000
+
+
+class TxnNotFoundError(LookupError):
     """No such transaction on this coordinator (never, or ended long ago)."""
 
 
-class TxnTimeoutError(refusals.TransactionTimeout, InvalidTxnStatusError):
-    """The transaction was aborted by its timeout (TRANSACTION_TIMEOUT; also
-    an `InvalidTxnStatusError`: its status allows nothing more)."""
+class TxnTimeoutError(InvalidTxnStatusError):
+    """The transaction was aborted by its timeout (TRANSACTION_TIMEOUT: an
+    `InvalidTxnStatusError` whose status allows nothing more)."""
 
 
-class TxnArgumentError(refusals.InvalidArgument, ValueError):
+class TxnArgumentError(ValueError):
     """An argument of a transaction request out of range (a timeout, a tag,
     a group's name or sequence); nothing changed."""
 
@@ -196,7 +204,7 @@ class TxnTable:
         meta = self.get(txnid)
         if meta is None or txnid.tcid != self.tcid:
             why = ""
-            if txnid.tcid == self.tcid and txnid.counter >> _SEQ_BITS < self.epoch:
+            if txnid.tcid == self.tcid and txnid.epoch < self.epoch:
                 why = (
                     " (it was open when the coordinator restarted, which aborted it, or it "
                     "ended long ago)"
@@ -312,7 +320,7 @@ class TxnTable:
     def next_txnid(self) -> TxnID:
         if self.epoch == 0:
             raise RuntimeError(f"coordinator {self.tcid} has not booted (no BOOT record)")
-        return TxnID.of(self.tcid, (self.epoch << _SEQ_BITS) | self.next_seq)
+        return TxnID.issued(self.tcid, self.epoch, self.next_seq)
 
     def decide(self, txnid: TxnID, event: TxnEvent, now_ms: int) -> Record:
         """The decision record (COMMITTING / ABORTING) of an OPEN or
@@ -393,8 +401,8 @@ class TxnTable:
             metadata_op=Record.UPDATE,
             txnid_most_bits=meta.txnid.most_bits,
             txnid_least_bits=meta.txnid.least_bits,
-            expected_status=meta.status,  # type: ignore[arg-type]
-            new_status=new,  # type: ignore[arg-type]
+            expected_status=wire_status(meta.status),
+            new_status=wire_status(new),
             txn_last_modification_time=now_ms,
         )
 
@@ -468,7 +476,7 @@ class TxnTable:
         self.txns[txnid] = meta
         if meta.tag:
             self.tagged.setdefault(meta.tag, set()).add(txnid)
-        epoch, seq = divmod(txnid.counter, 1 << _SEQ_BITS)
+        epoch, seq = txnid.epoch, txnid.sequence
         self.highest_epoch = max(self.highest_epoch, epoch)
         if epoch == self.epoch:
             self.next_seq = max(self.next_seq, seq + 1)

@@ -9,6 +9,9 @@ data directory. On failure the broker's log is shown (captured teardown output).
 (`bench._postgres`: ``initdb`` in a temporary folder, Debian's binaries);
 `pg_url` a fresh database on it for one test, dropped after it.
 
+`until` waits for a condition: a test waits for the condition it means,
+never for a length of time (a busy machine stretches any length).
+
 A test (or module) marked ``auth`` gets a broker that authenticates: a
 secret key beside its data directory, and a superuser's token in
 ``TXNBUF_TOKEN`` (which `client.Client` reads) and in `BrokerProcess.token`
@@ -18,6 +21,7 @@ secret key beside its data directory, and a superuser's token in
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import os
 import signal
@@ -28,7 +32,7 @@ import sys
 import time
 import urllib.request
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +73,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.get_closest_marker(m) for m in ("spark", "browser", "kafka")
         ):
             item.add_marker("slow")
+
+
+async def until(condition: Callable[[], object], what: str = "", timeout: float = 60.0) -> None:
+    """Return once ``condition()`` (or what it returns, awaited) is true,
+    asked every 20 ms; fail after ``timeout`` seconds, saying ``what`` was
+    awaited. The timeout only bounds a hang: the wait ends as soon as the
+    condition holds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        held = condition()
+        if inspect.isawaitable(held):
+            held = await held
+        if held:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
+        await asyncio.sleep(0.02)
 
 
 def free_port() -> int:

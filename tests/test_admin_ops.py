@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from client import Client, Consumer, Message, errors
-from tests.conftest import BrokerProcess
+from tests.conftest import BrokerProcess, until
 
 pytestmark = pytest.mark.integration
 
@@ -54,6 +54,34 @@ async def take(consumer: Consumer, n: int, ack: bool = True) -> list[Message]:
             await consumer.acknowledge(msg)
         got.append(msg)
     return got
+
+
+def first_entry(broker: BrokerProcess, topic: str) -> int:
+    """The first entry not trimmed of ``topic``'s partition 0."""
+    _, stats = call(broker, "GET", f"/admin/v1/topics/{topic}/stats")
+    return int(stats["partitions"][0]["first_entry_id"])
+
+
+async def retention_pass(client: Client, broker: BrokerProcess) -> None:
+    """Return once a retention pass has run after this call began: a topic
+    of its own (no retention: acknowledged entries go) gets 20 more entries,
+    acknowledged, and is trimmed by a pass that started after them (a pass
+    looks at every topic: one it trimmed saw every ack made before)."""
+    witness = await client.subscribe("retention-witness", "w", initial_position="earliest")
+    before = first_entry(broker, "retention-witness")
+    await send_each(client, "retention-witness", 20, "w")
+    await take(witness, 20)
+    await witness.close()
+    await until(lambda: first_entry(broker, "retention-witness") > before, "a retention pass")
+
+
+async def through(consumer: Consumer, last: bytes) -> list[bytes]:
+    """The values received up to and including ``last`` (each awaited as
+    long as a hang allows: a busy broker may pause between deliveries)."""
+    values: list[bytes] = []
+    while not values or values[-1] != last:
+        values.append((await consumer.receive(timeout=30)).value)
+    return values
 
 
 async def drain(consumer: Consumer, wait: float = 1.0) -> list[Message]:
@@ -152,7 +180,8 @@ async def test_retention_keeps_acknowledged_messages_for_a_later_subscription(
             await send_each(client, topic, 240)
             await take(first, 240)
             await first.close()
-        await asyncio.sleep(2.5)  # (a few retention passes)
+        # A retention pass after "trimmed"'s acks (and so after "kept"'s) trims it.
+        await until(lambda: first_entry(broker, "trimmed") > 0, "trimmed's retention pass")
         late = await client.subscribe("kept", "late", initial_position="earliest")
         assert len(await take(late, 240)) == 240
         assert await drain(late, 0.5) == []
@@ -166,30 +195,25 @@ async def test_retention_keeps_acknowledged_messages_for_a_later_subscription(
 async def test_retention_by_size_keeps_the_newest_acknowledged_entries(
     broker: BrokerProcess,
 ) -> None:
+    keep_all = {"retention": {"size_bytes": 10_000_000, "time_s": -1}}
+    status, _ = call(broker, "PUT", "/admin/v1/topics/sized", keep_all)
+    assert status == 200
     async with Client(broker.url) as client:
         first = await client.subscribe("sized", "first", initial_position="earliest")
         await send_each(client, "sized", 100)
         await take(first, 100)
-        _, stats = call(broker, "GET", "/admin/v1/topics/sized/stats")
-        size = stats["partitions"][0]
-        assert size["first_entry_id"] == 0  # (no trim yet: retention is set below)
+        await retention_pass(client, broker)
+        assert first_entry(broker, "sized") == 0  # (all 100 fit in 10 MB: kept)
         status, _ = call(broker, "PUT", "/admin/v1/topics/sized", {"retention": {"size_bytes": 1}})
         assert status == 200
-        await asyncio.sleep(2.5)
-        _, stats = call(broker, "GET", "/admin/v1/topics/sized/stats")
-        assert stats["partitions"][0]["first_entry_id"] >= 99 - 16  # (trim slack)
-        status, _ = call(
-            broker,
-            "PUT",
-            "/admin/v1/topics/sized",
-            {"retention": {"size_bytes": 10_000_000, "time_s": -1}},
-        )
+        await until(lambda: first_entry(broker, "sized") >= 99 - 16, "the trim")  # (trim slack)
+        status, _ = call(broker, "PUT", "/admin/v1/topics/sized", keep_all)
         assert status == 200
         await send_each(client, "sized", 50, "n")
         await take(first, 50)
-        await asyncio.sleep(2.5)
+        await retention_pass(client, broker)
         late = await client.subscribe("sized", "late", initial_position="earliest")
-        values = [m.value for m in await drain(late)]
+        values = await through(late, b"n49")
         assert [f"n{i}".encode() for i in range(50)] == values[-50:]
 
 
@@ -291,10 +315,7 @@ async def test_reset_is_refused_while_a_transaction_holds_acks(broker: BrokerPro
         msgs = await take(consumer, 3, ack=False)
         txn = await client.new_transaction(timeout=60)
         await consumer.acknowledge(msgs[0], txn=txn)  # (returns once queued)
-        for _ in range(250):
-            if subscription(broker, "locked", "s")["pending_ack"] == 1:
-                break
-            await asyncio.sleep(0.02)
+        await until(lambda: subscription(broker, "locked", "s")["pending_ack"] == 1, "PENDING_ACK")
         status, body = call(
             broker, "POST", "/admin/v1/topics/locked/subscriptions/s/reset", {"position": "latest"}
         )

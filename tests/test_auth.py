@@ -10,13 +10,10 @@ from pathlib import Path
 import jwt
 import pytest
 
+from broker._acl import AclEntry, AclError, AclFileError, AclStore
 from broker._auth import (
     ANONYMOUS,
     NOBODY,
-    AclEntry,
-    AclError,
-    AclFileError,
-    AclStore,
     AuthConfig,
     Authenticator,
     KeyFileError,

@@ -313,6 +313,48 @@ def test_scale_benchmark_runs_small_and_records_its_figures(tmp_path: Path) -> N
     assert recorded.startswith("## ") and "nproc" in recorded and "| 50 |" in recorded
 
 
+def test_versus_runs_a_benchmark_on_two_checkouts_and_compares_its_rows() -> None:
+    # (this checkout against itself: the harness, not a speed, is under test)
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.versus", str(ROOT), "--rounds", "2", "--",
+         "txn", "--no-produce", "--workers", "2", "--messages", "400", "--per-txn", "20"],
+        cwd=ROOT, capture_output=True, text=True, check=True, timeout=300,
+    ).stdout  # fmt: skip
+    assert out.count("### round") == 4  # two rounds of each side, interleaved
+    (summary,) = [line for line in out.splitlines() if line.startswith("  2 worker(s): ")]
+    assert "msgs/s " in summary and "broker us/msg " in summary and "(" in summary
+    recorded = (Path(os.environ["TXNBUF_BENCH_RESULTS"]) / "versus.md").read_text()
+    assert "python -m bench.versus" in recorded and "2 worker(s)" in recorded
+
+
+def test_versus_reads_the_rows_of_txn_and_ctp() -> None:
+    from bench.versus import rows_of
+
+    txn = "workers msgs/s ...\n      4    54,188     5.8     16.0     6.9     8.3\n"
+    assert rows_of("txn", txn) == {
+        "4 worker(s)": {
+            "msgs/s": 54188.0,
+            "commit p50 ms": 5.8,
+            "commit p99 ms": 16.0,
+            "client us/msg": 6.9,
+            "broker us/msg": 8.3,
+        }
+    }
+    ctp = (
+        "| txnbuf, README loop, 1 process | 47,582 | 50,233 | 51,764 | 50,233 | 6.16 | 7.20 "
+        "| 4.40 | - |\n| PostgreSQL, 1 process | 74,234 | 72,382 | 71,620 | 72,382 | 2.45 "
+        "| 8.70 | - | - |\n"
+    )
+    assert rows_of("ctp", ctp) == {
+        "txnbuf, README loop, 1 process": {
+            "msgs/s": 50233.0,
+            "client us": 6.16,
+            "server us": 7.2,
+            "writer us": 4.4,
+        }
+    }
+
+
 @pytest.mark.integration
 def test_kafka_benchmark_measures_sasl_ssl_and_each_codec_beside_plaintext() -> None:
     from bench.kafka import CODECS

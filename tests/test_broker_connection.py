@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from broker._auth import AclStore, Security
+from broker._acl import AclStore
+from broker._auth import Security
 from broker._connection import Connection
 from broker._transactions import Transactions
 from proto import refusals

@@ -41,7 +41,7 @@ from proto import TxnID
 from proto import txnbuf_pb2 as pb
 from subscriptions import WHOLE_ENTRY
 from subscriptions._cursor import SNAPSHOT, TXN_ACK, AckRecord
-from tests.conftest import BrokerProcess
+from tests.conftest import BrokerProcess, until
 from tests.test_txn_crash import (
     abort_open_transactions,
     assert_all_or_nothing,
@@ -63,12 +63,14 @@ def txnbuf(*args: str) -> subprocess.CompletedProcess[str]:
 async def wait_all_ended(broker: BrokerProcess) -> None:
     """Until the coordinator has ended every transaction (the aborts of a
     closing client's spare transactions are logged after END answers)."""
-    for _ in range(100):
+
+    def ended() -> bool:
         _, body = broker.admin("GET", "/admin/v1/transactions")
-        if all(t["status"] in ("COMMITTED", "ABORTED") for t in json.loads(body)["transactions"]):
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"transactions did not end: {body!r}")
+        return all(
+            t["status"] in ("COMMITTED", "ABORTED") for t in json.loads(body)["transactions"]
+        )
+
+    await until(ended, "every transaction ended")
 
 
 async def run_transactions(broker: BrokerProcess) -> tuple[TxnID, TxnID]:

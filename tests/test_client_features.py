@@ -16,7 +16,7 @@ import pytest
 from client import Client, DeadLetterPolicy, MessageId, TxnState, errors
 from proto import MAX_MESSAGE_SIZE
 from proto import txnbuf_pb2 as pb
-from tests.conftest import BrokerProcess, RawConnection, send_command
+from tests.conftest import BrokerProcess, RawConnection, send_command, until
 
 T = pb.BaseCommand
 
@@ -31,7 +31,7 @@ async def test_batch_receive_returns_a_full_batch_at_once(broker: BrokerProcess)
         consumer = await client.subscribe("t", "s", initial_position="earliest")
         producer = await client.create_producer("t")
         await asyncio.gather(*(producer.send(b"%d" % i) for i in range(25)))
-        await asyncio.sleep(0.2)  # (all delivered into the receive queue)
+        await until(lambda: len(consumer._queue) == 25, "all 25 in the receive queue")
         started = time.monotonic()
         first = await consumer.batch_receive(max_messages=10, timeout=5)
         assert time.monotonic() - started < 1  # full: no wait for the timeout
@@ -545,11 +545,7 @@ async def test_a_producer_learns_that_its_topic_grew_and_uses_the_new_partitions
         assert {m.partition for m in before} == {0}
         status, _ = broker.admin("PUT", "/admin/v1/topics/grows", b'{"partitions": 3}')
         assert status == 200
-        for _ in range(50):
-            if producer.partitions == 3:
-                break
-            await asyncio.sleep(0.1)
-        assert producer.partitions == 3
+        await until(lambda: producer.partitions == 3, "the producer to see 3 partitions")
         after = [await producer.send(b"b%d" % i) for i in range(6)]  # round robin
         keyed = await producer.send(b"k", key="k")
         assert {m.partition for m in after} == {0, 1, 2}

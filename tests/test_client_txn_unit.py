@@ -15,7 +15,7 @@ import itertools
 from typing import Any
 
 import pytest
-from test_client_unit import FakeBroker, ack_ids, frame, messages_of, until
+from test_client_unit import FakeBroker, ack_ids, frame, messages_of
 
 import client
 import proto
@@ -25,6 +25,7 @@ from client._consumer import build_ack
 from client._producer import build_send, partition_for_key
 from client._txn import TRANSITIONS, TxnEvent, transition
 from proto import txnbuf_pb2 as pb
+from tests.conftest import until
 
 T = pb.BaseCommand
 U64 = 2**64 - 1

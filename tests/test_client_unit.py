@@ -33,6 +33,7 @@ from client._consumer import build_ack
 from client._message import decode_entry
 from client._producer import build_send, partition_for_key
 from proto import txnbuf_pb2 as pb
+from tests.conftest import until
 
 T = pb.BaseCommand
 
@@ -658,15 +659,6 @@ async def fake() -> Any:
 async def cli(fake: FakeBroker) -> Any:
     async with Client(fake.url, operation_timeout=5.0) as c:
         yield c
-
-
-async def until(predicate: Any, timeout: float = 5.0) -> None:
-    """Poll ``predicate`` until it holds; fail the test after ``timeout``."""
-    for _ in range(int(timeout / 0.005)):
-        if predicate():
-            return
-        await asyncio.sleep(0.005)
-    assert predicate(), "condition not reached in time"
 
 
 async def drop_sockets(fake: FakeBroker) -> None:

@@ -28,6 +28,7 @@ from tc import (
     NotStuckError,
     ProducerSettings,
     TransactionCoordinator,
+    TxnEnd,
     TxnEvent,
     TxnID,
     TxnNotFoundError,
@@ -37,6 +38,7 @@ from tc import (
     check_update,
     transition,
 )
+from tests.conftest import until
 
 Op = pb.TransactionMetadataEntry
 EPOCH = 1 << 64  # a counter is (boot epoch << 64) | sequence
@@ -54,6 +56,7 @@ class Recorder:
         self.hang = hang
         self.store: LedgerStore | None = None
         self.written: list[asyncio.Future[int]] = []
+        self.ends: list[TxnEnd] = []  # every end told, as told
 
     def _call(
         self, kind: str, topic: str, what: object, txnid: TxnID, commit: bool
@@ -80,14 +83,16 @@ class Recorder:
                 self.written.append(ledger.append(b"commit" if commit else b"abort"))
 
     def end_txn_on_partition(
-        self, topic: str, partition: int, txnid: TxnID, commit: bool
+        self, topic: str, partition: int, end: TxnEnd
     ) -> Awaitable[None] | None:
-        return self._call("partition", topic, partition, txnid, commit)
+        self.ends.append(end)
+        return self._call("partition", topic, partition, end.txnid, end.commit)
 
     def end_txn_on_subscription(
-        self, topic: str, subscription: str, txnid: TxnID, commit: bool
+        self, topic: str, subscription: str, end: TxnEnd
     ) -> Awaitable[None] | None:
-        return self._call("subscription", topic, subscription, txnid, commit)
+        self.ends.append(end)
+        return self._call("subscription", topic, subscription, end.txnid, end.commit)
 
 
 class Opener:
@@ -119,12 +124,11 @@ def open_tc(tmp_path: Path) -> Opener:
 
 
 async def wait_status(tc: TransactionCoordinator, txnid: TxnID, status: TxnStatus) -> None:
-    for _ in range(300):
+    def reached() -> bool:
         meta = tc.get(txnid)
-        if meta is not None and meta.status is status:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{txnid} never reached {status}: {tc.get(txnid)}")
+        return meta is not None and meta.status is status
+
+    await until(reached, f"{txnid} to reach {status}")
 
 
 async def records(tc: TransactionCoordinator) -> list[pb.TransactionMetadataEntry]:
@@ -301,7 +305,7 @@ async def test_commit_tells_every_participant_then_logs_committed(open_tc: Opene
             tc.verify_partition(txn, "out", 0)  # a late write is refused
         assert len(rec.calls) == 3
         # Logged: NEW, the decision naming the participants, the end. No registration.
-        await asyncio.sleep(0.1)  # (the end is logged lazily)
+        await until(lambda: tc._log.ledger.settled, "the end logged (lazily)")
         ops = [(r.metadata_op, r.new_status) for r in await records(tc)]
         assert ops == [
             (Op.BOOT, pb.OPEN),
@@ -322,7 +326,7 @@ async def test_participants_write_behind_the_decision_in_its_group_commit(
         txn = tc.new_txn()
         tc.add_partition(txn, "t", 0)
         tc.add_subscription(txn, "t", "s")
-        await asyncio.sleep(0.05)  # (NEW durable)
+        await until(lambda: tc._log.ledger.settled, "the NEW record durable")
         commits = tc.store.commits
         answered = tc.end_txn(txn, commit=True)
         assert len(rec.written) == 2 and not any(w.done() for w in rec.written)
@@ -397,20 +401,19 @@ class Refuser(Recorder):
         self.refusing = True
 
     def end_txn_on_partition(
-        self, topic: str, partition: int, txnid: TxnID, commit: bool
+        self, topic: str, partition: int, end: TxnEnd
     ) -> Awaitable[None] | None:
         if self.refusing and (topic, partition) == ("t", 1):
-            raise TxnConflictError(f"cannot commit {txnid}: it is aborted on this partition")
-        return super().end_txn_on_partition(topic, partition, txnid, commit)
+            raise TxnConflictError(f"cannot commit {end.txnid}: it is aborted on this partition")
+        return super().end_txn_on_partition(topic, partition, end)
 
 
 async def wait_stuck(tc: TransactionCoordinator, txnid: TxnID, attempts: int = 1) -> None:
-    for _ in range(500):
-        stuck = tc.stuck(txnid).get(txnid, [])
-        if stuck and stuck[0].attempts >= attempts:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{txnid} never stuck: {tc.stuck()}")
+    def stuck() -> bool:
+        found = tc.stuck(txnid).get(txnid, [])
+        return bool(found) and found[0].attempts >= attempts
+
+    await until(stuck, f"{txnid} stuck")
 
 
 async def test_a_participant_that_refuses_is_listed_stuck_until_it_applies(
@@ -463,7 +466,7 @@ async def test_an_operator_may_skip_a_stuck_participant(open_tc: Opener) -> None
         await end
         assert tc.stuck() == {}
         assert rec.calls == [("partition", "t", 0, txn, True)]  # t/1 left as it was
-        await asyncio.sleep(0.05)  # (the end durable)
+        await until(lambda: tc._log.ledger.settled, "the end durable")
     finally:
         await open_tc.close(tc)
     # The end is logged: a restart does not try the skipped participant again.
@@ -521,7 +524,8 @@ async def test_a_decided_transaction_is_finished_after_restart(open_tc: Opener) 
     """Decided (COMMITTING durable) and stopped before its participants
     answered: the restarted coordinator finishes it from the decision
     record alone (registrations are not logged)."""
-    tc = await open_tc(0, Recorder(hang=True))
+    first = Recorder(hang=True)
+    tc = await open_tc(0, first)
     txn = tc.new_txn()
     tc.add_partition(txn, "t", 0)
     tc.add_subscription(txn, "t", "s")
@@ -538,6 +542,30 @@ async def test_a_decided_transaction_is_finished_after_restart(open_tc: Opener) 
             ("partition", "t", 0, txn, True),
             ("subscription", "t", "s", txn, True),
         ]
+        # Each was told everything it needs, with the epoch of the
+        # coordinator that told it: 1 before the restart, 2 after.
+        assert first.ends == [TxnEnd(txn, True, None, 1)] * 2
+        assert rec.ends == [TxnEnd(txn, True, None, 2)] * 2
+        assert tc.decision(txn) == TxnEnd(txn, True, None, 2)
+    finally:
+        await open_tc.close(tc)
+
+
+async def test_a_producer_transaction_s_participants_are_told_its_producer(
+    open_tc: Opener,
+) -> None:
+    """A participant never asks the coordinator back: the END it is told
+    carries the producer and epoch the transaction belongs to."""
+    rec = Recorder()
+    tc = await open_tc(0, rec)
+    try:
+        pid, epoch, _, _ = await tc.init_producer("app", 60_000)
+        txn = tc.producer_add_partition(pid, epoch, "t", 0)
+        tc.producer_add_subscription(pid, epoch, "in", "s")
+        assert tc.decision(txn) is None  # (undecided)
+        await tc.end_producer_txn(pid, epoch, commit=True)
+        assert rec.ends == [TxnEnd(txn, True, (pid, epoch), 1)] * 2
+        assert tc.decision(txn) == TxnEnd(txn, True, (pid, epoch), 1)
     finally:
         await open_tc.close(tc)
 
@@ -613,9 +641,8 @@ async def test_snapshots_bound_the_log_and_recover_the_same_state(
             ended.append((txn, TxnStatus.COMMITTED if i % 4 == 1 else TxnStatus.ABORTED))
     for txn, status in ended:
         await wait_status(tc, txn, status)
-    await asyncio.sleep(0.05)  # (the last ends durable)
     ledger = tc._log.ledger
-    assert ledger.entry_count < 60  # trimmed behind snapshots
+    await until(lambda: ledger.entry_count < 60, "the log trimmed behind snapshots")
     await open_tc.close(tc)
     tc = await open_tc(3, Recorder())
     try:

@@ -22,6 +22,7 @@ from buffer import Partition, Topics
 from ledger import Entry, LedgerStore
 from proto import txnbuf_pb2 as pb
 from subscriptions import Consumer, PartitionSubscription, SubType
+from tests.conftest import until
 
 
 def consumer(name: str, got: list[tuple[str, int]]) -> Consumer:
@@ -85,10 +86,7 @@ async def test_redeliveries_go_first_even_if_the_consumer_changes_mid_step(
         sub.add_consumer(b)
         b.add_permits(100)
         gate.set()
-        for _ in range(100):
-            await asyncio.sleep(0.01)
-            if len([g for g in got if g[0] == "b"]) == 4:
-                break
+        await until(lambda: len([g for g in got if g[0] == "b"]) == 4)
         assert [e for who, e in got if who == "b"] == [0, 1, 2, 3]
         await sub.close()
     finally:
@@ -107,10 +105,7 @@ async def test_a_redelivery_step_keeps_order_when_the_consumer_changes_mid_step(
         a, b, c = consumer("a", got), consumer("b", got), consumer("c", got)
         sub.add_consumer(a)
         a.add_permits(100)
-        for _ in range(100):
-            await asyncio.sleep(0.01)
-            if len(got) == 4:
-                break
+        await until(lambda: len(got) == 4)
         assert [e for who, e in got if who == "a"] == [0, 1, 2, 3]
 
         gate, entered = slow_materialize(part, monkeypatch)
@@ -123,10 +118,7 @@ async def test_a_redelivery_step_keeps_order_when_the_consumer_changes_mid_step(
         sub.add_consumer(c)
         c.add_permits(100)
         gate.set()
-        for _ in range(100):
-            await asyncio.sleep(0.01)
-            if len([g for g in got if g[0] == "c"]) >= 4:
-                break
+        await until(lambda: len([g for g in got if g[0] == "c"]) >= 4)
         await asyncio.sleep(0.05)
         # c gets everything in order, whatever b got before it left.
         assert [e for who, e in got if who == "c"] == [0, 1, 2, 3], got

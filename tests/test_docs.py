@@ -402,7 +402,8 @@ def setup_commands(block: Block, tmp: Path, request: pytest.FixtureRequest) -> N
                 time.sleep(0.5)
         assert (clone / "txnbuf-data" / "broker.db").is_file()
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):  # (gone already if it failed)
+            os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)
         log.close()
 
@@ -618,7 +619,7 @@ def synopsis(*command: str) -> Handler:
 
 
 def acl_file(block: Block, tmp: Path, request: pytest.FixtureRequest) -> None:
-    from broker._auth import AclStore
+    from broker._acl import AclStore
 
     (tmp / "acl.json").write_text(block.text)
     store = AclStore.load(tmp / "acl.json")

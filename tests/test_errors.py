@@ -1,7 +1,9 @@
 """Server errors and wire codes: one server class (`proto.refusals`) and one
-client class (`client.errors`) per code; a refusal is answered with its
-code; anything else (a bug) is answered UNKNOWN_ERROR and logged with its
-traceback (`broker._errors`), on a real connection too."""
+client class (`client.errors`) per code; the packages' errors have one
+parent each and are mapped to their codes by one table
+(`broker._errors.WIRE_CODES`); a refusal is answered with its code; anything
+else (a bug) is answered UNKNOWN_ERROR and logged with its traceback
+(`broker._errors`), on a real connection too."""
 
 from __future__ import annotations
 
@@ -15,12 +17,14 @@ import pytest
 from aiohttp import web
 
 import broker  # noqa: F401  (imports every server package: all their classes exist)
-from broker._errors import KAFKA_CODES, error_code, error_text, kafka_code
-from broker._server import Broker, make_app
+from broker import Broker, make_app
+from broker._errors import KAFKA_CODES, WIRE_CODES, error_code, error_text, kafka_code
+from broker._errors import REFUSALS as REFUSAL_CLASSES
 from buffer import (
     DuplicateTooOldError,
     InvalidNameError,
     InvalidTopicNameError,
+    MalformedSendError,
     OutOfOrderSequenceError,
     PartitionCountError,
     RetentionError,
@@ -44,6 +48,7 @@ from tc import (
     InvalidTxnStateError,
     InvalidTxnStatusError,
     NotStuckError,
+    ProducerEpochError,
     ProducerFencedError,
     TransactionAbortableError,
     TwoPhaseCommitNotAllowedError,
@@ -97,21 +102,65 @@ def test_every_refusal_class_has_a_code() -> None:
         assert getattr(cls, "code", None) in CODES.values(), cls
 
 
+SERVER_PACKAGES = ("proto", "ledger", "tc", "buffer", "subscriptions", "broker")
+
+
+def _server_errors() -> list[type]:
+    return [
+        cls for cls in _subclasses(BaseException) if cls.__module__.split(".")[0] in SERVER_PACKAGES
+    ]
+
+
+def test_every_server_error_class_has_one_parent() -> None:
+    """Single inheritance: an exception's code never depends on the order of
+    its parents (the table's nearest class on its one line of parents)."""
+    found = _server_errors()
+    assert len(found) > 30  # (every server package is imported: see the top)
+    two = [f"{c.__module__}.{c.__name__}{c.__bases__}" for c in found if len(c.__bases__) != 1]
+    assert not two, "\n".join(two)
+
+
+def test_only_proto_defines_refusal_classes() -> None:
+    """A package's own refusal is its own error mapped in `WIRE_CODES`,
+    not a subclass of a wire refusal."""
+    outside = [c for c in _subclasses(refusals.Refusal) if c.__module__ != "proto.refusals"]
+    assert outside == []
+
+
+def test_the_table_maps_each_class_once_and_the_nearest_class_wins() -> None:
+    assert set(WIRE_CODES) >= set(REFUSAL_CLASSES)
+    for cls, code in WIRE_CODES.items():
+        assert code in pb.ServerError.values(), cls
+        if issubclass(cls, refusals.Refusal):
+            assert code == cls.code
+    # A subclass with a row of its own is answered with it, not its parent's.
+    assert error_code(TxnTimeoutError(TxnStatus.ABORTED, "commit")) == pb.TRANSACTION_TIMEOUT
+    assert error_code(InvalidTopicNameError("topic", "x")) == pb.INVALID_TOPIC_NAME
+    assert error_code(MalformedSendError("x")) == pb.MALFORMED_FRAME
+
+    # A subclass without one takes its nearest parent's.
+    class Narrower(TxnNotFoundError):
+        pass
+
+    assert error_code(Narrower("x")) == pb.TRANSACTION_NOT_FOUND
+
+
 # -- each refusal keeps the code it had -------------------------------------------
 
 
 REFUSALS: list[tuple[BaseException, int, type | None]] = [
     # (the exception, its code, a built-in or package class callers also catch)
-    (ProducerFencedError("x"), pb.PRODUCER_FENCED, None),
-    (InvalidProducerEpochError("x"), pb.INVALID_PRODUCER_EPOCH, None),
+    (ProducerFencedError("x"), pb.PRODUCER_FENCED, ProducerEpochError),
+    (InvalidProducerEpochError("x"), pb.INVALID_PRODUCER_EPOCH, ProducerEpochError),
     (StaleEpochError("x"), pb.INVALID_PRODUCER_EPOCH, TransactionBufferError),
-    (InvalidTxnStateError("x"), pb.INVALID_TXN_STATE, None),
-    (TransactionAbortableError("x"), pb.TRANSACTION_ABORTABLE, None),
-    (InvalidPidMappingError("x"), pb.INVALID_PRODUCER_ID_MAPPING, None),
-    (ConcurrentTransactionsError("x"), pb.CONCURRENT_TRANSACTIONS, None),
-    (InvalidTransactionTimeoutError("x"), pb.INVALID_TRANSACTION_TIMEOUT, ValueError),
+    (InvalidTxnStateError("x"), pb.INVALID_TXN_STATE, ProducerEpochError),
+    (TransactionAbortableError("x"), pb.TRANSACTION_ABORTABLE, ProducerEpochError),
+    (InvalidPidMappingError("x"), pb.INVALID_PRODUCER_ID_MAPPING, ProducerEpochError),
+    (ConcurrentTransactionsError("x"), pb.CONCURRENT_TRANSACTIONS, ProducerEpochError),
+    (InvalidTransactionTimeoutError("x"), pb.INVALID_TRANSACTION_TIMEOUT, ProducerEpochError),
     (OutOfOrderSequenceError("x"), pb.OUT_OF_ORDER_SEQUENCE, TransactionBufferError),
-    (TwoPhaseCommitNotAllowedError("x"), pb.AUTHORIZATION_ERROR, None),
+    (TwoPhaseCommitNotAllowedError("x"), pb.AUTHORIZATION_ERROR, ProducerEpochError),
+    (MalformedSendError("x"), pb.MALFORMED_FRAME, SendRejectedError),
     (InvalidTopicNameError("topic", "x"), pb.INVALID_TOPIC_NAME, InvalidNameError),
     (InvalidNameError("subscription", "x"), pb.INVALID_ARGUMENT, ValueError),
     (DuplicateTooOldError("x"), pb.SEQUENCE_TOO_OLD, None),
@@ -143,10 +192,10 @@ def test_a_refusal_is_answered_with_its_code_and_not_logged(
 def test_names_are_refused_with_the_code_of_their_kind() -> None:
     with pytest.raises(InvalidTopicNameError) as topic:
         check_topic_name("bad name")
-    assert topic.value.code == pb.INVALID_TOPIC_NAME and topic.value.kind == "topic"
+    assert error_code(topic.value) == pb.INVALID_TOPIC_NAME and topic.value.kind == "topic"
     with pytest.raises(InvalidNameError) as sub:
         check_subscription_name("bad name")
-    assert type(sub.value) is InvalidNameError and sub.value.code == pb.INVALID_ARGUMENT
+    assert type(sub.value) is InvalidNameError and error_code(sub.value) == pb.INVALID_ARGUMENT
 
 
 def test_a_storage_failure_is_persistence_error() -> None:
@@ -296,3 +345,22 @@ async def test_a_bug_in_a_handler_reaches_the_client_as_unknown_error_and_is_log
                 await client.create_producer("fresh")
         assert info.value.code == pb.UNKNOWN_ERROR and not info.value.retriable
         assert _logged_bugs(caplog)
+
+
+def test_client_errors_have_one_parent_but_two_that_are_also_builtins() -> None:
+    """Each client class has one txnbuf parent. Two carry a built-in second
+    parent, a promise of the client's API (``except ValueError`` catches bad
+    input, ``except TimeoutError`` a timeout); a built-in carries no code, so
+    no code depends on the order of parents (`client.errors` maps codes
+    through its one registry, `for_code`)."""
+    also_builtin = {
+        errors.InvalidInputError: ValueError,
+        errors.OperationTimeoutError: TimeoutError,
+    }
+    for cls in [errors.TxnbufError, *_subclasses(errors.TxnbufError)]:
+        if cls in also_builtin:
+            assert cls.__bases__ == (errors.TxnbufError, also_builtin[cls]), cls
+            assert not hasattr(also_builtin[cls], "code")
+            assert cls.code == cls.__dict__["code"]  # (its own, not a parent's)
+        else:
+            assert len(cls.__bases__) == 1, cls

@@ -509,7 +509,7 @@ def test_bad_sasl_credentials_are_refused_saying_why(
 def test_a_consumer_subscription_is_read_for_its_topics() -> None:
     from kafka.protocol.old.consumer_protocol import ConsumerProtocolMemberMetadata_v0
 
-    from broker.kafka._handlers import subscribed_topics
+    from broker.kafka._groups import subscribed_topics
 
     meta = ConsumerProtocolMemberMetadata_v0(0, ["orders", "payments"], b"x").encode()
     assert subscribed_topics(bytes(meta)) == ["orders", "payments"]

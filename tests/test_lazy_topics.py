@@ -22,13 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from broker._server import Broker
+from broker import Broker
 from buffer import COMMIT_MARKER, entry_kind
 from client import Client, errors
 from proto import refusals
 from proto import txnbuf_pb2 as pb
 from subscriptions import Consumer, SubType
-from tests.conftest import BrokerProcess
+from tests.conftest import BrokerProcess, until
 from tests.test_metrics import scrape
 
 
@@ -91,11 +91,7 @@ async def test_the_background_pass_loads_every_topic(tmp_path: Path) -> None:
         await broker.close()
     broker = await Broker.open(tmp_path)  # (preload: the default)
     try:
-        for _ in range(200):
-            if broker.topics.loaded_count() == 50:
-                break
-            await asyncio.sleep(0.05)
-        assert broker.topics.loaded_count() == 50
+        await until(lambda: broker.topics.loaded_count() == 50, "50 topics loaded")
         assert len(broker.subscriptions.all()) == 50
     finally:
         await broker.close()
@@ -115,7 +111,10 @@ async def test_an_idle_topic_unloads_freeing_its_objects_and_comes_back(tmp_path
         await broker.publish_txn(topic.partitions[1], (txnid.most_bits, txnid.least_bits), "x",
                                  _message(0))  # fmt: skip
         await tc.end_txn(txnid, commit=True)
-        await asyncio.sleep(0.05)  # (the lazily logged end)
+        await until(
+            lambda: all(p.settled() for p in topic.partitions),  # (its TXN_COMMIT is lazy)
+            "the commit's writes durable",
+        )
         before = {
             "backlog": [s.backlog() for s in broker.subscriptions.of_topic("t")["s"]],
             "last": [p.ledger.last_entry_id for p in topic.partitions],
@@ -151,10 +150,7 @@ async def test_an_idle_topic_unloads_freeing_its_objects_and_comes_back(tmp_path
         consumer = _consumer("t", pushed)
         await broker.subscriptions.subscribe(topic, "s", consumer, False)
         consumer.add_permits(10)
-        for _ in range(100):
-            if sum(max(len(e.indexes), 1) for e in pushed) == 4:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: sum(max(len(e.indexes), 1) for e in pushed) == 4, "4 messages")
         assert sorted((e.partition, e.entry_id) for e in pushed) == [(0, 0), (0, 1), (0, 2), (1, 0)]
     finally:
         await broker.close()
@@ -193,7 +189,7 @@ async def test_a_topic_does_not_unload_while_something_is_under_way(tmp_path: Pa
         await broker.publish_txn(part, (txnid.most_bits, txnid.least_bits), "x", _message(0))
         assert broker._unload_idle() == 0
         await tc.end_txn(txnid, commit=False)
-        await asyncio.sleep(0.05)
+        await until(lambda: part.settled(), "the abort's writes durable")
 
         # Used lately.
         broker.unload_after = 60.0
@@ -277,7 +273,15 @@ async def test_a_restart_recovers_each_topic_when_first_touched(broker: BrokerPr
         reader = await client.subscribe("t8", "s", initial_position="earliest")
         locked = await reader.receive(timeout=10)
         await reader.acknowledge(locked, txn=txn)
-        await asyncio.sleep(0.2)  # (answered once queued: durable in a moment)
+
+        def durable() -> bool:  # (answered once queued: durable in a moment)
+            _, body = broker.admin("GET", "/admin/v1/topics/t7/stats")
+            buffer = json.loads(body)["partitions"][0]["transaction_buffer"]
+            _, body = broker.admin("GET", "/admin/v1/topics/t8/subscriptions")
+            (sub,) = json.loads(body)["subscriptions"]
+            return bool(buffer and buffer["open"] == 1 and sub["pending_ack"] == 1)
+
+        await until(durable, "the send and the ack durable")
     broker.kill()
     broker.start()
 
@@ -343,12 +347,12 @@ async def test_a_decided_transaction_reaches_a_participant_not_loaded(
     broker.start()
 
     # The coordinator finishes it: it loads "in" and "out" to tell them.
-    for _ in range(100):
-        _, body = broker.admin("GET", "/admin/v1/transactions?state=COMMITTED")
-        if json.loads(body)["transactions"]:
-            break
-        await asyncio.sleep(0.1)
-    assert json.loads(body)["transactions"], "the decided transaction did not finish"
+    await until(
+        lambda: json.loads(broker.admin("GET", "/admin/v1/transactions?state=COMMITTED")[1])[
+            "transactions"
+        ],
+        "the decided transaction finished",
+    )
     assert _loaded(broker) == (2, 2)
     async with Client(broker.url) as client:
         out = await client.subscribe("out", "s")

@@ -7,9 +7,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from broker._server import Broker
+from broker import Broker
 from proto import txnbuf_pb2 as pb
 from subscriptions import Consumer, SubType
+from tests.conftest import until
 
 
 async def _publish(broker: Broker, topic: str, seq: int) -> None:
@@ -25,10 +26,7 @@ async def _read(broker: Broker, topic: str, sub: str, messages: int) -> None:
     found = await broker.topics.get_or_create(topic)
     await broker.subscriptions.subscribe(found, sub, consumer, True)
     consumer.add_permits(10)
-    for _ in range(200):
-        if len(pushed) >= messages:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: len(pushed) >= messages, f"{messages} deliveries")
     assert len(pushed) == messages
     broker.subscriptions.detach(consumer)
     await asyncio.sleep(0)  # (its dispatch task ends)

@@ -179,3 +179,133 @@ def test_no_package_imports_above_its_floor(package: str) -> None:
         for name in sorted(found - ALLOWED[package]):
             bad.append(f"{path.relative_to(REPO)} imports {name}")
     assert not bad, "\n".join(bad)
+
+
+# -- no import circles -----------------------------------------------------------
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_imports(source: str, module: str, is_package: bool, known: set[str]) -> set[str]:
+    """The modules among ``known`` that the module ``module`` imports, in
+    any form: at the top, under ``if TYPE_CHECKING:``, inside a function,
+    relative, or through ``importlib.import_module`` / ``__import__`` with a
+    constant. ``from pkg import name`` imports ``pkg.name`` if that is a
+    module, else ``pkg``; importing a module is not counted as importing the
+    packages above it (Python runs them first, but they are the parents, not
+    a dependency)."""
+
+    def resolve(name: str) -> str | None:
+        parts = name.split(".")
+        while parts:
+            if ".".join(parts) in known:
+                return ".".join(parts)
+            parts.pop()
+        return None
+
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    targets: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            targets += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                base_name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                assert node.module is not None
+                base_name = node.module
+            for alias in node.names:
+                sub = f"{base_name}.{alias.name}"
+                targets.append(sub if sub in known else base_name)
+        elif isinstance(node, ast.Call) and node.args:
+            func = node.func
+            dynamic = (isinstance(func, ast.Name) and func.id == "__import__") or (
+                isinstance(func, ast.Attribute) and func.attr == "import_module"
+            )
+            first = node.args[0]
+            if dynamic and isinstance(first, ast.Constant) and isinstance(first.value, str):
+                targets.append(first.value)
+    found = {resolve(t) for t in targets}
+    return {m for m in found if m is not None and m != module}
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The circles of ``graph`` (module -> modules it imports): each set of
+    two or more modules that import each other, directly or not (Tarjan's
+    strongly connected components)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for other in sorted(graph.get(module, ())):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in on_stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == module:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return circles
+
+
+def test_the_circle_finder_sees_circles_in_every_import_form() -> None:
+    known = {"pkg", "pkg.a", "pkg.b", "pkg.c", "pkg.d"}
+    sources = {
+        "pkg": "from pkg.a import X\n",
+        "pkg.a": "from pkg import b\n",  # (pkg.b, a module)
+        "pkg.b": "def f():\n    from .c import Y\n",  # inside a function
+        "pkg.c": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a import X\n",
+        "pkg.d": "import importlib\nimportlib.import_module('pkg.d')\nfrom pkg import a\n",
+    }
+    graph = {m: module_imports(src, m, m == "pkg", known) for m, src in sources.items()}
+    assert graph == {
+        "pkg": {"pkg.a"},
+        "pkg.a": {"pkg.b"},
+        "pkg.b": {"pkg.c"},
+        "pkg.c": {"pkg.a"},
+        "pkg.d": {"pkg.a"},
+    }
+    assert import_circles(graph) == [["pkg.a", "pkg.b", "pkg.c"]]
+    del graph["pkg.c"]
+    assert import_circles(graph) == []
+
+
+def test_no_import_circles() -> None:
+    """Imports go one way, inside each package and between them (a circle
+    hidden in a function or under TYPE_CHECKING counts too): a module that
+    needs something of one that imports it takes it as an argument, or
+    names what it needs in a Protocol."""
+    paths = {
+        _module_name(path, REPO): path
+        for package in PACKAGES
+        for path in sorted((REPO / package).rglob("*.py"))
+    }
+    known = set(paths)
+    graph = {
+        module: module_imports(path.read_text(), module, path.name == "__init__.py", known)
+        for module, path in paths.items()
+    }
+    circles = import_circles(graph)
+    assert not circles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)

@@ -47,6 +47,7 @@ from subscriptions._cursor import (
     AckRecord,
     replay_cursor,
 )
+from tests.conftest import until
 
 Position = tuple[int, int]
 START: Position = (-1, WHOLE_ENTRY)
@@ -792,13 +793,13 @@ async def test_abort_after_reopen_makes_messages_deliverable(h: Harness) -> None
     sub.add_consumer(consumer)
     sub.start()
     consumer.add_permits(100)
-    await wait_for(
+    await until(
         lambda: delivered(pushed) >= {(e, i) for e in range(4) for i in range(3)} - {(1, 0), (1, 2)}
     )
     assert (1, 0) not in delivered(pushed) and (1, 2) not in delivered(pushed)
     await sub.end_txn(T1, commit=False)
     assert sub.cursor.state((1, 0)) is P and sub.cursor.state((1, 2)) is P
-    await wait_for(lambda: {(1, 0), (1, 2)} <= delivered(pushed))
+    await until(lambda: {(1, 0), (1, 2)} <= delivered(pushed))
     # Redelivered as the messages of entry 1 that are PENDING again.
     last = pushed[-1]
     assert (last.entry_id, list(last.indexes)) == (1, [0, 2])
@@ -1009,7 +1010,7 @@ async def test_a_reset_keeps_ledger_order_with_the_records_around_it(h: Harness)
     h.sub.add_consumer(consumer)
     h.sub.start()
     consumer.add_permits(100)
-    await wait_for(lambda: len(delivered(pushed)) == 12)
+    await until(lambda: len(delivered(pushed)) == 12)
     before = asyncio.ensure_future(h.sub.ack([(3, 0)], False))
     await asyncio.sleep(0)
     resetting = asyncio.ensure_future(h.sub.reset((1, WHOLE_ENTRY)))
@@ -1029,7 +1030,7 @@ async def test_a_reset_keeps_ledger_order_with_the_records_around_it(h: Harness)
     assert h.sub.cursor.pending_ack == {(2, 0): T1}
     assert h.sub.cursor.state((3, 0)) is P  # acked before the reset: undone by it
     pushed.clear()
-    await wait_for(lambda: delivered(pushed) == {(2, 1), (2, 2), (3, 0), (3, 1), (3, 2)})
+    await until(lambda: delivered(pushed) == {(2, 1), (2, 2), (3, 0), (3, 1), (3, 2)})
     sub = await h.reopen()
     assert sub.cursor.mark_delete == (1, WHOLE_ENTRY)
     assert sub.cursor.pending_ack == {(2, 0): T1} and not sub.cursor.acked
@@ -1080,15 +1081,6 @@ def delivered(pushed: list[pb.DeliveredEntry]) -> set[Position]:
     return out
 
 
-async def wait_for(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not cond():
-        if loop.time() > deadline:
-            raise AssertionError("condition not reached")
-        await asyncio.sleep(0.01)
-
-
 async def test_dispatch_skips_locked_messages(h: Harness) -> None:
     await h.sub.ack([(0, 1), (2, 0), (2, 1), (2, 2)], False, T1)
     pushed: list[pb.DeliveredEntry] = []
@@ -1098,14 +1090,14 @@ async def test_dispatch_skips_locked_messages(h: Harness) -> None:
     consumer.add_permits(8)  # exactly the deliverable messages: none left for entry 4
     everything = {(e, i) for e in range(4) for i in range(3)}
     want = everything - {(0, 1), (2, 0), (2, 1), (2, 2)}
-    await wait_for(lambda: delivered(pushed) == want)
+    await until(lambda: delivered(pushed) == want)
     by_entry = {d.entry_id: list(d.indexes) for d in pushed}
     assert by_entry == {0: [0, 2], 1: [], 3: []}  # entry 1 and 3 on the fast path
     # A later entry with a locked message: the fast path must not take it.
     await h.part.publish("p", msgs(100, 3))
     await h.sub.ack([(4, 1)], False, T2)
     consumer.add_permits(10)
-    await wait_for(lambda: {(4, 0), (4, 2)} <= delivered(pushed))
+    await until(lambda: {(4, 0), (4, 2)} <= delivered(pushed))
     await asyncio.sleep(0.05)
     assert (4, 1) not in delivered(pushed)
 
@@ -1116,7 +1108,7 @@ async def test_nack_and_close_do_not_redeliver_locked_messages(h: Harness) -> No
     h.sub.add_consumer(consumer)
     h.sub.start()
     consumer.add_permits(12)
-    await wait_for(lambda: len(delivered(pushed)) == 12)
+    await until(lambda: len(delivered(pushed)) == 12)
     # A message delivered to the consumer and then txn-acked leaves its pending map.
     await h.sub.ack([(1, 1)], False, T1)
     assert (1, 1) not in h.sub.pending
@@ -1129,7 +1121,7 @@ async def test_nack_and_close_do_not_redeliver_locked_messages(h: Harness) -> No
     pushed.clear()
     h.sub.redeliver_unacked(consumer, None)
     consumer.add_permits(20)
-    await wait_for(lambda: len(delivered(pushed)) == 10)
+    await until(lambda: len(delivered(pushed)) == 10)
     await asyncio.sleep(0.05)
     assert delivered(pushed) == {(e, i) for e in range(4) for i in range(3)} - {(1, 1), (1, 2)}
     # Closing the consumer: its pending messages are requeued, the locked ones are not.
@@ -1166,7 +1158,7 @@ async def test_a_stale_redelivery_entry_is_never_sent(h: Harness) -> None:
     h.sub.add_consumer(consumer)
     h.sub.start()
     consumer.add_permits(10)
-    await wait_for(lambda: (0, 1) in delivered(pushed))
+    await until(lambda: (0, 1) in delivered(pushed))
     await asyncio.sleep(0.05)
     assert delivered(pushed) == {(0, 1)}
     assert not h.sub.dispatch.redeliver
@@ -1181,7 +1173,7 @@ async def test_abort_of_messages_not_read_yet_delivers_them_once(h: Harness) -> 
     h.sub.add_consumer(consumer)
     h.sub.start()
     consumer.add_permits(100)
-    await wait_for(lambda: len(delivered(pushed)) == 12)
+    await until(lambda: len(delivered(pushed)) == 12)
     await asyncio.sleep(0.05)
     assert sum(len(d.indexes) or 3 for d in pushed) == 12  # nothing twice
 

@@ -22,7 +22,7 @@ from proto import refusals
 from proto import txnbuf_pb2 as pb
 from subscriptions import Consumer, MsgState, PartitionSubscription, SubType
 from subscriptions._uncommitted import UncommittedCursor, from_wire, to_wire
-from tests.conftest import BrokerProcess
+from tests.conftest import BrokerProcess, until
 
 Got = list[tuple[int, int, bytes]]  # (entry id, index, payload)
 T1, T2 = (1, 1), (1, 2)
@@ -42,14 +42,6 @@ def consumer(got: Got, *, read_uncommitted: bool = True) -> Consumer:
     c = Consumer(1, "c", "t", "s", SubType.EXCLUSIVE, push, read_uncommitted=read_uncommitted)
     c.permits = 1000
     return c
-
-
-async def until(predicate: object, timeout: float = 5.0) -> None:
-    for _ in range(int(timeout / 0.01)):
-        if predicate():  # type: ignore[operator]
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached")
 
 
 async def open_partition(path: Path) -> tuple[LedgerStore, Partition]:

@@ -12,7 +12,7 @@ import pytest
 from client import Client, Position, SubscriptionCursor
 from client._reader import read_entries
 from client.errors import InvalidArgumentError, InvalidInputError, OperationTimeoutError
-from tests.conftest import BrokerProcess
+from tests.conftest import BrokerProcess, until
 
 pytestmark = pytest.mark.integration
 
@@ -134,12 +134,16 @@ async def test_a_cursor_holds_retention_up_to_what_it_acknowledged(
 
         assert await cursor.acknowledge_before({0: Position(40, 0)}) == {0: Position(40, 0)}
         assert await cursor.acknowledge_before({0: Position(30, 0)}) == {0: Position(40, 0)}
-        for _ in range(50):  # trimmed, up to a slack below what was acknowledged
-            first = await (await client.create_reader("kept")).first()
-            if first.entry_id > 0:
-                break
-            await asyncio.sleep(0.1)
-        assert 0 < first.entry_id <= 40
+
+        async def first_kept() -> Position:
+            return await (await client.create_reader("kept")).first()
+
+        async def trimmed() -> bool:
+            return (await first_kept()).entry_id > 0
+
+        await until(trimmed, "a retention pass trimming it")
+        first = await first_kept()
+        assert 0 < first.entry_id <= 40  # trimmed, up to a slack below what was acknowledged
         with pytest.raises(InvalidArgumentError, match="trimmed"):
             await read_entries(client._conn, "kept", 0, Position(0, 0))
         replay = await client.create_reader("kept", start=(40, 0))

@@ -14,7 +14,14 @@ import pytest
 
 from client import Client, Consumer, Message, TxnState, errors
 from proto import txnbuf_pb2 as pb
-from tests.conftest import BrokerProcess, RawConnection, both_stores, send_command, unbatch
+from tests.conftest import (
+    BrokerProcess,
+    RawConnection,
+    both_stores,
+    send_command,
+    unbatch,
+    until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -98,12 +105,12 @@ async def test_spare_transactions_are_used_and_aborted_at_close(broker: BrokerPr
         assert str(second.id) == spare["txnid"]
         await producer.send(b"y", txn=second)
         await second.commit()
-    for _ in range(50):  # the abort's records are logged after END answers
-        _, listed = admin_json(broker, "GET", "/admin/v1/transactions?state=OPEN")
-        if not listed["transactions"]:
-            break
-        await asyncio.sleep(0.1)
-    assert listed["transactions"] == []
+    await until(  # (the abort's records are logged after END answers)
+        lambda: (
+            admin_json(broker, "GET", "/admin/v1/transactions?state=OPEN")[1]["transactions"] == []
+        ),
+        "no transaction OPEN",
+    )
 
 
 async def test_end_txn_opens_the_next_transaction_only_when_it_succeeds(
@@ -145,11 +152,9 @@ async def test_end_txn_opens_the_next_transaction_only_when_it_succeeds(
         assert refused.error == pb.INVALID_TXN_STATUS
         assert not refused.HasField("next_txnid_most_bits")
         # The next transaction the broker opened for it is aborted.
-        for _ in range(50):
-            if [t["txnid"] for t in open_txns()] == [following]:
-                break
-            await asyncio.sleep(0.1)
-        assert [t["txnid"] for t in open_txns()] == [following]
+        await until(
+            lambda: [t["txnid"] for t in open_txns()] == [following], "only the next one open"
+        )
 
         # The END succeeds, the next transaction cannot be opened: the END stands.
         second = pb.CommandNewTxnResponse(
@@ -236,12 +241,12 @@ async def test_open_transaction_of_a_dead_client_times_out(broker: BrokerProcess
         for m in inputs:
             await source.acknowledge(m, txn=txn)
         # the client goes away without ending the transaction
-    for _ in range(100):
-        _, meta = admin_json(broker, "GET", f"/admin/v1/transactions/{txn.id}")
-        if meta["status"] == "ABORTED":
-            break
-        await asyncio.sleep(0.1)
-    assert meta["status"] == "ABORTED" and meta["timed_out"] is True
+
+    def meta() -> dict:  # type: ignore[type-arg]
+        return admin_json(broker, "GET", f"/admin/v1/transactions/{txn.id}")[1]  # type: ignore[no-any-return]
+
+    await until(lambda: meta()["status"] == "ABORTED", "the timeout's abort")
+    assert meta()["timed_out"] is True
     async with Client(broker.url) as client:
         source = await client.subscribe("in", "copier", initial_position="earliest")
         again = await receive_n(source, 4)

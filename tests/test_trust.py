@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from client import Client, Consumer, errors
 from proto import refusals
 from proto import txnbuf_pb2 as pb
 from tc import TxnID, TxnStatus
-from tests.conftest import BrokerProcess, RawConnection
+from tests.conftest import BrokerProcess, RawConnection, until
 
 T = pb.BaseCommand
 
@@ -105,7 +104,7 @@ async def test_a_forged_end_is_refused_and_changes_nothing(broker: BrokerProcess
     assert "Traceback" not in broker.log()
 
 
-async def test_the_participant_applies_only_what_the_coordinator_decided(
+async def test_an_end_from_the_wire_applies_only_what_the_coordinator_decided(
     tmp_path: Path,
 ) -> None:
     broker = await Broker.open(tmp_path / "data")
@@ -120,36 +119,63 @@ async def test_the_participant_applies_only_what_the_coordinator_decided(
             with pytest.raises(
                 refusals.InvalidTxnStatus, match="did not decide so \\(it is OPEN there\\)"
             ):
-                broker.end_txn_on_partition("out", 0, txnid, commit)
-            with pytest.raises(refusals.InvalidTxnStatus, match="did not decide so"):
                 await broker.end_txn_on_partition_durably("out", 0, txnid, commit)
-            with pytest.raises(refusals.InvalidTxnStatus, match="did not decide so"):
-                broker.end_txn_on_subscription("out", "s", txnid, commit)
             with pytest.raises(refusals.InvalidTxnStatus, match="did not decide so"):
                 await broker.end_txn_on_subscription_durably("out", "s", txnid, commit)
         elsewhere = TxnID.of(7, 1)
         with pytest.raises(refusals.NotAllowed, match="coordinator 7, which does not run here"):
-            broker.end_txn_on_partition("out", 0, elsewhere, True)
+            await broker.end_txn_on_partition_durably("out", 0, elsewhere, True)
         buffer = topic.partitions[0].transaction_buffer
         assert buffer is not None and buffer.open_transactions() == [tuple(txnid)]
         # Its coordinator decides: now the participant applies it (and only it).
         await tc.end_txn(txnid, commit=False)
         assert tc.get(txnid).status in (TxnStatus.ABORTING, TxnStatus.ABORTED)  # type: ignore[union-attr]
         with pytest.raises(refusals.InvalidTxnStatus, match="cannot commit"):
-            broker.end_txn_on_partition("out", 0, txnid, True)
+            await broker.end_txn_on_partition_durably("out", 0, txnid, True)
         await broker.end_txn_on_partition_durably("out", 0, txnid, False)  # a repeat
         assert buffer.open_transactions() == []
     finally:
         await broker.close()
 
 
-async def wait_for(check, timeout: float = 15.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("timed out")
+@pytest.mark.integration
+async def test_a_restart_finishes_a_decided_transaction_without_a_stuck_participant(
+    tmp_path: Path,
+) -> None:
+    """Killed after the commit decision was durable, before the partition
+    applied it: the restarted coordinator tells the partition again while it
+    opens (the broker's participant does not ask the coordinator back, so
+    it applies the decision at once: nothing stuck, nothing logged at ERROR)."""
+    broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log")
+    broker.env["TXNBUF_FAULT"] = "tc.after_decision_logged"
+    broker.start()
+    try:
+        async with Client(broker.url) as client:
+            producer = await client.create_producer("out")
+            txn = await client.new_transaction(timeout=60)
+            await producer.send(b"decided", txn=txn)
+            committing = asyncio.ensure_future(txn.commit())
+            assert broker.proc is not None
+            await asyncio.to_thread(broker.proc.wait, 30)  # the fault killed it
+            assert "SIGKILL at tc.after_decision_logged" in broker.log()
+            before = len(broker.log_path.read_text(errors="replace"))
+            broker.env.pop("TXNBUF_FAULT")
+            broker.start()
+            try:
+                await committing  # (retried on the new connection: the decision stands)
+            except errors.TxnbufError:
+                pass  # (or its outcome was not learnt: the messages say)
+            sink = await client.subscribe("out", "reader", initial_position="earliest")
+            msg = await sink.receive(timeout=10)
+            assert msg.value == b"decided"
+        _, meta = admin_json(broker, "GET", f"/admin/v1/transactions/{txn.id}")
+        assert meta["status"] == "COMMITTED" and meta["stuck"] == []
+        after = broker.log_path.read_text(errors="replace")[before:]
+        assert "(1 to finish" in after
+        assert "did not apply the decision" not in after
+        assert [line for line in after.splitlines() if " ERROR " in line] == []
+    finally:
+        broker.stop()
 
 
 def stuck_txns(broker: BrokerProcess) -> list[dict]:  # type: ignore[type-arg]
@@ -182,7 +208,7 @@ async def test_a_refusing_participant_is_surfaced_and_an_operator_skips_it(
             # The decision is durable; the participant never applies it: END
             # answers after its wait, and the client's view is the coordinator's.
             await txn.commit()
-            await wait_for(lambda: bool(stuck_txns(broker)))
+            await until(lambda: bool(stuck_txns(broker)))
             (listed,) = stuck_txns(broker)
             assert listed["txnid"] == str(txn.id) and listed["status"] == "COMMITTING"
             (stuck,) = listed["stuck"]
@@ -202,7 +228,7 @@ async def test_a_refusing_participant_is_surfaced_and_an_operator_skips_it(
                 broker, "POST", f"/admin/v1/transactions/{txn.id}/resolve", b'{"action": "skip"}'
             )
             assert status == 200 and body["participants"] == 1
-            await wait_for(lambda: not stuck_txns(broker))
+            await until(lambda: not stuck_txns(broker))
             status, meta = admin_json(broker, "GET", f"/admin/v1/transactions/{txn.id}")
             assert meta["status"] == "COMMITTED" and meta["stuck"] == []
             assert metric(broker, "txnbuf_transactions_stuck") == 0
@@ -235,7 +261,7 @@ async def test_a_participant_that_refuses_for_a_while_applies_the_decision_after
             txn = await client.new_transaction(timeout=60)
             await producer.send(b"applied late", txn=txn)
             commit = asyncio.ensure_future(txn.commit())
-            await wait_for(lambda: bool(stuck_txns(broker)))
+            await until(lambda: bool(stuck_txns(broker)))
             # An operator asks for a retry now, until the participant applies it.
             while stuck_txns(broker):
                 broker.admin(

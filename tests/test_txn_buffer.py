@@ -17,6 +17,7 @@ import pytest
 from conftest import Crash
 
 import buffer._txnbuffer as txnbuffer_module
+import buffer._txnindex as txnindex_module
 from buffer import (
     COMMIT_MARKER,
     DATA,
@@ -542,7 +543,7 @@ async def test_ended_transactions_leave_the_index(
     transactions do not pile up in the index or in its snapshots: they leave
     it as they end, and retention blocks keep their sidecar records while
     their markers are in the partition."""
-    monkeypatch.setattr(txnbuffer_module, "RETENTION_BLOCK", 8)
+    monkeypatch.setattr(txnindex_module, "RETENTION_BLOCK", 8)
     _, part = await stores.open()
     tb = await part.txn_buffer()
     for i in range(40):  # partition entry i is transaction i's marker
@@ -706,7 +707,7 @@ async def five_aborted_and_swept(tb: TransactionBuffer) -> list[tuple[int, int]]
 async def test_bounded_memory_of_swept_transactions(
     stores: Stores, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(txnbuffer_module, "ENDED_TXNS_KEPT", 3)
+    monkeypatch.setattr(txnindex_module, "ENDED_TXNS_KEPT", 3)
     _, part = await stores.open()
     tb = await part.txn_buffer()
     txns = await five_aborted_and_swept(tb)
@@ -723,7 +724,7 @@ async def test_bounded_memory_of_swept_transactions(
 async def test_a_snapshot_keeps_only_the_newest_swept_transactions(
     stores: Stores, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(txnbuffer_module, "ENDED_IN_SNAPSHOT", 2)
+    monkeypatch.setattr(txnindex_module, "ENDED_IN_SNAPSHOT", 2)
     _, part = await stores.open()
     tb = await part.txn_buffer()
     txns = await five_aborted_and_swept(tb)

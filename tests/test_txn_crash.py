@@ -18,7 +18,7 @@ from collections import Counter
 import pytest
 
 from client import Client, errors
-from tests.conftest import BrokerProcess
+from tests.conftest import BrokerProcess, until
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.auth]
 
@@ -82,18 +82,16 @@ def assert_all_or_nothing(outs: list[bytes], ins: list[bytes]) -> str:
 
 
 async def wait_ended(broker: BrokerProcess) -> None:
-    for _ in range(100):
-        busy = [
+    def finished() -> bool:
+        return not [
             t
             for state in ("COMMITTING", "ABORTING")
             for t in json.loads(broker.admin("GET", f"/admin/v1/transactions?state={state}")[1])[
                 "transactions"
             ]
         ]
-        if not busy:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError("transactions did not finish after the restart")
+
+    await until(finished, "the transactions to finish after the restart")
 
 
 async def abort_open_transactions(broker: BrokerProcess) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from proto import boot_epoch, txn_text
 from tc import TxnID
 
 U64 = 2**64 - 1
@@ -131,3 +132,17 @@ def test_txnid_is_immutable_and_hashable() -> None:
     with pytest.raises(AttributeError):
         txn.most_bits = 3  # type: ignore[misc]
     assert {txn: "x"}[TxnID.of(1, 2)] == "x"
+
+
+def test_an_id_is_printed_one_way_whether_a_txnid_or_its_tuple() -> None:
+    txnid = TxnID.of(3, 12)
+    assert str(txnid) == txn_text(txnid) == txn_text(tuple(txnid)) == f"({txnid[0]},{txnid[1]})"
+    assert TxnID.parse(txn_text(tuple(txnid))) == txnid
+
+
+def test_the_boot_epoch_and_the_sequence_of_an_id() -> None:
+    for epoch, sequence in [(0, 0), (1, 5), (3, (1 << 64) - 1), (1 << 40, 7)]:
+        txnid = TxnID.issued(9, epoch, sequence)
+        assert (txnid.tcid, txnid.epoch, txnid.sequence) == (9, epoch, sequence)
+        assert boot_epoch(txnid) == boot_epoch(tuple(txnid)) == epoch
+        assert txnid.counter == epoch << 64 | sequence

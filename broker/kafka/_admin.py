@@ -33,37 +33,30 @@ TRANSACTIONAL_ID_ or CLUSTER_AUTHORIZATION_FAILED) and changes nothing.
   INVALID_REQUEST), and a group whose members subscribe to the topic
   refuses it (GROUP_SUBSCRIBED_TO_TOPIC).
 - DescribeCluster: this broker, node 0.
-- Transactions (the producer-epoch mode's registry, `tc`):
-  ListTransactions and DescribeTransactions show each transactional id as
-  Kafka's coordinator would: ``Ongoing`` while its transaction is open (or
-  prepared), ``PrepareCommit``/``PrepareAbort`` while it ends,
-  ``CompleteCommit``/``CompleteAbort`` after, ``Empty`` before its first.
-  DescribeProducers shows, per partition, the producer-epoch producers
-  that wrote there (their epoch, and the start offset of a transaction not
-  ended there: the partition's end, where its messages will appear) and
-  the idempotent ones (their last sequence).
+
+The transaction admin APIs (ListTransactions, DescribeTransactions,
+DescribeProducers) are `broker.kafka._txn_admin`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
-import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from broker._broker import Broker
 from broker._operations import (
     AdminError,
     check_not_in_use,
     delete_subscription,
     delete_topic,
 )
-from broker.kafka._offsets import offset_of
+from broker.kafka._codec import CLUSTER_ID, NODE_ID, Api
+from broker.kafka._common import Handler, Response, group_subscription
+from broker.kafka._groups import Groups, subscribed_topics
 from broker.kafka._session import (
     CLUSTER_AUTHORIZATION_FAILED,
     GROUP_AUTHORIZATION_FAILED,
     TOPIC_AUTHORIZATION_FAILED,
-    TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     KafkaError,
     KafkaSession,
 )
@@ -73,23 +66,15 @@ from buffer import (
     InvalidNameError,
     PartitionCountError,
     Retention,
-    check_subscription_name,
     check_topic_name,
     quoted,
 )
-from tc import ProducerEntry, TransactionCoordinator, TxnStatus, coordinator_of
-
-if TYPE_CHECKING:
-    from broker.kafka._handlers import KafkaApis
 
 __all__ = ["KafkaAdmin"]
-
-Response = dict[str, Any]
 
 # Kafka error codes the admin APIs answer with.
 UNKNOWN_TOPIC_OR_PARTITION = 3
 INVALID_TOPIC = 17
-INVALID_GROUP_ID = 24
 TOPIC_ALREADY_EXISTS = 36
 INVALID_PARTITIONS = 37
 INVALID_REPLICATION_FACTOR = 38
@@ -100,7 +85,6 @@ NON_EMPTY_GROUP = 68
 GROUP_ID_NOT_FOUND = 69
 GROUP_SUBSCRIBED_TO_TOPIC = 86
 UNKNOWN_TOPIC_ID = 100
-TRANSACTIONAL_ID_NOT_FOUND = 105
 
 NO_OPERATIONS = -(2**31)  # authorized operations: not asked for
 RESOURCE_TOPIC = 2
@@ -121,51 +105,34 @@ _RETENTION_DOCS = {
 }
 
 
-def _txn_state(entry: ProducerEntry, tc: TransactionCoordinator) -> tuple[str, int]:
-    """(Kafka's name for the state of a transactional id, its transaction's
-    start in ms or -1)."""
-    if entry.ongoing is not None:
-        meta = tc.get(entry.ongoing)
-        if meta is not None:
-            status = meta.status
-            if status is TxnStatus.COMMITTING:
-                return "PrepareCommit", meta.start_ms
-            if status is TxnStatus.ABORTING:
-                return "PrepareAbort", meta.start_ms
-            if not status.ended:
-                return "Ongoing", meta.start_ms
-    if entry.prev_outcome == "commit":
-        return "CompleteCommit", -1
-    if entry.prev_outcome == "abort":
-        return "CompleteAbort", -1
-    return "Empty", -1
+class Apis(Protocol):
+    """What the admin APIs use of the listener's `broker.kafka._handlers.KafkaApis`
+    (which imports this module: named here, not imported back)."""
 
+    @property
+    def broker(self) -> Broker: ...
 
-TXN_STATES = (
-    "Empty",
-    "Ongoing",
-    "PrepareCommit",
-    "PrepareAbort",
-    "CompleteCommit",
-    "CompleteAbort",
-    "Dead",
-    "PrepareEpochFence",
-)
+    @property
+    def groups(self) -> Groups: ...
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def port(self) -> int: ...
 
 
 class KafkaAdmin:
     """The admin API handlers of one listener (`handlers` for its table)."""
 
-    def __init__(self, apis: KafkaApis) -> None:
+    def __init__(self, apis: Apis) -> None:
         self.apis = apis
         self.broker = apis.broker
         # (CreateTopics checks that a topic does not exist, then creates it:
         # one at a time, or two could make, or grow, the same one)
         self._creating = asyncio.Lock()
 
-    def handlers(self) -> dict[int, Callable[[Any, int, KafkaSession], Any]]:
-        from broker.kafka._codec import Api
-
+    def handlers(self) -> dict[int, Handler]:
         return {
             Api.CREATE_TOPICS: self.create_topics,
             Api.DELETE_TOPICS: self.delete_topics,
@@ -176,9 +143,6 @@ class KafkaAdmin:
             Api.DELETE_GROUPS: self.delete_groups,
             Api.OFFSET_DELETE: self.offset_delete,
             Api.DESCRIBE_CLUSTER: self.describe_cluster,
-            Api.LIST_TRANSACTIONS: self.list_transactions,
-            Api.DESCRIBE_TRANSACTIONS: self.describe_transactions,
-            Api.DESCRIBE_PRODUCERS: self.describe_producers,
         }
 
     # -- topics ----------------------------------------------------------------------
@@ -469,7 +433,7 @@ class KafkaAdmin:
             }
             try:
                 session.allow_admin(GROUP_AUTHORIZATION_FAILED)
-                _check_group(group_id)
+                group_subscription(group_id)
                 info = self.apis.groups.describe(group_id)
                 if info is not None:
                     out.update(
@@ -502,7 +466,7 @@ class KafkaAdmin:
         for group_id in req.groups_names:
             try:
                 session.allow_admin(GROUP_AUTHORIZATION_FAILED)
-                _check_group(group_id)
+                group_subscription(group_id)
                 await self._delete_group(group_id)
                 code = 0
             except KafkaError as exc:
@@ -553,14 +517,12 @@ class KafkaAdmin:
         group_id = req.group_id
         try:
             session.allow_admin(GROUP_AUTHORIZATION_FAILED)
-            _check_group(group_id)
+            group_subscription(group_id)
         except KafkaError as exc:
             return answer(exc.code, {t.name: 0 for t in req.topics})
         info = self.apis.groups.describe(group_id)
         in_use: set[str] = set()
         if info is not None:
-            from broker.kafka._handlers import subscribed_topics
-
             for _, meta, _ in info.members:
                 try:
                     in_use.update(subscribed_topics(meta))
@@ -594,8 +556,6 @@ class KafkaAdmin:
     # -- the cluster --------------------------------------------------------------------
 
     def describe_cluster(self, req: Any, version: int, session: KafkaSession) -> Response:
-        from broker.kafka._handlers import CLUSTER_ID, NODE_ID
-
         out: Response = {
             "throttle_time": 0,
             "error_code": 0,
@@ -619,161 +579,6 @@ class KafkaAdmin:
         except KafkaError as exc:
             out.update(error_code=exc.code, error_message=str(exc), brokers=[])
         return out
-
-    # -- transactions -----------------------------------------------------------------
-
-    def list_transactions(self, req: Any, version: int, session: KafkaSession) -> Response:
-        out: Response = {
-            "throttle_time": 0,
-            "error_code": 0,
-            "unknown_state_filters": [],
-            "transaction_states": [],
-        }
-        try:
-            session.allow_admin(CLUSTER_AUTHORIZATION_FAILED)
-            pattern = getattr(req, "transactional_id_pattern", None)
-            try:
-                regex = re.compile(pattern) if pattern else None
-            except re.error as exc:
-                raise KafkaError(INVALID_REQUEST, f"transactional id pattern: {exc}") from None
-        except KafkaError as exc:
-            out["error_code"] = exc.code
-            return out
-        states = set(req.state_filters)
-        out["unknown_state_filters"] = sorted(states - set(TXN_STATES))
-        pids = set(req.producer_id_filters)
-        duration = getattr(req, "duration_filter", -1)
-        now = int(time.time() * 1000)
-        for tc in self.broker.coordinators.values():
-            for entry in tc.producers():
-                state, start = _txn_state(entry, tc)
-                if states and state not in states:
-                    continue
-                if pids and entry.producer_id not in pids:
-                    continue
-                if duration >= 0 and (start < 0 or now - start < duration):
-                    continue
-                if regex is not None and not regex.fullmatch(entry.transactional_id):
-                    continue
-                out["transaction_states"].append(
-                    {
-                        "transactional_id": entry.transactional_id,
-                        "producer_id": entry.producer_id,
-                        "transaction_state": state,
-                    }
-                )
-        return out
-
-    def describe_transactions(self, req: Any, version: int, session: KafkaSession) -> Response:
-        states = []
-        coordinators = self.broker.coordinators
-        for tid in req.transactional_ids:
-            out: Response = {
-                "error_code": 0,
-                "transactional_id": tid,
-                "transaction_state": "",
-                "transaction_timeout": 0,
-                "transaction_start_time": -1,
-                "producer_id": -1,
-                "producer_epoch": -1,
-                "topics": [],
-            }
-            try:
-                session.allow_admin(TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
-                tc = coordinators[coordinator_of(tid, list(coordinators))]
-                entry = tc.producer(tid)
-                if entry is None:
-                    raise KafkaError(TRANSACTIONAL_ID_NOT_FOUND, f"no transactional id {tid!r}")
-                state, start = _txn_state(entry, tc)
-                topics: dict[str, list[int]] = {}
-                meta = tc.get(entry.ongoing) if entry.ongoing is not None else None
-                if meta is not None and start >= 0:
-                    for topic, index in meta.partitions:
-                        topics.setdefault(topic, []).append(index)
-                out.update(
-                    transaction_state=state,
-                    transaction_timeout=entry.timeout_ms,
-                    transaction_start_time=start,
-                    producer_id=entry.producer_id,
-                    producer_epoch=entry.epoch,
-                    topics=[{"topic": t, "partitions": sorted(p)} for t, p in topics.items()],
-                )
-            except KafkaError as exc:
-                out["error_code"] = exc.code
-            states.append(out)
-        return {"throttle_time": 0, "transaction_states": states}
-
-    async def describe_producers(self, req: Any, version: int, session: KafkaSession) -> Response:
-        topics = []
-        for t in req.topics:
-            parts = []
-            for index in t.partition_indexes:
-                out: Response = {
-                    "partition_index": index,
-                    "error_code": 0,
-                    "error_message": None,
-                    "active_producers": [],
-                }
-                try:
-                    session.allow_admin(TOPIC_AUTHORIZATION_FAILED)
-                    topic = await self.broker.topics.load_topic(t.name)
-                    if topic is None or not 0 <= index < len(topic.partitions):
-                        raise KafkaError(
-                            UNKNOWN_TOPIC_OR_PARTITION, f"no partition {index} of {t.name!r}"
-                        )
-                    out["active_producers"] = self._producers(topic.partitions[index])
-                except KafkaError as exc:
-                    out.update(error_code=exc.code, error_message=str(exc))
-                parts.append(out)
-            topics.append({"name": t.name, "partitions": parts})
-        return {"throttle_time": 0, "topics": topics}
-
-    def _producers(self, partition: Any) -> list[Response]:
-        found = []
-        end = offset_of(partition.ledger.last_entry_id + 1, 0)
-        buffer = partition.transaction_buffer
-        if buffer is not None:
-            for pid, known in sorted(buffer.epoch_producers.items()):
-                status = None if known.txn is None else buffer.status(known.txn)
-                ongoing = status is not None and status.state not in ("committed", "aborted")
-                last = -1
-                seq = self.apis.txn_sequence(partition, pid)
-                if ongoing and seq is not None and status is not None and seq[0] == known.txn:
-                    last = seq[1] + status.count - 1
-                found.append(
-                    {
-                        "producer_id": pid,
-                        "producer_epoch": known.epoch,
-                        "last_sequence": last,
-                        "last_timestamp": -1,
-                        "coordinator_epoch": known.coordinator_epoch,
-                        "current_txn_start_offset": end if ongoing else -1,
-                    }
-                )
-        for name, last_seq in sorted(partition.dedup.snapshot().items()):
-            if not name.startswith("~kafka."):
-                continue
-            pid_text, _, epoch_text = name[len("~kafka.") :].partition(".")
-            if not (pid_text.isdigit() and epoch_text.isdigit()):
-                continue
-            found.append(
-                {
-                    "producer_id": int(pid_text),
-                    "producer_epoch": int(epoch_text),
-                    "last_sequence": last_seq,
-                    "last_timestamp": -1,
-                    "coordinator_epoch": -1,
-                    "current_txn_start_offset": -1,
-                }
-            )
-        return found
-
-
-def _check_group(group_id: str) -> None:
-    try:
-        check_subscription_name(group_id)
-    except InvalidNameError as exc:
-        raise KafkaError(INVALID_GROUP_ID, str(exc)) from None
 
 
 def _admin_text(exc: AdminError) -> str:

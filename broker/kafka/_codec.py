@@ -35,6 +35,8 @@ from kio.serial import entity_reader, entity_writer
 
 __all__ = [
     "API_NAMES",
+    "CLUSTER_ID",
+    "NODE_ID",
     "VERSIONS",
     "Api",
     "KafkaRequestError",
@@ -43,6 +45,10 @@ __all__ = [
     "encode_response",
     "read_request",
 ]
+
+# What the listener calls itself in its answers: the one node of a cluster.
+NODE_ID = 0
+CLUSTER_ID = "txnbuf"
 
 
 class Api(enum.IntEnum):

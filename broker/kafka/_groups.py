@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import itertools
+import struct
 import time
 import uuid
 from collections.abc import Sequence
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field
 
 from broker.kafka._session import GROUP_AUTHORIZATION_FAILED
 
-__all__ = ["GroupError", "GroupInfo", "Groups", "JoinResult", "Member"]
+__all__ = ["GroupError", "GroupInfo", "Groups", "JoinResult", "Member", "subscribed_topics"]
 
 # Kafka error codes the group protocol answers with.
 ILLEGAL_GENERATION = 22
@@ -445,3 +446,26 @@ class Groups:
                 waiting = m.join is not None and group.state is State.PREPARING
                 if not waiting and now - m.last_seen > m.session_timeout_ms / 1000:
                     self._remove(group, member_id)
+
+
+def subscribed_topics(metadata: bytes) -> list[str]:
+    """The topics of a consumer's ConsumerProtocolSubscription (JoinGroup's
+    protocol metadata): a version (int16), then an array (int32 count) of
+    strings (int16 length, UTF-8); what follows is left unread. ValueError
+    if it is not one."""
+    try:
+        _, count = struct.unpack_from(">hi", metadata, 0)
+        if not 0 <= count <= len(metadata):
+            raise ValueError(f"{count} topics")
+        pos = 6
+        topics = []
+        for _ in range(count):
+            (size,) = struct.unpack_from(">h", metadata, pos)
+            pos += 2
+            if size < 0 or pos + size > len(metadata):
+                raise ValueError("a topic name runs past the metadata")
+            topics.append(metadata[pos : pos + size].decode())
+            pos += size
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise ValueError(str(exc)) from None
+    return topics

@@ -11,29 +11,19 @@ part when it is called, in the order requests arrive on a connection, so
 Produce requests are stored in that order (`broker.kafka._listener`
 answers them in that order too).
 
-Transactions (the producer-epoch mode, as `broker._epoch` drives it from
-txnbuf's own protocol): InitProducerId goes to the coordinator the
-transactional id hashes to; the transaction APIs to the coordinator that
-issued the producer id. The clients served here speak Kafka's transactions
-before KIP-890 part 2: AddPartitionsToTxn adds a partition (beginning the
-transaction), a transactional Produce must name an added partition
-(`TransactionCoordinator.producer_verified_partition`), EndTxn keeps the
-producer's epoch (``bump=False``). A Kafka producer numbers its records
-per partition from the start of its epoch, across transactions; a
-partition numbers a producer's sends from 0 in each transaction, so the
-first batch of a transaction on a partition sets the base the later ones
-are counted from (`_TxnSequences`, in memory: a restart aborts the
-transaction anyway). Idempotent producers without a transactional id get
-a random producer id: their sends are deduplicated under
-``~kafka.<producer id>.<epoch>``; plain sends are stored under ``~kafka``.
-
-Consumer groups: a group is the txnbuf subscription of its name on each
-partition it commits (`Subscriptions.cursor_of`): its committed offset is
-the subscription's mark-delete position (the next offset after it), an
-OffsetCommit a cumulative acknowledgement up to the message before the
-committed offset, a TxnOffsetCommit the same acknowledgement in the
-producer's transaction. Offsets only move forward: a commit at or below
-the committed offset changes nothing. Membership is `broker.kafka._groups`.
+The transaction APIs are `broker.kafka._txn_apis`', the consumer group
+APIs `broker.kafka._group_apis`'; this module serves ApiVersions,
+Metadata, FindCoordinator, Produce, Fetch and ListOffsets, and holds the
+listener's table of every handler. A transactional Produce must name a
+partition its transaction added
+(`TransactionCoordinator.producer_verified_partition`). A Kafka producer
+numbers its records per partition from the start of its epoch, across
+transactions; a partition numbers a producer's sends from 0 in each
+transaction, so the first batch of a transaction on a partition sets the
+base the later ones are counted from (`_txn_sequences`, in memory: a
+restart aborts the transaction anyway). Idempotent producers without a
+transactional id send under ``~kafka.<producer id>.<epoch>`` (deduplicated
+there); plain sends are stored under ``~kafka``.
 """
 
 from __future__ import annotations
@@ -41,71 +31,62 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import secrets
-import struct
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
-from broker._errors import error_text, kafka_code
 from broker._operations import first_published_at_or_after
 from broker.kafka._admin import KafkaAdmin
-from broker.kafka._codec import VERSIONS, Api
-from broker.kafka._groups import GroupError, Groups
-from broker.kafka._offsets import MAX_ENTRY_MESSAGES, offset_of, position_of
-from broker.kafka._records import RecordError, control_batch, data_batch, read_batches
-from broker.kafka._session import (
-    GROUP_AUTHORIZATION_FAILED,
-    KafkaError,
-    KafkaSession,
+from broker.kafka._codec import CLUSTER_ID, NODE_ID, VERSIONS, Api
+from broker.kafka._common import (
+    INVALID_TXN_STATE,
+    NONE,
+    UNKNOWN_TOPIC_OR_PARTITION,
+    Handler,
+    Response,
+    allow_producer,
+    error_code,
+    failed,
+    partition_of,
 )
+from broker.kafka._group_apis import GroupApis
+from broker.kafka._groups import Groups
+from broker.kafka._offsets import MAX_ENTRY_MESSAGES, offset_of, position_of
+from broker.kafka._records import control_batch, data_batch, read_batches
+from broker.kafka._session import KafkaError, KafkaSession
+from broker.kafka._txn_admin import TxnAdmin
+from broker.kafka._txn_apis import TxnApis
 from buffer import (
     COMMIT_MARKER,
     InvalidNameError,
     Partition,
     PublishResult,
-    Topic,
-    check_subscription_name,
     check_topic_name,
     entry_kind,
     epoch_producer_name,
 )
 from ledger import Entry
-from proto import refusals
 from proto import txnbuf_pb2 as pb
-from subscriptions import WHOLE_ENTRY, PartitionSubscription
-from tc import TransactionCoordinator, TxnID, coordinator_of
+from tc import TxnID
 
 if TYPE_CHECKING:
-    from broker._server import Broker
+    from broker._broker import Broker
 
 __all__ = ["NODE_ID", "KafkaApis"]
 
 log = logging.getLogger(__name__)
 
-NODE_ID = 0
-CLUSTER_ID = "txnbuf"
-_PID_SHIFT = 47  # (tc._producers: a producer id carries its coordinator)
-_IDEMPOTENT_PID_BITS = 46  # random producer ids of idempotent producers
-
-# Kafka error codes answered here directly.
-NONE = 0
+# Kafka error codes answered here directly (the shared ones are
+# `broker.kafka._common`'s).
 OFFSET_OUT_OF_RANGE = 1
-UNKNOWN_TOPIC_OR_PARTITION = 3
 INVALID_TOPIC = 17
-INVALID_GROUP_ID = 24
 UNSUPPORTED_VERSION = 35
 INVALID_REQUEST = 42
-INVALID_TXN_STATE = 48
-OPERATION_NOT_ATTEMPTED = 55
 FETCH_SESSION_ID_NOT_FOUND = 70
 RECORD_LIST_TOO_LARGE = 18
 
 BATCH_CACHE_BYTES = 64 << 20  # encoded Kafka batches of recent entries
 READ_ENTRIES = 64  # entries read at a time for a Fetch
-
-Response = dict[str, Any]
-Handler = Callable[[Any, int, KafkaSession], "Response | Awaitable[Response] | None"]
 
 
 class KafkaApis:
@@ -127,23 +108,18 @@ class KafkaApis:
             Api.FETCH: self.fetch,
             Api.LIST_OFFSETS: self.list_offsets,
             Api.FIND_COORDINATOR: self.find_coordinator,
-            Api.INIT_PRODUCER_ID: self.init_producer_id,
-            Api.ADD_PARTITIONS_TO_TXN: self.add_partitions_to_txn,
-            Api.ADD_OFFSETS_TO_TXN: self.add_offsets_to_txn,
-            Api.END_TXN: self.end_txn,
-            Api.TXN_OFFSET_COMMIT: self.txn_offset_commit,
-            Api.JOIN_GROUP: self.join_group,
-            Api.SYNC_GROUP: self.sync_group,
-            Api.HEARTBEAT: self.heartbeat,
-            Api.LEAVE_GROUP: self.leave_group,
-            Api.OFFSET_COMMIT: self.offset_commit,
-            Api.OFFSET_FETCH: self.offset_fetch,
             Api.SASL_HANDSHAKE: lambda req, version, session: session.sasl_handshake(req, version),
             Api.SASL_AUTHENTICATE: (
                 lambda req, version, session: session.sasl_authenticate(req, version)
             ),
         }
-        self._handlers.update(KafkaAdmin(self).handlers())
+        for part in (
+            TxnApis(broker).handlers(),
+            GroupApis(broker, self.groups).handlers(),
+            KafkaAdmin(self).handlers(),
+            TxnAdmin(broker, self.txn_sequence).handlers(),
+        ):
+            self._handlers.update(part)
 
     def close(self) -> None:
         self.groups.close()
@@ -274,7 +250,7 @@ class KafkaApis:
             try:
                 out["base_offset"] = await result
             except Exception as exc:
-                out["error_code"], out["error_message"] = self._code(exc)
+                out["error_code"], out["error_message"] = error_code(exc)
             by_topic.setdefault(topic, []).append(out)
         return {
             "responses": [{"name": t, "partition_responses": p} for t, p in by_topic.items()],
@@ -290,14 +266,14 @@ class KafkaApis:
         and for a transactional batch on the transactional id."""
         try:
             session.allow_produce(topic_name)
-            partition = self._partition(topic_name, part.index)
+            partition = partition_of(self.broker, topic_name, part.index)
             batches = read_batches(bytes(part.records or b""))
             for batch in batches:
                 if batch.transactional:
-                    self._allow_producer(session, batch.producer_id, req.transactional_id)
+                    allow_producer(self.broker, session, batch.producer_id, req.transactional_id)
             results = [self._store_batch(req, partition, batch) for batch in batches]
         except Exception as exc:
-            return _failed(exc)
+            return failed(exc)
         return _first_offset(results)
 
     def _store_batch(self, req: Any, partition: Partition, batch: Any) -> Awaitable[int]:
@@ -307,7 +283,7 @@ class KafkaApis:
                 raise KafkaError(
                     INVALID_TXN_STATE, "a transactional batch needs a transactional id"
                 )
-            tc = self._coordinator_of_producer(pid)
+            tc = self.broker.producer_coordinator(pid)
             txnid = tc.producer_verified_partition(pid, epoch, partition.topic, partition.index)
             first = self._txn_first_sequence(partition, pid, txnid, batch.base_sequence)
             messages = batch.messages(first)
@@ -409,7 +385,7 @@ class KafkaApis:
         }
         try:
             session.allow_read(topic_name)
-            partition = self._partition(topic_name, index)
+            partition = partition_of(self.broker, topic_name, index)
         except KafkaError as exc:
             out["error_code"] = exc.code
             return out, None
@@ -485,7 +461,7 @@ class KafkaApis:
                 }
                 try:
                     session.allow_describe(topic.name)
-                    partition = self._partition(topic.name, p.partition_index)
+                    partition = partition_of(self.broker, topic.name, p.partition_index)
                 except KafkaError as exc:
                     out["error_code"] = exc.code
                     parts.append(out)
@@ -512,434 +488,6 @@ class KafkaApis:
 
         return timed()
 
-    # -- transactions ----------------------------------------------------------------------
-
-    async def init_producer_id(self, req: Any, version: int, session: KafkaSession) -> Response:
-        out: Response = {
-            "throttle_time": 0,
-            "error_code": NONE,
-            "producer_id": -1,
-            "producer_epoch": -1,
-        }
-        if req.transactional_id is None:
-            # An idempotent producer: an id no other producer gets (random).
-            out["producer_id"] = secrets.randbits(_IDEMPOTENT_PID_BITS)
-            out["producer_epoch"] = 0
-            return out
-        try:
-            session.allow_transactional_id(req.transactional_id)
-            coordinators = self.broker.coordinators
-            tc = coordinators[coordinator_of(req.transactional_id, list(coordinators))]
-            timeout_ms = round(req.transaction_timeout.total_seconds() * 1000)
-            pid, epoch, _, _ = await tc.init_producer(req.transactional_id, timeout_ms)
-        except Exception as exc:
-            out["error_code"], _ = self._code(exc)
-            return out
-        out["producer_id"], out["producer_epoch"] = pid, epoch
-        return out
-
-    def add_partitions_to_txn(
-        self, req: Any, version: int, session: KafkaSession
-    ) -> Awaitable[Response]:
-        pid = req.v3_and_below_producer_id
-        epoch = req.v3_and_below_producer_epoch
-        failed: Exception | None = None
-        begun: Awaitable[TxnID] | None = None
-        results: list[tuple[str, list[tuple[int, int]]]] = []
-        # Refused (nothing added, nothing begun) unless the role may produce
-        # on the transactional id and on every topic: the topics refused are
-        # TOPIC_AUTHORIZATION_FAILED, the others OPERATION_NOT_ATTEMPTED.
-        refused: dict[str, int] = {}
-        try:
-            self._allow_producer(session, pid, req.v3_and_below_transactional_id)
-        except KafkaError as exc:
-            refused = {t.name: exc.code for t in req.v3_and_below_topics}
-        for topic in req.v3_and_below_topics:
-            try:
-                session.allow_produce(topic.name)
-            except KafkaError as exc:
-                refused.setdefault(topic.name, exc.code)
-        for topic in req.v3_and_below_topics:
-            codes = []
-            for index in topic.partitions:
-                if refused:
-                    codes.append((index, refused.get(topic.name, OPERATION_NOT_ATTEMPTED)))
-                    continue
-                if failed is not None:
-                    codes.append((index, OPERATION_NOT_ATTEMPTED))
-                    continue
-                try:
-                    self._partition(topic.name, index)
-                    tc = self._coordinator_of_producer(pid)
-                    if begun is None:
-                        begun = tc.producer_begin(pid, epoch, f"add {topic.name}/{index}")
-                    tc.producer_add_partition(pid, epoch, topic.name, index)
-                    codes.append((index, NONE))
-                except Exception as exc:
-                    failed = exc
-                    codes.append((index, self._code(exc)[0]))
-            results.append((topic.name, codes))
-
-        async def answer() -> Response:
-            nonlocal results
-            if begun is not None:
-                try:
-                    await begun
-                except Exception as exc:
-                    code = self._code(exc)[0]
-                    results = [(name, [(i, code) for i, _ in codes]) for name, codes in results]
-            return {
-                "throttle_time": 0,
-                "results_by_topic_v3_and_below": [
-                    {
-                        "name": name,
-                        "results_by_partition": [
-                            {"partition_index": i, "partition_error_code": code}
-                            for i, code in codes
-                        ],
-                    }
-                    for name, codes in results
-                ],
-            }
-
-        return answer()
-
-    def add_offsets_to_txn(
-        self, req: Any, version: int, session: KafkaSession
-    ) -> Response | Awaitable[Response]:
-        try:
-            self._allow_producer(session, req.producer_id, req.transactional_id)
-            _group_subscription(req.group_id)
-            begun = self._coordinator_of_producer(req.producer_id).producer_begin(
-                req.producer_id, req.producer_epoch, f"add the offsets of group {req.group_id!r}"
-            )
-        except Exception as exc:
-            return {"throttle_time": 0, "error_code": self._code(exc)[0]}
-
-        async def answer() -> Response:
-            try:
-                await begun
-            except Exception as exc:
-                return {"throttle_time": 0, "error_code": self._code(exc)[0]}
-            return {"throttle_time": 0, "error_code": NONE}
-
-        return answer()
-
-    async def end_txn(self, req: Any, version: int, session: KafkaSession) -> Response:
-        try:
-            self._allow_producer(session, req.producer_id, req.transactional_id)
-            tc = self._coordinator_of_producer(req.producer_id)
-            await tc.end_producer_txn(
-                req.producer_id, req.producer_epoch, req.committed, bump=False
-            )
-        except Exception as exc:
-            return {"throttle_time": 0, "error_code": self._code(exc)[0]}
-        return {"throttle_time": 0, "error_code": NONE}
-
-    async def txn_offset_commit(self, req: Any, version: int, session: KafkaSession) -> Response:
-        pid, epoch = req.producer_id, req.producer_epoch
-
-        async def commit(topic: Topic, index: int, offset: int) -> None:
-            sub = await self.broker.subscriptions.cursor_of(topic, index, name)
-            bound = _ack_bound(sub, offset)
-            if bound is None:
-                return
-            txnid = self._coordinator_of_producer(pid).producer_add_subscription(
-                pid, epoch, topic.name, name
-            )
-            await sub.ack([bound], True, txnid, True)
-
-        try:
-            self._allow_producer(session, pid, req.transactional_id)
-            name = _group_subscription(req.group_id)
-            entry = self._coordinator_of_producer(pid).producer_of(pid)
-            if entry is not None and entry.identity == (pid, epoch) and entry.ongoing is None:
-                # (a refused identity is left to producer_add_subscription)
-                raise KafkaError(
-                    INVALID_TXN_STATE,
-                    f"offsets of group {req.group_id!r} refused: {entry.transactional_id!r} "
-                    "has no ongoing transaction (AddOffsetsToTxn begins one)",
-                )
-        except Exception as exc:
-            refused: BaseException = exc
-            return await self._offsets_answer(req.topics, lambda *_: _failed(refused))
-        return await self._commit_offsets(req.topics, commit, session, name)
-
-    # -- consumer groups ------------------------------------------------------------------
-
-    async def join_group(self, req: Any, version: int, session: KafkaSession) -> Response:
-        out: Response = {
-            "throttle_time": 0,
-            "error_code": NONE,
-            "generation_id": -1,
-            "protocol_name": "",
-            "leader": "",
-            "member_id": req.member_id,
-            "members": [],
-        }
-        session_ms = round(req.session_timeout.total_seconds() * 1000)
-        rebalance = getattr(req, "rebalance_timeout", None)
-        rebalance_ms = session_ms if rebalance is None else round(rebalance.total_seconds() * 1000)
-        try:
-            _group_subscription(req.group_id)
-            self._allow_join(session, req)
-            joined = await self.groups.join(
-                req.group_id,
-                req.member_id,
-                getattr(req, "group_instance_id", None),
-                session.client_id,
-                req.protocol_type,
-                [(p.name, bytes(p.metadata)) for p in req.protocols],
-                session_ms,
-                rebalance_ms,
-                version >= 4,
-                session.who.role,
-                session.host,
-            )
-        except (GroupError, KafkaError) as exc:
-            out["error_code"] = exc.code
-            if isinstance(exc, GroupError) and exc.member_id:
-                out["member_id"] = exc.member_id
-            return out
-        out.update(
-            generation_id=joined.generation,
-            protocol_name=joined.protocol,
-            leader=joined.leader,
-            member_id=joined.member_id,
-            members=[
-                {"member_id": m, "group_instance_id": i, "metadata": meta}
-                for m, i, meta in joined.members
-            ],
-        )
-        return out
-
-    async def sync_group(self, req: Any, version: int, session: KafkaSession) -> Response:
-        try:
-            assignment = await self.groups.sync(
-                req.group_id,
-                req.member_id,
-                req.generation_id,
-                [(a.member_id, bytes(a.assignment)) for a in req.assignments],
-                session.who.role,
-            )
-        except GroupError as exc:
-            return {"throttle_time": 0, "error_code": exc.code, "assignment": b""}
-        return {"throttle_time": 0, "error_code": NONE, "assignment": assignment}
-
-    def heartbeat(self, req: Any, version: int, session: KafkaSession) -> Response:
-        try:
-            self.groups.heartbeat(req.group_id, req.member_id, req.generation_id, session.who.role)
-        except GroupError as exc:
-            return {"throttle_time": 0, "error_code": exc.code}
-        return {"throttle_time": 0, "error_code": NONE}
-
-    def leave_group(self, req: Any, version: int, session: KafkaSession) -> Response:
-        try:
-            self.groups.leave(req.group_id, req.member_id, session.who.role)
-        except GroupError as exc:
-            return {"throttle_time": 0, "error_code": exc.code}
-        return {"throttle_time": 0, "error_code": NONE}
-
-    async def offset_commit(self, req: Any, version: int, session: KafkaSession) -> Response:
-        generation = req.generation_id_or_member_epoch
-
-        async def commit(topic: Topic, index: int, offset: int) -> None:
-            sub = await self.broker.subscriptions.cursor_of(topic, index, name)
-            bound = _ack_bound(sub, offset)
-            if bound is not None:
-                await sub.ack([bound], True)
-
-        try:
-            name = _group_subscription(req.group_id)
-            self.groups.check_member(req.group_id, req.member_id, generation, session.who.role)
-        except (GroupError, KafkaError) as exc:
-            refused: BaseException = exc
-            return await self._offsets_answer(req.topics, lambda *_: _failed(refused))
-        return await self._commit_offsets(req.topics, commit, session, name)
-
-    async def _commit_offsets(
-        self,
-        topics: Any,
-        commit: Callable[[Topic, int, int], Awaitable[None]],
-        session: KafkaSession,
-        group: str,
-    ) -> Response:
-        """Commit each partition's offset (refused there, nothing changed,
-        unless the role may consume on its topic as ``group``)."""
-
-        def one(topic_name: str, index: int, offset: int) -> Awaitable[None]:
-            try:
-                session.allow_group(topic_name, group)
-                partition = self._partition(topic_name, index)
-            except Exception as exc:
-                return _failed(exc)
-            topic = self.broker.topics.get(partition.topic)
-            assert topic is not None
-            return asyncio.ensure_future(commit(topic, index, offset))
-
-        return await self._offsets_answer(topics, one)
-
-    async def _offsets_answer(
-        self, topics: Any, one: Callable[[str, int, int], Awaitable[Any]]
-    ) -> Response:
-        jobs = [
-            (t.name, p.partition_index, one(t.name, p.partition_index, p.committed_offset))
-            for t in topics
-            for p in t.partitions
-        ]
-        by_topic: dict[str, list[Response]] = {}
-        for name, index, job in jobs:
-            try:
-                await job
-                code = NONE
-            except Exception as exc:
-                code = self._code(exc)[0]
-            by_topic.setdefault(name, []).append({"partition_index": index, "error_code": code})
-        return {
-            "throttle_time": 0,
-            "topics": [{"name": n, "partitions": p} for n, p in by_topic.items()],
-        }
-
-    async def offset_fetch(self, req: Any, version: int, session: KafkaSession) -> Response:
-        try:
-            name = _group_subscription(req.group_id)
-        except KafkaError as exc:
-            return {"throttle_time": 0, "topics": [], "error_code": exc.code}
-        subs = self.broker.subscriptions
-
-        def refusal(topic: str) -> int:
-            """The code that refuses this role the group's offsets on ``topic``."""
-            try:
-                session.allow_group(topic, name)
-            except KafkaError as exc:
-                return exc.code
-            return NONE
-
-        # The topics that may hold the group's offsets, loaded (a topic not
-        # loaded has its cursors in the store only); asked for all of them,
-        # the ones this role may read as the group.
-        known = self.broker.topics
-        store = self.broker.store
-        for t in (
-            [t.name for t in req.topics if not refusal(t.name)]
-            if req.topics is not None
-            else [
-                t
-                for t in known.names()
-                if known.get(t) is None
-                and store.has_ledger(PartitionSubscription.ledger_name(t, 0, name))
-                and not refusal(t)
-            ]
-        ):
-            await known.load_topic(t)
-        if req.topics is None:
-            wanted = [
-                (t, [s.partition.index for s in found])
-                for t in self.broker.topics.names()
-                if (found := subs.of_topic(t).get(name)) and not refusal(t)
-            ]
-        else:
-            wanted = [(t.name, list(t.partition_indexes)) for t in req.topics]
-        topics = []
-        for topic_name, indexes in wanted:
-            parts = []
-            code = refusal(topic_name)
-            for index in indexes:
-                sub = None if code else subs.get(topic_name, index, name)
-                parts.append(
-                    {
-                        "partition_index": index,
-                        "committed_offset": -1 if sub is None else _committed_offset(sub),
-                        "committed_leader_epoch": -1,
-                        "metadata": "",
-                        "error_code": code,
-                    }
-                )
-            topics.append({"name": topic_name, "partitions": parts})
-        return {"throttle_time": 0, "topics": topics, "error_code": NONE}
-
-    # -- helpers -------------------------------------------------------------------------
-
-    def _partition(self, topic_name: str, index: int) -> Partition:
-        topic = self.broker.topics.get(topic_name)
-        if topic is None and topic_name in self.broker.topics:
-            # Not loaded (topics load on first use): the client asks again,
-            # after a metadata request that waits for the load.
-            self.broker.topics.request_load(topic_name)
-            raise KafkaError(
-                UNKNOWN_TOPIC_OR_PARTITION, f"topic {topic_name!r} is loading; try again"
-            )
-        if topic is None or not 0 <= index < len(topic.partitions):
-            raise KafkaError(
-                UNKNOWN_TOPIC_OR_PARTITION, f"no partition {index} of topic {topic_name!r}"
-            )
-        return topic.partitions[index]
-
-    def _allow_producer(
-        self, session: KafkaSession, producer_id: int, transactional_id: str | None
-    ) -> None:
-        """A transactional request: refused (TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
-        unless the role may produce on the transactional id it names and on
-        the one that holds its producer id (as `broker._epoch` checks the
-        producer-epoch mode: without it, a role could end or write into
-        another's transaction by naming its own transactional id)."""
-        if session.superuser:
-            return
-        if transactional_id is not None:
-            session.allow_transactional_id(transactional_id)
-        tc = self.broker.coordinators.get(producer_id >> _PID_SHIFT)
-        entry = tc.producer_of(producer_id) if tc is not None else None
-        if entry is not None and entry.transactional_id != transactional_id:
-            session.allow_transactional_id(entry.transactional_id)
-
-    @staticmethod
-    def _allow_join(session: KafkaSession, req: Any) -> None:
-        """JoinGroup: a consumer group member subscribes to topics (its
-        protocols' metadata, Kafka's ConsumerProtocolSubscription): the role
-        must be allowed to consume on each as the group (else
-        GROUP_AUTHORIZATION_FAILED, nothing joined). Another protocol type
-        (Kafka Connect's, say) names no topics: a superuser's only."""
-        if session.superuser:
-            return
-        group = req.group_id
-        if req.protocol_type != "consumer":
-            raise KafkaError(
-                GROUP_AUTHORIZATION_FAILED,
-                f"group {group!r}: only a superuser may join with protocol type "
-                f"{req.protocol_type!r} (a consumer group's is 'consumer')",
-            )
-        for protocol in req.protocols:
-            try:
-                topics = subscribed_topics(bytes(protocol.metadata))
-            except ValueError as exc:
-                raise KafkaError(
-                    GROUP_AUTHORIZATION_FAILED,
-                    f"group {group!r}: protocol {protocol.name!r}'s subscription does not "
-                    f"decode ({exc}), so its topics cannot be checked",
-                ) from None
-            for topic in topics:
-                try:
-                    session.allow_group(topic, group)
-                except KafkaError as exc:
-                    raise KafkaError(GROUP_AUTHORIZATION_FAILED, str(exc)) from None
-
-    def _coordinator_of_producer(self, producer_id: int) -> TransactionCoordinator:
-        tc = self.broker.coordinators.get(producer_id >> _PID_SHIFT)
-        if tc is None:
-            raise refusals.InvalidProducerIdMapping(
-                f"producer id {producer_id} belongs to no coordinator running here",
-            )
-        return tc
-
-    @staticmethod
-    def _code(exc: BaseException) -> tuple[int, str]:
-        """The Kafka error code and message that answer ``exc``: a Kafka
-        refusal's own, else the refusal's (`broker._errors.kafka_code`,
-        which logs what is no refusal)."""
-        if isinstance(exc, (KafkaError, RecordError, GroupError)):
-            return exc.code, str(exc)
-        return kafka_code(exc), error_text(exc)
-
 
 def _last_index(partition: Partition, entry_id: int) -> int:
     """The last offset index entry ``entry_id`` uses (its control record's, for a marker)."""
@@ -954,61 +502,6 @@ def _epoch_producer(name: str) -> tuple[int, int]:
         if pid.isdigit() and epoch.isdigit():
             return int(pid), int(epoch)
     return -1, -1
-
-
-def subscribed_topics(metadata: bytes) -> list[str]:
-    """The topics of a consumer's ConsumerProtocolSubscription (JoinGroup's
-    protocol metadata): a version (int16), then an array (int32 count) of
-    strings (int16 length, UTF-8); what follows is left unread. ValueError
-    if it is not one."""
-    try:
-        _, count = struct.unpack_from(">hi", metadata, 0)
-        if not 0 <= count <= len(metadata):
-            raise ValueError(f"{count} topics")
-        pos = 6
-        topics = []
-        for _ in range(count):
-            (size,) = struct.unpack_from(">h", metadata, pos)
-            pos += 2
-            if size < 0 or pos + size > len(metadata):
-                raise ValueError("a topic name runs past the metadata")
-            topics.append(metadata[pos : pos + size].decode())
-            pos += size
-    except (struct.error, UnicodeDecodeError) as exc:
-        raise ValueError(str(exc)) from None
-    return topics
-
-
-def _group_subscription(group_id: str) -> str:
-    try:
-        return check_subscription_name(group_id)
-    except InvalidNameError as exc:
-        raise KafkaError(INVALID_GROUP_ID, str(exc)) from None
-
-
-def _ack_bound(sub: PartitionSubscription, offset: int) -> tuple[int, int] | None:
-    """The last message before ``offset``, if after the subscription's
-    mark-delete position (what committing ``offset`` acknowledges)."""
-    partition = sub.partition
-    last = partition.ledger.last_entry_id
-    entry_id, index = position_of(offset)
-    if entry_id > last:
-        entry_id, index = last + 1, 0
-    if index > 0:
-        bound = (entry_id, min(index, partition.count(entry_id)) - 1)
-    else:
-        bound = (entry_id - 1, partition.count(entry_id - 1) - 1)
-    if bound[1] < 0 or bound <= sub.cursor.mark_delete:
-        return None
-    return bound
-
-
-def _committed_offset(sub: PartitionSubscription) -> int:
-    """The next offset after the subscription's mark-delete position."""
-    entry_id, index = sub.cursor.mark_delete
-    if index == WHOLE_ENTRY or index + 1 >= sub.partition.count(entry_id):
-        return offset_of(entry_id + 1, 0)
-    return offset_of(entry_id, index + 1)
 
 
 async def _offset_for_time(partition: Partition, time_ms: int) -> tuple[int, int]:
@@ -1043,10 +536,6 @@ async def _any_grows(partitions: list[Partition], timeout: float) -> None:
     finally:
         for w in waits:
             w.cancel()
-
-
-async def _failed(exc: BaseException) -> Any:
-    raise exc
 
 
 def _quiet(f: asyncio.Future[Any]) -> None:

@@ -40,7 +40,7 @@ from broker.kafka._session import KafkaSession
 from ledger import faults
 
 if TYPE_CHECKING:
-    from broker._server import Broker
+    from broker._broker import Broker
 
 __all__ = ["KafkaListener"]
 
