@@ -38,7 +38,8 @@ What each command needs (checked on every command, before anything
 changes; a refusal is AUTHORIZATION_ERROR naming the permission):
 
 - PARTITIONED_METADATA, LOOKUP (which may create the topic): produce or
-  consume on the topic.
+  consume on the topic. LOOKUP of a transaction coordinator: any
+  authenticated role, as NEW_TXN (it names a broker's URL, nothing more).
 - PRODUCER and every SEND: produce on the topic.
 - SUBSCRIBE, FLOW, ACK, REDELIVER_UNACKNOWLEDGED: consume on the topic, and
   on the subscription when any grant names it (Pulsar's subscription

@@ -124,6 +124,8 @@ class ClusterHost:
             where = "no broker owns it now (it is being taken over)"
         elif owner == self.me:
             where = "this broker is taking it over or handing it over"
+        elif view is not None and not view.is_live(owner):
+            where = f"the lease of its owner {owner} ran out (it is being taken over)"
         else:
             where = f"it is owned by {owner}" + (f" at {urls}" if urls else "")
         return refusals.NotOwner(
@@ -141,6 +143,27 @@ class ClusterHost:
     def coordinator_not_here(self, tcid: int) -> refusals.Refusal:
         slots = self.broker.store.slot_count
         return self._not_owner(tcid % slots, f"transaction coordinator {tcid}")
+
+    def topic_owner(self, topic: str) -> str:
+        return self._owner_url(slot_of_key(topic, self.broker.store.slot_count), f"topic {topic!r}")
+
+    def coordinator_owner(self, tcid: int) -> str:
+        slot = tcid % self.broker.store.slot_count
+        return self._owner_url(slot, f"transaction coordinator {tcid}")
+
+    def _owner_url(self, slot: int, what: str) -> str:
+        """LOOKUP: "" (served here), or the URL of the slot's owner as the
+        last look at the tables saw it; `refusals.NotOwner` (retriable) if
+        it has none, or one whose lease had run out (it is being taken
+        over), or this broker (it is loading or handing it over)."""
+        if slot in self.served:
+            return ""
+        view = self.membership.last_view
+        owner = view.slots[slot].owner if view is not None and slot < len(view.slots) else None
+        url = self.membership.last_urls.get(owner, "") if owner is not None else ""
+        if owner is None or owner == self.me or not url or not view or not view.is_live(owner):
+            raise self._not_owner(slot, what)
+        return url
 
     def acl_not_writable(self) -> Exception:
         return self._not_owner(slot_of(ACL_LEDGER, self.broker.store.slot_count) or 0, "the ACL")

@@ -278,6 +278,7 @@ class Connection:
                     protocol_version=PROTOCOL_VERSION,
                     max_message_size=MAX_MESSAGE_SIZE,
                     tc_ids=sorted(self.broker.coordinators),
+                    slots=self.broker.store.slot_count if self.broker.cluster is not None else 0,
                 ),
             )
         )
@@ -305,13 +306,32 @@ class Connection:
         self.answer(req.request_id, work(), "partitioned metadata")
 
     def _on_lookup(self, cmd: pb.BaseCommand) -> None:
+        """Pulsar's lookup: CONNECT (served here) or REDIRECT to the owner of
+        the topic's or coordinator's slot (a cluster); NOT_OWNER while no
+        live broker owns it."""
         req = cmd.lookup
         resp = pb.CommandLookupTopicResponse(
             request_id=req.request_id, broker_service_url=self.broker.url, authoritative=True
         )
+        cluster = self.broker.cluster
         try:
-            check_topic_name(req.topic)
-            self.broker.security.allow_lookup(self.who, req.topic)
+            if req.HasField("tc_id"):
+                if cluster is not None:
+                    owner = cluster.coordinator_owner(req.tc_id)
+                elif req.tc_id in self.broker.coordinators:
+                    owner = ""
+                else:
+                    raise refusals.TransactionCoordinatorNotFound(
+                        f"no coordinator {req.tc_id} here "
+                        f"(coordinators: {sorted(self.broker.coordinators)})"
+                    )
+            else:
+                check_topic_name(req.topic)
+                self.broker.security.allow_lookup(self.who, req.topic)
+                owner = "" if cluster is None else cluster.topic_owner(req.topic)
+            if owner:
+                resp.response = pb.CommandLookupTopicResponse.REDIRECT
+                resp.broker_service_url = owner
         except REFUSALS as exc:
             resp.error = error_code(exc)
             resp.message = str(exc)

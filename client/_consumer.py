@@ -432,6 +432,13 @@ class Consumer:
                 self._conn.write(self._flow_command(self._taken))
             self._taken = 0
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def move_to(self, conn: Connection) -> None:
+        self._conn = conn
+
     def on_disconnect(self) -> None:
         # The broker redelivers every unacked message after the reconnect:
         # what is still queued here (or waits to be negatively acked) would
