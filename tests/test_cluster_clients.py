@@ -17,12 +17,14 @@ import pytest
 
 from client import Client, errors
 from client._brokers import Brokers
-from tests.conftest import BrokerProcess, until
+from cluster import placement
+from proto import txnbuf_pb2 as pb
+from tests.conftest import BrokerProcess, RawConnection, until
 from tests.test_cluster_brokers import (
     logs,  # noqa: F401 (a fixture)
     owner_id,
     owners,
-    spread_over,
+    slots,
     start_all,
     topic_in,
     wait_for,
@@ -31,6 +33,12 @@ from tests.test_cluster_brokers import (
 pytestmark = pytest.mark.integration
 
 COUNT = 120  # messages per run
+
+
+async def settled(url: str, procs: list[BrokerProcess]) -> bool:
+    """Every slot owned where the placement puts it (no move under way)."""
+    held = [owner for _, owner, _ in await slots(url)]
+    return None not in held and placement([owner_id(p) for p in procs], held) == held
 
 
 async def test_a_single_broker_is_never_asked_a_lookup(
@@ -56,10 +64,34 @@ async def test_one_url_reaches_the_topics_of_every_broker(
     logs: list[BrokerProcess],  # noqa: F811
 ) -> None:
     start_all(tmp_path, pg_url, 3, 2.0, logs)
-    await wait_for("slots spread over the 3 brokers", lambda: spread_over(pg_url, logs))
+    await wait_for("slots placed on the 3 brokers", lambda: settled(pg_url, logs))
     found = await owners(pg_url)
     topics = {proc.url: topic_in(min(found[owner_id(proc)]), "every") for proc in logs}
     home = logs[0]
+    redirect = pb.CommandLookupTopicResponse.REDIRECT
+
+    async def lookup(topic: str = "", tc_id: int | None = None) -> pb.CommandLookupTopicResponse:
+        ask = pb.CommandLookupTopic(request_id=1, topic=topic)
+        if tc_id is not None:
+            ask.tc_id = tc_id
+        async with RawConnection(home.url) as raw:
+            return (await raw.request(pb.BaseCommand.LOOKUP, "lookup", ask)).lookup_response
+
+    async def redirects() -> bool:  # (once home's last look saw every owner)
+        answers = [await lookup(t) for t in topics.values()]
+        return all(a.response == redirect for a in answers[1:])
+
+    await wait_for("home redirects to the owners", redirects)
+    for proc, topic in zip(logs, topics.values(), strict=True):
+        answer = await lookup(topic)
+        assert not answer.HasField("error") and answer.authoritative
+        if proc is home:
+            assert answer.response == pb.CommandLookupTopicResponse.CONNECT
+        else:
+            assert (answer.response, answer.broker_service_url) == (redirect, proc.url)
+        answer = await lookup(tc_id=min(found[owner_id(proc)]))
+        assert answer.response == (redirect if proc is not home else 0)
+        assert answer.broker_service_url == proc.url
     async with Client(home.url, operation_timeout=30.0) as client:
         for url, topic in topics.items():
             producer = await client.create_producer(topic)
@@ -70,6 +102,7 @@ async def test_one_url_reaches_the_topics_of_every_broker(
             assert message.value == topic.encode()
             await consumer.acknowledge(message)
         assert sorted(c.url for c in client._brokers.connections()) == sorted(topics)
+        assert client._conn.slots == 64
         # A transaction whose coordinator is home's and whose topic is
         # another broker's: refused at once, clearly; near= puts it there.
         elsewhere = topics[logs[1].url]
@@ -109,13 +142,16 @@ async def _follow(
     """Produce and consume a topic of one broker's while it is sent ``how``;
     what the consumer saw, and what a fresh subscription reads after."""
     start_all(tmp_path, pg_url, 3, ttl, procs)
-    await wait_for("slots spread over the 3 brokers", lambda: spread_over(pg_url, procs))
+    await wait_for("slots placed on the 3 brokers", lambda: settled(pg_url, procs))
     victim, home = procs[0], procs[1]
     slot = min((await owners(pg_url))[owner_id(victim)])
     topic = topic_in(slot, "moving")
     async with Client(home.url, operation_timeout=60.0) as client:
         producer = await client.create_producer(topic)
         consumer = await client.subscribe(topic, "live", initial_position="earliest")
+        # (Kept from the start: acknowledged by every subscription, a message
+        # may be trimmed.)
+        await (await client.subscribe(topic, "check", initial_position="earliest")).close()
         assert producer._conn.url == victim.url
         sent: list[bytes] = []
         got: set[bytes] = set()
@@ -130,7 +166,7 @@ async def _follow(
         assert producer._conn.url != victim.url and consumer._conn.url != victim.url
         assert sent == [b"m%04d" % i for i in range(COUNT)]
         assert got == set(sent)
-        check = await client.subscribe(topic, "check", initial_position="earliest")
+        check = await client.subscribe(topic, "check")
         stored = [(await check.receive(timeout=30)).value for _ in range(COUNT)]
         with pytest.raises(errors.OperationTimeoutError):
             extra = await check.receive(timeout=1.0)
@@ -153,7 +189,7 @@ async def test_a_sigterm_handover_is_followed_without_errors(
     pg_url: str,
     logs: list[BrokerProcess],  # noqa: F811
 ) -> None:
-    seen, stored = await _follow(tmp_path, pg_url, logs, 30.0, signal.SIGTERM)
+    _seen, stored = await _follow(tmp_path, pg_url, logs, 30.0, signal.SIGTERM)
     assert sorted(stored) == [b"m%04d" % i for i in range(COUNT)], "lost or stored twice"
     victim = logs[0]
     assert victim.proc is not None
