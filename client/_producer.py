@@ -678,10 +678,17 @@ class Producer:
         self._released(frame.count)
 
     def on_send_error(self, error: pb.CommandSendError) -> None:
-        if error.error == pb.NOT_OWNER and self._conn.router is not None:
+        frame = self._inflight.get(error.request_id)
+        if (
+            error.error == pb.NOT_OWNER
+            and frame is not None
+            and frame.tracker is None
+            and self._conn.router is not None
+        ):
             # (A cluster: the topic moved. The frame stays in flight, re-sent
-            # at its new owner, deduplicated there by its sequence ids.)
-            if self.producer_id in self._conn.producers:
+            # at its new owner, deduplicated there by its sequence ids. A
+            # transaction's send fails: its coordinator is not there.)
+            if self._conn.producers.get(self.producer_id) is self:
                 self._conn.hand_over(self)
             return
         self.fail_request(error.request_id, from_wire(error.error, error.message))
