@@ -12,6 +12,12 @@ unless ``--lease-ttl``) over a private PostgreSQL server. Each round:
   without waiting for its lease);
 - start it again.
 
+Beside each, a *following producer*: a client given another broker's URL
+sends to a topic of one of the victim's slots, one send at a time, from
+before the signal until after the failover; its stall is the longest gap
+between two acknowledgements across the signal (the client looks the topic
+up again and re-sends by itself: `client._brokers`).
+
 Prints each round and the medians; ``bench/results/failover.md`` keeps them
 with the date and machine.
 """
@@ -21,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import os
 import signal
 import socket
@@ -143,17 +150,44 @@ async def served(url: str, slots: set[int], by: dict[str, Broker], t0: float) ->
     return time.monotonic() - t0
 
 
+async def follow(url: str, topic: str, acks: list[float], stop: asyncio.Event) -> None:
+    """Send to ``topic`` one message at a time until ``stop``, noting when
+    each is acknowledged."""
+    async with Client(url, operation_timeout=WAIT) as client:
+        producer = await client.create_producer(topic)
+        while not stop.is_set():
+            await producer.send(b"f")
+            acks.append(time.monotonic())
+
+
 async def one_failover(
     url: str, brokers: list[Broker], victim: Broker, sig: int
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
     held = {s for s, o in (await owners(url)).items() if o == victim.owner}
     others = [b for b in brokers if b is not victim]
+    acks: list[float] = []
+    stop = asyncio.Event()
+    follower = asyncio.ensure_future(follow(others[0].url, topic_in(min(held)), acks, stop))
+
+    async def acked(after: float, count: int = 1) -> bool:
+        if follower.done():
+            follower.result()  # (its error)
+        return sum(1 for t in acks if t > after) >= count
+
+    await wait_until(lambda: acked(0.0, 20))
     t0 = time.monotonic()
     victim.signal(sig)
     await wait_until(lambda: spread(url, others))
     owned = time.monotonic() - t0
     by = {b.owner: b for b in others}
-    return owned, await served(url, held, by, t0)
+    serving = await served(url, held, by, t0)
+    done = time.monotonic()
+    await wait_until(lambda: acked(done, 5))
+    stop.set()
+    await follower
+    around = [t for t in acks if t <= t0][-1:] + [t for t in acks if t > t0]
+    stall = max(b - a for a, b in itertools.pairwise(around))
+    return owned, serving, stall
 
 
 async def run(url: str, folder: Path, rounds: int, ttl: float | None) -> None:
@@ -164,17 +198,18 @@ async def run(url: str, folder: Path, rounds: int, ttl: float | None) -> None:
         await wait_until(lambda: spread(url, brokers))
         # Every slot's topic exists (so "served" measures a takeover, not a creation).
         await served(url, set(range(SLOTS)), {b.owner: b for b in brokers}, time.monotonic())
-        kills: list[tuple[float, float]] = []
-        terms: list[tuple[float, float]] = []
+        kills: list[tuple[float, float, float]] = []
+        terms: list[tuple[float, float, float]] = []
         for r in range(rounds):
             for sig, out in ((signal.SIGKILL, kills), (signal.SIGTERM, terms)):
                 victim = brokers[r % 3]
-                owned, serving = await one_failover(url, brokers, victim, sig)
-                out.append((owned, serving))
+                owned, serving, stall = await one_failover(url, brokers, victim, sig)
+                out.append((owned, serving, stall))
                 name = "SIGKILL" if sig == signal.SIGKILL else "SIGTERM"
                 print(
                     f"round {r + 1} {name}: every slot owned again {owned:.2f}s, "
-                    f"every slot of the victim served again {serving:.2f}s",
+                    f"every slot of the victim served again {serving:.2f}s, "
+                    f"following producer's stall {stall:.2f}s",
                     flush=True,
                 )
                 victim.wait()
@@ -184,8 +219,11 @@ async def run(url: str, folder: Path, rounds: int, ttl: float | None) -> None:
             owned = statistics.median(f[0] for f in figures)
             serving = statistics.median(f[1] for f in figures)
             worst = max(f[1] for f in figures)
+            stall = statistics.median(f[2] for f in figures)
+            worst_stall = max(f[2] for f in figures)
             print(f"{name}: median owned {owned:.2f}s, median served {serving:.2f}s, "
-                  f"slowest served {worst:.2f}s ({len(figures)} rounds)")  # fmt: skip
+                  f"slowest served {worst:.2f}s; following producer's stall median "
+                  f"{stall:.2f}s, longest {worst_stall:.2f}s ({len(figures)} rounds)")  # fmt: skip
     finally:
         for b in brokers:
             if b.proc is not None and b.proc.poll() is None:

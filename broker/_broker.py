@@ -649,12 +649,12 @@ class ClusterGate(Protocol):
         """The refusal of a command for coordinator ``tcid``, not served here."""
         ...
 
-    def topic_owner(self, topic: str) -> str:
+    async def topic_owner(self, topic: str) -> str:
         """LOOKUP: "" if ``topic``'s slot is served here, else the URL of
         its owner; `refusals.NotOwner` while no live broker owns it."""
         ...
 
-    def coordinator_owner(self, tcid: int) -> str:
+    async def coordinator_owner(self, tcid: int) -> str:
         """LOOKUP of coordinator ``tcid``: as `topic_owner`, for its slot."""
         ...
 

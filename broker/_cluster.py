@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 
 CLOSE_WAIT = 10.0  # seconds a dropped store may take to close before it is abandoned
 FIRST_LOOKS = 3  # looks before a starting broker listens: join, take, (renew)
+FRESH_EVERY = 0.1  # seconds between two reads of the tables for lookups, at least
 
 
 class ClusterHost:
@@ -82,6 +83,8 @@ class ClusterHost:
         self.member = Member(membership, self.me, broker.url, self, lease)
         self._run: asyncio.Task[None] | None = None
         self._acl_refresh: asyncio.Task[None] | None = None
+        self._reading: asyncio.Task[object] | None = None  # a read of the tables for lookups
+        self._read_at = 0.0
         self.drops = 0  # drop_all since start, for stats and tests
         broker.cluster = self
         self._watch_store()
@@ -144,18 +147,44 @@ class ClusterHost:
         slots = self.broker.store.slot_count
         return self._not_owner(tcid % slots, f"transaction coordinator {tcid}")
 
-    def topic_owner(self, topic: str) -> str:
-        return self._owner_url(slot_of_key(topic, self.broker.store.slot_count), f"topic {topic!r}")
+    async def topic_owner(self, topic: str) -> str:
+        slot = slot_of_key(topic, self.broker.store.slot_count)
+        return await self._owner_url(slot, f"topic {topic!r}")
 
-    def coordinator_owner(self, tcid: int) -> str:
+    async def coordinator_owner(self, tcid: int) -> str:
         slot = tcid % self.broker.store.slot_count
-        return self._owner_url(slot, f"transaction coordinator {tcid}")
+        return await self._owner_url(slot, f"transaction coordinator {tcid}")
 
-    def _owner_url(self, slot: int, what: str) -> str:
+    async def _owner_url(self, slot: int, what: str) -> str:
         """LOOKUP: "" (served here), or the URL of the slot's owner as the
-        last look at the tables saw it; `refusals.NotOwner` (retriable) if
-        it has none, or one whose lease had run out (it is being taken
-        over), or this broker (it is loading or handing it over)."""
+        last look at the tables saw it. When that look names no live owner
+        (a failover under way), the tables are read again first (`_fresh`),
+        so that a slot just taken over is found at once rather than at this
+        broker's next look."""
+        try:
+            return self._owner_seen(slot, what)
+        except refusals.NotOwner:
+            await self._fresh()
+            return self._owner_seen(slot, what)
+
+    async def _fresh(self) -> None:
+        """Read the cluster tables again, for lookups (one read at a time,
+        shared by the lookups waiting for it, at most every `FRESH_EVERY`
+        seconds)."""
+        loop = asyncio.get_running_loop()
+        reading = self._reading
+        if reading is None or (reading.done() and loop.time() - self._read_at >= FRESH_EVERY):
+            reading = self._reading = loop.create_task(self.membership.read())
+            self._read_at = loop.time()
+        try:
+            await asyncio.shield(reading)
+        except Exception as exc:  # (answered from the last look)
+            log.debug("reading the cluster tables for a lookup failed: %s", exc)
+
+    def _owner_seen(self, slot: int, what: str) -> str:
+        """`_owner_url` from the last look only: `refusals.NotOwner`
+        (retriable) if it saw no owner, or one whose lease had run out (it
+        is being taken over), or this broker (loading or handing over)."""
         if slot in self.served:
             return ""
         view = self.membership.last_view

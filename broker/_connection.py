@@ -310,32 +310,36 @@ class Connection:
         the topic's or coordinator's slot (a cluster); NOT_OWNER while no
         live broker owns it."""
         req = cmd.lookup
-        resp = pb.CommandLookupTopicResponse(
-            request_id=req.request_id, broker_service_url=self.broker.url, authoritative=True
-        )
         cluster = self.broker.cluster
-        try:
-            if req.HasField("tc_id"):
-                if cluster is not None:
-                    owner = cluster.coordinator_owner(req.tc_id)
-                elif req.tc_id in self.broker.coordinators:
-                    owner = ""
+
+        async def work() -> pb.BaseCommand:
+            resp = pb.CommandLookupTopicResponse(
+                request_id=req.request_id, broker_service_url=self.broker.url, authoritative=True
+            )
+            try:
+                if req.HasField("tc_id"):
+                    if cluster is not None:
+                        owner = await cluster.coordinator_owner(req.tc_id)
+                    elif req.tc_id in self.broker.coordinators:
+                        owner = ""
+                    else:
+                        raise refusals.TransactionCoordinatorNotFound(
+                            f"no coordinator {req.tc_id} here "
+                            f"(coordinators: {sorted(self.broker.coordinators)})"
+                        )
                 else:
-                    raise refusals.TransactionCoordinatorNotFound(
-                        f"no coordinator {req.tc_id} here "
-                        f"(coordinators: {sorted(self.broker.coordinators)})"
-                    )
-            else:
-                check_topic_name(req.topic)
-                self.broker.security.allow_lookup(self.who, req.topic)
-                owner = "" if cluster is None else cluster.topic_owner(req.topic)
-            if owner:
-                resp.response = pb.CommandLookupTopicResponse.REDIRECT
-                resp.broker_service_url = owner
-        except REFUSALS as exc:
-            resp.error = error_code(exc)
-            resp.message = str(exc)
-        self.send(command(T.LOOKUP_RESPONSE, "lookup_response", resp))
+                    check_topic_name(req.topic)
+                    self.broker.security.allow_lookup(self.who, req.topic)
+                    owner = "" if cluster is None else await cluster.topic_owner(req.topic)
+                if owner:
+                    resp.response = pb.CommandLookupTopicResponse.REDIRECT
+                    resp.broker_service_url = owner
+            except REFUSALS as exc:
+                resp.error = error_code(exc)
+                resp.message = str(exc)
+            return command(T.LOOKUP_RESPONSE, "lookup_response", resp)
+
+        self.answer(req.request_id, work(), "lookup")
 
     def _on_producer(self, cmd: pb.BaseCommand) -> None:
         req = cmd.producer

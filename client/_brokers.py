@@ -15,10 +15,12 @@ producer or consumer is created, its topic is looked up (LOOKUP at the home
 broker): CONNECT (served there: the home connection) or REDIRECT to the
 owner's URL, whose connection is opened once and kept (one per broker). A
 slot that no live broker owns (being taken over) is answered NOT_OWNER,
-and the lookup is asked again after a backoff (0.05 s doubling to 2 s)
-until the operation timeout; so is one whose owner cannot be reached (its
-lease has not run out yet). A transaction's coordinator k is looked up the
-same way (it lives in slot k).
+and the lookup is asked again after a backoff (0.05 s doubling to 0.5 s:
+a broker answers a lookup from memory, so asking often costs little and
+a slot served again is found soon) until the operation timeout; so is
+one whose owner cannot be reached (its lease has not run out yet). A
+transaction's coordinator k is looked up the same way (it lives in slot
+k).
 
 Ownership changes are followed by the handlers themselves: a producer or
 consumer whose re-creation, or send, is refused NOT_OWNER, or whose broker
@@ -39,7 +41,7 @@ import ssl
 
 from proto import txnbuf_pb2 as pb
 
-from ._connection import BACKOFF_MAX, BACKOFF_MIN, Command, Connection, Handler, command
+from ._connection import BACKOFF_MIN, Command, Connection, Handler, command
 from .errors import (
     ClientClosedError,
     InvalidInputError,
@@ -53,6 +55,7 @@ __all__ = ["Brokers", "service_urls"]
 log = logging.getLogger("client")
 
 ID_RANGE = 1 << 40  # ids and link generations of the n-th connection start at n * ID_RANGE
+LOOKUP_BACKOFF_MAX = 0.5  # seconds between lookups, at most (see the module docstring)
 
 
 def service_urls(url: object) -> list[str]:
@@ -176,7 +179,7 @@ class Brokers:
             if loop.time() + delay >= deadline:
                 raise OperationTimeoutError(f"{what} found no broker serving it in time")
             await asyncio.sleep(delay)
-            delay = min(delay * 2, BACKOFF_MAX)
+            delay = min(delay * 2, LOOKUP_BACKOFF_MAX)
 
     def _connection(self, url: str) -> Connection:
         url = url.rstrip("/")
@@ -199,7 +202,9 @@ class Brokers:
             return True
         conn.start_background()
         loop = asyncio.get_running_loop()
-        limit = min(deadline, loop.time() + BACKOFF_MAX)
+        # (Not longer: a dead broker's connection is in its reconnect backoff;
+        # the lookup is asked again meanwhile, and may name another broker.)
+        limit = min(deadline, loop.time() + LOOKUP_BACKOFF_MAX)
         with contextlib.suppress(TxnbufError):
             await conn.wait_ready(limit, f"connect to {conn.url}")
             return True
@@ -224,7 +229,7 @@ class Brokers:
                     log.info("moving %r: %s", handler, exc)
                 handler.expire(loop.time())
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, BACKOFF_MAX)
+                delay = min(delay * 2, LOOKUP_BACKOFF_MAX)
         finally:
             self._moving.pop(handler, None)
 
