@@ -296,17 +296,19 @@ class Client:
         if near is not None and self._brokers.cluster:
             conn = await self._brokers.route(near)
             if conn is not self._conn:
-                fresh = await self._new_txn(ttl_ms, conn)
+                fresh, conn = await self._new_txn(ttl_ms, conn)
                 txn_id = TxnID(fresh.most_bits, fresh.least_bits)
                 return Transaction(conn, txn_id, fresh.tc_id, timeout)
         spare = self._spares.take(ttl_ms)
-        if spare is None:
-            spare = await self._new_txn(ttl_ms)
-        txn_id = TxnID(spare.most_bits, spare.least_bits)
         conn = self._conn
-        if self._brokers.cluster and spare.tc_id not in conn.tc_ids:
+        if spare is None:
+            spare, conn = await self._new_txn(ttl_ms)
+        elif self._brokers.cluster:
             conn = await self._brokers.route_coordinator(spare.tc_id)
-        return Transaction(conn, txn_id, spare.tc_id, timeout, self._spares)
+        txn_id = TxnID(spare.most_bits, spare.least_bits)
+        # (Spares are the first broker's: a transaction elsewhere asks none.)
+        spares = self._spares if conn is self._conn else None
+        return Transaction(conn, txn_id, spare.tc_id, timeout, spares)
 
     def _round_robin_tc(self, conn: Connection | None = None) -> int:
         tc_ids = (conn or self._conn).tc_ids or (0,)
@@ -314,10 +316,13 @@ class Client:
         self._next_tc += 1
         return tc_id
 
-    async def _new_txn(self, ttl_ms: int, conn: Connection | None = None) -> Spare:
+    async def _new_txn(
+        self, ttl_ms: int, conn: Connection | None = None
+    ) -> tuple[Spare, Connection]:
         """NEW_TXN to the next coordinator (round robin) of ``conn``'s
         broker (the first broker's by default); in a cluster, at the
-        coordinator's owner if it moved."""
+        coordinator's owner if it moved. The transaction, and the
+        connection of its coordinator."""
         conn = conn or self._conn
         tc_id = self._round_robin_tc(conn)
         born = asyncio.get_running_loop().time()
@@ -334,7 +339,8 @@ class Client:
             conn = await self._brokers.lookup(tc_id=tc_id)
             reply = await conn.request(build, Command.NEW_TXN_RESPONSE, what, link_bound=False)
         answer = reply.new_txn_response
-        return Spare(answer.txnid_most_bits, answer.txnid_least_bits, tc_id, born, conn.gen)
+        spare = Spare(answer.txnid_most_bits, answer.txnid_least_bits, tc_id, born, conn.gen)
+        return spare, conn
 
     async def _abort_spare(self, spare: Spare) -> None:
         txn_id = TxnID(spare.most_bits, spare.least_bits)
@@ -344,17 +350,22 @@ class Client:
         """How many partitions ``topic`` has (it is created with one if missing)."""
         _check_name("topic", topic)
         await self.connect()
-        conn = await self._brokers.route(topic)
-        reply = await conn.request(
-            lambda request_id: command(
+
+        def build(request_id: int) -> Command:
+            return command(
                 Command.PARTITIONED_METADATA,
                 "partitioned_metadata",
                 request_id=request_id,
                 topic=topic,
-            ),
-            Command.PARTITIONED_METADATA_RESPONSE,
-            f"partitions of {topic!r}",
-        )
+            )
+
+        conn = await self._brokers.route(topic)
+        what = f"partitions of {topic!r}"
+        try:
+            reply = await conn.request(build, Command.PARTITIONED_METADATA_RESPONSE, what)
+        except NotOwnerError:  # (a cluster's slot moved meanwhile)
+            conn = await self._brokers.lookup(topic=topic)
+            reply = await conn.request(build, Command.PARTITIONED_METADATA_RESPONSE, what)
         return int(reply.partitioned_metadata_response.partitions)
 
     async def create_reader(

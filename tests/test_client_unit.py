@@ -1733,3 +1733,25 @@ async def test_a_producer_refused_not_owner_moves_to_the_owner_and_resends(
             )
     finally:
         await owner.stop()
+
+
+async def test_a_coordinator_that_moved_is_looked_up_and_its_transaction_ends_there(
+    fake: FakeBroker,
+) -> None:
+    owner = FakeBroker()
+    await owner.start()
+    try:
+        fake.slots = owner.slots = 64
+        fake.tc_ids = [0]  # (as CONNECTED said; coordinator 0 has moved since)
+        fake.txn_errors[T.NEW_TXN] = [pb.NOT_OWNER]
+        fake.redirect = owner.url
+        async with Client(fake.url, operation_timeout=5.0) as client:
+            txn = await client.new_transaction()
+            assert txn._conn.url == owner.url
+            lookups = fake.of_type(T.LOOKUP)
+            assert [(c.lookup.HasField("tc_id"), c.lookup.tc_id) for c in lookups] == [(True, 0)]
+            await txn.commit()
+            assert [c.type for c in owner.received if c.type == T.END_TXN] == [T.END_TXN]
+            assert not [c for c in fake.received if c.type == T.END_TXN]
+    finally:
+        await owner.stop()
