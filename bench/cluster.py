@@ -25,8 +25,8 @@ the output check's reads (no writes but a subscription) and the broker's
 stop.
 
 Prints each run's msgs/s and the medians, CPU µs per message of the client
-processes, of the broker process (SQLite: without its writer process) and
-of SQLite's writer process, the ratio of PostgreSQL to SQLite for each
+processes, of the broker process (SQLite: without its writer thread) and
+of SQLite's writer thread, the ratio of PostgreSQL to SQLite for each
 number of workers, and the rows and bytes per message; appends the same to
 ``--results``. Only figures of one run compare.
 """
@@ -197,7 +197,7 @@ def report(
     lines += [
         "",
         "CPU µs per message: client = the worker processes; broker = the broker's process "
-        "(its children not counted); writer / PostgreSQL = SQLite's writer process, or "
+        "(without SQLite's writer); writer / PostgreSQL = SQLite's writer thread, or "
         "PostgreSQL's server (the postmaster and its children); rows = n_tup_ins + n_tup_upd "
         "+ n_tup_del of the schema txnbuf, WAL bytes from pg_current_wal_lsn(), from the "
         "copy's start to the broker's stop (the benchmark's values are padded with one letter: "

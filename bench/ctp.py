@@ -48,7 +48,7 @@ Prints each run's msgs/s, the medians, CPU microseconds per message of the
 client processes, the server (txnbuf: the broker's main process; PostgreSQL:
 the postmaster and its children, those that exit during the run, such as
 an autovacuum worker, not counted; Redis: redis-server) and txnbuf's ledger
-writer process, the ratio of each txnbuf row to the best peer with as many
+writer thread, the ratio of each txnbuf row to the best peer with as many
 workers, and of the README loop to the fastest loop; and appends the same to
 ``--results`` (with the date, ``uname -a``, the number of cores, Python's
 version and the checkout). This machine's speed swings from day to day: only
@@ -711,7 +711,7 @@ def report(
         "",
         "CPU µs per message: client = the worker processes; server = txnbuf's broker process "
         "(without its writer), PostgreSQL's postmaster and its children, redis-server; "
-        "writer = txnbuf's ledger writer process.",
+        "writer = txnbuf's ledger writer thread.",
         f"Every run's output was checked: {args.messages:,} outputs, each input transformed "
         f"exactly once, every input consumed.",
     ]

@@ -38,7 +38,7 @@ round), so that each API runs before and after the other. Timed: the
 workload alone (producers created and initialized before). Printed for
 each: msgs/s of each round, the median and the spread (lowest-highest),
 CPU microseconds per message of this process (the client), the broker
-process and its ledger writer process (medians); the ratio epoch / PIP-31
+process without its ledger writer and the writer (medians); the ratio epoch / PIP-31
 of the medians per workload and worker count, with each round's, against
 the target of 0.9 (2PC's ratio too, whose target is the durable writes).
 
@@ -400,7 +400,7 @@ def report(
     lines += [
         "",
         "CPU µs per message (medians): client = this process (every worker); broker = the "
-        "broker process without its ledger writer; writer = the ledger writer process.",
+        "broker process without its ledger writer; writer = the ledger writer thread.",
         f"Every consume-transform-produce run's output was checked: {args.messages:,} outputs, "
         "each input transformed exactly once, none left unacknowledged; every produce run "
         f"committed {args.messages:,} messages.",

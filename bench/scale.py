@@ -13,7 +13,8 @@ acknowledged. Prints:
 
 - restart to healthy: start of the process until ``/admin/v1/health`` answers,
 - all read again: start of the process until every topic's message came back,
-- broker RSS (``/proc``, the main process; its ledger writer process apart):
+- broker RSS (``/proc``, the broker's process; a writer process apart, for
+  an older checkout's broker that had one):
   empty, before the kill, once healthy again, and after everything was read,
   and the growth per topic once healthy (``(healthy - empty) / N``: topics
   not loaded yet, where a broker loads them on first use) and after every
@@ -393,7 +394,8 @@ def topic_table(results: Iterable[TopicResult]) -> list[str]:
                          f"{r.growth_per_topic:,.0f}", per_read]  # fmt: skip
         cells = [r.side, f"{r.topics:,}", f"{r.setup_s:.1f}", *restarted[:2],
                  mib(r.rss_empty_kb), mib(r.rss_before_kb), *restarted[2:],
-                 mib(r.writer_rss_kb), f"{r.data_bytes / r.topics:,.0f}"]  # fmt: skip
+                 mib(r.writer_rss_kb) if r.writer_rss_kb else "-",
+                 f"{r.data_bytes / r.topics:,.0f}"]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 

@@ -68,7 +68,8 @@ class BrokerProcess:
     first on the path; nothing is written there). ``log``: a file for the
     broker's log (INFO), else WARNING to this stderr. ``timeout``: seconds
     to wait for /admin/v1/health. ``options``: more options of ``txnbuf
-    serve``. ``started_in`` is how long starting took."""
+    serve``; ``env``: more environment variables. ``started_in`` is how
+    long starting took."""
 
     def __init__(
         self,
@@ -80,14 +81,16 @@ class BrokerProcess:
         log: str | None = None,
         timeout: float = 30.0,
         options: Sequence[str] = (),
+        env: dict[str, str] | None = None,
     ) -> None:
         self.port = port or _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, *entry, "serve", "--data-dir", data_dir, "--port", str(self.port),
                "--log-level", "WARNING" if log is None else "INFO", *options]  # fmt: skip
-        env = None
         if root is not None:
-            env = {**os.environ, "PYTHONPATH": root, "PYTHONDONTWRITEBYTECODE": "1"}
+            env = {**(env or {}), "PYTHONPATH": root, "PYTHONDONTWRITEBYTECODE": "1"}
+        if env is not None:
+            env = {**os.environ, **env}
         out = None if log is None else open(log, "ab")
         t0 = time.monotonic()
         self.proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=out, stderr=out)

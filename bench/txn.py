@@ -12,7 +12,7 @@ by side:
    a seeded input topic; each transaction takes 100 inputs, sends 100
    outputs and acknowledges the 100 inputs in the transaction, then commits.
    msgs/s (inputs copied per second), p50/p99 commit latency, and the CPU
-   the client and the broker (with its ledger writer process) spent per
+   the client and the broker (with its ledger writer) spent per
    message copied (seeding the input topic not counted; the broker's only
    when this run started it).
 2. produce: ``--produce-messages`` sent three ways, ``--produce-rounds``

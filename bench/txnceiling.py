@@ -47,7 +47,7 @@ from bench._progress import Runs, legend
 from bench._results import recorded
 from bench.throughput import BrokerProcess
 from bench.txn import send_in_transactions, send_pipelined
-from bench.txnpath import cpu_seconds
+from bench.txnpath import cpu_seconds, writer_seconds
 from client import Client
 
 WAYS = ("plain", "txn", "txn, no machinery")
@@ -63,8 +63,8 @@ class Broker(BrokerProcess):
         super().__init__(data_dir, entry, options=options)
 
     def cpu(self) -> tuple[float, float]:
-        """CPU seconds so far of the broker itself and of its ledger writer."""
-        writer = cpu_seconds(self.proc.pid, itself=False)
+        """CPU seconds so far of the broker without its ledger writer, and of the writer."""
+        writer = writer_seconds(self.proc.pid)
         return cpu_seconds(self.proc.pid) - writer, writer
 
 

@@ -573,8 +573,9 @@ class Security:
 def check_listen(host: str, authenticated: bool, insecure: bool, listener: str = "") -> str | None:
     """Why the broker must not listen on ``host`` as configured, or None
     (``listener``: which one, e.g. "Kafka", for the message). Every
-    listener follows this rule: the data plane and admin API, and the
-    Kafka listener."""
+    listener follows this rule: the data plane and admin API, the stream
+    listener (``--stream-port``, on the same host), and the Kafka
+    listener."""
     if authenticated or insecure:
         return None
     if host == "localhost":

@@ -34,7 +34,7 @@ import collections
 import logging
 import time
 from collections.abc import Awaitable, Coroutine
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import WSMsgType, web
 from google.protobuf.message import DecodeError
@@ -63,7 +63,7 @@ from proto import txnbuf_pb2 as pb
 from subscriptions import Consumer, SubType
 from tc import wire_txnid
 
-__all__ = ["CLUSTER_ROLE", "PROTOCOL_VERSION", "Connection"]
+__all__ = ["CLUSTER_ROLE", "PROTOCOL_VERSION", "Connection", "Socket"]
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +79,26 @@ _SUB_TYPES = {
 }
 
 
+class Socket(Protocol):
+    """What a connection writes to: aiohttp's WebSocket, or a stream
+    listener's socket (`broker._stream`)."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    async def send_bytes(self, data: bytes) -> None: ...
+
+    async def close(self) -> bool | None: ...
+
+
 class Connection:
-    def __init__(self, broker: Broker, ws: web.WebSocketResponse, peer: str) -> None:
+    def __init__(self, broker: Broker, ws: Socket, peer: str, url: str | None = None) -> None:
         self.broker = broker
         self.ws = ws
         self.peer = peer
+        # The URL of the listener this connection came on, if not the
+        # broker's (LOOKUP answers it).
+        self._url = url
         self.producers: dict[int, ConnectedProducer] = {}
         self.consumers: dict[int, Consumer] = {}
         # Who this connection is (`broker._auth`): until it authenticates,
@@ -127,16 +142,30 @@ class Connection:
     # -- the loops ------------------------------------------------------------------
 
     async def run(self) -> None:
+        """Serve the WebSocket's frames until it closes."""
+        ws = self.ws
+        assert isinstance(ws, web.WebSocketResponse)
         writer = asyncio.get_running_loop().create_task(self._write_loop())
         try:
-            async for msg in self.ws:
+            async for msg in ws:
                 if msg.type == WSMsgType.BINARY:
-                    self._on_frame(msg.data)
+                    self.on_frame(msg.data)
                 elif msg.type == WSMsgType.TEXT:
                     self._error(0, pb.MALFORMED_FRAME, "frames must be binary BaseCommand messages")
                 elif msg.type == WSMsgType.ERROR:
-                    log.info("connection %s failed: %s", self.peer, self.ws.exception())
+                    log.info("connection %s failed: %s", self.peer, ws.exception())
                     break
+        finally:
+            self.close()
+            self._out_ready.set()
+            await writer
+
+    async def run_fed(self, gone: asyncio.Future[None]) -> None:
+        """Serve a socket that hands each frame to `on_frame` as it reads
+        it (`broker._stream`), until ``gone`` is done."""
+        writer = asyncio.get_running_loop().create_task(self._write_loop())
+        try:
+            await gone
         finally:
             self.close()
             self._out_ready.set()
@@ -196,7 +225,9 @@ class Connection:
 
     # -- dispatch -------------------------------------------------------------------
 
-    def _on_frame(self, data: bytes) -> None:
+    def on_frame(self, data: bytes) -> None:
+        """Handle one frame read off the socket (`run` calls it for the
+        WebSocket's messages, a stream listener for each frame it cuts)."""
         try:
             cmd = pb.BaseCommand.FromString(data)
         except DecodeError:
@@ -314,7 +345,9 @@ class Connection:
 
         async def work() -> pb.BaseCommand:
             resp = pb.CommandLookupTopicResponse(
-                request_id=req.request_id, broker_service_url=self.broker.url, authoritative=True
+                request_id=req.request_id,
+                broker_service_url=self._url or self.broker.url,
+                authoritative=True,
             )
             try:
                 if req.HasField("tc_id"):

@@ -376,7 +376,7 @@ class BrokerMetrics:
         )
         yield _histogram(
             "txnbuf_ledger_fsync_seconds",
-            "Duration of one group commit in the store's writer process: its inserts and "
+            "Duration of one group commit in the store's writer: its inserts and "
             "trims and the COMMIT with its fsync (WAL, synchronous=FULL)",
             store.commit_seconds,
         )

@@ -8,7 +8,8 @@ traceback.
 
 ``txnbuf serve`` with no arguments runs one broker on 127.0.0.1:6650 with its
 data in ./txnbuf-data, authenticating nobody; it refuses another address
-without authentication unless ``--insecure``, for the Kafka listener
+without authentication unless ``--insecure``, for the stream listener
+(``--stream-port``, on ``--host``) and the Kafka listener
 (``--kafka-host``) too (docs/security.md). SIGTERM and
 SIGINT stop it cleanly: connections are closed, queued writes finish, the
 database is closed.
@@ -84,14 +85,17 @@ async def serve(
     preload: bool = True,
     unload_after: float | None = UNLOAD_AFTER,
     store_url: str | None = None,
+    stream_port: int | None = None,
     cluster_lease: float | None = None,
 ) -> None:
     """Run a broker until SIGTERM or SIGINT. ``auth``: authentication and
     limits (`broker._auth`); ``ssl_context``: serve TLS (on the Kafka
-    listener too); ``kafka``: (host, port, advertised host or None) of a
-    Kafka listener beside it (`broker.kafka`), which authenticates when the
-    broker does; ``preload``, ``unload_after`` and ``store_url``: see
-    `Broker.open`; ``cluster_lease``: join the cluster of the database
+    listener and the stream listener too); ``kafka``: (host, port,
+    advertised host or None) of a Kafka listener beside it
+    (`broker.kafka`), which authenticates when the broker does;
+    ``preload``, ``unload_after`` and ``store_url``: see `Broker.open`;
+    ``stream_port``: serve the data plane on raw TCP on this port too
+    (`broker._stream`); ``cluster_lease``: join the cluster of the database
     ``store_url`` with a lease of that many seconds (`broker._cluster`).
 
     A broker whose store is fenced (another broker took its slots over:
@@ -100,6 +104,8 @@ async def serve(
     holds in memory is no longer the truth."""
     scheme = "https" if ssl_context is not None else "http"
     _check_port(host, port)  # (before the data directory is opened, or created)
+    if stream_port is not None:
+        _check_port(host, stream_port)
     gc.disable()
     clustered: ClusterHost | None = None
     try:
@@ -144,7 +150,16 @@ async def serve(
     )
     await runner.setup()
     listener = None
+    stream = None
     try:
+        if stream_port is not None:
+            from broker._stream import StreamListener
+
+            stream = StreamListener(broker, host, stream_port, ssl_context)
+            try:
+                await stream.start()
+            except OSError as exc:
+                raise SystemExit(_cannot_listen(host, stream_port, exc)) from None
         if kafka is not None:
             from broker.kafka import KafkaListener
 
@@ -193,6 +208,8 @@ async def serve(
             await clustered.close()
         if listener is not None:
             await listener.close()
+        if stream is not None:
+            await stream.close()
         await broker.close()
         await runner.cleanup()
         log.info("stopped")
@@ -392,6 +409,12 @@ def _main(argv: Sequence[str] | None = None) -> int:
         "a wildcard address such as 0.0.0.0)",
     )
     p.add_argument(
+        "--stream-port",
+        type=int,
+        default=None,
+        help="also serve the data plane on raw TCP on this port, for txnbuf:// URLs (off)",
+    )
+    p.add_argument(
         "--log-level",
         type=_log_level,
         default="INFO",
@@ -459,6 +482,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
                     args.preload,
                     args.unload_after or None,
                     args.store,
+                    args.stream_port,
                     args.lease_ttl if args.cluster else None,
                 )
             )

@@ -206,7 +206,10 @@ class TransactionBuffer:
         re-sent, the result is ready at once, before the record is durable
         (the ids are known: records are stored in the order they are
         queued). Only for a transaction that a crash aborts (an OPEN
-        transaction is aborted on recovery: see `tc._coordinator`).
+        transaction is aborted on recovery: see `tc._coordinator`). Its
+        record is then a lazy append (`ledger.Ledger.append`): no group
+        commit of its own; the END's takes it along (append order is
+        durability order, so the decision is never durable without it).
 
         Everything up to queueing the append happens now, so sends are stored
         in the order `publish` is called; await the result for their ids,
@@ -228,7 +231,9 @@ class TransactionBuffer:
         if epoch_producer is not None:
             self._index.check_epoch_send(txn, epoch_producer, seqs[0], state)
         if seqs[0] > state.pushed:  # the usual case: nothing re-sent
-            queued = self._append(t, producer, messages, seqs, state, encoded)
+            # (An early send is lazy: the transaction's END is what waits for
+            # it to be durable, and the END's group commit takes it along.)
+            queued = self._append(t, producer, messages, seqs, state, encoded, lazy=early)
             if not early:
                 return self._new(t, queued)
             queued.add_done_callback(unawaited)
@@ -253,11 +258,12 @@ class TransactionBuffer:
         seqs: Sequence[int],
         state: ProducerSequence,
         encoded: bytes | None = None,
+        lazy: bool = False,
     ) -> asyncio.Future[int]:
         batch = entry_batch(producer, messages, encoded)
         t.unapplied.append(self.sidecar.next_entry_id)
         data, meta = TxnData(t.key, batch, len(messages)).encode()
-        fut = self.sidecar.append(data, meta)
+        fut = self.sidecar.append(data, meta, lazy=lazy)
         t.queued = max(t.queued, t.count) + len(messages)
         state.pushed = seqs[-1]
         state.last_append = fut

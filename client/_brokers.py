@@ -68,10 +68,13 @@ def service_urls(url: object) -> list[str]:
         raise InvalidInputError(
             f"url must be a str (several with commas) or a list of str, not {url!r}"
         )
-    if not urls or not all(u.startswith(("http://", "https://")) for u in urls):
-        raise InvalidInputError(f"each url must look like http://host:port, not {url!r}")
-    if len({u.split("://")[0] for u in urls}) > 1:
-        raise InvalidInputError(f"the urls must all be http:// or all https://, not {url!r}")
+    schemes = ("http://", "https://", "txnbuf://", "txnbufs://")
+    if not urls or not all(u.startswith(schemes) for u in urls):
+        raise InvalidInputError(
+            f"each url must look like http://host:port (or txnbuf://host:port), not {url!r}"
+        )
+    if len({u.split("://")[0] in ("https", "txnbufs") for u in urls}) > 1:
+        raise InvalidInputError(f"the urls must all use TLS or all not, not {url!r}")
     return urls
 
 

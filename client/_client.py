@@ -35,7 +35,7 @@ class Client:
             producer = await client.create_producer("orders")
             await producer.send(b"payload")
 
-    One WebSocket (``<url>/ws``) carries every producer and consumer of the
+    One WebSocket (``<url>/ws``, or one stream) carries every producer and consumer of the
     client; it reconnects by itself when it drops (see ``client._connection``
     for what is re-created and re-sent). ``url`` may name several brokers of
     one service (``["http://a:6650", "http://b:6650"]``, or one string with
@@ -67,6 +67,9 @@ class Client:
     broker that refuses it makes ``connect`` raise ``AuthenticationError``
     at once. An ``https://`` URL connects over TLS; ``tls_ca`` names a PEM
     file of the CA certificates to trust (default: the system's).
+    ``txnbuf://host:port`` (``txnbufs://`` with TLS) connects to the
+    broker's stream listener (``txnbuf serve --stream-port``): the same
+    protocol on raw TCP instead of the WebSocket, with less framing.
     """
 
     def __init__(
@@ -84,8 +87,8 @@ class Client:
             token = os.environ.get("TXNBUF_TOKEN", "")
         if not isinstance(token, str) or not token.isascii():
             raise InvalidInputError("token must be a str of ASCII characters (a JWT)")
-        if tls_ca is not None and not urls[0].startswith("https://"):
-            raise InvalidInputError("tls_ca is for https:// URLs")
+        if tls_ca is not None and not urls[0].startswith(("https://", "txnbufs://")):
+            raise InvalidInputError("tls_ca is for https:// and txnbufs:// URLs")
         context = tls_context(tls_ca) if tls_ca is not None else None
         self.url = ",".join(urls)
         self.operation_timeout = operation_timeout

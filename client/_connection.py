@@ -37,7 +37,12 @@ Decisions written down here:
   certificate the client does not trust: ``BrokerConnectionError`` that is
   not retriable) raises that error at once.
 * Credentials: a token goes in CONNECT (``auth_method`` "token"); TLS
-  (``https://`` URLs) uses the SSL context the Client made from its CA.
+  (``https://`` and ``txnbufs://`` URLs) uses the SSL context the Client
+  made from its CA.
+* Transport: ``http(s)://`` URLs open the WebSocket ``/ws``;
+  ``txnbuf(s)://host:port`` the broker's stream listener (``client._stream``:
+  the same frames on raw TCP, each behind its length). A link runs the same
+  on either.
 * A cluster (CONNECTED.slots > 0: brokers sharing a database, each
   serving some slots): a client holds one connection per broker
   (``client._brokers``), each with its own ranges of request, producer and
@@ -73,6 +78,7 @@ import contextlib
 import copy as copy_module
 import logging
 import ssl
+import urllib.parse
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol, TypeVar, cast
@@ -83,6 +89,7 @@ from proto import MAX_MESSAGE_SIZE, next_frame
 from proto import txnbuf_pb2 as pb
 
 from ._foreign import decoding, socket_errors
+from ._stream import STREAM_SCHEMES, StreamSocket, open_stream
 from .errors import (
     BrokerConnectionError,
     ClientClosedError,
@@ -278,14 +285,39 @@ class BusyClock:
         self._since = None
 
 
+# What a link reads and writes: a WebSocket, or a stream (``txnbuf://`` URLs).
+Socket = aiohttp.ClientWebSocketResponse | StreamSocket
+
+
+def stream_address(url: str) -> tuple[str, int, bool] | None:
+    """(host, port, TLS?) of a ``txnbuf://`` or ``txnbufs://`` URL; None for
+    ``http://`` and ``https://`` (the WebSocket); `InvalidInputError` for
+    anything else."""
+    scheme, sep, _ = url.partition("://")
+    if sep and scheme in ("http", "https"):
+        return None
+    if not sep or scheme not in STREAM_SCHEMES:
+        raise InvalidInputError(
+            f"broker url must start with http://, https://, txnbuf:// or txnbufs://, got {url!r}"
+        )
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError as exc:
+        raise InvalidInputError(f"broker url {url!r}: {exc}") from None
+    if not host or port is None or parts.path.strip("/") or parts.query:
+        raise InvalidInputError(f"a {scheme}:// url is {scheme}://host:port, not {url!r}")
+    return host, port, STREAM_SCHEMES[scheme]
+
+
 class Link:
-    """One WebSocket of a connection, and the task that writes to it in order.
+    """One WebSocket (or stream) of a connection, and the task that writes to it in order.
 
     The frames queued together go as one BATCH (`proto.next_frame`): a send
     and an ack of one transaction, written in one turn of the loop, cost the
     broker one wake-up, not two."""
 
-    def __init__(self, ws: aiohttp.ClientWebSocketResponse, gen: int) -> None:
+    def __init__(self, ws: Socket, gen: int) -> None:
         self.ws = ws
         self.gen = gen
         self.closed = False
@@ -328,8 +360,9 @@ class Connection:
         ``fallbacks``: further URLs of the same service to try in turn when
         ``url`` cannot be reached (the client's home connection: the other
         service URLs, and the brokers lookups named)."""
-        if not url.startswith(("http://", "https://")):
-            raise InvalidInputError(f"broker url must start with http:// or https://, got {url!r}")
+        self._stream = stream_address(url)  # (None: the WebSocket)
+        for other in fallbacks or ():
+            stream_address(other)  # (refused here if it is not a broker's URL)
         self.url = url.rstrip("/")
         self.router = router
         self.slots = 0  # CONNECTED.slots of the last handshake (0: not a cluster)
@@ -592,23 +625,28 @@ class Connection:
         finally:
             await self._drop(link, reader, writer)
 
-    async def _open_socket(self) -> aiohttp.ClientWebSocketResponse:
-        """Open the WebSocket and do the CONNECT / CONNECTED handshake."""
+    async def _open_socket(self) -> Socket:
+        """Open the WebSocket (or the stream) and do the CONNECT / CONNECTED handshake."""
         assert self._session is not None
-        ws: aiohttp.ClientWebSocketResponse | None = None
+        ws: Socket | None = None
         if not self._ready.is_set() and self.link is None and len(self._urls) > 1:
             # (Home: the next service URL after a failed attempt.)
             self.url = self._urls[self._attempt % len(self._urls)]
             self._attempt += 1
+            self._stream = stream_address(self.url)
         try:
             with socket_errors():
                 async with asyncio.timeout(self.operation_timeout):
-                    ws = await self._session.ws_connect(
-                        self.url + "/ws",
-                        max_msg_size=0,
-                        timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=2.0),
-                        ssl=self._ssl,
-                    )
+                    if self._stream is not None:
+                        host, port, tls = self._stream
+                        ws = await open_stream(host, port, self._ssl if tls else False)
+                    else:
+                        ws = await self._session.ws_connect(
+                            self.url + "/ws",
+                            max_msg_size=0,
+                            timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=2.0),
+                            ssl=self._ssl,
+                        )
                     hello = command(
                         Type.CONNECT,
                         "connect",

@@ -38,7 +38,14 @@ def socket_errors() -> Iterator[None]:
         )
         error.retriable = False
         raise error from exc
-    except aiohttp.ClientSSLError as exc:
+    except ssl.SSLCertVerificationError as exc:  # (a txnbufs:// stream)
+        error = BrokerConnectionError(
+            f"the broker's TLS certificate is not trusted ({exc.verify_message}): "
+            "give the CA that signed it, Client(url, tls_ca=...)"
+        )
+        error.retriable = False
+        raise error from exc
+    except (aiohttp.ClientSSLError, ssl.SSLError) as exc:
         error = BrokerConnectionError(f"TLS with the broker failed: {exc}")
         error.retriable = False
         raise error from exc

@@ -49,4 +49,4 @@ class EngineSink(Protocol):
         """The answer to request ``seq``; answers come in the order of the requests."""
 
     def _engine_lost(self, reason: str) -> None:
-        """The engine can answer nothing more (its process or connection is gone)."""
+        """The engine can answer nothing more (its writer or connection is gone)."""

@@ -11,7 +11,7 @@ sends itself SIGKILL: no cleanup, no flush, exactly like a crash. Without the
 variable `hit` is a dictionary lookup that finds nothing.
 
 ``TXNBUF_WRITER_STALL`` names a file: while it exists, the store's writer
-process (`ledger._writer`) holds every write before committing it, so a
+thread (`ledger._writer`) holds every write before committing it, so a
 test can kill the broker with writes answered early and not yet durable.
 
 ``TXNBUF_REFUSE`` names steps where `refuse("<step>")` raises

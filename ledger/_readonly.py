@@ -6,8 +6,8 @@ changes the database or its write-ahead log, not even a checkpoint. (To read
 a WAL database SQLite still creates the ``-wal`` and ``-shm`` files beside it
 if they are missing, and rebuilds the ``-shm`` index of the log after a
 crash, as any reader does.) It holds a
-shared lock on the lock file that a `LedgerStore`'s writer process holds
-exclusively for its life (`ledger._writer.lock`), so it refuses a database a
+shared lock on the lock file that a `LedgerStore`'s writer holds
+exclusively while the store is open (`ledger._writer.lock`), so it refuses a database a
 broker has open, and a broker that starts meanwhile waits for it to close
 (up to its own ``lock_wait``, then fails to start). With no lock file, no
 writer ever ran on the database, and there is nothing to lock against.
@@ -155,7 +155,7 @@ def _shared_lock(path: str) -> int | None:
     except BlockingIOError:
         os.close(fd)
         raise LedgerError(
-            f"{path} is in use: a broker (its writer process) holds {_writer.lock_path(path)}; "
+            f"{path} is in use: a broker (its ledger writer) holds {_writer.lock_path(path)}; "
             "stop the broker first"
         ) from None
     return fd

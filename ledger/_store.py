@@ -14,7 +14,7 @@ the database: it loads the catalog, creates and deletes ledgers, commits a
 batch of appends and trims atomically, and reads. Two engines:
 
 - SQLite (`ledger._sqlite`, the default): one file, WAL with
-  ``synchronous=FULL``, written by a writer process of the store's own.
+  ``synchronous=FULL``, written by a writer thread of the store's own.
 - PostgreSQL (`ledger._postgres`): any libpq URL, through asyncpg; many
   brokers' stores may share one database, each fenced by its slots.
 
@@ -214,7 +214,7 @@ class _Trim:
 
 @dataclass(slots=True)
 class _Sent:
-    """A write handed to the writer process: its operations, in order, the
+    """A write handed to the engine: its operations, in order, the
     ledgers it trims (their new first entry ids) and how many entries it adds."""
 
     batch: list[_Append | _Trim]
@@ -494,8 +494,8 @@ class LedgerStore:
         """Open (or create) the database at ``location`` and load its catalog.
 
         ``location``: a file path (SQLite: starts the store's writer
-        process; raises `LedgerError` if it cannot start, for instance when
-        another process's writer still holds this database after
+        thread; raises `LedgerError` if it cannot start, for instance when
+        another broker's store still holds this database after
         ``lock_wait`` seconds), or a PostgreSQL URL (`is_postgres_url`).
 
         PostgreSQL only: ``slots``, the slots of a database this store

@@ -1,9 +1,4 @@
-"""The writer process of a `LedgerStore`: every write to one database file.
-
-Run by the store as ``python _writer.py DB_PATH PARENT_PID LOCK_WAIT`` (standard library only, so
-that it starts fast and imports nothing of the broker). It reads requests on
-stdin and answers on stdout, both as frames: a 4-byte little-endian length,
-then a pickled tuple.
+"""The writes of a SQLite `LedgerStore`, done by its writer thread (`ledger._sqlite`).
 
 Requests, each with a sequence number ``seq`` the store counts up from 1:
 
@@ -12,47 +7,37 @@ Requests, each with a sequence number ``seq`` the store counts up from 1:
     (seq, "create", name)        answer: the ledger's id
     (seq, "delete", ledger_id)
 
-Answers: ``(seq, None, result)``, or ``(seq, "error text", None)``. The first
-frame written is ``(0, None, "ready")``, once the schema exists. A write's
-result is ``(commits, rows, seconds)``: the group commits done so far, and
-the rows and duration of the group commit that wrote it (inserts, trims
-and the COMMIT with its fsync).
+Answers: ``(seq, None, result)``, or ``(seq, "error text", None)``. A
+write's result is ``(commits, rows, seconds)``: the group commits done so
+far, and the rows and duration of the group commit that wrote it (inserts,
+trims and the COMMIT with its fsync).
 
 Group commit happens here: the writes that arrived while a commit was
 running are committed together, as one SQLite transaction (one fsync, WAL
-with ``synchronous=FULL``), in the order they arrived. A commit needs no
-interpreter lock shared with the broker's event loop, so it takes about as
-long as the disk does, however busy the loop is (a thread of the broker
-would wait for the loop to let go of the GIL after each step back from
-SQLite).
+with ``synchronous=FULL``), in the order they arrived. A group commit of
+appends alone is one statement (a multi-row INSERT in autocommit mode):
+one call into SQLite, which runs without the interpreter lock, so the
+writer thread needs the lock once per commit, not once per row or step.
 
 Fail-stop: once a commit failed, every later write is answered with that
 error and nothing more is written (see `LedgerStore._fail`).
 
-The process dies with the broker: the kernel kills it when its parent dies
-(``PR_SET_PDEATHSIG``), and it exits when stdin closes. It ignores SIGINT
-and SIGTERM, which reach it with its broker's when they are sent to the
-process group (Ctrl-C): it must outlive the broker's clean stop. It holds an exclusive
-lock on ``DB_PATH + ".lock"`` for its life, so that a restarted broker's
-writer cannot open the database while an old one is still running.
+The writer holds an exclusive lock on ``DB_PATH + ".lock"`` while the
+store is open (`lock`), so that a second broker on the same data
+directory cannot open the database; the kernel lets go of it when the
+broker's process ends, however it ends.
 """
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import functools
 import os
-import pickle
-import select
-import signal
 import sqlite3
-import struct
-import sys
 import time
 from typing import Any
 
-LENGTH = struct.Struct("<I")
+Answer = tuple[int, str | None, Any]  # (seq, error text or None, result)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS ledgers (
@@ -78,8 +63,6 @@ UPGRADES: dict[int, str] = {0: ""}  # from version -> the SQL that makes it vers
 
 ENTRY_BITS = 40
 MAX_ENTRY_ID = (1 << ENTRY_BITS) - 1
-_PR_SET_PDEATHSIG = 1
-PIPE_SIZE = 1 << 20  # bytes (Linux's default pipe-max-size)
 
 
 _STALL = os.environ.get("TXNBUF_WRITER_STALL", "")
@@ -87,28 +70,6 @@ _STALL = os.environ.get("TXNBUF_WRITER_STALL", "")
 
 def key(ledger_id: int, entry_id: int) -> int:
     return (ledger_id << ENTRY_BITS) | entry_id
-
-
-def frame(message: Any) -> bytes:
-    """``message`` as one frame: its pickled length, then the pickle."""
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    return LENGTH.pack(len(data)) + data
-
-
-def take_frames(buffer: bytearray) -> list[Any]:
-    """The messages of the complete frames at the start of ``buffer``, which
-    keeps only what follows them (the start of a frame still arriving)."""
-    out = []
-    pos = 0
-    while len(buffer) - pos >= LENGTH.size:
-        (n,) = LENGTH.unpack_from(buffer, pos)
-        start = pos + LENGTH.size
-        if len(buffer) - start < n:
-            break
-        out.append(pickle.loads(buffer[start : start + n]))
-        pos = start + n
-    del buffer[:pos]
-    return out
 
 
 @functools.lru_cache(maxsize=512)
@@ -177,54 +138,26 @@ def delete(raw: sqlite3.Connection, ledger_id: int) -> None:
         raise
 
 
-class Requests:
-    """Frames read from a file descriptor."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.buffer = bytearray()
-        self.eof = False
-
-    def take(self) -> list[tuple[Any, ...]]:
-        """Wait for one complete request, then return every request complete
-        by now; an empty list once the other end closed."""
-        while not self._complete() and not self.eof:
-            self._read()
-        while not self.eof and select.select([self.fd], [], [], 0)[0]:
-            self._read()
-        return take_frames(self.buffer)
-
-    def _read(self) -> None:
-        chunk = os.read(self.fd, 1 << 20)
-        if chunk:
-            self.buffer += chunk
-        else:
-            self.eof = True
-
-    def _complete(self) -> bool:
-        if len(self.buffer) < LENGTH.size:
-            return False
-        (n,) = LENGTH.unpack_from(self.buffer)
-        return len(self.buffer) - LENGTH.size >= int(n)
+def lock_path(path: str) -> str:
+    """The lock file of the database ``path``: its writer holds it exclusively."""
+    return path + ".lock"
 
 
-def die_with_parent() -> None:
-    """Have the kernel SIGKILL this process when its parent dies (Linux)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass  # not Linux: stdin closing still ends the process
-
-
-def widen(fd: int) -> None:
-    """Give the pipe on ``fd`` room for a whole write of large entries (a
-    send of 1,000 messages is ~110 KB): through Linux's default 64 KB, one
-    went over in several turns of both processes (0.8 ms a write, not 0.5)."""
-    try:
-        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
-    except (OSError, AttributeError):
-        pass  # (not Linux, or above /proc/sys/fs/pipe-max-size: keep the default)
+def lock(path: str, wait: float) -> int:
+    """Lock `lock_path`, waiting at most ``wait`` seconds for another
+    writer of the database to go."""
+    fd = os.open(lock_path(path), os.O_RDWR | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{path} is in use by another process (its writer holds {path}.lock)"
+                ) from None
+            time.sleep(0.01)
 
 
 class FormatError(Exception):
@@ -265,28 +198,6 @@ def open_format(raw: sqlite3.Connection, path: str) -> None:
         raise
 
 
-def lock_path(path: str) -> str:
-    """The lock file of the database ``path``: its writer holds it exclusively."""
-    return path + ".lock"
-
-
-def lock(path: str, wait: float) -> int:
-    """Lock `lock_path`, waiting at most ``wait`` seconds for another
-    writer of the database to go."""
-    fd = os.open(lock_path(path), os.O_RDWR | os.O_CREAT, 0o644)
-    deadline = time.monotonic() + wait
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"{path} is in use by another process (its writer holds {path}.lock)"
-                ) from None
-            time.sleep(0.01)
-
-
 class Writer:
     """Answers requests on one connection; fail-stop after a failed commit."""
 
@@ -295,10 +206,10 @@ class Writer:
         self.failed: str | None = None
         self.commits = 0  # group commits done (each write's answer carries the count)
 
-    def handle(self, batch: list[tuple[Any, ...]]) -> list[bytes]:
+    def handle(self, batch: list[tuple[Any, ...]]) -> list[Answer]:
         """Answers to ``batch``, in order: consecutive writes as one group
         commit, consecutive creations as one transaction."""
-        answers: list[bytes] = []
+        answers: list[Answer] = []
         writes: list[tuple[Any, ...]] = []
         creates: list[tuple[Any, ...]] = []
         for request in batch:
@@ -319,14 +230,14 @@ class Writer:
                     if self.failed is not None:
                         raise RuntimeError(self.failed)
                     delete(self.raw, ledger_id)
-                    answers.append(frame((seq, None, None)))
+                    answers.append((seq, None, None))
                 except Exception as exc:
-                    answers.append(frame((seq, f"{type(exc).__name__}: {exc}", None)))
+                    answers.append((seq, f"{type(exc).__name__}: {exc}", None))
         answers.extend(self.write(writes))
         answers.extend(self.create(creates))
         return answers
 
-    def create(self, creates: list[tuple[Any, ...]]) -> list[bytes]:
+    def create(self, creates: list[tuple[Any, ...]]) -> list[Answer]:
         """Create the ledgers of ``creates`` in one transaction (one fsync:
         a broker creating many topics at once creates their ledgers together)."""
         if not creates:
@@ -343,13 +254,10 @@ class Writer:
                 raise
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-            return [frame((seq, error, None)) for seq, _, _ in creates]
-        return [
-            frame((seq, None, ledger_id))
-            for (seq, _, _), ledger_id in zip(creates, ids, strict=True)
-        ]
+            return [(seq, error, None) for seq, _, _ in creates]
+        return [(seq, None, ledger_id) for (seq, _, _), ledger_id in zip(creates, ids, strict=True)]
 
-    def write(self, writes: list[tuple[Any, ...]]) -> list[bytes]:
+    def write(self, writes: list[tuple[Any, ...]]) -> list[Answer]:
         if not writes:
             return []
         if self.failed is None:
@@ -360,46 +268,16 @@ class Writer:
                 took = time.perf_counter() - started
                 self.commits += 1
                 result = (self.commits, len(rows), took)
-                return [frame((w[0], None, result)) for w in writes]
+                return [(w[0], None, result) for w in writes]
             except Exception as exc:
                 self.failed = f"{type(exc).__name__}: {exc}"
-        return [frame((w[0], self.failed, None)) for w in writes]
+        return [(w[0], self.failed, None) for w in writes]
 
 
-def serve(path: str, parent: int, lock_wait: float) -> None:
-    # Ctrl-C in a terminal, or a supervisor stopping the process group,
-    # signals every process of the group: this one goes when the broker,
-    # stopping cleanly, has written what it queued and closes stdin.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    die_with_parent()
-    if os.getppid() != parent:
-        return  # the parent died before the line above
-    out = sys.stdout.fileno()
-    for fd in (sys.stdin.fileno(), out):
-        widen(fd)
-    try:
-        lock(path, lock_wait)
-        raw = sqlite3.connect(path, isolation_level=None)
-        raw.execute("PRAGMA journal_mode=WAL")
-        raw.execute("PRAGMA synchronous=FULL")
-        open_format(raw, path)
-    except Exception as exc:
-        os.write(out, frame((0, str(exc) or type(exc).__name__, None)))
-        return
-    os.write(out, frame((0, None, "ready")))
-    requests = Requests(sys.stdin.fileno())
-    writer = Writer(raw)
-    while True:
-        # Wait for one request, then take every other one that has arrived:
-        # the writes among them are one group commit.
-        batch = requests.take()
-        if not batch:
-            return  # stdin closed: the store is closed (or the broker died)
-        data = b"".join(writer.handle(batch))
-        while data:
-            data = data[os.write(out, data) :]
-
-
-if __name__ == "__main__":
-    serve(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]))
+def connect(path: str) -> sqlite3.Connection:
+    """The writer's connection to ``path``: WAL, ``synchronous=FULL``, the schema made."""
+    raw = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    raw.execute("PRAGMA journal_mode=WAL")
+    raw.execute("PRAGMA synchronous=FULL")
+    open_format(raw, path)
+    return raw

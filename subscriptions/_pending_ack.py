@@ -152,7 +152,9 @@ class PendingAckLog:
                 return  # every message is durably held by this transaction already
             record = txn_record
             if early and record.checked:
-                self._persist(record).add_done_callback(unawaited)
+                # (Lazy: the transaction's END is what waits for it to be
+                # durable, and the END's group commit takes it along.)
+                self._persist(record, lazy=True).add_done_callback(unawaited)
                 return
         try:
             await self._persist(record)
@@ -270,15 +272,15 @@ class PendingAckLog:
 
     # -- persist, then act --------------------------------------------------------
 
-    def _persist(self, record: AckRecord) -> asyncio.Future[list[Position]]:
+    def _persist(self, record: AckRecord, lazy: bool = False) -> asyncio.Future[list[Position]]:
         """Append ``record``, apply it once durable; the result is what
-        changed.
+        changed. ``lazy``: see `ledger.Ledger.append`.
 
         It raises what the append raised, or `AckConflict` if the record was
         refused when applied (it is void: it changed nothing).
         """
         outcome: asyncio.Future[list[Position]] = asyncio.get_running_loop().create_future()
-        appended = self.ledger.append(record.encode(), meta=record.kind)
+        appended = self.ledger.append(record.encode(), meta=record.kind, lazy=lazy)
         self._inflight.append(record)
         appended.add_done_callback(functools.partial(self._on_durable, record, outcome))
         return outcome

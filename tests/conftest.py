@@ -128,6 +128,7 @@ class BrokerProcess:
         self.secret_key_file: Path | None = None  # set: the broker authenticates
         self.token: str | None = None  # a superuser's, sent by `admin`
         self.tls: tuple[Path, Path, Path] | None = None  # (cert, key, CA): serve https
+        self.stream_port: int | None = None  # set: serve the stream listener there too
         if auth:
             self.enable_auth()
 
@@ -150,6 +151,13 @@ class BrokerProcess:
     def url(self) -> str:
         scheme = "https" if self.tls is not None else "http"
         return f"{scheme}://127.0.0.1:{self.port}"
+
+    @property
+    def stream_url(self) -> str:
+        """The stream listener's URL (``txnbuf://``, ``txnbufs://`` with TLS)."""
+        assert self.stream_port is not None, "set stream_port before start()"
+        scheme = "txnbufs" if self.tls is not None else "txnbuf"
+        return f"{scheme}://127.0.0.1:{self.stream_port}"
 
     def _ssl_context(self) -> ssl.SSLContext | None:
         return None if self.tls is None else ssl.create_default_context(cafile=self.tls[2])
@@ -188,6 +196,8 @@ class BrokerProcess:
             cmd += ["--auth-secret-key-file", str(self.secret_key_file)]
         if self.tls is not None:
             cmd += ["--tls-cert", str(self.tls[0]), "--tls-key", str(self.tls[1])]
+        if self.stream_port is not None:
+            cmd += ["--stream-port", str(self.stream_port)]
         self.proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=self.new_session
         )

@@ -306,8 +306,9 @@ def test_scale_benchmark_runs_small_and_records_its_figures(tmp_path: Path) -> N
     rows = {line.split("|")[2].strip(): line.split("|")[3:-1] for line in out.splitlines()
             if line.startswith("| this | ")}  # fmt: skip
     topics, connections = rows["50"], rows["20"]
-    healthy, read_again, rss, per_topic = (float(topics[i].replace(",", "")) for i in (1, 2, 5, 9))
+    healthy, read_again, rss, per_topic = (float(topics[i].replace(",", "")) for i in (1, 2, 5, 7))
     assert 0 < healthy <= read_again and rss > 0 and per_topic > 0
+    assert topics[9].strip() == "-"  # (no writer process: the writer is a thread of the broker)
     assert [float(connections[i]) > 0 for i in (1, 3)] == [True, True]  # quiet, loaded p50
     recorded = results.read_text()
     assert recorded.startswith("## ") and "nproc" in recorded and "| 50 |" in recorded
@@ -407,3 +408,44 @@ def test_pgdriver_benchmark_runs_asyncpg(tmp_path: Path) -> None:
         cwd=ROOT, capture_output=True, text=True, check=True, timeout=120,
     ).stdout  # fmt: skip
     assert "| asyncpg | 1 |" in out and "| asyncpg | 10 |" in out
+
+
+def test_hops_benchmark_runs_brokers_side_by_side() -> None:
+    """bench.hops runs each broker given (here: the WebSocket and the stream
+    listener), checks every run's output, and counts group commits per
+    transaction."""
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.hops", "--messages", "2000", "--rounds", "1",
+         "--workers", "1", "--loops", "fastest", "--broker", "ws",
+         "--broker", "stream,scheme=txnbuf"],
+        cwd=ROOT, capture_output=True, text=True, check=True, timeout=180,
+    ).stdout  # fmt: skip
+    rows = {
+        cells[0]: cells[1:]
+        for line in out.splitlines()
+        if line.startswith("| ") and (cells := [c.strip() for c in line.strip("|").split("|")])
+    }
+    for label in ("ws: fastest loop, 1 process", "stream: fastest loop, 1 process"):
+        assert float(rows[label][1].replace(",", "")) > 0  # the median msgs/s
+        assert 0 < float(rows[label][6]) < 3  # group commits per transaction
+    assert "Every run's output was checked: 2,000 outputs" in out
+    recorded = (Path(os.environ["TXNBUF_BENCH_RESULTS"]) / "hops.md").read_text()
+    assert "--broker stream,scheme=txnbuf" in recorded
+
+
+def test_framing_benchmark_runs_both_transports() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.framing", "--txns", "50", "--rounds", "1"],
+        cwd=ROOT, capture_output=True, text=True, check=True, timeout=120,
+    ).stdout  # fmt: skip
+    assert "| aiohttp WebSocket |" in out and "| raw TCP (length + bytes) |" in out
+
+
+def test_sqlitecommit_benchmark_runs_every_shape() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.sqlitecommit", "--commits", "5", "--rounds", "1",
+         "--rows", "2"],
+        cwd=ROOT, capture_output=True, text=True, check=True, timeout=120,
+    ).stdout  # fmt: skip
+    for shape in ("one statement", "executemany", "row by row"):
+        assert f"| 2 | {shape} |" in out

@@ -314,8 +314,8 @@ async def test_progress_lines(run_data: tuple[Path, TxnID, TxnID]) -> None:
 
 
 def _writer_gone(db: Path, timeout: float = 30.0) -> None:
-    """Wait until no writer process holds ``db``'s lock: the kernel kills a
-    killed broker's writer (its parent-death signal) a moment after it."""
+    """Wait until no broker holds ``db``'s lock: the kernel releases a
+    killed broker's lock as the process goes, a moment after the kill."""
     import fcntl
     import os
     import time

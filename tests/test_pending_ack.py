@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+import ledger._store as ledger_store
 import subscriptions._pending_ack as pending_ack_module
 from buffer import MessageId, Partition, Topics
 from ledger import Entry, LedgerStore, faults
@@ -1034,6 +1035,22 @@ async def test_a_reset_keeps_ledger_order_with_the_records_around_it(h: Harness)
     sub = await h.reopen()
     assert sub.cursor.mark_delete == (1, WHOLE_ENTRY)
     assert sub.cursor.pending_ack == {(2, 0): T1} and not sub.cursor.acked
+
+
+async def test_an_early_txn_ack_starts_no_group_commit_of_its_own(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An early transactional ack is a lazy append: it waits in the store's
+    queue for the next group commit (the END's) and goes in the same one."""
+    monkeypatch.setattr(ledger_store, "LAZY_DELAY", 3600.0)  # (never alone, in this test)
+    commits, last = h.store.commits, h.cursor_ledger.last_entry_id
+    await h.sub.ack([(2, 0), (2, 1)], False, T1, early=True)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert h.store.commits == commits and h.cursor_ledger.last_entry_id == last
+    await h.sub.end_txn(T1, commit=True)
+    assert h.store.commits == commits + 1  # the ack and its commit: one group commit
+    assert h.sub.cursor.state((2, 0)) is D and h.sub.cursor.state((2, 1)) is D
 
 
 async def test_fault_hooks_fire_after_the_record_is_durable(

@@ -18,6 +18,7 @@ from conftest import Crash
 
 import buffer._txnbuffer as txnbuffer_module
 import buffer._txnindex as txnindex_module
+import ledger._store as ledger_store
 from buffer import (
     COMMIT_MARKER,
     DATA,
@@ -388,7 +389,7 @@ async def test_a_failed_append_can_be_retried_after_a_restart(stores: Stores) ->
     store, part = await stores.open()
     tb = await part.txn_buffer()
     await tb.publish(T1, "p", msgs(0))
-    await store._engine._reader.execute(  # (the writer is another process)
+    await store._engine._reader.execute(  # (another connection: the trigger is the file's)
         "CREATE TRIGGER fail BEFORE INSERT ON entries BEGIN SELECT RAISE(ABORT, 'disk full'); END"
     )
     with pytest.raises(Exception, match="disk full"):
@@ -754,6 +755,26 @@ async def test_an_early_send_is_answered_before_it_is_durable(stores: Stores) ->
     await tb.end(T1, commit=True)
     (marker,) = await markers(part)
     assert await delivered(part, marker[0]) == [b"m0", b"m1", b"m2", b"m3", b"m4", b"m5"]
+
+
+async def test_an_early_send_starts_no_group_commit_of_its_own(
+    stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An early send is a lazy append: it waits in the store's queue for
+    the next group commit (the END's), and goes in the same one as the
+    commit marker, before it."""
+    monkeypatch.setattr(ledger_store, "LAZY_DELAY", 3600.0)  # (never alone, in this test)
+    store, part = await stores.open()
+    tb = await part.txn_buffer()
+    commits = store.commits
+    tb.publish(T1, "p", msgs(0, 1), early=True)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert store.commits == commits and tb.sidecar.last_entry_id == -1
+    await tb.end(T1, commit=True)
+    assert store.commits == commits + 1  # the send and the marker: one group commit
+    (marker,) = await markers(part)
+    assert await delivered(part, marker[0]) == [b"m0", b"m1"]
 
 
 async def test_an_early_end_returns_with_its_marker_queued(stores: Stores) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -173,3 +174,59 @@ async def test_a_logged_commit_survives_a_crash_on_postgresql(broker: BrokerProc
     committed, the other not, when the broker is SIGKILLed."""
     result, _ = await crash_at(broker, "tc.after_partition_end@1")
     assert result == "committed"
+
+
+async def test_a_commit_is_lost_with_its_sends_answered_before_durable(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    """A transaction's sends and acks are answered before they are durable
+    and start no group commit of their own: the END's takes them along, in
+    append order before the decision. The store's writer holds every write
+    from the transaction's first send on (TXNBUF_WRITER_STALL) and the
+    broker is killed with the decision read and not durable: the restart
+    finds nothing of the transaction, the commit fails and every input of
+    it comes again; the transaction before it stays committed."""
+    await setup_topics(broker)
+    stall = tmp_path / "stall"
+    broker.stop()
+    broker.env["TXNBUF_WRITER_STALL"] = str(stall)
+    broker.start()
+    async with Client(broker.url, operation_timeout=20.0) as client:
+        source = await client.subscribe("in", "copier", initial_position="earliest")
+        producer = await client.create_producer("out", producer_name="copier")
+        inputs = [await source.receive(timeout=10) for _ in range(N_INPUTS)]
+        kept, lost = inputs[:2], inputs[2:]
+        # A first transaction makes both partitions' transaction buffers (a
+        # send that makes one waits for it to be durable): keys k4 and k0
+        # go to partitions 0 and 1.
+        async with client.transaction(timeout=120) as txn:
+            for key, m in zip(("k4", "k0"), kept, strict=True):
+                await producer.send(m.value.replace(b"in", b"out"), key=key, txn=txn)
+                await source.acknowledge(m, txn=txn)
+        stall.touch()  # from here on the writer holds every write, committing none
+        txn = await client.new_transaction(timeout=120)
+        for i, m in enumerate(lost):
+            await producer.send(m.value.replace(b"in", b"out"), key=f"k{i}", txn=txn)
+            await source.acknowledge(m, txn=txn)
+        commit = asyncio.create_task(txn.commit())
+        await wait_for_state(broker, "COMMITTING")  # read, decided, not durable
+        broker.kill()
+        stall.unlink()
+        broker.env.pop("TXNBUF_WRITER_STALL")
+        broker.start()
+        with pytest.raises((errors.InvalidTxnStatusError, errors.TransactionNotFoundError)):
+            await commit
+    outs, ins = await outcome(broker)
+    assert sorted(outs) == sorted(m.value.replace(b"in", b"out") for m in kept)
+    assert sorted(ins) == sorted(m.value for m in lost)
+
+
+async def wait_for_state(broker: BrokerProcess, state: str) -> None:
+    """Wait until the broker's coordinator lists a transaction in ``state``."""
+    for _ in range(1000):
+        status, body = broker.admin("GET", f"/admin/v1/transactions?state={state}")
+        assert status == 200
+        if json.loads(body)["transactions"]:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"no transaction became {state}")
