@@ -323,6 +323,9 @@ class ClusterHost:
     async def close(self) -> None:
         if self._acl_refresh is not None:
             self._acl_refresh.cancel()
+        if self._reading is not None:
+            self._reading.cancel()
+            await asyncio.gather(self._reading, return_exceptions=True)
         if self._run is not None:
             self.member.stop()
             self._run.cancel()
