@@ -77,9 +77,12 @@ async def test_one_url_reaches_the_topics_of_every_broker(
         async with RawConnection(home.url) as raw:
             return (await raw.request(pb.BaseCommand.LOOKUP, "lookup", ask)).lookup_response
 
-    async def redirects() -> bool:  # (once home's last look saw every owner)
+    async def redirects() -> bool:  # (once home's last look saw every owner where it is now)
         answers = [await lookup(t) for t in topics.values()]
-        return all(a.response == redirect for a in answers[1:])
+        return all(
+            (a.response, a.broker_service_url) == (redirect, url)
+            for a, url in zip(answers[1:], list(topics)[1:], strict=True)
+        )
 
     await wait_for("home redirects to the owners", redirects)
     for proc, topic in zip(logs, topics.values(), strict=True):
