@@ -27,7 +27,7 @@ import enum
 import json
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -187,7 +187,23 @@ class AclStore:
         self.ledger = ledger
         self._entries: frozenset[AclEntry] = frozenset(entries)
         self._lock = asyncio.Lock()
+        # A cluster broker that does not own the ACL's slot: what a grant or
+        # revoke raises (`refusals.NotOwner`), nothing changed.
+        self.not_writable: Callable[[], Exception] | None = None
         self._index()
+
+    def replace_entries(self, entries: Iterable[AclEntry]) -> None:
+        """Take the grants read from the store (a cluster broker that does
+        not write the ACL reads it again now and then)."""
+        entries = frozenset(entries)
+        if entries != self._entries:
+            self._entries = entries
+            self._index()
+
+    @staticmethod
+    def parse(data: bytes, where: str) -> list[AclEntry]:
+        """The grants of one ACL document."""
+        return _parse_acl(data, where)
 
     @classmethod
     def load(cls, path: Path) -> AclStore:
@@ -250,6 +266,7 @@ class AclStore:
     async def grant(self, entry: AclEntry) -> bool:
         """Add ``entry`` (durably, then in memory); False if it was there."""
         async with self._lock:
+            self._check_writable()
             if entry in self._entries:
                 return False
             await self._replace(self._entries | {entry})
@@ -258,10 +275,15 @@ class AclStore:
     async def revoke(self, entry: AclEntry) -> bool:
         """Remove ``entry`` (durably, then in memory); False if it was not there."""
         async with self._lock:
+            self._check_writable()
             if entry not in self._entries:
                 return False
             await self._replace(self._entries - {entry})
             return True
+
+    def _check_writable(self) -> None:
+        if self.ledger is None and self.path is None and self.not_writable is not None:
+            raise self.not_writable()
 
     async def _replace(self, entries: frozenset[AclEntry]) -> None:
         doc = {"format": 1, "grants": [e.to_json() for e in sorted(entries)]}

@@ -38,7 +38,8 @@ What each command needs (checked on every command, before anything
 changes; a refusal is AUTHORIZATION_ERROR naming the permission):
 
 - PARTITIONED_METADATA, LOOKUP (which may create the topic): produce or
-  consume on the topic.
+  consume on the topic. LOOKUP of a transaction coordinator: any
+  authenticated role, as NEW_TXN (it names a broker's URL, nothing more).
 - PRODUCER and every SEND: produce on the topic.
 - SUBSCRIBE, FLOW, ACK, REDELIVER_UNACKNOWLEDGED: consume on the topic, and
   on the subscription when any grant names it (Pulsar's subscription
@@ -110,7 +111,7 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from broker._acl import ACL_FILE, AclError, AclStore, Permission, ResourceType, check_role
+from broker._acl import ACL_FILE, AclEntry, AclError, AclStore, Permission, ResourceType, check_role
 from buffer import quoted
 from ledger import LedgerStore
 from proto import refusals
@@ -356,6 +357,13 @@ class AuthConfig:
 ACL_LEDGER = "__meta/acl"  # in a PostgreSQL store (no data directory)
 
 
+async def read_acl(store: LedgerStore) -> list[AclEntry]:
+    """The grants of the ACL ledger as the database holds it now (written
+    by whichever broker owns its slot)."""
+    entries = await store.read_fresh(ACL_LEDGER)
+    return AclStore.parse(entries[-1].data, f"the ledger {ACL_LEDGER}") if entries else []
+
+
 class Security:
     """A broker's authentication, ACL and limits (see the module docstring)."""
 
@@ -380,6 +388,13 @@ class Security:
         ledger = await store.open_ledger(ACL_LEDGER)
         ledger.no_tail_cache()
         return cls(await AclStore.load_ledger(ledger), config)
+
+    @classmethod
+    async def load_cluster(cls, store: LedgerStore, config: AuthConfig | None = None) -> Security:
+        """A cluster broker's: the ACL as the store holds it now, read only
+        (`broker._cluster` gives it the ledger to write while this broker
+        owns its slot, and reads it again now and then otherwise)."""
+        return cls(AclStore(None, await read_acl(store)), config)
 
     @property
     def enabled(self) -> bool:

@@ -46,7 +46,7 @@ from aiohttp import web
 
 from broker._auth import AuthConfig, Security
 from broker._metrics import BrokerMetrics
-from broker._slots import slot_of
+from broker._slots import slot_of, slot_of_key
 from buffer import Partition, PublishResult, Topic, Topics, TransactionBuffer
 from ledger import LedgerError, LedgerStore, faults
 from proto import refusals, txn_text
@@ -67,7 +67,9 @@ __all__ = [
     "UNLOAD_AFTER",
     "Broker",
     "Client",
+    "ClusterGate",
     "ConnectedProducer",
+    "broker_id",
     "open_cluster_store",
 ]
 
@@ -139,6 +141,10 @@ class Broker:
         self._awaiting_buffer: dict[Partition, list[_TxnSend]] = {}
         self.started = time.time()
         self.metrics = BrokerMetrics(self)
+        # A cluster broker (`broker._cluster`): which slots it serves, and the
+        # refusal of what it does not (None: one broker, every slot).
+        self.cluster: ClusterGate | None = None
+        self.store_owner = ""  # the name its PostgreSQL store writes as (`broker_id`)
 
     @classmethod
     async def open(
@@ -151,13 +157,16 @@ class Broker:
         preload: bool = True,
         unload_after: float | None = UNLOAD_AFTER,
         store_url: str | None = None,
+        cluster: bool = False,
     ) -> Broker:
         """``auth``: authentication, superusers and limits (none, the
         default: see `broker._auth`). ``preload``: load every topic in the
         background after the start; ``unload_after``: seconds a topic is
         left alone before it unloads (None: never; see the module
         docstring). ``store_url``: a PostgreSQL database instead of
-        ``data_dir`` (`open_cluster_store`)."""
+        ``data_dir`` (`open_cluster_store`); with ``cluster`` it takes no
+        slot and no coordinator: `broker._cluster.ClusterHost` loads them as
+        the cluster gives them to it."""
         t0 = time.perf_counter()
         where: Path | str
         folder: Path | None = None
@@ -166,20 +175,37 @@ class Broker:
             folder.mkdir(parents=True, exist_ok=True)
             security = Security.load(folder, auth)
             store = await LedgerStore.open(folder / "broker.db")
+        elif cluster:
+            store = await LedgerStore.open(store_url, owner=broker_id(url), slot_of=slot_of)
+            where = store.location
+            tc_ids = ()
+            try:
+                security = await Security.load_cluster(store, auth)
+            except BaseException:
+                await store.close()
+                raise
         else:
-            store = await open_cluster_store(store_url, f"{url or 'broker'} pid {os.getpid()}")
+            store = await open_cluster_store(store_url, broker_id(url))
             where = store.location
             try:
                 security = await Security.load_from_store(store, auth)
             except BaseException:
                 await store.close()
                 raise
-        topics = await Topics.load(store, lazy=True)
+        if cluster:
+            count = store.slot_count
+            topics = await Topics.load(
+                store, lazy=True, slots=count, slot_of=lambda name: slot_of_key(name, count)
+            )
+        else:
+            topics = await Topics.load(store, lazy=True)
         subs = await Subscriptions.load(topics)
         for name in sorted(topics.deleted):  # (a deletion that a crash interrupted)
             await subs.delete_leftovers(name)
             await topics.delete_ledgers(name)
         broker = cls(folder, store, topics, subs, url, security, unload_after)
+        if store_url is not None:
+            broker.store_owner = broker_id(url)
         topics.prepare = broker._prepare_topic
         topics.discard = broker._discard_topic
         log.info(
@@ -190,7 +216,8 @@ class Broker:
             time.perf_counter() - t0,
         )
         try:
-            await broker.metrics.load(store)
+            if not cluster:  # (a cluster's brokers do not keep the counters: docs/cluster.md)
+                await broker.metrics.load(store)
             for tcid in tc_ids:
                 broker.coordinators[tcid] = await broker._open_coordinator(tcid, producer_settings)
         except BaseException:
@@ -399,6 +426,8 @@ class Broker:
     def coordinator(self, txnid: TxnID) -> TransactionCoordinator:
         """The coordinator that owns ``txnid`` (its TCID), if it runs here."""
         tc = self.coordinators.get(txnid.tcid)
+        if tc is None and self.cluster is not None:
+            raise self.cluster.coordinator_not_here(txnid.tcid)
         if tc is None:
             raise TxnNotFoundError(
                 f"transaction {txnid} belongs to coordinator {txnid.tcid}, which does not run "
@@ -411,6 +440,8 @@ class Broker:
         mode: its requests go there), if it runs here."""
         tcid = coordinator_of_producer(producer_id)
         tc = self.coordinators.get(tcid)
+        if tc is None and self.cluster is not None:
+            raise self.cluster.coordinator_not_here(tcid)
         if tc is None:
             raise refusals.InvalidProducerIdMapping(
                 f"producer id {producer_id} belongs to coordinator {tcid}, which does not run here",
@@ -495,12 +526,16 @@ class Broker:
         as ``end`` says, queued at once (once the topic is loaded, if it is
         not)."""
         faults.refuse("broker.end_txn_on_participant")
+        if self.cluster is not None:
+            self.cluster.gate(topic)
         if self.topics.get(topic) is None and topic in self.topics:
             return self._end_on_subscription(topic, subscription, end, True)
         self.subscriptions.end_txn_early(topic, subscription, end.txnid, end.commit)
         return None
 
     def _has_partition(self, topic: str, partition: int, txnid: TxnID) -> bool:
+        if self.cluster is not None:  # (elsewhere: the coordinator tries again, never "done")
+            self.cluster.gate(topic)
         count = self.topics.partition_count(topic)
         if count is None or partition >= count:
             log.warning("end %s on %s/%d: no such partition", txnid, topic, partition)
@@ -529,6 +564,8 @@ class Broker:
         (nothing changes) unless ``txnid``'s coordinator runs here and has
         decided to commit (``commit``) or to abort it."""
         tc = self.coordinators.get(txnid.tcid)
+        if tc is None and self.cluster is not None:
+            raise self.cluster.coordinator_not_here(txnid.tcid)
         if tc is None:
             raise refusals.NotAllowed(
                 f"transaction {txnid} belongs to coordinator {txnid.tcid}, which does not run "
@@ -561,7 +598,16 @@ class Broker:
         """END_TXN_ON_SUBSCRIPTION from the wire: checked (`decided_end`),
         then applied, returning once what it wrote is durable."""
         end = self.decided_end(txnid, commit)
+        if self.cluster is not None:
+            self.cluster.gate(topic)
         await self._end_on_subscription(topic, subscription, end, False)
+
+    def reset_connections_state(self) -> None:
+        """Forget the producers of the connections (all closed: a cluster
+        broker that starts again from its store)."""
+        self._producer_owners.clear()
+        self._producers_of.clear()
+        self._awaiting_buffer.clear()
 
     def producer_count(self, topic: str) -> int:
         return self._producers_of.get(topic, 0)
@@ -589,6 +635,34 @@ class Broker:
                 self._producers_of[topic] = left
             else:
                 del self._producers_of[topic]
+
+
+class ClusterGate(Protocol):
+    """What a cluster broker's host (`broker._cluster.ClusterHost`) answers
+    for the slots it does not serve."""
+
+    def gate(self, topic: str) -> None:
+        """Raise `refusals.NotOwner` unless ``topic``'s slot is served here."""
+        ...
+
+    def coordinator_not_here(self, tcid: int) -> refusals.Refusal:
+        """The refusal of a command for coordinator ``tcid``, not served here."""
+        ...
+
+    async def topic_owner(self, topic: str) -> str:
+        """LOOKUP: "" if ``topic``'s slot is served here, else the URL of
+        its owner; `refusals.NotOwner` while no live broker owns it."""
+        ...
+
+    async def coordinator_owner(self, tcid: int) -> str:
+        """LOOKUP of coordinator ``tcid``: as `topic_owner`, for its slot."""
+        ...
+
+
+def broker_id(url: str) -> str:
+    """The name a broker writes to its store as (and joins a cluster as):
+    its URL and process id, unique among the brokers of a database."""
+    return f"{url or 'broker'} pid {os.getpid()}"
 
 
 async def open_cluster_store(url: str, owner: str) -> LedgerStore:

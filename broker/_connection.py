@@ -51,7 +51,6 @@ from broker._reader import reader_handlers
 from broker._seek import seek_handlers
 from broker._transactions import CLUSTER_ROLE, Transactions
 from buffer import (
-    InvalidNameError,
     MessageId,
     PublishResult,
     SendRejectedError,
@@ -314,6 +313,7 @@ class Connection:
                     protocol_version=PROTOCOL_VERSION,
                     max_message_size=MAX_MESSAGE_SIZE,
                     tc_ids=sorted(self.broker.coordinators),
+                    slots=self.broker.store.slot_count if self.broker.cluster is not None else 0,
                 ),
             )
         )
@@ -333,7 +333,7 @@ class Connection:
                 if count is None:
                     count = len((await self.broker.topics.get_or_create(name)).partitions)
                 resp.partitions = count
-            except InvalidNameError as exc:
+            except REFUSALS as exc:  # (a bad name, no permission, another broker's slot)
                 resp.error = error_code(exc)
                 resp.message = str(exc)
             return command(T.PARTITIONED_METADATA_RESPONSE, "partitioned_metadata_response", resp)
@@ -341,19 +341,42 @@ class Connection:
         self.answer(req.request_id, work(), "partitioned metadata")
 
     def _on_lookup(self, cmd: pb.BaseCommand) -> None:
+        """Pulsar's lookup: CONNECT (served here) or REDIRECT to the owner of
+        the topic's or coordinator's slot (a cluster); NOT_OWNER while no
+        live broker owns it."""
         req = cmd.lookup
-        resp = pb.CommandLookupTopicResponse(
-            request_id=req.request_id,
-            broker_service_url=self._url or self.broker.url,
-            authoritative=True,
-        )
-        try:
-            check_topic_name(req.topic)
-            self.broker.security.allow_lookup(self.who, req.topic)
-        except REFUSALS as exc:
-            resp.error = error_code(exc)
-            resp.message = str(exc)
-        self.send(command(T.LOOKUP_RESPONSE, "lookup_response", resp))
+        cluster = self.broker.cluster
+
+        async def work() -> pb.BaseCommand:
+            resp = pb.CommandLookupTopicResponse(
+                request_id=req.request_id,
+                broker_service_url=self._url or self.broker.url,
+                authoritative=True,
+            )
+            try:
+                if req.HasField("tc_id"):
+                    if cluster is not None:
+                        owner = await cluster.coordinator_owner(req.tc_id)
+                    elif req.tc_id in self.broker.coordinators:
+                        owner = ""
+                    else:
+                        raise refusals.TransactionCoordinatorNotFound(
+                            f"no coordinator {req.tc_id} here "
+                            f"(coordinators: {sorted(self.broker.coordinators)})"
+                        )
+                else:
+                    check_topic_name(req.topic)
+                    self.broker.security.allow_lookup(self.who, req.topic)
+                    owner = "" if cluster is None else await cluster.topic_owner(req.topic)
+                if owner:
+                    resp.response = pb.CommandLookupTopicResponse.REDIRECT
+                    resp.broker_service_url = owner
+            except REFUSALS as exc:
+                resp.error = error_code(exc)
+                resp.message = str(exc)
+            return command(T.LOOKUP_RESPONSE, "lookup_response", resp)
+
+        self.answer(req.request_id, work(), "lookup")
 
     def _on_producer(self, cmd: pb.BaseCommand) -> None:
         req = cmd.producer

@@ -12,7 +12,8 @@ before anything is written (a refusal changes nothing; the transaction
 stays OPEN and the client aborts it): the transaction is OPEN at its
 coordinator, not past its timeout and wrote nothing the full way
 (`tc.TransactionCoordinator.local_commit_check`); every producer and
-consumer is this connection's, with the permissions a SEND or ACK needs;
+consumer is this connection's, with the permissions a SEND or ACK needs,
+on a topic whose slot this broker holds (a cluster: else NOT_OWNER);
 every batch is a well-formed EntryBatch; every acknowledged message is
 stored and PENDING in its subscription, and no record in flight there can
 change that. Then, in the same turn, it is written as one group commit:
@@ -127,7 +128,7 @@ class LocalCommits:
     ) -> tuple[list[_PartitionWrite], list[_AckWrite]]:
         """Every send and ack of ``req``, checked; raises a refusal if one
         may not be written (nothing changes)."""
-        conn, security = self.conn, self.broker.security
+        conn, security, cluster = self.conn, self.broker.security, self.broker.cluster
         parts: dict[Partition, _PartitionWrite] = {}
         for send in req.sends:
             producer = conn.producers.get(send.producer_id)
@@ -137,6 +138,8 @@ class LocalCommits:
                 )
             topic = producer.topic
             security.allow_produce(conn.who, topic.name)
+            if cluster is not None:  # (its slot moved since the producer was made)
+                cluster.gate(topic.name)
             if send.partition >= len(topic.partitions):
                 raise refusals.InvalidArgument(
                     f"topic {topic.name!r} has no partition {send.partition}"
@@ -158,6 +161,8 @@ class LocalCommits:
                     f"no consumer {held.consumer_id} on this connection"
                 )
             security.allow_consume(conn.who, consumer.topic, consumer.subscription)
+            if cluster is not None:
+                cluster.gate(consumer.topic)
             flat = held.ranges
             if not flat or len(flat) % 4:
                 raise refusals.InvalidArgument(

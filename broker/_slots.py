@@ -15,10 +15,14 @@ store refuses every write of a broker to a slot it no longer holds
   transactional ids whose ``crc32`` falls in k (their ledgers are the
   subscriptions' and the coordinators', above: nothing more to map yet).
 
-The broker-wide ledgers ``__meta/...`` (the topic list, the ACL, the
-metrics' counters) are in slot 0 while one broker holds every slot; they
-move out of the ledgers (to tables of their own) when slots are spread over
-several brokers. A name of any other shape is in no slot.
+- the topic list of slot k, ``__meta/topics/{k}`` (a cluster: the records
+  of the topics of slot k, written by its owner).
+
+The broker-wide ledgers ``__meta/...`` (the topic list of a single broker,
+``__meta/topics``; the ACL, ``__meta/acl``; the metrics' counters) are in
+slot 0: written only by the owner of slot 0 (docs/cluster.md says how the
+other brokers of a cluster read them). A name of any other shape is in no
+slot.
 
 The hash is `cluster.slot_of`'s (crc32, stable across processes, machines
 and Python versions, unlike ``hash()``), the one the ownership core uses.
@@ -47,5 +51,8 @@ def slot_of(ledger_name: str, slots: int) -> int | None:
     if kind == "tc" and rest.isdigit():
         return int(rest) % slots
     if kind == "__meta":
+        head, _, index = rest.partition("/")
+        if head == "topics" and index.isdigit():
+            return int(index) % slots
         return 0
     return None

@@ -308,6 +308,8 @@ class Transactions:
         """A new transaction on coordinator ``tc_id`` (NEW_TXN, or the next
         one an END_TXN asks for)."""
         tc = self.broker.coordinators.get(tc_id)
+        if tc is None and self.broker.cluster is not None:
+            raise self.broker.cluster.coordinator_not_here(tc_id)
         if tc is None:
             raise refusals.TransactionCoordinatorNotFound(
                 f"no coordinator {tc_id} here (coordinators: {sorted(self.broker.coordinators)})",

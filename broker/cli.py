@@ -43,7 +43,7 @@ import socket
 import ssl
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from aiohttp import web
 
@@ -62,11 +62,15 @@ from broker._server import MAX_REQUEST_LINE, make_app
 from ledger import LedgerError, LedgerFencedError, is_postgres_url
 from tc import DEFAULT_EXPIRATION_MS, MAX_TXN_TIMEOUT_MS, ProducerSettings
 
+if TYPE_CHECKING:
+    from broker._cluster import ClusterHost
+
 __all__ = ["main", "serve"]
 
 log = logging.getLogger("txnbuf")
 
 GC_GEN0_THRESHOLD = 20_000
+DEFAULT_LEASE_TTL = 5.0  # seconds (--lease-ttl)
 
 
 async def serve(
@@ -82,6 +86,7 @@ async def serve(
     unload_after: float | None = UNLOAD_AFTER,
     store_url: str | None = None,
     stream_port: int | None = None,
+    cluster_lease: float | None = None,
 ) -> None:
     """Run a broker until SIGTERM or SIGINT. ``auth``: authentication and
     limits (`broker._auth`); ``ssl_context``: serve TLS (on the Kafka
@@ -90,7 +95,8 @@ async def serve(
     (`broker.kafka`), which authenticates when the broker does;
     ``preload``, ``unload_after`` and ``store_url``: see `Broker.open`;
     ``stream_port``: serve the data plane on raw TCP on this port too
-    (`broker._stream`).
+    (`broker._stream`); ``cluster_lease``: join the cluster of the database
+    ``store_url`` with a lease of that many seconds (`broker._cluster`).
 
     A broker whose store is fenced (another broker took its slots over:
     `ledger.LedgerFencedError`) stops at once, logging why at ERROR, and
@@ -101,6 +107,7 @@ async def serve(
     if stream_port is not None:
         _check_port(host, stream_port)
     gc.disable()
+    clustered: ClusterHost | None = None
     try:
         broker = await Broker.open(
             data_dir,
@@ -111,7 +118,21 @@ async def serve(
             preload=preload,
             unload_after=unload_after,
             store_url=store_url,
+            cluster=cluster_lease is not None,
         )
+        if cluster_lease is not None:
+            assert store_url is not None
+            from cluster import LeaseTiming
+
+            try:
+                from broker._cluster import ClusterHost
+
+                clustered = await ClusterHost.start(
+                    broker, store_url, LeaseTiming(cluster_lease), producer_settings
+                )
+            except BaseException:
+                await broker.close()
+                raise
     except LedgerError as exc:  # (another broker on this data directory, a broken disk)
         where = data_dir if store_url is None else "the store"
         raise SystemExit(f"txnbuf: cannot open the data in {where}: {exc}") from None
@@ -167,7 +188,8 @@ async def serve(
                 fenced.append(error)
                 stop.set()
 
-        broker.store.failure.add_done_callback(store_failed)
+        if clustered is None:  # (a cluster broker starts again from its store: `broker._cluster`)
+            broker.store.failure.add_done_callback(store_failed)
         log.info(
             "txnbuf broker listening on %s://%s:%d (data in %s, coordinators %s, %s)",
             scheme,
@@ -179,7 +201,11 @@ async def serve(
         )
         await stop.wait()
         log.info("stopping")
+        if clustered is not None:
+            await clustered.drain()
     finally:
+        if clustered is not None:
+            await clustered.close()
         if listener is not None:
             await listener.close()
         if stream is not None:
@@ -268,6 +294,16 @@ def _store_url(text: str) -> str:
     return text
 
 
+def _lease_ttl(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.3 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"a lease is 0.3 to 3600 seconds, not {text!r}")
+    return value
+
+
 def _version() -> str:
     try:
         return importlib.metadata.version("txnbuf")
@@ -303,6 +339,20 @@ def _main(argv: Sequence[str] | None = None) -> int:
         metavar="URL",
         help="keep everything in this PostgreSQL database instead of --data-dir "
         "(a libpq URL: postgresql://user:password@host:port/db; see docs/cluster.md)",
+    )
+    p.add_argument(
+        "--cluster",
+        action="store_true",
+        help="with --store: share the database's slots with the other brokers on it "
+        "(membership with a lease; see docs/cluster.md) instead of taking them all",
+    )
+    p.add_argument(
+        "--lease-ttl",
+        type=_lease_ttl,
+        default=DEFAULT_LEASE_TTL,
+        metavar="SECONDS",
+        help=f"with --cluster: the membership lease, renewed every third of it; a dead "
+        f"broker's slots are taken over within it ({DEFAULT_LEASE_TTL:g})",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     p.add_argument("--port", type=_port, default=6650, help="port to listen on (6650)")
@@ -398,6 +448,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
         format=LOG_FORMAT,
     )
+    if args.command == "serve" and args.cluster and args.store is None:
+        parser.error("--cluster needs --store (the cluster's PostgreSQL database)")
     if args.command == "serve":
         security = serve_security(args)
         authenticated = security.auth.authenticator is not None
@@ -431,6 +483,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
                     args.unload_after or None,
                     args.store,
                     args.stream_port,
+                    args.lease_ttl if args.cluster else None,
                 )
             )
     return 0

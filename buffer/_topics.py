@@ -7,6 +7,14 @@ of a topic wins. A deletion is recorded before the topic's ledgers are
 deleted: a start that finds a deleted topic's ledgers still there (a crash
 in between) names them in `Topics.deleted` for the broker to delete.
 
+In a cluster (`Topics.load` with ``slots``), each slot has a topic list of
+its own, ``__meta/topics/{k}``, written by the slot's owner only: a broker
+knows the topics of the slots it holds (`load_slot`, `drop_slot`), and
+``gate`` refuses a topic of any other slot (`refusals.NotOwner`). The list
+of a single broker, ``__meta/topics``, is read as the first records of
+every slot's list (a database that one broker served before it became a
+cluster), and not written any more.
+
 Loaded on first use: `Topics.load` reads the topic list only (a name, a
 partition count and a retention per topic, ~150 bytes each); a topic's
 partitions are loaded from their ledgers when it is first asked for
@@ -34,7 +42,7 @@ from buffer._names import MAX_PARTITIONS, check_topic_name
 from buffer._partition import Partition
 from buffer._retention import NO_RETENTION, Retention
 from buffer._sidecar import sidecar_ledger_name
-from ledger import LedgerStore
+from ledger import Ledger, LedgerStore
 from proto import refusals
 
 __all__ = ["PartitionCountError", "Topic", "Topics", "partition_ledger_prefixes"]
@@ -80,38 +88,47 @@ class Topics:
         self._load_tasks: set[asyncio.Task[None]] = set()
         self._after: dict[str, list[Callable[[Topic | None, BaseException | None], None]]] = {}
         self._lock = asyncio.Lock()
-        self._meta = store.get_ledger(_META_LEDGER)
+        self._meta: Ledger | None = None  # the topic list (one broker: set by `load`)
         # Topics deleted whose ledgers may still be there (see the module docstring).
         self.deleted: set[str] = set()
         # Run on a topic being loaded, before it becomes visible; and on a
         # topic whose load failed after ``prepare`` began, or that unloads.
         self.prepare: Callable[[Topic], Awaitable[None]] | None = None
         self.discard: Callable[[Topic], None] | None = None
+        # A cluster: the number of slots and each topic's slot (0: one broker,
+        # one topic list); the topic lists of the slots held; and ``gate``,
+        # which raises `refusals.NotOwner` for a topic of a slot not held.
+        self.slots = 0
+        self.slot_of: Callable[[str], int] = lambda name: 0
+        self._metas: dict[int, Ledger] = {}
+        self._legacy: list[bytes] = []  # a cluster: the single broker's list, read once
+        self.gate: Callable[[str], None] | None = None
 
     @classmethod
-    async def load(cls, store: LedgerStore, *, lazy: bool = False) -> Topics:
+    async def load(
+        cls,
+        store: LedgerStore,
+        *,
+        lazy: bool = False,
+        slots: int = 0,
+        slot_of: Callable[[str], int] | None = None,
+    ) -> Topics:
         """Read the topic list; with ``lazy`` that is all (each topic loads
-        on first use), else every topic is loaded too."""
+        on first use), else every topic is loaded too. With ``slots`` (a
+        cluster; ``slot_of``: a topic's slot) nothing is read: each slot's
+        list is read when the slot is taken (`load_slot`)."""
         topics = cls(store)
+        if slots:
+            assert slot_of is not None
+            topics.slots = slots
+            topics.slot_of = slot_of
+            legacy = store.get_ledger(_META_LEDGER)
+            if legacy is not None:  # (read once, then given back: it is slot 0's ledger)
+                topics._legacy = [e.data for e in await topics._entries(legacy)]
+                store.release_ledger(legacy)
+            return topics
         topics._meta = await store.open_ledger(_META_LEDGER)
-        meta = topics._meta
-        # (A chunk of records at a time: less memory left behind by a start.)
-        for start in range(meta.first_entry_id, meta.last_entry_id + 1, _READ_CHUNK):
-            for entry in await meta.read(start, start + _READ_CHUNK - 1):
-                record = json.loads(entry.data)
-                # (Interned: the broker's other tables keyed by topic share it.)
-                name = sys.intern(record["topic"])
-                if record.get("deleted"):
-                    topics._known.pop(name, None)
-                    topics._retention.pop(name, None)
-                    topics.deleted.add(name)
-                    continue
-                topics.deleted.discard(name)
-                topics._known[name] = int(record["partitions"])
-                if record.get("retention") is not None:
-                    topics._retention[name] = Retention.from_json(record["retention"])
-                else:
-                    topics._retention.pop(name, None)
+        await topics._read_list(topics._meta)
         topics.deleted = {
             name
             for name in topics.deleted
@@ -120,6 +137,87 @@ class Topics:
         if not lazy:
             await topics.load_all()
         return topics
+
+    @staticmethod
+    async def _entries(meta: Ledger) -> list[Any]:
+        out = []
+        for start in range(meta.first_entry_id, meta.last_entry_id + 1, _READ_CHUNK):
+            out.extend(await meta.read(start, start + _READ_CHUNK - 1))
+        return out
+
+    async def _read_list(self, meta: Ledger) -> None:
+        """Apply the records of the topic list ``meta``."""
+        # (A chunk of records at a time: less memory left behind by a start.)
+        for start in range(meta.first_entry_id, meta.last_entry_id + 1, _READ_CHUNK):
+            self._apply([e.data for e in await meta.read(start, start + _READ_CHUNK - 1)])
+
+    def _apply(self, records: list[bytes], slot: int | None = None) -> None:
+        """Apply topic-list records (those of topics of ``slot`` only, if given)."""
+        if records:
+            for data in records:
+                record = json.loads(data)
+                if slot is not None and self.slot_of(record["topic"]) != slot:
+                    continue
+                # (Interned: the broker's other tables keyed by topic share it.)
+                name = sys.intern(record["topic"])
+                if record.get("deleted"):
+                    self._known.pop(name, None)
+                    self._retention.pop(name, None)
+                    self.deleted.add(name)
+                    continue
+                self.deleted.discard(name)
+                self._known[name] = int(record["partitions"])
+                if record.get("retention") is not None:
+                    self._retention[name] = Retention.from_json(record["retention"])
+                else:
+                    self._retention.pop(name, None)
+
+    # -- slots (a cluster) -------------------------------------------------------------
+
+    async def load_slot(self, slot: int) -> list[str]:
+        """Read the topic list of ``slot`` (just taken: its ledgers are
+        writable here); returns the deleted topics of the slot whose ledgers
+        are still there (a deletion a failure interrupted)."""
+        self._apply(self._legacy, slot)
+        meta = self._metas[slot] = await self.store.open_ledger(f"{_META_LEDGER}/{slot}")
+        await self._read_list(meta)
+        leftovers = [
+            name
+            for name in self.deleted
+            if self.slot_of(name) == slot
+            and any(self.store.ledger_names(p) for p in partition_ledger_prefixes(name))
+        ]
+        return sorted(leftovers)
+
+    def drop_slot(self, slot: int) -> list[str]:
+        """Forget the topics of ``slot`` (handed over or lost): the loaded
+        ones are dropped whatever is under way (``discard`` runs for each).
+        Returns their names."""
+        names = [n for n in self._known if self.slot_of(n) == slot]
+        for name in names:
+            self._known.pop(name, None)
+            self._retention.pop(name, None)
+            topic = self._topics.pop(name, None)
+            if topic is not None:
+                self._drop(topic)
+        self.deleted = {n for n in self.deleted if self.slot_of(n) != slot}
+        meta = self._metas.pop(slot, None)
+        if meta is not None:
+            self.store.release_ledger(meta)
+        return names
+
+    def _check_gate(self, name: str) -> None:
+        if self.gate is not None:
+            self.gate(name)
+
+    def _meta_of(self, name: str) -> Ledger:
+        if not self.slots:
+            assert self._meta is not None  # set by load()
+            return self._meta
+        meta = self._metas.get(self.slot_of(name))
+        if meta is None:
+            raise refusals.NotOwner(f"topic {name!r}: its slot is not held here")
+        return meta
 
     async def load_all(self, batch: int = LOAD_BATCH) -> None:
         """Load every topic not loaded yet, ``batch`` at a time, by name."""
@@ -184,6 +282,7 @@ class Topics:
         topic = self.get(name)
         if topic is not None:
             return topic
+        self._check_gate(name)
         if name not in self._known:
             return None
         return await asyncio.shield(self._start_load(name))
@@ -216,6 +315,12 @@ class Topics:
                     done.set_exception(exc)
 
         topic = self.get(name)
+        if topic is None:
+            try:
+                self._check_gate(name)
+            except refusals.Refusal as exc:
+                run(None, exc)
+                return done
         if topic is not None or name not in self._known:
             run(topic, None)
             return done
@@ -314,6 +419,7 @@ class Topics:
         anything. With ``exist_ok`` an existing topic is returned as it is.
         """
         check_topic_name(name)
+        self._check_gate(name)
         if not isinstance(partitions, int) or not 1 <= partitions <= MAX_PARTITIONS:
             raise PartitionCountError(
                 f"partitions must be an integer from 1 to {MAX_PARTITIONS}, got {partitions!r}"
@@ -348,11 +454,11 @@ class Topics:
             return topic
 
     async def _record(self, name: str, partitions: int, retention: Retention) -> None:
-        assert self._meta is not None  # set by load()
+        meta = self._meta_of(name)
         record: dict[str, Any] = {"topic": name, "partitions": partitions}
         if retention != NO_RETENTION:
             record["retention"] = retention.to_json()
-        await self._meta.append(json.dumps(record).encode(), meta=0)
+        await meta.append(json.dumps(record).encode(), meta=0)
 
     async def set_retention(self, name: str, retention: Retention) -> Topic:
         """Give the existing topic ``name`` this retention (durably);
@@ -380,8 +486,8 @@ class Topics:
             topic = await self.load_topic(name)
             if topic is None:
                 return False
-            assert self._meta is not None  # set by load()
-            await self._meta.append(json.dumps({"topic": name, "deleted": True}).encode(), meta=0)
+            meta = self._meta_of(name)
+            await meta.append(json.dumps({"topic": name, "deleted": True}).encode(), meta=0)
             del self._topics[name]
             del self._known[name]
             self._retention.pop(name, None)

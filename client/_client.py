@@ -1,4 +1,4 @@
-"""The Client: one broker connection, the factory of producers and consumers."""
+"""The Client: its broker connections, the factory of producers and consumers."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ import contextlib
 import math
 import os
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 
 from proto import TxnID
 
+from ._brokers import Brokers, service_urls
 from ._connection import Command, Connection, command
 from ._consumer import Consumer
 from ._deadletter import DeadLetterPolicy, DeadLetters, Source
@@ -22,13 +23,13 @@ from ._reader import Position, Reader
 from ._reader import _position as _reader_position
 from ._spares import Spare, SparePool
 from ._txn import Transaction, TxnState
-from .errors import ClientClosedError, InvalidInputError, TxnbufError
+from .errors import ClientClosedError, InvalidInputError, NotOwnerError, TxnbufError
 
 MAX_TXN_TTL_MS = 2**64 - 1
 
 
 class Client:
-    """A connection to one txnbuf broker::
+    """A client of a txnbuf broker, or of a cluster of them::
 
         async with Client("http://127.0.0.1:6650") as client:
             producer = await client.create_producer("orders")
@@ -36,7 +37,18 @@ class Client:
 
     One WebSocket (``<url>/ws``, or one stream) carries every producer and consumer of the
     client; it reconnects by itself when it drops (see ``client._connection``
-    for what is re-created and re-sent). Every operation gives up after
+    for what is re-created and re-sent). ``url`` may name several brokers of
+    one service (``["http://a:6650", "http://b:6650"]``, or one string with
+    commas): the first that answers is connected to, the others are tried
+    when it cannot be reached. A broker of a cluster (docs/cluster.md) makes
+    the client look each topic up and keep one WebSocket per broker, each
+    producer and consumer on its topic's owner, following ownership changes
+    by itself (see ``client._brokers``). Not routed in a cluster (they go to
+    the first broker): readers after their creation, transaction groups,
+    cursors and the producer-epoch mode's producers; a transaction whose
+    coordinator and topics are on different brokers is refused
+    (``NotAllowedError``): ``new_transaction(near=topic)`` takes a
+    coordinator on the broker of ``topic``. Every operation gives up after
     ``operation_timeout`` seconds with ``OperationTimeoutError``. The client
     connects on ``__aenter__`` (or ``connect()``, or its first operation);
     after ``close()`` every use raises ``ClientClosedError``.
@@ -62,30 +74,26 @@ class Client:
 
     def __init__(
         self,
-        url: str,
+        url: str | list[str],
         *,
         operation_timeout: float = 30.0,
         token: str | None = None,
         tls_ca: str | os.PathLike[str] | None = None,
     ) -> None:
-        if not isinstance(url, str) or not url.startswith(
-            ("http://", "https://", "txnbuf://", "txnbufs://")
-        ):
-            raise InvalidInputError(
-                f"url must look like http://host:port (or txnbuf://host:port), not {url!r}"
-            )
+        urls = service_urls(url)
         if not operation_timeout > 0:
             raise InvalidInputError("operation_timeout must be positive")
         if token is None:
             token = os.environ.get("TXNBUF_TOKEN", "")
         if not isinstance(token, str) or not token.isascii():
             raise InvalidInputError("token must be a str of ASCII characters (a JWT)")
-        if tls_ca is not None and not url.startswith(("https://", "txnbufs://")):
+        if tls_ca is not None and not urls[0].startswith(("https://", "txnbufs://")):
             raise InvalidInputError("tls_ca is for https:// and txnbufs:// URLs")
         context = tls_context(tls_ca) if tls_ca is not None else None
-        self.url = url
+        self.url = ",".join(urls)
         self.operation_timeout = operation_timeout
-        self._conn = Connection(url, operation_timeout, token or None, context)
+        self._brokers = Brokers(urls, operation_timeout, token or None, context)
+        self._conn: Connection = self._brokers.home
         self._closed = False
         self._next_tc = 0  # round robin over the broker's coordinators
         self._spares = SparePool(self._round_robin_tc, self._abort_spare, self._conn.is_current)
@@ -171,7 +179,7 @@ class Client:
             _check_name("producer_name", producer_name)
         await self.connect()
         producer = Producer(
-            self._conn,
+            await self._brokers.route(topic),
             topic,
             producer_name,
             max_pending_messages=max_pending_messages,
@@ -179,8 +187,24 @@ class Client:
             batching_max_bytes=batching_max_bytes,
             partitions_update_interval=partitions_update_interval,
         )
-        await producer._create()
+        await self._at_owner(producer, producer._create)
         return producer
+
+    async def _at_owner(
+        self, handler: Producer | Consumer, create: Callable[[], Awaitable[None]]
+    ) -> None:
+        """``create()`` at the broker of ``handler``'s topic: looked up again
+        and tried there while it is refused NOT_OWNER (a cluster's slot
+        moved meanwhile), until the operation timeout."""
+        deadline = asyncio.get_running_loop().time() + self.operation_timeout
+        while True:
+            try:
+                await create()
+                return
+            except NotOwnerError:
+                if asyncio.get_running_loop().time() >= deadline:
+                    raise
+                handler.move_to(await self._brokers.lookup(topic=handler.topic, deadline=deadline))
 
     async def subscribe(
         self,
@@ -217,7 +241,7 @@ class Client:
             raise InvalidInputError("consumer_name must be a str or None")
         await self.connect()
         consumer = Consumer(
-            self._conn,
+            await self._brokers.route(topic),
             topic,
             subscription,
             subscription_type=subscription_type,
@@ -236,10 +260,12 @@ class Client:
                 consumer._give_back,
             )
             consumer._dead_letters = DeadLetters(self, source, dead_letter_policy)
-        await consumer._subscribe()
+        await self._at_owner(consumer, consumer._subscribe)
         return consumer
 
-    async def new_transaction(self, timeout: float = 60.0) -> Transaction:
+    async def new_transaction(
+        self, timeout: float = 60.0, *, near: str | None = None
+    ) -> Transaction:
         """Open a transaction that its coordinator aborts if it is not ended
         within ``timeout`` seconds (PIP-31 §Public APIs).
 
@@ -249,6 +275,12 @@ class Client:
         that just ended asked for this one already, with its END_TXN (a
         spare, see ``client._spares``); then nothing is sent.
         See ``client._txn`` for the rest.
+
+        A cluster: coordinator k lives on the owner of slot k. Without
+        ``near`` the coordinators are those of the first broker; with
+        ``near`` (a topic) those of the broker serving that topic, so that
+        sends and acks on the topics of that broker may join the
+        transaction (a transaction across brokers is not built: refused).
         """
         if (
             isinstance(timeout, bool)
@@ -261,33 +293,57 @@ class Client:
         ttl_ms = max(1, round(timeout * 1000))
         if ttl_ms > MAX_TXN_TTL_MS:
             raise InvalidInputError(f"timeout {timeout} s is too long")
+        if near is not None:
+            _check_name("near", near)
         await self.connect()
+        if near is not None and self._brokers.cluster:
+            conn = await self._brokers.route(near)
+            if conn is not self._conn:
+                fresh, conn = await self._new_txn(ttl_ms, conn)
+                txn_id = TxnID(fresh.most_bits, fresh.least_bits)
+                return Transaction(conn, txn_id, fresh.tc_id, timeout)
         spare = self._spares.take(ttl_ms)
+        conn = self._conn
         if spare is None:
-            spare = await self._new_txn(ttl_ms)
+            spare, conn = await self._new_txn(ttl_ms)
+        elif self._brokers.cluster:
+            conn = await self._brokers.route_coordinator(spare.tc_id)
         txn_id = TxnID(spare.most_bits, spare.least_bits)
-        return Transaction(self._conn, txn_id, spare.tc_id, timeout, self._spares)
+        # (Spares are the first broker's: a transaction elsewhere asks none.)
+        spares = self._spares if conn is self._conn else None
+        return Transaction(conn, txn_id, spare.tc_id, timeout, spares)
 
-    def _round_robin_tc(self) -> int:
-        tc_ids = self._conn.tc_ids or (0,)
+    def _round_robin_tc(self, conn: Connection | None = None) -> int:
+        tc_ids = (conn or self._conn).tc_ids or (0,)
         tc_id = tc_ids[self._next_tc % len(tc_ids)]
         self._next_tc += 1
         return tc_id
 
-    async def _new_txn(self, ttl_ms: int) -> Spare:
-        """NEW_TXN to the next coordinator (round robin)."""
-        tc_id = self._round_robin_tc()
+    async def _new_txn(
+        self, ttl_ms: int, conn: Connection | None = None
+    ) -> tuple[Spare, Connection]:
+        """NEW_TXN to the next coordinator (round robin) of ``conn``'s
+        broker (the first broker's by default); in a cluster, at the
+        coordinator's owner if it moved. The transaction, and the
+        connection of its coordinator."""
+        conn = conn or self._conn
+        tc_id = self._round_robin_tc(conn)
         born = asyncio.get_running_loop().time()
-        reply = await self._conn.request(
-            lambda request_id: command(
+
+        def build(request_id: int) -> Command:
+            return command(
                 Command.NEW_TXN, "new_txn", request_id=request_id, txn_ttl_ms=ttl_ms, tc_id=tc_id
-            ),
-            Command.NEW_TXN_RESPONSE,
-            f"new transaction on coordinator {tc_id}",
-            link_bound=False,
-        )
+            )
+
+        what = f"new transaction on coordinator {tc_id}"
+        try:
+            reply = await conn.request(build, Command.NEW_TXN_RESPONSE, what, link_bound=False)
+        except NotOwnerError:
+            conn = await self._brokers.lookup(tc_id=tc_id)
+            reply = await conn.request(build, Command.NEW_TXN_RESPONSE, what, link_bound=False)
         answer = reply.new_txn_response
-        return Spare(answer.txnid_most_bits, answer.txnid_least_bits, tc_id, born, self._conn.gen)
+        spare = Spare(answer.txnid_most_bits, answer.txnid_least_bits, tc_id, born, conn.gen)
+        return spare, conn
 
     async def _abort_spare(self, spare: Spare) -> None:
         txn_id = TxnID(spare.most_bits, spare.least_bits)
@@ -297,16 +353,22 @@ class Client:
         """How many partitions ``topic`` has (it is created with one if missing)."""
         _check_name("topic", topic)
         await self.connect()
-        reply = await self._conn.request(
-            lambda request_id: command(
+
+        def build(request_id: int) -> Command:
+            return command(
                 Command.PARTITIONED_METADATA,
                 "partitioned_metadata",
                 request_id=request_id,
                 topic=topic,
-            ),
-            Command.PARTITIONED_METADATA_RESPONSE,
-            f"partitions of {topic!r}",
-        )
+            )
+
+        conn = await self._brokers.route(topic)
+        what = f"partitions of {topic!r}"
+        try:
+            reply = await conn.request(build, Command.PARTITIONED_METADATA_RESPONSE, what)
+        except NotOwnerError:  # (a cluster's slot moved meanwhile)
+            conn = await self._brokers.lookup(topic=topic)
+            reply = await conn.request(build, Command.PARTITIONED_METADATA_RESPONSE, what)
         return int(reply.partitioned_metadata_response.partitions)
 
     async def create_reader(
@@ -328,7 +390,7 @@ class Client:
         if type(batch) is not int or batch <= 0:
             raise InvalidInputError(f"batch must be a positive int, not {batch!r}")
         await self.connect()
-        reader = Reader(self._conn, topic, partition, Position(0, 0), batch)
+        reader = Reader(await self._brokers.route(topic), topic, partition, Position(0, 0), batch)
         if start == "earliest":
             reader._fetched = await reader.first()
         elif start == "latest":
@@ -342,13 +404,15 @@ class Client:
         return reader
 
     @contextlib.asynccontextmanager
-    async def transaction(self, timeout: float = 60.0) -> AsyncIterator[Transaction]:
+    async def transaction(
+        self, timeout: float = 60.0, *, near: str | None = None
+    ) -> AsyncIterator[Transaction]:
         """``async with client.transaction() as txn:`` a new transaction
         (see ``new_transaction``), committed when the block ends cleanly,
         aborted when it raises (the exception is re-raised; a failure to
         abort is only logged: the coordinator aborts at the timeout). A
         transaction the block committed or aborted itself is left as it is."""
-        txn = await self.new_transaction(timeout)
+        txn = await self.new_transaction(timeout, near=near)
         try:
             yield txn
         except BaseException:
@@ -363,12 +427,12 @@ class Client:
         if self._closed:
             return
         self._closed = True
-        handlers = [*self._conn.producers.values(), *self._conn.consumers.values()]
+        handlers = self._brokers.handlers()
         try:
             await asyncio.gather(*(handler.close() for handler in handlers), return_exceptions=True)
             await self._spares.close(timeout=min(2.0, self.operation_timeout))
         finally:
-            await self._conn.close()
+            await self._brokers.close()
 
     def _check_open(self) -> None:
         if self._closed:

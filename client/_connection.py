@@ -43,6 +43,18 @@ Decisions written down here:
   ``txnbuf(s)://host:port`` the broker's stream listener (``client._stream``:
   the same frames on raw TCP, each behind its length). A link runs the same
   on either.
+* A cluster (CONNECTED.slots > 0: brokers sharing a database, each
+  serving some slots): a client holds one connection per broker
+  (``client._brokers``), each with its own ranges of request, producer and
+  consumer ids and link generations (``id_base``), so a producer or
+  consumer moves from one connection to another keeping its ids and its
+  frames awaiting an answer. A control request refused NOT_OWNER is raised
+  at once (the topic or coordinator is another broker's: the caller looks
+  it up), not retried here. A handler whose re-creation is refused
+  NOT_OWNER, and every handler of a connection whose broker cannot be
+  reached again, is handed to the ``router`` (``client._brokers``), which
+  looks its topic up and moves it to the owner's connection; there it
+  re-sends what was not answered, as after a reconnect.
 * Timeouts of sends and acks (the hot path) are enforced by one sweeper
   task ticking every ``operation_timeout / 10`` (at most 1 s, at least
   10 ms), not by a timer per message.
@@ -69,7 +81,7 @@ import ssl
 import urllib.parse
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 import aiohttp
 
@@ -83,6 +95,7 @@ from .errors import (
     ClientClosedError,
     ConnectionLostError,
     InvalidInputError,
+    NotOwnerError,
     OperationTimeoutError,
     ProtocolError,
     TxnbufError,
@@ -212,13 +225,44 @@ class Handler(Protocol):
     async def close(self) -> None:
         """Close for good (the Client closes all its handlers)."""
 
+    @property
+    def topic(self) -> str: ...
+
+    @property
+    def closed(self) -> bool:
+        """Closed for good: nothing to move."""
+
+    def move_to(self, conn: Connection) -> None:
+        """Use ``conn`` from now on (``Connection.adopt``)."""
+
+
+class Router(Protocol):
+    """Where the handlers of a cluster's connection go when their broker
+    does not serve their topic any more (``client._brokers.Brokers``)."""
+
+    @property
+    def cluster(self) -> bool:
+        """True once a broker said it is one of a cluster's."""
+
+    def relocate(self, handler: Handler) -> None:
+        """Look ``handler``'s topic up and move it there (in the background)."""
+
+    def saw_cluster(self, conn: Connection, slots: int) -> None:
+        """``conn``'s broker answered CONNECTED with ``slots``."""
+
 
 class ProducerHandler(Handler, Protocol):
+    @property
+    def producer_id(self) -> int: ...
+
     def on_receipt(self, receipt: pb.CommandSendReceipt) -> None: ...
     def on_send_error(self, error: pb.CommandSendError) -> None: ...
 
 
 class ConsumerHandler(Handler, Protocol):
+    @property
+    def consumer_id(self) -> int: ...
+
     def on_message(self, message: pb.CommandMessage) -> None: ...
     def on_ack_response(self, response: pb.CommandAckResponse) -> None: ...
     def on_active_change(self, is_active: bool) -> None: ...
@@ -305,24 +349,41 @@ class Connection:
         operation_timeout: float,
         token: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        *,
+        id_base: int = 0,
+        router: Router | None = None,
+        fallbacks: list[str] | None = None,
     ) -> None:
+        """``id_base``: where this connection's request, producer and
+        consumer ids and link generations start (the connections of one
+        client use disjoint ranges); ``router``: see the module docstring;
+        ``fallbacks``: further URLs of the same service to try in turn when
+        ``url`` cannot be reached (the client's home connection: the other
+        service URLs, and the brokers lookups named)."""
         self._stream = stream_address(url)  # (None: the WebSocket)
+        for other in fallbacks or ():
+            stream_address(other)  # (refused here if it is not a broker's URL)
         self.url = url.rstrip("/")
+        self.router = router
+        self.slots = 0  # CONNECTED.slots of the last handshake (0: not a cluster)
+        self._urls = [self.url, *(u.rstrip("/") for u in fallbacks or ())]
+        self._attempt = 0
         self.operation_timeout = operation_timeout
         self._token = token
         self._ssl: ssl.SSLContext | bool = ssl_context if ssl_context is not None else True
         self.max_message_size = DEFAULT_MAX_MESSAGE_SIZE
         self.tc_ids: tuple[int, ...] = ()  # from the last CONNECTED
-        self.gen = 0
+        self._id_base = id_base
+        self.gen = id_base
         self.link: Link | None = None
         self.producers: dict[int, ProducerHandler] = {}
         self.consumers: dict[int, ConsumerHandler] = {}
         self._closed = False
         self._ready = asyncio.Event()
         self._requests: dict[int, asyncio.Future[Command]] = {}
-        self._last_request_id = 0
-        self._last_producer_id = 0
-        self._last_consumer_id = 0
+        self._last_request_id = id_base
+        self._last_producer_id = id_base
+        self._last_consumer_id = id_base
         self._last_error: TxnbufError | None = None
         self._fatal: TxnbufError | None = None  # why the first connection can never succeed
         self._session: aiohttp.ClientSession | None = None
@@ -351,6 +412,17 @@ class Connection:
     def deadline(self) -> float:
         return asyncio.get_running_loop().time() + self.operation_timeout
 
+    @property
+    def links(self) -> int:
+        """How many links this connection has had (1 + reconnects so far)."""
+        return self.gen - self._id_base
+
+    def add_fallback(self, url: str) -> None:
+        """Try ``url`` too when the others cannot be reached."""
+        url = url.rstrip("/")
+        if url not in self._urls:
+            self._urls.append(url)
+
     def is_current(self, gen: int) -> bool:
         """True while the link of generation ``gen`` is up."""
         return gen == self.gen and self.link is not None
@@ -364,14 +436,7 @@ class Connection:
 
     async def start(self) -> None:
         """Connect, retrying until ``operation_timeout``. Idempotent."""
-        if self._closed:
-            raise ClientClosedError("the client is closed")
-        if not self._tasks:
-            self._session = aiohttp.ClientSession()
-            self._tasks = [
-                asyncio.create_task(self._supervise(), name="txnbuf-connection"),
-                asyncio.create_task(self._sweep(), name="txnbuf-sweeper"),
-            ]
+        self.start_background()
         try:
             await self.wait_ready(self.deadline(), "connect")
         except OperationTimeoutError:
@@ -384,6 +449,17 @@ class Connection:
             if self._fatal is not None:
                 await self.close()
             raise
+
+    def start_background(self) -> None:
+        """Start connecting (and reconnecting) without waiting. Idempotent."""
+        if self._closed:
+            raise ClientClosedError("the client is closed")
+        if not self._tasks:
+            self._session = aiohttp.ClientSession()
+            self._tasks = [
+                asyncio.create_task(self._supervise(), name="txnbuf-connection"),
+                asyncio.create_task(self._sweep(), name="txnbuf-sweeper"),
+            ]
 
     async def close(self) -> None:
         """Stop reconnecting, close the socket and the session. Idempotent."""
@@ -446,7 +522,7 @@ class Connection:
                     raise ConnectionLostError(f"{what}: connection lost")
                 return reply
             except TxnbufError as exc:
-                if not exc.retriable or isinstance(exc, OperationTimeoutError):
+                if not exc.retriable or isinstance(exc, OperationTimeoutError | NotOwnerError):
                     raise
                 if loop.time() >= deadline:
                     raise OperationTimeoutError(f"{what} timed out: {exc}") from exc
@@ -511,10 +587,12 @@ class Connection:
             except TxnbufError as exc:
                 self._last_error = exc
                 log.info("connection to %s: %s", self.url, exc)
-                if self.gen == 0 and not exc.retriable:  # (see the module docstring)
+                if self.gen == self._id_base and not exc.retriable:  # (see the module docstring)
                     self._fatal = exc
                     self._ready.set()
                     return
+                if isinstance(exc, BrokerConnectionError):
+                    self._unreachable()
             except Exception:
                 log.exception("connection to %s failed unexpectedly", self.url)
             if self._closed:
@@ -531,6 +609,8 @@ class Connection:
         """Connect, re-create producers and consumers, serve until the link dies."""
         ws = await self._open_socket()
         self.gen += 1
+        if self.router is not None:
+            self.router.saw_cluster(self, self.slots)
         link = Link(ws, self.gen)
         self.link = link
         reader = asyncio.create_task(self._read(link), name="txnbuf-reader")
@@ -549,6 +629,11 @@ class Connection:
         """Open the WebSocket (or the stream) and do the CONNECT / CONNECTED handshake."""
         assert self._session is not None
         ws: Socket | None = None
+        if not self._ready.is_set() and self.link is None and len(self._urls) > 1:
+            # (Home: the next service URL after a failed attempt.)
+            self.url = self._urls[self._attempt % len(self._urls)]
+            self._attempt += 1
+            self._stream = stream_address(self.url)
         try:
             with socket_errors():
                 async with asyncio.timeout(self.operation_timeout):
@@ -594,6 +679,7 @@ class Connection:
         if reply.connected.max_message_size > 0:
             self.max_message_size = reply.connected.max_message_size
         self.tc_ids = tuple(reply.connected.tc_ids)
+        self.slots = reply.connected.slots
         return ws
 
     async def _reattach(self, link: Link) -> None:
@@ -603,9 +689,71 @@ class Connection:
         results = await asyncio.gather(
             *(handler.reattach(link) for handler in handlers), return_exceptions=True
         )
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
+        failed: BaseException | None = None
+        for handler, result in zip(handlers, results, strict=True):
+            if isinstance(result, NotOwnerError) and self.router is not None:
+                self.hand_over(handler)  # (its topic is another broker's now)
+            elif isinstance(result, BaseException) and failed is None:
+                failed = result
+        if failed is not None:
+            raise failed
+
+    # --- a cluster: handlers moving between connections -----------------------
+
+    def hand_over(self, handler: Handler) -> None:
+        """Take ``handler`` off this connection and give it to the router,
+        which looks its topic up and moves it to the owner's connection."""
+        if self.router is None:
+            return
+        self._unregister(handler)
+        handler.on_disconnect()
+        self.router.relocate(handler)
+
+    def _unreachable(self) -> None:
+        """A connection attempt failed: in a cluster, the handlers go to
+        whichever broker serves their topics now (this one may be dead,
+        its slots taken over by others)."""
+        if self.router is None or not self.router.cluster:
+            return
+        for handler in [*self.producers.values(), *self.consumers.values()]:
+            self.hand_over(handler)
+
+    async def adopt(self, handler: Handler) -> bool:
+        """Take ``handler`` (moved here from another connection): register
+        it and re-create it on the current link, which re-sends what awaits
+        an answer. False (not taken) if there is no link now or the broker
+        does not serve its topic."""
+        link = self.ready_link()
+        if link is None or self._closed:
+            return False
+        handler.move_to(self)
+        self._register(handler)
+        try:
+            await handler.reattach(link)
+        except TxnbufError as exc:
+            if link.closed and not isinstance(exc, NotOwnerError):
+                return True  # (registered: re-created on the next link)
+            self._unregister(handler)
+            if not exc.retriable:
+                raise
+            return False
+        if handler.closed:
+            self._unregister(handler)
+        return True
+
+    def _register(self, handler: Handler) -> None:
+        if hasattr(handler, "on_receipt"):
+            producer = cast(ProducerHandler, handler)
+            self.producers[producer.producer_id] = producer
+        else:
+            consumer = cast(ConsumerHandler, handler)
+            self.consumers[consumer.consumer_id] = consumer
+
+    def _unregister(self, handler: Handler) -> None:
+        for table in (self.producers, self.consumers):
+            for key, value in list(table.items()):
+                if value is handler:
+                    del table[key]
 
     async def _drop(
         self, link: Link, reader: asyncio.Task[None], writer: asyncio.Task[None]

@@ -456,6 +456,13 @@ class Consumer:
                 self._conn.write(self._flow_command(self._taken))
             self._taken = 0
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def move_to(self, conn: Connection) -> None:
+        self._conn = conn
+
     def on_disconnect(self) -> None:
         # The broker redelivers every unacked message after the reconnect:
         # what is still queued here (or waits to be negatively acked) would
@@ -774,6 +781,19 @@ class Consumer:
             self._conn.write(data)
 
     def on_ack_response(self, response: pb.CommandAckResponse) -> None:
+        pending = self._inflight.get(response.request_id)
+        if (
+            response.error == pb.NOT_OWNER
+            and pending is not None
+            and pending.tracker is None
+            and self._conn.router is not None
+        ):
+            # (A cluster: the topic moved. The ack stays in flight, re-sent at
+            # its new owner: acks are idempotent. A transaction's ack fails:
+            # its coordinator is not there.)
+            if self._conn.consumers.get(self.consumer_id) is self:
+                self._conn.hand_over(self)
+            return
         frame = self._inflight.pop(response.request_id, None)
         if frame is None:
             return

@@ -704,6 +704,19 @@ class Producer:
         self._released(frame.count)
 
     def on_send_error(self, error: pb.CommandSendError) -> None:
+        frame = self._inflight.get(error.request_id)
+        if (
+            error.error == pb.NOT_OWNER
+            and frame is not None
+            and frame.tracker is None
+            and self._conn.router is not None
+        ):
+            # (A cluster: the topic moved. The frame stays in flight, re-sent
+            # at its new owner, deduplicated there by its sequence ids. A
+            # transaction's send fails: its coordinator is not there.)
+            if self._conn.producers.get(self.producer_id) is self:
+                self._conn.hand_over(self)
+            return
         self.fail_request(error.request_id, from_wire(error.error, error.message))
 
     def fail_request(self, request_id: int, exc: TxnbufError) -> bool:
@@ -728,6 +741,13 @@ class Producer:
 
     def on_disconnect(self) -> None:
         pass  # frames awaiting receipts stay in _inflight; reattach re-sends them
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def move_to(self, conn: Connection) -> None:
+        self._conn = conn
 
     def _released(self, count: int) -> None:
         self._pending -= count

@@ -221,6 +221,13 @@ def check_txn(txn: Transaction, conn: Connection) -> None:
     if not isinstance(txn, Transaction):
         raise InvalidInputError(f"txn must be a Transaction or None, not {type(txn).__name__}")
     if txn._conn is not conn:
+        if txn._conn.router is not None and txn._conn.router is conn.router:
+            raise NotAllowedError(
+                f"transaction {txn.id} has its coordinator at {txn._conn.url} and this topic "
+                f"is served at {conn.url}: a transaction across a cluster's brokers is not "
+                "built yet (new_transaction(near=topic) takes a coordinator on the broker "
+                "of that topic)"
+            )
         raise InvalidInputError(f"transaction {txn.id} belongs to another Client")
     if txn._state is not _OPEN:
         raise InvalidTxnStatusError(

@@ -45,6 +45,7 @@ The tree::
         ├── TooManyRequestsError                  TOO_MANY_REQUESTS, retriable
         ├── AuthenticationError                   AUTHENTICATION_ERROR
         ├── AuthorizationError                    AUTHORIZATION_ERROR
+        ├── NotOwnerError                         NOT_OWNER, retriable
         ├── TransactionConflictError              TRANSACTION_CONFLICT
         ├── TransactionNotFoundError              TRANSACTION_NOT_FOUND
         ├── InvalidTxnStatusError                 INVALID_TXN_STATUS
@@ -102,6 +103,7 @@ __all__ = [
     "MalformedFrameError",
     "MessageTooBigError",
     "NotAllowedError",
+    "NotOwnerError",
     "OperationTimeoutError",
     "OutOfOrderSequenceError",
     "PersistenceError",
@@ -363,6 +365,15 @@ class AuthorizationError(ServerError):
     """The connection's role lacks the permission the message names; nothing changed."""
 
     code = pb.AUTHORIZATION_ERROR
+
+
+class NotOwnerError(ServerError):
+    """A cluster's broker that does not own the slot of the topic or
+    coordinator asked for (the message names the slot, and its owner's URL
+    when the broker knows it): retriable at the owner."""
+
+    code = pb.NOT_OWNER
+    retriable = True
 
 
 class TransactionConflictError(ServerError):

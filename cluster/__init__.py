@@ -3,7 +3,8 @@
 A cluster database holds a fixed number of *slots*; a topic, a coordinator
 id, a Kafka transactional id or group belongs to slot ``slot_of(name, S)``.
 Each slot has one owning broker and an epoch. This package decides who owns
-what and carries it out, and imports nothing else of ours:
+what and carries it out, and imports nothing else of ours (asyncpg for
+the PostgreSQL tables):
 
 - `decide` (`cluster._ownership`): the pure core: one snapshot of the
   tables, what this broker holds -> the actions to take (join, renew, take
@@ -13,6 +14,9 @@ what and carries it out, and imports nothing else of ours:
   `ModelConnection`, an in-memory model with the same semantics, the
   ledger engine's per-commit fence included, and `check_history`, which
   checks a model's history for a slot written by two brokers;
+- `PostgresMembership` (`cluster._postgres`): `MembershipStore` on
+  PostgreSQL (asyncpg), the statements of the docstring, over the tables of
+  the schema ``txnbuf`` that the ledger engine creates;
 - `Member` (`cluster._member`): the driver loop of one broker, calling a
   `SlotHost` (the broker) to load, unload and drop slots.
 
@@ -44,6 +48,7 @@ from cluster._ownership import (
     slot_of,
     watch,
 )
+from cluster._postgres import PostgresMembership
 from cluster._store import (
     Event,
     EventKind,
@@ -73,6 +78,7 @@ __all__ = [
     "ModelConnection",
     "ModelStore",
     "Network",
+    "PostgresMembership",
     "Release",
     "Renew",
     "SlotAction",

@@ -147,6 +147,11 @@ class Member:
             for task in self._loading.values():
                 task.cancel()
 
+    async def loads_done(self) -> None:
+        """Return once every slot load started so far has ended."""
+        while self._loading:
+            await asyncio.gather(*self._loading.values(), return_exceptions=True)
+
     def stop(self) -> None:
         """End `run` after its current look (without handing anything over)."""
         self._stopped = True

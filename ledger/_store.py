@@ -541,6 +541,84 @@ class LedgerStore:
         self._names = SortedList(self._ledgers)
         return epochs
 
+    async def hold_slot(self, slot: int, epoch: int) -> list[str]:
+        """Write the ledgers of ``slot`` at ``epoch`` from now on (PostgreSQL,
+        a store with an owner): the slot was taken at that epoch by this
+        store's owner elsewhere (`cluster.Member`, through the membership
+        tables). Their catalog is read again (the previous owner may have
+        created, written, trimmed or deleted them up to its last commit).
+        No ledger of the slot may be in use here. Returns their names."""
+        self._check_open()
+        slot_of = self._slot_of
+        epochs = getattr(self._engine, "epochs", None)
+        if slot_of is None or epochs is None:
+            raise LedgerError(f"the store {self.location} has no slots (SQLite, or no owner)")
+        mine = [n for n in self._ledgers if slot_of(n, self.slot_count) == slot]
+        busy = [n for n in mine if not isinstance(self._ledgers[n], int)]
+        if busy:
+            raise LedgerError(f"slot {slot}: ledgers still in use here: {busy[:5]}")
+        catalog = await self._engine.load_catalog(_pack)
+        for name in mine:
+            del self._ledgers[name]
+            self._names.remove(name)
+        found = [n for n in catalog if slot_of(n, self.slot_count) == slot]
+        for name in found:
+            self._ledgers[name] = catalog[name]
+            self._names.add(name)
+        epochs[slot] = epoch
+        return found
+
+    async def read_fresh(self, name: str) -> list[Entry]:
+        """Every entry of the ledger ``name`` as the database holds it now
+        (not this store's catalog: another broker may be writing it); empty
+        if there is no such ledger."""
+        catalog = await self._engine.load_catalog(_pack)
+        packed = catalog.get(name)
+        if packed is None:
+            return []
+        ledger_id, first, nxt = _unpack(packed)
+        if nxt <= first:
+            return []
+        return await self._engine.read(ledger_id, first, nxt - 1)
+
+    async def settle(self) -> None:
+        """Return once every append and trim queued so far has been
+        answered by the engine (durable, or failed)."""
+        while self._queue or self._unanswered:
+            if self._queue and self._failed is None and not self._send_scheduled:
+                self._send()
+            if self._unanswered:
+                self._drained = self._loop.create_future()
+                await self._drained
+            else:
+                await asyncio.sleep(0)
+            if self._failed is not None and not self._unanswered:
+                return
+
+    def drop_slot(self, slot: int) -> int:
+        """Stop writing the ledgers of ``slot`` (after `settle`: the slot is
+        released or handed over): its epoch is forgotten, so any later write
+        to them is refused as fenced, and every object of them is given
+        back whatever is under way (its users are gone). Returns how many
+        objects were given back."""
+        epochs = getattr(self._engine, "epochs", None)
+        slot_of = self._slot_of
+        if epochs is not None:
+            epochs.pop(slot, None)
+        if slot_of is None:
+            return 0
+        dropped = 0
+        for name, value in list(self._ledgers.items()):
+            if isinstance(value, int) or slot_of(name, self.slot_count) != slot:
+                continue
+            self._ledgers[name] = _pack(value.id, value.first_entry_id, value._next)
+            self._in_use -= 1
+            value.released = True
+            value._cache = None
+            value._cache_head = value._cache_bytes = 0
+            dropped += 1
+        return dropped
+
     @property
     def epochs(self) -> dict[int, int]:
         """The slots this store holds, with their epochs (empty on SQLite)."""

@@ -35,6 +35,7 @@ __all__ = [
     "InvalidTxnStatus",
     "MalformedFrame",
     "NotAllowed",
+    "NotOwner",
     "OutOfOrderSequence",
     "PersistenceError",
     "ProducerBusy",
@@ -157,6 +158,20 @@ class AuthorizationError(Refusal):
     """The role lacks the permission the message names."""
 
     code = pb.AUTHORIZATION_ERROR
+
+
+class NotOwner(Refusal):
+    """A command on a topic, coordinator or broker-wide record whose slot
+    this broker does not own (a cluster): retriable at the slot's owner.
+    The message names the slot and, when known, its owner's URLs, in a form
+    a lookup can read: ``slot 12 is owned by broker-b at http://b:6650``."""
+
+    code = pb.NOT_OWNER
+
+    def __init__(self, message: str, slot: int = -1, owner_urls: str = "") -> None:
+        super().__init__(message)
+        self.slot = slot
+        self.owner_urls = owner_urls
 
 
 class TransactionConflict(Refusal):

@@ -28,6 +28,7 @@ class ServerError(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TOO_MANY_REQUESTS: _ClassVar[ServerError]
     AUTHENTICATION_ERROR: _ClassVar[ServerError]
     AUTHORIZATION_ERROR: _ClassVar[ServerError]
+    NOT_OWNER: _ClassVar[ServerError]
     TRANSACTION_CONFLICT: _ClassVar[ServerError]
     TRANSACTION_NOT_FOUND: _ClassVar[ServerError]
     INVALID_TXN_STATUS: _ClassVar[ServerError]
@@ -74,6 +75,7 @@ TOPIC_NOT_FOUND: ServerError
 TOO_MANY_REQUESTS: ServerError
 AUTHENTICATION_ERROR: ServerError
 AUTHORIZATION_ERROR: ServerError
+NOT_OWNER: ServerError
 TRANSACTION_CONFLICT: ServerError
 TRANSACTION_NOT_FOUND: ServerError
 INVALID_TXN_STATUS: ServerError
@@ -152,16 +154,18 @@ class CommandConnect(_message.Message):
     def __init__(self, client_version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., auth_method: _Optional[str] = ..., auth_data: _Optional[bytes] = ...) -> None: ...
 
 class CommandConnected(_message.Message):
-    __slots__ = ("server_version", "protocol_version", "max_message_size", "tc_ids")
+    __slots__ = ("server_version", "protocol_version", "max_message_size", "tc_ids", "slots")
     SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     TC_IDS_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
     server_version: str
     protocol_version: int
     max_message_size: int
     tc_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, server_version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., max_message_size: _Optional[int] = ..., tc_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    slots: int
+    def __init__(self, server_version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., max_message_size: _Optional[int] = ..., tc_ids: _Optional[_Iterable[int]] = ..., slots: _Optional[int] = ...) -> None: ...
 
 class CommandPartitionedMetadata(_message.Message):
     __slots__ = ("request_id", "topic")
@@ -184,26 +188,36 @@ class CommandPartitionedMetadataResponse(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., partitions: _Optional[int] = ..., error: _Optional[_Union[ServerError, str]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class CommandLookupTopic(_message.Message):
-    __slots__ = ("request_id", "topic")
+    __slots__ = ("request_id", "topic", "tc_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
+    TC_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     topic: str
-    def __init__(self, request_id: _Optional[int] = ..., topic: _Optional[str] = ...) -> None: ...
+    tc_id: int
+    def __init__(self, request_id: _Optional[int] = ..., topic: _Optional[str] = ..., tc_id: _Optional[int] = ...) -> None: ...
 
 class CommandLookupTopicResponse(_message.Message):
-    __slots__ = ("request_id", "broker_service_url", "authoritative", "error", "message")
+    __slots__ = ("request_id", "broker_service_url", "authoritative", "error", "message", "response")
+    class LookupType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        CONNECT: _ClassVar[CommandLookupTopicResponse.LookupType]
+        REDIRECT: _ClassVar[CommandLookupTopicResponse.LookupType]
+    CONNECT: CommandLookupTopicResponse.LookupType
+    REDIRECT: CommandLookupTopicResponse.LookupType
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     BROKER_SERVICE_URL_FIELD_NUMBER: _ClassVar[int]
     AUTHORITATIVE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     broker_service_url: str
     authoritative: bool
     error: ServerError
     message: str
-    def __init__(self, request_id: _Optional[int] = ..., broker_service_url: _Optional[str] = ..., authoritative: _Optional[bool] = ..., error: _Optional[_Union[ServerError, str]] = ..., message: _Optional[str] = ...) -> None: ...
+    response: CommandLookupTopicResponse.LookupType
+    def __init__(self, request_id: _Optional[int] = ..., broker_service_url: _Optional[str] = ..., authoritative: _Optional[bool] = ..., error: _Optional[_Union[ServerError, str]] = ..., message: _Optional[str] = ..., response: _Optional[_Union[CommandLookupTopicResponse.LookupType, str]] = ...) -> None: ...
 
 class CommandProducer(_message.Message):
     __slots__ = ("request_id", "producer_id", "topic", "producer_name")

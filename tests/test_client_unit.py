@@ -109,6 +109,10 @@ class FakeBroker:
         self.protocol_version = PROTOCOL_VERSION  # announced in CONNECTED
         # the coordinator
         self.tc_ids: list[int] = []  # CONNECTED.tc_ids
+        # a cluster's broker: CONNECTED.slots, and where LOOKUP sends a client
+        # (None: CONNECT, here)
+        self.slots = 0
+        self.redirect: str | None = None
         self.txns: dict[tuple[int, int], FakeTxn] = {}
         self.txn_counters: dict[int, int] = defaultdict(int)
         # (topic, subscription, message id) -> the txn holding it in PENDING_ACK
@@ -224,8 +228,15 @@ class FakeBroker:
                     max_message_size=self.max_message_size,
                     tc_ids=self.tc_ids,
                     protocol_version=self.protocol_version,
+                    slots=self.slots,
                 )
             )
+        elif kind == T.LOOKUP:
+            answer: dict[str, Any] = {"request_id": cmd.lookup.request_id, "authoritative": True}
+            if self.redirect is not None:
+                answer["broker_service_url"] = self.redirect
+                answer["response"] = pb.CommandLookupTopicResponse.REDIRECT
+            await ws.send_bytes(frame(T.LOOKUP_RESPONSE, "lookup_response", **answer))
         elif kind == T.PARTITIONED_METADATA:
             req = cmd.partitioned_metadata
             n = self.partitions.setdefault(req.topic, self.default_partitions)
@@ -765,6 +776,7 @@ def test_retriable_codes_are_exactly_the_documented_ones() -> None:
         pb.SERVICE_NOT_READY,
         pb.TOO_MANY_REQUESTS,
         pb.CONCURRENT_TRANSACTIONS,
+        pb.NOT_OWNER,  # (a cluster: retriable at the slot's owner)
     }
 
 
@@ -1747,3 +1759,84 @@ async def test_frames_queued_together_go_to_a_broker_as_one_batch() -> None:
     batch = pb.BaseCommand.FromString(sent)
     assert batch.type == pb.BaseCommand.BATCH
     assert [c.SerializeToString() for c in batch.batch.commands] == commands
+
+
+# --- a cluster (client._brokers) -----------------------------------------------
+
+
+async def test_a_single_broker_is_asked_no_lookup(fake: FakeBroker, cli: Client) -> None:
+    producer = await cli.create_producer("t")
+    await producer.send(b"x")
+    await cli.subscribe("t", "s")
+    assert "LOOKUP" not in fake.types()
+
+
+async def test_service_urls_are_tried_in_turn(fake: FakeBroker) -> None:
+    with socket.socket() as s:  # (a port nobody listens on)
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    async with Client(f"{dead}, {fake.url}", operation_timeout=5.0) as client:
+        await (await client.create_producer("t")).send(b"x")
+        assert client._conn.url == fake.url
+    async with Client([dead, fake.url], operation_timeout=5.0) as client:
+        await (await client.create_producer("t")).send(b"y")
+    assert fake.stored("t") == [b"x", b"y"]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [[], "", "http://a:1,", ["http://a:1", 7], "http://a:1,https://b:2", ["ftp://a:1"], 7],
+)
+def test_bad_service_urls_are_refused(url: Any) -> None:
+    with pytest.raises(errors.InvalidInputError):
+        Client(url)
+
+
+async def test_a_producer_refused_not_owner_moves_to_the_owner_and_resends(
+    fake: FakeBroker,
+) -> None:
+    owner = FakeBroker()
+    await owner.start()
+    try:
+        fake.slots = owner.slots = 64
+        owner.partitions["t"] = 1  # (one store: the topic exists there too)
+        async with Client(fake.url, operation_timeout=5.0) as client:
+            producer = await client.create_producer("t")
+            assert "LOOKUP" in fake.types() and producer._conn.url == fake.url
+            await producer.send(b"before")
+            # The topic moves: the old broker refuses the send, names the owner.
+            fake.send_error = pb.NOT_OWNER
+            fake.redirect = owner.url
+            message_id = await producer.send(b"moved")  # (no error reaches the caller)
+            assert producer._conn.url == owner.url
+            assert owner.stored("t") == [b"moved"] and fake.stored("t") == [b"before"]
+            assert message_id is not None
+            await producer.send(b"after")
+            assert owner.stored("t") == [b"moved", b"after"]
+            assert sorted(c.url for c in client._brokers.connections()) == sorted(
+                [fake.url, owner.url]
+            )
+    finally:
+        await owner.stop()
+
+
+async def test_a_coordinator_that_moved_is_looked_up_and_its_transaction_ends_there(
+    fake: FakeBroker,
+) -> None:
+    owner = FakeBroker()
+    await owner.start()
+    try:
+        fake.slots = owner.slots = 64
+        fake.tc_ids = [0]  # (as CONNECTED said; coordinator 0 has moved since)
+        fake.txn_errors[T.NEW_TXN] = [pb.NOT_OWNER]
+        fake.redirect = owner.url
+        async with Client(fake.url, operation_timeout=5.0) as client:
+            txn = await client.new_transaction()
+            assert txn._conn.url == owner.url
+            lookups = fake.of_type(T.LOOKUP)
+            assert [(c.lookup.HasField("tc_id"), c.lookup.tc_id) for c in lookups] == [(True, 0)]
+            await txn.commit()
+            assert [c.type for c in owner.received if c.type == T.END_TXN] == [T.END_TXN]
+            assert not [c for c in fake.received if c.type == T.END_TXN]
+    finally:
+        await owner.stop()

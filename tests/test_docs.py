@@ -56,9 +56,11 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections import Counter
@@ -658,6 +660,109 @@ def cluster_tables(block: Block, tmp: Path, request: pytest.FixtureRequest) -> N
         assert columns == defined, (table, columns, defined)
 
 
+def cluster_setup(block: Block, tmp: Path, request: pytest.FixtureRequest) -> None:
+    """README's cluster: the commands as written (PostgreSQL's programs from
+    their folder; as root, run as the ``postgres`` user, since PostgreSQL
+    refuses root; its ports and /tmp made the test's), the three brokers
+    waited for, then the application block after it, which must print each
+    topic's first message."""
+    from bench._postgres import postgres_bin
+
+    bindir = postgres_bin()
+    if bindir is None:
+        pytest.skip("no PostgreSQL server programs")
+    ports = {str(p): str(free_port()) for p in (5433, 6650, 6651, 6652)}
+    pgtmp = Path(tempfile.mkdtemp(prefix="txnbuf-docs-pg-"))
+    as_postgres = "runuser -u postgres -- " if os.geteuid() == 0 else ""
+    if as_postgres:
+        shutil.chown(pgtmp, "postgres")
+    script = block.text.replace("/tmp", str(pgtmp))
+    for documented, port in ports.items():
+        script = script.replace(documented, port)
+    script = re.sub(
+        r"^(initdb|pg_ctl) ", lambda m: f"{as_postgres}{bindir}/{m.group(1)} ", script, flags=re.M
+    )
+    pgdata = pgtmp / "txnbuf-pg"
+    log = (tmp / "cluster.log").open("w")
+    try:
+        done = subprocess.run(
+            ["bash", "-e", "-c", f"{script}\njobs -p > {tmp}/pids\n"],
+            cwd=tmp,
+            env=environment(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=TIMEOUT,
+        )
+        assert done.returncode == 0, (tmp / "cluster.log").read_text()[-5000:]
+        pids = [int(p) for p in (tmp / "pids").read_text().split()]
+        assert len(pids) == 3, "three brokers in the background"
+        try:
+            for port in (ports["6650"], ports["6651"], ports["6652"]):
+                _wait_healthy(port)
+            app = next(b for b in ALL_BLOCKS if b.path == block.path and b.line > block.line)
+            assert app.lang == "python", "the application follows the commands"
+            source = app.text
+            for documented, port in ports.items():
+                source = source.replace(f"127.0.0.1:{documented}", f"127.0.0.1:{port}")
+            out = ok(run_python(source, tmp))
+            assert out == (
+                "orders b'first orders'\npayments b'first payments'\nrefunds b'first refunds'\n"
+            ), out
+        finally:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+            for pid in pids:
+                with contextlib.suppress(ChildProcessError, ProcessLookupError):
+                    _wait_gone(pid)
+    finally:
+        log.close()
+        subprocess.run(
+            [
+                *as_postgres.split(),
+                f"{bindir}/pg_ctl",
+                "-D",
+                str(pgdata),
+                "-m",
+                "immediate",
+                "stop",
+            ],
+            capture_output=True,
+            timeout=60,
+        )
+        shutil.rmtree(pgtmp, ignore_errors=True)
+        sys.stderr.write(f"----- cluster log -----\n{(tmp / 'cluster.log').read_text()[-5000:]}\n")
+
+
+def _wait_healthy(port: str) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/admin/v1/health", timeout=1):
+                return
+        except OSError:
+            assert time.monotonic() < deadline, f"no broker on {port} within {TIMEOUT}s"
+            time.sleep(0.1)
+
+
+def _wait_gone(pid: int) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            return
+        time.sleep(0.05)
+
+
+def cluster_application(block: Block, tmp: Path, request: pytest.FixtureRequest) -> None:
+    """Run by `cluster_setup`, after the commands before it."""
+    assert "Give a client any of the brokers' URLs" in block.before
+
+
 # -- every block, and what it gets --------------------------------------------------
 
 SPARK = (pytest.mark.spark,)
@@ -677,6 +782,12 @@ BLOCKS: dict[tuple[str, str, int], tuple[Handler, tuple[pytest.MarkDecorator, ..
         0,
     ): (fragment_of("examples/transactional_producer.py"), ()),
     ("README.md", "from pipelines import spark_session", 0): (spark_copy, SPARK),
+    (
+        "README.md",
+        "# a PostgreSQL server for the cluster (or give --store your own database's URL)",
+        0,
+    ): (cluster_setup, ()),
+    ("README.md", "import asyncio", 2): (cluster_application, ()),
     ("README.md", 'kafka = {"bootstrap_servers": bootstrap}  # "127.0.0.1:9092"', 0): (
         fragment_of("examples/aiokafka_copier.py"),
         (),

@@ -1,0 +1,260 @@
+"""Failover of a cluster of brokers over one PostgreSQL: SIGKILL and SIGTERM.
+
+Three `txnbuf serve --store URL --cluster` processes (the default lease
+unless ``--lease-ttl``) over a private PostgreSQL server. Each round:
+
+- SIGKILL one broker; time until every slot of the database is owned by a
+  live broker again (the slots table) and until every slot the dead broker
+  held is *served*: a send to a topic of that slot, at its new owner, is
+  acknowledged (its coordinator recovered, its topic loaded);
+- start it again and wait until slots are spread over the three;
+- SIGTERM one broker: the same two times (a drain hands the slots over
+  without waiting for its lease);
+- start it again.
+
+Beside each, a *following producer*: a client given another broker's URL
+sends to a topic of one of the victim's slots, one send at a time, from
+before the signal until after the failover; its stall is the longest gap
+between two acknowledgements across the signal (the client looks the topic
+up again and re-sends by itself: `client._brokers`).
+
+Prints each round and the medians; ``bench/results/failover.md`` keeps them
+with the date and machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import asyncpg
+
+from bench._postgres import PostgresCluster, PostgresServer
+from bench._results import recorded
+from broker._slots import slot_of_key
+from client import Client
+
+SLOTS = 64
+WAIT = 120.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Broker:
+    def __init__(self, folder: Path, url: str, ttl: float | None) -> None:
+        self.folder = folder
+        self.store = url
+        self.ttl = ttl
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        cmd = [sys.executable, "-m", "broker", "serve", "--data-dir", str(self.folder),
+               "--port", str(self.port), "--store", self.store, "--cluster"]  # fmt: skip
+        if self.ttl is not None:
+            cmd += ["--lease-ttl", str(self.ttl)]
+        with open(self.folder.with_suffix(".log"), "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"broker exited: see {self.folder.with_suffix('.log')}")
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(self.url + "/admin/v1/health", timeout=1):
+                    return
+            time.sleep(0.05)
+        raise RuntimeError("the broker did not start")
+
+    @property
+    def owner(self) -> str:
+        assert self.proc is not None
+        return f"{self.url} pid {self.proc.pid}"
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def wait(self) -> None:
+        if self.proc is not None:
+            self.proc.wait()
+
+
+async def owners(url: str) -> dict[int, str | None]:
+    conn = await asyncpg.connect(url)
+    try:
+        return dict(await conn.fetch("SELECT slot, owner FROM txnbuf.slots"))
+    finally:
+        await conn.close()
+
+
+def topic_in(slot: int) -> str:
+    i = 0
+    while slot_of_key(f"f{i}", SLOTS) != slot:
+        i += 1
+    return f"f{i}"
+
+
+async def wait_until(check: object) -> None:
+    deadline = time.monotonic() + WAIT
+    while not await check():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise RuntimeError("a failover did not finish")
+        await asyncio.sleep(0.02)
+
+
+async def spread(url: str, brokers: list[Broker]) -> bool:
+    found = await owners(url)
+    live = {b.owner for b in brokers}
+    counts = [sum(1 for o in found.values() if o == b) for b in live]
+    return set(found.values()) == live and max(counts) - min(counts) <= 1
+
+
+async def served(url: str, slots: set[int], by: dict[str, Broker], t0: float) -> float:
+    """Seconds from ``t0`` until a send to a topic of every slot in ``slots``
+    is acknowledged at its owner."""
+    left = set(slots)
+    while left:
+        if time.monotonic() - t0 > WAIT:
+            raise RuntimeError(f"slots {sorted(left)} not served")
+        found = await owners(url)
+        for slot in sorted(left):
+            broker = by.get(found.get(slot) or "")
+            if broker is None:
+                continue
+            try:
+                async with Client(broker.url, operation_timeout=2.0) as client:
+                    producer = await client.create_producer(topic_in(slot))
+                    await producer.send(b"x")
+                left.discard(slot)
+            except Exception:
+                pass
+        if left:
+            await asyncio.sleep(0.02)
+    return time.monotonic() - t0
+
+
+async def follow(url: str, topic: str, acks: list[float], stop: asyncio.Event) -> None:
+    """Send to ``topic`` one message at a time until ``stop``, noting when
+    each is acknowledged."""
+    async with Client(url, operation_timeout=WAIT) as client:
+        producer = await client.create_producer(topic)
+        while not stop.is_set():
+            await producer.send(b"f")
+            acks.append(time.monotonic())
+
+
+async def one_failover(
+    url: str, brokers: list[Broker], victim: Broker, sig: int
+) -> tuple[float, float, float]:
+    held = {s for s, o in (await owners(url)).items() if o == victim.owner}
+    others = [b for b in brokers if b is not victim]
+    acks: list[float] = []
+    stop = asyncio.Event()
+    follower = asyncio.ensure_future(follow(others[0].url, topic_in(min(held)), acks, stop))
+
+    async def acked(after: float, count: int = 1) -> bool:
+        if follower.done():
+            follower.result()  # (its error)
+        return sum(1 for t in acks if t > after) >= count
+
+    await wait_until(lambda: acked(0.0, 20))
+    t0 = time.monotonic()
+    victim.signal(sig)
+    await wait_until(lambda: spread(url, others))
+    owned = time.monotonic() - t0
+    by = {b.owner: b for b in others}
+    serving = await served(url, held, by, t0)
+    done = time.monotonic()
+    await wait_until(lambda: acked(done, 5))
+    stop.set()
+    await follower
+    around = [t for t in acks if t <= t0][-1:] + [t for t in acks if t > t0]
+    stall = max(b - a for a, b in itertools.pairwise(around))
+    return owned, serving, stall
+
+
+async def run(url: str, folder: Path, rounds: int, ttl: float | None) -> None:
+    brokers = [Broker(folder / f"b{i}", url, ttl) for i in range(3)]
+    for b in brokers:
+        b.start()
+    try:
+        await wait_until(lambda: spread(url, brokers))
+        # Every slot's topic exists (so "served" measures a takeover, not a creation).
+        await served(url, set(range(SLOTS)), {b.owner: b for b in brokers}, time.monotonic())
+        kills: list[tuple[float, float, float]] = []
+        terms: list[tuple[float, float, float]] = []
+        for r in range(rounds):
+            for sig, out in ((signal.SIGKILL, kills), (signal.SIGTERM, terms)):
+                victim = brokers[r % 3]
+                owned, serving, stall = await one_failover(url, brokers, victim, sig)
+                out.append((owned, serving, stall))
+                name = "SIGKILL" if sig == signal.SIGKILL else "SIGTERM"
+                print(
+                    f"round {r + 1} {name}: every slot owned again {owned:.2f}s, "
+                    f"every slot of the victim served again {serving:.2f}s, "
+                    f"following producer's stall {stall:.2f}s",
+                    flush=True,
+                )
+                victim.wait()
+                victim.start()
+                await wait_until(lambda: spread(url, brokers))
+        for name, figures in (("SIGKILL", kills), ("SIGTERM", terms)):
+            owned = statistics.median(f[0] for f in figures)
+            serving = statistics.median(f[1] for f in figures)
+            worst = max(f[1] for f in figures)
+            stall = statistics.median(f[2] for f in figures)
+            worst_stall = max(f[2] for f in figures)
+            print(f"{name}: median owned {owned:.2f}s, median served {serving:.2f}s, "
+                  f"slowest served {worst:.2f}s; following producer's stall median "
+                  f"{stall:.2f}s, longest {worst_stall:.2f}s ({len(figures)} rounds)")  # fmt: skip
+    finally:
+        for b in brokers:
+            if b.proc is not None and b.proc.poll() is None:
+                b.proc.kill()
+                b.proc.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--lease-ttl", type=float, default=None,
+                        help="the brokers' --lease-ttl (their default if not given)")  # fmt: skip
+    args = parser.parse_args()
+    cluster = PostgresCluster(prefix="failover-bench-")
+    try:
+        server = PostgresServer(cluster)
+        try:
+            command = "python -m bench.failover " + " ".join(sys.argv[1:])
+            with recorded("failover", command.strip()), tempfile.TemporaryDirectory() as tmp:
+                ttl = "default" if args.lease_ttl is None else f"{args.lease_ttl:g} s"
+                cores = os.cpu_count()
+                print(
+                    f"3 brokers, {SLOTS} slots, lease {ttl}, PostgreSQL {cluster.version}, "
+                    f"{cores} cores shared by PostgreSQL, the brokers and this client"
+                )
+                asyncio.run(run(server.url(), Path(tmp), args.rounds, args.lease_ttl))
+        finally:
+            server.stop()
+    finally:
+        cluster.remove()
+
+
+if __name__ == "__main__":
+    main()

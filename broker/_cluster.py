@@ -1,0 +1,344 @@
+"""A broker in a cluster: the `cluster.SlotHost` of one `Broker`.
+
+`txnbuf serve --store postgresql://... --cluster` runs a broker whose store
+holds no slot at start. `ClusterHost` joins the cluster's membership
+(`cluster.PostgresMembership`, a lease of ``--lease-ttl`` seconds by the
+database's clock) and runs `cluster.Member`, which takes this broker's share
+of the slots and calls back here:
+
+- `load` (slot k taken at epoch e): the store writes slot k's ledgers at e
+  from now on and re-reads their catalog (`LedgerStore.hold_slot`); the
+  topic list of the slot is read (`buffer.Topics.load_slot`, deleting what
+  an interrupted deletion left); the ACL's ledger becomes writable here if k
+  is 0; then coordinator k opens and recovers from its log as at a start
+  (OPEN transactions aborted, decided ones finished) and the slot's topics
+  load on first use, each recovering its pending acks and aborting what
+  its coordinator will not commit;
+- `unload` (slot k handed over): commands on it are refused from then on,
+  coordinator k closes, every connection is closed (their clients
+  reconnect; what they had on other slots is served again at once), every
+  write queued so far is answered (`LedgerStore.settle`), then the slot's
+  topics and ledgers are dropped from memory (`LedgerStore.drop_slot`: any
+  later write to them is refused as fenced);
+- `drop_all` (the store failed: a write was fenced, or its outcome is
+  unknown; or the lease ran out): everything in memory goes, as at a
+  restart: connections closed, coordinators and topics dropped, the store
+  closed and opened again with no slot, the ACL read again. The broker
+  never goes on with a store that refused a write.
+
+A command on a topic or a coordinator of a slot not served here is refused
+with `refusals.NotOwner` (retriable) naming the slot and, if the last look
+at the tables saw one, the owner's URLs (``gate``, ``coordinator_not_here``).
+The broker-wide records are slot 0's ledgers: the ACL (``__meta/acl``) is
+written by the owner of slot 0 only (a grant or revoke elsewhere is refused
+NotOwner, naming it) and read again from the store by the others at each
+look; the metrics' counters are not kept in a cluster (each broker counts
+from its start); each slot has its own topic list (`buffer._topics`).
+docs/cluster.md has the decisions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from broker._auth import ACL_LEDGER, read_acl
+from broker._broker import Broker
+from broker._slots import slot_of, slot_of_key
+from buffer import Topics
+from cluster import LeaseTiming, Member, MembershipError, PostgresMembership
+from ledger import LedgerError, LedgerStore
+from proto import refusals
+from subscriptions import Subscriptions
+from tc import ProducerSettings
+
+__all__ = ["ClusterHost"]
+
+log = logging.getLogger(__name__)
+
+CLOSE_WAIT = 10.0  # seconds a dropped store may take to close before it is abandoned
+FIRST_LOOKS = 3  # looks before a starting broker listens: join, take, (renew)
+FRESH_EVERY = 0.1  # seconds between two reads of the tables for lookups, at least
+
+
+class ClusterHost:
+    """The membership of one cluster broker and the slots it serves (see the
+    module docstring). Create with `start`; `drain` on SIGTERM, `close`."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        membership: PostgresMembership,
+        store_url: str,
+        lease: LeaseTiming,
+        producer_settings: ProducerSettings | None = None,
+    ) -> None:
+        self.broker = broker
+        self.membership = membership
+        self.store_url = store_url
+        self.producer_settings = producer_settings
+        self.me = broker.store_owner
+        self.served: set[int] = set()  # slots whose commands are taken here
+        self.member = Member(membership, self.me, broker.url, self, lease)
+        self._run: asyncio.Task[None] | None = None
+        self._acl_refresh: asyncio.Task[None] | None = None
+        self._reading: asyncio.Task[object] | None = None  # a read of the tables for lookups
+        self._read_at = 0.0
+        self.drops = 0  # drop_all since start, for stats and tests
+        broker.cluster = self
+        self._watch_store()
+
+    @classmethod
+    async def start(
+        cls,
+        broker: Broker,
+        store_url: str,
+        lease: LeaseTiming,
+        producer_settings: ProducerSettings | None = None,
+    ) -> ClusterHost:
+        """Join, take this broker's first share and load it (a few looks),
+        then keep looking in the background."""
+        try:
+            membership = await PostgresMembership.open(store_url)
+        except MembershipError as exc:
+            raise LedgerError(str(exc)) from exc
+        host = cls(broker, membership, store_url, lease, producer_settings)
+        for _ in range(FIRST_LOOKS):
+            await host.member.tick()
+        await host.member.loads_done()
+        host._run = asyncio.get_running_loop().create_task(host.member.run())
+        host._acl_refresh = asyncio.get_running_loop().create_task(host._refresh_acl())
+        log.info(
+            "joined the cluster as %r (lease %.1fs): serving slots %s",
+            host.me,
+            lease.ttl,
+            _ranges(host.served),
+        )
+        return host
+
+    # -- refusals ---------------------------------------------------------------------
+
+    def _not_owner(self, slot: int, what: str) -> refusals.NotOwner:
+        view = self.membership.last_view
+        owner = view.slots[slot].owner if view is not None and slot < len(view.slots) else None
+        urls = self.membership.last_urls.get(owner, "") if owner is not None else ""
+        if owner is None:
+            where = "no broker owns it now (it is being taken over)"
+        elif owner == self.me:
+            where = "this broker is taking it over or handing it over"
+        elif view is not None and not view.is_live(owner):
+            where = f"the lease of its owner {owner} ran out (it is being taken over)"
+        else:
+            where = f"it is owned by {owner}" + (f" at {urls}" if urls else "")
+        return refusals.NotOwner(
+            f"{what} is in slot {slot}, which this broker does not serve: {where}; "
+            "try again at its owner",
+            slot,
+            urls if owner != self.me else "",
+        )
+
+    def gate(self, topic: str) -> None:
+        slot = slot_of_key(topic, self.broker.store.slot_count)
+        if slot not in self.served:
+            raise self._not_owner(slot, f"topic {topic!r}")
+
+    def coordinator_not_here(self, tcid: int) -> refusals.Refusal:
+        slots = self.broker.store.slot_count
+        return self._not_owner(tcid % slots, f"transaction coordinator {tcid}")
+
+    async def topic_owner(self, topic: str) -> str:
+        slot = slot_of_key(topic, self.broker.store.slot_count)
+        return await self._owner_url(slot, f"topic {topic!r}")
+
+    async def coordinator_owner(self, tcid: int) -> str:
+        slot = tcid % self.broker.store.slot_count
+        return await self._owner_url(slot, f"transaction coordinator {tcid}")
+
+    async def _owner_url(self, slot: int, what: str) -> str:
+        """LOOKUP: "" (served here), or the URL of the slot's owner as the
+        last look at the tables saw it. When that look names no live owner
+        (a failover under way), the tables are read again first (`_fresh`),
+        so that a slot just taken over is found at once rather than at this
+        broker's next look."""
+        try:
+            return self._owner_seen(slot, what)
+        except refusals.NotOwner:
+            await self._fresh()
+            return self._owner_seen(slot, what)
+
+    async def _fresh(self) -> None:
+        """Read the cluster tables again, for lookups (one read at a time,
+        shared by the lookups waiting for it, at most every `FRESH_EVERY`
+        seconds)."""
+        loop = asyncio.get_running_loop()
+        reading = self._reading
+        if reading is None or (reading.done() and loop.time() - self._read_at >= FRESH_EVERY):
+            reading = self._reading = loop.create_task(self.membership.read())
+            self._read_at = loop.time()
+        try:
+            await asyncio.shield(reading)
+        except Exception as exc:  # (answered from the last look)
+            log.debug("reading the cluster tables for a lookup failed: %s", exc)
+
+    def _owner_seen(self, slot: int, what: str) -> str:
+        """`_owner_url` from the last look only: `refusals.NotOwner`
+        (retriable) if it saw no owner, or one whose lease had run out (it
+        is being taken over), or this broker (loading or handing over)."""
+        if slot in self.served:
+            return ""
+        view = self.membership.last_view
+        owner = view.slots[slot].owner if view is not None and slot < len(view.slots) else None
+        url = self.membership.last_urls.get(owner, "") if owner is not None else ""
+        if owner is None or owner == self.me or not url or not view or not view.is_live(owner):
+            raise self._not_owner(slot, what)
+        return url
+
+    def acl_not_writable(self) -> Exception:
+        return self._not_owner(slot_of(ACL_LEDGER, self.broker.store.slot_count) or 0, "the ACL")
+
+    # -- the SlotHost -----------------------------------------------------------------
+
+    async def load(self, slot: int, epoch: int) -> None:
+        t0 = time.perf_counter()
+        broker = self.broker
+        store = broker.store
+        await store.hold_slot(slot, epoch)
+        for name in await broker.topics.load_slot(slot):  # (a deletion interrupted)
+            await broker.subscriptions.delete_leftovers(name)
+            await broker.topics.delete_ledgers(name)
+        if slot == slot_of(ACL_LEDGER, store.slot_count):
+            acl = broker.security.acl
+            ledger = await store.open_ledger(ACL_LEDGER)
+            ledger.no_tail_cache()
+            acl.replace_entries(await read_acl(store))
+            acl.ledger = ledger
+        self.served.add(slot)
+        tc = await broker._open_coordinator(slot, self.producer_settings)
+        if store is not broker.store or slot not in self.served:  # (dropped meanwhile)
+            await tc.close()
+            return
+        broker.coordinators[slot] = tc
+        log.info(
+            "serving slot %d at epoch %d (%d topics) in %.2fs",
+            slot,
+            epoch,
+            sum(1 for n in broker.topics.names() if slot_of_key(n, store.slot_count) == slot),
+            time.perf_counter() - t0,
+        )
+
+    async def unload(self, slot: int) -> None:
+        broker = self.broker
+        store = broker.store
+        self.served.discard(slot)
+        tc = broker.coordinators.pop(slot, None)
+        if tc is not None:
+            await tc.close()
+        await self._close_connections()
+        await store.settle()
+        broker.topics.drop_slot(slot)
+        if slot == slot_of(ACL_LEDGER, store.slot_count):
+            broker.security.acl.ledger = None
+        store.drop_slot(slot)
+        log.info("handed slot %d over", slot)
+
+    async def drop_all(self, reason: str) -> None:
+        """Start again from the store, as a restart would."""
+        self.drops += 1
+        broker = self.broker
+        log.warning("dropping everything held in memory and starting again: %s", reason)
+        self.served.clear()
+        await self._close_connections()
+        for tc in list(broker.coordinators.values()):
+            await tc.close()
+        broker.coordinators.clear()
+        await broker.topics.close()
+        for topic in broker.topics.all():
+            broker.subscriptions.unload_topic(topic.name)
+        try:
+            await broker.subscriptions.close()
+        except Exception as exc:  # (its store failed: nothing more to write)
+            log.warning("closing the dropped subscriptions failed: %s", exc)
+        old = broker.store
+        try:
+            await asyncio.wait_for(old.close(), CLOSE_WAIT)
+        except (Exception, TimeoutError) as exc:
+            log.warning("closing the dropped store failed: %s", exc)
+        store = await LedgerStore.open(self.store_url, owner=self.me, slot_of=slot_of)
+        count = store.slot_count
+        topics = await Topics.load(
+            store, lazy=True, slots=count, slot_of=lambda name: slot_of_key(name, count)
+        )
+        subs = await Subscriptions.load(topics)
+        topics.prepare = broker._prepare_topic
+        topics.discard = broker._discard_topic
+        topics.gate = self.gate
+        broker.store, broker.topics, broker.subscriptions = store, topics, subs
+        broker.reset_connections_state()
+        broker.security.acl.ledger = None
+        broker.security.acl.replace_entries(await read_acl(store))
+        self._watch_store()
+
+    # -- the rest ---------------------------------------------------------------------
+
+    def _watch_store(self) -> None:
+        broker = self.broker
+        broker.topics.gate = self.gate
+        broker.security.acl.not_writable = self.acl_not_writable
+        store = broker.store
+
+        def failed(failure: asyncio.Future[LedgerError]) -> None:
+            if store is self.broker.store and not failure.cancelled():
+                log.error("the store failed: %s", failure.result())
+                self.member.store_failed()
+
+        store.failure.add_done_callback(failed)
+
+    async def _close_connections(self) -> None:
+        for conn in list(self.broker.connections):
+            await conn.shut()
+
+    async def _refresh_acl(self) -> None:
+        """Read the ACL again every renewal interval, unless this broker
+        writes it (it owns its slot)."""
+        while True:
+            await asyncio.sleep(self.member.lease.renew_every)
+            acl = self.broker.security.acl
+            if acl.ledger is not None:
+                continue
+            try:
+                acl.replace_entries(await read_acl(self.broker.store))
+            except Exception as exc:
+                log.warning("reading the ACL failed: %s", exc)
+
+    async def drain(self) -> bool:
+        """SIGTERM: hand every slot over at once and leave the cluster."""
+        if self._run is not None:
+            self.member.stop()
+            await asyncio.gather(self._run, return_exceptions=True)
+        done = await self.member.drain()
+        log.info("handed over every slot and left the cluster" if done else "leaving failed")
+        return done
+
+    async def close(self) -> None:
+        if self._acl_refresh is not None:
+            self._acl_refresh.cancel()
+        if self._reading is not None:
+            self._reading.cancel()
+            await asyncio.gather(self._reading, return_exceptions=True)
+        if self._run is not None:
+            self.member.stop()
+            self._run.cancel()
+            await asyncio.gather(self._run, return_exceptions=True)
+        await self.membership.close()
+
+
+def _ranges(slots: set[int]) -> str:
+    """``0-3,7,9-10``."""
+    out: list[str] = []
+    for k in sorted(slots):
+        if out and out[-1].split("-")[-1] == str(k - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{k}"
+        else:
+            out.append(str(k))
+    return ",".join(out) or "none"

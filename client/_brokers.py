@@ -1,0 +1,250 @@
+"""The connections of one Client: one per broker, and where each topic lives.
+
+A client is given one service URL or several (a list, or one string with
+commas, as Pulsar's service URLs). Its *home* connection goes to the first
+that answers (trying the others, and every broker a lookup named, in turn
+when it cannot be reached); everything that is not routed goes there.
+
+A single broker (CONNECTED.slots is 0) serves every topic and coordinator
+itself: nothing is looked up, the home connection carries everything, as a
+client of one broker always did (no extra round trip).
+
+A cluster (CONNECTED.slots > 0: brokers sharing a database, each serving
+the topics and coordinators of some slots) is Pulsar's lookup: before a
+producer or consumer is created, its topic is looked up (LOOKUP at the home
+broker): CONNECT (served there: the home connection) or REDIRECT to the
+owner's URL, whose connection is opened once and kept (one per broker). A
+slot that no live broker owns (being taken over) is answered NOT_OWNER,
+and the lookup is asked again after a backoff (0.05 s doubling to 0.5 s:
+a broker answers a lookup from memory, so asking often costs little and
+a slot served again is found soon) until the operation timeout; so is
+one whose owner cannot be reached (its lease has not run out yet). A
+transaction's coordinator k is looked up the same way (it lives in slot
+k).
+
+Ownership changes are followed by the handlers themselves: a producer or
+consumer whose re-creation, or send, is refused NOT_OWNER, or whose broker
+cannot be reached again, is handed here (`relocate`): its topic is looked
+up again and it is moved to the owner's connection, where it is re-created
+and re-sends, in order, the frames not answered yet (the broker
+deduplicates sends by producer name and sequence id, as after a
+reconnect; acks are idempotent), until it is placed or closed. Its sends
+keep their deadlines meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+
+from proto import txnbuf_pb2 as pb
+
+from ._connection import BACKOFF_MIN, Command, Connection, Handler, command
+from .errors import (
+    ClientClosedError,
+    InvalidInputError,
+    NotOwnerError,
+    OperationTimeoutError,
+    TxnbufError,
+)
+
+__all__ = ["Brokers", "service_urls"]
+
+log = logging.getLogger("client")
+
+ID_RANGE = 1 << 40  # ids and link generations of the n-th connection start at n * ID_RANGE
+LOOKUP_BACKOFF_MAX = 0.5  # seconds between lookups, at most (see the module docstring)
+
+
+def service_urls(url: object) -> list[str]:
+    """The URLs of ``url`` (one, several with commas, or a list of them)."""
+    if isinstance(url, str):
+        urls = [u.strip() for u in url.split(",")]
+    elif isinstance(url, list | tuple) and all(isinstance(u, str) for u in url):
+        urls = [u.strip() for u in url]
+    else:
+        raise InvalidInputError(
+            f"url must be a str (several with commas) or a list of str, not {url!r}"
+        )
+    schemes = ("http://", "https://", "txnbuf://", "txnbufs://")
+    if not urls or not all(u.startswith(schemes) for u in urls):
+        raise InvalidInputError(
+            f"each url must look like http://host:port (or txnbuf://host:port), not {url!r}"
+        )
+    if len({u.split("://")[0] in ("https", "txnbufs") for u in urls}) > 1:
+        raise InvalidInputError(f"the urls must all use TLS or all not, not {url!r}")
+    return urls
+
+
+class Brokers:
+    """The home connection and one connection per other broker (see the
+    module docstring). `Connection`'s ``router``."""
+
+    def __init__(
+        self,
+        urls: list[str],
+        operation_timeout: float,
+        token: str | None,
+        ssl_context: ssl.SSLContext | None,
+    ) -> None:
+        self.operation_timeout = operation_timeout
+        self._token = token
+        self._ssl = ssl_context
+        self.home = Connection(
+            urls[0], operation_timeout, token, ssl_context, router=self, fallbacks=urls[1:]
+        )
+        self._others: dict[str, Connection] = {}  # url -> connection (not home)
+        self._moving: dict[Handler, asyncio.Task[None]] = {}
+        self._slots = 0
+        self._closed = False
+
+    # -- Router ---------------------------------------------------------------------
+
+    @property
+    def cluster(self) -> bool:
+        return self._slots > 0
+
+    def saw_cluster(self, conn: Connection, slots: int) -> None:
+        if slots and not self._slots:
+            log.info("%s is a cluster's broker (%d slots): topics are looked up", conn.url, slots)
+        self._slots = max(self._slots, slots)
+
+    def relocate(self, handler: Handler) -> None:
+        if self._closed or handler in self._moving or handler.closed:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._move(handler), name=f"txnbuf-move-{handler.topic}"
+        )
+        self._moving[handler] = task
+
+    # -- routing ----------------------------------------------------------------------
+
+    def connections(self) -> list[Connection]:
+        return [self.home, *self._others.values()]
+
+    def handlers(self) -> list[Handler]:
+        """Every producer and consumer, on a connection or being moved."""
+        found: list[Handler] = list(self._moving)
+        for conn in self.connections():
+            found.extend(conn.producers.values())
+            found.extend(conn.consumers.values())
+        return found
+
+    async def route(self, topic: str) -> Connection:
+        """The connection of the broker serving ``topic`` (home, with no
+        lookup, when the broker is not a cluster's)."""
+        await self.home.start()
+        if not self.cluster:
+            return self.home
+        return await self.lookup(topic=topic)
+
+    async def route_coordinator(self, tc_id: int) -> Connection:
+        """The connection of the broker serving coordinator ``tc_id``."""
+        await self.home.start()
+        if not self.cluster or tc_id in self.home.tc_ids:
+            return self.home
+        return await self.lookup(tc_id=tc_id)
+
+    async def lookup(
+        self, *, topic: str = "", tc_id: int | None = None, deadline: float | None = None
+    ) -> Connection:
+        """Ask the home broker who serves ``topic`` (or coordinator
+        ``tc_id``), until a connection to it is up (see the module
+        docstring); `OperationTimeoutError` at ``deadline``."""
+        loop = asyncio.get_running_loop()
+        if deadline is None:
+            deadline = loop.time() + self.operation_timeout
+        what = f"lookup of {topic!r}" if tc_id is None else f"lookup of coordinator {tc_id}"
+        delay = BACKOFF_MIN
+
+        def build(request_id: int) -> Command:
+            cmd = command(Command.LOOKUP, "lookup", request_id=request_id, topic=topic)
+            if tc_id is not None:
+                cmd.lookup.tc_id = tc_id
+            return cmd
+
+        while True:
+            self._check_open()
+            home = self.home
+            try:
+                reply = await home.request(build, Command.LOOKUP_RESPONSE, what, deadline)
+                answer = reply.lookup_response
+                if answer.response != pb.CommandLookupTopicResponse.REDIRECT:
+                    return home
+                target = self._connection(answer.broker_service_url)
+                if await self._reachable(target, deadline):
+                    return target
+                log.info("%s: %s cannot be reached (yet)", what, target.url)
+            except NotOwnerError as exc:
+                log.info("%s: %s", what, exc)  # (being taken over: ask again)
+            if loop.time() + delay >= deadline:
+                raise OperationTimeoutError(f"{what} found no broker serving it in time")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, LOOKUP_BACKOFF_MAX)
+
+    def _connection(self, url: str) -> Connection:
+        url = url.rstrip("/")
+        if url == self.home.url:
+            return self.home
+        conn = self._others.get(url)
+        if conn is None:
+            base = (len(self._others) + 1) * ID_RANGE
+            conn = Connection(
+                url, self.operation_timeout, self._token, self._ssl, id_base=base, router=self
+            )
+            self._others[url] = conn
+            self.home.add_fallback(url)
+        return conn
+
+    async def _reachable(self, conn: Connection, deadline: float) -> bool:
+        """Start ``conn`` if need be; True once it is up, False if it is not
+        within one connection attempt (its supervisor keeps trying)."""
+        if conn.ready_link() is not None:
+            return True
+        conn.start_background()
+        loop = asyncio.get_running_loop()
+        # (Not longer: a dead broker's connection is in its reconnect backoff;
+        # the lookup is asked again meanwhile, and may name another broker.)
+        limit = min(deadline, loop.time() + LOOKUP_BACKOFF_MAX)
+        with contextlib.suppress(TxnbufError):
+            await conn.wait_ready(limit, f"connect to {conn.url}")
+            return True
+        return False
+
+    async def _move(self, handler: Handler) -> None:
+        """Look ``handler``'s topic up and move it there, until it is placed
+        or closed (its sends time out meanwhile as on any connection)."""
+        loop = asyncio.get_running_loop()
+        delay = BACKOFF_MIN
+        try:
+            while not self._closed and not handler.closed:
+                try:
+                    target = await self.lookup(topic=handler.topic)
+                    if await target.adopt(handler):
+                        log.info("%r now at %s", handler, target.url)
+                        return
+                except TxnbufError as exc:
+                    if not exc.retriable:
+                        log.warning("moving %r failed: %s", handler, exc)
+                        return
+                    log.info("moving %r: %s", handler, exc)
+                handler.expire(loop.time())
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, LOOKUP_BACKOFF_MAX)
+        finally:
+            self._moving.pop(handler, None)
+
+    # -- closing ----------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed or self.home.closed:
+            raise ClientClosedError("the client is closed")
+
+    async def close(self) -> None:
+        self._closed = True
+        for task in list(self._moving.values()):
+            task.cancel()
+        for conn in self.connections():
+            await conn.close()
