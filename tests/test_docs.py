@@ -159,6 +159,14 @@ def localize(text: str, url: str = "", kafka: str = "", tmp: Path | None = None)
     return text.replace("--host 0.0.0.0", "--host 127.0.0.1")
 
 
+def ctrl_c_works() -> None:
+    """In the child before it runs (``preexec_fn``): SIGINT back to its default.
+    A process started in the background by a shell without job control
+    inherits SIGINT ignored, and Python then never raises KeyboardInterrupt,
+    so a program that stops on Ctrl-C would not stop on the test's."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def environment(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("TXNBUF_TOKEN", "PYTHONPATH")}
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
@@ -261,6 +269,7 @@ def until_interrupted(input_topic: str, output_topic: str, n: int = 50) -> Handl
                 stderr=stderr,
                 text=True,
                 start_new_session=True,
+                preexec_fn=ctrl_c_works,
             )
             try:
                 wait_until(lambda: len(committed(broker.url, output_topic)) >= n, proc, "output")
@@ -346,6 +355,7 @@ def spark_streaming(block: Block, tmp: Path, request: pytest.FixtureRequest) -> 
             stdout=output,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # (its JVM with it, for the kill below)
+            preexec_fn=ctrl_c_works,
         )
         try:
             wait_until(lambda: len(committed(broker.url, "orders-upper")) >= 100, proc, "output")
