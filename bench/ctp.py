@@ -1,8 +1,9 @@
 """Exactly-once consume-transform-produce on txnbuf, PostgreSQL and Redis, in one run.
 
     python -m bench.ctp [--messages 100000] [--rounds 3] [--workers 1,4]
-                        [--per-txn 100] [--size 100]
-                        [--systems postgres,redis,txnbuf] [--results bench/results/ctp.md]
+                        [--per-txn 100] [--size 100] [--loops readme,fastest]
+                        [--systems postgres,redis,txnbuf] [--baseline [NAME=]DIR]
+                        [--results bench/results/ctp.md]
 
 Each system is loaded with the same ``--messages`` inputs of ``--size`` bytes
 (a number, then padding); its workers then copy them, transformed
@@ -27,9 +28,10 @@ fails the check stops the benchmark).
   ``examples/consume_transform_produce.py`` does), then in
   ``async with client.transaction()`` per message ``await
   producer.send(..., txn=txn)`` and ``await consumer.acknowledge(msg,
-  txn=txn)``; leaving the block commits. ``fastest loop``: `bench.txn`'s
-  (`bench.txn.take`, `bench.txn.copy_in_one_txn`: sends queued without
-  waiting, the batch acknowledged in one call, then commit).
+  txn=txn)``; leaving the block commits. ``fastest loop``: the fewest calls
+  the public client needs for the same work: the same batch, then
+  `bench.txn.copy_in_one_txn` (``send_nowait`` per message, no await; the
+  batch acknowledged in one call; commit).
 
 Workers are OS processes (``multiprocessing``, each with a connection of its
 own), 1 and 4 by default, for every system; for txnbuf also asyncio tasks
@@ -43,6 +45,17 @@ are stopped at the end of their run; as root, PostgreSQL runs as the
 ``postgres`` user. ``bench/install-peers`` installs PostgreSQL, Redis and
 their drivers; a peer not installed is reported as not run, and no ratio
 is printed against it.
+
+``--baseline [NAME=]DIR`` (as many as given): txnbuf's rows run once more
+each round with another checkout's broker and client (``git archive main |
+tar -x -C DIR`` makes one), in the same rotation as every other row, so a
+branch is compared with main (and both with the peers) in one run. Such a
+row runs in a process of this script started with that checkout first on
+the path (its broker and its worker processes import that checkout's code;
+this script and the bench helpers it imports are that checkout's too,
+except this file). ``--loops`` limits txnbuf's loops. ``--stream``: txnbuf's workers connect to
+the broker's raw TCP listener (``--stream-port``, ``txnbuf://``) instead of
+the WebSocket.
 
 Prints each run's msgs/s, the medians, CPU microseconds per message of the
 client processes, the server (txnbuf: the broker's main process; PostgreSQL:
@@ -62,6 +75,7 @@ import asyncio
 import contextlib
 import datetime
 import importlib.util
+import json
 import multiprocessing
 import os
 import platform
@@ -82,7 +96,7 @@ import aiohttp
 
 from bench._postgres import PostgresCluster, PostgresServer, postgres_bin
 from bench._progress import Runs
-from bench.txn import copy_in_one_txn, take
+from bench.txn import copy_in_one_txn
 from bench.txnceiling import Broker
 from bench.txnpath import cpu_seconds
 from client import Client, Consumer, Producer, errors
@@ -155,10 +169,12 @@ class Variant:
     workers: int
     processes: bool = True
     loop: str = ""
+    side: str = ""  # a baseline's name: txnbuf from that checkout
 
     @property
     def label(self) -> str:
-        name = NAMES[self.system] + (f", {LOOPS[self.loop]}" if self.loop else "")
+        name = NAMES[self.system] + (f" ({self.side})" if self.side else "")
+        name += f", {LOOPS[self.loop]}" if self.loop else ""
         unit = ("process", "processes") if self.processes else ("task", "tasks")
         return f"{name}, {self.workers} {unit[self.workers > 1]}"
 
@@ -168,13 +184,19 @@ class Variant:
         return self.label.rsplit(", ", 1)[1]
 
 
-def plan(systems: list[str], workers: list[int]) -> list[Variant]:
+def plan(
+    systems: list[str],
+    workers: list[int],
+    loops: Sequence[str] = tuple(LOOPS),
+    sides: Sequence[str] = (),
+) -> list[Variant]:
     variants = []
     for system in systems:
-        for loop in ("readme", "fastest") if system == "txnbuf" else ("",):
-            variants += [Variant(system, n, True, loop) for n in workers]
-            if system == "txnbuf":
-                variants += [Variant(system, n, False, loop) for n in workers if n > 1]
+        for side in ("", *sides) if system == "txnbuf" else ("",):
+            for loop in loops if system == "txnbuf" else ("",):
+                variants += [Variant(system, n, True, loop, side) for n in workers]
+                if system == "txnbuf":
+                    variants += [Variant(system, n, False, loop, side) for n in workers if n > 1]
     return variants
 
 
@@ -207,11 +229,13 @@ class Run:
 
 
 class Server:
-    """A server process a run starts and stops, and what the parent does with it."""
+    """A server process a run starts and stops, and what the parent does with it
+    (``workers_url``: where the workers connect, if not ``address``)."""
 
     name = ""
     proc: subprocess.Popen[bytes]
     address = ""
+    workers_url = ""
 
     async def load(self, total: int, size: int, per_txn: int) -> None:
         raise NotImplementedError
@@ -349,10 +373,14 @@ class Redis(Server):
 class Txnbuf(Server):
     name = "txnbuf"
 
-    def __init__(self, tmp: str, options: Sequence[str] = ()) -> None:
+    def __init__(self, tmp: str, options: Sequence[str] = (), stream: bool = False) -> None:
+        port = _free_port() if stream else 0
+        options = [*options, "--stream-port", str(port)] if stream else list(options)
         self.broker = Broker(tempfile.mkdtemp(dir=tmp, prefix="txnbuf-"), False, options)
         self.proc = self.broker.proc
         self.address = self.broker.url
+        if stream:  # (the workers on the raw TCP listener; loading and checking on /ws)
+            self.workers_url = f"txnbuf://127.0.0.1:{port}"
 
     def cpu(self) -> tuple[float, float | None]:
         return self.broker.cpu()
@@ -387,11 +415,13 @@ class Txnbuf(Server):
         self.broker.stop()
 
 
-def start_server(system: str, tmp: str, cluster: PostgresCluster | None) -> Server:
+def start_server(
+    system: str, tmp: str, cluster: PostgresCluster | None, stream: bool = False
+) -> Server:
     if system == "postgres":
         assert cluster is not None
         return Postgres(cluster)
-    return Redis(tmp) if system == "redis" else Txnbuf(tmp)
+    return Redis(tmp) if system == "redis" else Txnbuf(tmp, stream=stream)
 
 
 # --- the workers (each in a process of its own) ---------------------------------------
@@ -490,12 +520,12 @@ def readme_loop(client: Client, consumer: Consumer, producer: Producer, per_txn:
 
 
 def fastest_loop(client: Client, consumer: Consumer, producer: Producer, per_txn: int) -> Step:
-    """`bench.txn`'s loop: sends queued, the batch acknowledged at once, commit."""
+    """The fewest calls: a batch, sends not awaited, the batch acknowledged
+    at once, commit."""
 
     async def step() -> int:
-        try:
-            batch = await take(consumer, per_txn, wait=IDLE)
-        except errors.OperationTimeoutError:
+        batch = await consumer.batch_receive(max_messages=per_txn, timeout=IDLE)
+        if not batch:
             return 0
         await copy_in_one_txn(client, consumer, producer, batch, transform)
         return len(batch)
@@ -569,13 +599,14 @@ def one_run(
 ) -> Run:
     """Load a fresh server (``variant``'s, or ``make_server()``), copy every
     input with ``variant``'s workers, check the output."""
-    server = make_server() if make_server else start_server(variant.system, tmp, cluster)
+    stream = getattr(args, "stream", False)
+    server = make_server() if make_server else start_server(variant.system, tmp, cluster, stream)
     try:
         runner.run(server.load(args.messages, args.size, args.per_txn))
         ctx = multiprocessing.get_context("spawn")
         processes = variant.workers if variant.processes else 1
         sync = Sync(ctx, processes)
-        jobs = [Job(variant, server.address, args.messages, args.per_txn, i)
+        jobs = [Job(variant, server.workers_url or server.address, args.messages, args.per_txn, i)
                 for i in range(processes)]  # fmt: skip
         workers = [ctx.Process(target=worker_process, args=(job, sync)) for job in jobs]
         for w in workers:
@@ -643,7 +674,8 @@ def versions(systems: list[str], cluster: PostgresCluster | None) -> list[str]:
         lines.append(
             "txnbuf: README loop: batch_receive, then per message await send(txn=) and await "
             "acknowledge(msg, txn=), commit on leaving client.transaction(); fastest loop: "
-            "bench.txn's (sends queued, the batch acknowledged at once, commit)"
+            "batch_receive, then send_nowait(txn=) per message, the batch acknowledged at once, "
+            "commit"
         )
     return lines
 
@@ -716,7 +748,8 @@ def report(
         f"exactly once, every input consumed.",
     ]
     pairs = [(v, w) for v in variants for w in variants
-             if v.loop == "readme" and w.loop == "fastest" and v.kind == w.kind]  # fmt: skip
+             if v.loop == "readme" and w.loop == "fastest" and v.kind == w.kind
+             and v.side == w.side]  # fmt: skip
     if pairs:
         lines.append("")
         lines.append("txnbuf README loop / fastest loop:")
@@ -724,8 +757,24 @@ def report(
             each = ", ".join(
                 f"{a.rate / b.rate:.2f}" for a, b in zip(runs[readme], runs[fastest], strict=True)
             )
+            side = f" ({readme.side})" if readme.side else ""
             lines.append(
-                f"- {readme.kind}: {medians[readme] / medians[fastest]:.2f} (each round: {each})"
+                f"- {readme.kind}{side}: {medians[readme] / medians[fastest]:.2f} "
+                f"(each round: {each})"
+            )
+    pairs = [(v, w) for v in variants for w in variants
+             if v.system == w.system == "txnbuf" and not v.side and w.side
+             and (v.loop, v.workers, v.processes) == (w.loop, w.workers, w.processes)]  # fmt: skip
+    if pairs:
+        lines.append("")
+        lines.append("txnbuf, this checkout / a baseline, the same row of the same round:")
+        for this, other in pairs:
+            each = ", ".join(
+                f"{a.rate / b.rate:.2f}" for a, b in zip(runs[this], runs[other], strict=True)
+            )
+            lines.append(
+                f"- {this.label} / {other.side}: {medians[this] / medians[other]:.2f} "
+                f"(each round: {each})"
             )
     return "\n".join(lines)
 
@@ -747,6 +796,55 @@ def _workers(text: str) -> list[int]:
     return workers
 
 
+def _baseline(text: str) -> tuple[str, Path]:
+    name, sep, folder = text.rpartition("=")
+    path = Path(folder).resolve()
+    if not (path / "client" / "__init__.py").is_file():
+        raise argparse.ArgumentTypeError(f"not a txnbuf checkout: {folder!r}")
+    return (name if sep else path.name), path
+
+
+def _loops(text: str) -> list[str]:
+    loops = [s for s in text.split(",") if s]
+    if not loops or any(s not in LOOPS for s in loops):
+        raise argparse.ArgumentTypeError(f"loops are a list of {', '.join(LOOPS)}: {text!r}")
+    return loops
+
+
+def run_in_checkout(variant: Variant, args: argparse.Namespace, checkout: Path) -> Run:
+    """`one_run` of ``variant`` in a process of this script that has
+    ``checkout`` first on its path (so its broker and its workers run that
+    checkout's code); the run it prints."""
+    options = {"messages": args.messages, "per_txn": args.per_txn, "size": args.size,
+               "stream": args.stream}  # fmt: skip
+    one = json.dumps({"variant": [variant.workers, variant.processes, variant.loop], **options})
+    # run_path, not -m: this file, with none of its folder's modules in the
+    # way of the checkout's packages (bench/cluster.py and cluster/).
+    code = f"import runpy, sys; sys.argv = [{__file__!r}, '--one-run', {one!r}]; " \
+           f"runpy.run_path({__file__!r}, run_name='__main__')"  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(checkout), "PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=checkout, env=env,
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"{variant.label}: the run in {checkout} failed:\n{done.stderr[-5000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return Run(result["rate"], result["client"], result["server"], result["writer"])
+
+
+def one_run_here(spec: str) -> None:
+    """``--one-run``: one txnbuf run in this process (see `run_in_checkout`)."""
+    given = json.loads(spec)
+    workers, processes, loop = given.pop("variant")
+    args = argparse.Namespace(**given)
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        asyncio.Runner(loop_factory=_loop_factory()) as runner,
+    ):
+        run = one_run(Variant("txnbuf", workers, processes, loop), args, tmp, None, runner)
+    print(json.dumps({"rate": run.rate, "client": run.client, "server": run.server,
+                      "writer": run.writer}))  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=100_000)
@@ -756,9 +854,18 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--systems", type=_systems, default=list(SYSTEMS),
                         help="of postgres,redis,txnbuf")  # fmt: skip
+    parser.add_argument("--loops", type=_loops, default=list(LOOPS), help="of readme,fastest")
+    parser.add_argument("--stream", action="store_true",
+                        help="txnbuf's workers on the raw TCP listener (txnbuf://)")  # fmt: skip
+    parser.add_argument("--baseline", type=_baseline, action="append", default=[],
+                        help="[NAME=]DIR: txnbuf's rows with that checkout's code too")  # fmt: skip
     parser.add_argument("--results", type=Path, default=RESULTS,
                         help="the file a section of results is appended to")  # fmt: skip
+    parser.add_argument("--one-run", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.one_run is not None:
+        one_run_here(args.one_run)
+        return
     if args.messages < 1 or args.rounds < 1 or args.per_txn < 1:
         parser.error("--messages, --rounds and --per-txn must be above 0")
     if args.size < DIGITS:
@@ -768,11 +875,17 @@ def main() -> None:
     for system, why in absent.items():
         print(f"{NAMES[system]}: not run: {why}", file=sys.stderr)
     systems = [s for s in args.systems if s not in absent]
-    variants = plan(systems, args.workers)
+    sides = dict(args.baseline)
+    variants = plan(systems, args.workers, args.loops, list(sides))
     runs: dict[Variant, list[Run]] = {v: [] for v in variants}
     cluster = PostgresCluster() if "postgres" in systems else None
     try:
         header = [machine(), *versions(systems, cluster)]
+        if args.stream and "txnbuf" in systems:
+            header.append("txnbuf's workers connect to the raw TCP listener (--stream-port, "
+                          "txnbuf://); loading and checking go through the WebSocket")  # fmt: skip
+        header += [f"baseline {name}: txnbuf's rows again with the code of {folder}"
+                   for name, folder in sides.items()]  # fmt: skip
         with (
             tempfile.TemporaryDirectory() as tmp,
             asyncio.Runner(loop_factory=_loop_factory()) as runner,
@@ -782,7 +895,10 @@ def main() -> None:
                     shift = r * len(variants) // args.rounds
                     for v in variants[shift:] + variants[:shift]:
                         progress.start(f"round {r + 1}/{args.rounds}: {v.label}")
-                        run = one_run(v, args, tmp, cluster, runner)
+                        if v.side:
+                            run = run_in_checkout(v, args, sides[v.side])
+                        else:
+                            run = one_run(v, args, tmp, cluster, runner)
                         progress.done(f"{run.rate:,.0f} msgs/s, output checked")
                         runs[v].append(run)
     finally:

@@ -6,15 +6,15 @@ WebSocket against the same frames on raw TCP (length + bytes, an
 
 A server process (uvloop, as `txnbuf serve`) and this process as the
 client. Each transaction, one at a time, is what the README loop's client
-and broker exchange: the client encodes and writes one BATCH [SEND of
-``--per-txn`` 100-byte messages as one `EntryBatch`, ACK of as many
-(partition, entry, index) triples, END_TXN COMMIT asking for the next
-transaction] and a FLOW; the server decodes it and answers one BATCH
-[SEND_RECEIPT, ACK_RESPONSE, TXN_RESPONSE] and one MESSAGE carrying the
-next ``--per-txn`` inputs as one entry (the consumer's next batch), which
-the client decodes. No broker: what differs between the two rows is the
-transport alone (framing, masking, the WebSocket machinery of aiohttp on
-both sides, against a protocol callback and a length prefix).
+and broker exchange on the local path: the client encodes and writes one
+COMMIT_TXN (its sends, ``--per-txn`` 100-byte messages as one
+`EntryBatch`; its acks, one (partition, entry, first, last) range; the ask
+for the next transaction) and a FLOW; the server decodes it and answers
+one TXN_RESPONSE and one MESSAGE carrying the next ``--per-txn`` inputs as
+one entry (the consumer's next batch), which the client decodes. No
+broker: what differs between the two rows is the transport alone
+(framing, masking, the WebSocket machinery of aiohttp on both sides,
+against a protocol callback and a length prefix).
 
 Printed per transport: transactions per second and CPU µs per transaction
 of the client and of the server (process time), the median of the rounds,
@@ -56,27 +56,16 @@ def _loop_factory() -> Any:
 def client_frames(per_txn: int, i: int) -> bytes:
     """The client's frame of transaction ``i``, encoded (as the client does: per transaction)."""
     payload = os.urandom(100)
-    send = pb.CommandSend(
-        producer_id=1,
-        request_id=3 * i + 1,
-        transactional=True,
-        txnid_least_bits=i,
-        first_sequence_id=i * per_txn,
-        batch=pb.EntryBatch(
-            messages=[pb.SingleMessage(payload=payload) for _ in range(per_txn)]
-        ).SerializeToString(),
-    )
-    positions = [x for j in range(per_txn) for x in (0, i, j)]
-    ack = pb.CommandAck(consumer_id=1, request_id=3 * i + 2, transactional=True, txnid_least_bits=i)
-    ack.positions.extend(positions)
-    end = pb.CommandEndTxn(
-        request_id=3 * i + 3, txnid_least_bits=i, txn_action=pb.COMMIT, next_txn_ttl_ms=30_000
-    )
-    batch = T(type=T.BATCH)
-    batch.batch.commands.add(type=T.SEND).send.CopyFrom(send)
-    batch.batch.commands.add(type=T.ACK).ack.CopyFrom(ack)
-    batch.batch.commands.add(type=T.END_TXN).end_txn.CopyFrom(end)
-    return batch.SerializeToString()
+    cmd = T(type=T.COMMIT_TXN)
+    commit = cmd.commit_txn
+    commit.request_id, commit.txnid_least_bits, commit.commit_id = i + 1, i, i + 1
+    commit.next_txn_ttl_ms = 30_000
+    send = commit.sends.add(producer_id=1, partition=0, first_sequence_id=i * per_txn)
+    send.batch = pb.EntryBatch(
+        messages=[pb.SingleMessage(payload=payload) for _ in range(per_txn)]
+    ).SerializeToString()
+    commit.acks.add(consumer_id=1).ranges.extend([0, i, 0, per_txn - 1])
+    return cmd.SerializeToString()
 
 
 def flow() -> bytes:
@@ -94,27 +83,23 @@ class Answers:
 
     def on_frame(self, data: bytes) -> list[bytes]:
         cmd = T.FromString(data)
-        if cmd.type != T.BATCH:
+        if cmd.type != T.COMMIT_TXN:
             return []  # (a FLOW)
-        send, ack, end = cmd.batch.commands
-        answers = T(type=T.BATCH)
-        receipt = answers.batch.commands.add(type=T.SEND_RECEIPT).send_receipt
-        receipt.producer_id, receipt.request_id = send.send.producer_id, send.send.request_id
-        receipt.first_batch_index = 0
-        answer = answers.batch.commands.add(type=T.ACK_RESPONSE).ack_response
-        answer.consumer_id, answer.request_id = ack.ack.consumer_id, ack.ack.request_id
-        txn = answers.batch.commands.add(type=T.TXN_RESPONSE).txn_response
-        txn.request_id = end.end_txn.request_id
-        txn.next_txnid_most_bits, txn.next_txnid_least_bits = 0, end.end_txn.txnid_least_bits + 1
+        commit = cmd.commit_txn
+        pb.EntryBatch.FromString(commit.sends[0].batch)  # (the broker checks each batch)
+        answer = T(type=T.TXN_RESPONSE)
+        txn = answer.txn_response
+        txn.request_id = commit.request_id
+        txn.next_txnid_most_bits, txn.next_txnid_least_bits = 0, commit.txnid_least_bits + 1
         message = T(type=T.MESSAGE)
         message.message.consumer_id = 1
         message.message.entries.add(
             partition=0,
-            entry_id=end.end_txn.txnid_least_bits,
+            entry_id=commit.txnid_least_bits,
             data=self.entry,
             indexes=range(self.per_txn),
         )
-        return [answers.SerializeToString(), message.SerializeToString()]
+        return [answer.SerializeToString(), message.SerializeToString()]
 
 
 # -- the server process -------------------------------------------------------------

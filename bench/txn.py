@@ -28,6 +28,19 @@ by side:
    tasks and the semaphore cost the client ~18 us of CPU per transaction,
    ~10% of its work, that the plain side's loop does not pay.)
 
+3. ``--split``: where the README loop's CPU goes, fixed per transaction and
+   per message: the loop (one worker process, `bench.ctp`'s README loop on
+   a fresh broker, every output checked) at ``--split-sizes`` messages per
+   transaction (20 to 1,000), ``--split-rounds`` rounds in rotation; per
+   process (the worker, the broker, its ledger writer) the median CPU per
+   transaction at each size, and a least-squares fit of it as fixed +
+   per message x size.
+4. ``--small``: transactions of 1 and of 10 messages, the README loop in
+   this process against a fresh broker, rounds alternated: msgs/s, commit
+   latency p50/p99 (leaving ``async with client.transaction()``: the one
+   commit request and its answer) and CPU per message of this process and of
+   the broker with its writer.
+
 PostgreSQL and Redis run the same consume-transform-produce beside txnbuf,
 in the same run, in `bench.ctp`.
 """
@@ -154,10 +167,17 @@ async def send_pipelined(producer: Producer, payload: bytes, total: int, window:
 
 
 async def send_in_transactions(
-    client: Client, producer: Producer, payload: bytes, total: int, per_txn: int, inflight: int
+    client: Client,
+    producer: Producer,
+    payload: bytes,
+    total: int,
+    per_txn: int,
+    inflight: int,
+    full: bool = False,
 ) -> None:
     """Send ``total`` messages in transactions of ``per_txn``: ``inflight``
-    workers, each committing its transactions back to back."""
+    workers, each committing its transactions back to back (``full``: each
+    on the full path, `Transaction.flush` before its commit)."""
     sizes = [min(per_txn, total - s) for s in range(0, total, per_txn)]
 
     async def worker(mine: list[int]) -> None:
@@ -165,6 +185,8 @@ async def send_in_transactions(
             txn = await client.new_transaction(timeout=60)
             for _ in range(n):
                 producer.send_nowait(payload, txn=txn)
+            if full:
+                txn.flush()
             await txn.commit()
 
     await asyncio.gather(*(worker(sizes[w::inflight]) for w in range(inflight)))
@@ -215,6 +237,145 @@ async def produce(
     return results
 
 
+def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least squares ``y = a + b x`` through ``points``: (a, b)."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    b = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else 0.0
+    return my - b * mx, b
+
+
+def cost_split(sizes: list[int], rounds: int, messages: int, size: int) -> None:
+    """``--split``: CPU per transaction of each process at each size, and
+    its fit as fixed + per message (see the module docstring)."""
+    import argparse as _argparse
+
+    from bench.ctp import Variant, one_run
+
+    variant = Variant("txnbuf", 1, True, "readme")
+    per_txn: dict[int, list[tuple[float, float, float, float]]] = {n: [] for n in sizes}
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        asyncio.Runner(loop_factory=_loop_factory()) as runner,
+        Runs(rounds * len(sizes), "txn split") as runs,
+    ):
+        for r in range(rounds):
+            shift = r % len(sizes)
+            for n in sizes[shift:] + sizes[:shift]:
+                runs.start(f"round {r + 1}/{rounds}: {n} per transaction")
+                total = max(messages, 40 * n)
+                args = _argparse.Namespace(messages=total, per_txn=n, size=size)
+                run = one_run(variant, args, tmp, None, runner)
+                writer = run.writer or 0.0
+                per_txn[n].append((run.rate, run.client * n, run.server * n, writer * n))
+                runs.done(f"{run.rate:,.0f} msgs/s")
+    print()
+    print(f"where the README loop's CPU goes: {size} B messages, 1 worker process, median of "
+          f"{rounds} rounds; CPU us per transaction")  # fmt: skip
+    print(f"{'msgs/txn':>9} {'msgs/s':>9} {'client':>9} {'broker':>9} {'writer':>9} {'total':>9}")
+    medians: dict[int, list[float]] = {}
+    for n in sizes:
+        cols = [statistics.median(run[i] for run in per_txn[n]) for i in range(4)]
+        medians[n] = cols
+        total_cpu = sum(cols[1:])
+        print(f"{n:>9} {cols[0]:>9,.0f} {cols[1]:>9.0f} {cols[2]:>9.0f} {cols[3]:>9.0f} "
+              f"{total_cpu:>9.0f}")  # fmt: skip
+    print()
+    print(f"{'fit':>9} {'fixed us/txn':>13} {'us/msg':>8}  (CPU per transaction = fixed + "
+          "us/msg x messages)")  # fmt: skip
+    for i, name in ((1, "client"), (2, "broker"), (3, "writer")):
+        a, b = fit([(n, medians[n][i]) for n in sizes])
+        print(f"{name:>9} {a:>13.0f} {b:>8.2f}")
+    a, b = fit([(n, sum(medians[n][1:])) for n in sizes])
+    print(f"{'total':>9} {a:>13.0f} {b:>8.2f}")
+    legend(
+        "client: the worker process; broker: txnbuf's broker process without its writer; "
+        "writer: its ledger writer process",
+    )
+
+
+async def small_round(url: str, per_txn: int, txns: int) -> tuple[float, list[float], float]:
+    """The README loop at ``per_txn`` messages per transaction for ``txns``
+    transactions: msgs/s, commit latencies (s), this process's CPU us/msg."""
+    tag = uuid_tag()
+    src, dst = f"small-in-{tag}", f"small-out-{tag}"
+    total = per_txn * txns
+    async with Client(url) as client:
+        seeder = await client.create_producer(src, batching_max_messages=per_txn)
+        for first in range(0, total, 5000):
+            futs = [
+                seeder.send_nowait(b"%010d" % n) for n in range(first, min(total, first + 5000))
+            ]
+            await asyncio.gather(*futs)
+        source = await client.subscribe(src, "s", initial_position="earliest")
+        producer = await client.create_producer(dst)
+        latencies: list[float] = []
+        done = 0
+        cpu0 = time.process_time()
+        start = time.perf_counter()
+        while done < total:
+            batch = await source.batch_receive(max_messages=per_txn, timeout=0.1)
+            if not batch:
+                continue
+            async with client.transaction(timeout=30) as txn:
+                for msg in batch:
+                    await producer.send(msg.value.upper(), txn=txn)
+                    await source.acknowledge(msg, txn=txn)
+                t0 = time.perf_counter()
+            latencies.append(time.perf_counter() - t0)
+            done += len(batch)
+        elapsed = time.perf_counter() - start
+        cpu = (time.process_time() - cpu0) * 1e6 / done
+    return done / elapsed, latencies, cpu
+
+
+def uuid_tag() -> str:
+    return f"{os.getpid()}-{time.monotonic_ns()}"
+
+
+def small_transactions(txns: int, rounds: int) -> None:
+    """``--small``: transactions of 1 and 10 messages (see the module docstring)."""
+    results: dict[int, list[tuple[float, list[float], float, float]]] = {1: [], 10: []}
+    with tempfile.TemporaryDirectory() as tmp:
+        broker = BrokerProcess(os.path.join(tmp, "data"))
+        try:
+            with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+                for r in range(rounds):
+                    for n in (1, 10) if r % 2 == 0 else (10, 1):
+                        b0 = process_cpu(broker.proc.pid)
+                        rate, lat, cpu = runner.run(small_round(broker.url, n, txns))
+                        b1 = process_cpu(broker.proc.pid)
+                        results[n].append((rate, lat, cpu, (b1 - b0) * 1e6 / (n * txns)))
+        finally:
+            broker.stop()
+    print()
+    print(f"small transactions: the README loop, {txns} transactions per round, {rounds} rounds "
+          "alternated; medians")  # fmt: skip
+    print(f"{'msgs/txn':>9} {'msgs/s':>9} {'txn/s':>9} {'commit p50 ms':>14} {'commit p99 ms':>14} "
+          f"{'client us/msg':>14} {'broker us/msg':>14}")  # fmt: skip
+    for n, rows in results.items():
+        rate = statistics.median(row[0] for row in rows)
+        lat = [x for row in rows for x in row[1]]
+        client_us = statistics.median(row[2] for row in rows)
+        broker_us = statistics.median(row[3] for row in rows)
+        print(f"{n:>9} {rate:>9,.0f} {rate / n:>9,.0f} {statistics.median(lat) * 1000:>14.2f} "
+              f"{pct(lat, 0.99):>14.2f} {client_us:>14.1f} {broker_us:>14.1f}")  # fmt: skip
+    legend(
+        "commit: leaving the transaction block (one COMMIT_TXN and its answer); broker us/msg: "
+        "the broker with its ledger writer",
+    )
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(len(values) * q))] * 1000
@@ -231,6 +392,21 @@ def main() -> None:
     parser.add_argument("--url", help="use this running broker instead of a new one")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--no-produce", action="store_true", help="skip the produce comparison")
+    parser.add_argument("--no-ctp", action="store_true", help="skip the worker-count runs")
+    parser.add_argument(
+        "--split", action="store_true", help="where the README loop's CPU goes (see above)"
+    )
+    parser.add_argument(
+        "--split-sizes",
+        type=lambda t: [int(x) for x in t.split(",")],
+        default=[20, 50, 100, 200, 500, 1000],
+        help="messages per transaction of the split's runs",
+    )
+    parser.add_argument("--split-rounds", type=int, default=2)
+    parser.add_argument("--split-messages", type=int, default=20_000)
+    parser.add_argument("--small", action="store_true", help="transactions of 1 and 10 messages")
+    parser.add_argument("--small-txns", type=int, default=2000)
+    parser.add_argument("--small-rounds", type=int, default=4)
     parser.add_argument(
         "--produce-rounds", type=int, default=3, help="runs of each way, in rotation"
     )
@@ -242,12 +418,13 @@ def main() -> None:
         "this machine moved a ratio by half)",
     )
     args = parser.parse_args()
-    try:
-        import uvloop
-
-        loop_factory = uvloop.new_event_loop
-    except ImportError:
-        loop_factory = None  # type: ignore[assignment]
+    if args.split:
+        cost_split(args.split_sizes, args.split_rounds, args.split_messages, args.size)
+    if args.small:
+        small_transactions(args.small_txns, args.small_rounds)
+    if args.no_ctp:
+        return
+    loop_factory = _loop_factory()
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -16,8 +16,11 @@ directory):
 3. ``txn, no machinery``: the same client work, against a broker started
    by `serve_free`: a transactional SEND is stored as a plain one and END
    is answered once the transaction's last send is durable, with the next
-   TxnID from a counter. No coordinator, no records, no sidecar, no marker:
-   the client's work per transaction, and the frames of 100 messages and
+   TxnID from a counter. It replaces the full path (SEND and END_TXN), so
+   this way's transactions take it (`Transaction.flush` before commit);
+   ``txn`` takes the local path (one COMMIT_TXN), as a client does. No
+   coordinator, no records, no sidecar, no marker: the client's work per
+   transaction, and the frames of 100 messages and
    the END and its answer, are all that is left. (Each worker's first
    transaction is opened by the real coordinator, NEW_TXN being left as it
    is, and stays open to the end: 64 OPEN records in a run of 10,000
@@ -77,7 +80,9 @@ async def produce(url: str, way: str, total: int, per_txn: int, size: int, infli
         if way == "plain":
             await send_pipelined(producer, payload, total, inflight * per_txn)
         else:
-            await send_in_transactions(client, producer, payload, total, per_txn, inflight)
+            # (the stand-in replaces the full path's machinery: that way takes it)
+            full = way == "txn, no machinery"
+            await send_in_transactions(client, producer, payload, total, per_txn, inflight, full)
         return total / (time.perf_counter() - start)
 
 

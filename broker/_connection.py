@@ -34,6 +34,7 @@ import collections
 import logging
 import time
 from collections.abc import Awaitable, Coroutine
+from itertools import repeat
 from typing import Any, Protocol
 
 from aiohttp import WSMsgType, web
@@ -45,6 +46,7 @@ from broker._context import Handlers, command, merge_handlers, success
 from broker._epoch import epoch_handlers
 from broker._errors import REFUSALS, error_code, error_text
 from broker._groups import group_handlers
+from broker._local import LocalCommits
 from broker._reader import reader_handlers
 from broker._seek import seek_handlers
 from broker._transactions import CLUSTER_ROLE, Transactions
@@ -67,11 +69,12 @@ __all__ = ["CLUSTER_ROLE", "PROTOCOL_VERSION", "Connection", "Socket"]
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 6  # the only one served (proto/txnbuf.proto)
+PROTOCOL_VERSION = 7  # the only one served (proto/txnbuf.proto)
 SERVER_VERSION = "txnbuf/0.1.0"
 
 T = pb.BaseCommand
 _BODY_TYPE = {name.lower(): value for name, value in T.Type.items()}
+_MAX_RANGE = 1 << 20  # messages in one ACK range (an entry holds fewer: a frame is 5 MiB)
 _SUB_TYPES = {
     pb.CommandSubscribe.EXCLUSIVE: SubType.EXCLUSIVE,
     pb.CommandSubscribe.SHARED: SubType.SHARED,
@@ -128,6 +131,7 @@ class Connection:
             T.CLOSE_CONSUMER: self._on_close_consumer,
             T.PING: self._on_ping,
             T.PONG: lambda cmd: None,
+            T.COMMIT_TXN: LocalCommits(self, txns).on_commit_txn,  # (the local path)
             T.BATCH: self._on_batch,
         }
         self._handlers = merge_handlers(
@@ -730,20 +734,31 @@ class Connection:
 
 def _ack_positions(req: pb.CommandAck) -> dict[int, list[tuple[int, int]]]:
     """An ACK's messages, ``partition -> [(entry_id, batch_index), ...]``,
-    from its ``positions`` triples."""
-    flat = list(req.positions)
-    if not flat or len(flat) % 3:
+    from its ``ranges`` quadruples (partition, entry_id, first_index,
+    last_index). A cumulative ack names one range: its last message is the
+    bound."""
+    flat = req.ranges
+    if not flat or len(flat) % 4:
         raise refusals.InvalidArgument(
-            "ACK positions come in (partition, entry_id, batch_index) triples, at least one; "
-            f"got {len(flat)} numbers",
+            "ACK ranges come as (partition, entry_id, first_index, last_index) quadruples, at "
+            f"least one; got {len(flat)} numbers",
         )
-    partitions = flat[0::3]
-    first = partitions[0]
-    if partitions.count(first) == len(partitions):  # the usual case: one partition
-        return {first: list(zip(flat[1::3], flat[2::3], strict=True))}
+    if req.ack_type == pb.CommandAck.CUMULATIVE:
+        if len(flat) != 4:
+            raise refusals.InvalidArgument("a cumulative ACK names one range: its bound")
+        return {flat[0]: [(flat[1], flat[3])]}
     by_part: dict[int, list[tuple[int, int]]] = {}
-    for partition, entry_id, index in zip(partitions, flat[1::3], flat[2::3], strict=True):
-        by_part.setdefault(partition, []).append((entry_id, index))
+    for i in range(0, len(flat), 4):
+        partition, entry_id, first, last = flat[i], flat[i + 1], flat[i + 2], flat[i + 3]
+        if last < first or last - first >= _MAX_RANGE:
+            raise refusals.InvalidArgument(
+                f"ACK range {partition}:{entry_id}:{first}..{last} is empty or too long",
+            )
+        positions = by_part.get(partition)
+        if positions is None:
+            positions = by_part[partition] = []
+        n = last - first + 1
+        positions.extend(zip(repeat(entry_id, n), range(first, last + 1), strict=True))
     return by_part
 
 

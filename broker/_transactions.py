@@ -316,8 +316,8 @@ class Transactions:
             )
         return tc.new_txn(ttl_ms, tag=tag, prepared_timeout_ms=prepared_ttl_ms, spare=spare)
 
-    def _open_next(self, req: pb.CommandEndTxn) -> TxnID | None:
-        """Open the transaction an END_TXN asks for (its timeout, on its
+    def _open_next(self, req: pb.CommandEndTxn | pb.CommandCommitTxn) -> TxnID | None:
+        """Open the transaction an END_TXN or COMMIT_TXN asks for (its timeout, on its
         coordinator); None if it cannot be opened (the END stands, and the
         client asks with NEW_TXN)."""
         try:

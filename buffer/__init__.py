@@ -11,16 +11,19 @@ its wire code from one table (`broker._errors.WIRE_CODES`).
 
 from buffer._entries import (
     COMMIT_MARKER,
+    COMMITTED_TXN,
     DATA,
     DUPLICATE_POSITION,
     DuplicateTooOldError,
     MalformedSendError,
     PublishResult,
     SendRejectedError,
+    committed_entry,
     decode_send,
     entry_count,
     entry_kind,
     entry_meta,
+    send_sequence_ids,
     txn_run_start,
 )
 from buffer._names import (
@@ -66,6 +69,7 @@ from buffer._txnstate import (
 )
 
 __all__ = [
+    "COMMITTED_TXN",
     "COMMIT_MARKER",
     "DATA",
     "DUPLICATE_POSITION",
@@ -110,6 +114,7 @@ __all__ = [
     "check_producer_name",
     "check_subscription_name",
     "check_topic_name",
+    "committed_entry",
     "decode_send",
     "decode_sidecar_record",
     "entry_count",
@@ -118,6 +123,7 @@ __all__ = [
     "epoch_producer_name",
     "partition_ledger_prefixes",
     "quoted",
+    "send_sequence_ids",
     "sidecar_ledger_name",
     "txn_run_start",
 ]

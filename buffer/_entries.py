@@ -1,9 +1,11 @@
 """What both ledgers of a partition share: entry kinds, send results, send errors.
 
-An entry of the partition ledger is either DATA, the messages of one send as
-a serialized `EntryBatch`, or a COMMIT_MARKER of a transaction, which stands
-for the transaction's messages held in the partition's sidecar transaction
-log. Its ledger ``meta`` packs the kind and the message count
+An entry of the partition ledger is DATA, the messages of one send as a
+serialized `EntryBatch`; a COMMIT_MARKER of a transaction, which stands for
+the transaction's messages held in the partition's sidecar transaction log;
+or COMMITTED_TXN, the messages of a local transaction committed in one
+record (`committed_entry`: an `EntryBatch` naming its transaction, delivered
+as stored). Its ledger ``meta`` packs the kind and the message count
 (`entry_meta`), so that readers know entry sizes and kinds without reading
 entries. The sidecar log packs its own record kinds the same way.
 """
@@ -22,6 +24,7 @@ from proto import MAX_MESSAGE_SIZE, oversized
 from proto import txnbuf_pb2 as pb
 
 __all__ = [
+    "COMMITTED_TXN",
     "COMMIT_MARKER",
     "COUNT_MASK",
     "DATA",
@@ -30,6 +33,7 @@ __all__ = [
     "MalformedSendError",
     "PublishResult",
     "SendRejectedError",
+    "committed_entry",
     "decode_send",
     "entry_batch",
     "entry_count",
@@ -40,7 +44,7 @@ __all__ = [
 ]
 
 # Entry kinds, in the high bits of an entry's ledger meta.
-DATA, COMMIT_MARKER = 0, 1
+DATA, COMMIT_MARKER, COMMITTED_TXN = 0, 1, 2
 _KIND_SHIFT = 32
 COUNT_MASK = (1 << _KIND_SHIFT) - 1
 
@@ -60,6 +64,19 @@ def entry_batch(
 @functools.lru_cache(maxsize=1024)
 def _name_field(producer: str) -> bytes:
     return pb.EntryBatch(producer_name=producer).SerializeToString()
+
+
+def committed_entry(txn: tuple[int, int], producer: str, encoded: Sequence[bytes]) -> bytes:
+    """The stored form of a local transaction's messages on one partition
+    (a COMMITTED_TXN entry): its sends' serialized `EntryBatch`es (no
+    producer name) in order, then the fields naming ``producer`` and the
+    transaction. Serialized messages one after another parse as one whose
+    repeated fields are all of theirs, so this is one `EntryBatch` of every
+    message, delivered to consumers as it is stored."""
+    tail = pb.EntryBatch(
+        producer_name=producer, txnid_most_bits=txn[0], txnid_least_bits=txn[1]
+    ).SerializeToString()
+    return b"".join((*encoded, tail))
 
 
 def entry_meta(kind: int, count: int) -> int:

@@ -1,9 +1,11 @@
 """One topic partition: its ledger, message counts and deduplication.
 
-An entry of the partition ledger is either DATA, the messages of one send as
-a serialized `EntryBatch`, or a COMMIT_MARKER of a transaction, which stands
-for the transaction's messages held in the partition's sidecar transaction
-log (PIP-31 §Sidecar Approach, see `buffer._txnbuffer`). Its ledger ``meta``
+An entry of the partition ledger is DATA, the messages of one send as a
+serialized `EntryBatch`; a COMMIT_MARKER of a transaction, which stands for
+the transaction's messages held in the partition's sidecar transaction log
+(PIP-31 §Sidecar Approach, see `buffer._txnbuffer`); or COMMITTED_TXN, the
+messages of a local transaction committed in one record (`append_committed`,
+see docs/architecture.md), visible once durable. Its ledger ``meta``
 packs the kind and the message count (`entry_meta`), so that subscriptions
 know entry sizes and kinds without reading entries. Message ids are
 (partition, entry id, batch index); a committed transaction's messages take
@@ -13,6 +15,7 @@ the marker's entry id.
 from __future__ import annotations
 
 import array
+import asyncio
 import bisect
 import json
 import logging
@@ -21,12 +24,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from buffer._dedup import DedupState, ProducerSequence
 from buffer._entries import (
     COMMIT_MARKER,
+    COMMITTED_TXN,
     COUNT_MASK,
     DATA,
     DUPLICATE_POSITION,
     DuplicateTooOldError,
     PublishResult,
     SendRejectedError,
+    committed_entry,
     entry_batch,
     entry_count,
     entry_kind,
@@ -362,11 +367,12 @@ class Partition:
     async def materialize(self, entry: Entry) -> bytes:
         """The serialized `EntryBatch` to deliver for a partition entry.
 
-        A DATA entry is delivered as stored; a COMMIT_MARKER is resolved into
-        its transaction's messages, in order, from the sidecar log.
+        A DATA or COMMITTED_TXN entry is delivered as stored; a
+        COMMIT_MARKER is resolved into its transaction's messages, in order,
+        from the sidecar log.
         """
         kind = entry_kind(entry.meta)
-        if kind == DATA:
+        if kind == DATA or kind == COMMITTED_TXN:
             return entry.data
         if kind != COMMIT_MARKER:
             raise TransactionBufferError(
@@ -380,6 +386,20 @@ class Partition:
         return await self._txn_buffer.materialize(entry)
 
     # -- publishing -----------------------------------------------------------
+
+    def append_committed(
+        self, txn: tuple[int, int], producer: str, encoded: Sequence[bytes], count: int
+    ) -> asyncio.Future[int]:
+        """Queue a local transaction's ``count`` messages here as one
+        COMMITTED_TXN entry (`committed_entry`: ``encoded``, its sends'
+        serialized batches in order, naming ``producer`` and ``txn``). Its
+        messages are visible once it is durable, at its entry id, in the
+        order given; the caller writes the transaction's other records in
+        the same group commit (docs/architecture.md). Nothing is
+        deduplicated here: a retried commit is told apart by its
+        transaction, at its coordinator."""
+        data = committed_entry(txn, producer, encoded)
+        return self.ledger.append(data, meta=entry_meta(COMMITTED_TXN, count))
 
     def publish(
         self,

@@ -97,6 +97,8 @@ def run_check(args: argparse.Namespace) -> int:
             f"client crashes {stats['client_crashes']}, broker kills {stats['kills']}, "
             f"pauses {stats['pauses']}, final reads complete: {stats['final_reads_complete']}"
         )
+        paths = ", ".join(f"{k} {n}" for k, n in stats["paths"].items())
+        print(f"transactions by path and outcome: {paths}")
         schedule = ", ".join(f"{fault} at {at:.1f}s" for at, fault in stats["fault_schedule"])
         print(f"seed {seed}; faults (seconds from the start): {schedule or 'none'}")
         if not result.valid:

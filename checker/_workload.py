@@ -10,9 +10,13 @@ exclusive subscription of their own (``w<n>``). A worker loops:
   value or a ``poll`` (receive a few messages from one topic, acknowledged in
   the transaction); about 10% are aborted on purpose; sometimes with a short
   delay inside; now and then a plain send or poll outside any transaction;
-  in about half the transactions the sends are not awaited one by one
-  (``send_nowait``), so the commit goes right behind them (END_TXN
-  ``after_ops``) while they are unanswered;
+  both paths of a transaction (docs/architecture.md): most are local (held
+  in the client, committed by one COMMIT_TXN, one group commit), about a
+  third take the full path (``Transaction.flush``: each send and ack
+  written as it comes, END_TXN at the end); on the full path, in about half
+  the transactions the sends are not awaited one by one (``send_nowait``),
+  so the commit goes right behind them (END_TXN ``after_ops``) while they
+  are unanswered; the history records each transaction's path;
 * outcomes: ``ok`` after a commit, ``fail`` when the transaction certainly
   aborted (on purpose, a conflict, a timeout), ``info`` when unknown.
 
@@ -65,6 +69,7 @@ CLIENT_CRASH_EVERY = 30.0  # seconds between deliberate client crashes
 TXN_TIMEOUT = 10.0  # seconds; a dropped client's transaction aborts after this
 ABORT_P = 0.1
 NOWAIT_P = 0.5  # transactions whose sends are queued, not awaited, before commit
+FULL_PATH_P = 0.35  # transactions that take the full path (Transaction.flush)
 OUTSIDE_TXN_P = 0.1
 DELAY_P = 0.1
 
@@ -255,6 +260,8 @@ class _Stats:
     info: int = 0
     client_crashes: int = 0
     acked_sends: dict[str, set[int]] = field(default_factory=dict)
+    # transactions ended, by path ("local", "full") and outcome
+    paths: dict[str, int] = field(default_factory=dict)
 
 
 class _Worker:
@@ -272,6 +279,7 @@ class _Worker:
         # it was left open on purpose (a client crash: the timeout ends it).
         self.doubtful: tuple[str, bool] | None = None
         self._txnid: str | None = None
+        self._path = "local"  # the path of the transaction under way
 
     async def connect(self) -> None:
         shared = self.shared
@@ -366,6 +374,9 @@ class _Worker:
             txn = await self.client.new_transaction(timeout=TXN_TIMEOUT)
             self.doubtful = (str(txn.id), False)
             self._txnid = str(txn.id)
+            self._path = "full" if self.rng.random() < FULL_PATH_P else "local"
+            if self._path == "full":
+                txn.flush()
             nowait = self.rng.random() < NOWAIT_P
             for mop in mops:
                 if mop[0] == "send" and nowait:
@@ -438,6 +449,9 @@ class _Worker:
         value = done + mops[len(done) :]
         if op.f == "txn" and self._txnid is not None:
             extra["txn"] = self._txnid
+            extra["path"] = self._path
+            key = f"{self._path} {outcome}"
+            shared.stats.paths[key] = shared.stats.paths.get(key, 0) + 1
         shared.rec.complete(op, outcome, value, **extra)
         shared.stats.ops += 1
         setattr(shared.stats, outcome, getattr(shared.stats, outcome) + 1)
@@ -643,6 +657,7 @@ async def run_workload(cfg: WorkloadConfig, workdir: Path, rec: Recorder) -> dic
         "fail": s.fail,
         "info": s.info,
         "client_crashes": s.client_crashes,
+        "paths": dict(sorted(s.paths.items())),
         "kills": nemesis.kills,
         "pauses": nemesis.pauses,
         "final_reads_complete": complete,

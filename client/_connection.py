@@ -109,7 +109,7 @@ Command = pb.BaseCommand
 Type = pb.BaseCommand.Type
 
 CLIENT_VERSION = "txnbuf-python/0.1.0"
-PROTOCOL_VERSION = 6  # the only one spoken (proto/txnbuf.proto)
+PROTOCOL_VERSION = 7  # the only one spoken (proto/txnbuf.proto)
 # Used until the broker's CONNECTED says otherwise (see `proto.MAX_MESSAGE_SIZE`).
 DEFAULT_MAX_MESSAGE_SIZE = MAX_MESSAGE_SIZE
 BACKOFF_MIN = 0.05

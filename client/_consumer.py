@@ -45,7 +45,11 @@ Decisions written down here:
   will come again (at-least-once).
 * ``redeliver_unacknowledged`` also drops the local queue, like Pulsar, and
   grants back the permits those messages used.
-* Transactional acks (``acknowledge(..., txn=txn)``): acks of one
+* Acks go as ranges: (partition, entry, first index, last index), a run of
+  messages of one entry acknowledged in order making one range.
+* Transactional acks (``acknowledge(..., txn=txn)``): held by the
+  transaction until it commits (``client._txn``'s local path). On the full
+  path, acks of one
   transaction queued in one turn of the loop share a frame (Pulsar's ack
   grouping), never with plain acks or another transaction's; the ACK
   carries the TxnID and ``transactional=true``, and the broker adds the
@@ -72,7 +76,7 @@ from proto import txnbuf_pb2 as pb
 
 from ._connection import BusyClock, Command, Connection, Link, Type, command, fail_all
 from ._deadletter import DeadLetters
-from ._message import Message, MessageId, decode_entry
+from ._message import Message, MessageId, decode_entry, new_message_id
 from ._txn import _OPEN, Transaction, check_txn
 from .errors import (
     ConnectionLostError,
@@ -119,14 +123,29 @@ class _AckFrame:
 def message_id_of(message: Message | MessageId) -> MessageId:
     """The id of a Message, or the MessageId itself."""
     if type(message) is Message:
-        # First, and the field read directly: an ack passes here once per id,
-        # and a failing isinstance or the property costs more than the rest.
-        return message._id
+        # First: an ack passes here once per id, and a failing isinstance
+        # costs more than the rest.
+        return message.message_id
     if isinstance(message, MessageId):
         return message
     if isinstance(message, Message):
         return message.message_id
     raise InvalidInputError(f"expected a Message or a MessageId, not {type(message).__name__}")
+
+
+def ack_ranges(ids: Iterable[MessageId]) -> list[int]:
+    """``ids`` as flat (partition, entry_id, first_index, last_index)
+    ranges: each run of consecutive indexes of one entry, in the order
+    given, is one range."""
+    flat: list[int] = []
+    partition = entry_id = last = -2
+    for p, e, i in ids:
+        if i == last + 1 and e == entry_id and p == partition:
+            last = flat[-1] = i
+            continue
+        flat += (p, e, i, i)
+        partition, entry_id, last = p, e, i
+    return flat
 
 
 def build_ack(
@@ -135,16 +154,18 @@ def build_ack(
     ack_type: AckType,
     ids: Iterable[MessageId],
     txn_id: TxnID | None = None,
+    ranges: list[int] | None = None,
 ) -> Command:
     """The ACK frame, naming the messages as flat (partition, entry_id,
-    batch_index) triples, in transaction ``txn_id`` if given."""
+    first_index, last_index) ranges (``ranges`` if given, else made of
+    ``ids``), in transaction ``txn_id`` if given."""
     cmd = command(
         Command.ACK, "ack", consumer_id=consumer_id, request_id=request_id, ack_type=ack_type
     )
     if txn_id is not None:
         cmd.ack.txnid_most_bits, cmd.ack.txnid_least_bits = txn_id
         cmd.ack.transactional = True
-    cmd.ack.positions.extend([x for message_id in ids for x in message_id])
+    cmd.ack.ranges.extend(ack_ranges(ids) if ranges is None else ranges)
     return cmd
 
 
@@ -220,6 +241,9 @@ class Consumer:
         self._txn_acks: dict[Transaction, tuple[list[MessageId], asyncio.Future[None]]] = {}
         self._ack_flush_scheduled = False
         self._inflight: dict[int, _AckFrame] = {}
+        # The transactions holding acks of this consumer (client._txn's
+        # local path): they send them before the consumer closes.
+        self._held_in: dict[Transaction, None] = {}
         self._gen = 0
         self._attached = False
         self._closing = False
@@ -473,6 +497,19 @@ class Consumer:
         if (
             type(message) is Message
             and txn is not None
+            and type(txn) is Transaction
+            and txn._holding
+            and txn._state is _OPEN
+            and txn._conn is self._conn
+            and not self._closing
+        ):
+            # (the usual case: held until the commit)
+            origin = message._origin
+            txn._hold_ack_at(self, origin.partition, origin.entry_id, message._index)
+            return
+        if (
+            type(message) is Message
+            and txn is not None
             and (queued := self._txn_acks.get(txn)) is not None
             and txn._state is _OPEN
             and not self._closing
@@ -481,7 +518,7 @@ class Consumer:
             # transaction's acks of this turn are queued already (and its
             # client checked then), so no call and no list per message.
             queued_ids = queued[0]
-            queued_ids.append(message._id)
+            queued_ids.append(message.message_id)
             if len(queued_ids) >= MAX_ACKS_PER_FRAME:
                 del self._txn_acks[txn]
                 self._send_ack(INDIVIDUAL, queued_ids, [], txn, queued[1])
@@ -512,9 +549,14 @@ class Consumer:
         await future
 
     def _queue_txn_acks(self, mids: list[MessageId], txn: Transaction) -> None:
-        """Queue individual acks of ``txn``: framed with the transaction's
-        other acks of this turn of the loop, or by its commit."""
+        """Queue individual acks of ``txn``: held by it (its local path), or
+        framed with the transaction's other acks of this turn of the loop,
+        or by its commit."""
         self._check_ack(txn)
+        if txn._holding:
+            for mid in mids:
+                txn._hold_ack(self, mid)
+            return
         pending = self._txn_acks.get(txn)
         if pending is None:
             tracker = self._tracker(txn)
@@ -538,6 +580,7 @@ class Consumer:
         mid = message_id_of(message)
         self._check_ack(txn)
         if txn is not None:
+            txn.flush()  # (the broker expands it: the full path)
             self._send_ack(AckType.CUMULATIVE, [mid], [], txn, self._tracker(txn))
             return
         future: asyncio.Future[None] = self._loop.create_future()
@@ -676,6 +719,20 @@ class Consumer:
         )
         self._shut()  # (the broker has dropped the consumer with its subscription)
 
+    def _send_held_acks(self, txn: Transaction, ranges: list[list[int]]) -> None:
+        """Frame the acks ``txn`` held (it leaves the local path)."""
+        flat = [x for r in ranges for x in r]
+        ids = [new_message_id((p, e, i)) for p, e, a, b in ranges for i in range(a, b + 1)]
+        txn._flushes[self._flush_acks] = None
+        self._send_ack(INDIVIDUAL, ids, [], txn, self._tracker(txn), flat)
+
+    def _redeliver_ranges(self, ranges: list[list[int]]) -> None:
+        """Ask for the messages of ``ranges`` again (a transaction that held
+        their acks ended without writing them)."""
+        self._redeliver(
+            [MessageId(p, e, i) for p, e, first, last in ranges for i in range(first, last + 1)]
+        )
+
     def _give_back(self, ids: list[MessageId]) -> None:
         """Messages handed to the dead letters whose move failed: delivered
         again (unless this consumer is closing)."""
@@ -711,10 +768,13 @@ class Consumer:
         futures: list[asyncio.Future[None]],
         txn: Transaction | None = None,
         tracker: asyncio.Future[None] | None = None,
+        ranges: list[int] | None = None,
     ) -> None:
         request_id = self._conn.next_request_id()
         txn_id = None if txn is None else txn.id
-        data = build_ack(self.consumer_id, request_id, ack_type, ids, txn_id).SerializeToString()
+        data = build_ack(
+            self.consumer_id, request_id, ack_type, ids, txn_id, ranges
+        ).SerializeToString()
         deadline = self._loop.time() + self._conn.operation_timeout
         self._inflight[request_id] = _AckFrame(ack_type, ids, futures, data, deadline, txn, tracker)
         if self._conn.is_current(self._gen):
@@ -808,6 +868,8 @@ class Consumer:
         if self._closing:
             return
         self._closing = True
+        for txn in list(self._held_in):  # (their acks go now, the full way)
+            txn.flush()
         try:
             await self._stop_dead_letters()
             self._flush_acks()

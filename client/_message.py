@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import NamedTuple
 
@@ -56,6 +56,23 @@ class MessageId(NamedTuple):
 new_message_id: Callable[[tuple[int, int, int]], MessageId] = partial(tuple.__new__, MessageId)
 
 
+class _Origin:
+    """Where the messages of one delivered entry come from: their topic,
+    partition and entry id, redelivery count and producer. Shared by them
+    (one object per entry, not five fields per message)."""
+
+    __slots__ = ("entry_id", "partition", "producer_name", "redelivery_count", "topic")
+
+    def __init__(
+        self, topic: str, partition: int, entry_id: int, redelivery_count: int, producer_name: str
+    ) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.entry_id = entry_id
+        self.redelivery_count = redelivery_count
+        self.producer_name = producer_name
+
+
 class Message:
     """A message as a consumer receives it (read-only).
 
@@ -66,16 +83,16 @@ class Message:
     broker deduplicates on). Messages compare and hash by all of these.
 
     Fields are read from the received protobuf on access: decoding a
-    delivered batch makes one small object per message and nothing more.
+    delivered batch makes one small object per message (its protobuf, its
+    place in its entry, and what it shares with the entry's other messages)
+    and nothing more; its ``message_id`` is made when asked for.
     """
 
-    __slots__ = ("_id", "_producer", "_redeliveries", "_single", "_topic")
+    __slots__ = ("_index", "_origin", "_single")
 
     _single: pb.SingleMessage
-    _id: MessageId
-    _topic: str
-    _redeliveries: int
-    _producer: str
+    _origin: _Origin
+    _index: int
 
     def __init__(
         self,
@@ -98,26 +115,26 @@ class Message:
         if key is not None:
             single.key = key
         self._single = single
-        self._id = message_id
-        self._topic = topic
-        self._redeliveries = redelivery_count
-        self._producer = producer_name
+        partition, entry_id, index = message_id
+        self._origin = _Origin(topic, partition, entry_id, redelivery_count, producer_name)
+        self._index = index
 
     @property
     def message_id(self) -> MessageId:
-        return self._id
+        origin = self._origin
+        return new_message_id((origin.partition, origin.entry_id, self._index))
 
     @property
     def topic(self) -> str:
-        return self._topic
+        return self._origin.topic
 
     @property
     def redelivery_count(self) -> int:
-        return self._redeliveries
+        return self._origin.redelivery_count
 
     @property
     def producer_name(self) -> str:
-        return self._producer
+        return self._origin.producer_name
 
     @property
     def value(self) -> bytes:
@@ -167,6 +184,65 @@ class Message:
         )
 
 
+# One message to send: (value, key, properties, sequence id).
+Entry = tuple[bytes, str | None, Mapping[str, str] | None, int]
+
+
+def encode_batch(entries: Sequence[Entry], now_ms: int) -> bytes:
+    """The messages of one send (every one stamped ``now_ms``) as a
+    serialized EntryBatch with no producer name: what a SEND or a
+    COMMIT_TXN carries, stored by the broker as it is."""
+    batch = pb.EntryBatch()
+    add = batch.messages.add
+    for value, key, properties, sequence_id in entries:
+        # Field by field: upb looks up each keyword argument of add() by
+        # name, which costs more than the attribute stores (per message).
+        single = add()
+        single.payload = value
+        single.sequence_id = sequence_id
+        single.publish_time_ms = now_ms
+        if key is not None:
+            single.key = key
+        if properties:
+            single.properties.update(properties)
+    return batch.SerializeToString()
+
+
+Extras = dict[int, tuple[str | None, Mapping[str, str] | None]]
+
+
+def encode_values(
+    values: Sequence[bytes], seqs: Sequence[int], extras: Extras | None, now_ms: int
+) -> bytes:
+    """`encode_batch` of messages given as their values, their sequence ids
+    and, by index, the key and properties of those that have any."""
+    batch = pb.EntryBatch()
+    add = batch.messages.add
+    for i, value in enumerate(values):
+        single = add()
+        single.payload = value
+        single.sequence_id = seqs[i]
+        single.publish_time_ms = now_ms
+        if extras is not None and (extra := extras.get(i)) is not None:
+            key, properties = extra
+            if key is not None:
+                single.key = key
+            if properties:
+                single.properties.update(properties)
+    return batch.SerializeToString()
+
+
+def held_entries(
+    values: Sequence[bytes], seqs: Sequence[int], extras: Extras | None
+) -> list[Entry]:
+    """The same messages as `Entry` tuples."""
+    out: list[Entry] = []
+    for i, value in enumerate(values):
+        key, properties = (None, None) if extras is None else extras.get(i, (None, None))
+        out.append((value, key, properties, seqs[i]))
+    return out
+
+
 def decode_entry(topic: str, entry: pb.DeliveredEntry) -> list[Message]:
     """The messages of one delivered ledger entry, in batch order.
 
@@ -180,8 +256,7 @@ def decode_entry(topic: str, entry: pb.DeliveredEntry) -> list[Message]:
     singles = batch.messages
     partition = entry.partition
     entry_id = entry.entry_id
-    redelivery_count = entry.redelivery_count
-    producer_name = batch.producer_name
+    origin = _Origin(topic, partition, entry_id, entry.redelivery_count, batch.producer_name)
     chosen: Iterable[tuple[int, pb.SingleMessage]]
     if entry.indexes:
         count = len(singles)
@@ -198,9 +273,7 @@ def decode_entry(topic: str, entry: pb.DeliveredEntry) -> list[Message]:
     for i, single in chosen:
         message: Message = new(Message)
         message._single = single
-        message._id = new_message_id((partition, entry_id, i))
-        message._topic = topic
-        message._redeliveries = redelivery_count
-        message._producer = producer_name
+        message._origin = origin
+        message._index = i
         messages.append(message)
     return messages

@@ -103,7 +103,7 @@ from ._connection import (
     fail_all,
     wait_until,
 )
-from ._message import MessageId, new_message_id
+from ._message import Entry, MessageId, encode_batch, new_message_id
 from ._txn import _OPEN, Transaction, check_txn
 from .errors import (
     ConnectionLostError,
@@ -135,7 +135,7 @@ MAX_ENVELOPE = 1024
 PROPERTY_OVERHEAD = 12
 FRAME_OVERHEAD = 64
 
-_Entry = tuple[bytes, str | None, Mapping[str, str] | None, int]
+_Entry = Entry
 
 
 @dataclass(slots=True)
@@ -232,20 +232,7 @@ def build_send(
     if txn_id is not None:
         send.txnid_most_bits, send.txnid_least_bits = txn_id
         send.transactional = True
-    batch = pb.EntryBatch()
-    add = batch.messages.add
-    for value, key, properties, sequence_id in entries:
-        # Field by field: upb looks up each keyword argument of add() by
-        # name, which costs more than the attribute stores (per message).
-        single = add()
-        single.payload = value
-        single.sequence_id = sequence_id
-        single.publish_time_ms = now_ms
-        if key is not None:
-            single.key = key
-        if properties:
-            single.properties.update(properties)
-    send.batch = batch.SerializeToString()
+    send.batch = encode_batch(entries, now_ms)
     # (A producer's ids increase, so ends that span as many ids as there are
     # messages mean consecutive ones: the broker need not read the others.)
     first = entries[0][3]
@@ -311,6 +298,9 @@ class Producer:
         self._busy = BusyClock()
         self._partitions_update_interval = interval
         self._watcher: asyncio.Task[None] | None = None
+        # The transactions holding sends of this producer (client._txn's
+        # local path): they send them before the producer closes.
+        self._held_in: dict[Transaction, None] = {}
 
     def __repr__(self) -> str:
         return f"<Producer {self.name!r} topic={self.topic!r} id={self.producer_id}>"
@@ -456,6 +446,26 @@ class Producer:
         ``ProducerClosedError``, ``OperationTimeoutError`` or the broker's
         ``ServerError``.
         """
+        if (
+            txn is not None
+            and key is None
+            and properties is None
+            and sequence_id is None
+            and type(value) is bytes
+            and type(txn) is Transaction
+            and txn._holding
+            and txn._state is _OPEN
+            and txn._conn is self._conn
+            and not self._closing
+        ):
+            # The README loop's case, inline (a call per check costs more per
+            # message): a keyless message held by its transaction.
+            size = len(value) + MESSAGE_OVERHEAD
+            if size <= self._max_batch_bytes:
+                seq = self._next_sequence_id
+                self._last_sent = seq
+                self._next_sequence_id = seq + 1
+                return txn._hold_send(self, self._round_robin, value, seq, size)
         if self._pending >= self._max_pending:
             await self._wait_for_room()
         queued = self._enqueue(value, key, properties, sequence_id, txn)
@@ -545,6 +555,9 @@ class Producer:
         self._last_sent = sequence_id
         if sequence_id >= self._next_sequence_id:
             self._next_sequence_id = sequence_id + 1
+        if txn is not None and txn._holding:  # (held by the transaction: client._txn)
+            extra = None if key is None and not properties else (key, properties)
+            return txn._hold_send(self, partition, value, sequence_id, size, extra)
         where = (partition, txn)
         batch = self._batches.get(where)
         if batch is not None and (alone or batch.size + size > max_bytes):
@@ -587,6 +600,19 @@ class Producer:
         txn._track(batch.tracker)
         txn._flushes[self._flush] = None
         return batch
+
+    def _frame_held(
+        self, partition: int, txn: Transaction, entries: list[_Entry], first_index: int
+    ) -> None:
+        """Frame messages ``txn`` held for ``partition`` (it leaves the
+        local path), whose first has place ``first_index`` there."""
+        batch = _Batch(self._loop.time() + self._conn.operation_timeout, txn, entries)
+        batch.first_index = first_index
+        batch.tracker = self._loop.create_future()
+        txn._track(batch.tracker)
+        txn._flushes[self._flush] = None
+        self._pending += len(entries)
+        self._frame(partition, batch)
 
     def _frame_filling(self, partition: int, txn: Transaction) -> None:
         """Frame this producer's batch of ``txn`` for ``partition`` now:
@@ -759,6 +785,8 @@ class Producer:
             return
         self._closing = True
         self._stop_watching()
+        for txn in list(self._held_in):  # (their sends go now, the full way)
+            txn.flush()
         try:
             await self.flush()
         except OperationTimeoutError:

@@ -8,6 +8,24 @@ producers and consumers do the sending.
 
 Decisions written down here:
 
+* A transaction holds its sends and acks until it ends (the local path,
+  docs/architecture.md): ``send(..., txn=)`` and ``acknowledge(..., txn=)``
+  queue them in the transaction, which ``commit()`` sends with the commit
+  and the ask for the next transaction as one COMMIT_TXN frame; the broker
+  answers it once, when everything is durable. The acks travel as ranges
+  (partition, entry, first index, last index), built as they are queued.
+  Nothing is written before the commit, so ``abort()`` sends only END_TXN
+  ABORT (and asks for the acknowledged messages again, as an abort of
+  written acks redelivers them). A commit the broker refuses changed
+  nothing: the client aborts and raises the refusal. A commit whose answer
+  did not come (a reconnect) is sent again as it was: the broker answers a
+  commit it wrote as done, and writes nothing twice.
+* The full path, for what does not fit in one frame: once what a
+  transaction holds would pass the broker's ``max_message_size``, or on
+  ``flush()``, ``prepare()``, a cumulative ack, or the close of a producer
+  or consumer it holds something of, the transaction sends what it holds
+  as SEND and ACK frames and from then on sends and acks as they come (as
+  below); it ends with END_TXN.
 * Sends and acks of a transaction return once queued (``Producer.send``,
   ``Consumer.acknowledge`` with ``txn=``): none costs a round trip of its
   own, so a loop that awaits each send and ack frames the whole batch at
@@ -75,13 +93,16 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import Callable
+import secrets
+import time
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from proto import TxnID
 from proto import txnbuf_pb2 as pb
 
 from ._connection import Command, Type, command, copy_error, wait_future_until
+from ._message import Entry, MessageId, encode_values, held_entries, new_message_id
 from .errors import (
     ConnectionLostError,
     InvalidInputError,
@@ -164,6 +185,33 @@ class BatchFiller(Protocol):
     def _frame_filling(self, partition: int, txn: Transaction) -> None: ...
 
 
+class HeldSender(Protocol):
+    """A producer whose sends a transaction holds (the local path:
+    ``client._producer``)."""
+
+    topic: str
+    producer_id: int
+    partitions: int
+    _round_robin: int
+    _held_in: dict[Transaction, None]
+
+    def _frame_held(
+        self, partition: int, txn: Transaction, entries: list[Entry], first_index: int
+    ) -> None: ...
+
+
+class HeldAcker(Protocol):
+    """A consumer whose acknowledgements a transaction holds (the local
+    path: ``client._consumer``)."""
+
+    consumer_id: int
+    _held_in: dict[Transaction, None]
+
+    def _send_held_acks(self, txn: Transaction, ranges: list[list[int]]) -> None: ...
+
+    def _redeliver_ranges(self, ranges: list[list[int]]) -> None: ...
+
+
 # --- the transaction ----------------------------------------------------------
 
 
@@ -228,6 +276,24 @@ class Transaction:
         # What commit() waits on while sends or acks are unanswered.
         self._settled: asyncio.Future[None] | None = None
         self._error: TxnbufError | None = None
+        # The local path (see the module docstring): while ``_holding``, the
+        # sends held, in order, each [producer, partition, entries, its
+        # first place]; the one filling per (topic, partition); the acks
+        # held per consumer, as [partition, entry, first, last] ranges;
+        # about how many bytes they make; and the COMMIT_TXN built from
+        # them (kept for a commit sent again).
+        self._holding = True
+        self._held_sends: list[list[Any]] = []
+        self._held_at: dict[tuple[str, int], list[Any]] = {}
+        self._held_acks: dict[HeldAcker, list[list[int]]] = {}
+        self._held_bytes = 0
+        self._held_limit = conn.max_message_size
+        self._commit_txn: Command | None = None
+        # The held sends and the acks' ranges used last (the next send or
+        # ack usually joins them).
+        self._last_held: list[Any] | None = None
+        self._last_acked: HeldAcker | None = None
+        self._last_ranges: list[list[int]] = []
 
     def __repr__(self) -> str:
         return f"<Transaction {self.id} {self._state.value}>"
@@ -272,6 +338,208 @@ class Transaction:
             **fields,
         )
 
+    # --- the local path: what the transaction holds ---------------------------
+
+    def _hold_send(
+        self,
+        producer: HeldSender,
+        partition: int,
+        value: bytes,
+        seq: int,
+        size: int,
+        extra: tuple[str | None, Mapping[str, str] | None] | None = None,
+    ) -> MessageId:
+        """Hold one message of ``producer`` for ``partition`` (checked by
+        the producer): its value, sequence id and, if it has any, its key
+        and properties (``extra``); its id, with its place in the
+        transaction there. (Kept in per-batch lists of values and sequence
+        ids, not a tuple per message: fewer objects for the collector.)"""
+        held = self._last_held
+        if held is None or held[0] is not producer or held[1] != partition:
+            held = self._held_for(producer, partition)
+        values = held[2]
+        place = held[3] + len(values)
+        if extra is not None:
+            extras = held[5]
+            if extras is None:
+                extras = held[5] = {}
+            extras[len(values)] = extra
+        values.append(value)
+        held[4].append(seq)
+        self._held_bytes += size
+        if self._held_bytes > self._held_limit:
+            self._go_full()
+        return new_message_id((partition, -1, place))
+
+    def _held_for(self, producer: HeldSender, partition: int) -> list[Any]:
+        """The held sends of ``producer`` for ``partition`` that the next
+        one joins: the last held there, if it is this producer's, else a new
+        one, placed after it (the transaction's messages on a partition are
+        placed in the order they are held)."""
+        spot = (producer.topic, partition)
+        last = self._held_at.get(spot)
+        if last is None or last[0] is not producer:
+            first = self._places.get(spot, 0) if last is None else last[3] + len(last[2])
+            # [producer, partition, values, first place, sequence ids, extras]
+            last = self._held_at[spot] = [producer, partition, [], first, [], None]
+            self._held_sends.append(last)
+            producer._held_in[self] = None
+        self._last_held = last
+        return last
+
+    def _hold_ack(self, consumer: HeldAcker, mid: MessageId) -> None:
+        """Hold one acknowledgement of ``consumer``'s (`_hold_ack_at`)."""
+        self._hold_ack_at(consumer, *mid)
+
+    def _hold_ack_at(self, consumer: HeldAcker, partition: int, entry_id: int, index: int) -> None:
+        """Hold one acknowledgement of ``consumer``'s, of the message at
+        (``partition``, ``entry_id``, ``index``): it extends the last range
+        held, or starts one."""
+        if self._last_acked is consumer:
+            ranges = self._last_ranges
+        else:
+            ranges = self._held_acks.get(consumer)  # type: ignore[assignment]
+            if ranges is None:
+                ranges = self._held_acks[consumer] = []
+                consumer._held_in[self] = None
+            self._last_acked, self._last_ranges = consumer, ranges
+        if ranges:
+            last = ranges[-1]
+            if last[3] + 1 == index and last[1] == entry_id and last[0] == partition:
+                last[3] = index
+                return
+        ranges.append([partition, entry_id, index, index])
+        self._held_bytes += 48  # (four varints, at most)
+        if self._held_bytes > self._held_limit:
+            self._go_full()
+
+    def flush(self) -> None:
+        """Send what the transaction holds to the broker now (as SEND and
+        ACK frames), and from now on each send and ack as it comes: the
+        full path, for a transaction that runs long or writes much (the
+        client then holds nothing of it). ``commit()`` ends it with END_TXN.
+        Does nothing once the transaction is on that path, or ending."""
+        if self._holding and self._state is TxnState.OPEN and not self._ending:
+            self._go_full()
+
+    def _go_full(self) -> None:
+        """Leave the local path: frame every held send (in the order they
+        were held, with the places they were given) and ack."""
+        self._holding = False
+        sends, self._held_sends = self._held_sends, []
+        acks, self._held_acks = self._held_acks, {}
+        self._held_at.clear()
+        self._held_bytes = 0
+        self._last_held = self._last_acked = None
+        for producer, partition, values, first, seqs, extras in sends:
+            producer._held_in.pop(self, None)
+            producer._frame_held(partition, self, held_entries(values, seqs, extras), first)
+        for consumer, ranges in acks.items():
+            consumer._held_in.pop(self, None)
+            consumer._send_held_acks(self, ranges)
+
+    def _release_held(self, redeliver: bool) -> None:
+        """Forget what the transaction holds (it ended, or was written);
+        ``redeliver``: ask for the messages it acknowledged again (it did
+        not commit), as an abort of written acks redelivers them."""
+        for held in self._held_sends:
+            producer = held[0]
+            producer._held_in.pop(self, None)
+            # (keyless messages go round robin: one partition per transaction)
+            producer._round_robin = (held[1] + 1) % producer.partitions
+        acks, self._held_acks = self._held_acks, {}
+        for consumer, ranges in acks.items():
+            consumer._held_in.pop(self, None)
+            if redeliver:
+                consumer._redeliver_ranges(ranges)
+        self._held_sends = []
+        self._held_at.clear()
+        self._held_bytes = 0
+        self._last_held = self._last_acked = None
+
+    def _commit_command(self) -> Command:
+        """COMMIT_TXN of what the transaction holds (built once: a commit
+        sent again is the same, but for its request id and its ask)."""
+        if self._commit_txn is None:
+            cmd = Command(type=Command.COMMIT_TXN)
+            out = cmd.commit_txn
+            out.txnid_most_bits, out.txnid_least_bits = self.id
+            out.commit_id = secrets.randbits(64) | 1  # (sent again with its retries)
+            now_ms = time.time_ns() // 1_000_000
+            for producer, partition, values, _, seqs, extras in self._held_sends:
+                send = out.sends.add()
+                send.producer_id = producer.producer_id
+                send.partition = partition
+                send.batch = encode_values(values, seqs, extras, now_ms)
+                first = seqs[0]
+                if seqs[-1] - first + 1 == len(seqs):
+                    send.first_sequence_id = first
+            for consumer, ranges in self._held_acks.items():
+                acks = out.acks.add()
+                acks.consumer_id = consumer.consumer_id
+                acks.ranges.extend([x for r in ranges for x in r])
+            self._commit_txn = cmd
+        return self._commit_txn
+
+    async def _commit_held(self) -> None:
+        """``commit()`` on the local path: one COMMIT_TXN (see the module
+        docstring)."""
+        cmd = self._commit_command()
+        spares, self._spares = self._spares, None
+        ask = None if spares is None else spares.ask(max(1, round(self.timeout * 1000)))
+        unasked = ask
+
+        def build(request_id: int) -> Command:
+            nonlocal unasked
+            commit = cmd.commit_txn
+            commit.request_id = request_id
+            if unasked is not None:
+                commit.next_txn_ttl_ms = unasked.ttl_ms
+                commit.next_tc_id = unasked.tc_id
+                unasked = None
+            else:  # (a retry asks for nothing)
+                commit.ClearField("next_txn_ttl_ms")
+                commit.next_tc_id = 0
+            return cmd
+
+        answer = None
+        try:
+            reply = await self._conn.request(
+                build, Command.TXN_RESPONSE, f"commit transaction {self.id}", link_bound=False
+            )
+            answer = reply.txn_response
+        except TransactionTimeoutError:
+            self._state = transition(self._state, TxnEvent.ABORTED, self.id)
+            self._release_held(redeliver=True)
+            raise
+        except (TransactionNotFoundError, InvalidTxnStatusError):
+            self._state = transition(self._state, TxnEvent.LOST, self.id)
+            self._release_held(redeliver=True)
+            raise
+        except TxnbufError as exc:
+            if exc.retriable:
+                raise  # (its outcome is unknown: commit or abort again)
+            # Refused before anything was written: the transaction is open.
+            self._state = transition(self._state, TxnEvent.ABORT, self.id)
+            self._release_held(redeliver=True)
+            try:
+                await self._end(TxnEvent.ABORT)
+            except TxnbufError as again:
+                log.warning("aborting transaction %s after %s failed: %s", self.id, exc, again)
+            raise copy_error(exc) from None
+        finally:
+            if ask is not None:
+                assert spares is not None
+                if answer is not None and answer.HasField("next_txnid_most_bits"):
+                    spares.answered(
+                        ask, answer.next_txnid_most_bits, answer.next_txnid_least_bits,
+                        self._conn.gen,
+                    )  # fmt: skip
+                else:
+                    spares.unanswered(ask)
+        self._state = transition(self._state, TxnEvent.COMMITTED, self.id)
+        self._release_held(redeliver=False)
+
     # --- ending -------------------------------------------------------------
 
     async def commit(self) -> None:
@@ -284,6 +552,9 @@ class Transaction:
             return
         self._begin(TxnEvent.COMMIT)
         try:
+            if self._holding:
+                await self._commit_held()
+                return
             refused: TxnbufError | None = None
             if self._pending_ops:
                 tried = await self._commit_behind_ops()
@@ -347,6 +618,8 @@ class Transaction:
             raise InvalidTxnStatusError(
                 f"transaction {self.id} is {self._state.value}: cannot prepare"
             )
+        if self._holding:
+            self._go_full()  # (prepare makes its writes durable: they go first)
         conn = self._conn
         for flush in list(self._flushes):  # (queued sends framed now)
             flush()
@@ -383,6 +656,8 @@ class Transaction:
         if self._state is TxnState.ABORTED and not self._ending:
             return
         self._begin(TxnEvent.ABORT)
+        if self._holding:  # (nothing written: its acknowledged messages come again)
+            self._release_held(redeliver=True)
         for flush in self._flushes:  # (what was queued goes before the END, in order)
             flush()
         try:

@@ -12,7 +12,9 @@ variable `hit` is a dictionary lookup that finds nothing.
 
 ``TXNBUF_WRITER_STALL`` names a file: while it exists, the store's writer
 thread (`ledger._writer`) holds every write before committing it, so a
-test can kill the broker with writes answered early and not yet durable.
+test can kill the broker with writes answered early and not yet durable,
+or gather the writes that arrive meanwhile into one group commit. While it
+holds one, the file's name with ``.held`` appended exists.
 
 ``TXNBUF_REFUSE`` names steps where `refuse("<step>")` raises
 `InjectedRefusal` instead, each optionally ``@N`` (the first N hits; without

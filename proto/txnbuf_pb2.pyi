@@ -130,12 +130,16 @@ class SingleMessage(_message.Message):
     def __init__(self, payload: _Optional[bytes] = ..., key: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ..., sequence_id: _Optional[int] = ..., publish_time_ms: _Optional[int] = ...) -> None: ...
 
 class EntryBatch(_message.Message):
-    __slots__ = ("messages", "producer_name")
+    __slots__ = ("messages", "producer_name", "txnid_most_bits", "txnid_least_bits")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_NAME_FIELD_NUMBER: _ClassVar[int]
+    TXNID_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
+    TXNID_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[SingleMessage]
     producer_name: str
-    def __init__(self, messages: _Optional[_Iterable[_Union[SingleMessage, _Mapping]]] = ..., producer_name: _Optional[str] = ...) -> None: ...
+    txnid_most_bits: int
+    txnid_least_bits: int
+    def __init__(self, messages: _Optional[_Iterable[_Union[SingleMessage, _Mapping]]] = ..., producer_name: _Optional[str] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ...) -> None: ...
 
 class CommandConnect(_message.Message):
     __slots__ = ("client_version", "protocol_version", "auth_method", "auth_data")
@@ -362,7 +366,7 @@ class CommandMessage(_message.Message):
     def __init__(self, consumer_id: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[DeliveredEntry, _Mapping]]] = ...) -> None: ...
 
 class CommandAck(_message.Message):
-    __slots__ = ("consumer_id", "request_id", "ack_type", "txnid_most_bits", "txnid_least_bits", "transactional", "positions")
+    __slots__ = ("consumer_id", "request_id", "ack_type", "txnid_most_bits", "txnid_least_bits", "transactional", "ranges")
     class AckType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         INDIVIDUAL: _ClassVar[CommandAck.AckType]
@@ -375,15 +379,15 @@ class CommandAck(_message.Message):
     TXNID_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
     TXNID_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
     TRANSACTIONAL_FIELD_NUMBER: _ClassVar[int]
-    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    RANGES_FIELD_NUMBER: _ClassVar[int]
     consumer_id: int
     request_id: int
     ack_type: CommandAck.AckType
     txnid_most_bits: int
     txnid_least_bits: int
     transactional: bool
-    positions: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, consumer_id: _Optional[int] = ..., request_id: _Optional[int] = ..., ack_type: _Optional[_Union[CommandAck.AckType, str]] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., transactional: _Optional[bool] = ..., positions: _Optional[_Iterable[int]] = ...) -> None: ...
+    ranges: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, consumer_id: _Optional[int] = ..., request_id: _Optional[int] = ..., ack_type: _Optional[_Union[CommandAck.AckType, str]] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., transactional: _Optional[bool] = ..., ranges: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CommandAckResponse(_message.Message):
     __slots__ = ("consumer_id", "request_id", "error", "message")
@@ -551,6 +555,46 @@ class CommandEndTxn(_message.Message):
     after_ops: bool
     def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., txn_action: _Optional[_Union[TxnAction, str]] = ..., next_txn_ttl_ms: _Optional[int] = ..., next_tc_id: _Optional[int] = ..., after_ops: _Optional[bool] = ...) -> None: ...
 
+class TxnSendData(_message.Message):
+    __slots__ = ("producer_id", "partition", "batch", "first_sequence_id")
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
+    producer_id: int
+    partition: int
+    batch: bytes
+    first_sequence_id: int
+    def __init__(self, producer_id: _Optional[int] = ..., partition: _Optional[int] = ..., batch: _Optional[bytes] = ..., first_sequence_id: _Optional[int] = ...) -> None: ...
+
+class TxnAckRanges(_message.Message):
+    __slots__ = ("consumer_id", "ranges")
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    RANGES_FIELD_NUMBER: _ClassVar[int]
+    consumer_id: int
+    ranges: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, consumer_id: _Optional[int] = ..., ranges: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class CommandCommitTxn(_message.Message):
+    __slots__ = ("request_id", "txnid_most_bits", "txnid_least_bits", "sends", "acks", "next_txn_ttl_ms", "next_tc_id", "commit_id")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TXNID_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
+    TXNID_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
+    SENDS_FIELD_NUMBER: _ClassVar[int]
+    ACKS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_TXN_TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_TC_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    txnid_most_bits: int
+    txnid_least_bits: int
+    sends: _containers.RepeatedCompositeFieldContainer[TxnSendData]
+    acks: _containers.RepeatedCompositeFieldContainer[TxnAckRanges]
+    next_txn_ttl_ms: int
+    next_tc_id: int
+    commit_id: int
+    def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., sends: _Optional[_Iterable[_Union[TxnSendData, _Mapping]]] = ..., acks: _Optional[_Iterable[_Union[TxnAckRanges, _Mapping]]] = ..., next_txn_ttl_ms: _Optional[int] = ..., next_tc_id: _Optional[int] = ..., commit_id: _Optional[int] = ...) -> None: ...
+
 class CommandTxnResponse(_message.Message):
     __slots__ = ("request_id", "txnid_most_bits", "txnid_least_bits", "error", "message", "next_txnid_most_bits", "next_txnid_least_bits")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -598,7 +642,7 @@ class CommandEndTxnOnSubscription(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., subscription: _Optional[_Union[SubscriptionRef, _Mapping]] = ..., txn_action: _Optional[_Union[TxnAction, str]] = ...) -> None: ...
 
 class TransactionMetadataEntry(_message.Message):
-    __slots__ = ("metadata_op", "txnid_most_bits", "txnid_least_bits", "expected_status", "new_status", "partitions", "subscriptions", "txn_timeout_ms", "txn_start_time", "txn_last_modification_time", "timed_out", "boot_epoch", "producer_id", "producer_epoch", "two_phase", "producer", "tag", "prepared_timeout_ms", "group_id", "group_sequence", "group_duplicate", "group_updates")
+    __slots__ = ("metadata_op", "txnid_most_bits", "txnid_least_bits", "expected_status", "new_status", "partitions", "subscriptions", "txn_timeout_ms", "txn_start_time", "txn_last_modification_time", "timed_out", "boot_epoch", "producer_id", "producer_epoch", "two_phase", "producer", "tag", "prepared_timeout_ms", "group_id", "group_sequence", "group_duplicate", "group_updates", "commit_id")
     class TransactionMetadataOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         NEW: _ClassVar[TransactionMetadataEntry.TransactionMetadataOp]
@@ -635,6 +679,7 @@ class TransactionMetadataEntry(_message.Message):
     GROUP_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     GROUP_DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     GROUP_UPDATES_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_ID_FIELD_NUMBER: _ClassVar[int]
     metadata_op: TransactionMetadataEntry.TransactionMetadataOp
     txnid_most_bits: int
     txnid_least_bits: int
@@ -657,7 +702,8 @@ class TransactionMetadataEntry(_message.Message):
     group_sequence: int
     group_duplicate: bool
     group_updates: _containers.RepeatedCompositeFieldContainer[TransactionMetadataEntry]
-    def __init__(self, metadata_op: _Optional[_Union[TransactionMetadataEntry.TransactionMetadataOp, str]] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., expected_status: _Optional[_Union[TxnStatusValue, str]] = ..., new_status: _Optional[_Union[TxnStatusValue, str]] = ..., partitions: _Optional[_Iterable[_Union[PartitionRef, _Mapping]]] = ..., subscriptions: _Optional[_Iterable[_Union[SubscriptionRef, _Mapping]]] = ..., txn_timeout_ms: _Optional[int] = ..., txn_start_time: _Optional[int] = ..., txn_last_modification_time: _Optional[int] = ..., timed_out: _Optional[bool] = ..., boot_epoch: _Optional[int] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., two_phase: _Optional[bool] = ..., producer: _Optional[_Union[TransactionalProducer, _Mapping]] = ..., tag: _Optional[str] = ..., prepared_timeout_ms: _Optional[int] = ..., group_id: _Optional[str] = ..., group_sequence: _Optional[int] = ..., group_duplicate: _Optional[bool] = ..., group_updates: _Optional[_Iterable[_Union[TransactionMetadataEntry, _Mapping]]] = ...) -> None: ...
+    commit_id: int
+    def __init__(self, metadata_op: _Optional[_Union[TransactionMetadataEntry.TransactionMetadataOp, str]] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., expected_status: _Optional[_Union[TxnStatusValue, str]] = ..., new_status: _Optional[_Union[TxnStatusValue, str]] = ..., partitions: _Optional[_Iterable[_Union[PartitionRef, _Mapping]]] = ..., subscriptions: _Optional[_Iterable[_Union[SubscriptionRef, _Mapping]]] = ..., txn_timeout_ms: _Optional[int] = ..., txn_start_time: _Optional[int] = ..., txn_last_modification_time: _Optional[int] = ..., timed_out: _Optional[bool] = ..., boot_epoch: _Optional[int] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., two_phase: _Optional[bool] = ..., producer: _Optional[_Union[TransactionalProducer, _Mapping]] = ..., tag: _Optional[str] = ..., prepared_timeout_ms: _Optional[int] = ..., group_id: _Optional[str] = ..., group_sequence: _Optional[int] = ..., group_duplicate: _Optional[bool] = ..., group_updates: _Optional[_Iterable[_Union[TransactionMetadataEntry, _Mapping]]] = ..., commit_id: _Optional[int] = ...) -> None: ...
 
 class TransactionalProducer(_message.Message):
     __slots__ = ("transactional_id", "producer_id", "producer_epoch", "txn_producer_id", "txn_epoch", "ongoing_most_bits", "ongoing_least_bits", "has_ongoing", "prev_producer_id", "prev_epoch", "prev_outcome", "bumped_by", "timeout_ms", "two_phase", "updated_ms")
@@ -946,7 +992,7 @@ class CommandBatch(_message.Message):
     def __init__(self, commands: _Optional[_Iterable[_Union[BaseCommand, _Mapping]]] = ...) -> None: ...
 
 class BaseCommand(_message.Message):
-    __slots__ = ("type", "connect", "connected", "partitioned_metadata", "partitioned_metadata_response", "lookup", "lookup_response", "producer", "producer_success", "close_producer", "send", "send_receipt", "send_error", "subscribe", "flow", "message", "ack", "ack_response", "redeliver_unacknowledged", "close_consumer", "active_consumer_change", "success", "error", "ping", "pong", "new_txn", "new_txn_response", "add_partition_to_txn", "add_subscription_to_txn", "end_txn", "txn_response", "end_txn_on_partition", "end_txn_on_subscription", "batch", "prepare_txn", "commit_group", "abort_tagged", "txn_group_response", "init_producer_id", "init_producer_id_response", "produce", "producer_txn_response", "txn_offsets", "prepare_producer_txn", "end_producer_txn", "read_entries", "read_entries_response", "cursor", "cursor_response", "seek", "unsubscribe")
+    __slots__ = ("type", "connect", "connected", "partitioned_metadata", "partitioned_metadata_response", "lookup", "lookup_response", "producer", "producer_success", "close_producer", "send", "send_receipt", "send_error", "subscribe", "flow", "message", "ack", "ack_response", "redeliver_unacknowledged", "close_consumer", "active_consumer_change", "success", "error", "ping", "pong", "new_txn", "new_txn_response", "add_partition_to_txn", "add_subscription_to_txn", "end_txn", "txn_response", "end_txn_on_partition", "end_txn_on_subscription", "batch", "commit_txn", "prepare_txn", "commit_group", "abort_tagged", "txn_group_response", "init_producer_id", "init_producer_id_response", "produce", "producer_txn_response", "txn_offsets", "prepare_producer_txn", "end_producer_txn", "read_entries", "read_entries_response", "cursor", "cursor_response", "seek", "unsubscribe")
     class Type(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         TYPE_UNSPECIFIED: _ClassVar[BaseCommand.Type]
@@ -983,6 +1029,7 @@ class BaseCommand(_message.Message):
         END_TXN_ON_PARTITION: _ClassVar[BaseCommand.Type]
         END_TXN_ON_SUBSCRIPTION: _ClassVar[BaseCommand.Type]
         BATCH: _ClassVar[BaseCommand.Type]
+        COMMIT_TXN: _ClassVar[BaseCommand.Type]
         PREPARE_TXN: _ClassVar[BaseCommand.Type]
         COMMIT_GROUP: _ClassVar[BaseCommand.Type]
         ABORT_TAGGED: _ClassVar[BaseCommand.Type]
@@ -1034,6 +1081,7 @@ class BaseCommand(_message.Message):
     END_TXN_ON_PARTITION: BaseCommand.Type
     END_TXN_ON_SUBSCRIPTION: BaseCommand.Type
     BATCH: BaseCommand.Type
+    COMMIT_TXN: BaseCommand.Type
     PREPARE_TXN: BaseCommand.Type
     COMMIT_GROUP: BaseCommand.Type
     ABORT_TAGGED: BaseCommand.Type
@@ -1085,6 +1133,7 @@ class BaseCommand(_message.Message):
     END_TXN_ON_PARTITION_FIELD_NUMBER: _ClassVar[int]
     END_TXN_ON_SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_TXN_FIELD_NUMBER: _ClassVar[int]
     PREPARE_TXN_FIELD_NUMBER: _ClassVar[int]
     COMMIT_GROUP_FIELD_NUMBER: _ClassVar[int]
     ABORT_TAGGED_FIELD_NUMBER: _ClassVar[int]
@@ -1136,6 +1185,7 @@ class BaseCommand(_message.Message):
     end_txn_on_partition: CommandEndTxnOnPartition
     end_txn_on_subscription: CommandEndTxnOnSubscription
     batch: CommandBatch
+    commit_txn: CommandCommitTxn
     prepare_txn: CommandPrepareTxn
     commit_group: CommandCommitGroup
     abort_tagged: CommandAbortTagged
@@ -1153,4 +1203,4 @@ class BaseCommand(_message.Message):
     cursor_response: CommandCursorResponse
     seek: CommandSeek
     unsubscribe: CommandUnsubscribe
-    def __init__(self, type: _Optional[_Union[BaseCommand.Type, str]] = ..., connect: _Optional[_Union[CommandConnect, _Mapping]] = ..., connected: _Optional[_Union[CommandConnected, _Mapping]] = ..., partitioned_metadata: _Optional[_Union[CommandPartitionedMetadata, _Mapping]] = ..., partitioned_metadata_response: _Optional[_Union[CommandPartitionedMetadataResponse, _Mapping]] = ..., lookup: _Optional[_Union[CommandLookupTopic, _Mapping]] = ..., lookup_response: _Optional[_Union[CommandLookupTopicResponse, _Mapping]] = ..., producer: _Optional[_Union[CommandProducer, _Mapping]] = ..., producer_success: _Optional[_Union[CommandProducerSuccess, _Mapping]] = ..., close_producer: _Optional[_Union[CommandCloseProducer, _Mapping]] = ..., send: _Optional[_Union[CommandSend, _Mapping]] = ..., send_receipt: _Optional[_Union[CommandSendReceipt, _Mapping]] = ..., send_error: _Optional[_Union[CommandSendError, _Mapping]] = ..., subscribe: _Optional[_Union[CommandSubscribe, _Mapping]] = ..., flow: _Optional[_Union[CommandFlow, _Mapping]] = ..., message: _Optional[_Union[CommandMessage, _Mapping]] = ..., ack: _Optional[_Union[CommandAck, _Mapping]] = ..., ack_response: _Optional[_Union[CommandAckResponse, _Mapping]] = ..., redeliver_unacknowledged: _Optional[_Union[CommandRedeliverUnacknowledged, _Mapping]] = ..., close_consumer: _Optional[_Union[CommandCloseConsumer, _Mapping]] = ..., active_consumer_change: _Optional[_Union[CommandActiveConsumerChange, _Mapping]] = ..., success: _Optional[_Union[CommandSuccess, _Mapping]] = ..., error: _Optional[_Union[CommandError, _Mapping]] = ..., ping: _Optional[_Union[CommandPing, _Mapping]] = ..., pong: _Optional[_Union[CommandPong, _Mapping]] = ..., new_txn: _Optional[_Union[CommandNewTxn, _Mapping]] = ..., new_txn_response: _Optional[_Union[CommandNewTxnResponse, _Mapping]] = ..., add_partition_to_txn: _Optional[_Union[CommandAddPartitionToTxn, _Mapping]] = ..., add_subscription_to_txn: _Optional[_Union[CommandAddSubscriptionToTxn, _Mapping]] = ..., end_txn: _Optional[_Union[CommandEndTxn, _Mapping]] = ..., txn_response: _Optional[_Union[CommandTxnResponse, _Mapping]] = ..., end_txn_on_partition: _Optional[_Union[CommandEndTxnOnPartition, _Mapping]] = ..., end_txn_on_subscription: _Optional[_Union[CommandEndTxnOnSubscription, _Mapping]] = ..., batch: _Optional[_Union[CommandBatch, _Mapping]] = ..., prepare_txn: _Optional[_Union[CommandPrepareTxn, _Mapping]] = ..., commit_group: _Optional[_Union[CommandCommitGroup, _Mapping]] = ..., abort_tagged: _Optional[_Union[CommandAbortTagged, _Mapping]] = ..., txn_group_response: _Optional[_Union[CommandTxnGroupResponse, _Mapping]] = ..., init_producer_id: _Optional[_Union[CommandInitProducerId, _Mapping]] = ..., init_producer_id_response: _Optional[_Union[CommandInitProducerIdResponse, _Mapping]] = ..., produce: _Optional[_Union[CommandProduce, _Mapping]] = ..., producer_txn_response: _Optional[_Union[CommandProducerTxnResponse, _Mapping]] = ..., txn_offsets: _Optional[_Union[CommandTxnOffsets, _Mapping]] = ..., prepare_producer_txn: _Optional[_Union[CommandPrepareProducerTxn, _Mapping]] = ..., end_producer_txn: _Optional[_Union[CommandEndProducerTxn, _Mapping]] = ..., read_entries: _Optional[_Union[CommandReadEntries, _Mapping]] = ..., read_entries_response: _Optional[_Union[CommandReadEntriesResponse, _Mapping]] = ..., cursor: _Optional[_Union[CommandCursor, _Mapping]] = ..., cursor_response: _Optional[_Union[CommandCursorResponse, _Mapping]] = ..., seek: _Optional[_Union[CommandSeek, _Mapping]] = ..., unsubscribe: _Optional[_Union[CommandUnsubscribe, _Mapping]] = ...) -> None: ...
+    def __init__(self, type: _Optional[_Union[BaseCommand.Type, str]] = ..., connect: _Optional[_Union[CommandConnect, _Mapping]] = ..., connected: _Optional[_Union[CommandConnected, _Mapping]] = ..., partitioned_metadata: _Optional[_Union[CommandPartitionedMetadata, _Mapping]] = ..., partitioned_metadata_response: _Optional[_Union[CommandPartitionedMetadataResponse, _Mapping]] = ..., lookup: _Optional[_Union[CommandLookupTopic, _Mapping]] = ..., lookup_response: _Optional[_Union[CommandLookupTopicResponse, _Mapping]] = ..., producer: _Optional[_Union[CommandProducer, _Mapping]] = ..., producer_success: _Optional[_Union[CommandProducerSuccess, _Mapping]] = ..., close_producer: _Optional[_Union[CommandCloseProducer, _Mapping]] = ..., send: _Optional[_Union[CommandSend, _Mapping]] = ..., send_receipt: _Optional[_Union[CommandSendReceipt, _Mapping]] = ..., send_error: _Optional[_Union[CommandSendError, _Mapping]] = ..., subscribe: _Optional[_Union[CommandSubscribe, _Mapping]] = ..., flow: _Optional[_Union[CommandFlow, _Mapping]] = ..., message: _Optional[_Union[CommandMessage, _Mapping]] = ..., ack: _Optional[_Union[CommandAck, _Mapping]] = ..., ack_response: _Optional[_Union[CommandAckResponse, _Mapping]] = ..., redeliver_unacknowledged: _Optional[_Union[CommandRedeliverUnacknowledged, _Mapping]] = ..., close_consumer: _Optional[_Union[CommandCloseConsumer, _Mapping]] = ..., active_consumer_change: _Optional[_Union[CommandActiveConsumerChange, _Mapping]] = ..., success: _Optional[_Union[CommandSuccess, _Mapping]] = ..., error: _Optional[_Union[CommandError, _Mapping]] = ..., ping: _Optional[_Union[CommandPing, _Mapping]] = ..., pong: _Optional[_Union[CommandPong, _Mapping]] = ..., new_txn: _Optional[_Union[CommandNewTxn, _Mapping]] = ..., new_txn_response: _Optional[_Union[CommandNewTxnResponse, _Mapping]] = ..., add_partition_to_txn: _Optional[_Union[CommandAddPartitionToTxn, _Mapping]] = ..., add_subscription_to_txn: _Optional[_Union[CommandAddSubscriptionToTxn, _Mapping]] = ..., end_txn: _Optional[_Union[CommandEndTxn, _Mapping]] = ..., txn_response: _Optional[_Union[CommandTxnResponse, _Mapping]] = ..., end_txn_on_partition: _Optional[_Union[CommandEndTxnOnPartition, _Mapping]] = ..., end_txn_on_subscription: _Optional[_Union[CommandEndTxnOnSubscription, _Mapping]] = ..., batch: _Optional[_Union[CommandBatch, _Mapping]] = ..., commit_txn: _Optional[_Union[CommandCommitTxn, _Mapping]] = ..., prepare_txn: _Optional[_Union[CommandPrepareTxn, _Mapping]] = ..., commit_group: _Optional[_Union[CommandCommitGroup, _Mapping]] = ..., abort_tagged: _Optional[_Union[CommandAbortTagged, _Mapping]] = ..., txn_group_response: _Optional[_Union[CommandTxnGroupResponse, _Mapping]] = ..., init_producer_id: _Optional[_Union[CommandInitProducerId, _Mapping]] = ..., init_producer_id_response: _Optional[_Union[CommandInitProducerIdResponse, _Mapping]] = ..., produce: _Optional[_Union[CommandProduce, _Mapping]] = ..., producer_txn_response: _Optional[_Union[CommandProducerTxnResponse, _Mapping]] = ..., txn_offsets: _Optional[_Union[CommandTxnOffsets, _Mapping]] = ..., prepare_producer_txn: _Optional[_Union[CommandPrepareProducerTxn, _Mapping]] = ..., end_producer_txn: _Optional[_Union[CommandEndProducerTxn, _Mapping]] = ..., read_entries: _Optional[_Union[CommandReadEntries, _Mapping]] = ..., read_entries_response: _Optional[_Union[CommandReadEntriesResponse, _Mapping]] = ..., cursor: _Optional[_Union[CommandCursor, _Mapping]] = ..., cursor_response: _Optional[_Union[CommandCursorResponse, _Mapping]] = ..., seek: _Optional[_Union[CommandSeek, _Mapping]] = ..., unsubscribe: _Optional[_Union[CommandUnsubscribe, _Mapping]] = ...) -> None: ...

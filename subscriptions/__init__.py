@@ -22,7 +22,7 @@ from subscriptions._cursor import (
 from subscriptions._dispatch import Consumer, SubType
 from subscriptions._manager import Subscriptions
 from subscriptions._state import TRANSITIONS, AckEvent, InvalidAckTransition, MsgState, transition
-from subscriptions._subscription import PartitionSubscription
+from subscriptions._subscription import PartitionSubscription, attached
 
 __all__ = [
     "TRANSITIONS",
@@ -36,6 +36,7 @@ __all__ = [
     "PartitionSubscription",
     "SubType",
     "Subscriptions",
+    "attached",
     "replay_cursor",
     "transition",
     "txn_end_record",

@@ -18,8 +18,16 @@ Durably, a cursor is a ledger of records, ``meta`` giving the kind:
     3 TXN_ACK     txn (uint64 most_bits, least_bits), then int64 position pairs
     4 TXN_COMMIT  txn only
     5 TXN_ABORT   txn only
+    6 TXN_ACKED   txn, then int64 (entry id, first index, last index) ranges:
+                  a local transaction's acks, committed (docs/architecture.md)
 
-(native byte order). Replaying them in order through `Cursor.apply` rebuilds
+(native byte order). A TXN_ACKED record is its transaction's TXN_ACK and
+TXN_COMMIT at once: applying it locks whatever of its ranges the
+transaction does not hold yet, then commits what it holds. Live, the
+broker locked the ranges in memory when it queued the record (`lock`), so
+that a concurrent transaction conflicts; on replay nothing is locked yet.
+
+Replaying the records in order through `Cursor.apply` rebuilds
 the cursor; a fresh snapshot lets the ledger be trimmed before it
 (`snapshot_then_trim`), and a reset of the cursor is a snapshot too. A record
 whose transitions the table refuses changes nothing (`AckConflict`), live and
@@ -28,21 +36,18 @@ in replay alike. A transaction is a `proto.TxnID`.
 
 from __future__ import annotations
 
-import bisect
-import collections
 import itertools
 import json
 import logging
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
-
-from sortedcontainers import SortedSet
 
 from buffer import Position
 from ledger import Entry, Ledger
 from proto import TxnID, txn_text, wire_txnid
+from subscriptions._ranges import LockTable, Range, RangeSet, positions_of, ranges_of
 from subscriptions._state import AckEvent, InvalidAckTransition, MsgState, transition
 
 __all__ = [
@@ -52,14 +57,20 @@ __all__ = [
     "SNAPSHOT_EVERY",
     "TXN_ABORT",
     "TXN_ACK",
+    "TXN_ACKED",
     "TXN_COMMIT",
     "WHOLE_ENTRY",
     "AckConflict",
     "AckRecord",
     "Cursor",
+    "PendingAckView",
+    "Range",
+    "RangeSet",
     "check_txn",
     "decode_record",
     "encode_record",
+    "positions_of",
+    "ranges_of",
     "replay_cursor",
     "snapshot_then_trim",
     "txn_end_record",
@@ -71,15 +82,16 @@ log = logging.getLogger(__name__)
 # says entry e is done.
 WHOLE_ENTRY = (1 << 31) - 1
 
-SNAPSHOT, INDIVIDUAL, CUMULATIVE, TXN_ACK, TXN_COMMIT, TXN_ABORT = range(6)
+SNAPSHOT, INDIVIDUAL, CUMULATIVE, TXN_ACK, TXN_COMMIT, TXN_ABORT, TXN_ACKED = range(7)
 SNAPSHOT_EVERY = 1000  # records between the snapshots of a cursor's ledger
-_TXN_KINDS = frozenset({TXN_ACK, TXN_COMMIT, TXN_ABORT})
+_TXN_KINDS = frozenset({TXN_ACK, TXN_COMMIT, TXN_ABORT, TXN_ACKED})
 _KIND_NAMES = {
     INDIVIDUAL: "INDIVIDUAL",
     CUMULATIVE: "CUMULATIVE",
     TXN_ACK: "TXN_ACK",
     TXN_COMMIT: "TXN_COMMIT",
     TXN_ABORT: "TXN_ABORT",
+    TXN_ACKED: "TXN_ACKED",
 }
 _U64 = (1 << 64) - 1
 _ENTRY_OF = itemgetter(0)
@@ -140,6 +152,8 @@ class AckRecord:
     # applied to (nothing queued before it can change them): `Cursor.apply`
     # need not plan it again. Not stored.
     checked: bool = field(default=False, compare=False)
+    # TXN_ACKED: its messages, as ranges (``positions`` is empty).
+    ranges: tuple[Range, ...] = ()
 
     def encode(self) -> bytes:
         if self.kind == SNAPSHOT and len(self.positions) == 1:
@@ -151,6 +165,8 @@ class AckRecord:
         if self.txn is None:
             raise ValueError(f"a {_KIND_NAMES[self.kind]} record needs a transaction id")
         head = array("Q", check_txn(self.txn)).tobytes()
+        if self.kind == TXN_ACKED:
+            return head + array("q", itertools.chain.from_iterable(self.ranges)).tobytes()
         return head + encode_record(self.positions) if self.kind == TXN_ACK else head
 
     @classmethod
@@ -160,11 +176,19 @@ class AckRecord:
             raise ValueError(f"unknown cursor record kind {kind}")
         if kind not in _TXN_KINDS:
             return cls(kind, tuple(decode_record(data)))
-        if len(data) < 16 or (kind != TXN_ACK and len(data) != 16):
+        if len(data) < 16 or (kind not in (TXN_ACK, TXN_ACKED) and len(data) != 16):
             raise ValueError(f"torn {_KIND_NAMES[kind]} record ({len(data)} bytes)")
         head = array("Q")
         head.frombytes(data[:16])
-        return cls(kind, tuple(decode_record(data[16:])), wire_txnid(head[0], head[1]))
+        txn = wire_txnid(head[0], head[1])
+        if kind == TXN_ACKED:
+            if (len(data) - 16) % 24:
+                raise ValueError(f"torn TXN_ACKED record ({len(data)} bytes)")
+            flat = array("q")
+            flat.frombytes(data[16:])
+            ranges = tuple(zip(flat[::3], flat[1::3], flat[2::3], strict=True))
+            return cls(kind, (), txn, ranges=ranges)
+        return cls(kind, tuple(decode_record(data[16:])), txn)
 
 
 def txn_end_record(txn: TxnID, commit: bool) -> AckRecord:
@@ -180,31 +204,73 @@ _EVENTS = {
     TXN_ACK: AckEvent.TXN_ACK,
     TXN_COMMIT: AckEvent.TXN_COMMIT,
     TXN_ABORT: AckEvent.TXN_ABORT,
+    TXN_ACKED: AckEvent.TXN_COMMIT,  # (after locking what it names)
 }
 
 Change = tuple[Position, MsgState]  # a message and its state after a record
 
 
+class PendingAckView(Mapping[Position, TxnID]):
+    """The PENDING_ACK messages of a cursor, each with its transaction: a
+    read-only view of its `LockTable`, one position at a time."""
+
+    __slots__ = ("_locks",)
+
+    def __init__(self, locks: LockTable) -> None:
+        self._locks = locks
+
+    def __getitem__(self, pos: Position) -> TxnID:
+        txn = self._locks.holder(pos)
+        if txn is None:
+            raise KeyError(pos)
+        return txn
+
+    def get(self, pos: Position, default: TxnID | None = None) -> TxnID | None:  # type: ignore[override]
+        txn = self._locks.holder(pos)
+        return default if txn is None else txn
+
+    def __contains__(self, pos: object) -> bool:
+        return self._locks.holder(pos) is not None  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[Position]:
+        return (pos for pos, _ in self._locks.positions())
+
+    def __len__(self) -> int:
+        return len(self._locks)
+
+
 class Cursor:
+    """The mark-delete position, the messages after it acknowledged one by
+    one (``acked``, a `RangeSet`) and those locked in PENDING_ACK by a
+    transaction (``locks``, a `LockTable`; ``txn_acks``: each transaction's
+    ranges, ``pending_ack``: a view by position). Ranges, not positions:
+    a batch acknowledged or locked in order is one range, whatever its size."""
+
     def __init__(self, mark_delete: Position) -> None:
         self.mark_delete: Position = mark_delete
-        self.acked: SortedSet = SortedSet()
-        self.pending_ack: dict[Position, TxnID] = {}
-        # Each transaction's positions, in the order it locked them (a dict:
-        # sorting them for a commit is then one pass, they come in order).
-        self.txn_acks: dict[TxnID, dict[Position, None]] = {}
-        self._locked_entries: dict[int, int] = {}  # entry id -> its PENDING_ACK messages
+        self.acked = RangeSet()
+        self.locks = LockTable()
 
     def __repr__(self) -> str:
         return (
             f"Cursor(mark_delete={self.mark_delete}, acked={len(self.acked)}, "
-            f"pending_ack={len(self.pending_ack)})"
+            f"pending_ack={len(self.locks)})"
         )
+
+    @property
+    def txn_acks(self) -> dict[TxnID, list[Range]]:
+        """Each transaction holding messages here, and its ranges."""
+        return self.locks.held
+
+    @property
+    def pending_ack(self) -> PendingAckView:
+        """The PENDING_ACK messages and their transactions, by position."""
+        return PendingAckView(self.locks)
 
     def state(self, pos: Position) -> MsgState:
         if pos <= self.mark_delete or pos in self.acked:
             return MsgState.DELETED
-        if pos in self.pending_ack:
+        if self.locks.has_entry(pos[0]) and self.locks.holder(pos) is not None:
             return MsgState.PENDING_ACK
         return MsgState.PENDING
 
@@ -215,11 +281,11 @@ class Cursor:
 
     def all_pending(self, entry_id: int) -> bool:
         """Is every message of entry ``entry_id`` PENDING (none DELETED or locked)?"""
-        if entry_id <= self.mark_delete[0] or self._locked_entries.get(entry_id):
-            return False
-        acked = self.acked
-        i: int = acked.bisect_left((entry_id, 0))
-        return not (i < len(acked) and acked[i][0] == entry_id)
+        return (
+            entry_id > self.mark_delete[0]
+            and not self.locks.has_entry(entry_id)
+            and not self.acked.has_entry(entry_id)
+        )
 
     def messages_through(self, bound: Position, count: Callable[[int], int]) -> Iterator[Position]:
         """Every message after mark-delete up to and including ``bound``."""
@@ -258,6 +324,7 @@ class Cursor:
         positions: Iterable[Position],
         count: Callable[[int], int],
         txn: TxnID | None = None,
+        ranges: Sequence[Range] = (),
     ) -> list[Change]:
         """The state changes a record would make; changes nothing.
 
@@ -281,8 +348,15 @@ class Cursor:
         if kind == TXN_ACK:
             locked = self.plan_txn_ack(positions, txn)
             return [(pos, MsgState.PENDING_ACK) for pos in locked]
-        after, held = self._plan_end(kind, txn)
-        return [(pos, after) for pos in held]
+        if kind == TXN_ACKED:
+            if txn not in self.locks.held:
+                self.check_ranges(ranges, txn)  # (raises if it cannot lock them)
+            acked = RangeSet(positions_of(self.locks.held.get(txn, ())))
+            for r in ranges:
+                acked.add_range(*r)
+            return [(pos, MsgState.DELETED) for pos in acked]
+        after, held = self._end_ranges(kind, txn)
+        return [(pos, after) for pos in positions_of(held)]
 
     def plan_txn_ack(self, positions: Iterable[Position], txn: TxnID) -> list[Position]:
         """`plan` of a TXN_ACK, as the positions it locks: they all become
@@ -292,54 +366,68 @@ class Cursor:
             self._ask(wanted[0], MsgState.PENDING, AckEvent.TXN_ACK, txn)
             return wanted
         # A transaction re-sending its ack of a message it holds: a retry, not a conflict.
-        wanted = [p for p in wanted if self.pending_ack.get(p) != txn]
+        holder = self.locks.holder
+        wanted = [p for p in wanted if holder(p) != txn]
         return [pos for pos, _ in self._plan(self._states(wanted), AckEvent.TXN_ACK, txn)]
 
-    def _plan_end(self, kind: int, txn: TxnID) -> tuple[MsgState, list[Position]]:
-        """`plan` of a TXN_COMMIT / TXN_ABORT: the state after it, and every
-        position ``txn`` holds, sorted (they all move to that state)."""
-        mine = self.txn_acks.get(txn)
+    def check_ranges(self, ranges: Iterable[Range], txn: TxnID) -> None:
+        """Raise `AckConflict` naming the first message of ``ranges`` that
+        is not PENDING (``txn`` may not lock it); changes nothing. Range by
+        range: a local transaction's acks, before it locks them."""
+        md = self.mark_delete
+        first: Position | None = None
+        for entry_id, a, b in ranges:
+            if (entry_id, a) <= md:
+                self._ask((entry_id, a), MsgState.DELETED, AckEvent.TXN_ACK, txn)
+            at = self.acked.overlap(entry_id, a, b)
+            if at is not None:
+                self._ask((entry_id, at), MsgState.DELETED, AckEvent.TXN_ACK, txn)
+            locked = self.locks.overlap(entry_id, a, b)
+            if locked is not None:
+                self._ask((entry_id, locked[0]), MsgState.PENDING_ACK, AckEvent.TXN_ACK, txn)
+            if first is None:
+                first = (entry_id, a)
+        if first is not None:  # (every one PENDING: ask the table once)
+            self._ask(first, MsgState.PENDING, AckEvent.TXN_ACK, txn)
+
+    def lock_ranges(self, ranges: Sequence[Range], txn: TxnID) -> None:
+        """Lock ``ranges`` (every message PENDING: `check_ranges`) in
+        PENDING_ACK for ``txn``, in memory: a local transaction's acks while
+        their TXN_ACKED record is being written."""
+        self.locks.lock(txn, ranges)
+
+    def _end_ranges(self, kind: int, txn: TxnID) -> tuple[MsgState, list[Range]]:
+        """A TXN_COMMIT / TXN_ABORT: the state after it, and the ranges
+        ``txn`` holds, sorted (every message of them moves to that state)."""
+        mine = self.locks.held.get(txn)
         if not mine:
             return MsgState.PENDING_ACK, []
-        # Every position a transaction holds is PENDING_ACK (locking and
-        # unlocking keep txn_acks and pending_ack together): ask the table once.
-        after = self._ask(next(iter(mine)), MsgState.PENDING_ACK, _EVENTS[kind], txn)
+        # Every message a transaction holds is PENDING_ACK: ask the table once.
+        entry_id, first, _ = mine[0]
+        after = self._ask((entry_id, first), MsgState.PENDING_ACK, _EVENTS[kind], txn)
         return after, sorted(mine)
 
     def _all_pending(self, positions: list[Position]) -> bool:
-        """Are all of ``positions`` (at least one) PENDING? Set operations,
-        not a lookup per message."""
-        return (
-            bool(positions)
-            and min(positions) > self.mark_delete
-            and self.pending_ack.keys().isdisjoint(positions)
-            and self.acked.isdisjoint(positions)
-        )
+        """Are all of ``positions`` (at least one) PENDING? Range by range."""
+        if not positions or min(positions) <= self.mark_delete:
+            return False
+        acked, locks = self.acked, self.locks
+        for entry_id, a, b in ranges_of(positions):
+            if acked.overlap(entry_id, a, b) is not None or locks.overlap(entry_id, a, b):
+                return False
+        return True
 
     def _states(self, positions: Iterable[Position]) -> list[Change]:
-        """Each position with its state (`state`, inlined: this is the hot path)."""
-        md, acked, locked = self.mark_delete, self.acked, self.pending_ack
-        deleted, pending_ack, pending = (
-            MsgState.DELETED,
-            MsgState.PENDING_ACK,
-            MsgState.PENDING,
-        )
-        return [
-            (
-                pos,
-                deleted if pos <= md or pos in acked else pending_ack if pos in locked else pending,
-            )
-            for pos in positions
-        ]
+        """Each position with its state (`state`)."""
+        state = self.state
+        return [(pos, state(pos)) for pos in positions]
 
     def _plan_cumulative(self, bound: Position, count: Callable[[int], int]) -> list[Change]:
-        """`plan` of a cumulative ack past mark-delete: the hot path.
-
-        One pass over the range, and the table asked once for each state
-        present rather than once for each message.
-        """
-        acked = list(self.acked.irange(maximum=bound))
-        locked = sorted(p for p in self.pending_ack if p <= bound)
+        """`plan` of a cumulative ack past mark-delete: one pass over the
+        range, the table asked once for each state present rather than
+        once for each message."""
+        acked = [p for p in self.acked if p <= bound]
+        locked = [p for p, _ in self.locks.positions() if p <= bound]
         skip = set(acked).union(locked)
         pending = [p for p in self.messages_through(bound, count) if p not in skip]
         changes: list[Change] = []
@@ -374,7 +462,7 @@ class Cursor:
         try:
             return transition(state, event)
         except InvalidAckTransition:
-            raise AckConflict(pos, state, event, txn, self.pending_ack.get(pos)) from None
+            raise AckConflict(pos, state, event, txn, self.locks.holder(pos)) from None
 
     def apply(
         self,
@@ -384,37 +472,41 @@ class Cursor:
         last: int,
         txn: TxnID | None = None,
         checked: bool = False,
+        ranges: Sequence[Range] = (),
     ) -> list[Position]:
         """Apply a record; returns the positions whose state changed.
 
-        They became DELETED (INDIVIDUAL, CUMULATIVE, TXN_COMMIT), PENDING_ACK
-        (TXN_ACK) or PENDING again (TXN_ABORT). Every transition is checked
-        before anything changes: a refused record raises `AckConflict` and
-        changes nothing. ``count(entry_id)`` gives an entry's message count
-        and ``last`` the last entry id, for advancing the mark-delete position.
-        ``checked``: a TXN_ACK planned already (`plan_txn_ack`) against
-        this very state; its positions are locked as they are. A SNAPSHOT
-        naming one position is a reset: every message after it PENDING,
-        every one at or before it DELETED.
+        They became DELETED (INDIVIDUAL, CUMULATIVE, TXN_COMMIT, TXN_ACKED),
+        PENDING_ACK (TXN_ACK) or PENDING again (TXN_ABORT). Every transition
+        is checked before anything changes: a refused record raises
+        `AckConflict` and changes nothing. ``count(entry_id)`` gives an
+        entry's message count and ``last`` the last entry id, for advancing
+        the mark-delete position. ``checked``: a TXN_ACK planned already
+        (`plan_txn_ack`) against this very state; its positions are locked
+        as they are. ``ranges``: a TXN_ACKED record's. A SNAPSHOT naming one
+        position is a reset: every message after it PENDING, every one at
+        or before it DELETED.
         """
         if kind == SNAPSHOT:
             self.mark_delete = next(iter(positions))
-            self.acked.clear()
-            self.pending_ack.clear()
-            self.txn_acks.clear()
-            self._locked_entries.clear()
+            self.acked = RangeSet()
+            self.locks = LockTable()
             return []
         if kind in _TXN_KINDS and txn is not None:
+            changed: list[Position]
             if kind == TXN_ACK:  # every one PENDING: the table allows nothing else
                 changed = list(positions) if checked else self.plan_txn_ack(positions, txn)
                 if changed:
-                    self._lock_all(changed, txn)
+                    self.locks.lock(txn, ranges_of(changed))
+            elif kind == TXN_ACKED:
+                changed = positions_of(self._commit_acked(ranges, txn))
             else:
-                after, changed = self._plan_end(kind, txn)
-                if changed:
-                    self._unlock_txn(txn, changed)
+                after, held = self._end_ranges(kind, txn)
+                if held:
+                    self.locks.unlock(txn)
                     if after is MsgState.DELETED:
-                        self._delete(changed)
+                        self._delete_ranges(held)
+                changed = positions_of(held)
             self._advance(count, last)
             return changed
         positions = list(positions)
@@ -427,49 +519,33 @@ class Cursor:
         self._advance(count, last)
         return changed
 
-    def _lock(self, pos: Position, txn: TxnID) -> None:
-        self.pending_ack[pos] = txn
-        self.txn_acks.setdefault(txn, {})[pos] = None
-        self._locked_entries[pos[0]] = self._locked_entries.get(pos[0], 0) + 1
+    def _commit_acked(self, ranges: Sequence[Range], txn: TxnID) -> list[Range]:
+        """A TXN_ACKED record: lock ``ranges`` unless ``txn`` holds them
+        already (on replay it holds nothing; live, `lock_ranges` locked them
+        as the record was queued), through the table (a conflict raises,
+        changing nothing); then commit every range it holds. Returns them,
+        now DELETED."""
+        if txn not in self.locks.held:
+            self.check_ranges(ranges, txn)
+            self.locks.lock(txn, ranges)
+        elif self.locks.held[txn] != list(ranges):
+            wanted = positions_of(ranges)
+            holder = self.locks.holder
+            locked = self.plan_txn_ack([p for p in wanted if holder(p) != txn], txn)
+            if locked:
+                self.locks.lock(txn, ranges_of(locked))
+        after, held = self._end_ranges(TXN_COMMIT, txn)
+        self.locks.unlock(txn)
+        if after is MsgState.DELETED:
+            self._delete_ranges(held)
+        return held
 
-    def _lock_all(self, positions: list[Position], txn: TxnID) -> None:
-        """`_lock` of many positions at once."""
-        self.pending_ack.update(dict.fromkeys(positions, txn))
-        self.txn_acks.setdefault(txn, {}).update(dict.fromkeys(positions))
-        locked = self._locked_entries
-        for entry_id, n in _per_entry(positions).items():
-            locked[entry_id] = locked.get(entry_id, 0) + n
-
-    def _delete(self, positions: list[Position]) -> None:
-        """Make sorted ``positions`` DELETED: a leading run that continues
-        the mark-delete position moves it (the usual case: a transaction
-        acknowledged the next messages), the rest joins ``acked``."""
-        entry_id, index = self.mark_delete
-        nxt = (entry_id + 1, 0) if index == WHOLE_ENTRY else (entry_id, index + 1)
-        run = 0
-        if positions[0] == nxt:
-            entry_id, first = nxt
-            run = bisect.bisect_right(positions, (entry_id, WHOLE_ENTRY))
-            while run and positions[run - 1][1] - first != run - 1:
-                run -= 1  # (a gap: only the part before it is a run)
-            if run:
-                self.mark_delete = positions[run - 1]
-        if run < len(positions):
-            self.acked.update(positions[run:] if run else positions)
-
-    def _unlock_txn(self, txn: TxnID, positions: list[Position]) -> None:
-        """Unlock ``positions``, every message ``txn`` holds (sorted)."""
-        del self.txn_acks[txn]
-        pop = self.pending_ack.pop
-        for pos in positions:
-            pop(pos)
-        locked = self._locked_entries
-        for entry_id, n in _per_entry(positions).items():
-            left = locked[entry_id] - n
-            if left:
-                locked[entry_id] = left
-            else:
-                del locked[entry_id]
+    def _delete_ranges(self, ranges: Iterable[Range]) -> None:
+        """Make the messages of ``ranges`` DELETED: they join ``acked``, and
+        `_advance` moves mark-delete over the runs that continue it."""
+        add = self.acked.add_range
+        for entry_id, first, last in ranges:
+            add(entry_id, first, last)
 
     def _delete_through(self, bound: Position, changes: list[Change]) -> None:
         """A cumulative ack up to ``bound`` whose PENDING messages are ``changes``.
@@ -479,7 +555,7 @@ class Cursor:
         join the individually acknowledged set.
         """
         md = self.mark_delete
-        locked = [p for p in self.pending_ack if md < p <= bound]
+        locked = [p for p, _ in self.locks.positions() if md < p <= bound]
         if locked:
             first = min(locked)
             before = (first[0], first[1] - 1) if first[1] > 0 else (first[0] - 1, WHOLE_ENTRY)
@@ -488,9 +564,7 @@ class Cursor:
         else:
             md = max(md, bound)
         self.mark_delete = md
-        acked = self.acked
-        while acked and acked[0] <= md:
-            acked.pop(0)
+        self.acked.drop_through(md)
 
     def _advance(self, count: Callable[[int], int], last: int) -> None:
         """Move the mark-delete position over acknowledged messages.
@@ -499,61 +573,78 @@ class Cursor:
         says of it (a trimmed entry counts 0).
         """
         entry_id, index = self.mark_delete
-        acked = self.acked
-        locked = self._locked_entries
+        acked, locks = self.acked, self.locks
         while True:
             if index != WHOLE_ENTRY and index + 1 >= count(entry_id):
-                if entry_id in locked:
+                if locks.has_entry(entry_id):
                     break
                 index = WHOLE_ENTRY
             if index == WHOLE_ENTRY:
                 if entry_id + 1 > last:
                     break
                 if count(entry_id + 1) == 0:
-                    if entry_id + 1 in locked:
+                    if locks.has_entry(entry_id + 1):
                         break
                     entry_id += 1
                     continue
                 nxt = (entry_id + 1, 0)
             else:
                 nxt = (entry_id, index + 1)
-            if not acked or acked[0] != nxt:
+            if not acked:
                 break
-            # Consume the run of consecutive acked messages of this entry at once.
-            n = count(entry_id) if index != WHOLE_ENTRY else count(nxt[0])
-            run = _run_length(acked, nxt, acked.bisect_left((nxt[0], n)))
-            del acked[:run]
-            entry_id, index = nxt[0], nxt[1] + run - 1
+            # The run of consecutive acknowledged messages from there, at once.
+            run_last = acked.take_run(nxt)
+            if run_last is None:
+                break
+            entry_id, index = nxt[0], run_last
         self.mark_delete = (entry_id, index)
 
     # -- records ----------------------------------------------------------------
 
     def snapshot(self) -> bytes:
-        flat = [x for pos in self.acked for x in pos]
-        locked = [x for pos, txn in sorted(self.pending_ack.items()) for x in (*pos, *txn)]
+        acked = [x for r in self.acked.ranges() for x in r]
+        locks = [
+            x
+            for txn, ranges in sorted(self.locks.held.items())
+            for r in sorted(ranges)
+            for x in (*r, *txn)
+        ]
         return json.dumps(
-            {"md": list(self.mark_delete), "acked": flat, "pending_ack": locked}
+            {"md": list(self.mark_delete), "acked_ranges": acked, "locked_ranges": locks}
         ).encode()
 
     @classmethod
     def from_snapshot(cls, data: bytes) -> Cursor:
+        """The cursor a snapshot holds (ranges; or, as older snapshots hold
+        them, positions one by one)."""
         record = json.loads(data)
         cursor = cls((int(record["md"][0]), int(record["md"][1])))
-        flat = record["acked"]
-        cursor.acked.update(zip(flat[::2], flat[1::2], strict=True))
-        locked = record.get("pending_ack", [])
-        for e, i, most, least in zip(
-            locked[::4], locked[1::4], locked[2::4], locked[3::4], strict=True
-        ):
-            cursor._lock((e, i), check_txn((most, least)))
+        flat = record.get("acked_ranges")
+        if flat is not None:
+            for e, a, b in zip(flat[::3], flat[1::3], flat[2::3], strict=True):
+                cursor.acked.add_range(int(e), int(a), int(b))
+        else:
+            positions = record.get("acked", [])
+            cursor.acked.update(sorted(zip(positions[::2], positions[1::2], strict=True)))
+        flat = record.get("locked_ranges")
+        if flat is not None:
+            for e, a, b, most, least in zip(
+                flat[::5], flat[1::5], flat[2::5], flat[3::5], flat[4::5], strict=True
+            ):
+                cursor.locks.lock(check_txn((most, least)), [(int(e), int(a), int(b))])
+        else:
+            old = record.get("pending_ack", [])
+            by_txn: dict[TxnID, list[Position]] = {}
+            for e, i, most, least in zip(old[::4], old[1::4], old[2::4], old[3::4], strict=True):
+                by_txn.setdefault(check_txn((most, least)), []).append((e, i))
+            for txn, held in by_txn.items():
+                cursor.locks.lock(txn, ranges_of(sorted(held)))
         return cursor
 
     def copy(self) -> Cursor:
         other = Cursor(self.mark_delete)
-        other.acked = SortedSet(self.acked)
-        other.pending_ack = dict(self.pending_ack)
-        other.txn_acks = {txn: dict(mine) for txn, mine in self.txn_acks.items()}
-        other._locked_entries = dict(self._locked_entries)
+        other.acked = self.acked.copy()
+        other.locks = self.locks.copy()
         return other
 
 
@@ -580,7 +671,9 @@ def replay_cursor(
         except ValueError as exc:
             raise RuntimeError(f"cursor ledger {name}, entry {entry.entry_id}: {exc}") from exc
         try:
-            cursor.apply(record.kind, record.positions, count, last, record.txn)
+            cursor.apply(
+                record.kind, record.positions, count, last, record.txn, ranges=record.ranges
+            )
         except InvalidAckTransition as exc:
             # Refused when it was applied live too: it changes nothing.
             log.info("%s: record %d refused on replay: %s", name, entry.entry_id, exc)
@@ -598,35 +691,6 @@ def snapshot_then_trim(ledger: Ledger, snapshot: bytes, meta: int) -> None:
             ledger.trim(fut.result())
 
     fut.add_done_callback(trim)
-
-
-def _run_length(acked: SortedSet, first: Position, end: int) -> int:
-    """How many of ``acked[:end]`` (``first`` and later messages of its
-    entry) are consecutive from ``first``.
-
-    They are distinct and sorted, so ``acked[i]`` is ``first`` plus ``i``
-    up to the first gap, and past it ``acked[i][1] - first[1] - i`` is
-    positive: one look when there is no gap (the usual case), a binary
-    search when there is, never a look per message.
-    """
-    if acked[end - 1][1] - first[1] == end - 1:
-        return end
-    low, high = 1, end - 1  # acked[low - 1] is in the run; acked[high] is not
-    while low < high:
-        mid = (low + high) // 2
-        if acked[mid][1] - first[1] == mid:
-            low = mid + 1
-        else:
-            high = mid
-    return low
-
-
-def _per_entry(positions: list[Position]) -> dict[int, int]:
-    """How many of ``positions`` each entry has."""
-    entries = set(map(_ENTRY_OF, positions))  # (no Python loop per message)
-    if len(entries) == 1:
-        return {positions[0][0]: len(positions)}
-    return dict(collections.Counter(map(_ENTRY_OF, positions)))
 
 
 def encode_record(positions: Iterable[Position]) -> bytes:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -31,7 +32,7 @@ from typing import Protocol
 
 from sortedcontainers import SortedSet
 
-from buffer import DATA, Partition, Position, TransactionBuffer, entry_count, entry_kind
+from buffer import COMMIT_MARKER, Partition, Position, TransactionBuffer, entry_count, entry_kind
 from ledger import Entry, Ledger, read_runs
 from proto import refusals
 from proto import txnbuf_pb2 as pb
@@ -41,10 +42,12 @@ from subscriptions._cursor import (
     SNAPSHOT,
     TXN_ABORT,
     TXN_ACK,
+    TXN_ACKED,
     WHOLE_ENTRY,
     AckRecord,
     Cursor,
 )
+from subscriptions._ranges import DeliveredMap
 from subscriptions._state import MsgState
 from subscriptions._uncommitted import UncommittedCursor, from_wire, to_wire
 
@@ -115,7 +118,9 @@ class Dispatcher:
         self.cursor = cursor
         self.uncommitted = uncommitted
         self.consumers: list[Consumer] = []
-        self.pending: dict[Position, Consumer] = {}
+        # Delivered and not acknowledged, by position (ranges: an entry goes
+        # to one consumer whole).
+        self.pending: DeliveredMap[Consumer] = DeliveredMap()
         # Shared and empty until something is to be redelivered: most
         # subscriptions never need a set of their own.
         self.redeliver: SortedSet = _NO_REDELIVERIES
@@ -237,7 +242,7 @@ class Dispatcher:
         if consumer not in self.consumers:
             return
         self.consumers.remove(consumer)
-        self._requeue([p for p, c in self.pending.items() if c is consumer])
+        self._requeue(self.pending.of(consumer))
         self._update_active()
         self.wake()
 
@@ -258,7 +263,7 @@ class Dispatcher:
     def redeliver_unacked(self, consumer: Consumer, positions: list[Position] | None) -> None:
         """Negative ack: redeliver ``positions`` (all if None) pending on ``consumer``."""
         if positions is None:
-            mine = [p for p, c in self.pending.items() if c is consumer]
+            mine = self.pending.of(consumer)
         else:
             mine = [p for p in positions if self.pending.get(p) is consumer]
         self._requeue(mine)
@@ -270,8 +275,7 @@ class Dispatcher:
         A PENDING_ACK message stays locked (its transaction's abort
         redelivers it); a DELETED one is done.
         """
-        for pos in positions:
-            del self.pending[pos]
+        self.pending.forget(positions)
         self._redeliver_later([p for p in positions if self.state(p) is PENDING])
 
     def _redeliver_later(self, positions: list[Position]) -> None:
@@ -303,7 +307,10 @@ class Dispatcher:
         reset (SNAPSHOT) forgets everything and reads on from the new cursor.
         """
         kind = record.kind
-        if kind == TXN_ACK:
+        if kind == TXN_ACKED and not self.redeliver and not self.redelivery_counts:
+            for entry_id, first, last in record.ranges:  # (the usual case: by range)
+                self.pending.discard_range(entry_id, first, last)
+        elif kind == TXN_ACK:
             self.forget(changed, counts=False)  # locked: never redelivered
         elif kind == TXN_ABORT:
             self._redeliver_later([p for p in changed if p[0] < self.read_entry])
@@ -311,7 +318,7 @@ class Dispatcher:
                 self.wake()
         elif kind == CUMULATIVE:
             md = self.cursor.mark_delete
-            done = [p for p in self.pending if p <= md]
+            done = self.pending.through(md)
             done.extend(self.redeliver.irange(maximum=md))
             done.extend(changed)
             self.forget(done)
@@ -329,21 +336,13 @@ class Dispatcher:
     def forget(self, positions: list[Position], counts: bool = True) -> None:
         """Drop ``positions`` from the pending, redelivery (and, with
         ``counts``, redelivery count) bookkeeping."""
-        pending = self.pending
-        # (A commit's messages left it when they were locked: one C-level
-        # pass finds that, instead of a pop per message.)
-        if not pending.keys().isdisjoint(positions):
-            pop = pending.pop
-            for pos in positions:
-                pop(pos, None)
+        self.pending.forget(positions)
         if self.redeliver:  # (usually empty: no per-message call then)
             discard = self.redeliver.discard
             for pos in positions:
                 discard(pos)
         if counts and self.redelivery_counts:
-            drop = self.redelivery_counts.pop
-            for pos in positions:
-                drop(pos, None)
+            deque(map(self.redelivery_counts.pop, positions, repeat(None)), 0)
 
     # -- the task -----------------------------------------------------------------
 
@@ -417,12 +416,13 @@ class Dispatcher:
             if entry.entry_id < self.read_entry:
                 continue  # a concurrent step already sent it
             n = entry_count(entry.meta)
-            if n > 0 and self.uncommitted is not None and entry_kind(entry.meta) != DATA:
+            marker = entry_kind(entry.meta) == COMMIT_MARKER
+            if n > 0 and marker and self.uncommitted is not None:
                 n = 0  # a commit marker: read uncommitted, its messages went already
             if n > 0:
                 if self._pick() is None:
                     break
-                if entry_kind(entry.meta) != DATA:
+                if marker:
                     # Resolve a commit marker into its messages (one task per
                     # subscription: nothing else moves read_entry).
                     entry = Entry(entry.entry_id, entry.meta, await part.materialize(entry))
@@ -537,7 +537,7 @@ class Dispatcher:
         fetched: dict[int, Entry | None] = dict.fromkeys(entry_ids)
         committed = [e for e in entry_ids if e >= -1]
         for entry in (await read_runs(part.ledger, committed, READ_BATCH)).values():
-            if entry_kind(entry.meta) != DATA:
+            if entry_kind(entry.meta) == COMMIT_MARKER:
                 entry = Entry(entry.entry_id, entry.meta, await part.materialize(entry))
             fetched[entry.entry_id] = entry
         buffer = self._buffer
@@ -578,8 +578,10 @@ class Dispatcher:
     ) -> None:
         entry_id = entry.entry_id
         delivered = indexes if indexes else range(n)
-        # (entry_id, i) -> consumer for each i, without a Python loop.
-        self.pending.update(zip(zip(repeat(entry_id), delivered), repeat(consumer)))
+        if indexes:
+            self.pending.deliver(entry_id, indexes, consumer)
+        else:
+            self.pending.deliver_range(entry_id, 0, n - 1, consumer)
         consumer.permits -= len(delivered)
         self.messages_out += len(delivered)
         self.bytes_out += len(entry.data)

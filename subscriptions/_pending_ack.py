@@ -38,10 +38,13 @@ from subscriptions._cursor import (
     SNAPSHOT_EVERY,
     TXN_ABORT,
     TXN_ACK,
+    TXN_ACKED,
     TXN_COMMIT,
     AckConflict,
     AckRecord,
     Cursor,
+    Range,
+    RangeSet,
     check_txn,
     replay_cursor,
     snapshot_then_trim,
@@ -186,7 +189,8 @@ class PendingAckLog:
         the state it was checked against. Plain and transactional acks
         change the messages they name (a cumulative one, all up to its
         bound); a transaction's commit or abort only the messages it holds,
-        which are not PENDING or are named by its acks in flight; a reset
+        which are not PENDING or are named by its acks in flight; a local
+        transaction's TXN_ACKED only the messages it locked already; a reset
         every message."""
         if not self._inflight:
             return True
@@ -204,6 +208,50 @@ class PendingAckLog:
                 if not mine.isdisjoint(record.positions):
                     return False
         return True
+
+    # -- a local transaction's acks (docs/architecture.md) -------------------------
+
+    def check_acked(self, txn: TxnID, ranges: Sequence[Range]) -> None:
+        """Before a local transaction's commit: raise TRANSACTION_CONFLICT
+        (nothing changed) unless every message of ``ranges`` (sorted,
+        apart, existing) is PENDING now and no record in flight can change
+        it before a TXN_ACKED record queued now is applied."""
+        txn = self._check_txn(txn)
+        try:
+            self.cursor.check_ranges(ranges, txn)
+        except AckConflict as exc:
+            raise self._conflict(exc) from exc
+        if self._inflight and not self._ranges_unaffected(ranges):
+            raise refusals.TransactionConflict(
+                f"{self._where}: an acknowledgement or reset of these messages is being "
+                "written; nothing changed",
+            )
+
+    def _ranges_unaffected(self, ranges: Sequence[Range]) -> bool:
+        """`_unaffected_by_inflight` of ``ranges``."""
+        mine = RangeSet()
+        for r in ranges:
+            mine.add_range(*r)
+        first = ranges[0][:2] if ranges else (0, 0)
+        for record in self._inflight:
+            if record.kind == SNAPSHOT:
+                return False
+            if record.kind == CUMULATIVE:
+                if max(record.positions) >= first:
+                    return False
+            elif record.kind in (INDIVIDUAL, TXN_ACK):
+                if any(pos in mine for pos in record.positions):
+                    return False
+        return True
+
+    def queue_acked(self, txn: TxnID, ranges: tuple[Range, ...]) -> asyncio.Future[list[Position]]:
+        """A local transaction's acks of ``ranges``, checked by
+        `check_acked` in this turn of the loop: lock them in PENDING_ACK now
+        (in memory: a concurrent transaction's ack conflicts, dispatch holds
+        them back), and queue the TXN_ACKED record that commits them; they
+        are DELETED once it is durable. The result is what changed."""
+        self.cursor.lock_ranges(ranges, txn)
+        return self._persist(AckRecord(TXN_ACKED, (), txn, True, ranges))
 
     async def end_txn(self, txn: TxnID, commit: bool) -> None:
         """EndTxnOnSubscription: commit (DELETED) or abort (PENDING) ``txn``'s
@@ -315,6 +363,7 @@ class PendingAckLog:
                 self._partition.ledger.last_entry_id,
                 record.txn,
                 record.checked,
+                record.ranges,
             )
             self.on_applied(record, changed)
         except Exception as exc:
@@ -339,7 +388,10 @@ class PendingAckLog:
         last = self._partition.ledger.last_entry_id
         for record in self._inflight:
             try:
-                state.apply(record.kind, record.positions, self.count, last, record.txn)
+                state.apply(
+                    record.kind, record.positions, self.count, last, record.txn,
+                    ranges=record.ranges,
+                )  # fmt: skip
             except InvalidAckTransition:
                 pass  # refused, as it will be when applied: it changes nothing
         snapshot_then_trim(self.ledger, state.snapshot(), SNAPSHOT)

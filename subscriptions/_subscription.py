@@ -12,13 +12,13 @@ their positions have an entry id below -1.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import cast
 
 from buffer import Partition, Position
 from ledger import Ledger
 from proto import TxnID, refusals
-from subscriptions._cursor import WHOLE_ENTRY, Cursor
+from subscriptions._cursor import WHOLE_ENTRY, Cursor, Range
 from subscriptions._dispatch import Consumer, Dispatcher, SubType
 from subscriptions._pending_ack import PendingAckLog
 from subscriptions._state import MsgState
@@ -156,7 +156,7 @@ class PartitionSubscription:
         return self.dispatch.sub_type
 
     @property
-    def pending(self) -> dict[Position, Consumer]:
+    def pending(self) -> Mapping[Position, Consumer]:
         """Messages delivered and not acknowledged, and their consumers."""
         return self.dispatch.pending
 
@@ -211,6 +211,28 @@ class PartitionSubscription:
                 "cumulative acknowledgement is not allowed on a shared subscription"
             )
         await self.acks.ack(positions, cumulative, txn, early)
+
+    def check_acked(self, txn: TxnID, ranges: list[Range]) -> None:
+        """Before a local transaction's commit: raise (`proto.refusals`,
+        nothing changed) unless every message of ``ranges`` ((entry id,
+        first index, last index), sorted and apart) is stored, PENDING here
+        and may be locked now (`PendingAckLog.check_acked`)."""
+        for entry_id, first, last in ranges:
+            if entry_id < -1:
+                raise refusals.NotAllowed(
+                    "a message read uncommitted (from the transaction buffer) takes only a "
+                    "plain individual acknowledgement",
+                )
+            if first < 0 or last < first or not self.partition.exists((entry_id, last)):
+                raise refusals.UnknownMessageId(
+                    f"no messages {self.partition.index}:{entry_id}:{first}..{last} on "
+                    f"{self.partition.name} (subscription {self.name!r})",
+                )
+        self.acks.check_acked(txn, ranges)
+
+    def queue_acked(self, txn: TxnID, ranges: list[Range]) -> asyncio.Future[list[Position]]:
+        """`PendingAckLog.queue_acked` of ranges `check_acked` passed."""
+        return self.acks.queue_acked(txn, tuple(ranges))
 
     async def end_txn(self, txn: TxnID, commit: bool) -> None:
         """EndTxnOnSubscription: `PendingAckLog.end_txn`."""

@@ -40,6 +40,14 @@ One path per request:
   the decision is logged; waiting until the participants have queued their
   markers means a client's next send lands after them, and a consumer sees
   the committed messages once commit() returns.
+- A local transaction's commit (`commit_local`): the broker checks its
+  sends and acks, queues them, and this coordinator queues the one record
+  that commits it (OPEN -> COMMITTED, naming its participants) behind them,
+  in the same turn: one group commit holds the transaction's writes and its
+  outcome, so a crash leaves all of it or none of it, and there is nobody
+  to tell afterwards. `local_commit_check` tells a first commit (the
+  transaction is OPEN) from a retry whose answer was lost (it is COMMITTED:
+  answered once durable, nothing written twice).
 - Timeouts: OPEN transactions past their deadline are aborted, and so are
   PREPARED ones past their prepared timeout, if they were opened with one
   (a sorted index of deadlines in the table, one timer).
@@ -61,11 +69,12 @@ import asyncio
 import functools
 import logging
 import time
+from collections.abc import Callable
 
-from ledger import LedgerStore, all_of, resolved, then
+from ledger import LedgerStore, all_of, pass_failure, resolved, then
 from proto import TxnID, wire_txnid
 from tc._epoch_mode import ProducerEpochMode, ProducerSettings
-from tc._log import TxnLog
+from tc._log import TxnLog, apply_record
 from tc._participants import (
     END_WAIT,
     Participant,
@@ -119,6 +128,8 @@ class TransactionCoordinator:
         # Transactions opened as a client's spare (`new_txn(spare=True)`),
         # newest last, at most MAX_SPARES_KEPT: memory only (`is_spare`).
         self._spares: dict[TxnID, None] = {}
+        # Local transactions' commits not durable yet (`commit_local`).
+        self._local_writes: dict[TxnID, asyncio.Future[int]] = {}
         # Transactions opened, ended (committed / aborted, the timed out
         # ones among the aborted) since start, for stats.
         self.txns_begun = 0
@@ -230,12 +241,34 @@ class TransactionCoordinator:
                 del self._spares[next(iter(self._spares))]
         return txnid
 
+    def new_producer_txn(
+        self,
+        timeout_ms: int,
+        producer: tuple[int, int],
+        two_phase: bool,
+        carry: Callable[[TxnID], Record],
+        lazy: bool,
+    ) -> tuple[TxnID, asyncio.Future[int]]:
+        """Open a producer's transaction (the producer-epoch mode) with one
+        NEW record that also carries the registry's change ``carry(txnid)``
+        makes (its ongoing transaction), applied with it live and on replay
+        (`tc._log.apply_record`); the id, and the record's write (``lazy``:
+        see `ledger.Ledger.append`)."""
+        rec = self._table.new(timeout_ms, now_ms(), producer, two_phase)
+        txnid = self._table.next_txnid()
+        rec.producer.CopyFrom(carry(txnid).producer)
+        self.txns_begun += 1
+        written = self.log_record(rec, lazy=lazy)
+        self._arm_for(txnid)
+        return txnid, written
+
     def is_spare(self, txnid: TxnID) -> bool:
         """Whether ``txnid`` is a spare nobody has used yet, as far as this
         coordinator can tell: opened ahead for a client, still OPEN, with no
         partition or subscription. (A client takes a spare without telling
         the coordinator, so a taken one looks the same until its first send
-        or acknowledgement.) Not kept across a restart."""
+        or acknowledgement reaches the broker: a local transaction's, until
+        its commit.) Not kept across a restart."""
         meta = self._table.txns.get(txnid)
         return (
             txnid in self._spares
@@ -283,6 +316,67 @@ class TransactionCoordinator:
         if not commit:
             return self._abort_by_coordinator(meta, TxnEvent.ABORT)
         return self.decide(meta, TxnEvent.COMMIT)
+
+    def local_commit_check(self, txnid: TxnID, commit_id: int) -> asyncio.Future[None] | None:
+        """Before a local transaction's commit (COMMIT_TXN) numbered
+        ``commit_id``: None if ``txnid`` may commit in one record now
+        (`TxnTable.may_commit_local`); a future done once its commit is
+        durable if this commit was written already (a retry whose answer was
+        lost: nothing is written again); raises otherwise (aborted, timed
+        out, unknown, committed by another commit, ...), changing nothing."""
+        meta = self._table.live(txnid)
+        if meta.status in (TxnStatus.COMMITTING, TxnStatus.COMMITTED):
+            if meta.commit_id != commit_id:
+                raise InvalidTxnStatusError(
+                    meta.status,
+                    f"commit {txnid} with commit id {commit_id} (another commit ended it)",
+                )
+            written = self._local_writes.get(txnid)
+            if written is None:
+                return self.when_applied(txnid)
+            answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+            def durable(f: asyncio.Future[int]) -> None:
+                if not pass_failure(f, answered) and not answered.done():
+                    answered.set_result(None)
+
+            written.add_done_callback(durable)
+            return answered
+        if meta.status is TxnStatus.OPEN:
+            self._table.may_commit_local(txnid, now_ms())
+            return None
+        if meta.timed_out:
+            raise TxnTimeoutError(meta.status, "commit (it timed out and was aborted)")
+        if txnid in self._aborted_at_start:
+            raise InvalidTxnStatusError(
+                meta.status,
+                "commit (it was open when the coordinator restarted, so it was aborted)",
+            )
+        raise InvalidTxnStatusError(meta.status, TxnEvent.COMMIT)
+
+    def commit_local(
+        self,
+        txnid: TxnID,
+        partitions: list[tuple[str, int]],
+        subscriptions: list[tuple[str, str]],
+        commit_id: int,
+    ) -> asyncio.Future[int]:
+        """Commit a local transaction: append its one record (OPEN ->
+        COMMITTED, naming ``partitions`` and ``subscriptions`` and the
+        commit's number ``commit_id``), right behind the writes the caller
+        queued for it in this turn of the loop, so they share one group
+        commit; done once it is durable. The transaction is COMMITTED here
+        at once: a retry, or a timeout, finds it so. Raises (nothing
+        appended) unless it may (`local_commit_check`)."""
+        rec = self._table.local_commit(txnid, partitions, subscriptions, now_ms(), commit_id)
+        written = self.log_record(rec)
+        self.txns_committed += 1
+        # Until it is durable, a retry waits for it (and an END of it, as
+        # for any decided transaction, waits until it is applied).
+        self._local_writes[txnid] = written
+        self._channel.applied_with(txnid, written)
+        written.add_done_callback(lambda _: self._local_writes.pop(txnid, None))
+        return written
 
     def prepare_txn(self, txnid: TxnID) -> asyncio.Future[int]:
         """KIP-939's prepare of an OPEN transaction: log PREPARED (naming
@@ -341,11 +435,18 @@ class TransactionCoordinator:
 
     # -- decisions ------------------------------------------------------------------
 
-    def decide(self, meta: TxnMeta, event: TxnEvent) -> asyncio.Future[None]:
+    def decide(
+        self, meta: TxnMeta, event: TxnEvent, producer: Record | None = None
+    ) -> asyncio.Future[None]:
         """Log the decision (``event``: COMMIT, ABORT, TIMEOUT) on an
         undecided transaction and tell its participants; the result as
-        `end_txn`'s."""
-        logged = self.log_record(self._table.decide(meta.txnid, event, now_ms()))
+        `end_txn`'s. ``producer``: the registry's change that goes with the
+        decision (a producer's END or abort bumps its identity), carried in
+        the same record."""
+        rec = self._table.decide(meta.txnid, event, now_ms())
+        if producer is not None:
+            rec.producer.CopyFrom(producer.producer)
+        logged = self.log_record(rec)
         self._channel.tell(meta, self._end_of(meta), logged)
         return self._channel.answer(meta.txnid, logged)
 
@@ -370,14 +471,12 @@ class TransactionCoordinator:
     def _abort_by_coordinator(self, meta: TxnMeta, event: TxnEvent) -> asyncio.Future[None]:
         """Abort ``meta`` (a timeout, a restart, an operator): decide, and if
         it is a producer's ongoing transaction, bump that producer's
-        identity, so a late write of it is refused and its client learns it
-        may abort and go on (TRANSACTION_ABORTABLE)."""
-        decided = self.decide(meta, event)
+        identity in the same record, so a late write of it is refused and
+        its client learns it may abort and go on (TRANSACTION_ABORTABLE)."""
+        bumped = None
         if meta.producer is not None:
-            rec = self._producers.coordinator_abort(meta.txnid, meta.producer[0], now_ms())
-            if rec is not None:
-                self.log_record(rec)
-        return decided
+            bumped = self._producers.coordinator_abort(meta.txnid, meta.producer[0], now_ms())
+        return self.decide(meta, event, bumped)
 
     def _finished(self, meta: TxnMeta) -> None:
         """Every participant applied the decision on ``meta``, which is
@@ -505,7 +604,7 @@ class TransactionCoordinator:
         durability order); the result is done once it is durable. ``lazy``:
         nobody waits for it soon (see `ledger.Ledger.append`)."""
         written = self._log.append(rec, lazy)
-        self._table.apply(rec) or self._producers.apply(rec)
+        apply_record(self._table, self._producers, rec)
         if self._log.snapshot_due():
             self._log.write_snapshot(self._table, self._producers)
         return written

@@ -20,6 +20,10 @@ coordinator is `Transactions` (`tc.TransactionCoordinator` is one).
 - PREPARE (`prepare_producer_txn`, KIP-939) and END (`end_producer_txn`):
   decide the ongoing transaction through the coordinator and bump the
   identity (KIP-890), one record each.
+- A transaction's begin and its end are one coordinator record each: the
+  NEW record carries the registry's change (the ongoing transaction), the
+  decision (an END's, or the coordinator's abort) the next identity
+  (`tc._log.apply_record` applies both parts, live and on replay).
 - Transactional ids idle longer than the expiration are forgotten (a timer).
 """
 
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -90,9 +95,23 @@ class Transactions(Protocol):
 
     def prepare_txn(self, txnid: TxnID) -> asyncio.Future[int]: ...
 
-    def decide(self, meta: TxnMeta, event: TxnEvent) -> asyncio.Future[None]:
-        """Log the decision on an undecided transaction and tell its
-        participants; done as END's answer."""
+    def new_producer_txn(
+        self,
+        timeout_ms: int,
+        producer: tuple[int, int],
+        two_phase: bool,
+        carry: Callable[[TxnID], Record],
+        lazy: bool,
+    ) -> tuple[TxnID, asyncio.Future[int]]:
+        """Open a producer's transaction with one NEW record that carries
+        the registry's change ``carry(txnid)`` too; the id and its write."""
+
+    def decide(
+        self, meta: TxnMeta, event: TxnEvent, producer: Record | None = None
+    ) -> asyncio.Future[None]:
+        """Log the decision on an undecided transaction (with the registry's
+        change ``producer`` in the same record) and tell its participants;
+        done as END's answer."""
 
     def when_applied(self, txnid: TxnID) -> asyncio.Future[None]:
         """Done once the decision on ``txnid`` (durable) is applied (END's
@@ -114,7 +133,7 @@ class ProducerEpochMode:
         self.settings = settings
         self._initializing: set[str] = set()  # transactional ids in InitProducerId now
         # Producers' transactions whose begin is not durable yet: the write of
-        # the registry record that names them ongoing (`producer_begin`).
+        # the NEW record that names them ongoing (`producer_begin`).
         self._begins: dict[TxnID, asyncio.Future[int]] = {}
         self._expiry: asyncio.TimerHandle | None = None
         self._closed = False
@@ -245,13 +264,14 @@ class ProducerEpochMode:
     def _begin(self, entry: ProducerEntry, producer_id: int, epoch: int, lazy: bool) -> TxnID:
         """Open the producer's next transaction and log it as its ongoing one
         (``lazy``: see `ledger.Ledger.append`)."""
-        txnid = self.txns.new_txn(
+        # One NEW record carries the begin (its registry change) too.
+        txnid, written = self.txns.new_producer_txn(
             0 if entry.two_phase else entry.timeout_ms,
-            producer=entry.identity,
-            two_phase=entry.two_phase,
+            entry.identity,
+            entry.two_phase,
+            lambda txnid: self.registry.begin(entry, txnid, producer_id, epoch, now_ms()),
+            lazy,
         )
-        rec = self.registry.begin(entry, txnid, producer_id, epoch, now_ms())
-        written = self.txns.log_record(rec, lazy=lazy)
         self._begins[txnid] = written
         written.add_done_callback(lambda _: self._begins.pop(txnid, None))
         return txnid
@@ -385,10 +405,11 @@ class ProducerEpochMode:
                 "it before any of its writes were durable: abort it and begin the next"
             )
         waits: list[asyncio.Future[None] | asyncio.Future[int]] = []
+        decide: TxnMeta | None = None
         if entry.ongoing is not None:
             meta = self.txns.get(entry.ongoing)
             if meta is not None and meta.status in _UNDECIDED:
-                waits.append(self.txns.decide(meta, TxnEvent.COMMIT if commit else TxnEvent.ABORT))
+                decide = meta
             elif meta is not None and same_outcome(meta.status, commit):
                 waits.append(self.txns.when_applied(entry.ongoing))
             else:
@@ -397,7 +418,11 @@ class ProducerEpochMode:
                     "aborted; abort it and begin the next"
                 )
         rec = self.registry.end(entry, producer_id, epoch, commit, bump, now_ms())
-        waits.append(self.txns.log_record(rec))
+        if decide is not None:  # (the decision and the identity's change: one record)
+            event = TxnEvent.COMMIT if commit else TxnEvent.ABORT
+            waits.append(self.txns.decide(decide, event, rec))
+        else:
+            waits.append(self.txns.log_record(rec))
         identity = identity_of(rec)
         return then(all_of(waits), lambda _: identity)
 

@@ -22,10 +22,19 @@ from ledger import Ledger
 from tc._producers import ProducerRegistry
 from tc._table import Record, TxnTable
 
-__all__ = ["SNAPSHOT_EVERY", "TxnLog"]
+__all__ = ["SNAPSHOT_EVERY", "TxnLog", "apply_record"]
 
 SNAPSHOT_EVERY = 10_000  # records between snapshots
 _RECORD, _SNAPSHOT = 0, 1  # ledger meta of the two entry kinds
+
+
+def apply_record(table: TxnTable, registry: ProducerRegistry, rec: Record) -> None:
+    """Apply one record, live and on replay: the table's (NEW, UPDATE, BOOT,
+    GROUP) or the registry's (PRODUCER, PRODUCER_EXPIRED); a NEW or UPDATE
+    of a producer's transaction that carries the producer's entry (its
+    begin, its end) changes the registry too."""
+    if not table.apply(rec) or rec.HasField("producer"):
+        registry.apply(rec)
 
 
 class TxnLog:
@@ -76,7 +85,7 @@ class TxnLog:
         for entry in await ledger.read(start, ledger.last_entry_id):
             if entry.meta == _RECORD:
                 rec = Record.FromString(entry.data)
-                table.apply(rec) or registry.apply(rec)
+                apply_record(table, registry, rec)
                 replayed += 1
         self._since_snapshot = replayed
         return replayed

@@ -202,6 +202,22 @@ class ParticipantChannel:
             return
         self._spawn(self._finish(meta, tells, later, logged))
 
+    def applied_with(self, txnid: TxnID, written: asyncio.Future[int]) -> None:
+        """A decision nobody is told (a local transaction's commit: its
+        writes are in its record's group commit): applied once ``written``
+        is durable; until then an END of it waits (`answer`). Never
+        finished (its record is its end)."""
+        applied: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._applied[txnid] = applied
+
+        def done(f: asyncio.Future[int]) -> None:
+            if not f.cancelled() and f.exception() is None:
+                applied.set_result(None)
+                if self._applied.get(txnid) is applied:
+                    del self._applied[txnid]
+
+        written.add_done_callback(done)
+
     def answer(self, txnid: TxnID, logged: asyncio.Future[int] | None) -> asyncio.Future[None]:
         """END's answer: done once the decision (``logged``, None if durable
         already) is durable and every participant has applied it, or

@@ -423,8 +423,11 @@ class ProducerRegistry:
     # -- changes ----------------------------------------------------------------------
 
     def apply(self, rec: Record) -> bool:
-        """Apply a PRODUCER / PRODUCER_EXPIRED record (live and in recovery)."""
-        if rec.metadata_op == Record.PRODUCER:
+        """Apply a PRODUCER / PRODUCER_EXPIRED record, or the entry a
+        producer's NEW or UPDATE carries (live and in recovery)."""
+        if rec.metadata_op == Record.PRODUCER or (
+            rec.metadata_op in (Record.NEW, Record.UPDATE) and rec.HasField("producer")
+        ):
             self._put(ProducerEntry.from_record(rec.producer))
             return True
         if rec.metadata_op == Record.PRODUCER_EXPIRED:

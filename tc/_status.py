@@ -1,6 +1,7 @@
 """The status of a transaction, as one table (PIP-31 §TxnStatus).
 
     OPEN --COMMIT--> COMMITTING --FINISH--> COMMITTED
+    OPEN --COMMIT_LOCAL-------------------> COMMITTED
     OPEN --ABORT---> ABORTING ----FINISH--> ABORTED
     OPEN --TIMEOUT-> ABORTING
     OPEN --PREPARE-> PREPARED --COMMIT--> COMMITTING
@@ -9,7 +10,10 @@
 
 COMMITTING / ABORTING are logged before any participant is told: from that
 record on the outcome is decided and survives any crash. FINISH is logged
-once every participant has answered. PREPARED (two-phase commit, KIP-939):
+once every participant has answered. COMMIT_LOCAL is a local transaction's
+commit (docs/architecture.md): its writes and this one record share one
+group commit, so the record is both the decision and the end, and there is
+nobody to tell. PREPARED (two-phase commit, KIP-939):
 every write of the transaction is durable and it waits for a decision made
 elsewhere; it survives a restart (an OPEN one is aborted) and times out
 only if it was opened with a prepared timeout (a sink's transaction, whose
@@ -62,6 +66,7 @@ class TxnStatus(enum.StrEnum):
 
 class TxnEvent(enum.StrEnum):
     COMMIT = "COMMIT"
+    COMMIT_LOCAL = "COMMIT_LOCAL"  # a local transaction: its writes and outcome in one record
     ABORT = "ABORT"
     TIMEOUT = "TIMEOUT"
     FINISH = "FINISH"  # every participant has answered
@@ -80,6 +85,7 @@ class InvalidTxnStatusError(Exception):
 
 TRANSITIONS: dict[tuple[TxnStatus, TxnEvent], TxnStatus] = {
     (TxnStatus.OPEN, TxnEvent.COMMIT): TxnStatus.COMMITTING,
+    (TxnStatus.OPEN, TxnEvent.COMMIT_LOCAL): TxnStatus.COMMITTED,
     (TxnStatus.OPEN, TxnEvent.ABORT): TxnStatus.ABORTING,
     (TxnStatus.OPEN, TxnEvent.TIMEOUT): TxnStatus.ABORTING,
     (TxnStatus.OPEN, TxnEvent.PREPARE): TxnStatus.PREPARED,

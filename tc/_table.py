@@ -119,6 +119,8 @@ class TxnMeta:
     # PREPARED (0: for ever).
     tag: str = ""
     prepared_timeout_ms: int = 0
+    # A local transaction's commit: the number its client drew for it.
+    commit_id: int = 0
 
     @property
     def deadline_ms(self) -> int | None:
@@ -150,6 +152,7 @@ class TxnMeta:
             "two_phase": self.two_phase,
             "tag": self.tag,
             "prepared_timeout_ms": self.prepared_timeout_ms,
+            "commit_id": self.commit_id,
         }
 
     @classmethod
@@ -169,6 +172,7 @@ class TxnMeta:
             two_phase=bool(d.get("two_phase", False)),
             tag=str(d.get("tag", "")),
             prepared_timeout_ms=int(d.get("prepared_timeout_ms", 0)),
+            commit_id=int(d.get("commit_id", 0)),
         )
 
 
@@ -335,6 +339,52 @@ class TxnTable:
         for topic, sub in meta.subscriptions:
             rec.subscriptions.add(topic=topic, subscription=sub)
         return rec
+
+    def local_commit(
+        self,
+        txnid: TxnID,
+        partitions: list[tuple[str, int]],
+        subscriptions: list[tuple[str, str]],
+        now_ms: int,
+        commit_id: int,
+    ) -> Record:
+        """The one record of a local transaction's commit (OPEN ->
+        COMMITTED, `TxnEvent.COMMIT_LOCAL`), naming the partitions and
+        subscriptions it wrote and the commit's number: written in the group
+        commit of those writes, it is the decision and the end at once.
+        Raises (nothing built) unless `may_commit_local`."""
+        meta = self.may_commit_local(txnid, now_ms)
+        rec = self._update(meta, transition(meta.status, TxnEvent.COMMIT_LOCAL), now_ms)
+        rec.commit_id = commit_id
+        for topic, index in partitions:
+            rec.partitions.add(topic=topic, partition=index)
+        for topic, sub in subscriptions:
+            rec.subscriptions.add(topic=topic, subscription=sub)
+        return rec
+
+    def may_commit_local(self, txnid: TxnID, now_ms: int) -> TxnMeta:
+        """``txnid``'s record if it may commit as a local transaction now:
+        OPEN and not past its deadline, not a producer's (the producer-epoch
+        mode ends its own), not two-phase, and nothing of it written the
+        full way yet (no participant registered: such writes need their
+        markers). Raises saying why not, changing nothing."""
+        meta = self.open_one(txnid, "commit")
+        if meta.producer is not None or meta.two_phase:
+            raise InvalidTxnStatusError(
+                meta.status,
+                f"commit {txnid} in one record (a producer's or two-phase transaction ends "
+                "through its producer or its prepare) ",
+            )
+        if meta.partitions or meta.subscriptions:
+            raise InvalidTxnStatusError(
+                meta.status,
+                f"commit {txnid} in one record (sends or acks of it were written already: "
+                "end it with END_TXN) ",
+            )
+        deadline = meta.deadline_ms
+        if deadline is not None and now_ms >= deadline:
+            raise TxnTimeoutError(meta.status, "commit (its timeout has passed)")
+        return meta
 
     def finish(self, txnid: TxnID, now_ms: int) -> Record:
         """The end record (COMMITTED / ABORTED) of a decided transaction,
@@ -503,6 +553,8 @@ class TxnTable:
             self.deadlines.discard((deadline, txnid))
         meta.status = new
         meta.timed_out = meta.timed_out or rec.timed_out
+        if rec.commit_id:
+            meta.commit_id = rec.commit_id
         meta.last_modified_ms = max(meta.last_modified_ms, rec.txn_last_modification_time)
         if meta.status.ended:
             del self.txns[txnid]

@@ -104,6 +104,7 @@ async def test_transaction_and_producer_commands(broker: BrokerProcess) -> None:
         producer = await client.create_producer("tx")
         txn = await client.new_transaction(timeout=60)
         await producer.send(b"x", txn=txn)
+        txn.flush()  # (the full path: the broker knows its partition while it is open)
         await producer.flush()  # a transactional send returns once queued
         txnid = str(txn.id)
         listed = ok(broker, "transactions", "list", "--state", "OPEN")

@@ -314,6 +314,7 @@ async def test_reset_is_refused_while_a_transaction_holds_acks(broker: BrokerPro
         await send_each(client, "locked", 3)
         msgs = await take(consumer, 3, ack=False)
         txn = await client.new_transaction(timeout=60)
+        txn.flush()  # (the full path: the ack is written before the commit)
         await consumer.acknowledge(msgs[0], txn=txn)  # (returns once queued)
         await until(lambda: subscription(broker, "locked", "s")["pending_ack"] == 1, "PENDING_ACK")
         status, body = call(

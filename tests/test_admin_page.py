@@ -149,6 +149,7 @@ async def test_page_shows_topic_and_transaction_and_aborts_it(
         txn = await client.new_transaction(timeout=600)
         await producer.send(b"in the transaction", txn=txn)
         await consumer.acknowledge(await consumer.receive(timeout=10), txn=txn)
+        txn.flush()  # (the full path: the broker knows its participants while it is open)
         txnid = str(txn.id)
 
         seen = await asyncio.to_thread(
@@ -213,6 +214,7 @@ async def test_page_shows_a_stuck_transaction_and_skips_its_participant(
             producer = await client.create_producer("out")
             txn = await client.new_transaction(timeout=60)
             await producer.send(b"never applied", txn=txn)
+            txn.flush()  # (the full path: a local commit tells no participant)
             await txn.commit()  # decided; the partition refuses to apply it
             txnid = str(txn.id)
             seen = await asyncio.to_thread(

@@ -225,9 +225,9 @@ async def test_admin_partition_count_cannot_shrink(broker: BrokerProcess) -> Non
     assert status == 404
 
 
-async def test_ack_positions_must_be_whole_triples(broker: BrokerProcess) -> None:
-    """CommandAck.positions: whole (partition, entry, index) triples, at
-    least one; a refused ACK acks nothing."""
+async def test_ack_ranges_must_be_whole_quadruples(broker: BrokerProcess) -> None:
+    """CommandAck.ranges: whole (partition, entry, first, last) quadruples,
+    at least one, none empty or absurdly long; a refused ACK acks nothing."""
     async with Client(broker.url) as client:
         producer = await client.create_producer("triples")
         await producer.send(b"one")
@@ -249,16 +249,20 @@ async def test_ack_positions_must_be_whole_triples(broker: BrokerProcess) -> Non
         assert delivered.type == T.MESSAGE
         entry = delivered.message.entries[0]
         bad = [
-            pb.CommandAck(consumer_id=1, request_id=2, positions=[0, entry.entry_id]),
+            pb.CommandAck(consumer_id=1, request_id=2, ranges=[0, entry.entry_id, 0]),
             pb.CommandAck(consumer_id=1, request_id=3),  # names no message
+            pb.CommandAck(consumer_id=1, request_id=5, ranges=[0, entry.entry_id, 1, 0]),
+            pb.CommandAck(consumer_id=1, request_id=6, ranges=[0, entry.entry_id, 0, 2**40]),
         ]
         for ack in bad:
             answer = await raw.request(T.ACK, "ack", ack)
             assert answer.ack_response.error == pb.INVALID_ARGUMENT, answer
-            assert "triples" in answer.ack_response.message
+            assert "quadruples" in answer.ack_response.message or "range" in (
+                answer.ack_response.message
+            )
         _, body = broker.admin("GET", "/admin/v1/topics/triples/stats")
         assert json.loads(body)["partitions"][0]["subscriptions"]["s"]["backlog"] == 1
-        good = pb.CommandAck(consumer_id=1, request_id=4, positions=[0, entry.entry_id, 0])
+        good = pb.CommandAck(consumer_id=1, request_id=4, ranges=[0, entry.entry_id, 0, 0])
         answer = await raw.request(T.ACK, "ack", good)
         assert answer.type == T.ACK_RESPONSE and not answer.ack_response.HasField("error")
         _, body = broker.admin("GET", "/admin/v1/topics/triples/stats")

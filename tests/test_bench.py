@@ -151,6 +151,7 @@ async def test_txnceiling_free_broker_keeps_transactions_out_of_the_machinery(
                 txn = await client.new_transaction(timeout=60)
                 for i in range(5):
                     producer.send_nowait(b"%d-%d" % (round_, i), txn=txn)
+                txn.flush()  # (the full path: the stand-in replaces its SEND and END)
                 await txn.commit()
                 ids.append(txn.id.least_bits)
             # The first was opened by the coordinator (NEW_TXN), the second
@@ -241,6 +242,35 @@ def test_ctp_benchmark_runs_every_system_installed(tmp_path: Path) -> None:
     )
     assert "- 1 process: " in out  # README loop / fastest loop
     assert out.strip() in results.read_text()
+
+
+@pytest.mark.integration
+def test_ctp_benchmark_runs_a_baseline_checkout_in_the_same_rotation(tmp_path: Path) -> None:
+    """bench.ctp --baseline runs txnbuf's rows again with another
+    checkout's code (here this one, as a folder given by path), checks their
+    output too, and gives each row's ratio to the baseline's; with
+    --stream, both sides' workers on the raw TCP listener."""
+    results = tmp_path / "ctp.md"
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.ctp", "--messages", "1000", "--rounds", "1",
+         "--workers", "1", "--systems", "txnbuf", "--loops", "readme", "--stream",
+         "--baseline", f"other={ROOT}", "--results", str(results)],
+        cwd=ROOT, capture_output=True, text=True, check=True, timeout=180,
+    ).stdout  # fmt: skip
+    rows = [line.split("|")[1].strip() for line in out.splitlines() if line.startswith("| t")]
+    assert rows == ["txnbuf, README loop, 1 process", "txnbuf (other), README loop, 1 process"]
+    assert f"baseline other: txnbuf's rows again with the code of {ROOT}" in out
+    assert "- txnbuf, README loop, 1 process / other: " in out
+    assert "txnbuf's workers connect to the raw TCP listener" in out
+    assert "Every run's output was checked: 1,000 outputs" in out
+
+
+def test_ctp_refuses_a_baseline_that_is_not_a_checkout(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.ctp", "--baseline", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2 and "not a txnbuf checkout" in done.stderr
 
 
 @pytest.mark.integration

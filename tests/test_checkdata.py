@@ -85,22 +85,28 @@ async def run_transactions(broker: BrokerProcess) -> tuple[TxnID, TxnID]:
             "out", "peek", initial_position="earliest", read_uncommitted=True
         )
         producer = await client.create_producer("in")
-        for i in range(8):
+        for i in range(10):
             await producer.send(b"in-%d" % i)
         out = await client.create_producer("out")
-        inputs = [await source.receive(timeout=10) for _ in range(8)]
+        inputs = [await source.receive(timeout=10) for _ in range(10)]
         async with client.transaction(timeout=30) as committed:
+            committed.flush()  # (the full path: markers and sidecar records)
             for i, m in enumerate(inputs[:4]):
                 await out.send(m.value + b"-copied", key=f"k{i}", txn=committed)
             await source.acknowledge(inputs[:4], txn=committed)
         aborted = await client.new_transaction(timeout=30)
-        for i, m in enumerate(inputs[4:]):
+        aborted.flush()
+        for i, m in enumerate(inputs[4:8]):
             await out.send(m.value + b"-dropped", key=f"k{i}", txn=aborted)
-        await source.acknowledge(inputs[4:], txn=aborted)
+        await source.acknowledge(inputs[4:8], txn=aborted)
         await aborted.abort()
-        got = [await sink.receive(timeout=10) for _ in range(4)]
+        async with client.transaction(timeout=30) as local:  # (one COMMIT_TXN)
+            for i, m in enumerate(inputs[8:]):
+                await out.send(m.value + b"-local", key=f"k{i}", txn=local)
+                await source.acknowledge(m, txn=local)
+        got = [await sink.receive(timeout=10) for _ in range(6)]
         await sink.acknowledge(got[:2])
-        seen = [await peek.receive(timeout=10) for _ in range(8)]
+        seen = [await peek.receive(timeout=10) for _ in range(10)]
         await peek.acknowledge(seen)
     await wait_all_ended(broker)
     return (
@@ -341,6 +347,7 @@ def _writer_gone(db: Path, timeout: float = 30.0) -> None:
     [
         "buffer.after_commit_marker",  # a marker on a partition, no TXN_COMMIT yet
         "buffer.after_txn_data_write",  # inside an open transaction
+        "broker.after_local_commit",  # a local transaction durable, not answered
     ],
 )
 async def test_the_data_a_crash_leaves_has_only_informational_findings(
@@ -350,7 +357,8 @@ async def test_the_data_a_crash_leaves_has_only_informational_findings(
     broker.stop()
     broker.env["TXNBUF_FAULT"] = step
     broker.start()
-    copy = asyncio.create_task(run_copy(broker))
+    local = step == "broker.after_local_commit"
+    copy = asyncio.create_task(run_copy(broker, full=not local))
     assert broker.proc is not None
     await asyncio.to_thread(broker.proc.wait, 30)  # the fault killed it
     assert f"SIGKILL at {step}" in broker.log()
@@ -368,6 +376,8 @@ async def test_the_data_a_crash_leaves_has_only_informational_findings(
     kinds = {f.kind for f in report.findings}
     if step == "buffer.after_commit_marker":
         assert {"to-finish", "commit-unrecorded"} <= kinds, report.text()
+    elif local:
+        assert "to-finish" not in kinds, report.text()  # all of it, done (OPEN: its spare)
     else:
         # Open at its coordinator; or decided already, when the client was
         # that fast (see tests/test_txn_crash.py).

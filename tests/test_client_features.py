@@ -180,6 +180,18 @@ async def test_a_conflicting_transactional_ack_is_raised_by_commit(
         consumer = await client.subscribe("in", "s", "shared", initial_position="earliest")
         (msg,) = await consumer.batch_receive(max_messages=1, timeout=5)
         holder, loser = await client.new_transaction(), await client.new_transaction()
+        await consumer.acknowledge(msg, txn=loser)  # returns: held
+        await consumer.acknowledge(msg, txn=holder)
+        await holder.commit()  # (its local commit takes the message first)
+        with pytest.raises(errors.TransactionConflictError):
+            await loser.commit()
+        assert loser.state is TxnState.ABORTED
+        # On the full path, the second ack is refused once the first holds it.
+        holder, loser = await client.new_transaction(), await client.new_transaction()
+        holder.flush()
+        loser.flush()
+        await seeder.send(b"y")
+        (msg,) = await consumer.batch_receive(max_messages=1, timeout=5)
         await consumer.acknowledge(msg, txn=holder)
         await consumer.acknowledge(msg, txn=loser)  # returns: queued
         with pytest.raises(errors.TransactionConflictError):
@@ -343,6 +355,7 @@ async def test_seek_refuses_bad_targets_and_a_subscription_a_transaction_holds(
             with pytest.raises(errors.InvalidInputError):
                 await consumer.seek(bad)  # type: ignore[arg-type]
         txn = await client.new_transaction()
+        txn.flush()  # (the full path: the ack is written before the commit)
         await consumer.acknowledge(msg, txn=txn)
         await asyncio.sleep(0.2)  # (the broker holds it PENDING_ACK)
         with pytest.raises(errors.NotAllowedError, match="PENDING_ACK"):

@@ -49,6 +49,14 @@ async def cli(fake: FakeBroker) -> Any:
         yield c
 
 
+async def full(c: Client, timeout: float = 60.0) -> Transaction:
+    """A transaction on the full path (``flush()``: its sends and acks are
+    framed as they come, and END_TXN ends it), for the tests of that path."""
+    txn = await c.new_transaction(timeout=timeout)
+    txn.flush()
+    return txn
+
+
 def index_of_first(fake: FakeBroker, predicate: Any) -> int:
     return next(i for i, cmd in enumerate(fake.received) if predicate(cmd))
 
@@ -168,7 +176,7 @@ async def test_coordinator_answers_survive_the_link_dying(fake: FakeBroker, cli:
     # The answer comes, then the socket closes at once: a transaction outlives
     # its link, so neither the new transaction nor its end is asked for again.
     fake.close_after = {T.NEW_TXN}
-    txn = await cli.new_transaction()
+    txn = await full(cli)
     assert len(fake.of_type(T.NEW_TXN)) == 1 and len(fake.txns) == 1
     fake.close_after = {T.END_TXN}
     await txn.commit()
@@ -201,7 +209,7 @@ async def test_the_broker_adds_the_participants(fake: FakeBroker, cli: Client) -
     await asyncio.gather(*(producer.send(b"in-%d" % i) for i in range(2)))
     msgs = [await consumer.receive(timeout=5) for _ in range(2)]
     out = await cli.create_producer("out")
-    txn = await cli.new_transaction()
+    txn = await full(cli)
     await asyncio.gather(*(out.send_nowait(b"%d" % i, txn=txn) for i in range(3)))
     await consumer.acknowledge(msgs[0], txn=txn)
     await consumer.acknowledge_cumulative(msgs[1], txn=txn)
@@ -228,7 +236,7 @@ async def test_the_broker_adds_the_participants(fake: FakeBroker, cli: Client) -
 
 async def test_txn_and_plain_messages_never_share_a_frame(fake: FakeBroker, cli: Client) -> None:
     producer = await cli.create_producer("t")
-    a, b = await cli.new_transaction(), await cli.new_transaction()
+    a, b = await full(cli), await full(cli)
     owners = [None, a, b] * 4
     futures = [producer.send_nowait(b"%d" % i, txn=txn) for i, txn in enumerate(owners)]
     await asyncio.gather(*futures)
@@ -272,7 +280,7 @@ async def test_producers_of_one_transaction_on_one_partition_get_their_places(
     turn: each is answered at once with its place in the transaction, and
     the frames go out in that order, so the broker places them there."""
     a, b = await cli.create_producer("t"), await cli.create_producer("t")
-    txn = await cli.new_transaction()
+    txn = await full(cli)
     ids = [await p.send(b"%d" % i, txn=txn) for i, p in enumerate([a, b, a, a, b])]
     assert ids == [MessageId(0, -1, i) for i in range(5)]
     await txn.commit()  # (a place other than the answered one would fail it)
@@ -292,6 +300,7 @@ async def test_awaited_txn_sends_and_acks_share_frames(fake: FakeBroker, cli: Cl
     out = await cli.create_producer("out")
     before = len(fake.received)
     async with cli.transaction() as txn:
+        txn.flush()  # (the full path)
         for msg in batch:
             await out.send(msg.value.upper(), txn=txn)
             await consumer.acknowledge(msg, txn=txn)
@@ -306,7 +315,7 @@ async def test_txn_acks_never_share_a_frame(fake: FakeBroker, cli: Client) -> No
     consumer = await cli.subscribe("t", "s", subscription_type="shared")
     await asyncio.gather(*(producer.send(b"x") for _ in range(6)))
     msgs = [await consumer.receive(timeout=5) for _ in range(6)]
-    a, b = await cli.new_transaction(), await cli.new_transaction()
+    a, b = await full(cli), await full(cli)
     owner_of = dict(zip((m.message_id for m in msgs), [None, a, b] * 2, strict=True))
     await asyncio.gather(*(consumer.acknowledge(mid, txn=t) for mid, t in owner_of.items()))
     acks = fake.acks()
@@ -327,7 +336,7 @@ async def test_txn_acks_never_share_a_frame(fake: FakeBroker, cli: Client) -> No
 
 async def test_commit_waits_for_sends_in_flight(fake: FakeBroker, cli: Client) -> None:
     producer = await cli.create_producer("t")
-    txn = await cli.new_transaction()
+    txn = await full(cli)
     fake.ignore_sends = True
     futures = [producer.send_nowait(b"%d" % i, txn=txn) for i in range(3)]
     cancelled = asyncio.ensure_future(producer.send(b"c", txn=txn))  # framed one turn later
@@ -375,7 +384,7 @@ async def test_conflict_makes_commit_abort_and_raise(fake: FakeBroker, cli: Clie
     consumer = await cli.subscribe("t", "s")
     await producer.send(b"x")
     msg = await consumer.receive(timeout=5)
-    first, second = await cli.new_transaction(), await cli.new_transaction()
+    first, second = await full(cli), await full(cli)
     await consumer.acknowledge(msg, txn=first)
     await consumer.acknowledge(msg, txn=second)  # queued: the broker's answer is the commit's
     await producer.send(b"out", txn=second)  # other work of the doomed transaction
@@ -392,7 +401,7 @@ async def test_conflict_makes_commit_abort_and_raise(fake: FakeBroker, cli: Clie
 
 async def test_failed_send_makes_commit_abort(fake: FakeBroker, cli: Client) -> None:
     producer = await cli.create_producer("t")
-    txn = await cli.new_transaction()
+    txn = await full(cli)
     await producer.send(b"ok", txn=txn)
     fake.send_error = pb.PERSISTENCE_ERROR
     failed = producer.send_nowait(b"lost", txn=txn)
@@ -406,7 +415,7 @@ async def test_failed_send_makes_commit_abort(fake: FakeBroker, cli: Client) -> 
 
 async def test_txn_receipt_without_ids_is_a_protocol_error(fake: FakeBroker, cli: Client) -> None:
     producer = await cli.create_producer("t")
-    txn = await cli.new_transaction()
+    txn = await full(cli)
     fake.ignore_sends = True
     pending = producer.send_nowait(b"x", txn=txn)
     await until(lambda: len(fake.sends()) == 1)
@@ -425,7 +434,7 @@ async def test_abort_goes_right_behind_sends_in_flight(fake: FakeBroker, cli: Cl
     consumer = await cli.subscribe("t", "s")
     await producer.send(b"in")
     msg = await consumer.receive(timeout=5)
-    txn = await cli.new_transaction()
+    txn = await full(cli)
     fake.ignore_sends = True
     await producer.send(b"x", txn=txn)
     await consumer.acknowledge(msg, txn=txn)
@@ -494,7 +503,7 @@ async def test_coordinator_refusal_ends_the_transaction(
     fake: FakeBroker, cli: Client, code: int, cls: type[errors.ServerError], state: TxnState
 ) -> None:
     producer = await cli.create_producer("t")
-    txn = await cli.new_transaction()
+    txn = await full(cli)
     await producer.send(b"x", txn=txn)
     fake.txn_errors[T.END_TXN] = [code]
     with pytest.raises(cls):
@@ -514,7 +523,7 @@ async def test_coordinator_refusal_ends_the_transaction(
 
 async def test_commit_after_an_unknown_outcome_may_be_retried(fake: FakeBroker) -> None:
     async with Client(fake.url, operation_timeout=0.3) as c:
-        txn = await c.new_transaction()
+        txn = await full(c)
         fake.hold = {T.END_TXN}  # the answer never comes
         with pytest.raises(errors.OperationTimeoutError):
             await txn.commit()
@@ -547,6 +556,7 @@ async def test_transaction_block_commits_on_clean_exit(fake: FakeBroker, cli: Cl
     await source.send(b"order")
     msg = await consumer.receive(timeout=5)
     async with cli.transaction(timeout=10) as txn:
+        txn.flush()  # (the full path)
         assert isinstance(txn, Transaction) and txn.state is TxnState.OPEN
         await producer.send(msg.value + b"-billed", txn=txn)
         await consumer.acknowledge(msg, txn=txn)
@@ -571,12 +581,15 @@ async def test_transaction_block_leaves_a_transaction_it_ended(
     fake: FakeBroker, cli: Client
 ) -> None:
     async with cli.transaction() as aborted:
+        aborted.flush()  # (the full path)
         await aborted.abort()
     async with cli.transaction() as committed:
+        committed.flush()  # (the full path)
         await committed.commit()
     assert end_actions(fake) == [pb.ABORT, pb.COMMIT]
     with pytest.raises(errors.TransactionConflictError):  # commit raised: no second END_TXN
         async with cli.transaction() as txn:
+            txn.flush()  # (the full path)
             raise errors.TransactionConflictError("from the block")
     assert txn.state is TxnState.ABORTED and end_actions(fake) == [pb.ABORT, pb.COMMIT, pb.ABORT]
 
@@ -586,7 +599,7 @@ async def test_transaction_block_leaves_a_transaction_it_ended(
 
 async def test_txn_send_in_flight_is_resent_after_reconnect(fake: FakeBroker, cli: Client) -> None:
     producer = await cli.create_producer("t")
-    txn = await cli.new_transaction()
+    txn = await full(cli)
     fake.store_without_receipt = True
     assert await producer.send(b"x", txn=txn) == MessageId(0, -1, 0)
     await until(lambda: len(fake.sends()) == 1)
@@ -604,7 +617,7 @@ async def test_txn_ack_in_flight_is_resent_after_reconnect(fake: FakeBroker, cli
     consumer = await cli.subscribe("t", "s")
     await producer.send(b"x")
     msg = await consumer.receive(timeout=5)
-    txn = await cli.new_transaction()
+    txn = await full(cli)
     original = fake._on_ack
 
     async def swallow(ws: Any, ack: Any) -> None:
@@ -624,7 +637,7 @@ async def test_txn_ack_in_flight_is_resent_after_reconnect(fake: FakeBroker, cli
 
 
 async def test_end_txn_is_retried_after_reconnect(fake: FakeBroker, cli: Client) -> None:
-    txn = await cli.new_transaction()
+    txn = await full(cli)
     fake.hold = {T.END_TXN}
     committing = asyncio.ensure_future(txn.commit())
     await until(lambda: len(fake.of_type(T.END_TXN)) == 1)
@@ -681,7 +694,7 @@ async def answer_with_first_batch_index(fake: FakeBroker, producer: Any, first: 
 
 async def test_receipt_with_too_few_ids_makes_commit_abort(fake: FakeBroker, cli: Client) -> None:
     producer = await cli.create_producer("t")
-    txn = await cli.new_transaction()
+    txn = await full(cli)
     fake.ignore_sends = True
     futures = [producer.send_nowait(b"%d" % i, txn=txn) for i in range(2)]
     await until(lambda: len(fake.sends()) == 1)
@@ -697,7 +710,7 @@ async def test_receipt_with_too_few_ids_makes_commit_abort(fake: FakeBroker, cli
 
 async def test_first_batch_index_answers_every_message(fake: FakeBroker, cli: Client) -> None:
     producer = await cli.create_producer("t")
-    txn = await cli.new_transaction()
+    txn = await full(cli)
     fake.ignore_sends = True
     futures = [producer.send_nowait(b"%d" % i, txn=txn) for i in range(3)]
     assert [f.result() for f in futures] == [MessageId(0, -1, i) for i in range(3)]
@@ -713,7 +726,7 @@ async def test_places_other_than_the_answered_ones_make_commit_abort(
     """The client answers a transactional send with its place at once; a
     broker that placed the messages elsewhere fails the transaction."""
     producer = await cli.create_producer("t")
-    txn = await cli.new_transaction()
+    txn = await full(cli)
     fake.ignore_sends = True
     futures = [producer.send_nowait(b"%d" % i, txn=txn) for i in range(3)]
     await until(lambda: len(fake.sends()) == 1)
@@ -727,7 +740,7 @@ async def test_places_other_than_the_answered_ones_make_commit_abort(
 
 async def test_first_batch_index_zero_is_not_a_missing_id(fake: FakeBroker, cli: Client) -> None:
     producer = await cli.create_producer("t")
-    txn = await cli.new_transaction()
+    txn = await full(cli)
     fake.ignore_sends = True
     future = producer.send_nowait(b"x", txn=txn)
     await until(lambda: len(fake.sends()) == 1)
@@ -749,28 +762,28 @@ def open_txns(fake: FakeBroker) -> list[tuple[int, int]]:
 
 async def test_ending_a_transaction_asks_for_the_next_one(fake: FakeBroker, cli: Client) -> None:
     fake.tc_ids = []
-    first = await cli.new_transaction(timeout=30)
+    first = await full(cli, 30)
     assert fake.types().count("NEW_TXN") == 1
     await first.commit()
     (end,) = [cmd.end_txn for cmd in fake.of_type(T.END_TXN)]
     assert end.next_txn_ttl_ms == 30_000 and end.next_tc_id == 0
     (spare,) = open_txns(fake)
-    second = await cli.new_transaction(timeout=30)
+    second = await full(cli, 30)
     assert txn_key(second) == spare and fake.types().count("NEW_TXN") == 1  # nothing sent
     assert second.timeout == 30 and second.state is TxnState.OPEN
     await second.abort()  # an abort asks for a spare too
     assert fake.of_type(T.END_TXN)[-1].end_txn.next_txn_ttl_ms == 30_000
-    third = await cli.new_transaction(timeout=30)
+    third = await full(cli, 30)
     assert fake.types().count("NEW_TXN") == 1 and txn_key(third) not in (spare, txn_key(first))
 
 
 async def test_spares_go_round_robin_over_the_coordinators(fake: FakeBroker) -> None:
     fake.tc_ids = [3, 7]
     async with Client(fake.url, operation_timeout=5.0) as c:
-        txn = await c.new_transaction()
+        txn = await full(c)
         for _ in range(3):
             await txn.commit()
-            txn = await c.new_transaction()
+            txn = await full(c)
     assert [cmd.new_txn.tc_id for cmd in fake.of_type(T.NEW_TXN)] == [3]
     assert [cmd.end_txn.next_tc_id for cmd in fake.of_type(T.END_TXN)][:3] == [7, 3, 7]
 
@@ -785,13 +798,13 @@ async def test_a_spare_is_only_for_the_same_timeout(fake: FakeBroker, cli: Clien
 async def test_a_failed_end_brings_no_spare_and_its_retry_asks_for_none(
     fake: FakeBroker, cli: Client
 ) -> None:
-    txn = await cli.new_transaction(timeout=30)
+    txn = await full(cli, 30)
     fake.txn_errors[T.END_TXN] = [pb.SERVICE_NOT_READY]  # retriable: END is sent again
     await txn.commit()
     asked = [cmd.end_txn.HasField("next_txn_ttl_ms") for cmd in fake.of_type(T.END_TXN)]
     assert asked == [True, False]
     assert open_txns(fake) == []  # (the fake, like the broker, opens none for a failed END)
-    await cli.new_transaction(timeout=30)
+    await full(cli, 30)
     assert fake.types().count("NEW_TXN") == 2
 
 
@@ -799,7 +812,7 @@ async def test_spares_asked_for_are_bounded(
     fake: FakeBroker, cli: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(client._spares, "MAX_SPARES", 3)
-    txns = [await cli.new_transaction(timeout=30) for _ in range(5)]
+    txns = [await full(cli, 30) for _ in range(5)]
     fake.hold = {T.END_TXN}
     commits = [asyncio.ensure_future(t.commit()) for t in txns]
     await until(lambda: len(fake.of_type(T.END_TXN)) == 5)
@@ -811,7 +824,7 @@ async def test_spares_asked_for_are_bounded(
     assert len(open_txns(fake)) == 3
     await asyncio.gather(*(cli.new_transaction(timeout=30) for _ in range(3)))
     assert fake.types().count("NEW_TXN") == 5  # all three were spares
-    await (await cli.new_transaction(timeout=30)).commit()  # room again: it asks
+    await (await full(cli, 30)).commit()  # room again: it asks
     assert fake.of_type(T.END_TXN)[-1].end_txn.HasField("next_txn_ttl_ms")
 
 
@@ -878,7 +891,7 @@ async def test_close_aborts_the_spares(fake: FakeBroker) -> None:
 
 async def test_a_commit_is_written_right_behind_its_sends(fake: FakeBroker, cli: Client) -> None:
     producer = await cli.create_producer("t")
-    txn = await cli.new_transaction()
+    txn = await full(cli)
     futures = [producer.send_nowait(b"%d" % i, txn=txn) for i in range(3)]
     await txn.commit()
     (end,) = fake.of_type(T.END_TXN)
@@ -891,7 +904,7 @@ async def test_a_commit_is_written_right_behind_its_sends(fake: FakeBroker, cli:
 
 async def test_a_commit_refused_behind_a_failed_send_aborts(fake: FakeBroker, cli: Client) -> None:
     producer = await cli.create_producer("t")
-    txn = await cli.new_transaction()
+    txn = await full(cli)
     fake.send_error = pb.TOPIC_NOT_FOUND
     producer.send_nowait(b"x", txn=txn)
     with pytest.raises(errors.TopicNotFoundError):  # the send's error, not the refusal
@@ -906,7 +919,7 @@ async def test_a_commit_refused_without_a_failed_send_aborts_too(
     fake: FakeBroker, cli: Client
 ) -> None:
     producer = await cli.create_producer("t")
-    txn = await cli.new_transaction()
+    txn = await full(cli)
     producer.send_nowait(b"x", txn=txn)
     fake.txn_errors[T.END_TXN] = [pb.NOT_ALLOWED]
     with pytest.raises(errors.NotAllowedError):
@@ -921,7 +934,7 @@ async def test_a_commit_behind_sends_cut_off_is_asked_again_after_them(
     client waits for the sends (re-sent on the new link), then sends END
     COMMIT again, not right behind them."""
     producer = await cli.create_producer("t")
-    txn = await cli.new_transaction()
+    txn = await full(cli)
     producer.send_nowait(b"x", txn=txn)
     fake.hold = {T.END_TXN}
     committing = asyncio.ensure_future(txn.commit())
@@ -931,3 +944,254 @@ async def test_a_commit_behind_sends_cut_off_is_asked_again_after_them(
     await committing
     assert [cmd.end_txn.after_ops for cmd in fake.of_type(T.END_TXN)] == [True, False]
     assert txn.state is TxnState.COMMITTED and fake.stored("t") == [b"x"]
+
+
+# --- the local path: held until one COMMIT_TXN -------------------------------------
+
+
+def commits(fake: FakeBroker) -> list[pb.CommandCommitTxn]:
+    return [cmd.commit_txn for cmd in fake.of_type(T.COMMIT_TXN)]
+
+
+async def seeded(fake: FakeBroker, cli: Client, n: int, topic: str = "t") -> tuple[Any, list[Any]]:
+    producer = await cli.create_producer(topic)
+    consumer = await cli.subscribe(topic, "s")
+    await asyncio.gather(*(producer.send(b"%d" % i) for i in range(n)))
+    return consumer, [await consumer.receive(timeout=5) for _ in range(n)]
+
+
+async def test_the_readme_loop_is_one_commit_frame(fake: FakeBroker, cli: Client) -> None:
+    """Sends and acks are held until the commit, which carries them, the
+    acks as ranges, and the ask for the next transaction: one frame, one
+    answer; no SEND, ACK or END_TXN."""
+    consumer, batch = await seeded(fake, cli, 5)
+    out = await cli.create_producer("out")
+    async with cli.transaction(timeout=30) as txn:
+        before = len(fake.received)
+        for msg in batch:
+            assert await out.send(msg.value.upper(), txn=txn) == MessageId(0, -1, int(msg.value))
+            await consumer.acknowledge(msg, txn=txn)
+        await asyncio.sleep(0.05)
+        assert len(fake.received) == before  # nothing sent yet
+    sent = [cmd.type for cmd in fake.received[before:] if cmd.type != T.FLOW]
+    assert sent == [T.COMMIT_TXN]
+    (commit,) = commits(fake)
+    assert (commit.txnid_most_bits, commit.txnid_least_bits) == txn.id
+    (send,) = commit.sends
+    assert send.producer_id == out.producer_id and send.partition == 0
+    assert [m.payload for m in messages_of(send)] == [b"0", b"1", b"2", b"3", b"4"]  # type: ignore[arg-type]
+    assert send.HasField("first_sequence_id")
+    (acks,) = commit.acks
+    first = batch[0].message_id
+    assert acks.consumer_id == consumer.consumer_id
+    assert list(acks.ranges) == [first.partition, first.entry_id, 0, 4]  # one range
+    assert commit.next_txn_ttl_ms == 30_000
+    assert txn.state is TxnState.COMMITTED and fake.txn(txn.id).status == "COMMITTED"
+    assert fake.stored("out") == [b"0", b"1", b"2", b"3", b"4"]
+    assert not fake.subs["t", "s"].unacked
+    assert len(open_txns(fake)) == 1  # the spare
+    assert not txn._held_sends and not txn._held_acks and not out._held_in
+
+
+async def test_held_sends_keep_their_places_across_producers(fake: FakeBroker, cli: Client) -> None:
+    a, b = await cli.create_producer("t"), await cli.create_producer("t")
+    txn = await cli.new_transaction()
+    ids = [await p.send(b"%d" % i, txn=txn) for i, p in enumerate([a, b, a, a, b])]
+    assert ids == [MessageId(0, -1, i) for i in range(5)]
+    await txn.commit()
+    (commit,) = commits(fake)
+    owners = [s.producer_id for s in commit.sends]
+    assert owners == [a.producer_id, b.producer_id, a.producer_id, b.producer_id]
+    assert [len(messages_of(s)) for s in commit.sends] == [1, 1, 2, 1]  # type: ignore[arg-type]
+    placed = [single.payload for _, single in fake.txn(txn.id).buffers["t", 0]]
+    assert placed == [b"0", b"1", b"2", b"3", b"4"]
+
+
+async def test_acks_held_out_of_order_make_several_ranges(fake: FakeBroker, cli: Client) -> None:
+    consumer, batch = await seeded(fake, cli, 6)
+    txn = await cli.new_transaction()
+    for i in (0, 1, 2, 4, 5, 3):
+        await consumer.acknowledge(batch[i], txn=txn)
+    await txn.commit()
+    (commit,) = commits(fake)
+    e = batch[0].message_id.entry_id
+    assert list(commit.acks[0].ranges) == [0, e, 0, 2, 0, e, 4, 5, 0, e, 3, 3]
+    assert not fake.subs["t", "s"].unacked
+
+
+async def test_a_refused_commit_aborts_and_asks_for_its_messages_again(
+    fake: FakeBroker, cli: Client
+) -> None:
+    """Nothing was written: the client aborts (END_TXN ABORT), asks for the
+    messages it had acknowledged again, and raises the refusal."""
+    consumer, (msg,) = await seeded(fake, cli, 1)
+    holder = await full(cli)
+    await consumer.acknowledge(msg, txn=holder)  # PENDING_ACK in another transaction
+    await until(lambda: len(fake.pending_acks) == 1)
+    txn = await cli.new_transaction()
+    await consumer.acknowledge(msg, txn=txn)
+    with pytest.raises(errors.TransactionConflictError):
+        await txn.commit()
+    assert txn.state is TxnState.ABORTED and fake.txn(txn.id).status == "ABORTED"
+    assert end_actions(fake) == [pb.ABORT]
+    (redeliver,) = fake.of_type(T.REDELIVER_UNACKNOWLEDGED)
+    assert [tuple(m.ListFields()) for m in redeliver.redeliver_unacknowledged.message_ids]
+    assert redeliver.redeliver_unacknowledged.message_ids[0].entry_id == msg.message_id.entry_id
+    await holder.commit()
+    assert not fake.subs["t", "s"].unacked
+
+
+@pytest.mark.parametrize(
+    ("code", "cls", "state"),
+    [
+        (pb.TRANSACTION_TIMEOUT, errors.TransactionTimeoutError, TxnState.ABORTED),
+        (pb.TRANSACTION_NOT_FOUND, errors.TransactionNotFoundError, TxnState.ENDED),
+        (pb.INVALID_TXN_STATUS, errors.InvalidTxnStatusError, TxnState.ENDED),
+    ],
+)
+async def test_a_commit_the_coordinator_refuses_ends_the_transaction(
+    fake: FakeBroker, cli: Client, code: int, cls: type[errors.ServerError], state: TxnState
+) -> None:
+    producer = await cli.create_producer("t")
+    txn = await cli.new_transaction()
+    await producer.send(b"x", txn=txn)
+    fake.txn_errors[T.COMMIT_TXN] = [code]
+    with pytest.raises(cls):
+        await txn.commit()
+    assert txn.state is state and not txn._held_sends
+    with pytest.raises(errors.InvalidTxnStatusError):
+        await producer.send(b"y", txn=txn)
+    assert len(commits(fake)) == 1 and not fake.of_type(T.END_TXN) and fake.stored("t") == []
+
+
+async def test_a_commit_of_unknown_outcome_is_sent_again_as_it_was(fake: FakeBroker) -> None:
+    async with Client(fake.url, operation_timeout=0.3) as c:
+        consumer, batch = await seeded(fake, c, 2)
+        producer = await c.create_producer("out")
+        txn = await c.new_transaction()
+        for msg in batch:
+            await producer.send(msg.value, txn=txn)
+            await consumer.acknowledge(msg, txn=txn)
+        fake.hold = {T.COMMIT_TXN}  # its answer never comes
+        with pytest.raises(errors.OperationTimeoutError):
+            await txn.commit()
+        assert txn.state is TxnState.COMMITTING
+        fake.hold = set()
+        await txn.commit()  # the broker wrote it: answered as done, nothing twice
+    first, again = commits(fake)
+    assert list(first.sends) == list(again.sends) and list(first.acks) == list(again.acks)
+    assert first.HasField("next_txn_ttl_ms") and not again.HasField("next_txn_ttl_ms")
+    assert txn.state is TxnState.COMMITTED and fake.stored("out") == [b"0", b"1"]
+
+
+async def test_a_commit_whose_link_dies_is_sent_again_on_the_next(
+    fake: FakeBroker, cli: Client
+) -> None:
+    producer = await cli.create_producer("t")
+    txn = await cli.new_transaction()
+    await producer.send(b"x", txn=txn)
+    fake.hold = {T.COMMIT_TXN}
+    committing = asyncio.ensure_future(txn.commit())
+    await until(lambda: len(commits(fake)) == 1)
+    fake.hold = set()
+    await fake.drop_connections()
+    await asyncio.wait_for(committing, 5)
+    assert len(commits(fake)) == 2 and txn.state is TxnState.COMMITTED
+    assert fake.stored("t") == [b"x"]  # once
+
+
+async def test_abort_of_a_held_transaction_writes_nothing(fake: FakeBroker, cli: Client) -> None:
+    consumer, (msg,) = await seeded(fake, cli, 1)
+    out = await cli.create_producer("out")
+    txn = await cli.new_transaction()
+    await out.send(b"x", txn=txn)
+    await consumer.acknowledge(msg, txn=txn)
+    before = len(fake.received)
+    await txn.abort()
+    assert [cmd.type for cmd in fake.received[before:]] == [T.REDELIVER_UNACKNOWLEDGED, T.END_TXN]
+    assert end_actions(fake) == [pb.ABORT] and txn.state is TxnState.ABORTED
+    again = await consumer.receive(timeout=5)  # it comes again
+    assert again.value == msg.value and again.redelivery_count == 1
+    assert fake.stored("out") == []
+
+
+async def test_what_does_not_fit_one_frame_goes_the_full_way(fake: FakeBroker) -> None:
+    fake.max_message_size = 64 * 1024
+    async with Client(fake.url, operation_timeout=5.0) as c:
+        producer = await c.create_producer("t")
+        txn = await c.new_transaction()
+        sent = [await producer.send(b"%05d" % i + b"x" * 1000, txn=txn) for i in range(100)]
+        assert sent == [MessageId(0, -1, i) for i in range(100)]
+        assert not txn._holding  # it passed the frame's size: sent as it comes
+        await txn.commit()
+    assert not commits(fake) and end_actions(fake)[:1] == [pb.COMMIT]  # (then the spare's abort)
+    assert [m[:5] for m in fake.stored("t")] == [b"%05d" % i for i in range(100)]
+
+
+async def test_flush_cumulative_ack_and_closing_take_the_full_path(
+    fake: FakeBroker, cli: Client
+) -> None:
+    consumer, batch = await seeded(fake, cli, 3)
+    out = await cli.create_producer("out")
+    flushed = await cli.new_transaction()
+    await out.send(b"a", txn=flushed)
+    flushed.flush()
+    await until(lambda: len([s for s in fake.sends() if s.transactional]) == 1)
+    await flushed.commit()
+    cumulative = await cli.new_transaction()
+    await consumer.acknowledge(batch[0], txn=cumulative)
+    await consumer.acknowledge_cumulative(batch[1], txn=cumulative)
+    assert not cumulative._holding
+    await cumulative.commit()
+    closing = await cli.new_transaction()
+    await out.send(b"b", txn=closing)
+    await out.close()  # its held send goes first
+    await closing.commit()
+    assert not commits(fake) and end_actions(fake) == [pb.COMMIT] * 3
+    assert fake.stored("out") == [b"a", b"b"]
+    assert list(fake.subs["t", "s"].unacked) == [batch[2].message_id]
+
+
+async def test_a_spare_comes_with_the_commit(fake: FakeBroker, cli: Client) -> None:
+    fake.tc_ids = [3, 7]
+    async with Client(fake.url, operation_timeout=5.0) as c:
+        txn = await c.new_transaction(timeout=20)
+        for _ in range(3):
+            await txn.commit()
+            txn = await c.new_transaction(timeout=20)
+    assert fake.types().count("NEW_TXN") == 1
+    assert [cm.next_tc_id for cm in commits(fake)] == [7, 3, 7]
+    assert {cm.next_txn_ttl_ms for cm in commits(fake)} == {20_000}
+
+
+async def test_held_keys_and_properties_go_with_the_commit_or_the_full_way(
+    fake: FakeBroker, cli: Client
+) -> None:
+    fake.partitions["t"] = 2
+    producer = await cli.create_producer("t")
+    for full_way in (False, True):
+        txn = await cli.new_transaction()
+        sent = [
+            await producer.send(b"plain", txn=txn),
+            await producer.send(b"keyed", key="k", txn=txn),
+            await producer.send(b"props", properties={"p": "v"}, txn=txn),
+            await producer.send(b"both", key="k", properties={"q": "w"}, txn=txn),
+        ]
+        if full_way:
+            txn.flush()
+        await txn.commit()
+        stored = {
+            single.payload: (
+                single.key if single.HasField("key") else None,
+                dict(single.properties),
+            )
+            for _, single in [x for b in fake.txn(txn.id).buffers.values() for x in b]
+        }
+        assert stored == {
+            b"plain": (None, {}),
+            b"keyed": ("k", {}),
+            b"props": (None, {"p": "v"}),
+            b"both": ("k", {"q": "w"}),
+        }
+        assert sent[1].partition == sent[3].partition == partition_for_key("k", 2)
+    assert len(commits(fake)) == 1  # (the second went the full way)

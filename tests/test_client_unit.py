@@ -29,7 +29,7 @@ import client
 import proto
 from client import Client, Message, MessageId, errors
 from client._connection import PROTOCOL_VERSION
-from client._consumer import build_ack
+from client._consumer import ack_ranges, build_ack
 from client._message import decode_entry
 from client._producer import build_send, partition_for_key
 from proto import txnbuf_pb2 as pb
@@ -315,8 +315,8 @@ class FakeBroker:
             await ws.send_bytes(
                 frame(T.SUCCESS, "success", request_id=cmd.close_consumer.request_id)
             )
-        elif kind in (T.NEW_TXN, T.END_TXN):
-            await self._on_coordinator(ws, cmd)
+        elif kind in (T.NEW_TXN, T.END_TXN, T.COMMIT_TXN):
+            await self._on_coordinator(ws, cmd, producers)
         elif kind != T.PONG:
             self.violations.append(f"the client sent {T.Type.Name(kind)}")
 
@@ -325,7 +325,12 @@ class FakeBroker:
     def txn(self, txn_id: Any) -> FakeTxn:
         return self.txns[txn_id.most_bits, txn_id.least_bits]
 
-    async def _on_coordinator(self, ws: web.WebSocketResponse, cmd: pb.BaseCommand) -> None:
+    async def _on_coordinator(
+        self,
+        ws: web.WebSocketResponse,
+        cmd: pb.BaseCommand,
+        producers: dict[int, tuple[str, str]] | None = None,
+    ) -> None:
         kind = cmd.type
         req: Any = getattr(cmd, cmd.WhichOneof("command") or "")
         error = self.txn_errors[kind].pop(0) if self.txn_errors[kind] else None
@@ -338,6 +343,22 @@ class FakeBroker:
             else:
                 fields["error"] = error
             answer = frame(T.NEW_TXN_RESPONSE, "new_txn_response", **fields)
+        elif kind == T.COMMIT_TXN:
+            key = (req.txnid_most_bits, req.txnid_least_bits)
+            txn = self.txns.get(key)
+            if error is None and txn is None:
+                error = pb.TRANSACTION_NOT_FOUND
+            if error is None and txn is not None:
+                error = self._commit_txn(ws, req, txn, key, producers or {})
+            fields = dict(
+                request_id=req.request_id, txnid_most_bits=key[0], txnid_least_bits=key[1]
+            )
+            if error is not None:
+                fields.update(error=error, message="fake coordinator")
+            if req.HasField("next_txn_ttl_ms") and error is None:
+                most, least = self._open_txn(req.next_tc_id, req.next_txn_ttl_ms)
+                fields.update(next_txnid_most_bits=most, next_txnid_least_bits=least)
+            answer = frame(T.TXN_RESPONSE, "txn_response", **fields)
         else:
             key = (req.txnid_most_bits, req.txnid_least_bits)
             if req.after_ops and key in self.unanswered.values():
@@ -368,10 +389,56 @@ class FakeBroker:
         if kind in self.close_after:
             self.close_after.discard(kind)
             await ws.close()
-        if kind == T.END_TXN and txn is not None and txn.status == "COMMITTED":
+        if kind in (T.END_TXN, T.COMMIT_TXN) and txn is not None and txn.status == "COMMITTED":
             for (sub_topic, _), sub in self.subs.items():
                 if any(topic == sub_topic for topic, _ in txn.buffers):
                     await self._deliver(sub_topic, sub)
+
+    def _commit_txn(
+        self,
+        ws: web.WebSocketResponse,
+        req: pb.CommandCommitTxn,
+        txn: FakeTxn,
+        key: tuple[int, int],
+        producers: dict[int, tuple[str, str]],
+    ) -> int | None:
+        """A local transaction's COMMIT_TXN: everything checked, then stored
+        and acknowledged at once (a commit again: done; nothing twice)."""
+        if txn.status == "COMMITTED":
+            return None
+        if txn.status != "OPEN" or txn.partitions or txn.subscriptions:
+            return pb.INVALID_TXN_STATUS
+        acked: list[tuple[str, str, tuple[int, int, int]]] = []
+        for held in req.acks:
+            flat = list(held.ranges)
+            if not flat or len(flat) % 4:
+                self.violations.append(f"COMMIT_TXN ranges not whole quadruples: {flat}")
+            found = [
+                (t, n, s) for (t, n), s in self.subs.items() if s.consumer == (ws, held.consumer_id)
+            ]
+            if not found:
+                return pb.CONSUMER_NOT_FOUND
+            topic, name, sub = found[0]
+            for mid in range_ids(flat):
+                holder = self.pending_acks.get((topic, name, mid))
+                if holder is not None and holder != key:
+                    return pb.TRANSACTION_CONFLICT
+                if mid not in sub.unacked:
+                    return pb.UNKNOWN_MESSAGE_ID
+                acked.append((topic, name, mid))
+        for send in req.sends:
+            if send.producer_id not in producers:
+                return pb.PRODUCER_NOT_FOUND
+        for send in req.sends:
+            topic, name = producers[send.producer_id]
+            buffer = txn.buffers[topic, send.partition]
+            for single in pb.EntryBatch.FromString(send.batch).messages:
+                buffer.append((name, single))
+        txn.status = "COMMITTED"
+        self._end_txn(key, txn)
+        for topic, name, mid in acked:
+            self.subs[topic, name].unacked.pop(mid, None)
+        return None
 
     async def _reply(self, ws: web.WebSocketResponse, data: bytes) -> None:
         """Send the answer ``data`` to a SEND or ACK (see `_answered`)."""
@@ -583,8 +650,8 @@ class FakeBroker:
             )
 
     async def _on_ack(self, ws: web.WebSocketResponse, ack: pb.CommandAck) -> None:
-        if not ack.positions or len(ack.positions) % 3:
-            self.violations.append(f"ACK positions not whole triples: {list(ack.positions)}")
+        if not ack.ranges or len(ack.ranges) % 4:
+            self.violations.append(f"ACK ranges not whole quadruples: {list(ack.ranges)}")
         if ack.transactional and (ack.txnid_most_bits, ack.txnid_least_bits) in self.txns:
             self.unanswered[ack.request_id] = (ack.txnid_most_bits, ack.txnid_least_bits)
         error = None
@@ -644,9 +711,19 @@ class FakeBroker:
 
 
 def ack_ids(ack: pb.CommandAck) -> list[tuple[int, int, int]]:
-    """The messages an ACK names (its ``positions`` triples)."""
-    flat = list(ack.positions)
-    return list(zip(flat[0::3], flat[1::3], flat[2::3], strict=True))
+    """The messages an ACK names (its ``ranges``; a cumulative ack's range
+    is its bound)."""
+    ids = range_ids(list(ack.ranges))
+    return ids[-1:] if ack.ack_type == pb.CommandAck.CUMULATIVE else ids
+
+
+def range_ids(flat: list[int]) -> list[tuple[int, int, int]]:
+    """The messages of flat (partition, entry, first, last) ranges."""
+    return [
+        (p, e, i)
+        for p, e, first, last in zip(flat[0::4], flat[1::4], flat[2::4], flat[3::4], strict=True)
+        for i in range(first, last + 1)
+    ]
 
 
 def messages_of(send: pb.CommandSend) -> list[pb.SingleMessage]:
@@ -905,7 +982,15 @@ def test_build_send_frame() -> None:
 def test_build_ack_frame() -> None:
     cmd = build_ack(4, 9, pb.CommandAck.INDIVIDUAL, [MessageId(1, 2, 3), MessageId(0, 1, 0)])
     assert cmd.type == T.ACK and cmd.WhichOneof("command") == "ack"
-    assert list(cmd.ack.positions) == [1, 2, 3, 0, 1, 0]  # flat triples
+    assert list(cmd.ack.ranges) == [1, 2, 3, 3, 0, 1, 0, 0]  # flat quadruples
+
+
+def test_acks_as_ranges() -> None:
+    """Each run of consecutive indexes of one entry, in the order given, is one range."""
+    ids = [MessageId(0, 5, i) for i in (0, 1, 2, 4, 5)] + [MessageId(0, 6, 0), MessageId(1, 6, 1)]
+    assert ack_ranges(ids) == [0, 5, 0, 2, 0, 5, 4, 5, 0, 6, 0, 0, 1, 6, 1, 1]
+    assert ack_ranges([MessageId(0, 5, 1), MessageId(0, 5, 0)]) == [0, 5, 1, 1, 0, 5, 0, 0]
+    assert ack_ranges([]) == []
 
 
 # --- producer against the fake broker -----------------------------------------
@@ -1750,8 +1835,9 @@ async def test_a_coordinator_that_moved_is_looked_up_and_its_transaction_ends_th
             assert txn._conn.url == owner.url
             lookups = fake.of_type(T.LOOKUP)
             assert [(c.lookup.HasField("tc_id"), c.lookup.tc_id) for c in lookups] == [(True, 0)]
-            await txn.commit()
-            assert [c.type for c in owner.received if c.type == T.END_TXN] == [T.END_TXN]
-            assert not [c for c in fake.received if c.type == T.END_TXN]
+            await txn.commit()  # (the local path: one COMMIT_TXN)
+            ends = (T.END_TXN, T.COMMIT_TXN)
+            assert [c.type for c in owner.received if c.type in ends] == [T.COMMIT_TXN]
+            assert not [c for c in fake.received if c.type in ends]
     finally:
         await owner.stop()

@@ -162,7 +162,9 @@ def test_logged_updates_are_checked_against_the_table() -> None:
     with pytest.raises(InvalidTxnStatusError):
         check_update(TxnStatus.COMMITTING, TxnStatus.ABORTED)
     with pytest.raises(InvalidTxnStatusError):
-        check_update(TxnStatus.OPEN, TxnStatus.COMMITTED)
+        check_update(TxnStatus.OPEN, TxnStatus.ABORTED)
+    # A local transaction's one record (TxnEvent.COMMIT_LOCAL):
+    assert check_update(TxnStatus.OPEN, TxnStatus.COMMITTED) is TxnStatus.COMMITTED
 
 
 # -- the transaction table (no I/O) -------------------------------------------------

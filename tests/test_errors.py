@@ -304,7 +304,7 @@ async def test_a_bug_in_a_handler_reaches_the_client_as_unknown_error_and_is_log
         assert subscribed.type == T.SUCCESS
         monkeypatch.setattr(brk.subscriptions, "ack_positions", _bug)
         acked = await raw.request(
-            T.ACK, "ack", pb.CommandAck(consumer_id=7, request_id=2, positions=[0, 0, 0])
+            T.ACK, "ack", pb.CommandAck(consumer_id=7, request_id=2, ranges=[0, 0, 0, 0])
         )
         assert acked.type == T.ACK_RESPONSE
         assert acked.ack_response.error == pb.UNKNOWN_ERROR
@@ -313,7 +313,7 @@ async def test_a_bug_in_a_handler_reaches_the_client_as_unknown_error_and_is_log
         # ... while an ACK of a consumer that is not there still is CONSUMER_NOT_FOUND,
         # a refusal, not logged.
         unknown = await raw.request(
-            T.ACK, "ack", pb.CommandAck(consumer_id=99, request_id=3, positions=[0, 0, 0])
+            T.ACK, "ack", pb.CommandAck(consumer_id=99, request_id=3, ranges=[0, 0, 0, 0])
         )
         assert unknown.ack_response.error == pb.CONSUMER_NOT_FOUND
         assert len(_logged_bugs(caplog)) == 1

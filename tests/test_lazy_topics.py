@@ -266,8 +266,10 @@ async def test_a_restart_recovers_each_topic_when_first_touched(broker: BrokerPr
     await _set_up(broker)
     async with Client(broker.url) as client:
         # One transaction, left OPEN by the crash: a send on t7's partition,
-        # a PENDING_ACK acknowledgement on t8's subscription.
+        # a PENDING_ACK acknowledgement on t8's subscription (the full path:
+        # written as they come, not held by the client until a commit).
         txn = await client.new_transaction(timeout=120)
+        txn.flush()
         producer = await client.create_producer("t7", producer_name="txn-writer")
         await producer.send(b"uncommitted", txn=txn)
         reader = await client.subscribe("t8", "s", initial_position="earliest")
@@ -336,6 +338,7 @@ async def test_a_decided_transaction_reaches_a_participant_not_loaded(
         await (await client.subscribe("out", "s", initial_position="earliest")).close()
         message = await source.receive(timeout=10)
         txn = await client.new_transaction(timeout=120)
+        txn.flush()  # (the full path: its participants are told the decision)
         sink = await client.create_producer("out", producer_name="copier")
         await sink.send(b"output", txn=txn)
         await source.acknowledge(message, txn=txn)

@@ -91,7 +91,7 @@ async def test_metrics_move_and_survive_restarts(broker: BrokerProcess) -> None:
         assert value(first, "txnbuf_transactions_begun_total", tc_id="0") >= 2
         assert value(first, "txnbuf_transactions_open", tc_id="0") >= 1
         assert value(first, "txnbuf_transaction_oldest_open_seconds", tc_id="0") > 0
-        assert value(first, "txnbuf_send_latency_seconds_count") >= 21
+        assert value(first, "txnbuf_send_latency_seconds_count") >= 20  # (plain SENDs)
         assert value(first, "txnbuf_commit_latency_seconds_count") >= 1
         assert value(first, "txnbuf_ledger_group_commit_size_count") > 0
         assert value(first, "txnbuf_ledger_fsync_seconds_sum") > 0

@@ -48,6 +48,7 @@ from subscriptions._cursor import (
     AckRecord,
     replay_cursor,
 )
+from subscriptions._ranges import positions_of
 from tests.conftest import until
 
 Position = tuple[int, int]
@@ -127,8 +128,8 @@ def txn_ack(cursor: Cursor, txn: TxnID, *positions: Position) -> list[Position]:
 
 
 def held(cursor: Cursor) -> dict[TxnID, set[Position]]:
-    """Each transaction's locked positions (the index, as sets)."""
-    return {t: set(ps) for t, ps in cursor.txn_acks.items()}
+    """Each transaction's locked positions (its ranges' messages, as sets)."""
+    return {t: set(positions_of(rs)) for t, rs in cursor.txn_acks.items()}
 
 
 def dump(cursor: Cursor) -> tuple[Any, ...]:
@@ -138,24 +139,24 @@ def dump(cursor: Cursor) -> tuple[Any, ...]:
         list(cursor.acked),
         dict(cursor.pending_ack),
         held(cursor),
-        dict(cursor._locked_entries),
+        len(cursor.pending_ack),
     )
 
 
 def check_invariants(cursor: Cursor) -> None:
     md = cursor.mark_delete
     assert all(p > md for p in cursor.acked)
+    mine = held(cursor)
     for pos, txn in cursor.pending_ack.items():
         assert pos > md, "mark-delete moved over a PENDING_ACK message"
         assert pos not in cursor.acked
-        assert pos in cursor.txn_acks[txn]
-    index = {(p, t) for t, ps in cursor.txn_acks.items() for p in ps}
+        assert pos in mine[txn]
+    index = {(p, t) for t, ps in mine.items() for p in ps}
     assert index == set(cursor.pending_ack.items())
     assert all(cursor.txn_acks.values())  # no empty index entries
-    per_entry: dict[int, int] = {}
+    assert len(cursor.pending_ack) == len(index) == sum(cursor.locks.count(t) for t in mine)
     for e, _ in cursor.pending_ack:
-        per_entry[e] = per_entry.get(e, 0) + 1
-    assert cursor._locked_entries == per_entry
+        assert cursor.locks.has_entry(e) and not cursor.all_pending(e)
 
 
 def test_txn_ack_locks_messages() -> None:
@@ -456,7 +457,8 @@ def test_mark_delete_stays_before_a_locked_message_whatever_count_says() -> None
 def test_snapshot_round_trip_with_pending_acks(cursor: Cursor) -> None:
     data = cursor.snapshot()
     record = json.loads(data)
-    assert len(record["pending_ack"]) == 4 * len(cursor.pending_ack)
+    # (ranges: entry, first, last and the transaction's two halves)
+    assert len(record["locked_ranges"]) == 5 * sum(len(r) for r in cursor.txn_acks.values())
     back = Cursor.from_snapshot(data)
     assert dump(back) == dump(cursor)
     assert all(type(p) is tuple for p in back.pending_ack)
@@ -468,6 +470,21 @@ def test_snapshot_without_pending_acks_loads() -> None:
     back = Cursor.from_snapshot(b'{"md": [3, 1], "acked": [4, 0]}')
     assert back.mark_delete == (3, 1) and list(back.acked) == [(4, 0)]
     assert back.pending_ack == {} and back.txn_acks == {}
+
+
+def test_a_snapshot_of_positions_one_by_one_loads_as_ranges() -> None:
+    """Snapshots written before cursors kept ranges name each position."""
+    old = {
+        "md": [3, 1],
+        "acked": [4, 0, 4, 1, 4, 2, 6, 5],
+        "pending_ack": [5, 0, *T1, 5, 1, *T1, 7, 3, *T2],
+    }
+    back = Cursor.from_snapshot(json.dumps(old).encode())
+    assert list(back.acked.ranges()) == [(4, 0, 2), (6, 5, 5)]
+    assert back.txn_acks == {T1: [(5, 0, 1)], T2: [(7, 3, 3)]}
+    assert dict(back.pending_ack) == {(5, 0): T1, (5, 1): T1, (7, 3): T2}
+    again = Cursor.from_snapshot(back.snapshot())
+    assert dump(again) == dump(back)
 
 
 @pytest.mark.parametrize("pending", [[1, 2, 3], [1, 2, 3, 4, 5], [1, 2, -1, 0], [1, 2, 0, 2**64]])
@@ -970,7 +987,7 @@ async def test_pending_acks_survive_snapshots(h: Harness, monkeypatch: pytest.Mo
     assert entries[0].meta == SNAPSHOT  # trimmed up to a snapshot
     assert ledger.first_entry_id > 0
     snap = json.loads(entries[0].data)
-    assert snap["pending_ack"] == [0, 0, *T1, 1, 0, *T2]
+    assert snap["locked_ranges"] == [0, 0, 0, *T1, 1, 0, 0, *T2]
     sub = await h.reopen()
     assert sub.cursor.pending_ack == {(0, 0): T1, (1, 0): T2}
     assert sub.cursor.state((0, 1)) is D and sub.cursor.state((3, 2)) is D

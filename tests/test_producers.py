@@ -358,3 +358,42 @@ async def test_an_operator_abort_of_a_producers_transaction_is_abortable_for_it(
         assert tc.active_open_time_max_ms() >= 40
     finally:
         await open_tc.close(tc)
+
+
+async def test_a_producers_begin_and_end_are_one_record_each(open_tc: Opener) -> None:
+    """The begin of a producer's transaction is its NEW record carrying the
+    registry's change, its END the decision carrying the new identity:
+    one coordinator record each (the end record follows, as for any
+    transaction), and a restart replays them to the same registry."""
+    tc = await open_tc()
+    ledger = tc.store.get_ledger("tc/3")
+    assert ledger is not None
+    try:
+        pid, _, _, _ = await tc.init_producer("copier", 60_000)
+        before = ledger.next_entry_id
+        txnid = await tc.producer_begin(pid, 0, "add out/0")
+        assert ledger.next_entry_id - before == 1  # NEW + the producer's ongoing transaction
+        entry = tc.producer("copier")
+        assert entry is not None and entry.ongoing == txnid
+        tc.add_partition(txnid, "out", 0)
+        before = ledger.next_entry_id
+        ended = tc.end_producer_txn(pid, 0, commit=True)
+        assert ledger.next_entry_id - before == 1  # COMMITTING + the bumped identity
+        assert await ended == (pid, 1)
+        await wait_status(tc, txnid, TxnStatus.COMMITTED)
+        entry = tc.producer("copier")
+        assert entry is not None and entry.identity == (pid, 1) and entry.ongoing is None
+        second = tc.producer_add_partition(pid, 1, "out", 0)
+        await asyncio.sleep(0.05)  # (the lazy records durable)
+    finally:
+        await open_tc.close(tc)
+    tc = await open_tc()
+    try:
+        entry = tc.producer("copier")
+        # (the restart aborted the open one, bumping the identity again)
+        assert entry is not None and entry.prev_producer_id == pid and entry.ongoing is None
+        assert entry.identity == (pid, 2) and entry.bumped_by == "coordinator"
+        await wait_status(tc, second, TxnStatus.ABORTED)
+        assert tc.get(txnid).status is TxnStatus.COMMITTED  # type: ignore[union-attr]
+    finally:
+        await open_tc.close(tc)

@@ -187,6 +187,7 @@ async def test_read_uncommitted_through_the_broker(broker: BrokerProcess) -> Non
         clean = await client.subscribe("ru", "clean", initial_position="earliest")
         producer = await client.create_producer("ru")
         txn = await client.new_transaction()
+        txn.flush()  # (the full path: held in the client, nothing is in the sidecar)
         await producer.send(b"in flight", txn=txn)
         msg = await dirty.receive(timeout=10)
         assert msg.value == b"in flight" and msg.message_id.entry_id < -1
@@ -199,5 +200,13 @@ async def test_read_uncommitted_through_the_broker(broker: BrokerProcess) -> Non
         assert (await clean.receive(timeout=10)).value == b"plain"
         with pytest.raises(errors.NotAllowedError, match="isolation"):
             await client.subscribe("ru", "clean", read_uncommitted=True)
+        # A local transaction's messages never pass the sidecar: read
+        # uncommitted, they come once committed, as committed ones.
+        async with client.transaction() as local:
+            await producer.send(b"local", txn=local)
+        for consumer in (dirty, clean):
+            got = await consumer.receive(timeout=10)
+            assert got.value == b"local" and got.message_id.entry_id >= 0
+            await consumer.acknowledge(got)
     status = broker.admin("GET", "/admin/v1/topics/ru/stats")
     assert status[0] == 200

@@ -302,6 +302,7 @@ async def test_transactions_need_what_they_touch_and_participants_the_cluster_ro
         sink = await writer.subscribe("out", "reader", initial_position="earliest")
         producer = await writer.create_producer("out")
         txn = await writer.new_transaction(timeout=60)
+        txn.flush()  # (the full path: its send is written, "out" is its participant)
         await producer.send(b"in-txn", txn=txn)
         most, least = txn.id
         end = pb.CommandEndTxn(request_id=1, txnid_most_bits=most, txnid_least_bits=least)

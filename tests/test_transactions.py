@@ -212,9 +212,15 @@ async def test_conflicting_acks_abort_the_second_transaction(broker: BrokerProce
         c1 = await client.subscribe("in", "shared", "shared", initial_position="earliest")
         inputs = await receive_n(c1, 3)
         t1 = await client.new_transaction()
+        t1.flush()  # (the full path: its ack is written, PENDING_ACK, before its commit)
         t2 = await client.new_transaction()
         await c1.acknowledge(inputs[0], txn=t1)
-        await c1.acknowledge(inputs[0], txn=t2)  # queued: its refusal is the commit's
+        for _ in range(200):  # (written and applied: PENDING_ACK)
+            _, stats = admin_json(broker, "GET", "/admin/v1/topics/in/stats")
+            if stats["partitions"][0]["subscriptions"]["shared"]["pending_ack"] == 1:
+                break
+            await asyncio.sleep(0.05)
+        await c1.acknowledge(inputs[0], txn=t2)  # held: its refusal is the commit's
         with pytest.raises(errors.TransactionConflictError):
             await t2.commit()  # the client aborts a transaction that saw a conflict
         assert t2.state is TxnState.ABORTED
@@ -275,6 +281,7 @@ async def test_late_transactional_write_is_refused(broker: BrokerProcess) -> Non
     async with Client(broker.url) as client:
         producer = await client.create_producer("late")
         txn = await client.new_transaction()
+        txn.flush()  # (the full path: the send is written before the abort)
         await producer.send(b"in time", txn=txn)
         await txn.abort()
     async with RawConnection(broker.url) as raw:
@@ -373,7 +380,7 @@ async def test_a_commit_written_behind_its_sends_and_acks_waits_for_them(
         def ack(ids: dict[str, int], request_id: int, entry: int) -> pb.CommandAck:
             return pb.CommandAck(
                 consumer_id=1, request_id=request_id, ack_type=pb.CommandAck.INDIVIDUAL,
-                positions=[0, entry, 0], transactional=True, **ids,
+                ranges=[0, entry, 0, 0], transactional=True, **ids,
             )  # fmt: skip
 
         def commit(ids: dict[str, int], request_id: int) -> pb.CommandEndTxn:
@@ -481,7 +488,7 @@ async def test_transactional_sends_and_acks_add_their_participants(
         assert (await raw.request(T.SEND, "send", send(7, 1))).type == T.SEND_RECEIPT
         ack = pb.CommandAck(
             consumer_id=1, request_id=8, ack_type=pb.CommandAck.INDIVIDUAL,
-            positions=[0, entry_id, 0], transactional=True, **ids,
+            ranges=[0, entry_id, 0, 0], transactional=True, **ids,
         )  # fmt: skip
         answer = await raw.request(T.ACK, "ack", ack)
         assert not answer.ack_response.HasField("error"), answer
@@ -546,7 +553,7 @@ async def test_pip31_registrations_are_answered(broker: BrokerProcess) -> None:
                 consumer_id=1,
                 request_id=7,
                 ack_type=pb.CommandAck.INDIVIDUAL,
-                positions=[0, entry_id, 0],
+                ranges=[0, entry_id, 0, 0],
                 transactional=True,
                 **ids,
             ),

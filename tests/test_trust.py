@@ -204,6 +204,7 @@ async def test_a_refusing_participant_is_surfaced_and_an_operator_skips_it(
             producer = await client.create_producer("out")
             sink = await client.subscribe("out", "reader", initial_position="earliest")
             txn = await client.new_transaction(timeout=60)
+            txn.flush()  # (the full path: its participant is told the decision)
             await producer.send(b"never applied", txn=txn)
             # The decision is durable; the participant never applies it: END
             # answers after its wait, and the client's view is the coordinator's.
@@ -259,6 +260,7 @@ async def test_a_participant_that_refuses_for_a_while_applies_the_decision_after
             producer = await client.create_producer("out")
             sink = await client.subscribe("out", "reader", initial_position="earliest")
             txn = await client.new_transaction(timeout=60)
+            txn.flush()  # (the full path: its participant is told the decision)
             await producer.send(b"applied late", txn=txn)
             commit = asyncio.ensure_future(txn.commit())
             await until(lambda: bool(stuck_txns(broker)))

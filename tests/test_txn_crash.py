@@ -6,7 +6,11 @@ that step, restarts it without the fault and checks DESIGN.md's invariants:
 the transaction is applied entirely or not at all (sends visible to a
 read-committed consumer exactly once, inputs never redelivered - or no
 send visible and every input redelivered), and a decision once logged is
-carried out.
+carried out. The full path's steps run a transaction that takes it
+(``Transaction.flush``); the local path's (one COMMIT_TXN, one group
+commit) the README's own: killed between its durable write and its answer,
+and with several transactions' records in one group commit, held by the
+store's writer (``TXNBUF_WRITER_STALL``) until they all are queued.
 """
 
 from __future__ import annotations
@@ -38,14 +42,17 @@ async def setup_topics(broker: BrokerProcess) -> None:
             await producer.send(b"in-%d" % i)
 
 
-async def run_copy(broker: BrokerProcess) -> BaseException | None:
-    """Copy every input to both output partitions in one transaction; commit."""
+async def run_copy(broker: BrokerProcess, full: bool = True) -> BaseException | None:
+    """Copy every input to both output partitions in one transaction; commit.
+    ``full``: the full path (else the local one: one COMMIT_TXN)."""
     async with Client(broker.url, operation_timeout=20.0) as client:
         source = await client.subscribe("in", "copier", initial_position="earliest")
         producer = await client.create_producer("out", producer_name="copier")
         inputs = [await source.receive(timeout=10) for _ in range(N_INPUTS)]
         try:
             txn = await client.new_transaction(timeout=120)
+            if full:
+                txn.flush()
             for i, m in enumerate(inputs):
                 await producer.send(m.value.replace(b"in", b"out"), key=f"k{i}", txn=txn)
             for m in inputs:
@@ -104,12 +111,14 @@ async def abort_open_transactions(broker: BrokerProcess) -> None:
         assert status == 200
 
 
-async def crash_at(broker: BrokerProcess, step: str) -> tuple[str, BaseException | None]:
+async def crash_at(
+    broker: BrokerProcess, step: str, full: bool = True
+) -> tuple[str, BaseException | None]:
     await setup_topics(broker)
     broker.stop()
     broker.env["TXNBUF_FAULT"] = step
     broker.start()
-    copy = asyncio.create_task(run_copy(broker))
+    copy = asyncio.create_task(run_copy(broker, full))
     assert broker.proc is not None
     await asyncio.to_thread(broker.proc.wait, 30)  # the fault killed it
     assert f"SIGKILL at {step.split('@')[0]}" in broker.log()
@@ -176,6 +185,173 @@ async def test_a_logged_commit_survives_a_crash_on_postgresql(broker: BrokerProc
     assert result == "committed"
 
 
+# -- the local path: one COMMIT_TXN, one group commit -----------------------------
+
+
+async def test_a_local_commit_killed_before_its_answer_is_answered_as_done(
+    broker: BrokerProcess,
+) -> None:
+    """Killed once the transaction's one group commit is durable, before
+    its answer: the client sends the commit again to the restarted broker,
+    which finds it COMMITTED and answers it as done; nothing is stored
+    twice, no input comes again."""
+    result, error = await crash_at(broker, "broker.after_local_commit", full=False)
+    assert result == "committed" and error is None, repr(error)
+    _, body = broker.admin("GET", "/admin/v1/transactions?state=COMMITTED")
+    (committed,) = json.loads(body)["transactions"]
+    assert committed["partitions"] and committed["subscriptions"]
+
+
+COPIERS = 4
+
+
+async def setup_copiers(broker: BrokerProcess) -> None:
+    """Topics in0..in3, each with N_INPUTS inputs, each copied by one copier."""
+    status, _ = broker.admin("PUT", "/admin/v1/topics/out", b'{"partitions": 2}')
+    assert status == 200
+    async with Client(broker.url) as client:
+        await (await client.subscribe("out", "reader", initial_position="earliest")).close()
+        for c in range(COPIERS):
+            await (await client.subscribe(f"in{c}", "copier", initial_position="earliest")).close()
+            producer = await client.create_producer(f"in{c}")
+            for i in range(N_INPUTS):
+                await producer.send(b"in-%d-%d" % (c, i))
+
+
+async def copier(broker: BrokerProcess, c: int, queued: asyncio.Event) -> BaseException | None:
+    """Copy topic in<c> to out in one local transaction; ``queued`` is set
+    once its commit is sent."""
+    async with Client(broker.url, operation_timeout=30.0) as client:
+        source = await client.subscribe(f"in{c}", "copier", initial_position="earliest")
+        producer = await client.create_producer("out", producer_name=f"copier-{c}")
+        inputs = [await source.receive(timeout=10) for _ in range(N_INPUTS)]
+        try:
+            async with client.transaction(timeout=120) as txn:
+                for i, m in enumerate(inputs):
+                    await producer.send(m.value.replace(b"in", b"out"), key=f"k{i}", txn=txn)
+                    await source.acknowledge(m, txn=txn)
+                queued.set()
+        except errors.TxnbufError as exc:
+            return exc
+    return None
+
+
+async def copied(broker: BrokerProcess) -> tuple[Counter[bytes], dict[int, list[bytes]]]:
+    """(the outputs a read-committed consumer sees, each copier's inputs still
+    to be consumed)."""
+    async with Client(broker.url) as client:
+        sink = await client.subscribe("out", "reader", initial_position="earliest")
+        left: dict[int, list[bytes]] = {}
+        outs: Counter[bytes] = Counter()
+        for consumer, c in [(sink, -1)] + [
+            (await client.subscribe(f"in{c}", "copier", initial_position="earliest"), c)
+            for c in range(COPIERS)
+        ]:
+            while True:
+                try:
+                    value = (await consumer.receive(timeout=2.0)).value
+                except errors.OperationTimeoutError:
+                    break
+                if c < 0:
+                    outs[value] += 1
+                else:
+                    left.setdefault(c, []).append(value)
+    return outs, left
+
+
+async def several_in_one_group_commit(
+    broker: BrokerProcess, stall: Path, holder: Client
+) -> list[asyncio.Task[BaseException | None]]:
+    """Start the copiers with the store's writer held (by a send of
+    ``holder``'s), and return once every one's commit is queued behind the
+    held write (their transactions are COMMITTED at the coordinator, in
+    memory, and nothing of them is durable)."""
+    await setup_copiers(broker)
+    other = await holder.create_producer("other")
+    await asyncio.to_thread(stall.touch)  # the next write is held, and what follows waits
+    other.send_nowait(b"held")
+    for _ in range(500):
+        if await asyncio.to_thread(stall.with_name(stall.name + ".held").exists):
+            break
+        await asyncio.sleep(0.01)
+    else:
+        raise AssertionError("the writer did not hold a write")
+    events = [asyncio.Event() for _ in range(COPIERS)]
+    tasks = [asyncio.create_task(copier(broker, c, events[c])) for c in range(COPIERS)]
+    for _ in range(3000):
+        _, body = broker.admin("GET", "/admin/v1/transactions?state=COMMITTED")
+        if len(json.loads(body)["transactions"]) == COPIERS:
+            return tasks
+        await asyncio.sleep(0.01)
+    raise AssertionError("the commits were not all queued")
+
+
+async def test_a_group_commit_of_several_local_transactions_killed_after_it_is_durable(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    """Several transactions' records in one group commit (their writes
+    gathered behind a held one), the broker killed at the first answer,
+    once that group commit is durable: every one of them committed, each
+    copier's retried commit answered as done, every output once."""
+    stall = tmp_path / "stall"
+    broker.stop()
+    broker.env["TXNBUF_WRITER_STALL"] = str(stall)
+    broker.env["TXNBUF_FAULT"] = "broker.after_local_commit"
+    broker.start()
+    holder = Client(broker.url, operation_timeout=30.0)
+    tasks = await several_in_one_group_commit(broker, stall, holder)
+    stall.unlink()  # the held write commits, then the four transactions in one group
+    assert broker.proc is not None
+    await asyncio.to_thread(broker.proc.wait, 30)
+    assert "SIGKILL at broker.after_local_commit" in broker.log()
+    del broker.env["TXNBUF_FAULT"], broker.env["TXNBUF_WRITER_STALL"]
+    broker.start()
+    errors_ = await asyncio.gather(*tasks)
+    await holder.close()
+    assert errors_ == [None] * COPIERS
+    outs, left = await copied(broker)
+    expected = Counter(b"out-%d-%d" % (c, i) for c in range(COPIERS) for i in range(N_INPUTS))
+    assert outs == expected and left == {}
+
+
+async def test_a_group_commit_of_several_local_transactions_killed_before_it_is_durable(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    """The same group commit, the broker killed while the writer holds it:
+    none of them happened. Each copier's commit is refused after the
+    restart (the coordinator aborted what it found open), no output is
+    seen, every input comes again."""
+    stall = tmp_path / "stall"
+    broker.stop()
+    broker.env["TXNBUF_WRITER_STALL"] = str(stall)
+    broker.start()
+    holder = Client(broker.url, operation_timeout=30.0)
+    tasks = await several_in_one_group_commit(broker, stall, holder)
+    broker.kill()
+    stall.unlink()
+    del broker.env["TXNBUF_WRITER_STALL"]
+    broker.start()
+    await holder.close()
+    for error in await asyncio.gather(*tasks):
+        assert isinstance(error, errors.InvalidTxnStatusError | errors.TransactionNotFoundError), (
+            repr(error)
+        )
+    outs, left = await copied(broker)
+    assert outs == Counter()
+    assert left == {c: [b"in-%d-%d" % (c, i) for i in range(N_INPUTS)] for c in range(COPIERS)}
+
+
+@pytest.mark.parametrize("broker", ["postgresql"], indirect=True)
+async def test_a_local_commit_killed_before_its_answer_on_postgresql(
+    broker: BrokerProcess,
+) -> None:
+    """The local path on a broker whose store is PostgreSQL: its records are
+    one PostgreSQL transaction; killed before the answer, the retried commit
+    is answered as done."""
+    result, error = await crash_at(broker, "broker.after_local_commit", full=False)
+    assert result == "committed" and error is None, repr(error)
+
+
 async def test_a_commit_is_lost_with_its_sends_answered_before_durable(
     broker: BrokerProcess, tmp_path: Path
 ) -> None:
@@ -199,12 +375,16 @@ async def test_a_commit_is_lost_with_its_sends_answered_before_durable(
         # A first transaction makes both partitions' transaction buffers (a
         # send that makes one waits for it to be durable): keys k4 and k0
         # go to partitions 0 and 1.
+        # Both take the full path (`Transaction.flush`): a local commit
+        # makes no transaction buffer and holds its sends in the client.
         async with client.transaction(timeout=120) as txn:
+            txn.flush()
             for key, m in zip(("k4", "k0"), kept, strict=True):
                 await producer.send(m.value.replace(b"in", b"out"), key=key, txn=txn)
                 await source.acknowledge(m, txn=txn)
         stall.touch()  # from here on the writer holds every write, committing none
         txn = await client.new_transaction(timeout=120)
+        txn.flush()
         for i, m in enumerate(lost):
             await producer.send(m.value.replace(b"in", b"out"), key=f"k{i}", txn=txn)
             await source.acknowledge(m, txn=txn)

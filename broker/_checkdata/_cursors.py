@@ -41,14 +41,14 @@ async def check_cursor(
         return
     check_positions(check, cname, pname, first, last, cursor)
     sub = cname.rsplit("/", 1)[1]
-    for key, held in cursor.txn_acks.items():
+    for key in cursor.txn_acks:
         here, meta = check.decision(key)
         if not here or (
             meta is not None and meta.status not in (TxnStatus.ABORTED, TxnStatus.COMMITTED)
         ):
             continue  # (not checked, or its coordinator ends it on start)
         objects = [cname, txn_name(key)]
-        n = len(held)
+        n = cursor.locks.count(key)
         if meta is not None and meta.status is TxnStatus.COMMITTED:
             check.find(
                 "pending-ack-of-committed",
