@@ -12,7 +12,7 @@ from types import TracebackType
 
 from proto import TxnID
 
-from ._brokers import Brokers, service_urls
+from ._brokers import Brokers, Route, service_urls, slot_of
 from ._connection import Command, Connection, command
 from ._consumer import Consumer
 from ._deadletter import DeadLetterPolicy, DeadLetters, Source
@@ -150,7 +150,10 @@ class Client:
         if not enable_2pc and not 0 < transaction_timeout <= 900:
             raise InvalidInputError("transaction_timeout must be in (0, 900] seconds")
         await self.connect()
-        return TransactionalProducer(self._conn, transactional_id, transaction_timeout, enable_2pc)
+        route = Route(self._brokers, self._conn)
+        if self._brokers.cluster:  # (the owner of the transactional id's slot)
+            route = Route(self._brokers, tc_id=slot_of(transactional_id, self._brokers.slots))
+        return TransactionalProducer(route, transactional_id, transaction_timeout, enable_2pc)
 
     async def create_producer(
         self,
@@ -390,7 +393,8 @@ class Client:
         if type(batch) is not int or batch <= 0:
             raise InvalidInputError(f"batch must be a positive int, not {batch!r}")
         await self.connect()
-        reader = Reader(await self._brokers.route(topic), topic, partition, Position(0, 0), batch)
+        route = Route(self._brokers, await self._brokers.route(topic), topic=topic)
+        reader = Reader(route, topic, partition, Position(0, 0), batch)
         if start == "earliest":
             reader._fetched = await reader.first()
         elif start == "latest":

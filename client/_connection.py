@@ -81,7 +81,7 @@ import ssl
 import urllib.parse
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import aiohttp
 
@@ -101,6 +101,9 @@ from .errors import (
     TxnbufError,
     from_wire,
 )
+
+if TYPE_CHECKING:
+    from ._brokers import Brokers
 
 log = logging.getLogger("client")
 
@@ -896,5 +899,6 @@ class ClientLink(Protocol):
     ``Client`` back."""
 
     _conn: Connection
+    _brokers: Brokers
 
     async def connect(self) -> None: ...

@@ -10,6 +10,7 @@ import json
 import pytest
 
 from client import Client, Position, SubscriptionCursor
+from client._brokers import Route
 from client._reader import read_entries
 from client.errors import InvalidArgumentError, InvalidInputError, OperationTimeoutError
 from tests.conftest import BrokerProcess, until
@@ -87,7 +88,7 @@ async def test_positions_only_reads_count_without_data(broker: BrokerProcess) ->
     async with Client(broker.url) as client:
         producer = await client.create_producer("counted", batching_max_messages=5)
         await asyncio.gather(*(producer.send(b"x%d" % i) for i in range(12)))
-        conn = client._conn
+        conn = Route(client._brokers, client._conn, topic="counted")
         whole = await read_entries(conn, "counted", 0, None, max_messages=100)
         assert whole.covered == 12 and whole.next == whole.end
         some = await read_entries(conn, "counted", 0, Position(0, 0), max_messages=7,
