@@ -117,6 +117,7 @@ class Brokers:
         self._moving: dict[Handler, asyncio.Task[None]] = {}
         self._slots = 0
         self._closed = False
+        self.moves = 0  # producers and consumers moved to another broker so far
 
     # -- Router ---------------------------------------------------------------------
 
@@ -246,6 +247,7 @@ class Brokers:
                 try:
                     target = await self.lookup(topic=handler.topic)
                     if await target.adopt(handler):
+                        self.moves += 1
                         log.info("%r now at %s", handler, target.url)
                         return
                 except TxnbufError as exc:

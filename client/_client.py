@@ -116,12 +116,16 @@ class Client:
 
     @property
     def connections(self) -> int:
-        """How many times this client has connected (1 + reconnects so far).
+        """How many times this client has connected (1 + reconnects so far;
+        in a cluster, the links of every broker's connection, and every move
+        of a producer or consumer to another broker).
 
         A consumer that sees this change knows its unacknowledged messages
-        may come again (the broker redelivers them after a reconnect).
+        may come again (the broker redelivers them after a reconnect, and
+        the new owner after a move).
         """
-        return self._conn.gen
+        brokers = self._brokers
+        return sum(conn.links for conn in brokers.connections()) + brokers.moves
 
     async def connect(self) -> None:
         """Connect now (retrying until ``operation_timeout``, then raising
