@@ -2,7 +2,9 @@
 postgresql``): ``initdb`` in the work dir and ``postgres`` on a free port of
 127.0.0.1 with ``fsync=on``, until `LocalPostgres.stop`. Debian's binaries
 (``/usr/lib/postgresql/N/bin``, off PATH) or ``postgres`` on PATH. As root,
-the server runs as the ``postgres`` user (it refuses to run as root)."""
+the server runs as the ``postgres`` user (it refuses to run as root), in a
+temporary folder of its own (the work dir's parents may be closed to that
+user), removed when it stops."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -41,17 +44,22 @@ class LocalPostgres:
 
     def __init__(self, folder: Path) -> None:
         self.bin = _bin()
-        self.dir = folder
-        folder.mkdir(parents=True, exist_ok=True)
         self.user = "postgres" if os.geteuid() == 0 else None
-        if self.user:
-            shutil.chown(folder, self.user)
+        self._temporary = self.user is not None
+        if self._temporary:
+            folder = Path(tempfile.mkdtemp(prefix="txnbuf-check-postgres-"))
+            shutil.chown(folder, "postgres")
+        else:
+            folder.mkdir(parents=True, exist_ok=True)
+        self.dir = folder
         data = folder / "data"
-        subprocess.run(
+        made = subprocess.run(
             [os.path.join(self.bin, "initdb"), "-D", str(data), "-U", "postgres",
              "--auth=trust", "--no-sync", "-E", "UTF8"],
-            user=self.user, check=True, capture_output=True,
+            user=self.user, capture_output=True, text=True,
         )  # fmt: skip
+        if made.returncode != 0:
+            raise RuntimeError(f"initdb failed: {made.stderr.strip()[-2000:]}")
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = int(s.getsockname()[1])
@@ -85,3 +93,5 @@ class LocalPostgres:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        if self._temporary:
+            shutil.rmtree(self.dir, ignore_errors=True)
