@@ -157,3 +157,50 @@ async def test_a_reader_reads_on_across_a_sigterm_handover(
 ) -> None:
     read = await _read_across(tmp_path, pg_url, logs, 30.0, signal.SIGTERM)
     assert read == [b"m%04d" % i for i in range(COUNT)], "a gap or a repeat"
+
+
+async def test_an_epoch_producer_and_a_transaction_group_follow_a_sigkill_of_their_owner(
+    tmp_path: Path,
+    pg_url: str,
+    logs: list[BrokerProcess],  # noqa: F811
+) -> None:
+    """A producer-epoch mode producer and a transaction group whose
+    coordinator and topic are a killed broker's go on at the new owner: the
+    epoch producer's transaction under way is not reported committed (the
+    new owner's recovery aborted it), its next one commits; a group's
+    transaction prepared before the kill is committed after it."""
+    start_all(tmp_path, pg_url, 3, 2.0, logs)
+    await wait_for("slots placed on the 3 brokers", lambda: settled(pg_url, logs))
+    victim, home = logs[0], logs[1]
+    slot = min((await owners(pg_url))[owner_id(victim)])
+    topic = topic_in(slot, "moving")
+    async with Client(home.url, operation_timeout=60.0) as client:
+        producer = await client.create_producer(topic)
+        reader = await client.create_reader(topic)
+        epoch = await client.create_transactional_producer(topic_in(slot, "tid"))
+        await epoch.init_transactions()
+        assert epoch._conn.url == victim.url
+        await epoch.begin_transaction()
+        await epoch.send(topic, b"before")
+        await epoch.commit_transaction()
+        groups = TransactionGroups(client)
+        prepared = await groups.new_transaction("batch", tc_id=slot)
+        await producer.send(b"grouped", txn=prepared)
+        await prepared.prepare()
+        await epoch.begin_transaction()
+        await (await epoch.send(topic, b"lost"))
+        assert victim.proc is not None
+        victim.proc.send_signal(signal.SIGKILL)
+        with pytest.raises(errors.TxnbufError):
+            await epoch.commit_transaction()
+        await epoch.abort_transaction()
+        await epoch.begin_transaction()
+        await epoch.send(topic, b"after")
+        await epoch.commit_transaction()
+        assert epoch._conn.url != victim.url
+        result = await groups.commit("job", 1, [prepared.id])
+        assert result.committed == 1 and not result.duplicate
+        got = [(await reader.read_next(timeout=60)).value for _ in range(3)]
+        assert sorted(got) == [b"after", b"before", b"grouped"]
+        with pytest.raises(errors.OperationTimeoutError):
+            await reader.read_next(timeout=1.0)
