@@ -43,12 +43,12 @@ class Client:
     when it cannot be reached. A broker of a cluster (docs/cluster.md) makes
     the client look each topic up and keep one WebSocket per broker, each
     producer and consumer on its topic's owner, following ownership changes
-    by itself (see ``client._brokers``). Not routed in a cluster (they go to
-    the first broker): readers after their creation, transaction groups,
-    cursors and the producer-epoch mode's producers; a transaction whose
-    coordinator and topics are on different brokers is refused
-    (``NotAllowedError``): ``new_transaction(near=topic)`` takes a
-    coordinator on the broker of ``topic``. Every operation gives up after
+    by itself (see ``client._brokers``); so do readers, subscription
+    cursors, transaction groups and the producer-epoch mode's producers,
+    request by request. A transaction whose coordinator and topics are on
+    different brokers is refused (``NotAllowedError``):
+    ``new_transaction(near=topic)`` takes a coordinator on the broker of
+    ``topic``. Every operation gives up after
     ``operation_timeout`` seconds with ``OperationTimeoutError``. The client
     connects on ``__aenter__`` (or ``connect()``, or its first operation);
     after ``close()`` every use raises ``ClientClosedError``.
