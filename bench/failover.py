@@ -56,6 +56,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import asyncpg
@@ -134,11 +135,11 @@ def topic_in(slot: int, prefix: str = "f") -> str:
     return f"{prefix}{i}"
 
 
-async def wait_until(check: object) -> None:
+async def wait_until(check: object, state: Callable[[], str] = lambda: "") -> None:
     deadline = time.monotonic() + WAIT
     while not await check():  # type: ignore[operator]
         if time.monotonic() > deadline:
-            raise RuntimeError("a failover did not finish")
+            raise RuntimeError(f"a failover did not finish {state()}")
         await asyncio.sleep(0.02)
 
 
@@ -259,7 +260,10 @@ async def one_failover(
             and sum(1 for _, t in sends if t > after) >= count
         )
 
-    await wait_until(lambda: acked(0.0, 20))
+    def state() -> str:
+        return f"(acknowledged {len(acks)}, committed {len(commits)}, steady {len(sends)})"
+
+    await wait_until(lambda: acked(0.0, 20), state)
     await asyncio.sleep(1.0)  # (a second of steady sends before the signal)
     t0 = time.monotonic()
     victim.signal(sig)
@@ -268,7 +272,7 @@ async def one_failover(
     by = {b.owner: b for b in others}
     serving = await served(url, set(held), by, t0)
     done = time.monotonic()
-    await wait_until(lambda: acked(done, 5))
+    await wait_until(lambda: acked(done, 5), state)
     stop.set()
     await asyncio.gather(*tasks)
     around = [t for t in acks if t <= t0][-1:] + [t for t in acks if t > t0]
