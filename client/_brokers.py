@@ -316,11 +316,12 @@ class Route:
         if deadline is None:
             deadline = loop.time() + self.brokers.operation_timeout
         delay = BACKOFF_MIN
+        looked = False  # (looked up during this request already)
         if not self._placed:
             self.conn = await self.brokers.lookup(
                 topic=self.topic, tc_id=self.tc_id, deadline=deadline
             )
-            self._placed = True
+            self._placed = looked = True
         while True:
             self.brokers._check_open()
             conn = self.conn
@@ -342,6 +343,10 @@ class Route:
                     delay = min(delay * 2, LOOKUP_BACKOFF_MAX)
                     continue
                 log.info("%s: %s; looking the owner up again", what, exc)
+                if looked:  # (a look may still name the old owner: not in a busy loop)
+                    await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
+                    delay = min(delay * 2, LOOKUP_BACKOFF_MAX)
             self.conn = await self.brokers.lookup(
                 topic=self.topic, tc_id=self.tc_id, deadline=deadline
             )
+            looked = True
