@@ -26,7 +26,8 @@ Also beside each:
   topic's broker (``transaction(near=topic)``: the victim's before the
   signal); one that fails (its coordinator died or moved: aborted by the
   new owner's recovery) or takes longer than ``TXN_GIVE_UP`` (its operation
-  timeout) is given up. Measured: the time from the signal to the commit
+  timeout; or, not answered at all, after ``HUNG``: counted, with where it
+  waited) is given up. Measured: the time from the signal to the commit
   of the first transaction begun after it (not one begun before: a drain
   settles those); transactions begun meanwhile do not wait for one stuck
   on the dead broker;
@@ -45,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import itertools
 import os
@@ -58,6 +60,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
@@ -72,6 +75,8 @@ WAIT = 120.0
 STEADY_EVERY = 0.01  # seconds between the steady producer's sends
 TXN_GIVE_UP = 2.0  # seconds: the transacting client's operation timeout
 TXN_EVERY = 0.05  # seconds between the transacting client's transactions
+HUNG = 5 * TXN_GIVE_UP  # seconds after which a transaction is given up as hung
+FAILED: collections.Counter[str] = collections.Counter()  # the transactions' errors
 
 
 def _free_port() -> int:
@@ -195,18 +200,24 @@ async def transact(
 
         async def attempt() -> None:
             began = time.monotonic()
-            with contextlib.suppress(TxnbufError):
+            try:
                 async with client.transaction(near=topic) as txn:
                     await producer.send(b"t", txn=txn)
                 commits.append((began, time.monotonic()))
+            except TxnbufError as exc:
+                FAILED[type(exc).__name__ + ": " + str(exc)[:150]] += 1
 
-        running: set[asyncio.Future[None]] = set()
+        running: dict[asyncio.Task[None], float] = {}
         while not stop.is_set():
-            task = asyncio.ensure_future(attempt())
-            running.add(task)
-            task.add_done_callback(running.discard)
+            task = asyncio.create_task(attempt())
+            running[task] = time.monotonic()
+            task.add_done_callback(lambda t: running.pop(t, None))
             await asyncio.sleep(TXN_EVERY)
-        await asyncio.gather(*running)
+            for task, began in list(running.items()):
+                if time.monotonic() - began > HUNG:  # (past every deadline: noted, dropped)
+                    FAILED[f"hung in {awaiting(task)}"] += 1
+                    task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
 
 
 async def steady(
@@ -227,6 +238,16 @@ async def steady(
             pending.append(asyncio.ensure_future(one(producer)))
             await asyncio.sleep(STEADY_EVERY)
         await asyncio.gather(*pending)
+
+
+def awaiting(task: asyncio.Task[None]) -> str:
+    """Where ``task`` waits: its chain of coroutines, innermost last."""
+    names = []
+    coro: Any = task.get_coro()
+    while coro is not None and hasattr(coro, "cr_code"):
+        names.append(coro.cr_code.co_name)
+        coro = coro.cr_await
+    return " > ".join(names[-5:])
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -261,7 +282,10 @@ async def one_failover(
         )
 
     def state() -> str:
-        return f"(acknowledged {len(acks)}, committed {len(commits)}, steady {len(sends)})"
+        return (
+            f"(acknowledged {len(acks)}, committed {len(commits)}, steady {len(sends)}; "
+            f"transactions failed: {FAILED.most_common(5)})"
+        )
 
     await wait_until(lambda: acked(0.0, 20), state)
     await asyncio.sleep(1.0)  # (a second of steady sends before the signal)
