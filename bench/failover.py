@@ -358,6 +358,8 @@ async def run(url: str, folder: Path, rounds: int, ttl: float | None) -> None:
                   f"steady producer in the window: p50 median {median('p50'):.2f}s, p99 "
                   f"median {median('p99'):.2f}s, worst {most('p99'):.2f}s "
                   f"({len(figures)} rounds)")  # fmt: skip
+        given_up = ", ".join(f"{n} {why}" for why, n in FAILED.most_common(8))
+        print(f"transactions given up, by error: {given_up or 'none'}")
     finally:
         for b in brokers:
             if b.proc is not None and b.proc.poll() is None:
