@@ -67,7 +67,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -281,7 +281,7 @@ class Nemesis:
         rec: Recorder,
         cfg: WorkloadConfig,
         control: Client | None = None,
-        topics: list[str] = (),  # type: ignore[assignment]
+        topics: Sequence[str] = (),
         near: str | None = None,
     ) -> None:
         """``control``: a client of the cluster, for lookups of who owns
