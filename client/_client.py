@@ -285,9 +285,10 @@ class Client:
 
         A cluster: coordinator k lives on the owner of slot k. Without
         ``near`` the coordinators are those of the first broker; with
-        ``near`` (a topic) those of the broker serving that topic, so that
-        sends and acks on the topics of that broker may join the
-        transaction (a transaction across brokers is not built: refused).
+        ``near`` (a topic) the coordinator of the topic's slot, on the
+        broker serving the topic (it moves with the topic), so that sends
+        and acks on the topics of that broker may join the transaction (a
+        transaction across brokers is not built: refused).
         """
         if (
             isinstance(timeout, bool)
@@ -304,11 +305,13 @@ class Client:
             _check_name("near", near)
         await self.connect()
         if near is not None and self._brokers.cluster:
-            conn = await self._brokers.route(near)
-            if conn is not self._conn:
-                fresh, conn = await self._new_txn(ttl_ms, conn)
-                txn_id = TxnID(fresh.most_bits, fresh.least_bits)
-                return Transaction(conn, txn_id, fresh.tc_id, timeout)
+            # The coordinator of the topic's slot: it lives with the topic
+            # (a broker's coordinators as its CONNECTED named them may have
+            # moved since). No spare: spares are the first broker's.
+            slot = slot_of(near, self._brokers.slots)
+            fresh, conn = await self._new_txn(ttl_ms, await self._brokers.route(near), slot)
+            txn_id = TxnID(fresh.most_bits, fresh.least_bits)
+            return Transaction(conn, txn_id, fresh.tc_id, timeout)
         spare = self._spares.take(ttl_ms)
         conn = self._conn
         if spare is None:
@@ -327,14 +330,15 @@ class Client:
         return tc_id
 
     async def _new_txn(
-        self, ttl_ms: int, conn: Connection | None = None
+        self, ttl_ms: int, conn: Connection | None = None, tc_id: int | None = None
     ) -> tuple[Spare, Connection]:
-        """NEW_TXN to the next coordinator (round robin) of ``conn``'s
-        broker (the first broker's by default); in a cluster, at the
-        coordinator's owner if it moved. The transaction, and the
-        connection of its coordinator."""
+        """NEW_TXN to coordinator ``tc_id`` (default: the next, round
+        robin, of ``conn``'s broker, the first broker's by default) at
+        ``conn``; in a cluster, at the coordinator's owner if it moved. The
+        transaction, and the connection of its coordinator."""
         conn = conn or self._conn
-        tc_id = self._round_robin_tc(conn)
+        if tc_id is None:
+            tc_id = self._round_robin_tc(conn)
         born = asyncio.get_running_loop().time()
 
         def build(request_id: int) -> Command:

@@ -1868,3 +1868,24 @@ async def test_a_routed_request_refused_not_owner_is_looked_up_and_made_again(
             assert len(owner.of_type(T.NEW_TXN)) == 2 and not fake.of_type(T.NEW_TXN)
     finally:
         await owner.stop()
+
+
+async def test_a_transaction_near_a_topic_takes_the_coordinator_of_its_slot(
+    fake: FakeBroker,
+) -> None:
+    """In a cluster ``near=topic`` takes coordinator ``crc32(topic) % slots``
+    at the topic's broker, not one its CONNECTED named (a broker that just
+    joined names none: its slots arrive after it connects clients)."""
+    owner = FakeBroker()
+    await owner.start()
+    try:
+        fake.slots = owner.slots = 64
+        fake.tc_ids = [0]
+        fake.redirect = owner.url  # (owner.tc_ids: none, as a joining broker's)
+        async with Client(fake.url, operation_timeout=5.0) as client:
+            txn = await client.new_transaction(near="t")
+            assert txn._conn.url == owner.url
+            assert [c.new_txn.tc_id for c in owner.of_type(T.NEW_TXN)] == [zlib.crc32(b"t") % 64]
+            assert txn.id.tcid == zlib.crc32(b"t") % 64
+    finally:
+        await owner.stop()
