@@ -6,7 +6,7 @@
 
 With ``--store`` the brokers form a cluster over one PostgreSQL database
 (``postgresql``: a server of the check's own, made with ``initdb`` in the
-work dir; a URL: that database, which should be empty) and each fault is
+work dir; a URL: that database, which no other broker may serve) and each fault is
 aimed at brokers chosen by role: the owner of the transactions'
 coordinator, the owner of a key's partition, both, or one at random (see
 `checker._workload`).
