@@ -49,6 +49,7 @@ import logging
 import ssl
 import zlib
 from collections.abc import Callable
+from typing import Protocol
 
 from proto import txnbuf_pb2 as pb
 
@@ -62,7 +63,7 @@ from .errors import (
     TxnbufError,
 )
 
-__all__ = ["Brokers", "Route", "service_urls", "slot_of"]
+__all__ = ["Brokers", "ClientLink", "Route", "service_urls", "slot_of"]
 
 log = logging.getLogger("client")
 
@@ -350,3 +351,15 @@ class Route:
                 topic=self.topic, tc_id=self.tc_id, deadline=deadline
             )
             looked = True
+
+
+class ClientLink(Protocol):
+    """What a request object made from a `client.Client` (``TransactionGroups``,
+    ``SubscriptionCursor``) needs of it: its connection, and a way to make
+    sure it is up, and its brokers. Typed here, below the client, so that they do not import
+    ``Client`` back."""
+
+    _conn: Connection
+    _brokers: Brokers
+
+    async def connect(self) -> None: ...

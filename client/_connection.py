@@ -81,7 +81,7 @@ import ssl
 import urllib.parse
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import aiohttp
 
@@ -101,9 +101,6 @@ from .errors import (
     TxnbufError,
     from_wire,
 )
-
-if TYPE_CHECKING:
-    from ._brokers import Brokers
 
 log = logging.getLogger("client")
 
@@ -890,15 +887,3 @@ class Connection:
                     handler.expire(now)
                 except Exception:
                     log.exception("expiring timed-out operations failed")
-
-
-class ClientLink(Protocol):
-    """What a request object made from a `client.Client` (``TransactionGroups``,
-    ``SubscriptionCursor``) needs of it: its connection, and a way to make
-    sure it is up. Typed here, below the client, so that they do not import
-    ``Client`` back."""
-
-    _conn: Connection
-    _brokers: Brokers
-
-    async def connect(self) -> None: ...

@@ -39,8 +39,8 @@ from typing import NamedTuple
 
 from proto import TxnID
 
-from ._brokers import Route, slot_of
-from ._connection import ClientLink, Command, Type, command
+from ._brokers import ClientLink, Route, slot_of
+from ._connection import Command, Type, command
 from ._txn import Transaction
 from .errors import InvalidInputError
 

@@ -35,8 +35,8 @@ from typing import NamedTuple
 
 from proto import txnbuf_pb2 as pb
 
-from ._brokers import Route
-from ._connection import ClientLink, Command, Type, command
+from ._brokers import ClientLink, Route
+from ._connection import Command, Type, command
 from ._message import Message, decode_entry
 from .errors import InvalidInputError, OperationTimeoutError
 

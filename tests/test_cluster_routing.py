@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from client import Client, SubscriptionCursor, TransactionGroups, errors
-from tests.conftest import BrokerProcess
+from proto import txnbuf_pb2 as pb
+from tests.conftest import BrokerProcess, RawConnection
 from tests.test_cluster_brokers import (
     logs,  # noqa: F401 (a fixture)
     owner_id,
@@ -79,6 +80,11 @@ async def test_readers_cursors_groups_and_epoch_producers_reach_other_brokers(
         assert not result.duplicate and result.committed == 1
         assert (await groups.commit("job", 1, [txn.id])).duplicate
         assert (await middle.read_next(timeout=30)).value == b"grouped"
+        # At a broker that does not serve the coordinator: the retriable NOT_OWNER.
+        async with RawConnection(home.url) as raw:
+            ask = pb.CommandAbortTagged(request_id=1, tc_id=slot, tag="batch-1")
+            reply = await raw.request(pb.BaseCommand.ABORT_TAGGED, "abort_tagged", ask)
+            assert reply.txn_group_response.error == pb.NOT_OWNER
         doomed = await groups.new_transaction("batch-2", tc_id=tc_id)
         await producer.send(b"never", txn=doomed)
         await doomed.prepare()
