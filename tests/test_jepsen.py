@@ -99,8 +99,11 @@ def test_queue_workload_on_a_cluster_of_three_brokers_with_faults_aimed_by_role(
         timeout=600,
     )  # fmt: skip
     out = result.stdout + result.stderr
-    assert result.returncode == 0, out[-5000:]
-    assert "result: valid" in result.stdout, out[-5000:]
+    # (On failure: the summary table and the fault schedule, then the end of
+    # the log; the history stays in pytest's tmp_path.)
+    shown = f"{result.stdout[-6000:]}\n---\n{result.stderr[-3000:]}\nhistory: {history}"
+    assert result.returncode == 0, shown
+    assert "result: valid" in result.stdout, shown
     assert "final reads complete           yes" in result.stdout
     brokers = re.search(r"^brokers (.*); keys", result.stdout, re.M)
     assert brokers is not None, out[-3000:]
