@@ -48,7 +48,7 @@ from cluster._ownership import (
     slot_of,
     watch,
 )
-from cluster._postgres import PostgresMembership
+from cluster._postgres import PostgresMembership, kafka_address, service_url
 from cluster._store import (
     Event,
     EventKind,
@@ -91,10 +91,12 @@ __all__ = [
     "check_history",
     "decide",
     "direct",
+    "kafka_address",
     "placement",
     "quotas",
     "relation",
     "score",
+    "service_url",
     "slot_of",
     "watch",
 ]

@@ -27,7 +27,7 @@ import asyncpg
 from cluster._ownership import SlotRow, View
 from cluster._store import MembershipError
 
-__all__ = ["LOCK_TIMEOUT", "PostgresMembership"]
+__all__ = ["KAFKA_SCHEME", "LOCK_TIMEOUT", "PostgresMembership", "kafka_address", "service_url"]
 
 LOCK_TIMEOUT = "1s"
 IDLE_IN_TRANSACTION = "5s"
@@ -63,6 +63,25 @@ WHERE s.slot = t.slot AND s.owner = $1 AND s.epoch = t.epoch
 RETURNING s.slot
 """
 _URLS = "SELECT id, urls FROM txnbuf.brokers"
+KAFKA_SCHEME = "kafka://"
+
+
+def service_url(urls: str) -> str:
+    """The service URL (txnbuf's protocol) of a broker's ``urls``: its first
+    word. ``urls`` is the broker's service URL, then, separated by spaces,
+    the other listeners' addresses: ``kafka://host:port`` for its Kafka
+    listener (`kafka_address`)."""
+    words = urls.split()
+    return words[0] if words else ""
+
+
+def kafka_address(urls: str) -> str | None:
+    """The ``host:port`` of a broker's Kafka listener, given in its ``urls``
+    (see `service_url`), or None if it has none."""
+    for word in urls.split()[1:]:
+        if word.startswith(KAFKA_SCHEME):
+            return word[len(KAFKA_SCHEME) :]
+    return None
 
 
 def _unknown(what: str, exc: BaseException) -> MembershipError:
@@ -79,9 +98,11 @@ class PostgresMembership:
     def __init__(self, pool: asyncpg.Pool, slots: int) -> None:
         self._pool = pool
         self.slots = slots  # the number of slots of the database
-        # The last snapshot read, and the registered brokers' URLs then.
+        # The last snapshot read, and the registered brokers' service URLs
+        # and Kafka listeners' addresses (of those that have one) then.
         self.last_view: View | None = None
         self.last_urls: dict[str, str] = {}
+        self.last_kafka: dict[str, str] = {}
 
     @classmethod
     async def open(cls, url: str) -> PostgresMembership:
@@ -151,7 +172,10 @@ class PostgresMembership:
             tuple(SlotRow(owner, int(epoch)) for _, owner, epoch in slots),
         )
         self.last_view = view
-        self.last_urls = {b: urls for b, _, urls in brokers}
+        self.last_urls = {b: service_url(urls) for b, _, urls in brokers}
+        self.last_kafka = {
+            b: address for b, _, urls in brokers if (address := kafka_address(urls)) is not None
+        }
         return view
 
     async def join(self, me: str, urls: str, ttl: float) -> float:
@@ -190,6 +214,7 @@ class PostgresMembership:
     # -- beyond the protocol --------------------------------------------------------
 
     async def urls(self) -> dict[str, str]:
-        """Every registered broker's URLs (live or not): broker id -> urls."""
+        """Every registered broker's service URL (live or not): broker id ->
+        URL (`service_url` of its row's ``urls``)."""
         rows = await self._fetch("reading the brokers' URLs", _URLS)
-        return {str(b): str(u) for b, u in rows}
+        return {str(b): service_url(str(u)) for b, u in rows}

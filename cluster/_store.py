@@ -49,7 +49,9 @@ class MembershipStore(Protocol):
 
         CREATE TABLE brokers (
             id          text PRIMARY KEY,
-            urls        text NOT NULL,          -- where clients reach it
+            urls        text NOT NULL,          -- where clients reach it: the
+                                                -- service URL, then e.g.
+                                                -- kafka://host:port
             lease_until timestamptz NOT NULL    -- by the database's clock
         );
         CREATE TABLE slots (

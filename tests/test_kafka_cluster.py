@@ -1,0 +1,465 @@
+"""The Kafka listener in a cluster: three brokers over one PostgreSQL, each
+with a Kafka listener, as real processes; and the listener's view of the
+cluster (`broker.kafka._cluster`) on fakes of the membership.
+
+With real processes: Metadata at every broker lists the three brokers, each
+partition's leader (its slot's owner) and leader epoch (its slot's epoch)
+as the slots table has them, and the owner of slot 0 as the controller;
+FindCoordinator answers the owner of a group's and a transactional id's
+slot; at a broker that does not own a slot, Produce, Fetch and ListOffsets
+are refused NOT_LEADER_OR_FOLLOWER and the group and transaction APIs
+NOT_COORDINATOR, changing nothing; plain Kafka producers and consumer
+groups bootstrapped at one broker reach the topics of every broker; and
+each of the three Kafka clients' transactional copier copies every input
+record exactly once across a SIGKILL of the broker owning its partitions
+and its coordinator. Tests wait for conditions, never for a length of time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import socket
+import uuid
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from kio.schema.fetch.v11 import request as fetch
+from kio.schema.find_coordinator.v1 import request as find_coordinator
+from kio.schema.heartbeat.v0 import request as heartbeat
+from kio.schema.init_producer_id.v1 import request as init_producer_id
+from kio.schema.list_offsets.v5 import request as list_offsets
+from kio.schema.metadata.v8 import request as metadata
+from kio.schema.produce.v8 import request as produce
+
+from broker._slots import slot_of_key
+from broker.kafka._cluster import (
+    COORDINATOR_LOAD_IN_PROGRESS,
+    COORDINATOR_NOT_AVAILABLE,
+    LEADER_NOT_AVAILABLE,
+    NOT_COORDINATOR,
+    NOT_LEADER_OR_FOLLOWER,
+    KafkaCluster,
+    node_id,
+)
+from broker.kafka._codec import Api
+from broker.kafka._session import KafkaError
+from cluster import SlotRow, View, kafka_address, service_url
+from tests.conftest import BrokerProcess, free_port
+from tests.kafka_copier import PLAINTEXT
+from tests.test_cluster_brokers import (
+    SLOTS,
+    logs,  # noqa: F401 (a fixture)
+    owner_id,
+    owners,
+    slots,
+    wait_for,
+)
+from tests.test_cluster_clients import settled
+from tests.test_kafka import (
+    AIOKAFKA,
+    CONFLUENT_KAFKA,
+    KAFKA_PYTHON,
+    KAFKA_PYTHON_WARNINGS,
+    Copier,
+    KafkaClient,
+)
+from tests.test_kafka_unit import _call, kafka_python_batch
+
+TTL = 2.0  # seconds of lease: a SIGKILLed broker's slots move within it and a look
+
+
+# -- the listener's view, on fakes ------------------------------------------------------
+
+
+def _fake(served: set[int], held: dict[int, int], view: View, kafka: dict[str, str]) -> Any:
+    host = SimpleNamespace(
+        me="me",
+        served=served,
+        member=SimpleNamespace(held=held),
+        membership=SimpleNamespace(last_view=view, last_kafka=kafka),
+    )
+    broker = SimpleNamespace(store=SimpleNamespace(slot_count=4), coordinators={0: object()})
+    return KafkaCluster(broker, host, "h:1")  # type: ignore[arg-type]
+
+
+def key_in(slot: int, slots: int, prefix: str) -> str:
+    i = 0
+    while slot_of_key(f"{prefix}{i}", slots) != slot:
+        i += 1
+    return f"{prefix}{i}"
+
+
+def test_the_listener_answers_leaders_and_coordinators_from_the_last_look() -> None:
+    # Slot 0 served here (epoch 3); slot 1 taken, loading; slot 2 owned by a
+    # live broker b; slot 3 by c, whose lease ran out.
+    view = View(
+        100.0,
+        {"me": 105.0, "b": 105.0, "c": 99.0},
+        (SlotRow("me", 3), SlotRow("me", 5), SlotRow("b", 7), SlotRow("c", 2)),
+    )
+    kc = _fake({0}, {0: 3, 1: 5}, view, {"me": "h:1", "b": "hb:2", "c": "hc:3"})
+    me, b = node_id("h:1"), node_id("hb:2")
+    assert kc.brokers() == [(me, "h", 1), (b, "hb", 2)]  # (c is not live)
+    assert kc.controller() == me
+    t = [key_in(k, 4, "t") for k in range(4)]
+    assert [kc.leader(name) for name in t] == [(me, 3), None, (b, 7), None]
+    kc.check_leader(t[0])
+    for name in t[1:]:
+        with pytest.raises(KafkaError) as refused:
+            kc.check_leader(name)
+        assert refused.value.code == NOT_LEADER_OR_FOLLOWER
+    # Coordinators: here; loading here; at b; nobody (being taken over).
+    assert kc.check_coordinator(t[0], "group") == 0
+    assert kc.coordinator(t[0]) == (me, "h", 1)
+    with pytest.raises(KafkaError) as refused:
+        kc.check_coordinator(t[1], "group")
+    assert refused.value.code == COORDINATOR_LOAD_IN_PROGRESS
+    assert kc.coordinator(t[1]) == (me, "h", 1)
+    with pytest.raises(KafkaError) as refused:
+        kc.check_coordinator(t[2], "transactional id", tcid=True)
+    assert refused.value.code == NOT_COORDINATOR
+    assert kc.coordinator(t[2]) == (b, "hb", 2)
+    with pytest.raises(KafkaError) as refused:
+        kc.coordinator(t[3])
+    assert refused.value.code == COORDINATOR_NOT_AVAILABLE
+    # A slot served whose transaction coordinator is not open yet: loading.
+    kc = _fake({0, 1}, {0: 3, 1: 5}, view, {"me": "h:1"})
+    assert kc.check_coordinator(t[1], "group") == 1
+    with pytest.raises(KafkaError) as refused:
+        kc.check_coordinator(t[1], "transactional id", tcid=True)
+    assert refused.value.code == COORDINATOR_LOAD_IN_PROGRESS
+    # A live owner without a Kafka listener leads nothing Kafka clients reach.
+    kc = _fake(set(), {}, view, {"me": "h:1"})
+    assert kc.leader(t[2]) is None and kc.brokers() == [(me, "h", 1)]
+
+
+def test_a_membership_rows_urls_hold_the_service_url_and_the_kafka_address() -> None:
+    assert service_url("http://a:6650 kafka://a:9092") == "http://a:6650"
+    assert kafka_address("http://a:6650 kafka://a:9092") == "a:9092"
+    assert (service_url("http://a:6650"), kafka_address("http://a:6650")) == (
+        "http://a:6650",
+        None,
+    )
+
+
+# -- three brokers ---------------------------------------------------------------------
+
+
+class KafkaClusterBroker(BrokerProcess):
+    """A cluster broker (`--cluster`) with a Kafka listener."""
+
+    def __init__(self, tmp_path: Path, url: str, name: str) -> None:
+        super().__init__(tmp_path / name, tmp_path / f"{name}.log", store=url)
+        self.kafka_port = free_port()
+        self.args = ["--cluster", "--lease-ttl", str(TTL), "--kafka-port", str(self.kafka_port)]
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.kafka_port}"
+
+    @property
+    def node(self) -> int:
+        return node_id(self.address)
+
+
+def start_kafka_cluster(tmp_path: Path, url: str, procs: list[BrokerProcess]) -> list[Any]:
+    for i in range(3):
+        proc = KafkaClusterBroker(tmp_path, url, f"b{i}")
+        procs.append(proc)
+        proc.start()
+    return list(procs)
+
+
+def bootstrap(procs: list[Any]) -> str:
+    return ",".join(p.address for p in procs)
+
+
+async def owner_of(url: str, slot: int, procs: list[Any]) -> Any:
+    found = await owners(url)
+    for proc in procs:
+        if slot in found.get(owner_id(proc), set()):
+            return proc
+    raise AssertionError(f"slot {slot} is owned by none of the brokers: {found}")
+
+
+def create_topic(owner: BrokerProcess, name: str, partitions: int = 2) -> None:
+    """Create ``name`` at the owner of its slot (which writes its topic list)."""
+    status, body = owner.admin(
+        "PUT", f"/admin/v1/topics/{name}", b'{"partitions": %d}' % partitions
+    )
+    assert status == 200, body
+
+
+def same_slot_names(slot: int) -> tuple[str, str, str]:
+    """(source topic, destination topic, group) whose slots, and the slot of
+    the copier's transactional id (``<group>-tx``, `tests.kafka_copier`),
+    are all ``slot``. A transaction whose coordinator (the transactional
+    id's slot) and participants (the topics' partitions, the group's
+    offsets) are on different brokers needs transactions across brokers,
+    which the Kafka listener does not have: the copier's names share one
+    slot, so that they move together and its transactions stay on one
+    broker through a failover."""
+    src = key_in(slot, SLOTS, f"in-{uuid.uuid4().hex[:4]}-")
+    dst = key_in(slot, SLOTS, f"out-{uuid.uuid4().hex[:4]}-")
+    prefix = f"copier-{uuid.uuid4().hex[:4]}-"
+    i = 0
+    while not (slot_of_key(f"{prefix}{i}", SLOTS) == slot == slot_of_key(f"{prefix}{i}-tx", SLOTS)):
+        i += 1
+    return src, dst, f"{prefix}{i}"
+
+
+async def metadata_matches(proc: Any, procs: list[Any], url: str, topics: list[str]) -> bool:
+    """Metadata at ``proc`` names the brokers, leaders, leader epochs and
+    controller the slots table has now."""
+    table = {slot: (owner, epoch) for slot, owner, epoch in await slots(url)}
+    nodes = {owner_id(p): p for p in procs}
+    req = metadata.MetadataRequest(
+        topics=tuple(metadata.MetadataRequestTopic(name=t) for t in topics),
+        allow_auto_topic_creation=False,
+        include_cluster_authorized_operations=False,
+        include_topic_authorized_operations=False,
+    )
+    body = await asyncio.to_thread(_ask, proc, Api.METADATA, 8, req)
+    brokers = sorted((b.node_id, b.host, b.port) for b in body.brokers)
+    if brokers != sorted((p.node, "127.0.0.1", p.kafka_port) for p in procs):
+        return False
+    owner0 = table[0][0]
+    if owner0 not in nodes or body.controller_id != nodes[owner0].node:
+        return False
+    for topic in body.topics:
+        owner, epoch = table[slot_of_key(topic.name, SLOTS)]
+        if topic.error_code or owner not in nodes or len(topic.partitions) != 2:
+            return False
+        for part in topic.partitions:
+            if (part.error_code, part.leader_id, part.leader_epoch) != (
+                0,
+                nodes[owner].node,
+                epoch,
+            ):
+                return False
+    return True
+
+
+def _ask(proc: Any, api: Api, version: int, req: object) -> Any:
+    with socket.create_connection(("127.0.0.1", proc.kafka_port), timeout=10) as sock:
+        return _call(sock, api, version, req, 7)
+
+
+@KAFKA_PYTHON_WARNINGS
+async def test_metadata_coordinators_and_refusals_follow_the_slots_table(
+    tmp_path: Path,
+    pg_url: str,
+    logs: list[BrokerProcess],  # noqa: F811
+) -> None:
+    procs = start_kafka_cluster(tmp_path, pg_url, logs)
+    await wait_for("slots placed on the 3 brokers", lambda: settled(pg_url, procs))
+    found = await owners(pg_url)
+    mine = {p.node: min(found[owner_id(p)]) for p in procs}  # a slot of each broker
+    topics = [key_in(mine[p.node], SLOTS, "k") for p in procs]
+    for proc, topic in zip(procs, topics, strict=True):
+        create_topic(proc, topic)
+    for proc in procs:
+        await wait_for(
+            f"Metadata at {proc.address} as the slots table",
+            lambda proc=proc: metadata_matches(proc, procs, pg_url, topics),
+        )
+    # FindCoordinator: the owner of the group's or transactional id's slot,
+    # at every broker.
+    for owner in procs:
+        key = key_in(mine[owner.node], SLOTS, "g")
+        for asked in procs:
+            for key_type in (0, 1):
+                req = find_coordinator.FindCoordinatorRequest(key=key, key_type=key_type)
+                body = await asyncio.to_thread(_ask, asked, Api.FIND_COORDINATOR, 1, req)
+                assert (body.error_code, body.node_id, body.port) == (
+                    0,
+                    owner.node,
+                    owner.kafka_port,
+                )
+    # At a broker that does not own the slot: refused, nothing changed.
+    a, b = procs[0], procs[1]
+    topic = topics[1]  # (b's)
+    records = kafka_python_batch([(b"k", b"v", [])])
+    produced = produce.ProduceRequest(
+        transactional_id=None,
+        acks=-1,
+        timeout=datetime.timedelta(seconds=5),
+        topic_data=(
+            produce.TopicProduceData(
+                name=topic, partition_data=(produce.PartitionProduceData(index=0, records=records),)
+            ),
+        ),
+    )
+    body = await asyncio.to_thread(_ask, a, Api.PRODUCE, 8, produced)
+    assert body.responses[0].partition_responses[0].error_code == NOT_LEADER_OR_FOLLOWER
+    fetched = fetch.FetchRequest(
+        replica_id=-1,
+        max_wait=datetime.timedelta(0),
+        min_bytes=1,
+        max_bytes=1 << 20,
+        isolation_level=1,
+        session_id=0,
+        session_epoch=-1,
+        topics=(
+            fetch.FetchTopic(
+                topic=topic,
+                partitions=(
+                    fetch.FetchPartition(
+                        partition=0,
+                        current_leader_epoch=-1,
+                        fetch_offset=0,
+                        log_start_offset=-1,
+                        partition_max_bytes=1 << 20,
+                    ),
+                ),
+            ),
+        ),
+        forgotten_topics_data=(),
+        rack_id="",
+    )
+    body = await asyncio.to_thread(_ask, a, Api.FETCH, 11, fetched)
+    assert body.responses[0].partitions[0].error_code == NOT_LEADER_OR_FOLLOWER
+    listed = list_offsets.ListOffsetsRequest(
+        replica_id=-1,
+        isolation_level=1,
+        topics=(
+            list_offsets.ListOffsetsTopic(
+                name=topic,
+                partitions=(
+                    list_offsets.ListOffsetsPartition(
+                        partition_index=0, current_leader_epoch=-1, timestamp=-1
+                    ),
+                ),
+            ),
+        ),
+    )
+    body = await asyncio.to_thread(_ask, a, Api.LIST_OFFSETS, 5, listed)
+    assert body.topics[0].partitions[0].error_code == NOT_LEADER_OR_FOLLOWER
+    body = await asyncio.to_thread(_ask, b, Api.LIST_OFFSETS, 5, listed)  # (its leader)
+    part = body.topics[0].partitions[0]
+    assert (part.error_code, part.offset) == (0, 0)
+    assert part.leader_epoch == (await slots(pg_url))[slot_of_key(topic, SLOTS)][2]
+    group = key_in(mine[b.node], SLOTS, "g")
+    beat = heartbeat.HeartbeatRequest(group_id=group, generation_id=1, member_id="m")
+    body = await asyncio.to_thread(_ask, a, Api.HEARTBEAT, 0, beat)
+    assert body.error_code == NOT_COORDINATOR
+    init = init_producer_id.InitProducerIdRequest(
+        transactional_id=group, transaction_timeout=datetime.timedelta(seconds=10)
+    )
+    body = await asyncio.to_thread(_ask, a, Api.INIT_PRODUCER_ID, 1, init)
+    assert body.error_code == NOT_COORDINATOR
+    status, stats = b.admin("GET", f"/admin/v1/topics/{topic}/stats")
+    assert status == 200 and b'"messages": 0' in stats.replace(b'"messages":0', b'"messages": 0')
+    _ = LEADER_NOT_AVAILABLE  # (a slot without a live owner: the unit test above)
+
+
+@KAFKA_PYTHON_WARNINGS
+async def test_plain_producers_and_groups_reach_every_brokers_topics(
+    tmp_path: Path,
+    pg_url: str,
+    logs: list[BrokerProcess],  # noqa: F811
+) -> None:
+    """Each client, bootstrapped at one broker only, produces to a topic of
+    each broker and reads each back as a consumer group (the group in the
+    topic's slot: its offsets are the cursors of that topic's partitions)."""
+    procs = start_kafka_cluster(tmp_path, pg_url, logs)
+    await wait_for("slots placed on the 3 brokers", lambda: settled(pg_url, procs))
+    found = await owners(pg_url)
+    first = procs[0]
+    for client in (AIOKAFKA, KAFKA_PYTHON, CONFLUENT_KAFKA):
+        for owner in procs:
+            slot = max(found[owner_id(owner)])
+            topic = key_in(slot, SLOTS, f"plain-{client.name}-")
+            create_topic(owner, topic)
+            values = [b"%s-%d" % (topic.encode(), i) for i in range(10)]
+            await client.seed(first.address, topic, values)
+            group = key_in(slot, SLOTS, f"r-{uuid.uuid4().hex[:4]}-")
+            got = await client.read(first.address, topic, len(values), PLAINTEXT, group)
+            assert Counter(got) == Counter(values), (client.name, owner.address)
+
+
+async def check_copier_across_a_kill(
+    client: KafkaClient, tmp_path: Path, pg_url: str, procs: list[Any]
+) -> None:
+    """``client``'s copier (`tests.kafka_copier`) copies 40 records exactly
+    once while the broker owning its topics, its group and its transactional
+    id (one slot: `same_slot_names`) is SIGKILLed with a transaction open:
+    the slot's new owner aborts the transaction and fences its producer, the
+    copier's commit fails fenced, and the next copier goes on from the
+    group's committed offsets."""
+    await wait_for("slots placed on the 3 brokers", lambda: settled(pg_url, procs))
+    victim = procs[1]
+    slot = min((await owners(pg_url))[owner_id(victim)])
+    src, dst, group = same_slot_names(slot)
+    create_topic(victim, src)
+    create_topic(victim, dst)
+    boot = bootstrap(procs)
+    values = [b"m%d" % i for i in range(40)]
+    await client.seed(boot, src, values)
+    args = [client.name, boot, src, dst, group, "--per-txn", "5", "--timeout", "120"]
+    log = tmp_path / "copier.log"
+    life = await Copier.start([*args, "--pause-at", "4"], log)
+    try:
+        await life.wait_for("open", timeout=60)
+        victim.kill()
+        survivors = [p for p in procs if p is not victim]
+
+        async def moved() -> bool:
+            owner = dict((s, o) for s, o, _ in await slots(pg_url)).get(slot)
+            return owner in {owner_id(p) for p in survivors}
+
+        if client.restart_before_commit:
+            # (kafka-python drops an EndTxn whose connection fails as it goes
+            # out, docs/kafka.md: it commits once the slot has a new owner)
+            await wait_for(f"slot {slot} taken over", moved)
+        life.go_on()
+        status, last = await life.end(timeout=120)
+        assert (status, last.split(":")[0]) == (1, "failed fenced"), life.told()
+        aborts = sum(line.startswith("aborted") for line in life.lines)
+    finally:
+        await life.kill()
+    life = await Copier.start(args, log)
+    try:
+        assert await life.end(timeout=120) == (0, "done"), life.told()
+        aborts += sum(line.startswith("aborted") for line in life.lines)
+    finally:
+        await life.kill()
+    reader = key_in(slot, SLOTS, f"reader-{uuid.uuid4().hex[:4]}-")
+    got = await client.read(bootstrap(survivors), dst, len(values), PLAINTEXT, reader)
+    assert Counter(got) == Counter(v.upper() for v in values)
+    assert aborts > 0
+
+
+async def test_aiokafka_copier_across_a_kill_of_its_broker(
+    tmp_path: Path,
+    pg_url: str,
+    logs: list[BrokerProcess],  # noqa: F811
+) -> None:
+    await check_copier_across_a_kill(
+        AIOKAFKA, tmp_path, pg_url, start_kafka_cluster(tmp_path, pg_url, logs)
+    )
+
+
+@KAFKA_PYTHON_WARNINGS
+async def test_kafka_python_copier_across_a_kill_of_its_broker(
+    tmp_path: Path,
+    pg_url: str,
+    logs: list[BrokerProcess],  # noqa: F811
+) -> None:
+    await check_copier_across_a_kill(
+        KAFKA_PYTHON, tmp_path, pg_url, start_kafka_cluster(tmp_path, pg_url, logs)
+    )
+
+
+async def test_confluent_kafka_copier_across_a_kill_of_its_broker(
+    tmp_path: Path,
+    pg_url: str,
+    logs: list[BrokerProcess],  # noqa: F811
+) -> None:
+    await check_copier_across_a_kill(
+        CONFLUENT_KAFKA, tmp_path, pg_url, start_kafka_cluster(tmp_path, pg_url, logs)
+    )
