@@ -76,11 +76,16 @@ TTL = 2.0  # seconds of lease: a SIGKILLed broker's slots move within it and a l
 
 
 def _fake(served: set[int], held: dict[int, int], view: View, kafka: dict[str, str]) -> Any:
+    async def fresh() -> None:  # (the tables read again: nothing changed)
+        host.reads += 1
+
     host = SimpleNamespace(
         me="me",
         served=served,
         member=SimpleNamespace(held=held),
         membership=SimpleNamespace(last_view=view, last_kafka=kafka),
+        reads=0,
+        _fresh=fresh,
     )
     broker = SimpleNamespace(store=SimpleNamespace(slot_count=4), coordinators={0: object()})
     return KafkaCluster(broker, host, "h:1")  # type: ignore[arg-type]
@@ -93,7 +98,7 @@ def key_in(slot: int, slots: int, prefix: str) -> str:
     return f"{prefix}{i}"
 
 
-def test_the_listener_answers_leaders_and_coordinators_from_the_last_look() -> None:
+async def test_the_listener_answers_leaders_and_coordinators_from_the_last_look() -> None:
     # Slot 0 served here (epoch 3); slot 1 taken, loading; slot 2 owned by a
     # live broker b; slot 3 by c, whose lease ran out.
     view = View(
@@ -114,18 +119,19 @@ def test_the_listener_answers_leaders_and_coordinators_from_the_last_look() -> N
         assert refused.value.code == NOT_LEADER_OR_FOLLOWER
     # Coordinators: here; loading here; at b; nobody (being taken over).
     assert kc.check_coordinator(t[0], "group") == 0
-    assert kc.coordinator(t[0]) == (me, "h", 1)
+    assert await kc.coordinator(t[0]) == (me, "h", 1)
     with pytest.raises(KafkaError) as refused:
         kc.check_coordinator(t[1], "group")
     assert refused.value.code == COORDINATOR_LOAD_IN_PROGRESS
-    assert kc.coordinator(t[1]) == (me, "h", 1)
+    assert await kc.coordinator(t[1]) == (me, "h", 1)
     with pytest.raises(KafkaError) as refused:
         kc.check_coordinator(t[2], "transactional id", tcid=True)
     assert refused.value.code == NOT_COORDINATOR
-    assert kc.coordinator(t[2]) == (b, "hb", 2)
+    assert await kc.coordinator(t[2]) == (b, "hb", 2)
     with pytest.raises(KafkaError) as refused:
-        kc.coordinator(t[3])
+        await kc.coordinator(t[3])
     assert refused.value.code == COORDINATOR_NOT_AVAILABLE
+    assert kc.host.reads == 1  # (no live owner: the tables were read again first)
     # A slot served whose transaction coordinator is not open yet: loading.
     kc = _fake({0, 1}, {0: 3, 1: 5}, view, {"me": "h:1"})
     assert kc.check_coordinator(t[1], "group") == 1
@@ -382,6 +388,18 @@ async def test_plain_producers_and_groups_reach_every_brokers_topics(
             assert Counter(got) == Counter(values), (client.name, owner.address)
 
 
+async def named_by_all(key: str, procs: list[Any]) -> bool:
+    """FindCoordinator (TRANSACTION) for ``key`` at each of ``procs`` names
+    one of them."""
+    nodes = {p.node for p in procs}
+    for proc in procs:
+        req = find_coordinator.FindCoordinatorRequest(key=key, key_type=1)
+        body = await asyncio.to_thread(_ask, proc, Api.FIND_COORDINATOR, 1, req)
+        if body.error_code or body.node_id not in nodes:
+            return False
+    return True
+
+
 async def check_copier_across_a_kill(
     client: KafkaClient, tmp_path: Path, pg_url: str, procs: list[Any]
 ) -> None:
@@ -414,8 +432,16 @@ async def check_copier_across_a_kill(
 
         if client.restart_before_commit:
             # (kafka-python drops an EndTxn whose connection fails as it goes
-            # out, docs/kafka.md: it commits once the slot has a new owner)
+            # out, docs/kafka.md: it would go to the dead broker's node
+            # first. Once the slot has a new owner that every broker names,
+            # the dead broker is started again at its address, so its node
+            # answers: NOT_COORDINATOR, and the client finds the new one.)
             await wait_for(f"slot {slot} taken over", moved)
+            await wait_for(
+                "every broker names the new coordinator",
+                lambda: named_by_all(f"{group}-tx", survivors),
+            )
+            await asyncio.to_thread(victim.start)
         life.go_on()
         status, last = await life.end(timeout=120)
         assert (status, last.split(":")[0]) == (1, "failed fenced"), life.told()

@@ -191,11 +191,19 @@ class KafkaCluster:
             "find its coordinator again",
         )
 
-    def coordinator(self, key: str) -> Node:
+    async def fresh_owner(self, slot: int) -> None:
+        """Read the cluster's tables again if the last look saw no live owner
+        of ``slot`` (a failover under way: as a LOOKUP does, one read shared
+        by the requests waiting, `ClusterHost._fresh`)."""
+        if slot not in self.host.member.held and self._owner_node(slot) is None:
+            await self.host._fresh()
+
+    async def coordinator(self, key: str) -> Node:
         """FindCoordinator: the broker of the slot of the group or
         transactional id ``key`` (this one while it loads it), or
         COORDINATOR_NOT_AVAILABLE while no live broker owns it."""
         slot = slot_of_key(key, self.slots)
+        await self.fresh_owner(slot)
         if slot in self.host.member.held:
             return self.me
         owner = self._owner_node(slot)

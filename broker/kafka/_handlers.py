@@ -36,6 +36,7 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from broker._operations import first_published_at_or_after
+from broker._slots import slot_of_key
 from broker.kafka._admin import KafkaAdmin
 from broker.kafka._cluster import LEADER_NOT_AVAILABLE, KafkaCluster
 from broker.kafka._codec import CLUSTER_ID, NODE_ID, VERSIONS, Api
@@ -201,6 +202,8 @@ class KafkaApis:
             return out
         cluster = self.cluster
         count: int | None
+        if cluster is not None:
+            await cluster.fresh_owner(slot_of_key(name, cluster.slots))
         if cluster is not None and not cluster.serves(name):
             # (another broker's topic: its count from its slot's topic list;
             # created by its owner only, not auto-created here)
@@ -233,7 +236,7 @@ class KafkaApis:
         ]
         return out
 
-    def find_coordinator(self, req: Any, version: int, session: KafkaSession) -> Response:
+    async def find_coordinator(self, req: Any, version: int, session: KafkaSession) -> Response:
         # A single broker: every group and every transaction coordinator is
         # here. A cluster's: the owner of the key's slot. (Any role may be
         # told so: it names nothing it may not see.)
@@ -241,7 +244,7 @@ class KafkaApis:
         node = self._node()
         if self.cluster is not None:
             try:
-                node = _node_body(self.cluster.coordinator(req.key))
+                node = _node_body(await self.cluster.coordinator(req.key))
             except KafkaError as exc:
                 out.update(error_code=exc.code, error_message=str(exc))
                 node = {"node_id": -1, "host": "", "port": -1}
