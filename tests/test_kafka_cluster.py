@@ -250,6 +250,16 @@ async def metadata_matches(proc: Any, procs: list[Any], url: str, topics: list[s
     return True
 
 
+def _describe_cluster(boot: str) -> Any:
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=boot)
+    try:
+        return admin.describe_cluster()
+    finally:
+        admin.close()
+
+
 def _ask(proc: Any, api: Api, version: int, req: object) -> Any:
     with socket.create_connection(("127.0.0.1", proc.kafka_port), timeout=10) as sock:
         return _call(sock, api, version, req, 7)
@@ -273,6 +283,14 @@ async def test_metadata_coordinators_and_refusals_follow_the_slots_table(
             f"Metadata at {proc.address} as the slots table",
             lambda proc=proc: metadata_matches(proc, procs, pg_url, topics),
         )
+    # DescribeCluster (kafka-python's admin client): the same brokers and controller.
+    table = await slots(pg_url)
+    controller = next(p.node for p in procs if owner_id(p) == table[0][1])
+    described = await asyncio.to_thread(_describe_cluster, procs[2].address)
+    assert described["controller_id"] == controller
+    assert sorted((b["broker_id"], b["port"]) for b in described["brokers"]) == sorted(
+        (p.node, p.kafka_port) for p in procs
+    )
     # FindCoordinator: the owner of the group's or transactional id's slot,
     # at every broker.
     for owner in procs:

@@ -50,6 +50,7 @@ from broker._operations import (
     delete_subscription,
     delete_topic,
 )
+from broker.kafka._cluster import KafkaCluster
 from broker.kafka._codec import CLUSTER_ID, NODE_ID, Api
 from broker.kafka._common import Handler, Response, group_subscription
 from broker.kafka._groups import Groups, subscribed_topics
@@ -120,6 +121,9 @@ class Apis(Protocol):
 
     @property
     def port(self) -> int: ...
+
+    @property
+    def cluster(self) -> KafkaCluster | None: ...
 
 
 class KafkaAdmin:
@@ -556,21 +560,22 @@ class KafkaAdmin:
     # -- the cluster --------------------------------------------------------------------
 
     def describe_cluster(self, req: Any, version: int, session: KafkaSession) -> Response:
+        """This broker; a cluster's: its live brokers and controller, as
+        Metadata names them (`broker.kafka._cluster`)."""
+        cluster = self.apis.cluster
+        nodes = (
+            [(NODE_ID, self.apis.host, self.apis.port)] if cluster is None else cluster.brokers()
+        )
         out: Response = {
             "throttle_time": 0,
             "error_code": 0,
             "error_message": None,
             "endpoint_type": getattr(req, "endpoint_type", 1),
             "cluster_id": CLUSTER_ID,
-            "controller_id": NODE_ID,
+            "controller_id": NODE_ID if cluster is None else cluster.controller(),
             "brokers": [
-                {
-                    "broker_id": NODE_ID,
-                    "host": self.apis.host,
-                    "port": self.apis.port,
-                    "rack": None,
-                    "is_fenced": False,
-                }
+                {"broker_id": node, "host": host, "port": port, "rack": None, "is_fenced": False}
+                for node, host, port in nodes
             ],
             "cluster_authorized_operations": NO_OPERATIONS,
         }
