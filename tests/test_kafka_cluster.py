@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import io
 import socket
+import struct
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -27,13 +29,16 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from kio.index import load_response_schema
 from kio.schema.fetch.v11 import request as fetch
 from kio.schema.find_coordinator.v1 import request as find_coordinator
+from kio.schema.find_coordinator.v4 import request as find_coordinator_v4
 from kio.schema.heartbeat.v0 import request as heartbeat
 from kio.schema.init_producer_id.v1 import request as init_producer_id
 from kio.schema.list_offsets.v5 import request as list_offsets
 from kio.schema.metadata.v8 import request as metadata
 from kio.schema.produce.v8 import request as produce
+from kio.serial import entity_reader, entity_writer
 
 from broker._slots import slot_of_key
 from broker.kafka._cluster import (
@@ -67,7 +72,7 @@ from tests.test_kafka import (
     Copier,
     KafkaClient,
 )
-from tests.test_kafka_unit import _call, kafka_python_batch
+from tests.test_kafka_unit import _call, _roundtrip, kafka_python_batch
 
 TTL = 2.0  # seconds of lease: a SIGKILLed broker's slots move within it and a look
 
@@ -260,6 +265,18 @@ def _describe_cluster(boot: str) -> Any:
         admin.close()
 
 
+def _ask_flexible(proc: Any, api: Api, version: int, req: object) -> Any:
+    """A request at a flexible version (request header v2, response header v1)."""
+    out = io.BytesIO()
+    entity_writer(type(req))(out, req)
+    head = struct.pack(">hhih", api, version, 9, 4) + b"test\0"  # (no tagged fields)
+    with socket.create_connection(("127.0.0.1", proc.kafka_port), timeout=10) as sock:
+        answer = _roundtrip(sock, head + out.getvalue())
+    assert struct.unpack_from(">i", answer) == (9,) and answer[4] == 0
+    body, _ = entity_reader(load_response_schema(api, version))(answer, 5)
+    return body
+
+
 def _ask(proc: Any, api: Api, version: int, req: object) -> Any:
     with socket.create_connection(("127.0.0.1", proc.kafka_port), timeout=10) as sock:
         return _call(sock, api, version, req, 7)
@@ -283,6 +300,15 @@ async def test_metadata_coordinators_and_refusals_follow_the_slots_table(
             f"Metadata at {proc.address} as the slots table",
             lambda proc=proc: metadata_matches(proc, procs, pg_url, topics),
         )
+    # Every topic, asked at one broker: those of every broker's slots.
+    every = metadata.MetadataRequest(
+        topics=None,
+        allow_auto_topic_creation=False,
+        include_cluster_authorized_operations=False,
+        include_topic_authorized_operations=False,
+    )
+    body = await asyncio.to_thread(_ask, procs[0], Api.METADATA, 8, every)
+    assert {t.name for t in body.topics} == set(topics)
     # DescribeCluster (kafka-python's admin client): the same brokers and controller.
     table = await slots(pg_url)
     controller = next(p.node for p in procs if owner_id(p) == table[0][1])
@@ -304,6 +330,13 @@ async def test_metadata_coordinators_and_refusals_follow_the_slots_table(
                     owner.node,
                     owner.kafka_port,
                 )
+    # FindCoordinator v4: several keys in one request.
+    keys = tuple(key_in(mine[p.node], SLOTS, "g") for p in procs)
+    batch = find_coordinator_v4.FindCoordinatorRequest(key_type=0, coordinator_keys=keys)
+    body = await asyncio.to_thread(_ask_flexible, procs[0], Api.FIND_COORDINATOR, 4, batch)
+    assert [(c.key, c.error_code, c.node_id) for c in body.coordinators] == [
+        (k, 0, p.node) for k, p in zip(keys, procs, strict=True)
+    ]
     # At a broker that does not own the slot: refused, nothing changed.
     a, b = procs[0], procs[1]
     topic = topics[1]  # (b's)

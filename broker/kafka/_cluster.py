@@ -26,7 +26,9 @@ most) this module answers, for the Kafka handlers:
   clients look the coordinator up again, or wait);
 - **partitions elsewhere**: a topic whose slot another broker owns is not
   loaded here; Metadata reads its partition count from the slot's topic
-  list in the database (`topic_partitions`, kept `TOPICS_FRESH` seconds).
+  list in the database (`topic_partitions`, kept `TOPICS_FRESH` seconds),
+  and a Metadata for every topic reads every other slot's list
+  (`other_topics`).
 """
 
 from __future__ import annotations
@@ -144,7 +146,18 @@ class KafkaCluster:
         """The partition count of ``topic`` (None: no such topic), from the
         topic list of its slot in the database (read again after
         `TOPICS_FRESH` seconds): for a topic of a slot not served here."""
-        slot = slot_of_key(topic, self.slots)
+        return (await self._slot_topics(slot_of_key(topic, self.slots))).get(topic)
+
+    async def other_topics(self) -> list[str]:
+        """The topics of every slot not served here (as `topic_partitions`
+        reads them): Metadata asked for every topic."""
+        out: list[str] = []
+        for slot in range(self.slots):
+            if slot not in self.host.served:
+                out.extend(await self._slot_topics(slot))
+        return out
+
+    async def _slot_topics(self, slot: int) -> dict[str, int]:
         now = time.monotonic()
         cached = self._topics.get(slot)
         if cached is None or now - cached[0] > TOPICS_FRESH:
@@ -154,7 +167,7 @@ class KafkaCluster:
             ]
             cached = (now, _topic_list(records))
             self._topics[slot] = cached
-        return cached[1].get(topic)
+        return cached[1]
 
     # -- refusals ---------------------------------------------------------------------
 

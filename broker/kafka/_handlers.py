@@ -162,7 +162,10 @@ class KafkaApis:
         if wanted is None or (version == 0 and not wanted):
             # (every topic this role may produce or consume on, as Kafka
             # lists the topics a principal may describe)
-            names = [n for n in self.broker.topics.names() if session.may_describe(n)]
+            names = self.broker.topics.names()
+            if self.cluster is not None:
+                names = [*names, *await self.cluster.other_topics()]
+            names = [n for n in names if session.may_describe(n)]
             create = False
         else:
             names = [t.name for t in wanted]
@@ -237,18 +240,30 @@ class KafkaApis:
         return out
 
     async def find_coordinator(self, req: Any, version: int, session: KafkaSession) -> Response:
-        # A single broker: every group and every transaction coordinator is
-        # here. A cluster's: the owner of the key's slot. (Any role may be
-        # told so: it names nothing it may not see.)
-        out: Response = {"throttle_time": 0, "error_code": NONE, "error_message": None}
-        node = self._node()
-        if self.cluster is not None:
-            try:
-                node = _node_body(await self.cluster.coordinator(req.key))
-            except KafkaError as exc:
-                out.update(error_code=exc.code, error_message=str(exc))
-                node = {"node_id": -1, "host": "", "port": -1}
-        return {**out, **{k: v for k, v in node.items() if k != "rack"}}
+        """A single broker: every group and every transaction coordinator is
+        here. A cluster's: the owner of the key's slot. v4 asks for several
+        keys at once. (Any role may be told so: it names nothing it may not
+        see.)"""
+        if version >= 4:
+            coordinators = []
+            for key in req.coordinator_keys:
+                node, code, message = await self._coordinator(key)
+                coordinators.append(
+                    {"key": key, **node, "error_code": code, "error_message": message}
+                )
+            return {"throttle_time": 0, "coordinators": coordinators}
+        node, code, message = await self._coordinator(req.key)
+        return {"throttle_time": 0, "error_code": code, "error_message": message, **node}
+
+    async def _coordinator(self, key: str) -> tuple[Response, int, str | None]:
+        """(node id, host and port; error code; message) of the coordinator of ``key``."""
+        if self.cluster is None:
+            return {"node_id": NODE_ID, "host": self.host, "port": self.port}, NONE, None
+        try:
+            node_id, host, port = await self.cluster.coordinator(key)
+        except KafkaError as exc:
+            return {"node_id": -1, "host": "", "port": -1}, exc.code, str(exc)
+        return {"node_id": node_id, "host": host, "port": port}, NONE, None
 
     # -- Produce -----------------------------------------------------------------------
 
