@@ -22,6 +22,8 @@ import datetime
 import io
 import socket
 import struct
+import subprocess
+import sys
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -540,3 +542,29 @@ async def test_confluent_kafka_copier_across_a_kill_of_its_broker(
     await check_copier_across_a_kill(
         CONFLUENT_KAFKA, tmp_path, pg_url, start_kafka_cluster(tmp_path, pg_url, logs)
     )
+
+
+def test_a_cluster_broker_needs_a_kafka_port_number(tmp_path: Path) -> None:
+    """Its Kafka address is recorded when it joins, before its listener
+    binds: port 0 (any port) is refused, saying why, and nothing starts."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "broker",
+            "serve",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--store",
+            "postgresql://nobody@127.0.0.1:1/none",
+            "--cluster",
+            "--kafka-port",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "--cluster needs a --kafka-port number, not 0" in result.stderr
+    assert not (tmp_path / "data").exists()
