@@ -32,6 +32,7 @@ from typing import Any
 
 import pytest
 from kio.index import load_response_schema
+from kio.schema.add_partitions_to_txn.v1 import request as add_partitions
 from kio.schema.fetch.v11 import request as fetch
 from kio.schema.find_coordinator.v1 import request as find_coordinator
 from kio.schema.find_coordinator.v4 import request as find_coordinator_v4
@@ -46,6 +47,7 @@ from broker._slots import slot_of_key
 from broker.kafka._cluster import (
     COORDINATOR_LOAD_IN_PROGRESS,
     COORDINATOR_NOT_AVAILABLE,
+    INVALID_TXN_STATE,
     LEADER_NOT_AVAILABLE,
     NOT_COORDINATOR,
     NOT_LEADER_OR_FOLLOWER,
@@ -145,6 +147,15 @@ async def test_the_listener_answers_leaders_and_coordinators_from_the_last_look(
     with pytest.raises(KafkaError) as refused:
         kc.check_coordinator(t[1], "transactional id", tcid=True)
     assert refused.value.code == COORDINATOR_LOAD_IN_PROGRESS
+    # A Kafka transaction's coordinator and participants on one broker only.
+    pid0 = 5  # (issued by coordinator 0, here)
+    kc = _fake({0}, {0: 3, 1: 5}, view, {"me": "h:1"})
+    kc.check_together(pid0, 0, "partition t-0")
+    for slot, code in ((1, COORDINATOR_LOAD_IN_PROGRESS), (2, INVALID_TXN_STATE)):
+        with pytest.raises(KafkaError) as refused:
+            kc.check_together(pid0, slot, "partition t-0")
+        assert refused.value.code == code
+    assert "across a cluster's brokers" in str(refused.value)
     # A live owner without a Kafka listener leads nothing Kafka clients reach.
     kc = _fake(set(), {}, view, {"me": "h:1"})
     assert kc.leader(t[2]) is None and kc.brokers() == [(me, "h", 1)]
@@ -411,6 +422,23 @@ async def test_metadata_coordinators_and_refusals_follow_the_slots_table(
     )
     body = await asyncio.to_thread(_ask, a, Api.INIT_PRODUCER_ID, 1, init)
     assert body.error_code == NOT_COORDINATOR
+    # A transaction of a's coordinator adding a partition of b's: refused,
+    # saying why (transactions across brokers), not retried for ever.
+    init = init_producer_id.InitProducerIdRequest(
+        transactional_id=key_in(mine[a.node], SLOTS, "tx"),
+        transaction_timeout=datetime.timedelta(seconds=10),
+    )
+    body = await asyncio.to_thread(_ask, a, Api.INIT_PRODUCER_ID, 1, init)
+    assert body.error_code == 0
+    add = add_partitions.AddPartitionsToTxnRequest(
+        v3_and_below_transactional_id=init.transactional_id,
+        v3_and_below_producer_id=body.producer_id,
+        v3_and_below_producer_epoch=body.producer_epoch,
+        v3_and_below_topics=(add_partitions.AddPartitionsToTxnTopic(name=topic, partitions=(0,)),),
+    )
+    body = await asyncio.to_thread(_ask, a, Api.ADD_PARTITIONS_TO_TXN, 1, add)
+    result = body.results_by_topic_v3_and_below[0].results_by_partition[0]
+    assert result.partition_error_code == INVALID_TXN_STATE
     status, stats = b.admin("GET", f"/admin/v1/topics/{topic}/stats")
     assert status == 200 and b'"messages": 0' in stats.replace(b'"messages":0', b'"messages": 0')
     _ = LEADER_NOT_AVAILABLE  # (a slot without a live owner: the unit test above)

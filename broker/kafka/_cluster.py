@@ -24,6 +24,10 @@ most) this module answers, for the Kafka handlers:
   the slot is refused NOT_COORDINATOR, and at the broker that took it but
   has not loaded it yet COORDINATOR_LOAD_IN_PROGRESS (both retriable: the
   clients look the coordinator up again, or wait);
+- **transactions on one broker**: a Kafka transaction whose coordinator
+  and participants (partitions, a group's offsets) are not all served by
+  one broker is refused INVALID_TXN_STATE, saying why (`check_together`):
+  transactions across brokers are not served on the Kafka listener;
 - **partitions elsewhere**: a topic whose slot another broker owns is not
   loaded here; Metadata reads its partition count from the slot's topic
   list in the database (`topic_partitions`, kept `TOPICS_FRESH` seconds),
@@ -40,6 +44,7 @@ from typing import TYPE_CHECKING
 
 from broker._slots import slot_of_key
 from broker.kafka._session import KafkaError
+from tc import coordinator_of_producer
 
 if TYPE_CHECKING:
     from broker._broker import Broker
@@ -60,6 +65,7 @@ NOT_LEADER_OR_FOLLOWER = 6
 COORDINATOR_LOAD_IN_PROGRESS = 14
 COORDINATOR_NOT_AVAILABLE = 15
 NOT_COORDINATOR = 16
+INVALID_TXN_STATE = 48
 
 TOPICS_FRESH = 1.0  # seconds a slot's topic list read from the database is kept
 _TOPIC_LIST = "__meta/topics"
@@ -202,6 +208,33 @@ class KafkaCluster:
             NOT_COORDINATOR,
             f"{what} is in slot {slot}, which this broker does not serve: "
             "find its coordinator again",
+        )
+
+    def check_together(self, producer_id: int, slot: int, what: str) -> None:
+        """A Kafka transaction's participant ``what`` (a partition or a
+        group's offsets, in ``slot``) and the coordinator that issued
+        ``producer_id`` must both be served here: a transaction across
+        brokers is not served on the Kafka listener. Refused
+        INVALID_TXN_STATE (not retriable: asking again would not help)
+        unless both slots are this broker's; COORDINATOR_LOAD_IN_PROGRESS
+        while one of them loads here."""
+        host = self.host
+        tcid = coordinator_of_producer(producer_id) % self.slots
+        ready = slot in host.served and tcid in host.served and tcid in self.broker.coordinators
+        if ready:
+            return
+        if {slot, tcid} <= {*host.served, *host.member.held}:
+            raise KafkaError(
+                COORDINATOR_LOAD_IN_PROGRESS,
+                f"{what} (slot {slot}) or its transaction's coordinator (slot {tcid}) is "
+                "loading here; try again",
+            )
+        raise KafkaError(
+            INVALID_TXN_STATE,
+            f"{what} is in slot {slot} and its transaction's coordinator in slot {tcid}, "
+            "which are not served by one broker: a Kafka transaction across a cluster's "
+            "brokers is not served (name its transactional id, topics and group so that "
+            "they share a slot)",
         )
 
     async def fresh_owner(self, slot: int) -> None:

@@ -27,6 +27,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from broker._slots import slot_of_key
 from broker.kafka._codec import Api
 from broker.kafka._common import (
     INVALID_TXN_STATE,
@@ -100,6 +101,14 @@ class GroupApis:
             allow_producer(self.broker, session, pid, req.transactional_id)
             name = group_subscription(req.group_id)
             self._check_coordinator(req.group_id)
+            if self.cluster is not None:
+                # (the offsets are the cursors of the topics' partitions)
+                for topic in req.topics:
+                    self.cluster.check_together(
+                        pid,
+                        slot_of_key(topic.name, self.cluster.slots),
+                        f"the offsets of group {req.group_id!r} on {topic.name!r}",
+                    )
             entry = self.broker.producer_coordinator(pid).producer_of(pid)
             if entry is not None and entry.identity == (pid, epoch) and entry.ongoing is None:
                 # (a refused identity is left to producer_add_subscription)

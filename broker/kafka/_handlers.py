@@ -333,6 +333,10 @@ class KafkaApis:
                 raise KafkaError(
                     INVALID_TXN_STATE, "a transactional batch needs a transactional id"
                 )
+            if self.cluster is not None:
+                self.cluster.check_together(
+                    pid, slot_of_key(partition.topic, self.cluster.slots), f"partition {partition}"
+                )
             tc = self.broker.producer_coordinator(pid)
             txnid = tc.producer_verified_partition(pid, epoch, partition.topic, partition.index)
             first = self._txn_first_sequence(partition, pid, txnid, batch.base_sequence)

@@ -24,6 +24,7 @@ import secrets
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
+from broker._slots import slot_of_key
 from broker.kafka._codec import Api
 from broker.kafka._common import (
     NONE,
@@ -134,6 +135,9 @@ class TxnApis:
                     continue
                 try:
                     tc = self._coordinator(pid)
+                    if self.cluster is not None:
+                        where = slot_of_key(topic.name, self.cluster.slots)
+                        self.cluster.check_together(pid, where, f"partition {topic.name}/{index}")
                     partition_of(self.broker, topic.name, index)
                     if begun is None:
                         begun = tc.producer_begin(pid, epoch, f"add {topic.name}/{index}")
