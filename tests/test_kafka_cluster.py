@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import io
+import signal
 import socket
 import struct
 import subprocess
@@ -482,14 +483,18 @@ async def named_by_all(key: str, procs: list[Any]) -> bool:
 
 
 async def check_copier_across_a_kill(
-    client: KafkaClient, tmp_path: Path, pg_url: str, procs: list[Any]
+    client: KafkaClient,
+    tmp_path: Path,
+    pg_url: str,
+    procs: list[Any],
+    how: signal.Signals = signal.SIGKILL,
 ) -> None:
     """``client``'s copier (`tests.kafka_copier`) copies 40 records exactly
     once while the broker owning its topics, its group and its transactional
-    id (one slot: `same_slot_names`) is SIGKILLed with a transaction open:
-    the slot's new owner aborts the transaction and fences its producer, the
-    copier's commit fails fenced, and the next copier goes on from the
-    group's committed offsets."""
+    id (one slot: `same_slot_names`) is SIGKILLed (or SIGTERMed: it hands its
+    slots over) with a transaction open: the slot's new owner aborts the
+    transaction and fences its producer, the copier's commit fails fenced,
+    and the next copier goes on from the group's committed offsets."""
     await wait_for("slots placed on the 3 brokers", lambda: settled(pg_url, procs))
     victim = procs[1]
     slot = min((await owners(pg_url))[owner_id(victim)])
@@ -504,7 +509,10 @@ async def check_copier_across_a_kill(
     life = await Copier.start([*args, "--pause-at", "4"], log)
     try:
         await life.wait_for("open", timeout=60)
-        victim.kill()
+        if how == signal.SIGKILL:
+            victim.kill()
+        else:
+            assert await asyncio.to_thread(victim.stop) == 0
         survivors = [p for p in procs if p is not victim]
 
         async def moved() -> bool:
@@ -596,3 +604,21 @@ def test_a_cluster_broker_needs_a_kafka_port_number(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "--cluster needs a --kafka-port number, not 0" in result.stderr
     assert not (tmp_path / "data").exists()
+
+
+async def test_aiokafka_copier_across_a_sigterm_handover(
+    tmp_path: Path,
+    pg_url: str,
+    logs: list[BrokerProcess],  # noqa: F811
+) -> None:
+    procs = start_kafka_cluster(tmp_path, pg_url, logs)
+    await check_copier_across_a_kill(AIOKAFKA, tmp_path, pg_url, procs, signal.SIGTERM)
+
+
+async def test_confluent_kafka_copier_across_a_sigterm_handover(
+    tmp_path: Path,
+    pg_url: str,
+    logs: list[BrokerProcess],  # noqa: F811
+) -> None:
+    procs = start_kafka_cluster(tmp_path, pg_url, logs)
+    await check_copier_across_a_kill(CONFLUENT_KAFKA, tmp_path, pg_url, procs, signal.SIGTERM)
