@@ -19,10 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import io
 import signal
-import socket
-import struct
 import subprocess
 import sys
 import uuid
@@ -32,7 +29,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from kio.index import load_response_schema
 from kio.schema.add_partitions_to_txn.v1 import request as add_partitions
 from kio.schema.fetch.v11 import request as fetch
 from kio.schema.find_coordinator.v1 import request as find_coordinator
@@ -42,8 +38,8 @@ from kio.schema.init_producer_id.v1 import request as init_producer_id
 from kio.schema.list_offsets.v5 import request as list_offsets
 from kio.schema.metadata.v8 import request as metadata
 from kio.schema.produce.v8 import request as produce
-from kio.serial import entity_reader, entity_writer
 
+from broker._auth import create_secret_key
 from broker._slots import slot_of_key
 from broker.kafka._cluster import (
     COORDINATOR_LOAD_IN_PROGRESS,
@@ -77,8 +73,12 @@ from tests.test_kafka import (
     Copier,
     KafkaClient,
 )
-from tests.test_kafka_unit import _call, _roundtrip, kafka_python_batch
+from tests.test_kafka_security import RawKafka, bearer
+from tests.test_kafka_unit import kafka_python_batch
+from tests.test_security import grant
 
+TOPIC_AUTHORIZATION_FAILED = 29
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 TTL = 2.0  # seconds of lease: a SIGKILLed broker's slots move within it and a look
 
 
@@ -175,10 +175,15 @@ def test_a_membership_rows_urls_hold_the_service_url_and_the_kafka_address() -> 
 
 
 class KafkaClusterBroker(BrokerProcess):
-    """A cluster broker (`--cluster`) with a Kafka listener."""
+    """A cluster broker (`--cluster`) with a Kafka listener; ``key``: it
+    authenticates tokens signed with that secret key (shared by the
+    cluster's brokers)."""
 
-    def __init__(self, tmp_path: Path, url: str, name: str) -> None:
+    def __init__(self, tmp_path: Path, url: str, name: str, key: Path | None = None) -> None:
         super().__init__(tmp_path / name, tmp_path / f"{name}.log", store=url)
+        if key is not None:
+            self.secret_key_file = key
+            self.token = self.make_token("admin")
         self.kafka_port = free_port()
         self.args = ["--cluster", "--lease-ttl", str(TTL), "--kafka-port", str(self.kafka_port)]
 
@@ -191,9 +196,11 @@ class KafkaClusterBroker(BrokerProcess):
         return node_id(self.address)
 
 
-def start_kafka_cluster(tmp_path: Path, url: str, procs: list[BrokerProcess]) -> list[Any]:
+def start_kafka_cluster(
+    tmp_path: Path, url: str, procs: list[BrokerProcess], key: Path | None = None
+) -> list[Any]:
     for i in range(3):
-        proc = KafkaClusterBroker(tmp_path, url, f"b{i}")
+        proc = KafkaClusterBroker(tmp_path, url, f"b{i}", key)
         procs.append(proc)
         proc.start()
     return list(procs)
@@ -279,21 +286,14 @@ def _describe_cluster(boot: str) -> Any:
         admin.close()
 
 
-def _ask_flexible(proc: Any, api: Api, version: int, req: object) -> Any:
-    """A request at a flexible version (request header v2, response header v1)."""
-    out = io.BytesIO()
-    entity_writer(type(req))(out, req)
-    head = struct.pack(">hhih", api, version, 9, 4) + b"test\0"  # (no tagged fields)
-    with socket.create_connection(("127.0.0.1", proc.kafka_port), timeout=10) as sock:
-        answer = _roundtrip(sock, head + out.getvalue())
-    assert struct.unpack_from(">i", answer) == (9,) and answer[4] == 0
-    body, _ = entity_reader(load_response_schema(api, version))(answer, 5)
-    return body
-
-
 def _ask(proc: Any, api: Api, version: int, req: object) -> Any:
-    with socket.create_connection(("127.0.0.1", proc.kafka_port), timeout=10) as sock:
-        return _call(sock, api, version, req, 7)
+    """One request (a kio request object) at ``proc``'s Kafka listener, on a
+    connection of its own; its decoded answer."""
+    raw = RawKafka(proc.kafka_port)
+    try:
+        return raw.call(api, version, req)
+    finally:
+        raw.close()
 
 
 @KAFKA_PYTHON_WARNINGS
@@ -347,7 +347,7 @@ async def test_metadata_coordinators_and_refusals_follow_the_slots_table(
     # FindCoordinator v4: several keys in one request.
     keys = tuple(key_in(mine[p.node], SLOTS, "g") for p in procs)
     batch = find_coordinator_v4.FindCoordinatorRequest(key_type=0, coordinator_keys=keys)
-    body = await asyncio.to_thread(_ask_flexible, procs[0], Api.FIND_COORDINATOR, 4, batch)
+    body = await asyncio.to_thread(_ask, procs[0], Api.FIND_COORDINATOR, 4, batch)
     assert [(c.key, c.error_code, c.node_id) for c in body.coordinators] == [
         (k, 0, p.node) for k, p in zip(keys, procs, strict=True)
     ]
@@ -622,3 +622,83 @@ async def test_confluent_kafka_copier_across_a_sigterm_handover(
 ) -> None:
     procs = start_kafka_cluster(tmp_path, pg_url, logs)
     await check_copier_across_a_kill(CONFLUENT_KAFKA, tmp_path, pg_url, procs, signal.SIGTERM)
+
+
+def _authenticated(proc: Any, token: str) -> RawKafka:
+    raw = RawKafka(proc.kafka_port)
+    assert raw.authenticate("OAUTHBEARER", bearer(token)).error_code == 0
+    return raw
+
+
+@KAFKA_PYTHON_WARNINGS
+async def test_every_listener_checks_permissions_before_ownership(
+    tmp_path: Path,
+    pg_url: str,
+    logs: list[BrokerProcess],  # noqa: F811
+) -> None:
+    """With authentication, a role refused a topic, a transactional id or a
+    group is told so by every broker, the owner of its slot or not (the
+    ACL is checked first); where it is allowed, a non-owner answers
+    NOT_LEADER_OR_FOLLOWER or NOT_COORDINATOR."""
+    key = tmp_path / "secret.key"
+    key.write_text(create_secret_key())
+    procs = start_kafka_cluster(tmp_path, pg_url, logs, key)
+    await wait_for("slots placed on the 3 brokers", lambda: settled(pg_url, procs))
+    found = await owners(pg_url)
+    a, b = procs[0], procs[1]
+    slot = min(found[owner_id(b)])
+    allowed, refused = key_in(slot, SLOTS, "ok-"), key_in(slot, SLOTS, "no-")
+    create_topic(b, allowed)
+    create_topic(b, refused)
+    acl_owner = await owner_of(pg_url, 0, procs)  # (slot 0's owner writes the ACL)
+    grant(acl_owner, "app", "produce", f"topic:{allowed}")
+    token = a.make_token("app")
+
+    def produce_at(proc: Any, topic: str) -> int:
+        raw = _authenticated(proc, token)
+        try:
+            req = produce.ProduceRequest(
+                transactional_id=None,
+                acks=-1,
+                timeout=datetime.timedelta(seconds=5),
+                topic_data=(
+                    produce.TopicProduceData(
+                        name=topic,
+                        partition_data=(
+                            produce.PartitionProduceData(
+                                index=0, records=kafka_python_batch([(b"k", b"v", [])])
+                            ),
+                        ),
+                    ),
+                ),
+            )
+            body = raw.call(Api.PRODUCE, 8, req)
+            return int(body.responses[0].partition_responses[0].error_code)
+        finally:
+            raw.close()
+
+    async def granted(proc: Any, code: int) -> bool:
+        # (a broker that does not own slot 0 reads the ACL again every third
+        # of the lease)
+        return await asyncio.to_thread(produce_at, proc, allowed) == code
+
+    await wait_for("the grant applies at a", lambda: granted(a, NOT_LEADER_OR_FOLLOWER))
+    await wait_for("the grant applies at b", lambda: granted(b, 0))  # (stored once)
+    assert await asyncio.to_thread(produce_at, a, refused) == TOPIC_AUTHORIZATION_FAILED
+    assert await asyncio.to_thread(produce_at, b, refused) == TOPIC_AUTHORIZATION_FAILED
+
+    def init_at(proc: Any) -> int:
+        raw = _authenticated(proc, token)
+        try:
+            req = init_producer_id.InitProducerIdRequest(
+                transactional_id=key_in(slot, SLOTS, "tx-"),
+                transaction_timeout=datetime.timedelta(seconds=10),
+            )
+            return int(raw.call(Api.INIT_PRODUCER_ID, 1, req).error_code)
+        finally:
+            raw.close()
+
+    assert await asyncio.to_thread(init_at, a) == TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    assert await asyncio.to_thread(init_at, b) == TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    status, stats = b.admin("GET", f"/admin/v1/topics/{refused}/stats")
+    assert status == 200 and b'"messages": 0' in stats.replace(b'"messages":0', b'"messages": 0')
