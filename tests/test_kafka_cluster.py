@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 from kio.schema.add_partitions_to_txn.v1 import request as add_partitions
+from kio.schema.describe_groups.v0 import request as describe_groups
 from kio.schema.fetch.v11 import request as fetch
 from kio.schema.find_coordinator.v1 import request as find_coordinator
 from kio.schema.find_coordinator.v4 import request as find_coordinator_v4
@@ -418,6 +419,9 @@ async def test_metadata_coordinators_and_refusals_follow_the_slots_table(
     beat = heartbeat.HeartbeatRequest(group_id=group, generation_id=1, member_id="m")
     body = await asyncio.to_thread(_ask, a, Api.HEARTBEAT, 0, beat)
     assert body.error_code == NOT_COORDINATOR
+    described = describe_groups.DescribeGroupsRequest(groups=(group,))
+    body = await asyncio.to_thread(_ask, a, Api.DESCRIBE_GROUPS, 0, described)
+    assert body.groups[0].error_code == NOT_COORDINATOR
     init = init_producer_id.InitProducerIdRequest(
         transactional_id=group, transaction_timeout=datetime.timedelta(seconds=10)
     )

@@ -386,15 +386,26 @@ class KafkaAdmin:
                 topics.add(topic)
         return sorted(topics)
 
+    def _check_coordinator(self, group_id: str) -> None:
+        """A cluster's: NOT_COORDINATOR or COORDINATOR_LOAD_IN_PROGRESS
+        unless this broker coordinates ``group_id`` (`broker.kafka._cluster`)."""
+        if self.apis.cluster is not None:
+            self.apis.cluster.check_coordinator(group_id, "group")
+
     def _all_groups(self) -> dict[str, str]:
         """Every group: its name -> the name of a topic it has a
-        subscription on ("" for a Kafka group with none yet)."""
+        subscription on ("" for a Kafka group with none yet). A cluster's
+        broker: the groups it coordinates (those of its slots), as each
+        Kafka broker lists its own."""
         found: dict[str, str] = {}
         for ledger in self.broker.store.ledger_names("c/"):
             _, topic, _, name = ledger.split("/", 3)
             found.setdefault(name, topic)
         for group_id in self.apis.groups.group_ids():
             found.setdefault(group_id, "")
+        cluster = self.apis.cluster
+        if cluster is not None:
+            found = {g: t for g, t in found.items() if cluster.serves(g)}
         return found
 
     async def list_groups(self, req: Any, version: int, session: KafkaSession) -> Response:
@@ -438,6 +449,7 @@ class KafkaAdmin:
             try:
                 session.allow_admin(GROUP_AUTHORIZATION_FAILED)
                 group_subscription(group_id)
+                self._check_coordinator(group_id)
                 info = self.apis.groups.describe(group_id)
                 if info is not None:
                     out.update(
@@ -471,6 +483,7 @@ class KafkaAdmin:
             try:
                 session.allow_admin(GROUP_AUTHORIZATION_FAILED)
                 group_subscription(group_id)
+                self._check_coordinator(group_id)
                 await self._delete_group(group_id)
                 code = 0
             except KafkaError as exc:
@@ -522,6 +535,7 @@ class KafkaAdmin:
         try:
             session.allow_admin(GROUP_AUTHORIZATION_FAILED)
             group_subscription(group_id)
+            self._check_coordinator(group_id)
         except KafkaError as exc:
             return answer(exc.code, {t.name: 0 for t in req.topics})
         info = self.apis.groups.describe(group_id)

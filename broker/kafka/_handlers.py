@@ -126,7 +126,7 @@ class KafkaApis:
             TxnApis(broker, self.cluster).handlers(),
             GroupApis(broker, self.groups, self.cluster).handlers(),
             KafkaAdmin(self).handlers(),
-            TxnAdmin(broker, self.txn_sequence).handlers(),
+            TxnAdmin(broker, self.txn_sequence, self.cluster).handlers(),
         ):
             self._handlers.update(part)
 
