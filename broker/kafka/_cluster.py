@@ -210,14 +210,20 @@ class KafkaCluster:
             "find its coordinator again",
         )
 
-    def check_together(self, producer_id: int, slot: int, what: str) -> None:
+    def check_together(
+        self,
+        producer_id: int,
+        slot: int,
+        what: str,
+        loading: int = COORDINATOR_LOAD_IN_PROGRESS,
+    ) -> None:
         """A Kafka transaction's participant ``what`` (a partition or a
         group's offsets, in ``slot``) and the coordinator that issued
         ``producer_id`` must both be served here: a transaction across
         brokers is not served on the Kafka listener. Refused
         INVALID_TXN_STATE (not retriable: asking again would not help)
-        unless both slots are this broker's; COORDINATOR_LOAD_IN_PROGRESS
-        while one of them loads here."""
+        unless both slots are this broker's; ``loading`` (retriable: by
+        default COORDINATOR_LOAD_IN_PROGRESS) while one of them loads here."""
         host = self.host
         tcid = coordinator_of_producer(producer_id) % self.slots
         ready = slot in host.served and tcid in host.served and tcid in self.broker.coordinators
@@ -225,7 +231,7 @@ class KafkaCluster:
             return
         if {slot, tcid} <= {*host.served, *host.member.held}:
             raise KafkaError(
-                COORDINATOR_LOAD_IN_PROGRESS,
+                loading,
                 f"{what} (slot {slot}) or its transaction's coordinator (slot {tcid}) is "
                 "loading here; try again",
             )

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from broker._operations import first_published_at_or_after
 from broker._slots import slot_of_key
 from broker.kafka._admin import KafkaAdmin
-from broker.kafka._cluster import LEADER_NOT_AVAILABLE, KafkaCluster
+from broker.kafka._cluster import LEADER_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER, KafkaCluster
 from broker.kafka._codec import CLUSTER_ID, NODE_ID, VERSIONS, Api
 from broker.kafka._common import (
     INVALID_TXN_STATE,
@@ -335,7 +335,10 @@ class KafkaApis:
                 )
             if self.cluster is not None:
                 self.cluster.check_together(
-                    pid, slot_of_key(partition.topic, self.cluster.slots), f"partition {partition}"
+                    pid,
+                    slot_of_key(partition.topic, self.cluster.slots),
+                    f"partition {partition}",
+                    NOT_LEADER_OR_FOLLOWER,  # (what a Produce's clients retry)
                 )
             tc = self.broker.producer_coordinator(pid)
             txnid = tc.producer_verified_partition(pid, epoch, partition.topic, partition.index)
