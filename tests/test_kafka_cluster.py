@@ -78,6 +78,8 @@ from tests.test_kafka_security import RawKafka, bearer
 from tests.test_kafka_unit import kafka_python_batch
 from tests.test_security import grant
 
+pytestmark = pytest.mark.integration
+
 TOPIC_AUTHORIZATION_FAILED = 29
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 TTL = 2.0  # seconds of lease: a SIGKILLed broker's slots move within it and a look
