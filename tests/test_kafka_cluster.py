@@ -160,6 +160,11 @@ async def test_the_listener_answers_leaders_and_coordinators_from_the_last_look(
             kc.check_together(pid0, slot, "partition t-0")
         assert refused.value.code == code
     assert "across a cluster's brokers" in str(refused.value)
+    # A broker restarted at its address (a second row, the first one's lease
+    # still running) is one node.
+    twice = View(100.0, {"me": 105.0, "b": 105.0, "b2": 105.0}, view.slots)
+    kc = _fake({0}, {0: 3}, twice, {"me": "h:1", "b": "hb:2", "b2": "hb:2"})
+    assert kc.brokers() == [(me, "h", 1), (b, "hb", 2)]
     # A live owner without a Kafka listener leads nothing Kafka clients reach.
     kc = _fake(set(), {}, view, {"me": "h:1"})
     assert kc.leader(t[2]) is None and kc.brokers() == [(me, "h", 1)]

@@ -121,18 +121,19 @@ class KafkaCluster:
     # -- Metadata ---------------------------------------------------------------------
 
     def brokers(self) -> list[Node]:
-        """The live brokers with a Kafka listener, this one first."""
+        """The live brokers with a Kafka listener, this one first, each node
+        once (a broker restarted at its address has a second row until the
+        lease of its first runs out: one node)."""
         host = self.host
-        out = [self.me]
+        out = {self.me[0]: self.me}
         view = host.membership.last_view
         if view is not None:
-            for broker in sorted(view.live()):
+            for broker in view.live():
                 address = host.membership.last_kafka.get(broker)
                 if broker != host.me and address is not None:
                     node = _node(address)
-                    if node[0] != self.me[0]:
-                        out.append(node)
-        return out
+                    out.setdefault(node[0], node)
+        return list(out.values())
 
     def leader(self, topic: str) -> tuple[int, int] | None:
         """(leader's node id, leader epoch) of ``topic``'s partitions, or None
