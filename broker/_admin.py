@@ -31,6 +31,7 @@ from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from broker._acl import AclEntry, AclError
+from broker._admin_cluster import add_cluster_routes, forward_to_owner
 from broker._broker import BROKER_KEY, Broker
 from broker._errors import REFUSALS, error_code
 from broker._operations import (
@@ -91,6 +92,7 @@ _HTTP_STATUS: dict[pb.ServerError, int] = {
     pb.TRANSACTION_NOT_FOUND: 404,
     pb.TRANSACTION_COORDINATOR_NOT_FOUND: 404,
     pb.TOO_MANY_REQUESTS: 429,
+    pb.NOT_OWNER: 503,  # (retriable: its slot is elsewhere, or moving)
     pb.PERSISTENCE_ERROR: 503,
     pb.SERVICE_NOT_READY: 503,
 }
@@ -529,13 +531,20 @@ async def terminate_producer(request: web.Request) -> web.Response:
 
 
 async def list_coordinators(request: web.Request) -> web.Response:
+    """Per coordinator here: its transactions by state, and ``spares``, the
+    transactions clients opened ahead and have not used yet (OPEN in the
+    coordinator's table, counted apart rather than as OPEN)."""
     broker = request.app[BROKER_KEY]
     out = []
     for tcid, tc in sorted(broker.coordinators.items()):
         counts = {status.name: 0 for status in TxnStatus}
+        spares = 0
         for meta in tc.transactions():
-            counts[meta.status.name] += 1
-        out.append({"tc_id": tcid, "transactions": counts})
+            if tc.is_spare(meta.txnid):  # (opened ahead by a client, not used yet: not OPEN)
+                spares += 1
+            else:
+                counts[meta.status.name] += 1
+        out.append({"tc_id": tcid, "transactions": counts, "spares": spares})
     return web.json_response({"coordinators": out})
 
 
@@ -631,6 +640,8 @@ async def favicon(request: web.Request) -> web.Response:
 def add_admin_routes(app: web.Application) -> None:
     app.middlewares.append(json_errors)  # (outermost: whatever answers, errors are JSON)
     app.middlewares.append(_require_admin)
+    app.middlewares.append(forward_to_owner)  # (in a cluster; after the superuser check)
+    add_cluster_routes(app)
     app.router.add_get("/", admin_page)
     app.router.add_get("/favicon.ico", favicon)
     app.router.add_get("/favicon.svg", favicon)

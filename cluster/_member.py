@@ -111,6 +111,9 @@ class Member:
         self._stopped = False
         self._unknown = False  # the last look had a request with an unknown outcome
         self._watch: float | None = None  # local time of an expiry to look at (`watch`)
+        # Joins and renewals answered, and the local time of the last one (for metrics).
+        self.renewals = 0
+        self.renewed_at: float | None = None
 
     @property
     def held(self) -> Mapping[int, int]:
@@ -120,6 +123,11 @@ class Member:
     @property
     def stopped(self) -> bool:
         return self._stopped
+
+    @property
+    def draining(self) -> bool:
+        """Handing every slot over to leave (SIGTERM)."""
+        return self._draining
 
     def store_failed(self) -> None:
         """The store refused a commit (fenced) or lost one's outcome: the next
@@ -203,12 +211,14 @@ class Member:
                 sent = loop.time()
                 await self._call(self.store.join(self.me, self.urls, self.lease.ttl))
                 self._deadline = sent + self.lease.ttl
+                self._renewed()
             elif isinstance(action, Renew):
                 sent = loop.time()
                 if await self._call(self.store.renew(self.me, self.lease.ttl)) is None:
                     await self._drop("lease lost")
                     return  # the next look joins again
                 self._deadline = sent + self.lease.ttl
+                self._renewed()
             elif isinstance(action, Leave):
                 for slot in sorted(self._held):
                     await self._unload(slot)
@@ -228,6 +238,10 @@ class Member:
             for slot, epoch in sorted(won.items()):
                 task = asyncio.create_task(self._load(slot, epoch))
                 self._loading[slot] = task
+
+    def _renewed(self) -> None:
+        self.renewals += 1
+        self.renewed_at = asyncio.get_running_loop().time()
 
     async def _load(self, slot: int, epoch: int) -> None:
         try:

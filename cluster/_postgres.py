@@ -301,7 +301,7 @@ class PostgresMembership:
             raise _unknown("reading the cluster tables", exc) from exc
         return ClusterTables(
             float(now),
-            tuple(BrokerRow(str(b), str(u), float(until), float(at)) for b, u, until, at in brokers),
+            tuple(BrokerRow(str(b), str(u), float(t), float(r)) for b, u, t, r in brokers),
             tuple((int(k), o, int(e)) for k, o, e in slots),
             tuple(_move(r) for r in recent),
         )
