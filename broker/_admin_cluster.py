@@ -47,6 +47,7 @@ from broker._broker import BROKER_KEY, Broker
 from broker._slots import slot_of, slot_of_key
 from buffer import InvalidNameError, check_topic_name
 from cluster import MembershipError
+from cluster._postgres import MOVES_KEPT
 from tc import TxnID
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ FORWARDED = "X-Txnbuf-Forwarded"  # a request forwarded by another broker: answe
 ANSWERED_BY = "X-Txnbuf-Answered-By"  # the broker that answered a forwarded request
 FORWARD_TIMEOUT = 30.0  # seconds a forwarded request may take (as the admin CLI waits)
 GATHER_TIMEOUT = 5.0  # seconds each broker may take to answer its part of a list
-MOVES_SHOWN = 100  # moves in GET /admin/v1/cluster
+MOVES_SHOWN = 100  # moves in GET /admin/v1/cluster unless ?moves=N says
 
 _SESSION_KEY = web.AppKey("cluster_admin_session", aiohttp.ClientSession)
 
@@ -277,8 +278,11 @@ async def get_cluster(request: web.Request) -> web.Response:
                 "moves": [],
             }
         )
+    shown = request.query.get("moves", str(MOVES_SHOWN))
+    if not shown.isdigit() or int(shown) > MOVES_KEPT:
+        return _json(400, {"error": f"moves must be a whole number up to {MOVES_KEPT}"})
     try:
-        tables = await cluster.membership.describe(MOVES_SHOWN)
+        tables = await cluster.membership.describe(int(shown))
     except MembershipError as exc:
         return _json(503, {"error": f"the cluster database did not answer: {exc}"})
     now = tables.now
