@@ -93,6 +93,17 @@ async def cluster_of(proc: BrokerProcess) -> dict[str, Any]:
     return dict(answer)
 
 
+def assert_documented_shape(answer: dict[str, Any]) -> None:
+    """The answer has the keys of docs/operations.md's sample."""
+    doc = (Path(__file__).parent.parent / "docs" / "operations.md").read_text()
+    start = doc.index('```json\n{"cluster": true')
+    sample = json.loads(doc[start + len("```json\n") : doc.index("```", start + 7)])
+    assert set(answer) == set(sample)
+    for key in ("brokers", "slots", "moves"):
+        assert answer[key], key
+        assert set(answer[key][0]) == set(sample[key][0]), key
+
+
 async def test_every_broker_answers_the_cluster_and_moves_are_recorded(
     tmp_path: Path,
     pg_url: str,
@@ -123,6 +134,7 @@ async def test_every_broker_answers_the_cluster_and_moves_are_recorded(
         return True
 
     await wait_for("every broker's /admin/v1/cluster agrees", lambda: agrees(logs))
+    assert_documented_shape(await cluster_of(a))
     metrics = scrape(a)
     owned = len((await owners(pg_url))[owner_id(a)])
     assert value(metrics, "txnbuf_cluster_slots_owned") == owned
