@@ -217,7 +217,7 @@ async def _gather(request: web.Request, handler: Handler, cluster: ClusterHost) 
             missing.append({"broker": owner, "error": error or f"status {status}"})
     seen: set[str] = set()
     merged = []
-    for item in sorted(items, key=lambda i: (i.get(order) is None, i.get(order))):
+    for item in sorted(items, key=lambda i: (0, i[order]) if i.get(order) is not None else (1,)):
         ident = json.dumps(item, sort_keys=True) if key != "topics" else str(item.get("name"))
         if ident not in seen:  # (a topic seen on two brokers while its slot moved)
             seen.add(ident)

@@ -57,9 +57,14 @@ RETURNING extract(epoch FROM lease_until)::float8
 # a new database; from the taker itself: restart, after it dropped
 # everything). Every statement that writes one trims the table to the last
 # `MOVES_KEPT` rows.
+# (SKIP LOCKED: two statements trimming at once never wait for each other,
+# nor deadlock; a row one of them skipped goes with the next trim.)
 _TRIM_MOVES = f"""
 trimmed AS (
-  DELETE FROM txnbuf.moves WHERE id <= (SELECT max(id) FROM txnbuf.moves) - {MOVES_KEPT}
+  DELETE FROM txnbuf.moves WHERE id IN (
+    SELECT id FROM txnbuf.moves
+    WHERE id <= (SELECT max(id) FROM txnbuf.moves) - {MOVES_KEPT}
+    FOR UPDATE SKIP LOCKED)
 )"""
 _TAKE = f"""
 WITH took AS (

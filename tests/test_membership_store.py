@@ -308,3 +308,27 @@ async def test_moves_are_recorded_with_why_they_happened(pg_url: str) -> None:
     finally:
         await pg.close()
         await ledgers.close()
+
+
+async def test_the_moves_kept_are_bounded(pg_url: str) -> None:
+    from cluster._postgres import MOVES_KEPT
+
+    ledgers = await LedgerStore.open(pg_url, slots=SLOTS)
+    pg = await PostgresMembership.open(pg_url)
+    try:
+        await pg.join("a", "http://a", 30)
+        epochs = await pg.take("a", dict.fromkeys(range(SLOTS), 0))
+        for _ in range(MOVES_KEPT // SLOTS + 2):  # (each round: SLOTS moves, released and taken)
+            assert await pg.release("a", epochs) == set(range(SLOTS))
+            epochs = await pg.take("a", epochs)
+        conn = await asyncpg.connect(pg_url)
+        try:
+            kept = await conn.fetchval("SELECT count(*) FROM txnbuf.moves")
+        finally:
+            await conn.close()
+        assert MOVES_KEPT <= kept <= MOVES_KEPT + SLOTS
+        latest = await pg.moves(1)
+        assert latest[0].to_owner == "a" and latest[0].epoch == max(epochs.values())
+    finally:
+        await pg.close()
+        await ledgers.close()
