@@ -124,8 +124,10 @@ class ClusterHost:
 
     # -- refusals ---------------------------------------------------------------------
 
-    def _not_owner(self, slot: int, what: str) -> refusals.NotOwner:
-        self.not_owner_refusals += 1
+    def _not_owner(self, slot: int, what: str, counted: bool = True) -> refusals.NotOwner:
+        """The refusal (``counted``: one made, for the metrics; not when the
+        caller asks again before answering)."""
+        self.not_owner_refusals += counted
         view = self.membership.last_view
         owner = view.slots[slot].owner if view is not None and slot < len(view.slots) else None
         urls = self.membership.last_urls.get(owner, "") if owner is not None else ""
@@ -168,7 +170,7 @@ class ClusterHost:
         so that a slot just taken over is found at once rather than at this
         broker's next look."""
         try:
-            return self._owner_seen(slot, what)
+            return self._owner_seen(slot, what, counted=False)
         except refusals.NotOwner:
             await self._fresh()
             return self._owner_seen(slot, what)
@@ -187,7 +189,7 @@ class ClusterHost:
         except Exception as exc:  # (answered from the last look)
             log.debug("reading the cluster tables for a lookup failed: %s", exc)
 
-    def _owner_seen(self, slot: int, what: str) -> str:
+    def _owner_seen(self, slot: int, what: str, counted: bool = True) -> str:
         """`_owner_url` from the last look only: `refusals.NotOwner`
         (retriable) if it saw no owner, or one whose lease had run out (it
         is being taken over), or this broker (loading or handing over)."""
@@ -197,7 +199,7 @@ class ClusterHost:
         owner = view.slots[slot].owner if view is not None and slot < len(view.slots) else None
         url = self.membership.last_urls.get(owner, "") if owner is not None else ""
         if owner is None or owner == self.me or not url or not view or not view.is_live(owner):
-            raise self._not_owner(slot, what)
+            raise self._not_owner(slot, what, counted)
         return url
 
     def acl_not_writable(self) -> Exception:

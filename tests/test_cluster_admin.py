@@ -25,7 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from broker._admin_cluster import ANSWERED_BY
 from broker._auth import create_secret_key, create_token, load_signing_key
 from client import Client
-from tests.conftest import BrokerProcess
+from proto import txnbuf_pb2 as pb
+from tests.conftest import BrokerProcess, RawConnection
 from tests.test_cluster_brokers import (
     cluster_broker,
     logs,  # noqa: F401 (a fixture)
@@ -246,6 +247,17 @@ async def test_admin_requests_are_answered_by_any_broker(
     assert [c["tc_id"] for c in coordinators["coordinators"]] == list(
         range(len(await slots(pg_url)))
     )
+
+    # A command refused NOT_OWNER is counted by the broker that refused it.
+    before = value(scrape(y), "txnbuf_cluster_not_owner_refusals_total")
+    async with RawConnection(y.url) as raw:
+        answer = await raw.request(
+            pb.BaseCommand.PARTITIONED_METADATA,
+            "partitioned_metadata",
+            pb.CommandPartitionedMetadata(request_id=1, topic=topic),
+        )
+    assert answer.partitioned_metadata_response.error == pb.NOT_OWNER, answer
+    assert value(scrape(y), "txnbuf_cluster_not_owner_refusals_total") == before + 1
 
     # Bad input is refused where it arrives, and a missing topic is the owner's 404.
     status, answer, _ = await acall(y, "GET", "/admin/v1/topics/bad%2Fname/stats")
