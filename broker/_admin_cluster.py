@@ -24,11 +24,13 @@ makes one hop at most. Grants and revokes of the ACL go to the owner of
 slot 0, which writes it.
 
 Cluster-wide lists (``/admin/v1/topics``, ``/transactions``,
-``/coordinators``, ``/producers``): each broker knows the topics and
-coordinators of its own slots, so the broker asked answers its own and asks
-every other live broker for theirs (forwarded, so each answers its own
-only), merged; a broker that does not answer within `GATHER_TIMEOUT` is
-named under ``"missing"`` (the list is then partial, and says so).
+``/coordinators``, ``/producers``, ``/tagged-transactions``) and the abort
+of tagged transactions (``POST /admin/v1/tagged-transactions/abort``): each
+broker knows the topics and coordinators of its own slots, so the broker
+asked answers (or aborts) its own and asks every other live broker for
+theirs (forwarded, so each answers its own only), merged; a broker that
+does not answer within `GATHER_TIMEOUT` (`FORWARD_TIMEOUT` for the abort)
+is named under ``"missing"`` (the answer is then partial, and says so).
 """
 
 from __future__ import annotations
@@ -70,12 +72,15 @@ MOVES_SHOWN = 100  # moves in GET /admin/v1/cluster unless ?moves=N says
 
 _SESSION_KEY = web.AppKey("cluster_admin_session", aiohttp.ClientSession)
 
-# The cluster-wide lists: path -> (the key of the list, what sorts it).
-_LISTS: dict[str, tuple[str, str]] = {
-    "/admin/v1/topics": ("topics", "name"),
-    "/admin/v1/transactions": ("transactions", "start_ms"),
-    "/admin/v1/coordinators": ("coordinators", "tc_id"),
-    "/admin/v1/producers": ("producers", "transactional_id"),
+# The cluster-wide lists: (method, path) -> (the key of the list, what sorts
+# it: a key of its items, or "" for items that are strings).
+_LISTS: dict[tuple[str, str], tuple[str, str]] = {
+    ("GET", "/admin/v1/topics"): ("topics", "name"),
+    ("GET", "/admin/v1/transactions"): ("transactions", "start_ms"),
+    ("GET", "/admin/v1/coordinators"): ("coordinators", "tc_id"),
+    ("GET", "/admin/v1/producers"): ("producers", "transactional_id"),
+    ("GET", "/admin/v1/tagged-transactions"): ("transactions", "start_ms"),
+    ("POST", "/admin/v1/tagged-transactions/abort"): ("aborted", ""),
 }
 _ACL_WRITES = frozenset({"/admin/v1/acl/grant", "/admin/v1/acl/revoke"})
 
@@ -185,13 +190,13 @@ async def forward_to_owner(request: web.Request, handler: Handler) -> web.Stream
         view = cluster.membership.last_view
         owner = view.slots[slot].owner if view is not None else None
         return await _forward(request, owner or "", url)
-    if request.method == "GET" and request.path in _LISTS and not forwarded:
+    if (request.method, request.path) in _LISTS and not forwarded:
         return await _gather(request, handler, cluster)
     return await handler(request)
 
 
 async def _gather(request: web.Request, handler: Handler, cluster: ClusterHost) -> web.Response:
-    key, order = _LISTS[request.path]
+    key, order = _LISTS[request.method, request.path]
     own = await handler(request)
     if not isinstance(own, web.Response) or own.status != 200 or own.body is None:
         return own  # type: ignore[return-value]  # (bad input: refused here as everywhere)
@@ -199,15 +204,18 @@ async def _gather(request: web.Request, handler: Handler, cluster: ClusterHost) 
     mine = json.loads(own.body)
     others = await cluster.live_others()
 
+    # (A POST, an abort, waits for each broker's aborts to be durable and applied.)
+    timeout = GATHER_TIMEOUT if request.method == "GET" else FORWARD_TIMEOUT
+
     async def ask(owner: str, url: str) -> tuple[str, int, Any]:
         try:
-            status, answer = await _send(request, url, request.path_qs, b"", GATHER_TIMEOUT)
+            status, answer = await _send(request, url, request.path_qs, b"", timeout)
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             return owner, 0, {"error": repr(exc)}
         return owner, status, answer
 
     answers = await asyncio.gather(*(ask(b, u) for b, u in others.items()))
-    items: list[dict[str, Any]] = list(mine.get(key, []))
+    items: list[Any] = list(mine.get(key, []))
     missing = []
     for owner, status, answer in answers:
         if status == 200 and isinstance(answer, dict) and isinstance(answer.get(key), list):
@@ -217,8 +225,13 @@ async def _gather(request: web.Request, handler: Handler, cluster: ClusterHost) 
             missing.append({"broker": owner, "error": error or f"status {status}"})
     seen: set[str] = set()
     merged = []
-    for item in sorted(items, key=lambda i: (0, i[order]) if i.get(order) is not None else (1,)):
-        ident = json.dumps(item, sort_keys=True) if key != "topics" else str(item.get("name"))
+
+    def sort_key(item: Any) -> tuple[Any, ...]:
+        value = item.get(order) if isinstance(item, dict) else item
+        return (1,) if value is None else (0, value)
+
+    for item in sorted(items, key=sort_key):
+        ident = str(item.get("name")) if key == "topics" else json.dumps(item, sort_keys=True)
         if ident not in seen:  # (a topic seen on two brokers while its slot moved)
             seen.add(ident)
             merged.append(item)

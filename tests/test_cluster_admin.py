@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from broker._admin_cluster import ANSWERED_BY
 from broker._auth import create_secret_key, create_token, load_signing_key
-from client import Client
+from client import Client, TransactionGroups
 from proto import txnbuf_pb2 as pb
 from tests.conftest import BrokerProcess, RawConnection
 from tests.test_cluster_brokers import (
@@ -247,6 +247,17 @@ async def test_admin_requests_are_answered_by_any_broker(
     assert [c["tc_id"] for c in coordinators["coordinators"]] == list(
         range(len(await slots(pg_url)))
     )
+
+    # Tagged transactions (a Spark query's) of z's coordinators, found and aborted at x.
+    async with Client(z.url) as client:
+        tc_id = min(found[owner_id(z)])  # (a coordinator of z's: the client's first broker)
+        tagged = await TransactionGroups(client).new_transaction("query/0", tc_id=tc_id)
+        query = "/admin/v1/tagged-transactions?tag=query/&prefix=true"
+        status, listed, _ = await acall(x, "GET", query)
+        assert status == 200 and [t["txnid"] for t in listed["transactions"]] == [str(tagged.id)]
+        status, aborted, _ = await acall(x, "POST", query.replace("?", "/abort?"))
+        assert status == 200 and aborted == {"aborted": [str(tagged.id)]}, aborted
+        assert (await acall(y, "GET", query))[1]["transactions"] == []
 
     # A command refused NOT_OWNER is counted by the broker that refused it.
     before = value(scrape(y), "txnbuf_cluster_not_owner_refusals_total")
