@@ -316,6 +316,22 @@ async def test_the_superuser_check_holds_on_every_broker(
     status, answer, headers = await acall(y, "PUT", f"/admin/v1/topics/{topic}", {})
     assert status == 200 and headers[ANSWERED_BY] == owner_id(x), answer
     assert (await cluster_of(y))["this"] == owner_id(y)
+    # A grant at the broker that does not write the ACL (slot 0's owner does).
+    held = await owners(pg_url)
+    writer, other = (x, y) if 0 in held[owner_id(x)] else (y, x)
+    grant = {"role": "app", "permission": "produce", "resource": "topic:sec*"}
+    assert (await acall(other, "POST", "/admin/v1/acl/grant", grant, token=app))[0] == 403
+    status, answer, headers = await acall(other, "POST", "/admin/v1/acl/grant", grant)
+    assert status == 200 and headers[ANSWERED_BY] == owner_id(writer), answer
+
+    async def granted_everywhere() -> bool:
+        for proc in logs:
+            acl = (await acall(proc, "GET", "/admin/v1/acl?role=app"))[1]["acl"]
+            if len(acl) != 1:
+                return False
+        return True
+
+    await wait_for("the grant read by both brokers", granted_everywhere)
 
 
 async def test_a_single_broker_is_not_a_cluster(broker: BrokerProcess) -> None:
