@@ -16,6 +16,10 @@ superuser: without a valid token it is answered 401, with a token of
 another role 403 (`_require_admin`). The ACL is managed here:
 ``GET /admin/v1/acl[?role=R]``, ``POST /admin/v1/acl/grant`` and
 ``POST /admin/v1/acl/revoke`` with ``{"role", "permission", "resource"}``.
+
+In a cluster (`broker._admin_cluster`): ``GET /admin/v1/cluster``; a request
+about another broker's topic or transaction (or an ACL write) is answered
+by forwarding it to its owner, and the lists gather every broker's.
 """
 
 from __future__ import annotations
