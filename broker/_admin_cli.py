@@ -2,18 +2,21 @@
 from the command line, so that an operator needs no curl.
 
 Each command makes one or two HTTP requests to a running broker (``--url``,
-http://127.0.0.1:6650 by default; a broker that authenticates wants a
-superuser's token: ``--token`` or ``$TXNBUF_TOKEN``, and ``--tls-ca`` for
-https) and prints a table, or the API's JSON with ``--json``. An error
-the broker answers is printed as one line on stderr (exit 1); a broker
-that does not answer, too (exit 1). The routes are in docs/operations.md.
+http://127.0.0.1:6650 by default, or a cluster's brokers with commas; a
+broker that authenticates wants a superuser's token: ``--token`` or
+``$TXNBUF_TOKEN``, and ``--tls-ca`` for https) and prints a table, or the
+API's JSON with ``--json``. An error the broker answers is printed as one
+line on stderr (exit 1); a broker that does not answer, too (exit 1). The
+routes are in docs/operations.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
+import socket
 import ssl
 import sys
 import urllib.error
@@ -41,10 +44,36 @@ def _q(part: str) -> str:
     return urllib.parse.quote(part, safe="(),")
 
 
+class _Unreachable(CliError):
+    """The broker could not be connected to: the request was not sent."""
+
+
+def _unreachable(reason: object) -> bool:
+    return isinstance(reason, ConnectionRefusedError | socket.gaierror) or (
+        isinstance(reason, OSError)
+        and reason.errno in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH)
+    )
+
+
 def request(url: str, method: str, path: str, body: object | None = None) -> Any:
     """The JSON answer of ``method path``; CliError with the broker's
     ``error`` (or why there was no answer). The token (``--token``, else
-    ``$TXNBUF_TOKEN``) and CA file (``--tls-ca``) are those `run_admin` set."""
+    ``$TXNBUF_TOKEN``) and CA file (``--tls-ca``) are those `run_admin` set.
+
+    ``url`` may name several brokers of a cluster, with commas: each is
+    tried in turn while it cannot be connected to (the request was not
+    sent); any of them answers every admin request (docs/operations.md)."""
+    urls = [u.strip() for u in url.split(",") if u.strip()] or [url]
+    missed = []
+    for one in urls:
+        try:
+            return _request(one, method, path, body)
+        except _Unreachable as exc:
+            missed.append(str(exc))
+    raise CliError("; ".join(missed))
+
+
+def _request(url: str, method: str, path: str, body: object | None) -> Any:
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url.rstrip("/") + path, data=data, method=method)
     if data is not None:
@@ -69,7 +98,8 @@ def request(url: str, method: str, path: str, body: object | None = None) -> Any
         raise CliError(f"{method} {path}: {exc.code} {message}") from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise CliError(f"no answer from the broker at {url}: {reason}") from None
+        fault = _Unreachable if _unreachable(reason) else CliError
+        raise fault(f"no answer from the broker at {url}: {reason}") from None
     except ValueError:
         raise CliError(f"{method} {path}: the answer is not JSON") from None
 
@@ -429,7 +459,12 @@ _RUN: dict[str, Callable[[argparse.Namespace], None]] = {
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", default=DEFAULT_URL, help=f"the broker ({DEFAULT_URL})")
+    p.add_argument(
+        "--url",
+        default=DEFAULT_URL,
+        help=f"the broker ({DEFAULT_URL}); a cluster's brokers with commas: the first that "
+        "can be reached answers",
+    )
     p.add_argument("--json", action="store_true", help="print the API's JSON answer")
     p.add_argument("--token", help="a superuser's token (default: $TXNBUF_TOKEN)")
     p.add_argument("--tls-ca", help="CA file to check an https:// broker with")

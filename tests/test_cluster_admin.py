@@ -181,7 +181,7 @@ async def test_every_broker_answers_the_cluster_and_moves_are_recorded(
     assert value(metrics, "txnbuf_cluster_store_drops_total") == 0
 
     # The CLI prints it.
-    out = await cli("cluster", "--url", a.url)
+    out = await cli("cluster", "--url", f"{b.url},{c.url},{a.url}")  # (b, c: gone)
     assert out.returncode == 0, out.stderr
     assert f"{owner_id(a)} (this)" in out.stdout
     assert "slots per broker:" in out.stdout and "handover" in out.stdout
