@@ -325,6 +325,7 @@ class ClusterHost:
             "loads": self.loads,
             "unloads": self.unloads,
             "handovers": self.handovers,
+            "failovers": self.member.failovers,
             "drops": self.drops,
             "not_owner_refusals": self.not_owner_refusals,
             "renewals": self.member.renewals,

@@ -159,7 +159,7 @@ class ClusterFigures(Protocol):
 
     def figures(self) -> dict[str, float | None]:
         """``slots_owned``, ``slots_loading``, ``loads``, ``unloads``,
-        ``handovers``, ``drops``, ``not_owner_refusals``, ``renewals`` and
+        ``handovers``, ``failovers``, ``drops``, ``not_owner_refusals``, ``renewals`` and
         ``renewal_age`` (seconds; None before the first)."""
         ...
 
@@ -185,6 +185,11 @@ CLUSTER_FIGURES: dict[str, tuple[str, str, bool]] = {
     "handovers": (
         "txnbuf_cluster_slot_handovers",
         "Slots this broker handed over while draining on SIGTERM (part of the unloads)",
+        True,
+    ),
+    "failovers": (
+        "txnbuf_cluster_slot_failovers",
+        "Slots this broker took over from a broker whose lease had run out",
         True,
     ),
     "drops": (

@@ -49,6 +49,7 @@ from cluster._ownership import (
     Release,
     Renew,
     Take,
+    View,
     decide,
     watch,
 )
@@ -114,6 +115,9 @@ class Member:
         # Joins and renewals answered, and the local time of the last one (for metrics).
         self.renewals = 0
         self.renewed_at: float | None = None
+        # Slots taken from another broker (its lease had run out), for metrics.
+        self.failovers = 0
+        self._view: View | None = None  # the last look's snapshot
 
     @property
     def held(self) -> Mapping[int, int]:
@@ -188,6 +192,7 @@ class Member:
                 view = await self._call(self.store.read())
             except _Unknown:
                 return None
+            self._view = view
             expiry = watch(view, self.me, self.lease)
             # (The database's clock read `view.now` a little before now.)
             self._watch = None if expiry is None else loop.time() + expiry - view.now + 0.001
@@ -235,6 +240,9 @@ class Member:
         if takes:
             won = await self._call(self.store.take(self.me, takes))
             self._held.update(won)
+            if self._view is not None:
+                rows = self._view.slots
+                self.failovers += sum(rows[k].owner not in (None, self.me) for k in won)
             for slot, epoch in sorted(won.items()):
                 task = asyncio.create_task(self._load(slot, epoch))
                 self._loading[slot] = task

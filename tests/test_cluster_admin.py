@@ -153,6 +153,8 @@ async def test_every_broker_answers_the_cluster_and_moves_are_recorded(
         m["slot"]: m for m in view["moves"] if m["from"] == owner_id(b) and m["why"] == "failover"
     }
     assert set(failed_over) == lost
+    failovers = [value(scrape(p), "txnbuf_cluster_slot_failovers_total") for p in (a, c)]
+    assert sum(failovers) == len(lost), failovers
     assert {m["to"] for m in failed_over.values()} <= {owner_id(a), owner_id(c)}
     dead = [x for x in view["brokers"] if x["id"] == owner_id(b)]
     assert dead == [] or not dead[0]["live"]
