@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker._admin_cluster import ANSWERED_BY
+from broker._admin_cluster import ANSWERED_BY, FORWARDED
 from broker._auth import create_secret_key, create_token, load_signing_key
 from client import Client, TransactionGroups
 from proto import txnbuf_pb2 as pb
@@ -46,11 +46,17 @@ TTL = 2.0  # seconds of lease
 
 
 def call(
-    proc: BrokerProcess, method: str, path: str, body: object = None, token: str | None = None
+    proc: BrokerProcess,
+    method: str,
+    path: str,
+    body: object = None,
+    token: str | None = None,
+    extra: dict[str, str] | None = None,
 ) -> tuple[int, Any, dict[str, str]]:
-    """(status, JSON answer, headers) of an admin request."""
+    """(status, JSON answer, headers) of an admin request (``extra``: more headers)."""
     token = token if token is not None else proc.token
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    headers.update(extra or {})
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(proc.url + path, data=data, method=method, headers=headers)
     try:
@@ -271,6 +277,13 @@ async def test_admin_requests_are_answered_by_any_broker(
         )
     assert answer.partitioned_metadata_response.error == pb.NOT_OWNER, answer
     assert value(scrape(y), "txnbuf_cluster_not_owner_refusals_total") == before + 1
+
+    # A forwarded request is never forwarded again (its slot moved meanwhile): NOT_OWNER.
+    status, answer, _ = await asyncio.to_thread(
+        call, y, "GET", f"/admin/v1/topics/{topic}/stats", None, None, {FORWARDED: "test"}
+    )
+    assert status == 503 and "which this broker does not serve" in answer["error"], answer
+    assert owner_id(x) in answer["error"], answer
 
     # Bad input is refused where it arrives, and a missing topic is the owner's 404.
     status, answer, _ = await acall(y, "GET", "/admin/v1/topics/bad%2Fname/stats")
