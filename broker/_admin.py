@@ -314,6 +314,8 @@ async def topic_stats(broker: Broker, name: str) -> dict[str, Any] | None:
                 "first_entry_id": ledger.first_entry_id,
                 "last_entry_id": ledger.last_entry_id,
                 "messages": part.messages_after((ledger.first_entry_id - 1, WHOLE_ENTRY)),
+                # (stored by this broker since the topic loaded here: for rates)
+                "messages_in": part.messages_in,
                 "producers": producers,
                 "consumers": sum(s["consumers"] for s in subs.values()),
                 "subscriptions": subs,

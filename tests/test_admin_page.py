@@ -17,7 +17,11 @@ from typing import Any
 
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
+from selenium.common.exceptions import (
+    NoSuchElementException,
+    StaleElementReferenceException,
+    TimeoutException,
+)
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
@@ -33,6 +37,7 @@ from tests.test_cluster_brokers import (
     owner_id,
     owners,
     start_all,
+    topic_in,
     wait_for,
 )
 from tests.test_cluster_clients import settled
@@ -352,8 +357,11 @@ async def test_first_render_has_rates_an_icon_and_a_labelled_spare(
     assert seen["console"] == []
 
 
-def cluster_view(driver: WebDriver, url: str, brokers: int, screenshot: Path) -> dict[str, Any]:
-    """What the page's cluster view shows once it lists ``brokers`` live brokers."""
+def cluster_view(
+    driver: WebDriver, url: str, brokers: int, topic: str, screenshot: Path
+) -> dict[str, Any]:
+    """What the page's cluster view shows once it lists ``brokers`` live
+    brokers, and ``topic``'s rate once it is above 0."""
     wait = WebDriverWait(driver, 30)
     driver.get(url + "/")
     try:
@@ -363,18 +371,40 @@ def cluster_view(driver: WebDriver, url: str, brokers: int, screenshot: Path) ->
                 and d.find_elements(By.CSS_SELECTOR, "#moves tbody tr.move")
             )
         )
-        rows = driver.find_elements(By.CSS_SELECTOR, "#brokers tbody tr")
-        return {
-            "brokers": {r.get_attribute("data-broker"): cells(r) for r in rows},
-            "this": [
-                r.get_attribute("data-broker")
-                for r in rows
-                if "this" in (r.get_attribute("class") or "")
-            ],
-            "moves": [cells(r) for r in driver.find_elements(By.CSS_SELECTOR, "#moves tbody tr")],
-            "summary": driver.find_element(By.ID, "cluster-summary").text,
-            "console": [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")],
-        }
+        rate_cell = f'tr.topic[data-topic="{topic}"] td:nth-child(4)'
+
+        def rated(d: WebDriver) -> bool:
+            try:
+                return float(d.find_element(By.CSS_SELECTOR, rate_cell).text or 0) > 0
+            except (NoSuchElementException, StaleElementReferenceException):
+                return False
+
+        wait.until(rated)
+
+        def shown(d: WebDriver) -> dict[str, Any] | None:
+            """The view as shown (None: redrawn while read, read again)."""
+            try:
+                rows = d.find_elements(By.CSS_SELECTOR, "#brokers tbody tr")
+                return {
+                    "brokers": {r.get_attribute("data-broker"): cells(r) for r in rows},
+                    "this": [
+                        r.get_attribute("data-broker")
+                        for r in rows
+                        if "this" in (r.get_attribute("class") or "")
+                    ],
+                    "moves": [
+                        cells(r) for r in d.find_elements(By.CSS_SELECTOR, "#moves tbody tr")
+                    ],
+                    "summary": d.find_element(By.ID, "cluster-summary").text,
+                }
+            except StaleElementReferenceException:
+                return None
+
+        seen: dict[str, Any] = wait.until(shown)
+        seen["console"] = [
+            e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")
+        ]
+        return seen
     except TimeoutException:
         driver.save_screenshot(str(screenshot))
         raise AssertionError(
@@ -391,13 +421,29 @@ async def test_cluster_view_shows_brokers_slots_and_moves(
     logs: list[BrokerProcess],  # noqa: F811
 ) -> None:
     """Three brokers over one PostgreSQL: the page of any of them shows the
-    three with their leases and slots (as the slots table holds them), and
-    the recent moves."""
+    three with their leases and slots (as the slots table holds them), the
+    recent moves, and the rate of a topic another broker serves."""
     start_all(tmp_path, pg_url, 3, 2.0, logs)
     await wait_for("slots placed on the 3 brokers", lambda: settled(pg_url, logs))
     home = logs[1]
-    seen = await asyncio.to_thread(cluster_view, browser, home.url, 3, tmp_path / "page.png")
     held = await owners(pg_url)
+    topic = topic_in(min(held[owner_id(logs[2])]), "rated")  # (another broker's)
+    async with Client(home.url) as client:
+        producer = await client.create_producer(topic)
+
+        async def sending() -> None:  # (until the page shows the topic's rate)
+            while True:
+                await producer.send(b"x")
+                await asyncio.sleep(0.02)
+
+        feeding = asyncio.create_task(sending())
+        try:
+            seen = await asyncio.to_thread(
+                cluster_view, browser, home.url, 3, topic, tmp_path / "page.png"
+            )
+        finally:
+            feeding.cancel()
+            await asyncio.gather(feeding, return_exceptions=True)
     assert seen["this"] == [owner_id(home)]
     assert set(seen["brokers"]) == {owner_id(p) for p in logs}
     for broker, row in seen["brokers"].items():
