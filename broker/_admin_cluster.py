@@ -185,7 +185,7 @@ async def forward_to_owner(request: web.Request, handler: Handler) -> web.Stream
         if slot in cluster.served:
             return await handler(request)
         if forwarded:  # (one hop at most: it moved meanwhile)
-            raise cluster._not_owner(slot, what)
+            raise cluster.not_owner(slot, what)
         url = await cluster.admin_owner(slot, what)
         view = cluster.membership.last_view
         owner = view.slots[slot].owner if view is not None else None

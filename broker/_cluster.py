@@ -146,6 +146,10 @@ class ClusterHost:
             urls if owner != self.me else "",
         )
 
+    def not_owner(self, slot: int, what: str) -> refusals.NotOwner:
+        """The refusal of a request about ``what``, in ``slot``, not served here."""
+        return self._not_owner(slot, what)
+
     def gate(self, topic: str) -> None:
         slot = slot_of_key(topic, self.broker.store.slot_count)
         if slot not in self.served:
