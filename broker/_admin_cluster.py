@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import urllib.parse
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -111,11 +112,22 @@ def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> web.
     return web.json_response(body, status=status, headers=headers)
 
 
+class _Wildcard(OSError):
+    """A broker registered a wildcard address (``--host 0.0.0.0``): no other
+    broker can reach it there."""
+
+
 async def _send(
     request: web.Request, url: str, path_qs: str, body: bytes, timeout: float
 ) -> tuple[int, Any]:
     """``request``'s method on ``url + path_qs`` with its credentials, as
     forwarded; (status, JSON answer). Raises OSError/aiohttp/timeout errors."""
+    host = urllib.parse.urlsplit(url).hostname or ""
+    if host in ("0.0.0.0", "::"):
+        raise _Wildcard(
+            f"the broker registered {url}, a wildcard address no other broker can reach "
+            "(start it with --host naming an address the others reach)"
+        )
     cluster = _host(request.app[BROKER_KEY])
     headers = {FORWARDED: cluster.me if cluster is not None else "broker"}
     for name in ("Authorization", "Content-Type"):
@@ -141,10 +153,8 @@ async def _forward(request: web.Request, owner: str, url: str) -> web.Response:
     try:
         status, answer = await _send(request, url, request.path_qs, body, FORWARD_TIMEOUT)
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-        return _json(
-            502,
-            {"error": f"forwarding to the owner {owner} at {url} failed: {exc!r}; try again"},
-        )
+        why = str(exc) if isinstance(exc, _Wildcard) else f"{exc!r}; try again"
+        return _json(502, {"error": f"forwarding to the owner {owner} at {url} failed: {why}"})
     return _json(status, answer, {ANSWERED_BY: owner})
 
 

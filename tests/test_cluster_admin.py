@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -357,3 +358,39 @@ async def test_a_single_broker_is_not_a_cluster(broker: BrokerProcess) -> None:
     assert "txnbuf_cluster_slots_owned" not in {n for (n, _) in scrape(broker)}
     out = await cli("cluster", "--url", broker.url)
     assert out.returncode == 0 and out.stdout.startswith("not a cluster"), out
+
+
+async def test_a_broker_registered_at_a_wildcard_address_is_named(
+    tmp_path: Path,
+    pg_url: str,
+    logs: list[BrokerProcess],  # noqa: F811
+) -> None:
+    """A broker started with --host 0.0.0.0 registers a URL no other broker
+    can reach: a request forwarded to it is refused 502, saying so, rather
+    than sent to whatever listens on that port here. (The tests listen on
+    loopback only: the row is made to name the wildcard address, as such a
+    broker's join writes it.)"""
+    start_all(tmp_path, pg_url, 2, TTL, logs)
+    x, wild = logs
+    await wait_for("slots placed on the 2 brokers", lambda: settled(pg_url, logs))
+    conn = await asyncpg.connect(pg_url)
+    try:
+        await conn.execute(
+            "UPDATE txnbuf.brokers SET urls = $1 WHERE id = $2",
+            f"http://0.0.0.0:{wild.port}",
+            owner_id(wild),
+        )
+    finally:
+        await conn.close()
+    topic = topic_in(min((await owners(pg_url))[owner_id(wild)]), "wild")
+
+    async def named() -> bool:  # (once x's look read the row)
+        status, answer, _ = await acall(x, "GET", f"/admin/v1/topics/{topic}/stats")
+        if status == 200:
+            return False
+        assert status == 502 and "wildcard address" in answer["error"], answer
+        return True
+
+    await wait_for("x names the wildcard address", named)
+    status, listed, _ = await acall(x, "GET", "/admin/v1/topics")
+    assert status == 200 and [m["broker"] for m in listed["missing"]] == [owner_id(wild)]
