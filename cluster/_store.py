@@ -60,7 +60,7 @@ class MembershipStore(Protocol):
         INSERT INTO slots(slot) SELECT generate_series(0, $S - 1);
 
     (1) the service URL, then the other listeners' addresses, separated by
-    spaces: ``kafka://host:port`` for a Kafka listener
+    commas: ``kafka://host:port`` for a Kafka listener
     (`cluster.service_url`, `cluster.kafka_address`).
 
     Times cross the interface as seconds on the database's clock

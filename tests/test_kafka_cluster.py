@@ -171,8 +171,8 @@ async def test_the_listener_answers_leaders_and_coordinators_from_the_last_look(
 
 
 def test_a_membership_rows_urls_hold_the_service_url_and_the_kafka_address() -> None:
-    assert service_url("http://a:6650 kafka://a:9092") == "http://a:6650"
-    assert kafka_address("http://a:6650 kafka://a:9092") == "a:9092"
+    assert service_url("http://a:6650,kafka://a:9092") == "http://a:6650"
+    assert kafka_address("http://a:6650,kafka://a:9092") == "a:9092"
     assert (service_url("http://a:6650"), kafka_address("http://a:6650")) == (
         "http://a:6650",
         None,
