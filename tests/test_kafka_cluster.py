@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 from kio.schema.add_partitions_to_txn.v1 import request as add_partitions
+from kio.schema.create_topics.v7 import request as create_topics
 from kio.schema.describe_groups.v0 import request as describe_groups
 from kio.schema.fetch.v11 import request as fetch
 from kio.schema.find_coordinator.v1 import request as find_coordinator
@@ -81,6 +82,7 @@ from tests.test_security import grant
 pytestmark = pytest.mark.integration
 
 TOPIC_AUTHORIZATION_FAILED = 29
+INVALID_REQUEST = 42
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 TTL = 2.0  # seconds of lease: a SIGKILLed broker's slots move within it and a look
 
@@ -434,6 +436,23 @@ async def test_metadata_coordinators_and_refusals_follow_the_slots_table(
     )
     body = await asyncio.to_thread(_ask, a, Api.INIT_PRODUCER_ID, 1, init)
     assert body.error_code == NOT_COORDINATOR
+    # CreateTopics at a for a topic of b's slot: refused, saying where; not created.
+    new_topic = key_in(mine[b.node], SLOTS, "new-")
+    created = create_topics.CreateTopicsRequest(
+        topics=(
+            create_topics.CreatableTopic(
+                name=new_topic, num_partitions=1, replication_factor=-1, assignments=(), configs=()
+            ),
+        ),
+        timeout=datetime.timedelta(seconds=5),
+        validate_only=False,
+    )
+    body = await asyncio.to_thread(_ask, a, Api.CREATE_TOPICS, 7, created)
+    assert (body.topics[0].error_code, "owner of its slot" in body.topics[0].error_message) == (
+        INVALID_REQUEST,
+        True,
+    )
+    assert b.admin("GET", f"/admin/v1/topics/{new_topic}/stats")[0] == 404
     # A transaction of a's coordinator adding a partition of b's: refused,
     # saying why (transactions across brokers), not retried for ever.
     init = init_producer_id.InitProducerIdRequest(

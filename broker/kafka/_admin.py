@@ -167,6 +167,7 @@ class KafkaAdmin:
             }
             try:
                 session.allow_admin(TOPIC_AUTHORIZATION_FAILED)
+                self._topic_here(t.name)
                 if names.count(t.name) > 1:
                     raise KafkaError(INVALID_REQUEST, f"topic {t.name!r} is named twice")
                 partitions, retention = self._new_topic(t)
@@ -265,6 +266,7 @@ class KafkaAdmin:
                 session.allow_admin(TOPIC_AUTHORIZATION_FAILED)
                 if name is None:
                     raise KafkaError(UNKNOWN_TOPIC_ID, "topics are named here, not numbered")
+                self._topic_here(name)
                 await delete_topic(self.broker, name, force=False)
             except KafkaError as exc:
                 out.update(error_code=exc.code, error_message=str(exc))
@@ -280,6 +282,7 @@ class KafkaAdmin:
             out: Response = {"name": t.name, "error_code": 0, "error_message": None}
             try:
                 session.allow_admin(TOPIC_AUTHORIZATION_FAILED)
+                self._topic_here(t.name)
                 have = self.broker.topics.partition_count(t.name)
                 if have is None:
                     raise KafkaError(UNKNOWN_TOPIC_OR_PARTITION, f"no topic {t.name!r}")
@@ -323,6 +326,7 @@ class KafkaAdmin:
             try:
                 if r.resource_type == RESOURCE_TOPIC:
                     session.allow_admin(TOPIC_AUTHORIZATION_FAILED)
+                    self._topic_here(r.resource_name)
                     topic = await self.broker.topics.load_topic(r.resource_name)
                     if topic is None:
                         raise KafkaError(
@@ -385,6 +389,18 @@ class KafkaAdmin:
             if name == group:
                 topics.add(topic)
         return sorted(topics)
+
+    def _topic_here(self, name: str) -> None:
+        """A cluster's: the topic admin APIs are served for the topics of
+        this broker's slots only (INVALID_REQUEST, saying where, for the
+        others: asking this broker again would not help)."""
+        cluster = self.apis.cluster
+        if cluster is not None and not cluster.serves(name):
+            raise KafkaError(
+                INVALID_REQUEST,
+                f"topic {name!r} is in a slot this broker does not serve: manage it at the "
+                "owner of its slot (txnbuf's admin API at any broker forwards there)",
+            )
 
     def _check_coordinator(self, group_id: str) -> None:
         """A cluster's: NOT_COORDINATOR or COORDINATOR_LOAD_IN_PROGRESS
