@@ -48,6 +48,7 @@ from broker._broker import Broker
 from broker._slots import slot_of, slot_of_key
 from buffer import Topics
 from cluster import LeaseTiming, Member, MembershipError, PostgresMembership
+from cluster._postgres import KAFKA_SCHEME
 from ledger import LedgerError, LedgerStore
 from proto import refusals
 from subscriptions import Subscriptions
@@ -73,6 +74,7 @@ class ClusterHost:
         store_url: str,
         lease: LeaseTiming,
         producer_settings: ProducerSettings | None = None,
+        kafka: str | None = None,
     ) -> None:
         self.broker = broker
         self.membership = membership
@@ -80,7 +82,10 @@ class ClusterHost:
         self.producer_settings = producer_settings
         self.me = broker.store_owner
         self.served: set[int] = set()  # slots whose commands are taken here
-        self.member = Member(membership, self.me, broker.url, self, lease)
+        # (the membership row's urls: the service URL, then the Kafka
+        # listener's address, `cluster.kafka_address`)
+        urls = broker.url if kafka is None else f"{broker.url},{KAFKA_SCHEME}{kafka}"
+        self.member = Member(membership, self.me, urls, self, lease)
         self._run: asyncio.Task[None] | None = None
         self._acl_refresh: asyncio.Task[None] | None = None
         self._reading: asyncio.Task[object] | None = None  # a read of the tables for lookups
@@ -101,14 +106,17 @@ class ClusterHost:
         store_url: str,
         lease: LeaseTiming,
         producer_settings: ProducerSettings | None = None,
+        kafka: str | None = None,
     ) -> ClusterHost:
         """Join, take this broker's first share and load it (a few looks),
-        then keep looking in the background."""
+        then keep looking in the background. ``kafka``: the ``host:port``
+        Kafka clients reach this broker's Kafka listener at (recorded with
+        its membership, so that the others' Kafka listeners name it)."""
         try:
             membership = await PostgresMembership.open(store_url)
         except MembershipError as exc:
             raise LedgerError(str(exc)) from exc
-        host = cls(broker, membership, store_url, lease, producer_settings)
+        host = cls(broker, membership, store_url, lease, producer_settings, kafka)
         for _ in range(FIRST_LOOKS):
             await host.member.tick()
         await host.member.loads_done()

@@ -126,9 +126,16 @@ async def serve(
 
             try:
                 from broker._cluster import ClusterHost
+                from broker.kafka._listener import default_advertised_host
 
+                advertised = None
+                if kafka is not None:
+                    kafka_host, kafka_port, kafka_advertised = kafka
+                    advertised = (
+                        f"{kafka_advertised or default_advertised_host(kafka_host)}:{kafka_port}"
+                    )
                 clustered = await ClusterHost.start(
-                    broker, store_url, LeaseTiming(cluster_lease), producer_settings
+                    broker, store_url, LeaseTiming(cluster_lease), producer_settings, advertised
                 )
             except BaseException:
                 await broker.close()
@@ -467,6 +474,11 @@ def _main(argv: Sequence[str] | None = None) -> int:
     )
     if args.command == "serve" and args.cluster and args.store is None:
         parser.error("--cluster needs --store (the cluster's PostgreSQL database)")
+    if args.command == "serve" and args.cluster and args.kafka_port == 0:
+        parser.error(
+            "--cluster needs a --kafka-port number, not 0 (the other brokers tell Kafka "
+            "clients this broker's Kafka address before its listener starts)"
+        )
     if args.command == "serve":
         _refuse_shared_ports(parser, args)
     if args.command == "serve":

@@ -28,7 +28,17 @@ import asyncpg
 from cluster._ownership import SlotRow, View
 from cluster._store import MembershipError
 
-__all__ = ["LOCK_TIMEOUT", "MOVES_KEPT", "BrokerRow", "ClusterTables", "Move", "PostgresMembership"]
+__all__ = [
+    "KAFKA_SCHEME",
+    "LOCK_TIMEOUT",
+    "MOVES_KEPT",
+    "BrokerRow",
+    "ClusterTables",
+    "Move",
+    "PostgresMembership",
+    "kafka_address",
+    "service_url",
+]
 
 LOCK_TIMEOUT = "1s"
 MOVES_KEPT = 1000  # rows of txnbuf.moves kept (the most recent)
@@ -122,6 +132,25 @@ SELECT slot, from_owner, to_owner, epoch, extract(epoch FROM at)::float8, why
 FROM txnbuf.moves ORDER BY id DESC LIMIT $1
 """
 _URLS = "SELECT id, urls FROM txnbuf.brokers"
+KAFKA_SCHEME = "kafka://"
+
+
+def service_url(urls: str) -> str:
+    """The service URL (txnbuf's protocol) of a broker's ``urls``: the
+    first of them. ``urls`` is the broker's service URL, then, separated by
+    commas, its other listeners' addresses: ``kafka://host:port`` for its
+    Kafka listener (`kafka_address`)."""
+    return urls.split(",", 1)[0].strip()
+
+
+def kafka_address(urls: str) -> str | None:
+    """The ``host:port`` of a broker's Kafka listener, given in its ``urls``
+    (see `service_url`), or None if it has none."""
+    for url in urls.split(",")[1:]:
+        url = url.strip()
+        if url.startswith(KAFKA_SCHEME):
+            return url[len(KAFKA_SCHEME) :]
+    return None
 
 
 @dataclass(frozen=True)
@@ -177,9 +206,11 @@ class PostgresMembership:
     def __init__(self, pool: asyncpg.Pool, slots: int) -> None:
         self._pool = pool
         self.slots = slots  # the number of slots of the database
-        # The last snapshot read, and the registered brokers' URLs then.
+        # The last snapshot read, and the registered brokers' service URLs
+        # and Kafka listeners' addresses (of those that have one) then.
         self.last_view: View | None = None
         self.last_urls: dict[str, str] = {}
+        self.last_kafka: dict[str, str] = {}
 
     @classmethod
     async def open(cls, url: str) -> PostgresMembership:
@@ -249,7 +280,10 @@ class PostgresMembership:
             tuple(SlotRow(owner, int(epoch)) for _, owner, epoch in slots),
         )
         self.last_view = view
-        self.last_urls = {b: urls for b, _, urls in brokers}
+        self.last_urls = {b: service_url(urls) for b, _, urls in brokers}
+        self.last_kafka = {
+            b: address for b, _, urls in brokers if (address := kafka_address(urls)) is not None
+        }
         return view
 
     async def join(self, me: str, urls: str, ttl: float) -> float:
@@ -312,9 +346,10 @@ class PostgresMembership:
         )
 
     async def urls(self) -> dict[str, str]:
-        """Every registered broker's URLs (live or not): broker id -> urls."""
+        """Every registered broker's service URL (live or not): broker id ->
+        URL (`service_url` of its row's ``urls``)."""
         rows = await self._fetch("reading the brokers' URLs", _URLS)
-        return {str(b): str(u) for b, u in rows}
+        return {str(b): service_url(str(u)) for b, u in rows}
 
 
 def _move(row: asyncpg.Record) -> Move:
