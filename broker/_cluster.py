@@ -404,6 +404,7 @@ class ClusterHost:
     async def _refresh_acl(self) -> None:
         """Read the ACL again every renewal interval, unless this broker
         writes it (it owns its slot)."""
+        failing = False
         while True:
             await asyncio.sleep(self.member.lease.renew_every)
             acl = self.broker.security.acl
@@ -411,8 +412,13 @@ class ClusterHost:
                 continue
             try:
                 acl.replace_entries(await read_acl(self.broker.store))
-            except Exception as exc:
-                log.warning("reading the ACL failed: %s", exc)
+            except Exception as exc:  # (a warning for the first failure of a run)
+                log.log(
+                    logging.DEBUG if failing else logging.WARNING, "reading the ACL failed: %s", exc
+                )
+                failing = True
+            else:
+                failing = False
 
     async def drain(self) -> bool:
         """SIGTERM: hand every slot over at once and leave the cluster."""

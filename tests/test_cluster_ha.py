@@ -220,3 +220,66 @@ async def _watch(client: Client, topic: str, seen: list[bytes]) -> None:
             message = await consumer.receive(timeout=5.0)
             seen.append(message.value)
             await consumer.acknowledge(message)
+
+
+async def test_a_broker_that_finds_no_writable_server_for_store_wait_exits_1(
+    tmp_path: Path,
+    logs: list[BrokerProcess],  # noqa: F811
+) -> None:
+    data = PostgresCluster()
+    server = PostgresServer(data)
+    try:
+        admin = await asyncpg.connect(server.url())
+        await admin.execute("CREATE DATABASE txnbuf")
+        await admin.close()
+        proc = cluster_broker(tmp_path, server.url("txnbuf"), "alone", 1.0)
+        proc.args += ["--store-wait", "2"]
+        logs.append(proc)
+        proc.start()
+        await wait_for(
+            "the broker serves every slot", lambda: spread_over(server.url("txnbuf"), logs)
+        )
+        server.kill()  # (no standby: nothing will be writable again)
+        assert proc.proc is not None
+        await until(lambda: proc.proc is not None and proc.proc.poll() is not None, "exit", 60)
+        assert proc.proc.returncode == 1
+        log = proc.log()
+        assert REOPEN_FAILED in log
+        assert "no writable PostgreSQL server at" in log and "this broker stops (status 1)" in log
+    finally:
+        server.stop()
+        data.remove()
+
+
+def test_a_store_url_of_several_hosts_connects_to_the_writable_one() -> None:
+    from ledger import LedgerError
+    from ledger._postgres import connect_options
+
+    two = "postgresql://u@h1:5432,h2:5432/db"
+    assert connect_options("postgresql://u@h1:5432/db") == {}
+    assert connect_options(two) == {"target_session_attrs": "read-write"}
+    assert connect_options("postgresql://u@/db?host=h1,h2") == {
+        "target_session_attrs": "read-write"
+    }
+    for given in ("read-write", "primary"):
+        assert connect_options(f"{two}?target_session_attrs={given}") == {}
+    assert connect_options("postgresql://u@h1/db?target_session_attrs=any") == {}
+    for refused in ("standby", "read-only", "prefer-standby", "any"):
+        with pytest.raises(LedgerError, match="a store writes"):
+            connect_options(f"{two}?target_session_attrs={refused}")
+
+
+def test_serve_refuses_a_store_url_that_may_pick_a_standby(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    url = "postgresql://u:secret@h1:5432,h2:5432/db?target_session_attrs=standby"
+    result = subprocess.run(
+        [sys.executable, "-m", "broker", "serve", "--data-dir", str(tmp_path), "--store", url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "target_session_attrs=standby" in result.stderr and "a store writes" in result.stderr
+    assert "secret" not in result.stderr
