@@ -120,8 +120,8 @@ class PostgresMembership:
                 slots = await conn.fetchval("SELECT count(*) FROM txnbuf.slots")
         except BaseException as exc:
             await pool.close()
-            if isinstance(exc, _DRIVER_ERRORS):
-                raise _unknown("reading the cluster tables failed", exc) from exc
+            if isinstance(exc, _DRIVER_ERRORS):  # (the pool connects on its first use)
+                raise _unknown("cannot connect to the cluster database", exc) from exc
             raise
         return cls(pool, int(slots))
 
