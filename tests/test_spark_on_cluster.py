@@ -11,6 +11,7 @@ exactly once, and no sink transaction is left undecided."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import json
 import os
@@ -22,9 +23,9 @@ from pathlib import Path
 import pytest
 
 from broker._slots import slot_of_key
-from client import TransactionGroups
+from client import Client, Message, TransactionGroups
 from tests.conftest import BrokerProcess
-from tests.spark_support import ROOT, produce, read_all, sink_transactions
+from tests.spark_support import ROOT, sink_transactions
 from tests.test_cluster_brokers import (
     SLOTS,
     logs,  # noqa: F401 (a fixture)
@@ -46,6 +47,24 @@ if not hasattr(TransactionGroups, "coordinator_near"):  # (routing in a cluster)
     pytestmark.append(
         pytest.mark.skip(reason="transaction groups and cursors are not routed in a cluster here")
     )
+
+
+async def read_all(url: str, topic: str) -> list[Message]:
+    """Every committed message of ``topic`` (one partition)."""
+    async with Client(url, operation_timeout=60.0) as client:
+        reader = await client.create_reader(topic, 0)
+        out: list[Message] = []
+        while batch := await reader.read_batch(10_000):
+            out.extend(batch)
+        return out
+
+
+async def produce(url: str, topic: str, values: list[bytes]) -> None:
+    async with Client(url, operation_timeout=60.0) as client:
+        producer = await client.create_producer(topic)
+        for value in values:
+            producer.send_nowait(value)
+        await producer.flush()
 
 
 def driver(url: str, tmp_path: Path, log: Path) -> subprocess.Popen[bytes]:
@@ -89,7 +108,7 @@ async def test_the_copy_job_runs_exactly_once_through_a_sigkill_of_the_sinks_bro
         {"order_id": f"o-{i}", "customer": f"c-{i % 11}", "amount": i % 90 + 1.0, "currency": "EUR"}
         for i in range(ORDERS)
     ]
-    produce(service, SOURCE, [json.dumps(o).encode() for o in orders])
+    await produce(service, SOURCE, [json.dumps(o).encode() for o in orders])
     # The broker that owns the output topic's slot: its partitions and the
     # sink's coordinator (`batch_coordinator`).
     victim = served_by(await owners(pg_url), slot_of_key(TARGET, SLOTS), logs)
@@ -97,19 +116,19 @@ async def test_the_copy_job_runs_exactly_once_through_a_sigkill_of_the_sinks_bro
     job = driver(service, tmp_path, log)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and job.poll() is None:
-        if len(read_all(service, TARGET)) >= 2 * PER_BATCH:
+        if len(await read_all(service, TARGET)) >= 2 * PER_BATCH:
             break
-        time.sleep(0.3)
+        await asyncio.sleep(0.3)
     assert job.poll() is None, log.read_text(errors="replace")[-5000:]
-    partial = len(read_all(service, TARGET))
+    partial = len(await read_all(service, TARGET))
     victim.kill()
     killed = time.monotonic()
     runs = 1
-    while job.wait(timeout=300) != 0 and runs < 3:
+    while await asyncio.to_thread(job.wait, 300) != 0 and runs < 3:
         runs += 1  # (the query failed: run it again from its checkpoint)
         job = driver(service, tmp_path, log)
     assert job.returncode == 0, log.read_text(errors="replace")[-5000:]
-    out = [json.loads(m.value) for m in read_all(service, TARGET)]
+    out = [json.loads(m.value) for m in await read_all(service, TARGET)]
     counts = collections.Counter(o["order_id"] for o in out)
     assert len(counts) == ORDERS and set(counts.values()) == {1}, [
         k for k, n in counts.items() if n != 1
