@@ -8,7 +8,12 @@ second. Each method is one statement in autocommit, or one transaction
 the store's writer: a renewal never queues behind a group commit). Every
 error of the driver or the server, and a lost connection, is raised as
 `MembershipError` (the outcome is unknown: `Member` re-reads); a bad
-argument (a slot that does not exist) as ``ValueError``.
+argument (a slot that does not exist) as ``ValueError``. The pool connects
+with the options it is given (the broker gives the store's,
+`ledger._postgres.connect_options`: with a URL naming a primary and its
+standbys, to the writable one); a connection lost when the
+primary went is made again at the next request, to whichever server is
+writable then (none: `MembershipError`, and the next look tries again).
 
 Settings of the pool's sessions: ``lock_timeout`` (`LOCK_TIMEOUT`), so that a
 take or a release waiting for a slot row that a stuck transaction holds gives
@@ -196,7 +201,13 @@ def _unknown(what: str, exc: BaseException) -> MembershipError:
     return MembershipError(f"{what}: {type(exc).__name__}: {exc}")
 
 
-_DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+_DRIVER_ERRORS = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,  # (TargetServerAttributeNotMatched: no host is writable)
+    OSError,
+    TimeoutError,
+)
 
 
 class PostgresMembership:
@@ -213,18 +224,19 @@ class PostgresMembership:
         self.last_kafka: dict[str, str] = {}
 
     @classmethod
-    async def open(cls, url: str) -> PostgresMembership:
+    async def open(cls, url: str, **options: Any) -> PostgresMembership:
         """Connect to the cluster database ``url`` (its ``txnbuf`` schema made
-        by a ledger store); `MembershipError` if it cannot, or if the
-        database has no cluster tables."""
+        by a ledger store), with more of asyncpg's connection ``options``;
+        `MembershipError` if it cannot, or if the database has no cluster
+        tables."""
         settings = {
             "lock_timeout": LOCK_TIMEOUT,
             "idle_in_transaction_session_timeout": IDLE_IN_TRANSACTION,
         }
         try:
             pool: asyncpg.Pool = await asyncpg.create_pool(
-                url, min_size=1, max_size=POOL_SIZE, server_settings=settings
-            )
+                url, min_size=0, max_size=POOL_SIZE, server_settings=settings, **options
+            )  # (min_size=0: no floor restored, with a traceback logged, while the server is gone)
         except (*_DRIVER_ERRORS, ValueError) as exc:
             raise _unknown("cannot connect to the cluster database", exc) from exc
         try:
@@ -237,8 +249,8 @@ class PostgresMembership:
                 slots = await conn.fetchval("SELECT count(*) FROM txnbuf.slots")
         except BaseException as exc:
             await pool.close()
-            if isinstance(exc, _DRIVER_ERRORS):
-                raise _unknown("reading the cluster tables failed", exc) from exc
+            if isinstance(exc, _DRIVER_ERRORS):  # (the pool connects on its first use)
+                raise _unknown("cannot connect to the cluster database", exc) from exc
             raise
         return cls(pool, int(slots))
 
