@@ -24,7 +24,17 @@ of the slots and calls back here:
   unknown; or the lease ran out): everything in memory goes, as at a
   restart: connections closed, coordinators and topics dropped, the store
   closed and opened again with no slot, the ACL read again. The broker
-  never goes on with a store that refused a write.
+  never goes on with a store that refused a write. While the store cannot
+  be opened again (the PostgreSQL primary died, and no server is writable
+  yet: a standby not promoted yet), the opening is tried again with a
+  backoff (`REOPEN_FIRST` doubling to `REOPEN_MOST` seconds), logged at
+  WARNING on the first failure and every `REOPEN_LOG_EVERY` seconds after;
+  the broker serves no slot meanwhile (every command is refused NOT_OWNER,
+  retriable). After ``store_wait`` seconds with no success it gives up:
+  ERROR, `gave_up` is done, and `txnbuf serve` exits with status 1 (a
+  supervisor restarts it). A URL naming a primary and its standbys connects
+  to whichever is writable (`ledger._postgres.connect_options`), so the
+  store reopened after a promotion is the new primary's.
 
 A command on a topic or a coordinator of a slot not served here is refused
 with `refusals.NotOwner` (retriable) naming the slot and, if the last look
@@ -40,26 +50,39 @@ docs/cluster.md has the decisions.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
 from broker._auth import ACL_LEDGER, read_acl
 from broker._broker import Broker
+from broker._errors import cluster_store_failures
 from broker._slots import slot_of, slot_of_key
 from buffer import Topics
 from cluster import LeaseTiming, Member, MembershipError, PostgresMembership
+from cluster._postgres import KAFKA_SCHEME
 from ledger import LedgerError, LedgerStore
+from ledger._postgres import connect_options, redacted
 from proto import refusals
 from subscriptions import Subscriptions
 from tc import ProducerSettings
 
-__all__ = ["ClusterHost"]
+__all__ = ["DEFAULT_STORE_WAIT", "ClusterHost", "StoreUnavailable"]
 
 log = logging.getLogger(__name__)
 
 CLOSE_WAIT = 10.0  # seconds a dropped store may take to close before it is abandoned
 FIRST_LOOKS = 3  # looks before a starting broker listens: join, take, (renew)
 FRESH_EVERY = 0.1  # seconds between two reads of the tables for lookups, at least
+DEFAULT_STORE_WAIT = 120.0  # seconds a dropped broker tries to reopen its store (--store-wait)
+REOPEN_FIRST = 0.1  # seconds before the second attempt to reopen the store
+REOPEN_MOST = 1.0  # seconds between two attempts, at most
+REOPEN_LOG_EVERY = 10.0  # seconds between two warnings while the store cannot be reopened
+
+
+class StoreUnavailable(LedgerError):
+    """No writable server answered the store's URL for ``store_wait``
+    seconds: the broker gives up (`ClusterHost.gave_up`)."""
 
 
 class ClusterHost:
@@ -73,6 +96,8 @@ class ClusterHost:
         store_url: str,
         lease: LeaseTiming,
         producer_settings: ProducerSettings | None = None,
+        kafka: str | None = None,
+        store_wait: float = DEFAULT_STORE_WAIT,
     ) -> None:
         self.broker = broker
         self.membership = membership
@@ -80,12 +105,24 @@ class ClusterHost:
         self.producer_settings = producer_settings
         self.me = broker.store_owner
         self.served: set[int] = set()  # slots whose commands are taken here
-        self.member = Member(membership, self.me, broker.url, self, lease)
+        # (the membership row's urls: the service URL, then the Kafka
+        # listener's address, `cluster.kafka_address`)
+        urls = broker.url if kafka is None else f"{broker.url},{KAFKA_SCHEME}{kafka}"
+        self.member = Member(membership, self.me, urls, self, lease)
         self._run: asyncio.Task[None] | None = None
         self._acl_refresh: asyncio.Task[None] | None = None
         self._reading: asyncio.Task[object] | None = None  # a read of the tables for lookups
         self._read_at = 0.0
         self.drops = 0  # drop_all since start, for stats and tests
+        self.store_wait = store_wait
+        # Done (with the reason) when the store could not be reopened within
+        # store_wait: `txnbuf serve` exits with status 1.
+        self.gave_up: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        # Figures since start, for /metrics (`broker._metrics`).
+        self.loads = 0  # slots loaded
+        self.unloads = 0  # slots handed over (a balance's release or a drain)
+        self.handovers = 0  # of which while draining (SIGTERM)
+        self.not_owner_refusals = 0  # NOT_OWNER refusals made (commands and lookups)
         broker.cluster = self
         self._watch_store()
 
@@ -96,14 +133,19 @@ class ClusterHost:
         store_url: str,
         lease: LeaseTiming,
         producer_settings: ProducerSettings | None = None,
+        kafka: str | None = None,
+        store_wait: float = DEFAULT_STORE_WAIT,
     ) -> ClusterHost:
         """Join, take this broker's first share and load it (a few looks),
-        then keep looking in the background."""
+        then keep looking in the background. ``kafka``: the ``host:port``
+        Kafka clients reach this broker's Kafka listener at (recorded with
+        its membership, so that the others' Kafka listeners name it)."""
         try:
-            membership = await PostgresMembership.open(store_url)
+            membership = await PostgresMembership.open(store_url, **connect_options(store_url))
         except MembershipError as exc:
             raise LedgerError(str(exc)) from exc
-        host = cls(broker, membership, store_url, lease, producer_settings)
+        cluster_store_failures()  # (a store out of service: NOT_OWNER, retriable)
+        host = cls(broker, membership, store_url, lease, producer_settings, kafka, store_wait)
         for _ in range(FIRST_LOOKS):
             await host.member.tick()
         await host.member.loads_done()
@@ -119,7 +161,10 @@ class ClusterHost:
 
     # -- refusals ---------------------------------------------------------------------
 
-    def _not_owner(self, slot: int, what: str) -> refusals.NotOwner:
+    def _not_owner(self, slot: int, what: str, counted: bool = True) -> refusals.NotOwner:
+        """The refusal (``counted``: one made, for the metrics; not when the
+        caller asks again before answering)."""
+        self.not_owner_refusals += counted
         view = self.membership.last_view
         owner = view.slots[slot].owner if view is not None and slot < len(view.slots) else None
         urls = self.membership.last_urls.get(owner, "") if owner is not None else ""
@@ -137,6 +182,10 @@ class ClusterHost:
             slot,
             urls if owner != self.me else "",
         )
+
+    def not_owner(self, slot: int, what: str) -> refusals.NotOwner:
+        """The refusal of a request about ``what``, in ``slot``, not served here."""
+        return self._not_owner(slot, what)
 
     def gate(self, topic: str) -> None:
         slot = slot_of_key(topic, self.broker.store.slot_count)
@@ -162,7 +211,7 @@ class ClusterHost:
         so that a slot just taken over is found at once rather than at this
         broker's next look."""
         try:
-            return self._owner_seen(slot, what)
+            return self._owner_seen(slot, what, counted=False)
         except refusals.NotOwner:
             await self._fresh()
             return self._owner_seen(slot, what)
@@ -181,7 +230,7 @@ class ClusterHost:
         except Exception as exc:  # (answered from the last look)
             log.debug("reading the cluster tables for a lookup failed: %s", exc)
 
-    def _owner_seen(self, slot: int, what: str) -> str:
+    def _owner_seen(self, slot: int, what: str, counted: bool = True) -> str:
         """`_owner_url` from the last look only: `refusals.NotOwner`
         (retriable) if it saw no owner, or one whose lease had run out (it
         is being taken over), or this broker (loading or handing over)."""
@@ -191,7 +240,7 @@ class ClusterHost:
         owner = view.slots[slot].owner if view is not None and slot < len(view.slots) else None
         url = self.membership.last_urls.get(owner, "") if owner is not None else ""
         if owner is None or owner == self.me or not url or not view or not view.is_live(owner):
-            raise self._not_owner(slot, what)
+            raise self._not_owner(slot, what, counted)
         return url
 
     def acl_not_writable(self) -> Exception:
@@ -219,6 +268,7 @@ class ClusterHost:
             await tc.close()
             return
         broker.coordinators[slot] = tc
+        self.loads += 1
         log.info(
             "serving slot %d at epoch %d (%d topics) in %.2fs",
             slot,
@@ -240,6 +290,8 @@ class ClusterHost:
         if slot == slot_of(ACL_LEDGER, store.slot_count):
             broker.security.acl.ledger = None
         store.drop_slot(slot)
+        self.unloads += 1
+        self.handovers += self.member.draining
         log.info("handed slot %d over", slot)
 
     async def drop_all(self, reason: str) -> None:
@@ -264,20 +316,137 @@ class ClusterHost:
             await asyncio.wait_for(old.close(), CLOSE_WAIT)
         except (Exception, TimeoutError) as exc:
             log.warning("closing the dropped store failed: %s", exc)
+        await self._reopen()
+        # (Again: a connection accepted since the first close may hold a
+        # producer or consumer of a topic of the store just dropped.)
+        await self._close_connections()
+        self._watch_store()
+
+    async def _reopen(self) -> None:
+        """Open the store again, with no slot, and read its topic lists and
+        the ACL; tried again while it fails (no writable server yet), up to
+        ``store_wait`` seconds, then `StoreUnavailable` (see the module
+        docstring)."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        delay = REOPEN_FIRST
+        attempts = 0
+        warned = float("-inf")
+        where = redacted(self.store_url)
+        while True:
+            attempts += 1
+            try:
+                await self._open_store()
+            except Exception as exc:
+                waited = loop.time() - started
+                if waited >= self.store_wait:
+                    reason = (
+                        f"no writable PostgreSQL server at {where} for {waited:.1f}s "
+                        f"({attempts} attempts; the last: {exc})"
+                    )
+                    log.error("%s: this broker stops (status 1)", reason)
+                    if not self.gave_up.done():
+                        self.gave_up.set_result(reason)
+                    self.member.stop()
+                    raise StoreUnavailable(reason) from exc
+                if loop.time() - warned >= REOPEN_LOG_EVERY:
+                    warned = loop.time()
+                    log.warning(
+                        "cannot reopen the store at %s (attempt %d, %.1fs so far; trying "
+                        "again for up to %.0fs, serving no slot meanwhile): %s",
+                        where,
+                        attempts,
+                        waited,
+                        self.store_wait,
+                        exc,
+                    )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, REOPEN_MOST)
+                continue
+            if attempts > 1:
+                log.warning(
+                    "reopened the store at %s after %d attempts in %.1fs",
+                    where,
+                    attempts,
+                    loop.time() - started,
+                )
+            return
+
+    async def _open_store(self) -> None:
+        broker = self.broker
         store = await LedgerStore.open(self.store_url, owner=self.me, slot_of=slot_of)
-        count = store.slot_count
-        topics = await Topics.load(
-            store, lazy=True, slots=count, slot_of=lambda name: slot_of_key(name, count)
-        )
-        subs = await Subscriptions.load(topics)
+        try:
+            count = store.slot_count
+            topics = await Topics.load(
+                store, lazy=True, slots=count, slot_of=lambda name: slot_of_key(name, count)
+            )
+            subs = await Subscriptions.load(topics)
+            acl = await read_acl(store)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(store.close(), CLOSE_WAIT)
+            raise
         topics.prepare = broker._prepare_topic
         topics.discard = broker._discard_topic
         topics.gate = self.gate
         broker.store, broker.topics, broker.subscriptions = store, topics, subs
         broker.reset_connections_state()
         broker.security.acl.ledger = None
-        broker.security.acl.replace_entries(await read_acl(store))
-        self._watch_store()
+        broker.security.acl.replace_entries(acl)
+
+    # -- for operators ----------------------------------------------------------------
+
+    @property
+    def loading(self) -> set[int]:
+        """Slots taken and not served yet (being loaded)."""
+        return set(self.member.held) - self.served
+
+    def owner_url(self, owner: str | None) -> str:
+        """The admin URL (http or https) of ``owner`` as the last look saw it ("": none)."""
+        if owner is None:
+            return ""
+        urls = self.membership.last_urls.get(owner, "")
+        return next((u.strip() for u in urls.split(",") if u.strip().startswith("http")), "")
+
+    async def admin_owner(self, slot: int, what: str) -> str:
+        """The admin URL of the live owner of ``slot`` ("" if this broker
+        serves it), reading the tables again during a failover (as a
+        LOOKUP); `refusals.NotOwner` (retriable) when no live broker owns it."""
+        if slot in self.served:
+            return ""
+        await self._owner_url(slot, what)
+        view = self.membership.last_view
+        assert view is not None
+        return self.owner_url(view.slots[slot].owner)
+
+    def figures(self) -> dict[str, float | None]:
+        """For /metrics (`broker._metrics.ClusterFigures`)."""
+        renewed = self.member.renewed_at
+        now = asyncio.get_running_loop().time()
+        return {
+            "slots_owned": len(self.member.held),
+            "slots_loading": len(self.loading),
+            "loads": self.loads,
+            "unloads": self.unloads,
+            "handovers": self.handovers,
+            "failovers": self.member.failovers,
+            "drops": self.drops,
+            "not_owner_refusals": self.not_owner_refusals,
+            "renewals": self.member.renewals,
+            "renewal_age": None if renewed is None else now - renewed,
+        }
+
+    async def live_others(self) -> dict[str, str]:
+        """The other live brokers and their admin URLs, from the tables read now."""
+        await self._fresh()
+        view = self.membership.last_view
+        if view is None:
+            return {}
+        return {
+            b: self.owner_url(b)
+            for b in sorted(view.brokers)
+            if b != self.me and view.is_live(b) and self.owner_url(b)
+        }
 
     # -- the rest ---------------------------------------------------------------------
 
@@ -290,6 +459,17 @@ class ClusterHost:
         def failed(failure: asyncio.Future[LedgerError]) -> None:
             if store is self.broker.store and not failure.cancelled():
                 log.error("the store failed: %s", failure.result())
+                # From now on this broker serves no slot (commands and
+                # lookups are refused NOT_OWNER, retriable), and before the
+                # requests the store failed are answered (their futures'
+                # callbacks run after this one) every connection stops
+                # answering: those answers are dropped, and each client
+                # re-sends what was not answered once it reconnects, as
+                # after a crash (deduplicated). The sockets close in
+                # `drop_all`.
+                self.served.clear()
+                for conn in list(self.broker.connections):
+                    conn.close()
                 self.member.store_failed()
 
         store.failure.add_done_callback(failed)
@@ -301,6 +481,7 @@ class ClusterHost:
     async def _refresh_acl(self) -> None:
         """Read the ACL again every renewal interval, unless this broker
         writes it (it owns its slot)."""
+        failing = False
         while True:
             await asyncio.sleep(self.member.lease.renew_every)
             acl = self.broker.security.acl
@@ -308,8 +489,13 @@ class ClusterHost:
                 continue
             try:
                 acl.replace_entries(await read_acl(self.broker.store))
-            except Exception as exc:
-                log.warning("reading the ACL failed: %s", exc)
+            except Exception as exc:  # (a warning for the first failure of a run)
+                log.log(
+                    logging.DEBUG if failing else logging.WARNING, "reading the ACL failed: %s", exc
+                )
+                failing = True
+            else:
+                failing = False
 
     async def drain(self) -> bool:
         """SIGTERM: hand every slot over at once and leave the cluster."""

@@ -285,10 +285,11 @@ class Client:
 
         A cluster: coordinator k lives on the owner of slot k. Without
         ``near`` the coordinators are those of the first broker; with
-        ``near`` (a topic) the coordinator of the topic's slot, on the
-        broker serving the topic (it moves with the topic), so that sends
-        and acks on the topics of that broker may join the transaction (a
-        transaction across brokers is not built: refused).
+        ``near`` (a topic) the coordinator of that topic's slot, which is
+        always on the broker serving it, so that sends and acks on the
+        topics of that broker may join the transaction (a transaction
+        across brokers is not built: refused); topics of near's own slot
+        stay with it through every move.
         """
         if (
             isinstance(timeout, bool)
@@ -305,11 +306,13 @@ class Client:
             _check_name("near", near)
         await self.connect()
         if near is not None and self._brokers.cluster:
-            # The coordinator of the topic's slot: it lives with the topic
-            # (a broker's coordinators as its CONNECTED named them may have
-            # moved since). No spare: spares are the first broker's.
-            slot = slot_of(near, self._brokers.slots)
-            fresh, conn = await self._new_txn(ttl_ms, await self._brokers.route(near), slot)
+            # Coordinator k lives on the owner of slot k, with the topics of
+            # slot k: the coordinator of near's own slot is on near's broker
+            # whichever broker that is, before and after any move (a
+            # coordinator named by a CONNECTED may have moved since).
+            conn = await self._brokers.route(near)
+            tc_id = slot_of(near, conn.slots)
+            fresh, conn = await self._new_txn(ttl_ms, conn, tc_id)
             txn_id = TxnID(fresh.most_bits, fresh.least_bits)
             return Transaction(conn, txn_id, fresh.tc_id, timeout)
         spare = self._spares.take(ttl_ms)
@@ -332,10 +335,10 @@ class Client:
     async def _new_txn(
         self, ttl_ms: int, conn: Connection | None = None, tc_id: int | None = None
     ) -> tuple[Spare, Connection]:
-        """NEW_TXN to coordinator ``tc_id`` (default: the next, round
-        robin, of ``conn``'s broker, the first broker's by default) at
-        ``conn``; in a cluster, at the coordinator's owner if it moved. The
-        transaction, and the connection of its coordinator."""
+        """NEW_TXN to coordinator ``tc_id``, or the next coordinator (round
+        robin) of ``conn``'s broker (the first broker's by default); in a
+        cluster, at the coordinator's owner if it moved. The transaction,
+        and the connection of its coordinator."""
         conn = conn or self._conn
         if tc_id is None:
             tc_id = self._round_robin_tc(conn)

@@ -49,6 +49,7 @@ from cluster._ownership import (
     Release,
     Renew,
     Take,
+    View,
     decide,
     watch,
 )
@@ -58,6 +59,7 @@ __all__ = ["Member", "SlotHost"]
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
+UNKNOWN_LOG_EVERY = 10.0  # seconds between two warnings while requests keep failing
 
 
 class SlotHost(Protocol):
@@ -111,6 +113,14 @@ class Member:
         self._stopped = False
         self._unknown = False  # the last look had a request with an unknown outcome
         self._watch: float | None = None  # local time of an expiry to look at (`watch`)
+        self._failures = 0  # requests failed in a row (their outcome unknown)
+        self._warned = float("-inf")  # local time of the last warning about them
+        # Joins and renewals answered, and the local time of the last one (for metrics).
+        self.renewals = 0
+        self.renewed_at: float | None = None
+        # Slots taken from another broker (its lease had run out), for metrics.
+        self.failovers = 0
+        self._view: View | None = None  # the last look's snapshot
 
     @property
     def held(self) -> Mapping[int, int]:
@@ -120,6 +130,11 @@ class Member:
     @property
     def stopped(self) -> bool:
         return self._stopped
+
+    @property
+    def draining(self) -> bool:
+        """Handing every slot over to leave (SIGTERM)."""
+        return self._draining
 
     def store_failed(self) -> None:
         """The store refused a commit (fenced) or lost one's outcome: the next
@@ -180,6 +195,7 @@ class Member:
                 view = await self._call(self.store.read())
             except _Unknown:
                 return None
+            self._view = view
             expiry = watch(view, self.me, self.lease)
             # (The database's clock read `view.now` a little before now.)
             self._watch = None if expiry is None else loop.time() + expiry - view.now + 0.001
@@ -203,12 +219,14 @@ class Member:
                 sent = loop.time()
                 await self._call(self.store.join(self.me, self.urls, self.lease.ttl))
                 self._deadline = sent + self.lease.ttl
+                self._renewed()
             elif isinstance(action, Renew):
                 sent = loop.time()
                 if await self._call(self.store.renew(self.me, self.lease.ttl)) is None:
                     await self._drop("lease lost")
                     return  # the next look joins again
                 self._deadline = sent + self.lease.ttl
+                self._renewed()
             elif isinstance(action, Leave):
                 for slot in sorted(self._held):
                     await self._unload(slot)
@@ -225,9 +243,16 @@ class Member:
         if takes:
             won = await self._call(self.store.take(self.me, takes))
             self._held.update(won)
+            if self._view is not None:
+                rows = self._view.slots
+                self.failovers += sum(rows[k].owner not in (None, self.me) for k in won)
             for slot, epoch in sorted(won.items()):
                 task = asyncio.create_task(self._load(slot, epoch))
                 self._loading[slot] = task
+
+    def _renewed(self) -> None:
+        self.renewals += 1
+        self.renewed_at = asyncio.get_running_loop().time()
 
     async def _load(self, slot: int, epoch: int) -> None:
         try:
@@ -262,9 +287,31 @@ class Member:
         timeout = self.timeout
         if self._held:  # never wait past the lease: the next look drops then
             timeout = min(timeout, max(0.0, self._deadline - asyncio.get_running_loop().time()))
+        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(timeout):
-                return await request
+                answer = await request
         except (MembershipError, TimeoutError, OSError) as exc:
-            log.warning("%s: a request's outcome is unknown: %r", self.me, exc)
+            # (While the database is unreachable a look fails every sixth of
+            # an interval: the first failure of a run is a warning, then one
+            # every `UNKNOWN_LOG_EVERY` seconds with the count.)
+            self._failures += 1
+            if self._failures == 1 or loop.time() - self._warned >= UNKNOWN_LOG_EVERY:
+                self._warned = loop.time()
+                log.warning(
+                    "%s: a request's outcome is unknown (%d in a row): %r",
+                    self.me,
+                    self._failures,
+                    exc,
+                )
+            else:
+                log.debug("%s: a request's outcome is unknown: %r", self.me, exc)
             raise _Unknown from exc
+        if self._failures:
+            log.warning(
+                "%s: the cluster tables answer again (after %d requests failed)",
+                self.me,
+                self._failures,
+            )
+            self._failures = 0
+        return answer
