@@ -59,6 +59,7 @@ from tc import (
     TxnID,
     TxnNotFoundError,
     TxnStatus,
+    coordinator_of,
     coordinator_of_producer,
 )
 
@@ -437,6 +438,19 @@ class Broker:
                 f"transaction {txnid} belongs to coordinator {txnid.tcid}, which does not run "
                 f"here (coordinators: {sorted(self.coordinators)})"
             )
+        return tc
+
+    def transactional_coordinator(self, transactional_id: str) -> TransactionCoordinator:
+        """The coordinator of a transactional id (the producer-epoch mode's
+        INIT_PRODUCER_ID): a stable hash over this broker's coordinators
+        (`tc.coordinator_of`); in a cluster, the one of the id's slot, whose
+        owner alone may answer (else `refusals.NotOwner`, naming it)."""
+        if self.cluster is None:
+            return self.coordinators[coordinator_of(transactional_id, list(self.coordinators))]
+        tcid = slot_of_key(transactional_id, self.store.slot_count)
+        tc = self.coordinators.get(tcid)
+        if tc is None:
+            raise self.cluster.coordinator_not_here(tcid)
         return tc
 
     def producer_coordinator(self, producer_id: int) -> TransactionCoordinator:

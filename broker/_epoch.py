@@ -2,7 +2,8 @@
 producer: KIP-98, KIP-890, KIP-939).
 
 INIT_PRODUCER_ID goes to the coordinator the transactional id hashes to
-(`tc.coordinator_of`); PRODUCE, TXN_OFFSETS, PREPARE_PRODUCER_TXN and
+(`tc.coordinator_of`; in a cluster, the coordinator of the id's slot, at
+its owner); PRODUCE, TXN_OFFSETS, PREPARE_PRODUCER_TXN and
 END_PRODUCER_TXN to the coordinator that issued the producer id (its high
 bits). A PRODUCE or TXN_OFFSETS begins the producer's transaction if it has
 none and adds its partition or subscription (KIP-890 part 2): the
@@ -36,7 +37,7 @@ from buffer import PublishResult, Topic, check_topic_name, decode_send, epoch_pr
 from ledger import on_outcome
 from proto import refusals
 from proto import txnbuf_pb2 as pb
-from tc import TransactionAbortableError, coordinator_of, coordinator_of_producer
+from tc import TransactionAbortableError, coordinator_of_producer
 
 __all__ = ["epoch_handlers"]
 
@@ -168,8 +169,7 @@ def _init_producer_id(conn: Context, cmd: pb.BaseCommand) -> None:
             conn.broker.security.allow_transactional_id(
                 conn.who, req.transactional_id, req.enable_2pc
             )
-            coordinators = conn.broker.coordinators
-            tc = coordinators[coordinator_of(req.transactional_id, list(coordinators))]
+            tc = conn.broker.transactional_coordinator(req.transactional_id)
             pid, epoch, ongoing_pid, ongoing_epoch = await tc.init_producer(
                 req.transactional_id,
                 req.transaction_timeout_ms,

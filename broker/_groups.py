@@ -60,6 +60,8 @@ def _may_end(conn: Context, metas: list[TxnMeta]) -> None:
 
 def _coordinator(conn: Context, tc_id: int) -> TransactionCoordinator:
     tc = conn.broker.coordinators.get(tc_id)
+    if tc is None and conn.broker.cluster is not None:  # (another broker's: NOT_OWNER)
+        raise conn.broker.cluster.coordinator_not_here(tc_id)
     if tc is None:
         raise refusals.TransactionCoordinatorNotFound(
             f"no coordinator {tc_id} here (coordinators: {sorted(conn.broker.coordinators)})",

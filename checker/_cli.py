@@ -2,6 +2,14 @@
 
     txnbuf check [--duration 60] [--faults kill,pause] [--seed N] [--clients 4]
                  [--topics 3] [--history PATH] [--workdir DIR] [--auth]
+                 [--brokers N --store postgresql|postgresql://... [--lease-ttl 2]]
+
+With ``--store`` the brokers form a cluster over one PostgreSQL database
+(``postgresql``: a server of the check's own, made with ``initdb`` in the
+work dir; a URL: that database, which no other broker may serve) and each fault is
+aimed at brokers chosen by role: the owner of the transactions'
+coordinator, the owner of a key's partition, both, or one at random (see
+`checker._workload`).
 
 Shows progress bars while it runs (tqdm, on stderr: the workload with its
 operation counts, faults done, then the final reads), then prints the
@@ -43,6 +51,18 @@ def add_check_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     p.add_argument("--history", help="write the history here (default: in the work dir)")
     p.add_argument("--workdir", help="broker data and logs (default: a temporary dir)")
     p.add_argument(
+        "--brokers", type=int, default=1, help="brokers of a cluster (1; above 1 needs --store)"
+    )
+    p.add_argument(
+        "--store",
+        default="",
+        help="postgresql (a server of the check's own) or a postgresql:// URL: "
+        "the brokers run with --cluster over it (default: one broker on SQLite)",
+    )
+    p.add_argument(
+        "--lease-ttl", type=float, default=2.0, help="the cluster brokers' --lease-ttl (2)"
+    )
+    p.add_argument(
         "--auth",
         action="store_true",
         help="the broker authenticates; the clients hold a token of a role with grants",
@@ -59,8 +79,21 @@ def _faults(text: str) -> tuple[str, ...]:
     return faults
 
 
+def _store(text: str) -> str:
+    if text and text != "postgresql" and not text.startswith(("postgresql://", "postgres://")):
+        raise SystemExit(
+            f"txnbuf check: --store must be postgresql or a postgresql:// URL, not {text!r}"
+        )
+    return text
+
+
 def run_check(args: argparse.Namespace) -> int:
     import random
+
+    if args.brokers < 1 or (args.brokers > 1 and not args.store):
+        raise SystemExit("txnbuf check: --brokers must be 1, or more with --store postgresql")
+    if not args.lease_ttl > 0:
+        raise SystemExit("txnbuf check: --lease-ttl must be positive")
 
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
     bars = _Bars()
@@ -72,13 +105,17 @@ def run_check(args: argparse.Namespace) -> int:
         faults=_faults(args.faults),
         auth=args.auth,
         progress=bars,
+        brokers=args.brokers,
+        store=_store(args.store),
+        lease_ttl=args.lease_ttl,
     )
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(args.workdir or tmp)
         workdir.mkdir(parents=True, exist_ok=True)
         history_path = Path(args.history) if args.history else workdir / "history.jsonl"
         history_path.parent.mkdir(parents=True, exist_ok=True)
-        print(f"txnbuf check: seed {seed}, {cfg.duration:.0f}s, {cfg.clients} clients, "
+        where = f", {cfg.brokers} brokers over PostgreSQL" if cfg.store else ""
+        print(f"txnbuf check: seed {seed}, {cfg.duration:.0f}s, {cfg.clients} clients{where}, "
               f"faults {','.join(cfg.faults) or 'none'}{', tokens' if cfg.auth else ''}; "
               f"history {history_path}",
               file=sys.stderr)  # fmt: skip
@@ -99,8 +136,13 @@ def run_check(args: argparse.Namespace) -> int:
         )
         paths = ", ".join(f"{k} {n}" for k, n in stats["paths"].items())
         print(f"transactions by path and outcome: {paths}")
-        schedule = ", ".join(f"{fault} at {at:.1f}s" for at, fault in stats["fault_schedule"])
+        schedule = ", ".join(
+            f"{fault} at {at:.1f}s" + (f" of {role} {'+'.join(hit)}" if cfg.store else "")
+            for at, fault, role, hit in stats["fault_schedule"]
+        )
         print(f"seed {seed}; faults (seconds from the start): {schedule or 'none'}")
+        if cfg.store:
+            print(f"brokers {', '.join(stats['brokers'])}; keys {', '.join(stats['topics'])}")
         if not result.valid:
             print("ANOMALIES FOUND; history kept at", history_path, file=sys.stderr)
             if not args.history and not args.workdir:

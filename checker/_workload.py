@@ -30,6 +30,17 @@ Faults (`Nemesis`): SIGKILL of the broker (restarted after a moment) and
 SIGSTOP / SIGCONT, at seeded random times with quiet periods, recorded in
 the history as ``nemesis`` ops. Everything random comes from ``seed``.
 
+A cluster (``brokers`` > 1, or a ``store``): the brokers run with
+``--store URL --cluster`` over one PostgreSQL database (the check's own,
+``initdb`` in the work dir, or the one given), the clients are given every
+broker's URL, and each fault is aimed at brokers chosen by role (`ROLES`):
+the owner of the transactions' coordinator, the owner of a key's
+partition, both, or one at random; the history's ``nemesis`` ops and the
+fault schedule name the role and the brokers it hit. A pause may outlast
+the lease (``lease_ttl``), so the paused broker's slots move and it is
+fenced when it wakes. Which topics the keys are and where the
+transactions' coordinator is: `transaction_layout`.
+
 The final phase stops the faults, then fresh subscriptions read every topic
 from the start until every acknowledged send has been seen (or a time limit
 passes), and records whether that completed.
@@ -45,7 +56,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
+import os
 import random
 import signal
 import socket
@@ -54,16 +67,26 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from client import Client, Consumer, Producer, errors
+from client._brokers import slot_of
+from proto import TxnID
 
+from ._postgres import LocalPostgres
 from .history import Recorder
 
-__all__ = ["BrokerUnderTest", "Nemesis", "WorkloadConfig", "run_workload"]
+__all__ = [
+    "ROLES",
+    "BrokerUnderTest",
+    "Nemesis",
+    "WorkloadConfig",
+    "run_workload",
+    "transaction_layout",
+]
 
 CLIENT_CRASH_EVERY = 30.0  # seconds between deliberate client crashes
 TXN_TIMEOUT = 10.0  # seconds; a dropped client's transaction aborts after this
@@ -72,6 +95,8 @@ NOWAIT_P = 0.5  # transactions whose sends are queued, not awaited, before commi
 FULL_PATH_P = 0.35  # transactions that take the full path (Transaction.flush)
 OUTSIDE_TXN_P = 0.1
 DELAY_P = 0.1
+# The brokers a fault is aimed at, in a cluster (see the module docstring).
+ROLES = ("coordinator", "partitions", "both", "random")
 
 
 @dataclass
@@ -88,6 +113,49 @@ class WorkloadConfig:
     # after each poll of the final reads: (phase, fraction done, counts).
     progress: Callable[[str, float, dict[str, int]], None] | None = None
     auth: bool = False  # the broker authenticates; the workers hold a "workload" token
+    brokers: int = 1
+    # "": SQLite in the work dir (one broker); "postgresql": a PostgreSQL server
+    # of the check's own; a postgresql:// URL: that database. With a store, the
+    # brokers run with --cluster.
+    store: str = ""
+    lease_ttl: float = 2.0  # the brokers' --lease-ttl in a cluster
+
+    @property
+    def cluster(self) -> bool:
+        return bool(self.store)
+
+
+def transaction_layout(count: int, slots: int, run: str) -> tuple[list[str], str | None]:
+    """The keys' topics, and the topic near which the transactions take their
+    coordinator (``Client.new_transaction(near=...)``; None: the client's
+    first broker's coordinators).
+
+    One broker (``slots`` 0): ``q0``, ``q1``, ... and None.
+
+    A cluster: a transaction must for now keep its coordinator and every
+    topic it sends to or acknowledges on with ONE broker (the client refuses
+    a transaction across brokers: docs/cluster.md). So the topics are all in
+    one slot (``q{run}-{i}`` names searched for it; ``run`` keeps one run's
+    names apart from another's in a database given with ``--store``), and
+    the transactions take coordinator k near the first of them: coordinator k
+    lives in slot k with those topics, so they move together through every
+    kill and pause, and the roles "coordinator" and "partitions" name the
+    same broker. Once a transaction may span brokers, spread the topics
+    over slots (``q{run}-{i}`` as they come) and return a name of a slot
+    none of them is in, so that the faults aimed at the coordinator's owner
+    and at the partitions' owner hit different brokers.
+    """
+    if not slots:
+        return [f"q{i}" for i in range(count)], None
+    names = (f"q{run}-{i}" for i in range(1 << 30))
+    first = next(names)
+    slot = slot_of(first, slots)
+    topics = [first]
+    while len(topics) < count:
+        name = next(names)
+        if slot_of(name, slots) == slot:
+            topics.append(name)
+    return topics, first
 
 
 def _txnbuf(*args: str) -> str:
@@ -111,9 +179,20 @@ class BrokerUnderTest:
     ``auth``: it authenticates; ``token`` is the workers' (role
     ``workload``), ``admin_token`` a superuser's."""
 
-    def __init__(self, data_dir: Path, log_path: Path, auth: bool = False) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        log_path: Path,
+        auth: bool = False,
+        store: str = "",
+        lease_ttl: float = 2.0,
+    ) -> None:
+        """``store``: a PostgreSQL URL, served with ``--cluster`` (``data_dir``
+        unused)."""
         self.data_dir = data_dir
         self.log_path = log_path
+        self.store = store
+        self.lease_ttl = lease_ttl
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -151,8 +230,12 @@ class BrokerUnderTest:
 
     def start(self, timeout: float = 30.0) -> None:
         with open(self.log_path, "ab") as log:
-            cmd = [sys.executable, "-m", "broker", "serve", "--data-dir", str(self.data_dir),
-                   "--port", str(self.port), "--log-level", "WARNING"]  # fmt: skip
+            cmd = [sys.executable, "-m", "broker", "serve", "--port", str(self.port),
+                   "--log-level", "WARNING"]  # fmt: skip
+            if self.store:
+                cmd += ["--store", self.store, "--cluster", "--lease-ttl", str(self.lease_ttl)]
+            else:
+                cmd += ["--data-dir", str(self.data_dir)]
             if self.key_file is not None:
                 cmd += ["--auth-secret-key-file", str(self.key_file)]
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -189,19 +272,36 @@ class BrokerUnderTest:
 
 
 class Nemesis:
-    """Injects the configured faults at seeded random times."""
+    """Injects the configured faults at seeded random times, in a cluster at
+    brokers chosen by role (see the module docstring)."""
 
-    def __init__(self, broker: BrokerUnderTest, rec: Recorder, cfg: WorkloadConfig) -> None:
-        self.broker = broker
+    def __init__(
+        self,
+        brokers: list[BrokerUnderTest],
+        rec: Recorder,
+        cfg: WorkloadConfig,
+        control: Client | None = None,
+        topics: Sequence[str] = (),
+        near: str | None = None,
+    ) -> None:
+        """``control``: a client of the cluster, for lookups of who owns
+        what (None: one broker); ``topics`` and ``near``: the workload's
+        (`transaction_layout`)."""
+        self.brokers = brokers
+        self.broker = brokers[0]
         self.rec = rec
         self.cfg = cfg
+        self.control = control
+        self.topics = list(topics)
+        self.near = near
         self.rng = random.Random(cfg.seed * 7919 + 1)
+        self.aim = random.Random(cfg.seed * 7919 + 2)  # (which topic, which broker)
         self.kills = 0
         self.pauses = 0
-        self.epoch = 0  # bumped after every kill: clients must start over
-        # (seconds from the start of the workload, fault): the same seed gives
-        # the same faults at about the same times.
-        self.schedule: list[tuple[float, str]] = []
+        self.epoch = 0  # bumped after every kill (cluster: every fault): clients start over
+        # (seconds from the start of the workload, fault, role, brokers hit): the
+        # same seed gives the same faults and roles at about the same times.
+        self.schedule: list[tuple[float, str, str, list[str]]] = []
         self.started = time.monotonic()
 
     async def run(self, until: float) -> None:
@@ -214,21 +314,62 @@ class Nemesis:
                 return
             await asyncio.sleep(wait)
             fault = self.rng.choice(self.cfg.faults)
-            self.schedule.append((round(time.monotonic() - self.started, 1), fault))
-            op = self.rec.invoke("nemesis", fault)
+            role = self.rng.choice(ROLES) if self.control is not None else "the broker"
+            at = round(time.monotonic() - self.started, 1)
+            targets = await self._targets(role)
+            urls = [b.url for b in targets]
+            self.schedule.append((at, fault, role, urls))
+            extra = {"role": role, "brokers": urls} if self.control is not None else {}
+            op = self.rec.invoke("nemesis", fault, **extra)
             if fault == "kill":
-                await asyncio.to_thread(self.broker.kill)
+                await asyncio.gather(*(asyncio.to_thread(b.kill) for b in targets))
                 await asyncio.sleep(self.rng.uniform(0.2, 1.0))
-                await asyncio.to_thread(self.broker.start)
+                await asyncio.gather(*(asyncio.to_thread(b.start) for b in targets))
                 self.kills += 1
                 self.epoch += 1
             elif fault == "pause":
-                self.broker.signal(signal.SIGSTOP)
-                await asyncio.sleep(self.rng.uniform(0.5, 2.0))
-                self.broker.signal(signal.SIGCONT)
+                for b in targets:
+                    b.signal(signal.SIGSTOP)
+                # (In a cluster, up to twice the lease: the slots may move.)
+                longest = 2.0 if self.control is None else 2 * self.cfg.lease_ttl
+                await asyncio.sleep(self.rng.uniform(0.5, longest))
+                for b in targets:
+                    b.signal(signal.SIGCONT)
                 self.pauses += 1
-            self.rec.complete(op, "ok")
+                if self.control is not None:
+                    self.epoch += 1  # (consumers may have moved: start over)
+            self.rec.complete(op, "ok", **extra)
             await asyncio.sleep(self.cfg.quiet)
+
+    async def _targets(self, role: str) -> list[BrokerUnderTest]:
+        """The brokers that play ``role`` now (`ROLES`): asked by lookups; a
+        random one if the owner cannot be found in time (being taken over)."""
+        if self.control is None:
+            return [self.broker]
+        found: list[BrokerUnderTest] = []
+        if role in ("coordinator", "both"):
+            found.append(await self._owner(self.near, coordinator=True))
+        if role in ("partitions", "both"):
+            found.append(await self._owner(self.aim.choice(self.topics)))
+        if role == "random":
+            found.append(self.aim.choice(self.brokers))
+        return list(dict.fromkeys(found))  # (both: one broker if they share it)
+
+    async def _owner(self, topic: str | None, coordinator: bool = False) -> BrokerUnderTest:
+        assert self.control is not None
+        brokers = self.control._brokers
+        deadline = asyncio.get_running_loop().time() + 5.0
+        try:
+            if topic is None:  # (the clients' coordinators: their first broker's)
+                url = brokers.home.url
+            elif coordinator:
+                conn = await brokers.lookup(tc_id=slot_of(topic, brokers.slots), deadline=deadline)
+                url = conn.url
+            else:
+                url = (await brokers.lookup(topic=topic, deadline=deadline)).url
+        except errors.TxnbufError:
+            return self.aim.choice(self.brokers)
+        return next((b for b in self.brokers if b.url == url), self.aim.choice(self.brokers))
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:
@@ -289,7 +430,7 @@ class _Worker:
             # its PENDING_ACK messages are not skipped over and redelivered
             # out of order. A deliberately dropped one is left to its timeout.
             txnid, dropped = self.doubtful
-            await asyncio.to_thread(shared.end_transaction, txnid, not dropped)
+            await shared.end_transaction(txnid, not dropped)
             self.doubtful = None
         self.client = Client(shared.url, operation_timeout=8.0, token=shared.token)
         await self.client.connect()
@@ -371,7 +512,7 @@ class _Worker:
         crash_now = shared.take_crash()
         txn = None
         try:
-            txn = await self.client.new_transaction(timeout=TXN_TIMEOUT)
+            txn = await self.client.new_transaction(timeout=TXN_TIMEOUT, near=shared.near)
             self.doubtful = (str(txn.id), False)
             self._txnid = str(txn.id)
             self._path = "full" if self.rng.random() < FULL_PATH_P else "local"
@@ -509,13 +650,17 @@ class _Reconnected(Exception):
 class _Shared:
     def __init__(
         self,
-        broker: BrokerUnderTest,
+        brokers: list[BrokerUnderTest],
         rec: Recorder,
         nemesis: Nemesis,
         cfg: WorkloadConfig,
         topics: list[str],
+        near: str | None = None,
     ) -> None:
-        self.url = broker.url
+        broker = brokers[0]
+        self.url = ",".join(b.url for b in brokers)  # (the clients': every broker)
+        self.near = near  # (`transaction_layout`)
+        self.control = nemesis.control
         self.token = broker.token  # the workers' ("" without authentication)
         self._admin_headers = (
             {"Authorization": f"Bearer {broker.admin_token}"} if broker.admin_token else {}
@@ -529,29 +674,54 @@ class _Shared:
         self._next_process = cfg.clients
         self._crash_due = time.monotonic() + CLIENT_CRASH_EVERY
 
-    def end_transaction(self, txnid: str, abort: bool) -> None:
+    async def end_transaction(self, txnid: str, abort: bool) -> None:
         """Make sure ``txnid`` has ended: abort it (admin API), or wait for its
-        timeout. Blocking: run it in a thread."""
-        url = f"{self.url}/admin/v1/transactions/{txnid}"
+        timeout. In a cluster, at its coordinator's owner (looked up), and
+        "unknown" only counts once a lookup after it names the same owner."""
         deadline = time.monotonic() + TXN_TIMEOUT + 20
         while time.monotonic() < deadline:
-            try:
-                if abort:
-                    req = urllib.request.Request(
-                        url + "/abort", method="POST", headers=self._admin_headers
-                    )
-                    with urllib.request.urlopen(req, timeout=10):
-                        return  # aborted, and applied by every participant
-                req = urllib.request.Request(url, headers=self._admin_headers)
-                with urllib.request.urlopen(req, timeout=10) as r:
-                    if json.loads(r.read())["status"] in ("COMMITTED", "ABORTED"):
-                        return
-            except urllib.error.HTTPError as exc:
-                if exc.code in (404, 409):  # unknown (never opened) or ended already
+            url = await self._coordinator_url(txnid)
+            if url is not None:
+                found = await asyncio.to_thread(self._end_at, url, txnid, abort)
+                if found == "done":
                     return
-            except OSError:
-                pass  # the broker is restarting
-            time.sleep(0.2)
+                if found == "unknown" and url == await self._coordinator_url(txnid):
+                    return
+            await asyncio.sleep(0.2)
+
+    async def _coordinator_url(self, txnid: str) -> str | None:
+        """The URL of the broker serving ``txnid``'s coordinator (None: not
+        found now)."""
+        if self.control is None:
+            return self.url
+        brokers = self.control._brokers
+        deadline = asyncio.get_running_loop().time() + 5.0
+        try:
+            return (await brokers.lookup(tc_id=TxnID.parse(txnid).tcid, deadline=deadline)).url
+        except errors.TxnbufError:
+            return None
+
+    def _end_at(self, base: str, txnid: str, abort: bool) -> str:
+        """One try at ``base``: "done" (ended), "unknown" (no such transaction
+        there, or ended already) or "again". Blocking: run it in a thread."""
+        url = f"{base}/admin/v1/transactions/{txnid}"
+        try:
+            if abort:
+                req = urllib.request.Request(
+                    url + "/abort", method="POST", headers=self._admin_headers
+                )
+                with urllib.request.urlopen(req, timeout=10):
+                    return "done"  # aborted, and applied by every participant
+            req = urllib.request.Request(url, headers=self._admin_headers)
+            with urllib.request.urlopen(req, timeout=10) as r:
+                if json.loads(r.read())["status"] in ("COMMITTED", "ABORTED"):
+                    return "done"
+        except urllib.error.HTTPError as exc:
+            if exc.code in (404, 409):  # unknown (never opened) or ended already
+                return "unknown"
+        except OSError:
+            pass  # the broker is restarting
+        return "again"
 
     def next_value(self, topic: str) -> int:
         value = self._values.get(topic, 0)
@@ -613,24 +783,73 @@ async def _final_reads(shared: _Shared, deadline: float) -> bool:
     return True
 
 
+async def _start_brokers(cfg: WorkloadConfig, workdir: Path) -> list[BrokerUnderTest]:
+    """The brokers under test, started: one on SQLite, or ``cfg.brokers``
+    with ``--cluster`` over the store."""
+    if not cfg.cluster:
+        broker = await asyncio.to_thread(
+            BrokerUnderTest, workdir / "data", workdir / "broker.log", cfg.auth
+        )
+        await asyncio.to_thread(broker.start)
+        return [broker]
+    brokers = [
+        BrokerUnderTest(
+            workdir / f"b{i}",
+            workdir / f"broker{i}.log",
+            store=cfg.store,
+            lease_ttl=cfg.lease_ttl,
+        )
+        for i in range(cfg.brokers)
+    ]
+    await asyncio.gather(*(asyncio.to_thread(b.start, 60.0) for b in brokers))
+    return brokers
+
+
 async def run_workload(cfg: WorkloadConfig, workdir: Path, rec: Recorder) -> dict[str, Any]:
-    """Run the workload against a fresh broker in ``workdir``; returns stats."""
+    """Run the workload against fresh brokers in ``workdir``; returns stats."""
     await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
-    broker = await asyncio.to_thread(
-        BrokerUnderTest, workdir / "data", workdir / "broker.log", cfg.auth
-    )
-    await asyncio.to_thread(broker.start)
-    topics = [f"q{i}" for i in range(cfg.topics)]
+    if cfg.brokers > 1 and not cfg.store:
+        raise SystemExit("txnbuf check: --brokers above 1 needs --store postgresql (or a URL)")
+    if cfg.cluster and cfg.auth:
+        raise SystemExit("txnbuf check: --auth is for one broker without --store (for now)")
+    postgres: LocalPostgres | None = None
+    if cfg.store == "postgresql":
+        postgres = await asyncio.to_thread(LocalPostgres, workdir / "postgres")
+        cfg = dataclasses.replace(cfg, store=postgres.url)
+    brokers: list[BrokerUnderTest] = []
+    control: Client | None = None
+    try:
+        brokers = await _start_brokers(cfg, workdir)
+        if cfg.cluster:
+            control = Client([b.url for b in brokers], operation_timeout=10.0)
+            await control.connect()
+        return await _run(cfg, brokers, control, rec)
+    finally:
+        if control is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(control.close(), 5)
+        await asyncio.gather(*(asyncio.to_thread(b.stop) for b in brokers))
+        if postgres is not None:
+            await asyncio.to_thread(postgres.stop)
+
+
+async def _run(
+    cfg: WorkloadConfig, brokers: list[BrokerUnderTest], control: Client | None, rec: Recorder
+) -> dict[str, Any]:
+    broker = brokers[0]
+    slots = control._brokers.slots if control is not None else 0
+    topics, near = transaction_layout(cfg.topics, slots, os.urandom(3).hex())
     if cfg.auth:
         await asyncio.to_thread(broker.grant_workload, topics)
+    urls = ",".join(b.url for b in brokers)
     # The final readers' subscriptions exist from the start: they hold back
     # retention, so the final phase can read every message ever committed.
-    async with Client(broker.url, token=broker.token) as client:
+    async with Client(urls, token=broker.token) as client:
         for i, topic in enumerate(topics):
             consumer = await client.subscribe(topic, f"final-{i}", initial_position="earliest")
             await consumer.close()
-    nemesis = Nemesis(broker, rec, cfg)
-    shared = _Shared(broker, rec, nemesis, cfg, topics)
+    nemesis = Nemesis(brokers, rec, cfg, control, topics, near)
+    shared = _Shared(brokers, rec, nemesis, cfg, topics, near)
     rng = random.Random(cfg.seed)
     start = time.monotonic()
     until = start + cfg.duration
@@ -645,11 +864,13 @@ async def run_workload(cfg: WorkloadConfig, workdir: Path, rec: Recorder) -> dic
             if w.client is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(w.client.close(), 5)
-        broker.signal(signal.SIGCONT)
+        for b in brokers:
+            b.signal(signal.SIGCONT)
         complete = await _final_reads(shared, time.monotonic() + cfg.final_read_timeout)
         rec.final_reads(complete)
     finally:
-        await asyncio.to_thread(broker.stop)
+        for b in brokers:
+            b.signal(signal.SIGCONT)
     s = shared.stats
     return {
         "ops": s.ops,
@@ -663,6 +884,8 @@ async def run_workload(cfg: WorkloadConfig, workdir: Path, rec: Recorder) -> dic
         "final_reads_complete": complete,
         "fault_schedule": nemesis.schedule,
         "seed": cfg.seed,
+        "brokers": [b.url for b in brokers],
+        "topics": topics,
     }
 
 

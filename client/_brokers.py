@@ -30,6 +30,15 @@ and re-sends, in order, the frames not answered yet (the broker
 deduplicates sends by producer name and sequence id, as after a
 reconnect; acks are idempotent), until it is placed or closed. Its sends
 keep their deadlines meanwhile.
+
+What speaks in requests rather than through a producer or consumer
+(readers, subscription cursors, transaction groups, the producer-epoch
+mode's producers) holds a `Route`: the connection of its topic's or its
+coordinator's owner, and `Route.request`, which sends there and, in a
+cluster, follows the owner: a request refused NOT_OWNER, or whose
+connection is lost or cannot be re-established within one attempt, is
+looked up again and made again at the owner (each such request is
+idempotent, or deduplicated by the broker: see each user).
 """
 
 from __future__ import annotations
@@ -38,24 +47,34 @@ import asyncio
 import contextlib
 import logging
 import ssl
+import zlib
+from collections.abc import Callable
+from typing import Protocol
 
 from proto import txnbuf_pb2 as pb
 
-from ._connection import BACKOFF_MIN, Command, Connection, Handler, command
+from ._connection import BACKOFF_MIN, Command, Connection, Handler, Type, command
 from .errors import (
     ClientClosedError,
+    ConnectionLostError,
     InvalidInputError,
     NotOwnerError,
     OperationTimeoutError,
     TxnbufError,
 )
 
-__all__ = ["Brokers", "service_urls"]
+__all__ = ["Brokers", "ClientLink", "Route", "service_urls", "slot_of"]
 
 log = logging.getLogger("client")
 
 ID_RANGE = 1 << 40  # ids and link generations of the n-th connection start at n * ID_RANGE
 LOOKUP_BACKOFF_MAX = 0.5  # seconds between lookups, at most (see the module docstring)
+
+
+def slot_of(key: str, slots: int) -> int:
+    """The slot of a topic or transactional id called ``key`` in a cluster
+    of ``slots`` slots (crc32, as the brokers reckon it: docs/cluster.md)."""
+    return zlib.crc32(key.encode()) % slots
 
 
 def service_urls(url: object) -> list[str]:
@@ -99,12 +118,18 @@ class Brokers:
         self._moving: dict[Handler, asyncio.Task[None]] = {}
         self._slots = 0
         self._closed = False
+        self.moves = 0  # producers and consumers moved to another broker so far
 
     # -- Router ---------------------------------------------------------------------
 
     @property
     def cluster(self) -> bool:
         return self._slots > 0
+
+    @property
+    def slots(self) -> int:
+        """The cluster's number of slots (0: a single broker)."""
+        return self._slots
 
     def saw_cluster(self, conn: Connection, slots: int) -> None:
         if slots and not self._slots:
@@ -223,6 +248,7 @@ class Brokers:
                 try:
                     target = await self.lookup(topic=handler.topic)
                     if await target.adopt(handler):
+                        self.moves += 1
                         log.info("%r now at %s", handler, target.url)
                         return
                 except TxnbufError as exc:
@@ -248,3 +274,92 @@ class Brokers:
             task.cancel()
         for conn in self.connections():
             await conn.close()
+
+
+class Route:
+    """Where the requests about one topic (``topic``) or one coordinator
+    (``tc_id``) go: ``conn``, the connection of its owner, moved by
+    `request` when the owner changes (see the module docstring). On a
+    single broker it is the home connection, for good. ``conn`` None: not
+    placed yet (in a cluster, the first request looks the owner up)."""
+
+    def __init__(
+        self,
+        brokers: Brokers,
+        conn: Connection | None = None,
+        *,
+        topic: str = "",
+        tc_id: int | None = None,
+    ) -> None:
+        self.brokers = brokers
+        self.conn = conn or brokers.home
+        self._placed = conn is not None
+        self.topic = topic
+        self.tc_id = tc_id
+
+    def __repr__(self) -> str:
+        what = f"topic {self.topic!r}" if self.tc_id is None else f"coordinator {self.tc_id}"
+        return f"<Route {what} at {self.conn.url}>"
+
+    async def request(
+        self,
+        build: Callable[[int], Command],
+        expect: Type,
+        what: str,
+        deadline: float | None = None,
+    ) -> Command:
+        """``build(request_id)``'s answer from the owner (see the module
+        docstring), retried until ``deadline`` (default: the operation
+        timeout from now). The request must be safe to make twice."""
+        if not self.brokers.cluster:
+            return await self.conn.request(build, expect, what, deadline, link_bound=False)
+        loop = asyncio.get_running_loop()
+        if deadline is None:
+            deadline = loop.time() + self.brokers.operation_timeout
+        delay = BACKOFF_MIN
+        looked = False  # (looked up during this request already)
+        if not self._placed:
+            self.conn = await self.brokers.lookup(
+                topic=self.topic, tc_id=self.tc_id, deadline=deadline
+            )
+            self._placed = looked = True
+        while True:
+            self.brokers._check_open()
+            conn = self.conn
+            try:
+                if not await self.brokers._reachable(conn, deadline):
+                    raise ConnectionLostError(f"{what}: {conn.url} cannot be reached")
+                link = conn.ready_link()
+                if link is None:
+                    raise ConnectionLostError(f"{what}: connection lost")
+                return await conn.request_on(link, build, expect, what, deadline)
+            except TxnbufError as exc:
+                if not exc.retriable or isinstance(exc, OperationTimeoutError):
+                    raise
+                if loop.time() >= deadline:
+                    raise OperationTimeoutError(f"{what} timed out: {exc}") from exc
+                if not isinstance(exc, NotOwnerError | ConnectionLostError):
+                    log.info("%s: %s; retrying in %.2f s", what, exc, delay)
+                    await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
+                    delay = min(delay * 2, LOOKUP_BACKOFF_MAX)
+                    continue
+                log.info("%s: %s; looking the owner up again", what, exc)
+                if looked:  # (a look may still name the old owner: not in a busy loop)
+                    await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
+                    delay = min(delay * 2, LOOKUP_BACKOFF_MAX)
+            self.conn = await self.brokers.lookup(
+                topic=self.topic, tc_id=self.tc_id, deadline=deadline
+            )
+            looked = True
+
+
+class ClientLink(Protocol):
+    """What a request object made from a `client.Client` (``TransactionGroups``,
+    ``SubscriptionCursor``) needs of it: its connection, and a way to make
+    sure it is up, and its brokers. Typed here, below the client, so that they do not import
+    ``Client`` back."""
+
+    _conn: Connection
+    _brokers: Brokers
+
+    async def connect(self) -> None: ...

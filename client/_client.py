@@ -7,13 +7,12 @@ import contextlib
 import math
 import os
 import uuid
-import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 
 from proto import TxnID
 
-from ._brokers import Brokers, service_urls
+from ._brokers import Brokers, Route, service_urls, slot_of
 from ._connection import Command, Connection, command
 from ._consumer import Consumer
 from ._deadletter import DeadLetterPolicy, DeadLetters, Source
@@ -44,12 +43,12 @@ class Client:
     when it cannot be reached. A broker of a cluster (docs/cluster.md) makes
     the client look each topic up and keep one WebSocket per broker, each
     producer and consumer on its topic's owner, following ownership changes
-    by itself (see ``client._brokers``). Not routed in a cluster (they go to
-    the first broker): readers after their creation, transaction groups,
-    cursors and the producer-epoch mode's producers; a transaction whose
-    coordinator and topics are on different brokers is refused
-    (``NotAllowedError``): ``new_transaction(near=topic)`` takes a
-    coordinator on the broker of ``topic``. Every operation gives up after
+    by itself (see ``client._brokers``); so do readers, subscription
+    cursors, transaction groups and the producer-epoch mode's producers,
+    request by request. A transaction whose coordinator and topics are on
+    different brokers is refused (``NotAllowedError``):
+    ``new_transaction(near=topic)`` takes a coordinator on the broker of
+    ``topic``. Every operation gives up after
     ``operation_timeout`` seconds with ``OperationTimeoutError``. The client
     connects on ``__aenter__`` (or ``connect()``, or its first operation);
     after ``close()`` every use raises ``ClientClosedError``.
@@ -117,12 +116,16 @@ class Client:
 
     @property
     def connections(self) -> int:
-        """How many times this client has connected (1 + reconnects so far).
+        """How many times this client has connected (1 + reconnects so far;
+        in a cluster, the links of every broker's connection, and every move
+        of a producer or consumer to another broker).
 
         A consumer that sees this change knows its unacknowledged messages
-        may come again (the broker redelivers them after a reconnect).
+        may come again (the broker redelivers them after a reconnect, and
+        the new owner after a move).
         """
-        return self._conn.gen
+        brokers = self._brokers
+        return sum(conn.links for conn in brokers.connections()) + brokers.moves
 
     async def connect(self) -> None:
         """Connect now (retrying until ``operation_timeout``, then raising
@@ -151,7 +154,10 @@ class Client:
         if not enable_2pc and not 0 < transaction_timeout <= 900:
             raise InvalidInputError("transaction_timeout must be in (0, 900] seconds")
         await self.connect()
-        return TransactionalProducer(self._conn, transactional_id, transaction_timeout, enable_2pc)
+        route = Route(self._brokers, self._conn)
+        if self._brokers.cluster:  # (the owner of the transactional id's slot)
+            route = Route(self._brokers, tc_id=slot_of(transactional_id, self._brokers.slots))
+        return TransactionalProducer(route, transactional_id, transaction_timeout, enable_2pc)
 
     async def create_producer(
         self,
@@ -305,7 +311,7 @@ class Client:
             # whichever broker that is, before and after any move (a
             # coordinator named by a CONNECTED may have moved since).
             conn = await self._brokers.route(near)
-            tc_id = zlib.crc32(near.encode()) % conn.slots
+            tc_id = slot_of(near, conn.slots)
             fresh, conn = await self._new_txn(ttl_ms, conn, tc_id)
             txn_id = TxnID(fresh.most_bits, fresh.least_bits)
             return Transaction(conn, txn_id, fresh.tc_id, timeout)
@@ -398,7 +404,8 @@ class Client:
         if type(batch) is not int or batch <= 0:
             raise InvalidInputError(f"batch must be a positive int, not {batch!r}")
         await self.connect()
-        reader = Reader(await self._brokers.route(topic), topic, partition, Position(0, 0), batch)
+        route = Route(self._brokers, await self._brokers.route(topic), topic=topic)
+        reader = Reader(route, topic, partition, Position(0, 0), batch)
         if start == "earliest":
             reader._fetched = await reader.first()
         elif start == "latest":

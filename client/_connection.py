@@ -892,14 +892,3 @@ class Connection:
                     handler.expire(now)
                 except Exception:
                     log.exception("expiring timed-out operations failed")
-
-
-class ClientLink(Protocol):
-    """What a request object made from a `client.Client` (``TransactionGroups``,
-    ``SubscriptionCursor``) needs of it: its connection, and a way to make
-    sure it is up. Typed here, below the client, so that they do not import
-    ``Client`` back."""
-
-    _conn: Connection
-
-    async def connect(self) -> None: ...

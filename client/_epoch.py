@@ -50,6 +50,18 @@ Decisions written down here:
   an explicit step, because txnbuf answers sends before they are durable.
   ``complete_transaction(state)`` commits if ``state`` names the prepared
   transaction, else aborts; nothing ongoing, nothing to do.
+* In a cluster (docs/cluster.md) the producer talks to the owner of its
+  transactional id's slot (``crc32(transactional id) % slots``), whose
+  coordinator of that slot holds its producer ids, and follows it when it
+  moves (`client._brokers`' ``Route``: looked up again and the request made
+  again there; sends are deduplicated by partition, epoch and sequence,
+  the END and PREPARE answer as done when repeated). The coordinator's
+  recovery on a new owner aborts an ongoing transaction, as a restart
+  does: its next send or commit raises, and ``abort_transaction`` goes on.
+  Until a transaction may span brokers, its topics (and the consumers of
+  ``send_offsets_to_transaction``) must be served by that same broker: a
+  send to a topic served elsewhere raises `NotAllowedError` at once,
+  changing nothing.
 """
 
 from __future__ import annotations
@@ -64,6 +76,7 @@ from dataclasses import dataclass, field
 
 from proto import txnbuf_pb2 as pb
 
+from ._brokers import Route
 from ._connection import Command, Connection, Link, Type, command
 from ._consumer import Consumer, message_id_of
 from ._message import Message, MessageId, new_message_id
@@ -72,6 +85,7 @@ from .errors import (
     ClosedError,
     InvalidInputError,
     InvalidTxnStateError,
+    NotAllowedError,
     OperationTimeoutError,
     TxnbufError,
 )
@@ -183,12 +197,12 @@ class TransactionalProducer:
 
     def __init__(
         self,
-        conn: Connection,
+        route: Route,
         transactional_id: str,
         transaction_timeout: float,
         enable_2pc: bool,
     ) -> None:
-        self._conn = conn
+        self._route = route  # (the owner of the transactional id's coordinator)
         self.transactional_id = transactional_id
         self.transaction_timeout = transaction_timeout
         self.enable_2pc = enable_2pc
@@ -202,6 +216,10 @@ class TransactionalProducer:
         self._failure: TxnbufError | None = None  # the first send or ack that failed
         self._framing = False  # a frame-what-is-queued call is scheduled
         self._began = False  # this transaction sent or acknowledged something
+
+    @property
+    def _conn(self) -> Connection:
+        return self._route.conn
 
     def __repr__(self) -> str:
         return (
@@ -234,7 +252,7 @@ class TransactionalProducer:
 
     async def _request(self, build: Command, expect: Type, what: str) -> Command:
         try:
-            return await self._conn.request(_with_id(build), expect, what, link_bound=False)
+            return await self._route.request(_with_id(build), expect, what)
         except TxnbufError as exc:
             raise self._fail(exc) from None
 
@@ -331,13 +349,23 @@ class TransactionalProducer:
         return future
 
     async def _partitions_of(self, topic: str) -> int:
-        reply = await self._conn.request(
+        """How many partitions ``topic`` has, asked once; in a cluster, at
+        the topic's owner, which must be the producer's broker (see the
+        module docstring)."""
+        route = Route(self._route.brokers, topic=topic)
+        reply = await route.request(
             lambda rid: command(
                 Type.PARTITIONED_METADATA, "partitioned_metadata", request_id=rid, topic=topic
             ),
             Type.PARTITIONED_METADATA_RESPONSE,
             f"partitions of {topic!r}",
         )
+        if route.conn is not self._conn:
+            raise NotAllowedError(
+                f"producer {self.transactional_id!r} has its coordinator at {self._conn.url} "
+                f"and topic {topic!r} is served at {route.conn.url}: a transaction across a "
+                "cluster's brokers is not built yet"
+            )
         self._topics[topic] = reply.partitioned_metadata_response.partitions
         return self._topics[topic]
 
@@ -496,7 +524,13 @@ class TransactionalProducer:
         pending if it aborts (Kafka's sendOffsetsToTransaction)."""
         self._move(_C.OFFSETS)
         if consumer._conn is not self._conn:
-            raise InvalidInputError("the consumer must belong to the producer's client")
+            if consumer._conn.router is None or consumer._conn.router is not self._conn.router:
+                raise InvalidInputError("the consumer must belong to the producer's client")
+            raise NotAllowedError(
+                f"producer {self.transactional_id!r} has its coordinator at {self._conn.url} "
+                f"and the consumer's topic is served at {consumer._conn.url}: a transaction "
+                "across a cluster's brokers is not built yet"
+            )
         positions: list[int] = []
         for m in messages:
             mid = message_id_of(m)

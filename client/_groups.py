@@ -12,7 +12,16 @@ batch's tasks prepared, by tag, whatever the driver knows of them.
 
 All of a batch's transactions must be on one coordinator: pick it with
 ``coordinator_for(key)`` from something every task and the driver know (a
-query id), as long as the broker's set of coordinators stays the same.
+query id), as long as the broker's set of coordinators stays the same (in
+a cluster it does: the coordinators are its slots, a number fixed when
+its database was made).
+
+In a cluster (docs/cluster.md) each request goes to the owner of its
+coordinator's slot, and follows it when it moves (`client._brokers`'
+``Route``); ``abort_tagged`` asks every slot's coordinator. Until a
+transaction may span brokers, a group transaction's topics must be served
+by its coordinator's broker: pick the coordinator in the slot of the
+topic (``coordinator_near(topic)``).
 
 Each request is a control request: retried across reconnects until the
 operation timeout. All are idempotent: PREPARE_TXN of a prepared
@@ -22,6 +31,7 @@ ABORT_TAGGED answer as if done once.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import zlib
 from collections.abc import Iterable
@@ -29,7 +39,8 @@ from typing import NamedTuple
 
 from proto import TxnID
 
-from ._connection import ClientLink, Command, Type, command
+from ._brokers import ClientLink, Route, slot_of
+from ._connection import Command, Type, command
 from ._txn import Transaction
 from .errors import InvalidInputError
 
@@ -69,15 +80,40 @@ class TransactionGroups:
     def __init__(self, client: ClientLink) -> None:
         self._client = client
         self._conn = client._conn
+        self._brokers = client._brokers
+        self._routes: dict[int, Route] = {}  # coordinator -> where its requests go
+
+    def _route(self, tc_id: int) -> Route:
+        route = self._routes.get(tc_id)
+        if route is None:
+            route = self._routes[tc_id] = Route(self._brokers, tc_id=tc_id)
+        return route
+
+    async def _coordinators(self) -> list[int]:
+        """Every coordinator: the broker's, or in a cluster one per slot."""
+        await self._client.connect()
+        if self._brokers.cluster:
+            return list(range(self._brokers.slots))
+        return sorted(self._conn.tc_ids) or [0]
 
     async def coordinator_for(self, key: str) -> int:
         """The coordinator every holder of ``key`` picks (a stable hash over
-        the coordinators the broker serves)."""
+        the coordinators the broker serves; in a cluster, over its slots)."""
         if not isinstance(key, str):
             raise InvalidInputError(f"key must be a str, not {type(key).__name__}")
-        await self._client.connect()
-        tc_ids = sorted(self._conn.tc_ids) or [0]
+        tc_ids = await self._coordinators()
         return tc_ids[zlib.crc32(key.encode()) % len(tc_ids)]
+
+    async def coordinator_near(self, topic: str) -> int:
+        """A coordinator on the broker serving ``topic``: in a cluster, the
+        one in the topic's slot (it moves with the topic); on one broker,
+        ``coordinator_for(topic)``."""
+        if not isinstance(topic, str) or not topic:
+            raise InvalidInputError(f"topic must be a non-empty str, not {topic!r}")
+        await self._client.connect()
+        if self._brokers.cluster:
+            return slot_of(topic, self._brokers.slots)
+        return await self.coordinator_for(topic)
 
     async def new_transaction(
         self,
@@ -96,7 +132,9 @@ class TransactionGroups:
         ttl_ms = _ms(timeout, "timeout")
         prepared_ms = _ms(prepared_timeout, "prepared_timeout", zero=True)
         await self._client.connect()
-        reply = await self._conn.request(
+        route = self._route(tc_id)
+        # (Made again after a lost answer: the first one is left to its timeout.)
+        reply = await route.request(
             lambda request_id: command(
                 Type.NEW_TXN,
                 "new_txn",
@@ -108,11 +146,10 @@ class TransactionGroups:
             ),
             Command.NEW_TXN_RESPONSE,
             f"new transaction tagged {tag!r} on coordinator {tc_id}",
-            link_bound=False,
         )
         answer = reply.new_txn_response
         txn_id = TxnID(answer.txnid_most_bits, answer.txnid_least_bits)
-        return Transaction(self._conn, txn_id, tc_id, timeout)
+        return Transaction(route.conn, txn_id, tc_id, timeout)
 
     async def commit(
         self,
@@ -156,11 +193,8 @@ class TransactionGroups:
             return cmd
 
         await self._client.connect()
-        reply = await self._conn.request(
-            build,
-            Command.TXN_GROUP_RESPONSE,
-            f"commit group {group!r} #{sequence}",
-            link_bound=False,
+        reply = await self._route(coordinator).request(
+            build, Command.TXN_GROUP_RESPONSE, f"commit group {group!r} #{sequence}"
         )
         answer = reply.txn_group_response
         return GroupResult(answer.duplicate, answer.committed, answer.aborted)
@@ -168,14 +202,14 @@ class TransactionGroups:
     async def abort_tagged(self, tag: str, *, prefix: bool = False) -> int:
         """Abort the undecided (open or prepared) transactions tagged
         ``tag`` (``prefix``: whose tag starts with it) on every coordinator
-        of the broker; how many there were."""
+        (of the broker, or of the cluster: each at its owner, all at once);
+        how many there were."""
         if not isinstance(tag, str) or not tag:
             raise InvalidInputError(f"tag must be a non-empty str, not {tag!r}")
-        await self._client.connect()
-        aborted = 0
-        for tc_id in sorted(self._conn.tc_ids) or [0]:
-            reply = await self._conn.request(
-                lambda request_id, tc_id=tc_id: command(  # type: ignore[misc]
+
+        async def abort_on(tc_id: int) -> int:
+            reply = await self._route(tc_id).request(
+                lambda request_id: command(
                     Type.ABORT_TAGGED,
                     "abort_tagged",
                     request_id=request_id,
@@ -185,7 +219,8 @@ class TransactionGroups:
                 ),
                 Command.TXN_GROUP_RESPONSE,
                 f"abort transactions tagged {tag!r} on coordinator {tc_id}",
-                link_bound=False,
             )
-            aborted += reply.txn_group_response.aborted
-        return aborted
+            return int(reply.txn_group_response.aborted)
+
+        counts = await asyncio.gather(*(abort_on(t) for t in await self._coordinators()))
+        return sum(counts)

@@ -17,7 +17,13 @@ creates it, at the earliest or latest position, if missing), and
 that retention may trim what the job will never read again.
 
 Both are control requests: retried across reconnects until the operation
-timeout (reading and acknowledging by position are idempotent).
+timeout (reading and acknowledging by position are idempotent). In a
+cluster they go to the owner of the topic and follow it (`client._brokers`'
+``Route``): a read refused NOT_OWNER, or whose broker died or handed its
+slots over, is made again at the new owner from the same position. The
+partition is the same rows in the cluster's database whoever serves it, so
+a reader goes on from where it had read to: no message skipped or read
+twice.
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ from typing import NamedTuple
 
 from proto import txnbuf_pb2 as pb
 
-from ._connection import ClientLink, Command, Connection, Type, command
+from ._brokers import ClientLink, Route
+from ._connection import Command, Type, command
 from ._message import Message, decode_entry
 from .errors import InvalidInputError, OperationTimeoutError
 
@@ -72,7 +79,7 @@ def _position(value: object, what: str = "position") -> Position:
 
 
 async def read_entries(
-    conn: Connection,
+    route: Route,
     topic: str,
     partition: int,
     start: Position | None,
@@ -103,13 +110,9 @@ async def read_entries(
             req.end_entry, req.end_index = end
         return cmd
 
-    deadline = conn.deadline() + wait_ms / 1000
-    reply = await conn.request(
-        build,
-        Command.READ_ENTRIES_RESPONSE,
-        f"read {topic!r} partition {partition}",
-        deadline,
-        link_bound=False,
+    deadline = route.conn.deadline() + wait_ms / 1000
+    reply = await route.request(
+        build, Command.READ_ENTRIES_RESPONSE, f"read {topic!r} partition {partition}", deadline
     )
     answer = reply.read_entries_response
     messages = []
@@ -130,9 +133,9 @@ class Reader:
     message is read from."""
 
     def __init__(
-        self, conn: Connection, topic: str, partition: int, start: Position, batch: int
+        self, route: Route, topic: str, partition: int, start: Position, batch: int
     ) -> None:
-        self._conn = conn
+        self._route = route
         self.topic = topic
         self.partition = partition
         self._batch = batch
@@ -169,7 +172,7 @@ class Reader:
         if len(out) == limit or self._ready or (end is not None and self._fetched >= end):
             return out
         got = await read_entries(
-            self._conn,
+            self._route,
             self.topic,
             self.partition,
             self._fetched,
@@ -196,7 +199,7 @@ class Reader:
                     )
                 wait = max(1, min(wait, round(left * 1000)))
             got = await read_entries(
-                self._conn,
+                self._route,
                 self.topic,
                 self.partition,
                 self._fetched,
@@ -214,7 +217,7 @@ class Reader:
         if type(max_messages) is not int or max_messages <= 0:
             raise InvalidInputError(f"max_messages must be a positive int, not {max_messages!r}")
         return await read_entries(
-            self._conn,
+            self._route,
             self.topic,
             self.partition,
             self.position,
@@ -226,14 +229,14 @@ class Reader:
     async def end(self) -> Position:
         """The partition's end now: the position after its last committed message."""
         got = await read_entries(
-            self._conn, self.topic, self.partition, None, max_messages=1, positions_only=True
+            self._route, self.topic, self.partition, None, max_messages=1, positions_only=True
         )
         return got.end
 
     async def first(self) -> Position:
         """The partition's first position not trimmed."""
         got = await read_entries(
-            self._conn, self.topic, self.partition, None, max_messages=1, positions_only=True
+            self._route, self.topic, self.partition, None, max_messages=1, positions_only=True
         )
         return got.first
 
@@ -260,7 +263,7 @@ class SubscriptionCursor:
                 f"initial_position must be 'earliest' or 'latest', not {initial_position!r}"
             )
         self._client = client
-        self._conn = client._conn
+        self._route = Route(client._brokers, topic=topic)
         self.topic = topic
         self.subscription = subscription
         self._initial = (
@@ -296,10 +299,7 @@ class SubscriptionCursor:
             return cmd
 
         await self._client.connect()
-        reply = await self._conn.request(
-            build,
-            Command.CURSOR_RESPONSE,
-            f"cursor of {self.subscription!r} on {self.topic!r}",
-            link_bound=False,
+        reply = await self._route.request(
+            build, Command.CURSOR_RESPONSE, f"cursor of {self.subscription!r} on {self.topic!r}"
         )
         return {p.partition: Position(p.entry_id, p.index) for p in reply.cursor_response.positions}

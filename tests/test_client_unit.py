@@ -27,7 +27,7 @@ from aiohttp import WSMsgType, web
 
 import client
 import proto
-from client import Client, Message, MessageId, errors
+from client import Client, Message, MessageId, TransactionGroups, errors
 from client._connection import PROTOCOL_VERSION
 from client._consumer import ack_ranges, build_ack
 from client._message import decode_entry
@@ -1839,5 +1839,53 @@ async def test_a_coordinator_that_moved_is_looked_up_and_its_transaction_ends_th
             ends = (T.END_TXN, T.COMMIT_TXN)
             assert [c.type for c in owner.received if c.type in ends] == [T.COMMIT_TXN]
             assert not [c for c in fake.received if c.type in ends]
+    finally:
+        await owner.stop()
+
+
+async def test_a_routed_request_refused_not_owner_is_looked_up_and_made_again(
+    fake: FakeBroker,
+) -> None:
+    """`client._brokers.Route` (transaction groups, readers, cursors, epoch
+    producers): the first request looks its coordinator up; refused
+    NOT_OWNER there, it is looked up again (after a backoff: the look named
+    the same broker) and made again, and nothing goes to the first broker."""
+    owner = FakeBroker()
+    await owner.start()
+    try:
+        fake.slots = owner.slots = 64
+        fake.redirect = owner.url
+        owner.txn_errors[T.NEW_TXN] = [pb.NOT_OWNER]
+        async with Client(fake.url, operation_timeout=5.0) as client:
+            groups = TransactionGroups(client)
+            assert await groups.coordinator_near("t") == zlib.crc32(b"t") % 64
+            txn = await groups.new_transaction("tag", tc_id=7)
+            assert txn._conn.url == owner.url
+            lookups = fake.of_type(T.LOOKUP)
+            assert [(c.lookup.HasField("tc_id"), c.lookup.tc_id) for c in lookups] == [
+                (True, 7)
+            ] * 2
+            assert len(owner.of_type(T.NEW_TXN)) == 2 and not fake.of_type(T.NEW_TXN)
+    finally:
+        await owner.stop()
+
+
+async def test_a_transaction_near_a_topic_takes_the_coordinator_of_its_slot(
+    fake: FakeBroker,
+) -> None:
+    """In a cluster ``near=topic`` takes coordinator ``crc32(topic) % slots``
+    at the topic's broker, not one its CONNECTED named (a broker that just
+    joined names none: its slots arrive after it connects clients)."""
+    owner = FakeBroker()
+    await owner.start()
+    try:
+        fake.slots = owner.slots = 64
+        fake.tc_ids = [0]
+        fake.redirect = owner.url  # (owner.tc_ids: none, as a joining broker's)
+        async with Client(fake.url, operation_timeout=5.0) as client:
+            txn = await client.new_transaction(near="t")
+            assert txn._conn.url == owner.url
+            assert [c.new_txn.tc_id for c in owner.of_type(T.NEW_TXN)] == [zlib.crc32(b"t") % 64]
+            assert txn.id.tcid == zlib.crc32(b"t") % 64
     finally:
         await owner.stop()

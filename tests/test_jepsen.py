@@ -77,3 +77,51 @@ def test_queue_workload_under_kills_pauses_and_client_crashes_has_no_anomalies(
         ("workload", "produce"),
         ("workload", "consume"),
     }
+
+
+def test_queue_workload_on_a_cluster_of_three_brokers_with_faults_aimed_by_role(
+    tmp_path: Path,
+) -> None:
+    """``--brokers 3 --store postgresql``: the check's own PostgreSQL, three
+    brokers with --cluster, kills and pauses aimed at the transactions'
+    coordinator's owner, a key's partition's owner, both and one at random
+    (this seed: a kill of the coordinator's owner, a pause of both longer
+    than the lease, a kill of the partitions' owner, ...); no anomaly, and
+    each fault names its role and the brokers it hit, in the output and in
+    the history."""
+    history = tmp_path / "history.jsonl"
+    result = subprocess.run(
+        [sys.executable, "-m", "broker", "check", "--brokers", "3", "--store", "postgresql",
+         "--duration", "45", "--faults", "kill,pause", "--seed", "40", "--clients", "3",
+         "--history", str(history), "--workdir", str(tmp_path / "work")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )  # fmt: skip
+    out = result.stdout + result.stderr
+    # (On failure: the summary table and the fault schedule, then the end of
+    # the log; the history stays in pytest's tmp_path.)
+    shown = f"{result.stdout[-6000:]}\n---\n{result.stderr[-3000:]}\nhistory: {history}"
+    assert result.returncode == 0, shown
+    assert "result: valid" in result.stdout, shown
+    assert "final reads complete           yes" in result.stdout
+    brokers = re.search(r"^brokers (.*); keys", result.stdout, re.M)
+    assert brokers is not None, out[-3000:]
+    urls = set(brokers.group(1).split(", "))
+    assert len(urls) == 3
+    schedule = re.search(r"faults \(seconds from the start\): (.*)", result.stdout)
+    assert schedule is not None
+    hits = re.findall(r"(kill|pause) at [\d.]+s of (\w+) ([^,]+)", schedule.group(1))
+    assert [(f, r) for f, r, _ in hits[:3]] == [
+        ("kill", "coordinator"),
+        ("pause", "both"),
+        ("kill", "partitions"),
+    ], schedule.group(1)
+    for _, _, hit in hits:
+        assert set(hit.split("+")) <= urls
+    faults = [json.loads(line) for line in history.read_text().splitlines() if '"nemesis"' in line]
+    done = [f for f in faults if f["type"] == "ok"]
+    assert [(f["f"], f["role"]) for f in done] == [(f, r) for f, r, _ in hits]
+    assert all(set(f["brokers"]) <= urls and f["brokers"] for f in done)
+    kills = re.search(r"broker kills (\d+), pauses (\d+)", result.stdout)
+    assert kills is not None and int(kills.group(1)) >= 2 and int(kills.group(2)) >= 1

@@ -10,6 +10,7 @@ import json
 import pytest
 
 from client import Client, Position, SubscriptionCursor
+from client._brokers import Route
 from client._reader import read_entries
 from client.errors import InvalidArgumentError, InvalidInputError, OperationTimeoutError
 from tests.conftest import BrokerProcess, until
@@ -87,7 +88,7 @@ async def test_positions_only_reads_count_without_data(broker: BrokerProcess) ->
     async with Client(broker.url) as client:
         producer = await client.create_producer("counted", batching_max_messages=5)
         await asyncio.gather(*(producer.send(b"x%d" % i) for i in range(12)))
-        conn = client._conn
+        conn = Route(client._brokers, client._conn)
         whole = await read_entries(conn, "counted", 0, None, max_messages=100)
         assert whole.covered == 12 and whole.next == whole.end
         some = await read_entries(conn, "counted", 0, Position(0, 0), max_messages=7,
@@ -101,7 +102,7 @@ async def test_bad_positions_are_refused_with_the_partition_range(broker: Broker
     async with Client(broker.url) as client:
         producer = await client.create_producer("small")
         await producer.send(b"one")
-        conn = client._conn
+        conn = Route(client._brokers, client._conn)
         with pytest.raises(InvalidArgumentError, match="past its end"):
             await read_entries(conn, "small", 0, Position(5, 0))
         with pytest.raises(InvalidArgumentError, match="holds 1 messages"):
@@ -145,7 +146,7 @@ async def test_a_cursor_holds_retention_up_to_what_it_acknowledged(
         first = await first_kept()
         assert 0 < first.entry_id <= 40  # trimmed, up to a slack below what was acknowledged
         with pytest.raises(InvalidArgumentError, match="trimmed"):
-            await read_entries(client._conn, "kept", 0, Position(0, 0))
+            await read_entries(Route(client._brokers, client._conn), "kept", 0, Position(0, 0))
         replay = await client.create_reader("kept", start=(40, 0))
         assert [m.value for m in await replay.read_batch()] == [b"%d" % i for i in range(40, 60)]
         status, body = broker.admin("GET", "/admin/v1/topics/kept/stats")
@@ -168,7 +169,7 @@ async def test_part_of_a_large_transaction_is_sent_alone(broker: BrokerProcess) 
         async with client.transaction() as txn:
             for i in range(3000):
                 producer.send_nowait(b"%05d" % i, txn=txn)
-        conn = client._conn
+        conn = Route(client._brokers, client._conn)
         part = await read_entries(conn, "big", 0, Position(0, 1000), max_messages=500)
         assert [m.value for m in part.messages] == [b"%05d" % i for i in range(1000, 1500)]
         assert [m.message_id for m in part.messages][:2] == [(0, 0, 1000), (0, 0, 1001)]
