@@ -40,7 +40,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from aiohttp import web
 
@@ -53,6 +53,7 @@ from proto import refusals, txn_text
 from proto import txnbuf_pb2 as pb
 from subscriptions import Consumer, Subscriptions
 from tc import (
+    ParticipantElsewhere,
     ProducerSettings,
     TransactionCoordinator,
     TxnEnd,
@@ -61,6 +62,9 @@ from tc import (
     TxnStatus,
     coordinator_of_producer,
 )
+
+if TYPE_CHECKING:
+    from broker._peers import Peers
 
 __all__ = [
     "BROKER_KEY",
@@ -509,6 +513,12 @@ class Broker:
         where its transaction buffer exists and no other END of it is under
         way there, else once it can be."""
         faults.refuse("broker.end_txn_on_participant")
+        cluster = self.cluster
+        if cluster is not None and not cluster.serves(topic):
+            raise ParticipantElsewhere(
+                f"partition {topic}/{partition}",
+                functools.partial(cluster.peers.end_on_partition, topic, partition, end),
+            )
         if not self._has_partition(topic, partition, end.txnid):
             return None
         found = self.topics.get(topic)
@@ -526,8 +536,12 @@ class Broker:
         as ``end`` says, queued at once (once the topic is loaded, if it is
         not)."""
         faults.refuse("broker.end_txn_on_participant")
-        if self.cluster is not None:
-            self.cluster.gate(topic)
+        cluster = self.cluster
+        if cluster is not None and not cluster.serves(topic):
+            raise ParticipantElsewhere(
+                f"subscription {topic}/{subscription}",
+                functools.partial(cluster.peers.end_on_subscription, topic, subscription, end),
+            )
         if self.topics.get(topic) is None and topic in self.topics:
             return self._end_on_subscription(topic, subscription, end, True)
         self.subscriptions.end_txn_early(topic, subscription, end.txnid, end.commit)
@@ -556,16 +570,48 @@ class Broker:
         await self.topics.load_topic(topic)  # (loaded, and prepared, first)
         await self.subscriptions.end_txn(topic, subscription, end.txnid, end.commit, early)
 
+    async def end_locally_on_partition(self, topic: str, partition: int, end: TxnEnd) -> None:
+        """``end`` applied here, durably (a participant whose slot came to
+        this broker while its coordinator's tell was under way)."""
+        if self._has_partition(topic, partition, end.txnid):
+            await self._end_on_partition(topic, partition, end, False)
+
+    async def end_locally_on_subscription(self, topic: str, subscription: str, end: TxnEnd) -> None:
+        """As `end_locally_on_partition`, on a subscription."""
+        if self.cluster is not None:
+            self.cluster.gate(topic)
+        await self._end_on_subscription(topic, subscription, end, False)
+
+    def remote_coordinator(self, txnid: TxnID) -> bool:
+        """True if ``txnid``'s coordinator is on another broker of the
+        cluster (its sends and acks here are checked with it first, and
+        answered once durable: docs/cluster.md)."""
+        return self.cluster is not None and txnid.tcid not in self.coordinators
+
     # -- END_TXN_ON_PARTITION / _SUBSCRIPTION from the wire -------------------------------
 
-    def decided_end(self, txnid: TxnID, commit: bool) -> TxnEnd:
+    def decided_end(
+        self,
+        txnid: TxnID,
+        commit: bool,
+        told: pb.CommandEndTxnOnPartition | pb.CommandEndTxnOnSubscription | None = None,
+    ) -> TxnEnd:
         """What a participant would be told of ``txnid``, for an END read
         off the wire (anyone with the cluster role could send one): raise
         (nothing changes) unless ``txnid``'s coordinator runs here and has
-        decided to commit (``commit``) or to abort it."""
+        decided to commit (``commit``) or to abort it. In a cluster, when
+        the coordinator runs on another broker, ``told`` (the END) is taken
+        as its decision if it comes at a coordinator slot epoch not older
+        than one this broker has seen (`ClusterGate.fence_coordinator`)."""
         tc = self.coordinators.get(txnid.tcid)
         if tc is None and self.cluster is not None:
-            raise self.cluster.coordinator_not_here(txnid.tcid)
+            if told is None:
+                raise self.cluster.coordinator_not_here(txnid.tcid)
+            self.cluster.fence_coordinator(txnid.tcid, told.coordinator_slot_epoch, str(txnid))
+            producer = (
+                (told.producer_id, told.producer_epoch) if told.HasField("producer_id") else None
+            )
+            return TxnEnd(txnid, commit, producer, told.coordinator_epoch)
         if tc is None:
             raise refusals.NotAllowed(
                 f"transaction {txnid} belongs to coordinator {txnid.tcid}, which does not run "
@@ -583,24 +629,38 @@ class Broker:
         return end
 
     async def end_txn_on_partition_durably(
-        self, topic: str, partition: int, txnid: TxnID, commit: bool
+        self,
+        topic: str,
+        partition: int,
+        txnid: TxnID,
+        commit: bool,
+        told: pb.CommandEndTxnOnPartition | None = None,
     ) -> None:
         """END_TXN_ON_PARTITION from the wire: checked (`decided_end`), then
         applied as `end_txn_on_partition`, returning once what it wrote is
-        durable."""
-        end = self.decided_end(txnid, commit)
+        durable (a repeat of an END applied already is answered done)."""
+        end = self.decided_end(txnid, commit, told)
         if self._has_partition(topic, partition, txnid):
             await self._end_on_partition(topic, partition, end, False)
+        if self.cluster is not None:
+            self.cluster.peers.forget(txnid, f"{topic}/{partition}")
 
     async def end_txn_on_subscription_durably(
-        self, topic: str, subscription: str, txnid: TxnID, commit: bool
+        self,
+        topic: str,
+        subscription: str,
+        txnid: TxnID,
+        commit: bool,
+        told: pb.CommandEndTxnOnSubscription | None = None,
     ) -> None:
         """END_TXN_ON_SUBSCRIPTION from the wire: checked (`decided_end`),
         then applied, returning once what it wrote is durable."""
-        end = self.decided_end(txnid, commit)
+        end = self.decided_end(txnid, commit, told)
         if self.cluster is not None:
             self.cluster.gate(topic)
         await self._end_on_subscription(topic, subscription, end, False)
+        if self.cluster is not None:
+            self.cluster.peers.forget(txnid, f"{topic}/{subscription}")
 
     def reset_connections_state(self) -> None:
         """Forget the producers of the connections (all closed: a cluster
@@ -656,6 +716,20 @@ class ClusterGate(Protocol):
 
     async def coordinator_owner(self, tcid: int) -> str:
         """LOOKUP of coordinator ``tcid``: as `topic_owner`, for its slot."""
+        ...
+
+    @property
+    def peers(self) -> Peers:
+        """The requests to the other brokers (`broker._peers`)."""
+        ...
+
+    def serves(self, topic: str) -> bool:
+        """True if ``topic``'s slot is served here."""
+        ...
+
+    def fence_coordinator(self, tcid: int, epoch: int, what: str) -> None:
+        """Refuse (nothing changes) an END told by coordinator ``tcid`` at
+        its slot epoch ``epoch`` if this broker has seen a newer one."""
         ...
 
 

@@ -45,6 +45,7 @@ import time
 
 from broker._auth import ACL_LEDGER, read_acl
 from broker._broker import Broker
+from broker._peers import Peers
 from broker._slots import slot_of, slot_of_key
 from buffer import Topics
 from cluster import LeaseTiming, Member, MembershipError, PostgresMembership
@@ -86,6 +87,9 @@ class ClusterHost:
         self._reading: asyncio.Task[object] | None = None  # a read of the tables for lookups
         self._read_at = 0.0
         self.drops = 0  # drop_all since start, for stats and tests
+        self._peers: Peers | None = None  # (made by `start`: it needs the cluster's secret)
+        # The newest epoch of each coordinator slot an END came from.
+        self._coordinator_epochs: dict[int, int] = {}
         broker.cluster = self
         self._watch_store()
 
@@ -104,6 +108,13 @@ class ClusterHost:
         except MembershipError as exc:
             raise LedgerError(str(exc)) from exc
         host = cls(broker, membership, store_url, lease, producer_settings)
+        try:
+            secret = await membership.secret()
+        except MembershipError as exc:
+            await membership.close()
+            raise LedgerError(str(exc)) from exc
+        host._peers = Peers(host, secret)
+        broker.security.cluster_secret = secret
         for _ in range(FIRST_LOOKS):
             await host.member.tick()
         await host.member.loads_done()
@@ -142,6 +153,34 @@ class ClusterHost:
         slot = slot_of_key(topic, self.broker.store.slot_count)
         if slot not in self.served:
             raise self._not_owner(slot, f"topic {topic!r}")
+
+    def serves(self, topic: str) -> bool:
+        return slot_of_key(topic, self.broker.store.slot_count) in self.served
+
+    @property
+    def peers(self) -> Peers:
+        assert self._peers is not None, "the cluster host has not started"
+        return self._peers
+
+    def fence_coordinator(self, tcid: int, epoch: int, what: str) -> None:
+        """Coordinator ``tcid``'s END of ``what`` comes at slot epoch
+        ``epoch``: refused (NOT_ALLOWED, nothing changes) if this broker has
+        seen that slot at a newer epoch (an END from a coordinator's owner
+        earlier, or its last look at the tables): a broker that lost the
+        coordinator's slot (paused, partitioned) cannot end a transaction
+        on a participant here."""
+        slot = tcid % self.broker.store.slot_count
+        view = self.membership.last_view
+        seen = self._coordinator_epochs.get(slot, 0)
+        if view is not None and slot < len(view.slots):
+            seen = max(seen, view.slots[slot].epoch)
+        if epoch < seen or epoch == 0:
+            raise refusals.NotAllowed(
+                f"end of {what} refused: it comes from coordinator {tcid} at epoch {epoch} of "
+                f"slot {slot}, and this broker has seen that slot at epoch {seen} (a newer "
+                "owner); nothing was changed",
+            )
+        self._coordinator_epochs[slot] = epoch
 
     def coordinator_not_here(self, tcid: int) -> refusals.Refusal:
         slots = self.broker.store.slot_count
@@ -321,6 +360,8 @@ class ClusterHost:
         return done
 
     async def close(self) -> None:
+        if self._peers is not None:
+            await self._peers.close()
         if self._acl_refresh is not None:
             self._acl_refresh.cancel()
         if self._reading is not None:

@@ -1,0 +1,159 @@
+"""Transactions across a cluster's brokers, against real broker processes
+sharing one PostgreSQL database: a transaction whose coordinator, output
+partition and input subscription are on three different brokers commits
+(its messages visible once, its acks kept) and aborts (nothing visible,
+the acknowledged messages come again); a participant checks with a
+coordinator elsewhere before it takes a send, and refuses one of a
+transaction that is not OPEN; END_TXN_ON_* is refused to anyone but a
+cluster's broker. Tests wait for conditions, never for a length of time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from broker._connection import PROTOCOL_VERSION
+from broker._peers import cluster_token
+from client import Client, errors
+from client._txn import TxnState
+from proto import txnbuf_pb2 as pb
+from tests.conftest import BrokerProcess, RawConnection
+from tests.test_cluster_brokers import (
+    logs,  # noqa: F401 (a fixture)
+    owner_id,
+    owners,
+    start_all,
+    topic_in,
+    wait_for,
+)
+from tests.test_cluster_clients import settled
+
+pytestmark = pytest.mark.integration
+
+
+async def three_brokers(
+    tmp_path: Path, pg_url: str, procs: list[BrokerProcess]
+) -> tuple[str, str, str]:
+    """Three brokers, settled: a topic in a slot of each (the first's slot
+    also names its coordinator: `Client.new_transaction(near=...)`)."""
+    start_all(tmp_path, pg_url, 3, 2.0, procs)
+    await wait_for("slots placed on the 3 brokers", lambda: settled(pg_url, procs))
+    found = await owners(pg_url)
+    anchor, out, into = (
+        topic_in(min(found[owner_id(proc)]), prefix)
+        for proc, prefix in zip(procs, ("anchor", "out", "in"), strict=True)
+    )
+    return anchor, out, into
+
+
+async def received(consumer: object, count: int) -> list[bytes]:
+    values = []
+    for _ in range(count):
+        message = await consumer.receive(timeout=60)  # type: ignore[attr-defined]
+        values.append(message.value)
+        await consumer.acknowledge(message)  # type: ignore[attr-defined]
+    return values
+
+
+async def test_a_transaction_across_three_brokers_commits_and_aborts(
+    tmp_path: Path,
+    pg_url: str,
+    logs: list[BrokerProcess],  # noqa: F811
+) -> None:
+    anchor, out, into = await three_brokers(tmp_path, pg_url, logs)
+    async with Client(logs[0].url, operation_timeout=30.0) as client:
+        source = await client.create_producer(into)
+        for i in range(4):
+            await source.send(f"in-{i}".encode())
+        consumer = await client.subscribe(into, "copy", initial_position="earliest")
+        producer = await client.create_producer(out)
+        reader = await client.subscribe(out, "check", initial_position="earliest")
+
+        # Committed: coordinator, output partition and input subscription on
+        # three brokers, each a different one.
+        txn = await client.new_transaction(near=anchor)
+        urls = {txn._conn.url, producer._conn.url, consumer._conn.url}
+        assert urls == {p.url for p in logs}, urls
+        for _ in range(2):
+            message = await consumer.receive(timeout=60)
+            await producer.send(b"copy of " + message.value, txn=txn)
+            await consumer.acknowledge(message, txn=txn)
+        await txn.commit()
+        assert txn.state is TxnState.COMMITTED
+        assert sorted(await received(reader, 2)) == [b"copy of in-0", b"copy of in-1"]
+
+        # Aborted: nothing visible, the acknowledged messages come again.
+        txn = await client.new_transaction(near=anchor)
+        for _ in range(2):
+            message = await consumer.receive(timeout=60)
+            await producer.send(b"aborted " + message.value, txn=txn)
+            await consumer.acknowledge(message, txn=txn)
+        await txn.abort()
+        again = sorted(await received(consumer, 2))
+        assert again == [b"in-2", b"in-3"]
+        await producer.send(b"after")  # (a read-committed reader passes the abort)
+        assert await received(reader, 1) == [b"after"]
+
+        # The committed acks held: what the first transaction acked never comes again.
+        await consumer.close()
+        late = await client.subscribe(into, "copy", initial_position="earliest")
+        with pytest.raises(errors.OperationTimeoutError):
+            await late.receive(timeout=3)
+
+
+async def test_a_participant_refuses_a_send_of_a_transaction_not_open_at_its_coordinator(
+    tmp_path: Path,
+    pg_url: str,
+    logs: list[BrokerProcess],  # noqa: F811
+) -> None:
+    anchor, out, _ = await three_brokers(tmp_path, pg_url, logs)
+    async with Client(logs[0].url, operation_timeout=30.0) as client:
+        producer = await client.create_producer(out)
+        reader = await client.subscribe(out, "check", initial_position="earliest")
+        txn = await client.new_transaction(near=anchor)
+        assert txn._conn.url != producer._conn.url
+        await txn.abort()
+        # The client would refuse it itself: pretend it is open still.
+        txn._state, txn._ending = TxnState.OPEN, False
+        await producer.send(b"late", txn=txn)
+        with pytest.raises(errors.InvalidTxnStatusError):
+            await txn.commit()
+        await producer.send(b"plain")
+        assert (await reader.receive(timeout=60)).value == b"plain"
+
+
+async def test_end_txn_on_a_participant_is_refused_to_all_but_a_clusters_brokers(
+    tmp_path: Path,
+    pg_url: str,
+    logs: list[BrokerProcess],  # noqa: F811
+) -> None:
+    _, out, _ = await three_brokers(tmp_path, pg_url, logs)
+    forged = pb.CommandEndTxnOnPartition(
+        request_id=7,
+        txnid_most_bits=0,
+        txnid_least_bits=1,
+        partition=pb.PartitionRef(topic=out, partition=0),
+        txn_action=pb.COMMIT,
+        coordinator_slot_epoch=1 << 40,
+    )
+    for proc in logs:
+        async with RawConnection(proc.url) as raw:
+            answer = await raw.request(
+                pb.BaseCommand.END_TXN_ON_PARTITION, "end_txn_on_partition", forged
+            )
+            assert answer.txn_response.error == pb.AUTHORIZATION_ERROR
+            assert "'cluster' role" in answer.txn_response.message
+    # A token of another cluster's secret is not a cluster broker's: the
+    # CONNECT is refused, on the WebSocket listener as on every other.
+    hello = pb.BaseCommand(type=pb.BaseCommand.CONNECT)
+    hello.connect.protocol_version = PROTOCOL_VERSION
+    hello.connect.auth_method = "cluster"
+    hello.connect.auth_data = cluster_token("another cluster's secret, 32 bytes", "x").encode()
+    async with aiohttp.ClientSession() as session, session.ws_connect(logs[1].url + "/ws") as ws:
+        await ws.send_bytes(hello.SerializeToString())
+        reply = pb.BaseCommand.FromString((await ws.receive()).data)
+    assert reply.type == pb.BaseCommand.ERROR
+    assert reply.error.error == pb.AUTHENTICATION_ERROR
+    assert "not a token of this cluster's brokers" in reply.error.message
