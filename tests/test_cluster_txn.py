@@ -9,6 +9,9 @@ cluster's broker. Tests wait for conditions, never for a length of time."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import signal
 from pathlib import Path
 
 import aiohttp
@@ -24,6 +27,7 @@ from tests.test_cluster_brokers import (
     logs,  # noqa: F401 (a fixture)
     owner_id,
     owners,
+    spread_over,
     start_all,
     topic_in,
     wait_for,
@@ -157,3 +161,128 @@ async def test_end_txn_on_a_participant_is_refused_to_all_but_a_clusters_brokers
     assert reply.type == pb.BaseCommand.ERROR
     assert reply.error.error == pb.AUTHENTICATION_ERROR
     assert "not a token of this cluster's brokers" in reply.error.message
+
+
+COPY = 60  # input messages of the exactly-once copy
+PER_TXN = 4  # messages per transaction, at most
+ABORT_EVERY = 4  # every 4th transaction is aborted on purpose
+
+
+async def _commit(txn: object) -> None:
+    """Commit, again while the outcome is unknown (a coordinator moving)."""
+    for _ in range(10):
+        try:
+            await txn.commit()  # type: ignore[attr-defined]
+            return
+        except (errors.OperationTimeoutError, errors.ConnectionLostError, errors.NotOwnerError):
+            continue
+    raise AssertionError("commit did not get an answer in 10 tries")
+
+
+async def _copy(client: Client, into: str, out: str, anchor: str, done: asyncio.Event) -> int:
+    """The exactly-once copy: consume ``into``, produce ``out``, ack in the
+    transaction, every ABORT_EVERY-th transaction aborted; until ``done``.
+    Returns how many transactions it ended (committed or aborted)."""
+    consumer = await client.subscribe(into, "copy", initial_position="earliest")
+    producer = await client.create_producer(out)
+    ended = 0
+    while not done.is_set():
+        try:
+            txn = await client.new_transaction(near=anchor)
+        except errors.TxnbufError:
+            continue  # (a failover under way: the lookup is asked again)
+        try:
+            batch = []
+            for _ in range(PER_TXN):
+                try:
+                    batch.append(await consumer.receive(timeout=0.5))
+                except errors.OperationTimeoutError:
+                    break
+            for message in batch:
+                await producer.send(b"copy of " + message.value, txn=txn)
+                await consumer.acknowledge(message, txn=txn)
+            ended += 1
+            if not batch or ended % ABORT_EVERY == 0:
+                await txn.abort()
+                continue
+            await _commit(txn)
+        except errors.TxnbufError:
+            with contextlib.suppress(errors.TxnbufError):
+                await txn.abort()
+            with contextlib.suppress(errors.TxnbufError):
+                await consumer.redeliver_unacknowledged()
+    await consumer.close()
+    return ended
+
+
+async def _check(client: Client, out: str, got: list[bytes], enough: asyncio.Event) -> None:
+    reader = await client.subscribe(out, "check", initial_position="earliest")
+    while True:
+        message = await reader.receive(timeout=120)
+        got.append(message.value)
+        await reader.acknowledge(message)
+        if len(set(got)) >= COPY // 3:
+            enough.set()
+        if len(set(got)) == COPY:
+            return
+
+
+@pytest.mark.parametrize("fault", ["input", "coordinator", "both", "pause"])
+async def test_the_exactly_once_copy_across_brokers_survives_their_faults(
+    tmp_path: Path,
+    pg_url: str,
+    logs: list[BrokerProcess],  # noqa: F811
+    fault: str,
+) -> None:
+    """The coordinator's broker (a), the input's (b) and the output's (c,
+    the client's home, never hit) differ; ``fault``: a SIGKILL of b, of a,
+    of both, or a SIGSTOP of a until its slots moved, then SIGCONT (a wakes
+    fenced: it drops everything and writes nothing)."""
+    anchor, into, out = await three_brokers(tmp_path, pg_url, logs)
+    a, b, c = logs
+    async with Client(c.url, operation_timeout=30.0) as client:
+        source = await client.create_producer(into)
+        sent = [b"m%03d" % i for i in range(COPY)]
+        for value in sent:
+            await source.send(value)
+        assert source._conn.url == b.url
+        got: list[bytes] = []
+        enough = asyncio.Event()
+        done = asyncio.Event()
+        checking = asyncio.ensure_future(_check(client, out, got, enough))
+        copying = asyncio.ensure_future(_copy(client, into, out, anchor, done))
+        await enough.wait()
+        assert a.proc is not None and b.proc is not None
+        if fault == "input":
+            b.kill()
+        elif fault == "coordinator":
+            a.kill()
+        elif fault == "both":
+            a.kill()
+            b.kill()
+        else:
+            a.proc.send_signal(signal.SIGSTOP)
+            await wait_for("a's slots taken by b and c", lambda: spread_over(pg_url, [b, c]))
+            a.proc.send_signal(signal.SIGCONT)
+        await asyncio.wait_for(checking, 180)
+        done.set()
+        ended = await asyncio.wait_for(copying, 120)
+        # What is stored: every input message in the output once, nothing more.
+        reader = await client.subscribe(out, "final", initial_position="earliest")
+        stored = [(await reader.receive(timeout=60)).value for _ in range(COPY)]
+        with pytest.raises(errors.OperationTimeoutError):
+            extra = await reader.receive(timeout=3.0)
+            stored.append(extra.value)
+    expected = sorted(b"copy of " + v for v in sent)
+    assert sorted(got) == expected, "lost or copied twice (as read live)"
+    assert sorted(stored) == expected, "lost or copied twice (as stored)"
+    assert ended >= ABORT_EVERY  # (some were aborted on purpose)
+    if fault == "pause":
+        await wait_for(
+            "a woke fenced and dropped everything",
+            lambda: _true("dropping everything held in memory" in a.log()),
+        )
+
+
+async def _true(value: bool) -> bool:
+    return value
