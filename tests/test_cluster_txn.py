@@ -15,6 +15,7 @@ import signal
 from pathlib import Path
 
 import aiohttp
+import asyncpg
 import pytest
 
 from broker._connection import PROTOCOL_VERSION
@@ -22,11 +23,12 @@ from broker._peers import cluster_token
 from client import Client, errors
 from client._txn import TxnState
 from proto import txnbuf_pb2 as pb
-from tests.conftest import BrokerProcess, RawConnection
+from tests.conftest import BrokerProcess, RawConnection, until
 from tests.test_cluster_brokers import (
     logs,  # noqa: F401 (a fixture)
     owner_id,
     owners,
+    slots,
     spread_over,
     start_all,
     topic_in,
@@ -286,3 +288,95 @@ async def test_the_exactly_once_copy_across_brokers_survives_their_faults(
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def _as_cluster_broker(url: str, pg_url: str) -> aiohttp.ClientWebSocketResponse:
+    """A raw connection holding the cluster role (a token of the cluster's
+    secret, as another broker of it would present)."""
+    conn = await asyncpg.connect(pg_url)
+    try:
+        secret = await conn.fetchval("SELECT value FROM txnbuf.meta WHERE key = 'cluster_secret'")
+    finally:
+        await conn.close()
+    session = aiohttp.ClientSession()
+    ws = await session.ws_connect(url + "/ws")
+    hello = pb.BaseCommand(type=pb.BaseCommand.CONNECT)
+    hello.connect.protocol_version = PROTOCOL_VERSION
+    hello.connect.auth_method = "cluster"
+    hello.connect.auth_data = cluster_token(secret, "a test").encode()
+    await ws.send_bytes(hello.SerializeToString())
+    reply = pb.BaseCommand.FromString((await ws.receive()).data)
+    assert reply.type == pb.BaseCommand.CONNECTED, reply
+    ws._test_session = session  # type: ignore[attr-defined]
+    return ws
+
+
+async def test_a_participant_refuses_an_end_from_a_stale_coordinator(
+    tmp_path: Path,
+    pg_url: str,
+    logs: list[BrokerProcess],  # noqa: F811
+) -> None:
+    anchor, out, _ = await three_brokers(tmp_path, pg_url, logs)
+    async with Client(logs[0].url, operation_timeout=30.0) as client:
+        producer = await client.create_producer(out)
+        reader = await client.subscribe(out, "check", initial_position="earliest")
+        txn = await client.new_transaction(near=anchor)
+        await producer.send(b"kept", txn=txn)
+        await producer.flush()
+        await until_answered(txn)
+        epoch = {slot: e for slot, _, e in await slots(pg_url)}[txn.tc_id % 64]
+        ws = await _as_cluster_broker(producer._conn.url, pg_url)
+        try:
+            for stale in (epoch - 1, 0):
+                end = pb.BaseCommand(type=pb.BaseCommand.END_TXN_ON_PARTITION)
+                req = end.end_txn_on_partition
+                req.request_id = 1
+                req.txnid_most_bits, req.txnid_least_bits = txn.id
+                req.partition.topic, req.partition.partition = out, 0
+                req.txn_action = pb.ABORT
+                req.coordinator_slot_epoch = stale
+                await ws.send_bytes(end.SerializeToString())
+                reply = pb.BaseCommand.FromString((await ws.receive()).data)
+                assert reply.txn_response.error == pb.NOT_ALLOWED, reply
+                assert "nothing was changed" in reply.txn_response.message
+        finally:
+            await ws.close()
+            await ws._test_session.close()  # type: ignore[attr-defined]
+        await txn.commit()  # (the stale aborts changed nothing)
+        assert (await reader.receive(timeout=60)).value == b"kept"
+
+
+async def until_answered(txn: object) -> None:
+    """Until every send and ack of ``txn`` was answered."""
+    await until(lambda: txn._pending_ops == 0, "the sends answered")  # type: ignore[attr-defined]
+
+
+async def test_end_txn_is_sent_again_at_the_coordinators_new_owner(
+    tmp_path: Path,
+    pg_url: str,
+    logs: list[BrokerProcess],  # noqa: F811
+) -> None:
+    """A coordinator's broker paused while the client commits: the END gets
+    no answer, its slot moves, and the END is sent again at the new owner,
+    whose recovered coordinator aborted the transaction (it was OPEN): the
+    commit raises at once, outcome known (not a timeout, not NOT_OWNER)."""
+    anchor, out, _ = await three_brokers(tmp_path, pg_url, logs)
+    a, _, c = logs
+    assert a.proc is not None
+    async with Client(c.url, operation_timeout=30.0) as client:
+        producer = await client.create_producer(out)
+        reader = await client.subscribe(out, "check", initial_position="earliest")
+        txn = await client.new_transaction(near=anchor)
+        assert txn._conn.url == a.url
+        await producer.send(b"never", txn=txn)
+        await producer.flush()
+        await until_answered(txn)
+        a.proc.send_signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(errors.InvalidTxnStatusError, match="ABORT"):
+                await txn.commit()
+            assert txn._conn.url != a.url
+        finally:
+            a.proc.send_signal(signal.SIGCONT)
+        await producer.send(b"after")
+        assert (await reader.receive(timeout=60)).value == b"after"
