@@ -590,28 +590,14 @@ class Broker:
 
     # -- END_TXN_ON_PARTITION / _SUBSCRIPTION from the wire -------------------------------
 
-    def decided_end(
-        self,
-        txnid: TxnID,
-        commit: bool,
-        told: pb.CommandEndTxnOnPartition | pb.CommandEndTxnOnSubscription | None = None,
-    ) -> TxnEnd:
+    def decided_end(self, txnid: TxnID, commit: bool) -> TxnEnd:
         """What a participant would be told of ``txnid``, for an END read
         off the wire (anyone with the cluster role could send one): raise
         (nothing changes) unless ``txnid``'s coordinator runs here and has
-        decided to commit (``commit``) or to abort it. In a cluster, when
-        the coordinator runs on another broker, ``told`` (the END) is taken
-        as its decision if it comes at a coordinator slot epoch not older
-        than one this broker has seen (`ClusterGate.fence_coordinator`)."""
+        decided to commit (``commit``) or to abort it."""
         tc = self.coordinators.get(txnid.tcid)
         if tc is None and self.cluster is not None:
-            if told is None:
-                raise self.cluster.coordinator_not_here(txnid.tcid)
-            self.cluster.fence_coordinator(txnid.tcid, told.coordinator_slot_epoch, str(txnid))
-            producer = (
-                (told.producer_id, told.producer_epoch) if told.HasField("producer_id") else None
-            )
-            return TxnEnd(txnid, commit, producer, told.coordinator_epoch)
+            raise self.cluster.coordinator_not_here(txnid.tcid)
         if tc is None:
             raise refusals.NotAllowed(
                 f"transaction {txnid} belongs to coordinator {txnid.tcid}, which does not run "
@@ -628,6 +614,25 @@ class Broker:
             )
         return end
 
+    async def _told_end(
+        self,
+        txnid: TxnID,
+        commit: bool,
+        told: pb.CommandEndTxnOnPartition | pb.CommandEndTxnOnSubscription | None,
+    ) -> TxnEnd:
+        """The decision an END off the wire carries: checked with the
+        coordinator if it runs here (`decided_end`); in a cluster, when it
+        runs on another broker, taken as the END says if it comes at the
+        coordinator slot's epoch of the cluster tables (not an older one: a
+        broker that lost the slot; not a newer one: made up), else refused,
+        nothing changed (`ClusterGate.fence_coordinator`)."""
+        cluster = self.cluster
+        if cluster is None or told is None or txnid.tcid in self.coordinators:
+            return self.decided_end(txnid, commit)
+        await cluster.fence_coordinator(txnid.tcid, told.coordinator_slot_epoch, str(txnid))
+        producer = (told.producer_id, told.producer_epoch) if told.HasField("producer_id") else None
+        return TxnEnd(txnid, commit, producer, told.coordinator_epoch)
+
     async def end_txn_on_partition_durably(
         self,
         topic: str,
@@ -636,10 +641,10 @@ class Broker:
         commit: bool,
         told: pb.CommandEndTxnOnPartition | None = None,
     ) -> None:
-        """END_TXN_ON_PARTITION from the wire: checked (`decided_end`), then
+        """END_TXN_ON_PARTITION from the wire: checked (`_told_end`), then
         applied as `end_txn_on_partition`, returning once what it wrote is
         durable (a repeat of an END applied already is answered done)."""
-        end = self.decided_end(txnid, commit, told)
+        end = await self._told_end(txnid, commit, told)
         if self._has_partition(topic, partition, txnid):
             await self._end_on_partition(topic, partition, end, False)
         if self.cluster is not None:
@@ -653,9 +658,9 @@ class Broker:
         commit: bool,
         told: pb.CommandEndTxnOnSubscription | None = None,
     ) -> None:
-        """END_TXN_ON_SUBSCRIPTION from the wire: checked (`decided_end`),
+        """END_TXN_ON_SUBSCRIPTION from the wire: checked (`_told_end`),
         then applied, returning once what it wrote is durable."""
-        end = self.decided_end(txnid, commit, told)
+        end = await self._told_end(txnid, commit, told)
         if self.cluster is not None:
             self.cluster.gate(topic)
         await self._end_on_subscription(topic, subscription, end, False)
@@ -727,9 +732,9 @@ class ClusterGate(Protocol):
         """True if ``topic``'s slot is served here."""
         ...
 
-    def fence_coordinator(self, tcid: int, epoch: int, what: str) -> None:
+    async def fence_coordinator(self, tcid: int, epoch: int, what: str) -> None:
         """Refuse (nothing changes) an END told by coordinator ``tcid`` at
-        its slot epoch ``epoch`` if this broker has seen a newer one."""
+        its slot epoch ``epoch`` unless that is the slot's epoch now."""
         ...
 
 

@@ -88,8 +88,6 @@ class ClusterHost:
         self._read_at = 0.0
         self.drops = 0  # drop_all since start, for stats and tests
         self._peers: Peers | None = None  # (made by `start`: it needs the cluster's secret)
-        # The newest epoch of each coordinator slot an END came from.
-        self._coordinator_epochs: dict[int, int] = {}
         broker.cluster = self
         self._watch_store()
 
@@ -162,25 +160,29 @@ class ClusterHost:
         assert self._peers is not None, "the cluster host has not started"
         return self._peers
 
-    def fence_coordinator(self, tcid: int, epoch: int, what: str) -> None:
+    async def fence_coordinator(self, tcid: int, epoch: int, what: str) -> None:
         """Coordinator ``tcid``'s END of ``what`` comes at slot epoch
-        ``epoch``: refused (NOT_ALLOWED, nothing changes) if this broker has
-        seen that slot at a newer epoch (an END from a coordinator's owner
-        earlier, or its last look at the tables): a broker that lost the
-        coordinator's slot (paused, partitioned) cannot end a transaction
-        on a participant here."""
+        ``epoch``: taken only if that is the slot's epoch in the cluster
+        tables (the last look, or, if it differs, the tables read again
+        now); else refused (NOT_ALLOWED, nothing changes). An older epoch
+        is a broker that lost the coordinator's slot (paused, partitioned):
+        it cannot end a transaction here. A newer one than the tables hold
+        is made up."""
         slot = tcid % self.broker.store.slot_count
-        view = self.membership.last_view
-        seen = self._coordinator_epochs.get(slot, 0)
-        if view is not None and slot < len(view.slots):
-            seen = max(seen, view.slots[slot].epoch)
-        if epoch < seen or epoch == 0:
+        now = self._slot_epoch(slot)
+        if now != epoch:
+            await self._fresh()
+            now = self._slot_epoch(slot)
+        if now != epoch or epoch == 0:
             raise refusals.NotAllowed(
                 f"end of {what} refused: it comes from coordinator {tcid} at epoch {epoch} of "
-                f"slot {slot}, and this broker has seen that slot at epoch {seen} (a newer "
-                "owner); nothing was changed",
+                f"slot {slot}, and the cluster tables have that slot at epoch {now} (the END "
+                "is not from its owner); nothing was changed",
             )
-        self._coordinator_epochs[slot] = epoch
+
+    def _slot_epoch(self, slot: int) -> int | None:
+        view = self.membership.last_view
+        return view.slots[slot].epoch if view is not None and slot < len(view.slots) else None
 
     def coordinator_not_here(self, tcid: int) -> refusals.Refusal:
         slots = self.broker.store.slot_count
@@ -270,6 +272,8 @@ class ClusterHost:
         broker = self.broker
         store = broker.store
         self.served.discard(slot)
+        if self._peers is not None:
+            self._peers.forget_all()
         tc = broker.coordinators.pop(slot, None)
         if tc is not None:
             await tc.close()
@@ -287,6 +291,8 @@ class ClusterHost:
         broker = self.broker
         log.warning("dropping everything held in memory and starting again: %s", reason)
         self.served.clear()
+        if self._peers is not None:
+            self._peers.forget_all()
         await self._close_connections()
         for tc in list(broker.coordinators.values()):
             await tc.close()

@@ -269,6 +269,10 @@ class Peers:
             return
         await asyncio.shield(pending)
 
+    def forget_all(self) -> None:
+        """Slots moved away: every check is asked again when next needed."""
+        self._registered.clear()
+
     def forget(self, txnid: TxnID, participant: str) -> None:
         """The transaction ended on ``participant``: its check goes."""
         self._registered.pop((txnid, participant), None)

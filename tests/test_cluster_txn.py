@@ -327,7 +327,7 @@ async def test_a_participant_refuses_an_end_from_a_stale_coordinator(
         epoch = {slot: e for slot, _, e in await slots(pg_url)}[txn.tc_id % 64]
         ws = await _as_cluster_broker(producer._conn.url, pg_url)
         try:
-            for stale in (epoch - 1, 0):
+            for stale in (epoch - 1, 0, epoch + 5):  # (older, none, made up)
                 end = pb.BaseCommand(type=pb.BaseCommand.END_TXN_ON_PARTITION)
                 req = end.end_txn_on_partition
                 req.request_id = 1
