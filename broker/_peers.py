@@ -63,7 +63,7 @@ __all__ = ["Peers", "cluster_token"]
 
 log = logging.getLogger(__name__)
 
-REQUEST_TIMEOUT = 2.0  # seconds one try at a broker may take
+REQUEST_TIMEOUT = 5.0  # seconds one try at a broker may take
 RETRY_MIN, RETRY_MAX = 0.05, 1.0  # seconds between tries after a move or a lost broker
 REGISTERED_KEPT = 100_000  # (transaction, participant) checks remembered, newest kept
 

@@ -29,6 +29,10 @@ One path per request:
 - Registration (`add_partition`, `add_subscription`): in memory, not logged
   (the decision record names every participant); sends and acks are checked
   against it (`verify_partition`, `verify_subscription`: KIP-890's defense).
+  A participant on another broker (a cluster) registers with
+  `register_remote`, which is logged (a REGISTER record) and answered once
+  durable: its send is answered once durable too, so a recovery that
+  aborts the transaction must know to tell it.
 - END (`end_txn`): the decision (COMMITTING / ABORTING) is appended
   (`decide`), and every participant told at once (`tc._participants`):
   each queues its commit marker or ack commit right behind it, in the turn
