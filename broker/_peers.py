@@ -245,7 +245,8 @@ class Peers:
         transaction is OPEN, registering this participant with it (logged
         there); raises its refusal (TRANSACTION_NOT_FOUND, INVALID_TXN_STATUS,
         TRANSACTION_TIMEOUT) if not. Cached per transaction and participant;
-        concurrent checks of one share one request."""
+        concurrent checks of one share one request, and return in the order
+        they were made (a producer's sends keep their order)."""
         participant = f"{topic}/{partition}" if partition is not None else f"{topic}/{subscription}"
         key = (txnid, participant)
         if key in self._registered:
@@ -257,17 +258,21 @@ class Peers:
             try:
                 await self._ask(txnid, topic, partition, subscription)
             except BaseException as exc:
-                pending.set_exception(exc)
-                pending.exception()  # (retrieved: the waiters raise it)
+                if not pending.done():
+                    pending.set_exception(exc)
+                    pending.exception()  # (retrieved: the waiters raise it)
                 raise
             finally:
                 del self._registering[key]
-            pending.set_result(None)
             self._registered[key] = None
             while len(self._registered) > REGISTERED_KEPT:
                 self._registered.popitem(last=False)
+            if not pending.done():
+                pending.set_result(None)
             return
-        await asyncio.shield(pending)
+        # (Awaited as it is, not shielded: the waiters wake in the order they
+        # came, right after the first, so their sends are queued in order.)
+        await pending
 
     def forget_all(self) -> None:
         """Slots moved away: every check is asked again when next needed."""
