@@ -102,6 +102,15 @@ async def test_a_transaction_across_three_brokers_commits_and_aborts(
         await producer.send(b"after")  # (a read-committed reader passes the abort)
         assert await received(reader, 1) == [b"after"]
 
+        # Many sends at once (each returns once queued): all kept, in order,
+        # though the first waits for the check with the coordinator.
+        txn = await client.new_transaction(near=anchor)
+        many = [b"many %02d" % i for i in range(30)]
+        for value in many:
+            await producer.send(value, txn=txn)
+        await txn.commit()
+        assert await received(reader, 30) == many
+
         # The committed acks held: what the first transaction acked never comes again.
         await consumer.close()
         late = await client.subscribe(into, "copy", initial_position="earliest")
