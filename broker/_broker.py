@@ -40,7 +40,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from aiohttp import web
 
@@ -62,9 +62,6 @@ from tc import (
     TxnStatus,
     coordinator_of_producer,
 )
-
-if TYPE_CHECKING:
-    from broker._peers import Peers
 
 __all__ = [
     "BROKER_KEY",
@@ -702,6 +699,20 @@ class Broker:
                 del self._producers_of[topic]
 
 
+class PeerRequests(Protocol):
+    """What a cluster broker asks of the others (`broker._peers.Peers`)."""
+
+    async def end_on_partition(self, topic: str, partition: int, end: TxnEnd) -> None: ...
+
+    async def end_on_subscription(self, topic: str, subscription: str, end: TxnEnd) -> None: ...
+
+    async def register(
+        self, txnid: TxnID, topic: str, partition: int | None = None, subscription: str = ""
+    ) -> None: ...
+
+    def forget(self, txnid: TxnID, participant: str) -> None: ...
+
+
 class ClusterGate(Protocol):
     """What a cluster broker's host (`broker._cluster.ClusterHost`) answers
     for the slots it does not serve."""
@@ -724,8 +735,8 @@ class ClusterGate(Protocol):
         ...
 
     @property
-    def peers(self) -> Peers:
-        """The requests to the other brokers (`broker._peers`)."""
+    def peers(self) -> PeerRequests:
+        """The requests to the other brokers (`broker._peers.Peers`)."""
         ...
 
     def serves(self, topic: str) -> bool:

@@ -222,6 +222,14 @@ class ClusterHost:
         except Exception as exc:  # (answered from the last look)
             log.debug("reading the cluster tables for a lookup failed: %s", exc)
 
+    async def fresh_view(self) -> None:
+        """`_fresh`, for `broker._peers.Peers`."""
+        await self._fresh()
+
+    def owner_seen(self, slot: int, what: str) -> str:
+        """`_owner_seen`, for `broker._peers.Peers`."""
+        return self._owner_seen(slot, what)
+
     def _owner_seen(self, slot: int, what: str) -> str:
         """`_owner_url` from the last look only: `refusals.NotOwner`
         (retriable) if it saw no owner, or one whose lease had run out (it

@@ -39,11 +39,12 @@ import collections
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import jwt
 
 from broker._auth import CLUSTER_ISSUER, CLUSTER_METHOD
+from broker._broker import Broker
 from broker._slots import slot_of_key
 from client._connection import Command, Connection
 from client.errors import (
@@ -55,9 +56,6 @@ from client.errors import (
 from proto import refusals
 from proto import txnbuf_pb2 as pb
 from tc import TxnEnd, TxnID
-
-if TYPE_CHECKING:
-    from broker._cluster import ClusterHost
 
 __all__ = ["Peers", "cluster_token"]
 
@@ -98,11 +96,25 @@ def cluster_token(secret: str, who: str) -> str:
 _MOVED = (NotOwnerError, ConnectionLostError, OperationTimeoutError)
 
 
+class Host(Protocol):
+    """What `Peers` needs of its broker's cluster host (`broker._cluster.ClusterHost`)."""
+
+    broker: Broker
+    me: str
+
+    async def fresh_view(self) -> None:
+        """Read the cluster tables again (one read at a time, rate-limited)."""
+
+    def owner_seen(self, slot: int, what: str) -> str:
+        """The empty string if ``slot`` is served here, else its owner's URL as the last
+        look saw it; `refusals.NotOwner` if it saw no live owner."""
+
+
 class Peers:
     """The connections of one cluster broker to the others (see the module
     docstring)."""
 
-    def __init__(self, host: ClusterHost, secret: str) -> None:
+    def __init__(self, host: Host, secret: str) -> None:
         self.host = host
         self.token = cluster_token(secret, host.me)
         self._conns: dict[str, Connection] = {}
@@ -158,8 +170,8 @@ class Peers:
     async def _owner(self, slot: int, what: str, fresh: bool) -> str:
         """The URL of ``slot``'s owner ("" if this broker serves it)."""
         if fresh:
-            await self.host._fresh()
-        return self.host._owner_seen(slot, what)
+            await self.host.fresh_view()
+        return self.host.owner_seen(slot, what)
 
     # -- a coordinator telling a participant elsewhere ------------------------------
 
