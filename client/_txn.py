@@ -58,6 +58,17 @@ Decisions written down here:
   though it committed with all its sends and acks. A send or ack that
   timed out on the client while the broker took it is committed with the
   rest when the END succeeds (the broker decides).
+* A cluster: a send or ack on a topic served by another broker than the
+  transaction's coordinator's (``_cross``) puts the transaction on the
+  full path for good (what it held is sent at once); that broker checks
+  with the coordinator and answers it once durable. Its ``commit()`` then
+  never writes END behind its sends (they are on other links): it frames
+  what is queued, waits until every send and ack of the transaction on
+  every connection was answered, then sends END_TXN; ``abort()`` waits for
+  them too (bounded by twice the operation timeout) before END_TXN ABORT.
+  An END_TXN whose broker answers NOT_OWNER or gives no answer within
+  ``END_ATTEMPT_S`` is sent again at the coordinator's owner as a LOOKUP
+  names it then (``_request_end``), until the operation timeout.
 * ``abort()`` frames the sends and acks still queued, then sends END_TXN
   ABORT at once, without waiting for their answers, and with ``after_ops``:
   the broker aborts once it has answered the sends and acks it read
