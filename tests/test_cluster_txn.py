@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import struct
 from pathlib import Path
 
 import aiohttp
@@ -22,9 +23,11 @@ from broker._connection import PROTOCOL_VERSION
 from broker._peers import cluster_token
 from client import Client, errors
 from client._txn import TxnState
+from proto import stream_frame
 from proto import txnbuf_pb2 as pb
-from tests.conftest import BrokerProcess, RawConnection, until
+from tests.conftest import BrokerProcess, RawConnection, free_port, until
 from tests.test_cluster_brokers import (
+    cluster_broker,
     logs,  # noqa: F401 (a fixture)
     owner_id,
     owners,
@@ -40,11 +43,19 @@ pytestmark = pytest.mark.integration
 
 
 async def three_brokers(
-    tmp_path: Path, pg_url: str, procs: list[BrokerProcess]
+    tmp_path: Path, pg_url: str, procs: list[BrokerProcess], stream: bool = False
 ) -> tuple[str, str, str]:
     """Three brokers, settled: a topic in a slot of each (the first's slot
-    also names its coordinator: `Client.new_transaction(near=...)`)."""
-    start_all(tmp_path, pg_url, 3, 2.0, procs)
+    also names its coordinator: `Client.new_transaction(near=...)`);
+    ``stream``: each serves the raw TCP listener too."""
+    if stream:
+        for i in range(3):
+            proc = cluster_broker(tmp_path, pg_url, f"b{i}", 2.0)
+            proc.stream_port = free_port()
+            procs.append(proc)
+            proc.start()
+    else:
+        start_all(tmp_path, pg_url, 3, 2.0, procs)
     await wait_for("slots placed on the 3 brokers", lambda: settled(pg_url, procs))
     found = await owners(pg_url)
     anchor, out, into = (
@@ -144,7 +155,7 @@ async def test_end_txn_on_a_participant_is_refused_to_all_but_a_clusters_brokers
     pg_url: str,
     logs: list[BrokerProcess],  # noqa: F811
 ) -> None:
-    _, out, _ = await three_brokers(tmp_path, pg_url, logs)
+    _, out, _ = await three_brokers(tmp_path, pg_url, logs, stream=True)
     forged = pb.CommandEndTxnOnPartition(
         request_id=7,
         txnid_most_bits=0,
@@ -160,6 +171,31 @@ async def test_end_txn_on_a_participant_is_refused_to_all_but_a_clusters_brokers
             )
             assert answer.txn_response.error == pb.AUTHORIZATION_ERROR
             assert "'cluster' role" in answer.txn_response.message
+        # The raw TCP listener refuses it alike.
+        reader, writer = await asyncio.open_connection("127.0.0.1", proc.stream_port)
+        try:
+            for kind, field, body in (
+                (
+                    pb.BaseCommand.CONNECT,
+                    "connect",
+                    pb.CommandConnect(protocol_version=PROTOCOL_VERSION),
+                ),
+                (pb.BaseCommand.END_TXN_ON_PARTITION, "end_txn_on_partition", forged),
+            ):
+                cmd = pb.BaseCommand(type=kind)
+                getattr(cmd, field).CopyFrom(body)
+                writer.write(stream_frame(cmd.SerializeToString()))
+            answers: list[pb.BaseCommand] = []
+            async with asyncio.timeout(30):
+                while len(answers) < 2:
+                    (n,) = struct.unpack(">I", await reader.readexactly(4))
+                    got = pb.BaseCommand.FromString(await reader.readexactly(n))
+                    batched = got.type == pb.BaseCommand.BATCH
+                    answers.extend(got.batch.commands if batched else [got])
+            assert answers[0].type == pb.BaseCommand.CONNECTED
+            assert answers[1].txn_response.error == pb.AUTHORIZATION_ERROR, answers[1]
+        finally:
+            writer.close()
     # A token of another cluster's secret is not a cluster broker's: the
     # CONNECT is refused, on the WebSocket listener as on every other.
     hello = pb.BaseCommand(type=pb.BaseCommand.CONNECT)
