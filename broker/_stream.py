@@ -21,7 +21,14 @@ from typing import cast
 
 from broker._broker import Broker
 from broker._connection import Connection
-from proto import FRAME_SLACK, MAX_MESSAGE_SIZE, FrameTooLargeError, StreamFrames, stream_frame
+from proto import (
+    FRAME_SLACK,
+    MAX_MESSAGE_SIZE,
+    FramedStream,
+    FrameTooLargeError,
+    StreamFrames,
+    stream_frame,
+)
 
 __all__ = ["StreamListener"]
 
@@ -62,28 +69,25 @@ class StreamListener:
             self._server.close()
 
 
-class StreamSocket(asyncio.Protocol):
+class StreamSocket(FramedStream):
     """One client on the stream listener: what `Connection` needs of a
-    WebSocket (``send_bytes``, ``close``, ``closed``), and the frames read
-    handed to it as they come (`Connection.run_fed`)."""
+    WebSocket (``send_bytes``, ``close``, ``closed``, from `FramedStream`),
+    and the frames read handed to it as they come (`Connection.run_fed`)."""
 
     def __init__(self, broker: Broker, url: str) -> None:
+        super().__init__()
         self.broker = broker
         self.url = url
-        self.closed = False
-        self._transport: asyncio.Transport | None = None
         self._frames = StreamFrames(MAX_MESSAGE_SIZE + FRAME_SLACK)
         self._conn: Connection | None = None
         self._gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._writable: asyncio.Future[None] | None = None  # while the transport is paused
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # (uvloop's transports are not asyncio.Transport subclasses)
-        self._transport = stream = cast(asyncio.Transport, transport)
+        super().connection_made(transport)
         broker = self.broker
         refusal = broker.security.refuse_connection(len(broker.connections))
         if refusal is not None:  # (TOO_MANY_REQUESTS: the client tries again later)
-            stream.write(stream_frame(refusal))
+            cast(asyncio.Transport, transport).write(stream_frame(refusal))
             self._close()
             return
         peer = transport.get_extra_info("peername")
@@ -106,36 +110,10 @@ class StreamSocket(asyncio.Protocol):
         for frame in frames:
             conn.on_frame(frame)
 
-    def eof_received(self) -> bool:
-        return False  # (close the transport: the client is done)
-
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
+        super().connection_lost(exc)
         if not self._gone.done():
             self._gone.set_result(None)
-        if self._writable is not None and not self._writable.done():
-            self._writable.set_result(None)
-
-    def pause_writing(self) -> None:
-        if self._writable is None or self._writable.done():
-            self._writable = asyncio.get_running_loop().create_future()
-
-    def resume_writing(self) -> None:
-        if self._writable is not None and not self._writable.done():
-            self._writable.set_result(None)
-
-    # -- what Connection uses of a WebSocket ----------------------------------------
-
-    async def send_bytes(self, data: bytes) -> None:
-        if self.closed or self._transport is None:
-            raise ConnectionResetError("the connection is closed")
-        self._transport.write(stream_frame(data))
-        if self._writable is not None and not self._writable.done():
-            await self._writable
-
-    async def close(self) -> bool:
-        self._close()
-        return True
 
     def _close(self) -> None:
         """Stop reading and writing; the socket closes once the client has

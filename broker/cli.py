@@ -231,6 +231,23 @@ def _check_port(host: str, port: int) -> None:
         raise SystemExit(_cannot_listen(host, port, exc)) from None
 
 
+def _refuse_shared_ports(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """One port given to two listeners of ``serve`` on the same host is a
+    usage error that names both (port 0, any free port, never clashes)."""
+    listeners = [("--port", args.host, args.port), ("--stream-port", args.host, args.stream_port)]
+    if args.kafka_port is not None:
+        listeners.append(("--kafka-port", args.kafka_host or args.host, args.kafka_port))
+    seen: dict[tuple[str, int], str] = {}
+    for flag, host, port in listeners:
+        if not port:
+            continue
+        other = seen.setdefault((host, port), flag)
+        if other != flag:
+            parser.error(
+                f"{other} and {flag} are both {port}: each listener needs a port of its own"
+            )
+
+
 def _event_loop_factory() -> type[asyncio.AbstractEventLoop] | None:
     try:
         import uvloop
@@ -450,6 +467,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
     )
     if args.command == "serve" and args.cluster and args.store is None:
         parser.error("--cluster needs --store (the cluster's PostgreSQL database)")
+    if args.command == "serve":
+        _refuse_shared_ports(parser, args)
     if args.command == "serve":
         security = serve_security(args)
         authenticated = security.auth.authenticator is not None

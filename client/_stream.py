@@ -12,11 +12,10 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
-from typing import cast
 
 import aiohttp
 
-from proto import FrameTooLargeError, StreamFrames, stream_frame
+from proto import FramedStream, FrameTooLargeError, StreamFrames
 
 __all__ = ["STREAM_SCHEMES", "StreamSocket", "open_stream"]
 
@@ -28,23 +27,17 @@ _BINARY = aiohttp.WSMsgType.BINARY
 _CLOSED = aiohttp.WSMessage(aiohttp.WSMsgType.CLOSED, None, None)
 
 
-class StreamSocket(asyncio.Protocol):
+class StreamSocket(FramedStream):
     """One connection to a broker's stream listener."""
 
+    CLOSED_MESSAGE = "the connection to the broker is closed"
+
     def __init__(self) -> None:
-        self._transport: asyncio.Transport | None = None
+        super().__init__()
         self._frames = StreamFrames(NO_LIMIT)
         self._ready: deque[bytes] = deque()
         self._waiter: asyncio.Future[None] | None = None
-        self._writable: asyncio.Future[None] | None = None
         self._eof = False
-        self.closed = False
-
-    # -- the protocol ---------------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # (uvloop's transports are not asyncio.Transport subclasses)
-        self._transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -53,29 +46,15 @@ class StreamSocket(asyncio.Protocol):
             self._close()
         self._wake()
 
-    def eof_received(self) -> bool:
-        return False
-
     def connection_lost(self, exc: Exception | None) -> None:
-        self._eof = self.closed = True
+        super().connection_lost(exc)
+        self._eof = True
         self._wake()
-        if self._writable is not None and not self._writable.done():
-            self._writable.set_result(None)
-
-    def pause_writing(self) -> None:
-        if self._writable is None or self._writable.done():
-            self._writable = asyncio.get_running_loop().create_future()
-
-    def resume_writing(self) -> None:
-        if self._writable is not None and not self._writable.done():
-            self._writable.set_result(None)
 
     def _wake(self) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
-
-    # -- what the connection uses of a WebSocket ------------------------------------
 
     async def receive(self) -> aiohttp.WSMessage:
         """The next frame (a BINARY message), or a CLOSED one once the
@@ -87,22 +66,6 @@ class StreamSocket(asyncio.Protocol):
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter
         return aiohttp.WSMessage(_BINARY, ready.popleft(), None)
-
-    async def send_bytes(self, data: bytes) -> None:
-        if self.closed or self._transport is None:
-            raise ConnectionResetError("the connection to the broker is closed")
-        self._transport.write(stream_frame(data))
-        if self._writable is not None and not self._writable.done():
-            await self._writable
-
-    async def close(self) -> bool:
-        self._close()
-        return True
-
-    def _close(self) -> None:
-        self.closed = True
-        if self._transport is not None:
-            self._transport.close()
 
 
 async def open_stream(host: str, port: int, tls: ssl.SSLContext | bool) -> StreamSocket:

@@ -15,7 +15,7 @@ owns this name in its environment; `tests/test_packaging.py` checks it.
 from proto import refusals, txnbuf_pb2
 from proto._framing import BATCH_MAX_BYTES, batch_frame, next_frame
 from proto._limits import FRAME_SLACK, MAX_MESSAGE_SIZE, oversized
-from proto._stream import FrameTooLargeError, StreamFrames, stream_frame
+from proto._stream import FramedStream, FrameTooLargeError, StreamFrames, stream_frame
 from proto._txnid import MAX_TCID, TxnID, boot_epoch, txn_text, wire_txnid
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "MAX_MESSAGE_SIZE",
     "MAX_TCID",
     "FrameTooLargeError",
+    "FramedStream",
     "StreamFrames",
     "TxnID",
     "batch_frame",

@@ -8,9 +8,11 @@ WebSocket). Nothing else: CONNECT is the first frame either way.
 
 from __future__ import annotations
 
+import asyncio
 import struct
+from typing import cast
 
-__all__ = ["FrameTooLargeError", "StreamFrames", "stream_frame"]
+__all__ = ["FrameTooLargeError", "FramedStream", "StreamFrames", "stream_frame"]
 
 _LENGTH = struct.Struct(">I")
 _HEADER = _LENGTH.size
@@ -62,3 +64,55 @@ class StreamFrames:
             pos = end
         del buffer[:pos]
         return frames
+
+
+class FramedStream(asyncio.Protocol):
+    """What both ends of a stream connection share: the transport, writes
+    of whole frames that wait while the transport's buffer is full
+    (``send_bytes``, as a WebSocket's), and the ``closed`` flag. Each end
+    reads its own way (``data_received``) and may close more gently
+    (``_close``)."""
+
+    CLOSED_MESSAGE = "the connection is closed"
+
+    def __init__(self) -> None:
+        self._transport: asyncio.Transport | None = None
+        self._writable: asyncio.Future[None] | None = None  # while the transport is paused
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # (uvloop's transports are not asyncio.Transport subclasses)
+        self._transport = cast(asyncio.Transport, transport)
+
+    def eof_received(self) -> bool:
+        return False  # (close the transport: the other end is done)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+
+    def pause_writing(self) -> None:
+        if self._writable is None or self._writable.done():
+            self._writable = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+
+    async def send_bytes(self, data: bytes) -> None:
+        """Write one frame; wait while the transport's buffer is full."""
+        if self.closed or self._transport is None:
+            raise ConnectionResetError(self.CLOSED_MESSAGE)
+        self._transport.write(stream_frame(data))
+        if self._writable is not None and not self._writable.done():
+            await self._writable
+
+    async def close(self) -> bool:
+        self._close()
+        return True
+
+    def _close(self) -> None:
+        self.closed = True
+        if self._transport is not None:
+            self._transport.close()

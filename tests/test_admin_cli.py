@@ -126,6 +126,14 @@ def test_version_and_bad_options() -> None:
     for args, what in (
         (["serve", "--log-level", "FOO"], "--log-level: choose from DEBUG"),
         (["serve", "--port", "99999"], "a port is a number"),
+        (
+            ["serve", "--port", "7000", "--stream-port", "7000"],
+            "--port and --stream-port are both 7000",
+        ),
+        (
+            ["serve", "--stream-port", "7001", "--kafka-port", "7001"],
+            "--stream-port and --kafka-port are both 7001",
+        ),
     ):
         result = txnbuf(*args)
         assert result.returncode == 2, result
