@@ -9,7 +9,12 @@ coordinator tells it (`tc.TxnEnd`) carries everything it needs: the broker
 never asks a coordinator back on that path. END_TXN_ON_PARTITION /
 _SUBSCRIPTION read off the wire are checked against the decision of their
 coordinator first (`decided_end`): anyone holding the cluster role could
-send one.
+send one. In a cluster, a participant whose slot another broker owns is
+told there (`tc.ParticipantElsewhere`, `broker._peers`), and an END from
+a coordinator on another broker is taken at its slot's current epoch only
+(`_told_end`); a transactional send or ack whose coordinator is on another
+broker is checked with it first and answered once durable
+(`remote_coordinator`, docs/cluster.md).
 
 Topics load on first use (see `buffer.Topics`): a start reads the topic
 list, opens the coordinators (which recover their own logs) and serves;

@@ -34,6 +34,10 @@ written by the owner of slot 0 only (a grant or revoke elsewhere is refused
 NotOwner, naming it) and read again from the store by the others at each
 look; the metrics' counters are not kept in a cluster (each broker counts
 from its start); each slot has its own topic list (`buffer._topics`).
+Transactions across brokers (`broker._peers`): the host holds the
+connections to the other brokers (`peers`, made at start with the
+cluster's secret from the database) and fences ENDs from coordinators on
+other brokers against the tables' slot epochs (`fence_coordinator`).
 docs/cluster.md has the decisions.
 """
 

@@ -92,7 +92,8 @@ class Participant(Protocol):
     returns None once they are queued, or an awaitable that completes when
     they are (it has to wait: a transaction buffer being created, another
     END of the transaction under way there). Both are idempotent; they raise
-    if they cannot apply the decision (the coordinator tries again)."""
+    if they cannot apply the decision (the coordinator tries again), or
+    `ParticipantElsewhere` if another broker serves the participant."""
 
     def end_txn_on_partition(
         self, topic: str, partition: int, end: TxnEnd
