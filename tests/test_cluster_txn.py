@@ -371,24 +371,34 @@ async def test_a_participant_refuses_an_end_from_a_stale_coordinator(
         await until_answered(txn)
         epoch = {slot: e for slot, _, e in await slots(pg_url)}[txn.tc_id % 64]
         ws = await _as_cluster_broker(producer._conn.url, pg_url)
+
+        async def told(action: int, at: int) -> pb.CommandTxnResponse:
+            end = pb.BaseCommand(type=pb.BaseCommand.END_TXN_ON_PARTITION)
+            req = end.end_txn_on_partition
+            req.request_id = 1
+            req.txnid_most_bits, req.txnid_least_bits = txn.id
+            req.partition.topic, req.partition.partition = out, 0
+            req.txn_action = action  # type: ignore[assignment]
+            req.coordinator_slot_epoch = at
+            await ws.send_bytes(end.SerializeToString())
+            return pb.BaseCommand.FromString((await ws.receive()).data).txn_response
+
         try:
             for stale in (epoch - 1, 0, epoch + 5):  # (older, none, made up)
-                end = pb.BaseCommand(type=pb.BaseCommand.END_TXN_ON_PARTITION)
-                req = end.end_txn_on_partition
-                req.request_id = 1
-                req.txnid_most_bits, req.txnid_least_bits = txn.id
-                req.partition.topic, req.partition.partition = out, 0
-                req.txn_action = pb.ABORT
-                req.coordinator_slot_epoch = stale
-                await ws.send_bytes(end.SerializeToString())
-                reply = pb.BaseCommand.FromString((await ws.receive()).data)
-                assert reply.txn_response.error == pb.NOT_ALLOWED, reply
-                assert "nothing was changed" in reply.txn_response.message
+                reply = await told(pb.ABORT, stale)
+                assert reply.error == pb.NOT_ALLOWED, reply
+                assert "nothing was changed" in reply.message
+            await txn.commit()  # (the stale aborts changed nothing)
+            assert (await reader.receive(timeout=60)).value == b"kept"
+            # The coordinator's END again (a retry whose answer was lost):
+            # answered done, nothing written twice; the other way: refused.
+            assert not (await told(pb.COMMIT, epoch)).HasField("error")
+            assert (await told(pb.ABORT, epoch)).error == pb.INVALID_TXN_STATUS
+            await producer.send(b"after")
+            assert (await reader.receive(timeout=60)).value == b"after"
         finally:
             await ws.close()
             await ws._test_session.close()  # type: ignore[attr-defined]
-        await txn.commit()  # (the stale aborts changed nothing)
-        assert (await reader.receive(timeout=60)).value == b"kept"
 
 
 async def until_answered(txn: object) -> None:
