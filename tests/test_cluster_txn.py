@@ -293,6 +293,12 @@ async def test_the_exactly_once_copy_across_brokers_survives_their_faults(
         for value in sent:
             await source.send(value)
         assert source._conn.url == b.url
+        # Placed across brokers: coordinator on a, input on b, output on c.
+        probe = await client.new_transaction(near=anchor)
+        output = await client.create_producer(out)
+        assert (probe._conn.url, output._conn.url) == (a.url, c.url)
+        await probe.abort()
+        await output.close()
         got: list[bytes] = []
         enough = asyncio.Event()
         done = asyncio.Event()
