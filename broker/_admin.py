@@ -16,6 +16,10 @@ superuser: without a valid token it is answered 401, with a token of
 another role 403 (`_require_admin`). The ACL is managed here:
 ``GET /admin/v1/acl[?role=R]``, ``POST /admin/v1/acl/grant`` and
 ``POST /admin/v1/acl/revoke`` with ``{"role", "permission", "resource"}``.
+
+In a cluster (`broker._admin_cluster`): ``GET /admin/v1/cluster``; a request
+about another broker's topic or transaction (or an ACL write) is answered
+by forwarding it to its owner, and the lists gather every broker's.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from broker._acl import AclEntry, AclError
+from broker._admin_cluster import add_cluster_routes, forward_to_owner
 from broker._broker import BROKER_KEY, Broker
 from broker._errors import REFUSALS, error_code
 from broker._operations import (
@@ -91,6 +96,7 @@ _HTTP_STATUS: dict[pb.ServerError, int] = {
     pb.TRANSACTION_NOT_FOUND: 404,
     pb.TRANSACTION_COORDINATOR_NOT_FOUND: 404,
     pb.TOO_MANY_REQUESTS: 429,
+    pb.NOT_OWNER: 503,  # (retriable: its slot is elsewhere, or moving)
     pb.PERSISTENCE_ERROR: 503,
     pb.SERVICE_NOT_READY: 503,
 }
@@ -308,6 +314,8 @@ async def topic_stats(broker: Broker, name: str) -> dict[str, Any] | None:
                 "first_entry_id": ledger.first_entry_id,
                 "last_entry_id": ledger.last_entry_id,
                 "messages": part.messages_after((ledger.first_entry_id - 1, WHOLE_ENTRY)),
+                # (stored by this broker since the topic loaded here: for rates)
+                "messages_in": part.messages_in,
                 "producers": producers,
                 "consumers": sum(s["consumers"] for s in subs.values()),
                 "subscriptions": subs,
@@ -529,13 +537,20 @@ async def terminate_producer(request: web.Request) -> web.Response:
 
 
 async def list_coordinators(request: web.Request) -> web.Response:
+    """Per coordinator here: its transactions by state, and ``spares``, the
+    transactions clients opened ahead and have not used yet (OPEN in the
+    coordinator's table, counted apart rather than as OPEN)."""
     broker = request.app[BROKER_KEY]
     out = []
     for tcid, tc in sorted(broker.coordinators.items()):
         counts = {status.name: 0 for status in TxnStatus}
+        spares = 0
         for meta in tc.transactions():
-            counts[meta.status.name] += 1
-        out.append({"tc_id": tcid, "transactions": counts})
+            if tc.is_spare(meta.txnid):  # (opened ahead by a client, not used yet: not OPEN)
+                spares += 1
+            else:
+                counts[meta.status.name] += 1
+        out.append({"tc_id": tcid, "transactions": counts, "spares": spares})
     return web.json_response({"coordinators": out})
 
 
@@ -631,6 +646,8 @@ async def favicon(request: web.Request) -> web.Response:
 def add_admin_routes(app: web.Application) -> None:
     app.middlewares.append(json_errors)  # (outermost: whatever answers, errors are JSON)
     app.middlewares.append(_require_admin)
+    app.middlewares.append(forward_to_owner)  # (in a cluster; after the superuser check)
+    add_cluster_routes(app)
     app.router.add_get("/", admin_page)
     app.router.add_get("/favicon.ico", favicon)
     app.router.add_get("/favicon.svg", favicon)

@@ -1,19 +1,22 @@
-"""``txnbuf topics|subscriptions|transactions|producers ...``: the admin API
+"""``txnbuf topics|subscriptions|transactions|producers|cluster ...``: the admin API
 from the command line, so that an operator needs no curl.
 
 Each command makes one or two HTTP requests to a running broker (``--url``,
-http://127.0.0.1:6650 by default; a broker that authenticates wants a
-superuser's token: ``--token`` or ``$TXNBUF_TOKEN``, and ``--tls-ca`` for
-https) and prints a table, or the API's JSON with ``--json``. An error
-the broker answers is printed as one line on stderr (exit 1); a broker
-that does not answer, too (exit 1). The routes are in docs/operations.md.
+http://127.0.0.1:6650 by default, or a cluster's brokers with commas; a
+broker that authenticates wants a superuser's token: ``--token`` or
+``$TXNBUF_TOKEN``, and ``--tls-ca`` for https) and prints a table, or the
+API's JSON with ``--json``. An error the broker answers is printed as one
+line on stderr (exit 1); a broker that does not answer, too (exit 1). The
+routes are in docs/operations.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
+import socket
 import ssl
 import sys
 import urllib.error
@@ -26,7 +29,8 @@ __all__ = ["ADMIN_COMMANDS", "add_admin_parsers", "run_admin"]
 
 DEFAULT_URL = "http://127.0.0.1:6650"
 TIMEOUT = 30.0  # seconds a request may take (a forced deletion waits for transactions)
-ADMIN_COMMANDS = ("topics", "subscriptions", "transactions", "producers")
+ADMIN_COMMANDS = ("topics", "subscriptions", "transactions", "producers", "cluster")
+MOVES_PRINTED = 20  # moves `txnbuf cluster` prints unless --moves says
 
 
 class CliError(Exception):
@@ -40,10 +44,36 @@ def _q(part: str) -> str:
     return urllib.parse.quote(part, safe="(),")
 
 
+class _Unreachable(CliError):
+    """The broker could not be connected to: the request was not sent."""
+
+
+def _unreachable(reason: object) -> bool:
+    return isinstance(reason, ConnectionRefusedError | socket.gaierror) or (
+        isinstance(reason, OSError)
+        and reason.errno in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH)
+    )
+
+
 def request(url: str, method: str, path: str, body: object | None = None) -> Any:
     """The JSON answer of ``method path``; CliError with the broker's
     ``error`` (or why there was no answer). The token (``--token``, else
-    ``$TXNBUF_TOKEN``) and CA file (``--tls-ca``) are those `run_admin` set."""
+    ``$TXNBUF_TOKEN``) and CA file (``--tls-ca``) are those `run_admin` set.
+
+    ``url`` may name several brokers of a cluster, with commas: each is
+    tried in turn while it cannot be connected to (the request was not
+    sent); any of them answers every admin request (docs/operations.md)."""
+    urls = [u.strip() for u in url.split(",") if u.strip()] or [url]
+    missed = []
+    for one in urls:
+        try:
+            return _request(one, method, path, body)
+        except _Unreachable as exc:
+            missed.append(str(exc))
+    raise CliError("; ".join(missed))
+
+
+def _request(url: str, method: str, path: str, body: object | None) -> Any:
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url.rstrip("/") + path, data=data, method=method)
     if data is not None:
@@ -68,7 +98,8 @@ def request(url: str, method: str, path: str, body: object | None = None) -> Any
         raise CliError(f"{method} {path}: {exc.code} {message}") from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise CliError(f"no answer from the broker at {url}: {reason}") from None
+        fault = _Unreachable if _unreachable(reason) else CliError
+        raise fault(f"no answer from the broker at {url}: {reason}") from None
     except ValueError:
         raise CliError(f"{method} {path}: the answer is not JSON") from None
 
@@ -117,6 +148,13 @@ def _retention(r: dict[str, Any] | None) -> str:
 
 def _print(args: argparse.Namespace, answer: Any, text: Callable[[Any], str]) -> None:
     print(json.dumps(answer, indent=2) if args.json else text(answer))
+    if isinstance(answer, dict) and answer.get("missing"):  # (a cluster's list, partial)
+        for gone in answer["missing"]:
+            print(
+                f"warning: broker {gone['broker']} did not answer ({gone['error']}): "
+                "its part is missing from this list",
+                file=sys.stderr,
+            )
 
 
 # -- commands ------------------------------------------------------------------------
@@ -329,6 +367,86 @@ def _producers(args: argparse.Namespace) -> None:
         )
 
 
+def _slot_ranges(slots: Sequence[int]) -> str:
+    """``0-3,7,9-10`` ("-" for none)."""
+    out: list[list[int]] = []
+    for k in sorted(slots):
+        if out and out[-1][1] == k - 1:
+            out[-1][1] = k
+        else:
+            out.append([k, k])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in out) or "-"
+
+
+def cluster_text(answer: dict[str, Any], moves: int = MOVES_PRINTED) -> str:
+    """`txnbuf cluster`'s tables: brokers, slots per broker, recent moves."""
+    if not answer.get("cluster"):
+        return (
+            f"not a cluster: one broker ({answer.get('this')}) serves every topic and coordinator"
+        )
+    slots = answer["slots"]
+    states: dict[str | None, dict[str, list[int]]] = {}
+    for s in slots:
+        states.setdefault(s["owner"], {}).setdefault(s["state"], []).append(s["slot"])
+    brokers = []
+    for b in answer["brokers"]:
+        mine = states.get(b["id"], {})
+        brokers.append(
+            {
+                "broker": b["id"] + (" (this)" if b["this"] else ""),
+                "urls": b["urls"],
+                "live": "yes" if b["live"] else "NO (lease ran out)",
+                "lease_age_s": f"{b['lease_age_s']:.1f}",
+                "expires_in_s": f"{b['lease_expires_in_s']:.1f}",
+                "slots": len(b["slots"]),
+                "loading": len(mine.get("loading", [])) or None,
+            }
+        )
+    per = [
+        {
+            "owner": owner if owner is not None else "(none: free)",
+            "slots": sum(len(v) for v in by_state.values()),
+            **{state: _slot_ranges(v) for state, v in sorted(by_state.items())},
+        }
+        for owner, by_state in sorted(states.items(), key=lambda i: (i[0] is None, i[0] or ""))
+    ]
+    state_cols = sorted({state for by_state in states.values() for state in by_state})
+    shown = [
+        {
+            **m,
+            "from": m["from"] or "-",
+            "to": m["to"] or "(not taken yet)",
+            "age_s": f"{m['age_s']:.1f}",
+        }
+        for m in answer["moves"][:moves]
+    ]
+    lines = [
+        f"cluster: {len(answer['brokers'])} broker(s), {answer['slot_count']} slots "
+        f"(answered by {answer['this']})",
+        "",
+        table(
+            brokers, ["broker", "urls", "live", "lease_age_s", "expires_in_s", "slots", "loading"]
+        ),
+        "",
+        "slots per broker:",
+        table(per, ["owner", "slots", *state_cols]),
+        "",
+        f"recent moves ({len(shown)} of {len(answer['moves'])} shown, the latest first):",
+        table(shown, ["slot", "from", "to", "epoch", "age_s", "why"]) if shown else "(none)",
+    ]
+    if answer.get("unanswered"):
+        lines.append(
+            "\nbrokers that did not say which of their slots are loaded: "
+            + ", ".join(answer["unanswered"])
+        )
+    return "\n".join(lines)
+
+
+def _cluster(args: argparse.Namespace) -> None:
+    answer = request(args.url, "GET", "/admin/v1/cluster")
+    _print(args, answer, lambda a: cluster_text(a, args.moves))
+
+
 # -- the parsers ---------------------------------------------------------------------
 
 _RUN: dict[str, Callable[[argparse.Namespace], None]] = {
@@ -336,11 +454,17 @@ _RUN: dict[str, Callable[[argparse.Namespace], None]] = {
     "subscriptions": _subscriptions,
     "transactions": _transactions,
     "producers": _producers,
+    "cluster": _cluster,
 }
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", default=DEFAULT_URL, help=f"the broker ({DEFAULT_URL})")
+    p.add_argument(
+        "--url",
+        default=DEFAULT_URL,
+        help=f"the broker ({DEFAULT_URL}); a cluster's brokers with commas: the first that "
+        "can be reached answers",
+    )
     p.add_argument("--json", action="store_true", help="print the API's JSON answer")
     p.add_argument("--token", help="a superuser's token (default: $TXNBUF_TOKEN)")
     p.add_argument("--tls-ca", help="CA file to check an https:// broker with")
@@ -447,6 +571,14 @@ def add_admin_parsers(commands: argparse._SubParsersAction[argparse.ArgumentPars
         p = r.add_parser(name, help=doc)
         _common(p)
         p.add_argument("transactional_id")
+    cluster = commands.add_parser(
+        "cluster", help="the brokers of a cluster, their slots and the recent moves"
+    )
+    _common(cluster)
+    cluster.add_argument(
+        "--moves", type=int, default=MOVES_PRINTED, help=f"moves to print ({MOVES_PRINTED})"
+    )
+    cluster.set_defaults(action="")
     for actions in (t, s, x, r):  # (named in a missing-one error)
         actions.metavar = "{" + ",".join(actions.choices) + "}"
 
@@ -457,6 +589,8 @@ def run_admin(args: argparse.Namespace) -> int:
     try:
         _RUN[args.command](args)
     except CliError as exc:
-        print(f"txnbuf {args.command} {args.action}: {exc}", file=sys.stderr)
+        print(
+            f"txnbuf {' '.join(filter(None, (args.command, args.action)))}: {exc}", file=sys.stderr
+        )
         return 1
     return 0

@@ -92,6 +92,11 @@ class ClusterHost:
         self._read_at = 0.0
         self.drops = 0  # drop_all since start, for stats and tests
         self._peers: Peers | None = None  # (made by `start`: it needs the cluster's secret)
+        # Figures since start, for /metrics (`broker._metrics`).
+        self.loads = 0  # slots loaded
+        self.unloads = 0  # slots handed over (a balance's release or a drain)
+        self.handovers = 0  # of which while draining (SIGTERM)
+        self.not_owner_refusals = 0  # NOT_OWNER refusals made (commands and lookups)
         broker.cluster = self
         self._watch_store()
 
@@ -132,7 +137,10 @@ class ClusterHost:
 
     # -- refusals ---------------------------------------------------------------------
 
-    def _not_owner(self, slot: int, what: str) -> refusals.NotOwner:
+    def _not_owner(self, slot: int, what: str, counted: bool = True) -> refusals.NotOwner:
+        """The refusal (``counted``: one made, for the metrics; not when the
+        caller asks again before answering)."""
+        self.not_owner_refusals += counted
         view = self.membership.last_view
         owner = view.slots[slot].owner if view is not None and slot < len(view.slots) else None
         urls = self.membership.last_urls.get(owner, "") if owner is not None else ""
@@ -150,6 +158,10 @@ class ClusterHost:
             slot,
             urls if owner != self.me else "",
         )
+
+    def not_owner(self, slot: int, what: str) -> refusals.NotOwner:
+        """The refusal of a request about ``what``, in ``slot``, not served here."""
+        return self._not_owner(slot, what)
 
     def gate(self, topic: str) -> None:
         slot = slot_of_key(topic, self.broker.store.slot_count)
@@ -207,7 +219,7 @@ class ClusterHost:
         so that a slot just taken over is found at once rather than at this
         broker's next look."""
         try:
-            return self._owner_seen(slot, what)
+            return self._owner_seen(slot, what, counted=False)
         except refusals.NotOwner:
             await self._fresh()
             return self._owner_seen(slot, what)
@@ -231,10 +243,11 @@ class ClusterHost:
         await self._fresh()
 
     def owner_seen(self, slot: int, what: str) -> str:
-        """`_owner_seen`, for `broker._peers.Peers`."""
-        return self._owner_seen(slot, what)
+        """`_owner_seen`, for `broker._peers.Peers` (its looks are not
+        refusals: not counted)."""
+        return self._owner_seen(slot, what, counted=False)
 
-    def _owner_seen(self, slot: int, what: str) -> str:
+    def _owner_seen(self, slot: int, what: str, counted: bool = True) -> str:
         """`_owner_url` from the last look only: `refusals.NotOwner`
         (retriable) if it saw no owner, or one whose lease had run out (it
         is being taken over), or this broker (loading or handing over)."""
@@ -244,7 +257,7 @@ class ClusterHost:
         owner = view.slots[slot].owner if view is not None and slot < len(view.slots) else None
         url = self.membership.last_urls.get(owner, "") if owner is not None else ""
         if owner is None or owner == self.me or not url or not view or not view.is_live(owner):
-            raise self._not_owner(slot, what)
+            raise self._not_owner(slot, what, counted)
         return url
 
     def acl_not_writable(self) -> Exception:
@@ -272,6 +285,7 @@ class ClusterHost:
             await tc.close()
             return
         broker.coordinators[slot] = tc
+        self.loads += 1
         log.info(
             "serving slot %d at epoch %d (%d topics) in %.2fs",
             slot,
@@ -295,6 +309,8 @@ class ClusterHost:
         if slot == slot_of(ACL_LEDGER, store.slot_count):
             broker.security.acl.ledger = None
         store.drop_slot(slot)
+        self.unloads += 1
+        self.handovers += self.member.draining
         log.info("handed slot %d over", slot)
 
     async def drop_all(self, reason: str) -> None:
@@ -335,6 +351,60 @@ class ClusterHost:
         broker.security.acl.ledger = None
         broker.security.acl.replace_entries(await read_acl(store))
         self._watch_store()
+
+    # -- for operators ----------------------------------------------------------------
+
+    @property
+    def loading(self) -> set[int]:
+        """Slots taken and not served yet (being loaded)."""
+        return set(self.member.held) - self.served
+
+    def owner_url(self, owner: str | None) -> str:
+        """The admin URL (http or https) of ``owner`` as the last look saw it ("": none)."""
+        if owner is None:
+            return ""
+        urls = self.membership.last_urls.get(owner, "")
+        return next((u.strip() for u in urls.split(",") if u.strip().startswith("http")), "")
+
+    async def admin_owner(self, slot: int, what: str) -> str:
+        """The admin URL of the live owner of ``slot`` ("" if this broker
+        serves it), reading the tables again during a failover (as a
+        LOOKUP); `refusals.NotOwner` (retriable) when no live broker owns it."""
+        if slot in self.served:
+            return ""
+        await self._owner_url(slot, what)
+        view = self.membership.last_view
+        assert view is not None
+        return self.owner_url(view.slots[slot].owner)
+
+    def figures(self) -> dict[str, float | None]:
+        """For /metrics (`broker._metrics.ClusterFigures`)."""
+        renewed = self.member.renewed_at
+        now = asyncio.get_running_loop().time()
+        return {
+            "slots_owned": len(self.member.held),
+            "slots_loading": len(self.loading),
+            "loads": self.loads,
+            "unloads": self.unloads,
+            "handovers": self.handovers,
+            "failovers": self.member.failovers,
+            "drops": self.drops,
+            "not_owner_refusals": self.not_owner_refusals,
+            "renewals": self.member.renewals,
+            "renewal_age": None if renewed is None else now - renewed,
+        }
+
+    async def live_others(self) -> dict[str, str]:
+        """The other live brokers and their admin URLs, from the tables read now."""
+        await self._fresh()
+        view = self.membership.last_view
+        if view is None:
+            return {}
+        return {
+            b: self.owner_url(b)
+            for b in sorted(view.brokers)
+            if b != self.me and view.is_live(b) and self.owner_url(b)
+        }
 
     # -- the rest ---------------------------------------------------------------------
 

@@ -40,7 +40,7 @@ import os
 import time
 from collections.abc import Iterable, Iterator, Sized
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -150,6 +150,70 @@ def _histogram(name: str, doc: str, buckets: Buckets) -> HistogramMetricFamily:
         ],
         sum_value=buckets.sum,
     )
+
+
+@runtime_checkable
+class ClusterFigures(Protocol):
+    """What a cluster broker's host (`broker._cluster.ClusterHost`) tells
+    the metrics, when scraped."""
+
+    def figures(self) -> dict[str, float | None]:
+        """``slots_owned``, ``slots_loading``, ``loads``, ``unloads``,
+        ``handovers``, ``failovers``, ``drops``, ``not_owner_refusals``, ``renewals`` and
+        ``renewal_age`` (seconds; None before the first)."""
+        ...
+
+
+# The cluster's figures (`ClusterFigures`): key -> (name, help, counter or gauge).
+CLUSTER_FIGURES: dict[str, tuple[str, str, bool]] = {
+    "slots_owned": (
+        "txnbuf_cluster_slots_owned",
+        "Slots this broker holds (taken in the cluster tables), loaded or loading",
+        False,
+    ),
+    "slots_loading": (
+        "txnbuf_cluster_slots_loading",
+        "Slots this broker took and is still loading (topics, coordinator recovery)",
+        False,
+    ),
+    "loads": ("txnbuf_cluster_slot_loads", "Slots loaded by this broker since start", True),
+    "unloads": (
+        "txnbuf_cluster_slot_unloads",
+        "Slots this broker handed over since start (to balance the cluster, or draining)",
+        True,
+    ),
+    "handovers": (
+        "txnbuf_cluster_slot_handovers",
+        "Slots this broker handed over while draining on SIGTERM (part of the unloads)",
+        True,
+    ),
+    "failovers": (
+        "txnbuf_cluster_slot_failovers",
+        "Slots this broker took over from a broker whose lease had run out",
+        True,
+    ),
+    "drops": (
+        "txnbuf_cluster_store_drops",
+        "Times this broker dropped everything and started again from the store (a write "
+        "fenced, a commit's outcome unknown, or its lease lost)",
+        True,
+    ),
+    "not_owner_refusals": (
+        "txnbuf_cluster_not_owner_refusals",
+        "Commands and lookups refused NOT_OWNER (their slot is not served here)",
+        True,
+    ),
+    "renewals": (
+        "txnbuf_cluster_lease_renewals",
+        "Joins and lease renewals the cluster database answered, since start",
+        True,
+    ),
+    "renewal_age": (
+        "txnbuf_cluster_lease_renewal_age_seconds",
+        "Seconds since this broker's last lease renewal was answered (by its own clock)",
+        False,
+    ),
+}
 
 
 class Observed(Protocol):
@@ -358,6 +422,7 @@ class BrokerMetrics:
         )
         yield from self._subscription_gauges()
         yield from self._transaction_gauges()
+        yield from self._cluster_figures()
         store = broker.store
         yield CounterMetricFamily(
             "txnbuf_ledger_commits",
@@ -443,23 +508,53 @@ class BrokerMetrics:
         )
         return [backlog, unacked, pending_ack, consumers, producers, topics, loaded]
 
+    def _cluster_figures(self) -> Iterable[Metric]:
+        """In a cluster only (`ClusterFigures`): the broker's slots and moves."""
+        host = getattr(self.broker, "cluster", None)
+        if not isinstance(host, ClusterFigures):
+            return []
+        out: list[Metric] = []
+        for key, value in host.figures().items():
+            if key not in CLUSTER_FIGURES or value is None:
+                continue
+            name, doc, counter = CLUSTER_FIGURES[key]
+            family = CounterMetricFamily if counter else GaugeMetricFamily
+            out.append(family(name, doc, value=value))
+        return out
+
     def _transaction_gauges(self) -> Iterable[Metric]:
         broker = self.broker
         now_ms = time.time_ns() // 1_000_000
         open_txns = GaugeMetricFamily(
             "txnbuf_transactions_open",
-            "Transactions of a coordinator not ended yet (OPEN, PREPARED, COMMITTING, ABORTING)",
+            "Transactions of a coordinator not ended yet (OPEN, PREPARED, COMMITTING, ABORTING), "
+            "not counting the spares clients opened ahead and have not used",
             labels=["tc_id"],
         )
         oldest = GaugeMetricFamily(
             "txnbuf_transaction_oldest_open_seconds",
-            "Age of a coordinator's oldest transaction not ended yet (0 if none)",
+            "Age of a coordinator's oldest transaction not ended yet, spares not used left "
+            "out (0 if none)",
+            labels=["tc_id"],
+        )
+        spare = GaugeMetricFamily(
+            "txnbuf_transactions_spare",
+            "Transactions a client opened ahead on a coordinator (spares) not used yet",
             labels=["tc_id"],
         )
         for tcid, tc in sorted(broker.coordinators.items()):
-            starts = [m.start_ms for m in tc.transactions() if m.status in _NOT_ENDED]
+            starts = []
+            spares = 0
+            for m in tc.transactions():
+                if m.status not in _NOT_ENDED:
+                    continue
+                if tc.is_spare(m.txnid):
+                    spares += 1
+                else:
+                    starts.append(m.start_ms)
             open_txns.add_metric([str(tcid)], len(starts))
             oldest.add_metric([str(tcid)], (now_ms - min(starts)) / 1000 if starts else 0.0)
+            spare.add_metric([str(tcid)], spares)
         stuck = sum(len(tc.stuck()) for tc in broker.coordinators.values())
         open_max = max(
             (tc.active_open_time_max_ms() for tc in broker.coordinators.values()), default=0
@@ -467,6 +562,7 @@ class BrokerMetrics:
         return [
             open_txns,
             oldest,
+            spare,
             GaugeMetricFamily(
                 "txnbuf_transactions_stuck",
                 "Decided transactions a participant has not applied yet after failing to "

@@ -48,7 +48,7 @@ from cluster._ownership import (
     slot_of,
     watch,
 )
-from cluster._postgres import PostgresMembership
+from cluster._postgres import BrokerRow, ClusterTables, Move, PostgresMembership
 from cluster._store import (
     Event,
     EventKind,
@@ -65,6 +65,8 @@ from cluster._store import (
 __all__ = [
     "SLOT_RULES",
     "Action",
+    "BrokerRow",
+    "ClusterTables",
     "DropAll",
     "Event",
     "EventKind",
@@ -77,6 +79,7 @@ __all__ = [
     "MembershipStore",
     "ModelConnection",
     "ModelStore",
+    "Move",
     "Network",
     "PostgresMembership",
     "Release",

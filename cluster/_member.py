@@ -49,6 +49,7 @@ from cluster._ownership import (
     Release,
     Renew,
     Take,
+    View,
     decide,
     watch,
 )
@@ -111,6 +112,12 @@ class Member:
         self._stopped = False
         self._unknown = False  # the last look had a request with an unknown outcome
         self._watch: float | None = None  # local time of an expiry to look at (`watch`)
+        # Joins and renewals answered, and the local time of the last one (for metrics).
+        self.renewals = 0
+        self.renewed_at: float | None = None
+        # Slots taken from another broker (its lease had run out), for metrics.
+        self.failovers = 0
+        self._view: View | None = None  # the last look's snapshot
 
     @property
     def held(self) -> Mapping[int, int]:
@@ -120,6 +127,11 @@ class Member:
     @property
     def stopped(self) -> bool:
         return self._stopped
+
+    @property
+    def draining(self) -> bool:
+        """Handing every slot over to leave (SIGTERM)."""
+        return self._draining
 
     def store_failed(self) -> None:
         """The store refused a commit (fenced) or lost one's outcome: the next
@@ -180,6 +192,7 @@ class Member:
                 view = await self._call(self.store.read())
             except _Unknown:
                 return None
+            self._view = view
             expiry = watch(view, self.me, self.lease)
             # (The database's clock read `view.now` a little before now.)
             self._watch = None if expiry is None else loop.time() + expiry - view.now + 0.001
@@ -203,12 +216,14 @@ class Member:
                 sent = loop.time()
                 await self._call(self.store.join(self.me, self.urls, self.lease.ttl))
                 self._deadline = sent + self.lease.ttl
+                self._renewed()
             elif isinstance(action, Renew):
                 sent = loop.time()
                 if await self._call(self.store.renew(self.me, self.lease.ttl)) is None:
                     await self._drop("lease lost")
                     return  # the next look joins again
                 self._deadline = sent + self.lease.ttl
+                self._renewed()
             elif isinstance(action, Leave):
                 for slot in sorted(self._held):
                     await self._unload(slot)
@@ -225,9 +240,16 @@ class Member:
         if takes:
             won = await self._call(self.store.take(self.me, takes))
             self._held.update(won)
+            if self._view is not None:
+                rows = self._view.slots
+                self.failovers += sum(rows[k].owner not in (None, self.me) for k in won)
             for slot, epoch in sorted(won.items()):
                 task = asyncio.create_task(self._load(slot, epoch))
                 self._loading[slot] = task
+
+    def _renewed(self) -> None:
+        self.renewals += 1
+        self.renewed_at = asyncio.get_running_loop().time()
 
     async def _load(self, slot: int, epoch: int) -> None:
         try:

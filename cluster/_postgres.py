@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -28,42 +29,139 @@ import asyncpg
 from cluster._ownership import SlotRow, View
 from cluster._store import MembershipError
 
-__all__ = ["LOCK_TIMEOUT", "PostgresMembership"]
+__all__ = ["LOCK_TIMEOUT", "MOVES_KEPT", "BrokerRow", "ClusterTables", "Move", "PostgresMembership"]
 
 LOCK_TIMEOUT = "1s"
+MOVES_KEPT = 1000  # rows of txnbuf.moves kept (the most recent)
 IDLE_IN_TRANSACTION = "5s"
 POOL_SIZE = 2  # connections: a look at a time, and a drain's leave beside it
 
 _READ_BROKERS = "SELECT id, extract(epoch FROM lease_until)::float8, urls FROM txnbuf.brokers"
 _READ_SLOTS = "SELECT slot, owner, epoch FROM txnbuf.slots ORDER BY slot"
 _JOIN = """
-INSERT INTO txnbuf.brokers (id, urls, lease_until)
-VALUES ($1, $2, now() + make_interval(secs => $3))
-ON CONFLICT (id) DO UPDATE SET urls = EXCLUDED.urls, lease_until = EXCLUDED.lease_until
+INSERT INTO txnbuf.brokers (id, urls, lease_until, renewed_at)
+VALUES ($1, $2, now() + make_interval(secs => $3), now())
+ON CONFLICT (id) DO UPDATE
+    SET urls = EXCLUDED.urls, lease_until = EXCLUDED.lease_until, renewed_at = now()
 RETURNING extract(epoch FROM lease_until)::float8
 """
 _RENEW = """
-UPDATE txnbuf.brokers SET lease_until = now() + make_interval(secs => $2)
+UPDATE txnbuf.brokers SET lease_until = now() + make_interval(secs => $2), renewed_at = now()
 WHERE id = $1 AND lease_until > now()
 RETURNING extract(epoch FROM lease_until)::float8
 """
-_TAKE = """
-UPDATE txnbuf.slots AS s SET owner = $1, epoch = s.epoch + 1
-FROM unnest($2::integer[], $3::bigint[]) AS t(slot, seen)
-WHERE s.slot = t.slot AND s.epoch = t.seen
-  AND EXISTS (SELECT 1 FROM txnbuf.brokers WHERE id = $1 AND lease_until > now())
-  AND (s.owner IS NULL OR s.owner = $1
-       OR NOT EXISTS (SELECT 1 FROM txnbuf.brokers AS b
-                      WHERE b.id = s.owner AND b.lease_until > now()))
-RETURNING s.slot, s.epoch
+# The moves (`Move`) are written by the statements that move slots, in the
+# same transaction: a release or a leave writes a row with no new owner yet
+# (why: balance or handover), which the take of that slot at the next epoch
+# completes; a take of a slot nobody released writes its own row (from a
+# broker whose lease ran out: failover; from nobody: balance, a free slot of
+# a new database; from the taker itself: restart, after it dropped
+# everything). Every statement that writes one trims the table to the last
+# `MOVES_KEPT` rows.
+# (SKIP LOCKED: two statements trimming at once never wait for each other,
+# nor deadlock; a row one of them skipped goes with the next trim.)
+_TRIM_MOVES = f"""
+trimmed AS (
+  DELETE FROM txnbuf.moves WHERE id IN (
+    SELECT id FROM txnbuf.moves
+    WHERE id <= (SELECT max(id) FROM txnbuf.moves) - {MOVES_KEPT}
+    FOR UPDATE SKIP LOCKED)
+)"""
+_TAKE = f"""
+WITH took AS (
+  UPDATE txnbuf.slots AS s SET owner = $1, epoch = s.epoch + 1
+  FROM unnest($2::integer[], $3::bigint[]) AS t(slot, seen), txnbuf.slots AS old
+  WHERE s.slot = t.slot AND s.epoch = t.seen AND old.slot = s.slot
+    AND EXISTS (SELECT 1 FROM txnbuf.brokers WHERE id = $1 AND lease_until > now())
+    AND (s.owner IS NULL OR s.owner = $1
+         OR NOT EXISTS (SELECT 1 FROM txnbuf.brokers AS b
+                        WHERE b.id = s.owner AND b.lease_until > now()))
+  RETURNING s.slot, s.epoch, old.owner AS previous
+), released AS (
+  SELECT took.slot, took.epoch FROM took JOIN txnbuf.moves AS m
+    ON m.slot = took.slot AND m.to_owner IS NULL AND m.epoch = took.epoch - 1
+  WHERE took.previous IS NULL
+), completed AS (
+  UPDATE txnbuf.moves AS m SET to_owner = $1, epoch = r.epoch, at = now()
+  FROM released AS r WHERE m.slot = r.slot AND m.to_owner IS NULL AND m.epoch = r.epoch - 1
+), recorded AS (
+  INSERT INTO txnbuf.moves (slot, from_owner, to_owner, epoch, why)
+  SELECT took.slot, took.previous, $1, took.epoch,
+         CASE WHEN took.previous IS NULL THEN 'balance'
+              WHEN took.previous = $1 THEN 'restart' ELSE 'failover' END
+  FROM took WHERE took.slot NOT IN (SELECT slot FROM released)
+), {_TRIM_MOVES}
+SELECT slot, epoch FROM took
 """
-_RELEASE = """
-UPDATE txnbuf.slots AS s SET owner = NULL
-FROM unnest($2::integer[], $3::bigint[]) AS t(slot, epoch)
-WHERE s.slot = t.slot AND s.owner = $1 AND s.epoch = t.epoch
-RETURNING s.slot
+_RELEASE = f"""
+WITH freed AS (
+  UPDATE txnbuf.slots AS s SET owner = NULL
+  FROM unnest($2::integer[], $3::bigint[]) AS t(slot, epoch)
+  WHERE s.slot = t.slot AND s.owner = $1 AND s.epoch = t.epoch
+  RETURNING s.slot, s.epoch
+), recorded AS (
+  INSERT INTO txnbuf.moves (slot, from_owner, epoch, why)
+  SELECT slot, $1, epoch, 'balance' FROM freed
+), {_TRIM_MOVES}
+SELECT slot FROM freed
+"""
+_LEAVE_SLOTS = f"""
+WITH freed AS (
+  UPDATE txnbuf.slots SET owner = NULL WHERE owner = $1 RETURNING slot, epoch
+), recorded AS (
+  INSERT INTO txnbuf.moves (slot, from_owner, epoch, why)
+  SELECT slot, $1, epoch, 'handover' FROM freed
+), {_TRIM_MOVES}
+SELECT count(*) FROM freed
+"""
+_DESCRIBE_BROKERS = """
+SELECT id, urls, extract(epoch FROM lease_until)::float8, extract(epoch FROM renewed_at)::float8
+FROM txnbuf.brokers ORDER BY id
+"""
+_MOVES = """
+SELECT slot, from_owner, to_owner, epoch, extract(epoch FROM at)::float8, why
+FROM txnbuf.moves ORDER BY id DESC LIMIT $1
 """
 _URLS = "SELECT id, urls FROM txnbuf.brokers"
+
+
+@dataclass(frozen=True)
+class BrokerRow:
+    """A registered broker, times in seconds on the database's clock."""
+
+    id: str
+    urls: str
+    lease_until: float
+    renewed_at: float
+
+
+@dataclass(frozen=True)
+class Move:
+    """A slot that changed owner, or is changing (``to_owner`` None: released
+    and not taken yet). ``epoch``: the slot's epoch under its new owner (the
+    epoch released while not taken yet); ``at``: when it was taken (or
+    released), seconds on the database's clock; ``why``: ``balance`` (a
+    share moved to even the brokers out, or a free slot taken),
+    ``handover`` (a draining broker's, on SIGTERM), ``failover`` (taken from
+    a broker whose lease ran out) or ``restart`` (a broker took its own
+    slot back after dropping everything)."""
+
+    slot: int
+    from_owner: str | None
+    to_owner: str | None
+    epoch: int
+    at: float
+    why: str
+
+
+@dataclass(frozen=True)
+class ClusterTables:
+    """One consistent read of the cluster tables, for operators (`describe`)."""
+
+    now: float
+    brokers: tuple[BrokerRow, ...]
+    slots: tuple[tuple[int, str | None, int], ...]  # (slot, owner, epoch)
+    moves: tuple[Move, ...]  # the most recent first
 
 
 def _unknown(what: str, exc: BaseException) -> MembershipError:
@@ -201,14 +299,43 @@ class PostgresMembership:
         try:
             async with self._pool.acquire() as conn:
                 async with conn.transaction():
-                    await conn.execute("UPDATE txnbuf.slots SET owner = NULL WHERE owner = $1", me)
+                    await conn.fetchval(_LEAVE_SLOTS, me)
                     await conn.execute("DELETE FROM txnbuf.brokers WHERE id = $1", me)
         except _DRIVER_ERRORS as exc:
             raise _unknown("leaving", exc) from exc
 
     # -- beyond the protocol --------------------------------------------------------
 
+    async def moves(self, limit: int = 100) -> list[Move]:
+        """The most recent moves of slots, the latest first."""
+        rows = await self._fetch("reading the moves", _MOVES, limit)
+        return [_move(r) for r in rows]
+
+    async def describe(self, moves: int = 100) -> ClusterTables:
+        """The brokers, the slots and the ``moves`` most recent moves, in one
+        snapshot (for the admin API)."""
+        try:
+            async with self._pool.acquire() as conn:
+                async with conn.transaction(isolation="repeatable_read", readonly=True):
+                    now = await conn.fetchval("SELECT extract(epoch FROM now())::float8")
+                    brokers = await conn.fetch(_DESCRIBE_BROKERS)
+                    slots = await conn.fetch(_READ_SLOTS)
+                    recent = await conn.fetch(_MOVES, moves)
+        except _DRIVER_ERRORS as exc:
+            raise _unknown("reading the cluster tables", exc) from exc
+        return ClusterTables(
+            float(now),
+            tuple(BrokerRow(str(b), str(u), float(t), float(r)) for b, u, t, r in brokers),
+            tuple((int(k), o, int(e)) for k, o, e in slots),
+            tuple(_move(r) for r in recent),
+        )
+
     async def urls(self) -> dict[str, str]:
         """Every registered broker's URLs (live or not): broker id -> urls."""
         rows = await self._fetch("reading the brokers' URLs", _URLS)
         return {str(b): str(u) for b, u in rows}
+
+
+def _move(row: asyncpg.Record) -> Move:
+    slot, from_owner, to_owner, epoch, at, why = row
+    return Move(int(slot), from_owner, to_owner, int(epoch), float(at), str(why))

@@ -17,7 +17,11 @@ from typing import Any
 
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
+from selenium.common.exceptions import (
+    NoSuchElementException,
+    StaleElementReferenceException,
+    TimeoutException,
+)
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
@@ -28,6 +32,15 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from client import Client
 from tests.conftest import BrokerProcess
+from tests.test_cluster_brokers import (
+    logs,  # noqa: F401 (a fixture)
+    owner_id,
+    owners,
+    start_all,
+    topic_in,
+    wait_for,
+)
+from tests.test_cluster_clients import settled
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -296,6 +309,14 @@ def first_render(driver: WebDriver, url: str, topic: str, screenshot: Path) -> d
         spare = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "tr.spare")))
         seen["spare"] = spare.text
         seen["summary"] = driver.find_element(By.ID, "txn-summary").text
+        seen["spares"] = [e.text for e in driver.find_elements(By.CSS_SELECTOR, "td.spares")]
+        header = driver.find_elements(By.CSS_SELECTOR, "#coordinators thead th")
+        open_column = [h.text for h in header].index("OPEN")
+        seen["open"] = [
+            cells(row)[open_column]
+            for row in driver.find_elements(By.CSS_SELECTOR, "#coordinators tbody tr")
+        ]
+        seen["cluster_hidden"] = not driver.find_element(By.ID, "cluster").is_displayed()
         seen["console"] = [
             entry for entry in driver.get_log("browser") if entry["level"] in ("SEVERE", "ERROR")
         ]
@@ -330,4 +351,104 @@ async def test_first_render_has_rates_an_icon_and_a_labelled_spare(
     assert "spare, unused" in seen["spare"] and "OPEN" in seen["spare"]
     assert seen["summary"].startswith("0 in progress"), seen["summary"]
     assert "1 spare opened ahead by clients, unused" in seen["summary"]
+    # The coordinators' table counts the spare apart, not as OPEN.
+    assert sum(map(int, seen["spares"])) == 1 and sum(map(int, seen["open"])) == 0, seen
+    assert seen["cluster_hidden"]  # (a single broker has no cluster view)
+    assert seen["console"] == []
+
+
+def cluster_view(
+    driver: WebDriver, url: str, brokers: int, topic: str, screenshot: Path
+) -> dict[str, Any]:
+    """What the page's cluster view shows once it lists ``brokers`` live
+    brokers, and ``topic``'s rate once it is above 0."""
+    wait = WebDriverWait(driver, 30)
+    driver.get(url + "/")
+    try:
+        wait.until(
+            lambda d: (
+                len(d.find_elements(By.CSS_SELECTOR, "#brokers tbody tr:not(.dead)")) == brokers
+                and d.find_elements(By.CSS_SELECTOR, "#moves tbody tr.move")
+            )
+        )
+        rate_cell = f'tr.topic[data-topic="{topic}"] td:nth-child(4)'
+
+        def rated(d: WebDriver) -> bool:
+            try:
+                return float(d.find_element(By.CSS_SELECTOR, rate_cell).text or 0) > 0
+            except (NoSuchElementException, StaleElementReferenceException):
+                return False
+
+        wait.until(rated)
+
+        def shown(d: WebDriver) -> dict[str, Any] | None:
+            """The view as shown (None: redrawn while read, read again)."""
+            try:
+                rows = d.find_elements(By.CSS_SELECTOR, "#brokers tbody tr")
+                return {
+                    "brokers": {r.get_attribute("data-broker"): cells(r) for r in rows},
+                    "this": [
+                        r.get_attribute("data-broker")
+                        for r in rows
+                        if "this" in (r.get_attribute("class") or "")
+                    ],
+                    "moves": [
+                        cells(r) for r in d.find_elements(By.CSS_SELECTOR, "#moves tbody tr")
+                    ],
+                    "summary": d.find_element(By.ID, "cluster-summary").text,
+                }
+            except StaleElementReferenceException:
+                return None
+
+        seen: dict[str, Any] = wait.until(shown)
+        seen["console"] = [
+            e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")
+        ]
+        return seen
+    except TimeoutException:
+        driver.save_screenshot(str(screenshot))
+        raise AssertionError(
+            f"the page did not show the cluster (screenshot {screenshot}):\n"
+            + driver.find_element(By.TAG_NAME, "body").text
+        ) from None
+
+
+@pytest.mark.integration
+async def test_cluster_view_shows_brokers_slots_and_moves(
+    tmp_path: Path,
+    pg_url: str,
+    browser: WebDriver,
+    logs: list[BrokerProcess],  # noqa: F811
+) -> None:
+    """Three brokers over one PostgreSQL: the page of any of them shows the
+    three with their leases and slots (as the slots table holds them), the
+    recent moves, and the rate of a topic another broker serves."""
+    start_all(tmp_path, pg_url, 3, 2.0, logs)
+    await wait_for("slots placed on the 3 brokers", lambda: settled(pg_url, logs))
+    home = logs[1]
+    held = await owners(pg_url)
+    topic = topic_in(min(held[owner_id(logs[2])]), "rated")  # (another broker's)
+    async with Client(home.url) as client:
+        producer = await client.create_producer(topic)
+
+        async def sending() -> None:  # (until the page shows the topic's rate)
+            while True:
+                await producer.send(b"x")
+                await asyncio.sleep(0.02)
+
+        feeding = asyncio.create_task(sending())
+        try:
+            seen = await asyncio.to_thread(
+                cluster_view, browser, home.url, 3, topic, tmp_path / "page.png"
+            )
+        finally:
+            feeding.cancel()
+            await asyncio.gather(feeding, return_exceptions=True)
+    assert seen["this"] == [owner_id(home)]
+    assert set(seen["brokers"]) == {owner_id(p) for p in logs}
+    for broker, row in seen["brokers"].items():
+        assert row[2] == "live" and row[0].startswith(broker), row
+        assert int(row[5]) == len(held[broker]), (row, held[broker])
+    assert "3 live broker(s), 64 slots" in seen["summary"]
+    assert {row[5] for row in seen["moves"]} <= {"balance", "failover", "handover", "restart"}
     assert seen["console"] == []

@@ -773,6 +773,16 @@ def cluster_application(block: Block, tmp: Path, request: pytest.FixtureRequest)
     assert "Give a client any of the brokers' URLs" in block.before
 
 
+def cluster_answer_sample(block: Block, tmp: Path, request: pytest.FixtureRequest) -> None:
+    """GET /admin/v1/cluster's sample answer: JSON that `txnbuf cluster`
+    prints (tests/test_cluster_admin.py compares its keys with a real
+    cluster's answer)."""
+    from broker._admin_cli import cluster_text
+
+    text = cluster_text(json.loads(block.text))
+    assert "http://a:6650 pid 41 (this)" in text and "failover" in text, text
+
+
 # -- every block, and what it gets --------------------------------------------------
 
 SPARK = (pytest.mark.spark,)
@@ -822,6 +832,11 @@ BLOCKS: dict[tuple[str, str, int], tuple[Handler, tuple[pytest.MarkDecorator, ..
         "txnbuf check-data DIR            # read-only: report what is inconsistent",
         0,
     ): (check_data_commands, ()),
+    (
+        "docs/operations.md",
+        '{"cluster": true, "this": "http://a:6650 pid 41", "slot_count": 64,',
+        0,
+    ): (cluster_answer_sample, ()),
     ("docs/operations.md", "txnbuf check-data: txnbuf-data/broker.db (read-only)", 0): (
         check_data_sample,
         (),

@@ -246,18 +246,89 @@ async def test_a_version_1_database_is_upgraded_with_the_brokers_table(pg_url: s
     first = await LedgerStore.open(pg_url, slots=SLOTS)
     await first.close()
     conn = await asyncpg.connect(pg_url)
-    try:  # (as version 1 made it: no brokers table)
+    try:  # (as version 1 made it: no brokers table, no moves)
         await conn.execute("DROP TABLE txnbuf.brokers")
+        await conn.execute("DROP TABLE txnbuf.moves")
         await conn.execute("UPDATE txnbuf.meta SET value = '1' WHERE key = 'schema_version'")
         again = await LedgerStore.open(pg_url, slots=SLOTS)
         await again.close()
         version = await conn.fetchval("SELECT value FROM txnbuf.meta WHERE key = 'schema_version'")
-        assert version == "2"
+        assert version == "3"
     finally:
         await conn.close()
     store = await PostgresMembership.open(pg_url)
     try:
         assert await store.join("a", "http://a", 30) > 0
         assert store.slots == SLOTS
+        assert await store.take("a", {1: 0}) == {1: 1}
+        (move,) = await store.moves()
+        assert (move.slot, move.from_owner, move.to_owner, move.epoch) == (1, None, "a", 1)
     finally:
         await store.close()
+
+
+async def test_moves_are_recorded_with_why_they_happened(pg_url: str) -> None:
+    """PostgreSQL only (the model keeps no moves): a free slot taken is a
+    balance move; a release completed by the next take a balance move from
+    its owner; a leave's slots handovers; a dead owner's slot taken a
+    failover; the taker's own slot taken again a restart."""
+    ledgers = await LedgerStore.open(pg_url, slots=SLOTS)
+    pg = await PostgresMembership.open(pg_url)
+    try:
+        await pg.join("a", "http://a", 30)
+        await pg.join("b", "http://b", TTL)
+        assert await pg.take("b", {0: 0, 1: 0, 2: 0}) == {0: 1, 1: 1, 2: 1}
+        assert await pg.release("b", {0: 1}) == {0}
+        pending = (await pg.moves(1))[0]
+        assert (pending.slot, pending.from_owner, pending.to_owner, pending.why) == (
+            0,
+            "b",
+            None,
+            "balance",
+        )
+        assert await pg.take("a", {0: 1}) == {0: 2}
+        await pg.take("b", {2: 1})  # (its own again: after dropping everything)
+        await Postgres(pg_url, ledgers, pg).pass_time((await pg.read()).brokers["b"])
+        assert await pg.take("a", {1: 1}) == {1: 2}
+        await pg.join("c", "http://c", 30)
+        assert await pg.take("c", {3: 0}) == {3: 1}
+        await pg.leave("c")
+        seen = [(m.slot, m.from_owner, m.to_owner, m.epoch, m.why) for m in await pg.moves()]
+        assert seen[:5] == [
+            (3, "c", None, 1, "handover"),
+            (3, None, "c", 1, "balance"),
+            (1, "b", "a", 2, "failover"),
+            (2, "b", "b", 2, "restart"),
+            (0, "b", "a", 2, "balance"),
+        ]
+        assert sorted(seen[5:]) == [(k, None, "b", 1, "balance") for k in range(3)]
+        tables = await pg.describe()
+        assert [b.id for b in tables.brokers] == ["a", "b"]
+        assert tables.slots[0] == (0, "a", 2) and len(tables.moves) == 8
+    finally:
+        await pg.close()
+        await ledgers.close()
+
+
+async def test_the_moves_kept_are_bounded(pg_url: str) -> None:
+    from cluster._postgres import MOVES_KEPT
+
+    ledgers = await LedgerStore.open(pg_url, slots=SLOTS)
+    pg = await PostgresMembership.open(pg_url)
+    try:
+        await pg.join("a", "http://a", 30)
+        epochs = await pg.take("a", dict.fromkeys(range(SLOTS), 0))
+        for _ in range(MOVES_KEPT // SLOTS + 2):  # (each round: SLOTS moves, released and taken)
+            assert await pg.release("a", epochs) == set(range(SLOTS))
+            epochs = await pg.take("a", epochs)
+        conn = await asyncpg.connect(pg_url)
+        try:
+            kept = await conn.fetchval("SELECT count(*) FROM txnbuf.moves")
+        finally:
+            await conn.close()
+        assert MOVES_KEPT <= kept <= MOVES_KEPT + SLOTS
+        latest = await pg.moves(1)
+        assert latest[0].to_owner == "a" and latest[0].epoch == max(epochs.values())
+    finally:
+        await pg.close()
+        await ledgers.close()

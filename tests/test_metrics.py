@@ -28,6 +28,7 @@ EXPECTED = {
     "txnbuf_unacked_messages": "gauge",
     "txnbuf_pending_ack_messages": "gauge",
     "txnbuf_transactions_open": "gauge",
+    "txnbuf_transactions_spare": "gauge",
     "txnbuf_transaction_oldest_open_seconds": "gauge",
     "txnbuf_transactions_stuck": "gauge",
     "txnbuf_active_transaction_open_time_max_seconds": "gauge",
@@ -116,6 +117,41 @@ async def test_metrics_move_and_survive_restarts(broker: BrokerProcess) -> None:
     broker.start()
     third = scrape(broker)
     assert value(third, "txnbuf_messages_in_total", topic="m", partition="0") == 22
+
+
+def total(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str) -> float:
+    """The sum of every series of ``name``."""
+    return sum(v for (n, _), v in samples.items() if n == name)
+
+
+async def test_a_spare_is_not_counted_open(
+    broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transaction a client opened ahead and has not used (a spare) is
+    not an open transaction: not in txnbuf_transactions_open, nor in the
+    coordinators' OPEN count of the admin API (``spares`` instead)."""
+    import json
+
+    import client._spares
+
+    monkeypatch.setattr(client._spares, "MAX_AGE", 120.0)  # (the spare waits for the scrape)
+    async with Client(broker.url) as client:
+        producer = await client.create_producer("sp")
+        async with client.transaction(timeout=600) as txn:  # (its END opens a spare)
+            await producer.send(b"x", txn=txn)
+        samples = scrape(broker)
+        assert total(samples, "txnbuf_transactions_open") == 0
+        assert total(samples, "txnbuf_transactions_spare") == 1
+        assert total(samples, "txnbuf_transaction_oldest_open_seconds") == 0
+        _, body = broker.admin("GET", "/admin/v1/coordinators")
+        coordinators = json.loads(body)["coordinators"]
+        assert sum(c["transactions"]["OPEN"] for c in coordinators) == 0
+        assert sum(c["spares"] for c in coordinators) == 1
+        running = await client.new_transaction(timeout=60)
+        await producer.send(b"y", txn=running)
+        await producer.flush()
+        assert total(scrape(broker), "txnbuf_transactions_open") == 1
+        await running.abort()
 
 
 def test_buckets_count_at_or_below_each_bound() -> None:
