@@ -6,6 +6,14 @@ the tests (Debian's binaries: ``/usr/lib/postgresql/N/bin``, off PATH).
 `PostgresServer` runs it on a free port of 127.0.0.1 with ``fsync=on`` and
 ``synchronous_commit=on`` until `PostgresServer.stop`. Nothing of the
 machine's own PostgreSQL service is used.
+
+High availability: `PostgresCluster.standby_of` makes a data folder with
+``pg_basebackup -R -X stream`` from a running server (a hot standby that
+streams from it, named ``application_name`` in its ``primary_conninfo``);
+the primary acknowledges a commit only once that standby has flushed it
+when it runs with ``synchronous_standby_names`` naming it
+(`synchronous_primary`). `PostgresServer.promote` turns a standby into a
+primary (``pg_ctl promote``).
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-__all__ = ["PostgresCluster", "PostgresServer", "postgres_bin"]
+__all__ = ["PostgresCluster", "PostgresServer", "postgres_bin", "synchronous_primary"]
 
 START_TIMEOUT = 60.0  # s a server may take to accept connections
 
@@ -50,7 +58,8 @@ class PostgresCluster:
     """A PostgreSQL data folder made by ``initdb`` in a temporary folder (as the
     ``postgres`` user when we are root: the server refuses to run as root)."""
 
-    def __init__(self, prefix: str = "txnbuf-postgres-") -> None:
+    def __init__(self, prefix: str = "txnbuf-postgres-", *, primary: PostgresServer | None = None,
+                 application_name: str = "standby") -> None:  # fmt: skip
         bindir = postgres_bin()
         if bindir is None:
             raise RuntimeError("no postgres binary (bench/install-peers installs it)")
@@ -60,17 +69,35 @@ class PostgresCluster:
         if self.user:
             shutil.chown(self.dir, self.user)
         self.data = os.path.join(self.dir, "data")
-        subprocess.run(
-            [os.path.join(bindir, "initdb"), "-D", self.data, "-U", "postgres",
-             "--auth=trust", "--no-sync", "-E", "UTF8"],
-            user=self.user, cwd=self.dir, check=True, capture_output=True,
-        )  # fmt: skip
+        if primary is None:
+            command = [os.path.join(bindir, "initdb"), "-D", self.data, "-U", "postgres",
+                       "--auth=trust", "--no-sync", "-E", "UTF8"]  # fmt: skip
+        else:  # (-R: standby.signal, and primary_conninfo with the connection's settings)
+            conninfo = (f"host=127.0.0.1 port={primary.port} user=postgres "
+                        f"application_name={application_name}")  # fmt: skip
+            command = [os.path.join(bindir, "pg_basebackup"), "-D", self.data, "-d", conninfo,
+                       "-R", "-X", "stream", "-c", "fast", "--no-sync"]  # fmt: skip
+        subprocess.run(command, user=self.user, cwd=self.dir, check=True, capture_output=True)
         self.version = subprocess.run(
             [os.path.join(bindir, "postgres"), "--version"], capture_output=True, text=True
         ).stdout.split()[2]  # (postgres (PostgreSQL) 15.18 ...)
 
+    @classmethod
+    def standby_of(cls, primary: PostgresServer, application_name: str) -> PostgresCluster:
+        """A hot standby's data folder, copied from the running ``primary``
+        by ``pg_basebackup -R -X stream``; started as a `PostgresServer`, it
+        streams from ``primary`` as ``application_name``."""
+        return cls("txnbuf-standby-", primary=primary, application_name=application_name)
+
     def remove(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def synchronous_primary(*standbys: str) -> list[str]:
+    """`PostgresServer` options of a primary that acknowledges a commit
+    only once the first of ``standbys`` (application names) that is
+    connected has flushed it (``synchronous_commit=on``)."""
+    return [f"synchronous_standby_names=FIRST 1 ({', '.join(standbys)})"]
 
 
 class PostgresServer:
@@ -112,6 +139,21 @@ class PostgresServer:
         with contextlib.suppress(OSError), open(self.log, errors="replace") as f:
             sys.stderr.write(f.read()[-5000:])
         raise RuntimeError(f"PostgreSQL did not start (log: {self.log})")
+
+    def promote(self, timeout: float = START_TIMEOUT) -> None:
+        """``pg_ctl promote``: a standby ends recovery and becomes a primary
+        (waits until it accepts writes)."""
+        subprocess.run(
+            [os.path.join(self.cluster.bin, "pg_ctl"), "promote", "-D", self.cluster.data,
+             "-w", "-t", str(int(timeout))],
+            user=self.cluster.user, cwd=self.cluster.dir, check=True, capture_output=True,
+        )  # fmt: skip
+
+    def kill(self) -> None:
+        """SIGKILL the postmaster (its backends end when they see it gone)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
 
     def stop(self) -> None:
         """Fast shutdown (SIGINT), then wait; SIGKILL if it does not go."""

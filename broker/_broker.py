@@ -105,6 +105,10 @@ class Client(Protocol):
     @property
     def consumers(self) -> dict[int, Consumer]: ...
 
+    def close(self) -> None:
+        """Forget its producers and consumers, and send nothing more (the
+        socket stays open until `shut`)."""
+
     async def shut(self) -> None:
         """Forget its producers and consumers, and close it."""
 

@@ -24,7 +24,17 @@ of the slots and calls back here:
   unknown; or the lease ran out): everything in memory goes, as at a
   restart: connections closed, coordinators and topics dropped, the store
   closed and opened again with no slot, the ACL read again. The broker
-  never goes on with a store that refused a write.
+  never goes on with a store that refused a write. While the store cannot
+  be opened again (the PostgreSQL primary died, and no server is writable
+  yet: a standby not promoted yet), the opening is tried again with a
+  backoff (`REOPEN_FIRST` doubling to `REOPEN_MOST` seconds), logged at
+  WARNING on the first failure and every `REOPEN_LOG_EVERY` seconds after;
+  the broker serves no slot meanwhile (every command is refused NOT_OWNER,
+  retriable). After ``store_wait`` seconds with no success it gives up:
+  ERROR, `gave_up` is done, and `txnbuf serve` exits with status 1 (a
+  supervisor restarts it). A URL naming a primary and its standbys connects
+  to whichever is writable (`ledger._postgres.connect_options`), so the
+  store reopened after a promotion is the new primary's.
 
 A command on a topic or a coordinator of a slot not served here is refused
 with `refusals.NotOwner` (retriable) naming the slot and, if the last look
@@ -44,27 +54,40 @@ docs/cluster.md has the decisions.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
 from broker._auth import ACL_LEDGER, read_acl
 from broker._broker import Broker
+from broker._errors import cluster_store_failures
 from broker._peers import Peers
 from broker._slots import slot_of, slot_of_key
 from buffer import Topics
 from cluster import LeaseTiming, Member, MembershipError, PostgresMembership
+from cluster._postgres import KAFKA_SCHEME
 from ledger import LedgerError, LedgerStore
+from ledger._postgres import connect_options, redacted
 from proto import refusals
 from subscriptions import Subscriptions
 from tc import ProducerSettings
 
-__all__ = ["ClusterHost"]
+__all__ = ["DEFAULT_STORE_WAIT", "ClusterHost", "StoreUnavailable"]
 
 log = logging.getLogger(__name__)
 
 CLOSE_WAIT = 10.0  # seconds a dropped store may take to close before it is abandoned
 FIRST_LOOKS = 3  # looks before a starting broker listens: join, take, (renew)
 FRESH_EVERY = 0.1  # seconds between two reads of the tables for lookups, at least
+DEFAULT_STORE_WAIT = 120.0  # seconds a dropped broker tries to reopen its store (--store-wait)
+REOPEN_FIRST = 0.1  # seconds before the second attempt to reopen the store
+REOPEN_MOST = 1.0  # seconds between two attempts, at most
+REOPEN_LOG_EVERY = 10.0  # seconds between two warnings while the store cannot be reopened
+
+
+class StoreUnavailable(LedgerError):
+    """No writable server answered the store's URL for ``store_wait``
+    seconds: the broker gives up (`ClusterHost.gave_up`)."""
 
 
 class ClusterHost:
@@ -78,6 +101,8 @@ class ClusterHost:
         store_url: str,
         lease: LeaseTiming,
         producer_settings: ProducerSettings | None = None,
+        kafka: str | None = None,
+        store_wait: float = DEFAULT_STORE_WAIT,
     ) -> None:
         self.broker = broker
         self.membership = membership
@@ -85,13 +110,20 @@ class ClusterHost:
         self.producer_settings = producer_settings
         self.me = broker.store_owner
         self.served: set[int] = set()  # slots whose commands are taken here
-        self.member = Member(membership, self.me, broker.url, self, lease)
+        # (the membership row's urls: the service URL, then the Kafka
+        # listener's address, `cluster.kafka_address`)
+        urls = broker.url if kafka is None else f"{broker.url},{KAFKA_SCHEME}{kafka}"
+        self.member = Member(membership, self.me, urls, self, lease)
         self._run: asyncio.Task[None] | None = None
         self._acl_refresh: asyncio.Task[None] | None = None
         self._reading: asyncio.Task[object] | None = None  # a read of the tables for lookups
         self._read_at = 0.0
         self.drops = 0  # drop_all since start, for stats and tests
         self._peers: Peers | None = None  # (made by `start`: it needs the cluster's secret)
+        self.store_wait = store_wait
+        # Done (with the reason) when the store could not be reopened within
+        # store_wait: `txnbuf serve` exits with status 1.
+        self.gave_up: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         # Figures since start, for /metrics (`broker._metrics`).
         self.loads = 0  # slots loaded
         self.unloads = 0  # slots handed over (a balance's release or a drain)
@@ -107,14 +139,19 @@ class ClusterHost:
         store_url: str,
         lease: LeaseTiming,
         producer_settings: ProducerSettings | None = None,
+        kafka: str | None = None,
+        store_wait: float = DEFAULT_STORE_WAIT,
     ) -> ClusterHost:
         """Join, take this broker's first share and load it (a few looks),
-        then keep looking in the background."""
+        then keep looking in the background. ``kafka``: the ``host:port``
+        Kafka clients reach this broker's Kafka listener at (recorded with
+        its membership, so that the others' Kafka listeners name it)."""
         try:
-            membership = await PostgresMembership.open(store_url)
+            membership = await PostgresMembership.open(store_url, **connect_options(store_url))
         except MembershipError as exc:
             raise LedgerError(str(exc)) from exc
-        host = cls(broker, membership, store_url, lease, producer_settings)
+        cluster_store_failures()  # (a store out of service: NOT_OWNER, retriable)
+        host = cls(broker, membership, store_url, lease, producer_settings, kafka, store_wait)
         try:
             secret = await membership.secret()
         except MembershipError as exc:
@@ -337,20 +374,83 @@ class ClusterHost:
             await asyncio.wait_for(old.close(), CLOSE_WAIT)
         except (Exception, TimeoutError) as exc:
             log.warning("closing the dropped store failed: %s", exc)
+        await self._reopen()
+        # (Again: a connection accepted since the first close may hold a
+        # producer or consumer of a topic of the store just dropped.)
+        await self._close_connections()
+        self._watch_store()
+
+    async def _reopen(self) -> None:
+        """Open the store again, with no slot, and read its topic lists and
+        the ACL; tried again while it fails (no writable server yet), up to
+        ``store_wait`` seconds, then `StoreUnavailable` (see the module
+        docstring)."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        delay = REOPEN_FIRST
+        attempts = 0
+        warned = float("-inf")
+        where = redacted(self.store_url)
+        while True:
+            attempts += 1
+            try:
+                await self._open_store()
+            except Exception as exc:
+                waited = loop.time() - started
+                if waited >= self.store_wait:
+                    reason = (
+                        f"no writable PostgreSQL server at {where} for {waited:.1f}s "
+                        f"({attempts} attempts; the last: {exc})"
+                    )
+                    log.error("%s: this broker stops (status 1)", reason)
+                    if not self.gave_up.done():
+                        self.gave_up.set_result(reason)
+                    self.member.stop()
+                    raise StoreUnavailable(reason) from exc
+                if loop.time() - warned >= REOPEN_LOG_EVERY:
+                    warned = loop.time()
+                    log.warning(
+                        "cannot reopen the store at %s (attempt %d, %.1fs so far; trying "
+                        "again for up to %.0fs, serving no slot meanwhile): %s",
+                        where,
+                        attempts,
+                        waited,
+                        self.store_wait,
+                        exc,
+                    )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, REOPEN_MOST)
+                continue
+            if attempts > 1:
+                log.warning(
+                    "reopened the store at %s after %d attempts in %.1fs",
+                    where,
+                    attempts,
+                    loop.time() - started,
+                )
+            return
+
+    async def _open_store(self) -> None:
+        broker = self.broker
         store = await LedgerStore.open(self.store_url, owner=self.me, slot_of=slot_of)
-        count = store.slot_count
-        topics = await Topics.load(
-            store, lazy=True, slots=count, slot_of=lambda name: slot_of_key(name, count)
-        )
-        subs = await Subscriptions.load(topics)
+        try:
+            count = store.slot_count
+            topics = await Topics.load(
+                store, lazy=True, slots=count, slot_of=lambda name: slot_of_key(name, count)
+            )
+            subs = await Subscriptions.load(topics)
+            acl = await read_acl(store)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(store.close(), CLOSE_WAIT)
+            raise
         topics.prepare = broker._prepare_topic
         topics.discard = broker._discard_topic
         topics.gate = self.gate
         broker.store, broker.topics, broker.subscriptions = store, topics, subs
         broker.reset_connections_state()
         broker.security.acl.ledger = None
-        broker.security.acl.replace_entries(await read_acl(store))
-        self._watch_store()
+        broker.security.acl.replace_entries(acl)
 
     # -- for operators ----------------------------------------------------------------
 
@@ -417,6 +517,17 @@ class ClusterHost:
         def failed(failure: asyncio.Future[LedgerError]) -> None:
             if store is self.broker.store and not failure.cancelled():
                 log.error("the store failed: %s", failure.result())
+                # From now on this broker serves no slot (commands and
+                # lookups are refused NOT_OWNER, retriable), and before the
+                # requests the store failed are answered (their futures'
+                # callbacks run after this one) every connection stops
+                # answering: those answers are dropped, and each client
+                # re-sends what was not answered once it reconnects, as
+                # after a crash (deduplicated). The sockets close in
+                # `drop_all`.
+                self.served.clear()
+                for conn in list(self.broker.connections):
+                    conn.close()
                 self.member.store_failed()
 
         store.failure.add_done_callback(failed)
@@ -428,6 +539,7 @@ class ClusterHost:
     async def _refresh_acl(self) -> None:
         """Read the ACL again every renewal interval, unless this broker
         writes it (it owns its slot)."""
+        failing = False
         while True:
             await asyncio.sleep(self.member.lease.renew_every)
             acl = self.broker.security.acl
@@ -435,8 +547,13 @@ class ClusterHost:
                 continue
             try:
                 acl.replace_entries(await read_acl(self.broker.store))
-            except Exception as exc:
-                log.warning("reading the ACL failed: %s", exc)
+            except Exception as exc:  # (a warning for the first failure of a run)
+                log.log(
+                    logging.DEBUG if failing else logging.WARNING, "reading the ACL failed: %s", exc
+                )
+                failing = True
+            else:
+                failing = False
 
     async def drain(self) -> bool:
         """SIGTERM: hand every slot over at once and leave the cluster."""

@@ -390,11 +390,16 @@ class Connection:
                 raise refusals.InvalidArgument("producer_name is required")
             check_producer_name(req.producer_name)
             topic = await self.broker.topics.get_or_create(name)
-            if req.producer_id in self.producers:
+            held = self.producers.get(req.producer_id)
+            if held is None:
+                self.broker.security.allow_another("producer", len(self.producers))
+            elif (held.name, held.topic.name) != (req.producer_name, topic.name):
                 raise refusals.InvalidArgument(
                     f"producer id {req.producer_id} is in use on this connection"
                 )
-            self.broker.security.allow_another("producer", len(self.producers))
+            # (A producer created again under its id: a cluster's client moves
+            # a producer whose send was refused NOT_OWNER, and the lookup may
+            # name this broker again. Answered as a creation.)
             self.broker.claim_producer(topic.name, req.producer_name, self)
             self.producers[req.producer_id] = ConnectedProducer(
                 req.producer_id, req.producer_name, topic

@@ -8,7 +8,11 @@ broker answers each with the code of the one table `WIRE_CODES` (as httpx
 maps httpcore's exceptions with ``HTTPCORE_EXC_MAP``): the code of the
 nearest class of the exception's own line of parents in the table (single
 inheritance: one line, no order to get wrong). A `ledger.LedgerError` (the
-storage floor knows no wire codes) is answered PERSISTENCE_ERROR. Anything
+storage floor knows no wire codes) is answered PERSISTENCE_ERROR; in a
+cluster broker's process (`cluster_store_failures`), a store out of service
+(`ledger.LedgerFailedError`: failed, fenced or closed) is answered the
+retriable NOT_OWNER instead (the broker drops its slots, reopens the store
+and joins again: the request succeeds at the slot's owner). Anything
 else is a bug: it is answered UNKNOWN_ERROR and logged here, with its
 traceback. Every place that answers an error (`broker._connection`,
 `broker._transactions`, `broker._epoch`, `broker._groups`, `broker._reader`,
@@ -50,6 +54,7 @@ or its nearest parent's)::
     │   ├── buffer.StaleEpochError                    INVALID_PRODUCER_EPOCH
     │   └── buffer.OutOfOrderSequenceError            OUT_OF_ORDER_SEQUENCE
     ├── ledger.LedgerError                            PERSISTENCE_ERROR
+    │   └── ledger.LedgerFailedError                  (in a cluster: NOT_OWNER)
     └── anything else (KeyError, ...)                 UNKNOWN_ERROR, logged with its traceback
 
 The Kafka listener answers a Kafka client with Kafka's code for the same
@@ -73,7 +78,7 @@ from buffer import (
     TxnConflictError,
     TxnEndedError,
 )
-from ledger import LedgerError
+from ledger import LedgerError, LedgerFailedError
 from proto import refusals
 from proto import txnbuf_pb2 as pb
 from tc import (
@@ -95,6 +100,7 @@ __all__ = [
     "KAFKA_CODES",
     "REFUSALS",
     "WIRE_CODES",
+    "cluster_store_failures",
     "error_code",
     "error_text",
     "kafka_code",
@@ -181,8 +187,32 @@ KAFKA_CODES: dict[pb.ServerError, int] = {
 }
 
 
+# Set by `cluster_store_failures` (a cluster broker's process).
+_store_failed_code = pb.PERSISTENCE_ERROR
+_STORE_FAILED_HINT = (
+    "; this broker drops its slots and joins the cluster again: try again at the slot's owner"
+)
+
+
+def cluster_store_failures() -> None:
+    """This process runs a cluster broker (`broker._cluster`): a store out
+    of service is not the end of the slots it served. The broker drops
+    everything and reopens its store (a fenced write, a commit whose
+    outcome is unknown, a PostgreSQL primary gone until its standby is
+    promoted), and each slot is served again, here or by another broker. So
+    a request answered with `ledger.LedgerFailedError` is answered the
+    retriable NOT_OWNER: the client looks the owner up and sends again (a
+    send is deduplicated, an ack is idempotent; an END_TXN's outcome stays
+    unknown to it, as for any NOT_OWNER). A single broker's failed store
+    is fail-stop until it is restarted: PERSISTENCE_ERROR, as before."""
+    global _store_failed_code
+    _store_failed_code = pb.NOT_OWNER
+
+
 def wire_code(exc: BaseException) -> pb.ServerError | None:
     """The code `WIRE_CODES` answers ``exc`` with (None: not a refusal)."""
+    if isinstance(exc, LedgerFailedError):
+        return _store_failed_code
     for cls in type(exc).__mro__:
         code = WIRE_CODES.get(cls)
         if code is not None:
@@ -205,7 +235,10 @@ def error_code(exc: BaseException, what: str = "a request") -> pb.ServerError:
 def error_text(exc: BaseException) -> str:
     """The message of an error answer: a refusal's says what was wrong; an
     unexpected error's names its type (the broker's log has the rest)."""
-    if wire_code(exc) is not None:
+    code = wire_code(exc)
+    if code == pb.NOT_OWNER and isinstance(exc, LedgerFailedError):
+        return f"{exc}{_STORE_FAILED_HINT}"
+    if code is not None:
         return str(exc) or type(exc).__name__
     return f"internal error: {type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 

@@ -71,6 +71,7 @@ log = logging.getLogger("txnbuf")
 
 GC_GEN0_THRESHOLD = 20_000
 DEFAULT_LEASE_TTL = 5.0  # seconds (--lease-ttl)
+DEFAULT_STORE_WAIT = 120.0  # seconds (--store-wait; broker._cluster.DEFAULT_STORE_WAIT)
 
 
 async def serve(
@@ -87,6 +88,7 @@ async def serve(
     store_url: str | None = None,
     stream_port: int | None = None,
     cluster_lease: float | None = None,
+    store_wait: float = DEFAULT_STORE_WAIT,
 ) -> None:
     """Run a broker until SIGTERM or SIGINT. ``auth``: authentication and
     limits (`broker._auth`); ``ssl_context``: serve TLS (on the Kafka
@@ -96,7 +98,9 @@ async def serve(
     ``preload``, ``unload_after`` and ``store_url``: see `Broker.open`;
     ``stream_port``: serve the data plane on raw TCP on this port too
     (`broker._stream`); ``cluster_lease``: join the cluster of the database
-    ``store_url`` with a lease of that many seconds (`broker._cluster`).
+    ``store_url`` with a lease of that many seconds (`broker._cluster`);
+    ``store_wait``: how long a cluster broker that dropped everything tries
+    to open its store again before it exits with status 1.
 
     A broker whose store is fenced (another broker took its slots over:
     `ledger.LedgerFencedError`) stops at once, logging why at ERROR, and
@@ -126,9 +130,21 @@ async def serve(
 
             try:
                 from broker._cluster import ClusterHost
+                from broker.kafka._listener import default_advertised_host
 
+                advertised = None
+                if kafka is not None:
+                    kafka_host, kafka_port, kafka_advertised = kafka
+                    advertised = (
+                        f"{kafka_advertised or default_advertised_host(kafka_host)}:{kafka_port}"
+                    )
                 clustered = await ClusterHost.start(
-                    broker, store_url, LeaseTiming(cluster_lease), producer_settings
+                    broker,
+                    store_url,
+                    LeaseTiming(cluster_lease),
+                    producer_settings,
+                    advertised,
+                    store_wait,
                 )
             except BaseException:
                 await broker.close()
@@ -190,6 +206,8 @@ async def serve(
 
         if clustered is None:  # (a cluster broker starts again from its store: `broker._cluster`)
             broker.store.failure.add_done_callback(store_failed)
+        else:  # (unless no writable server answers for --store-wait seconds)
+            clustered.gave_up.add_done_callback(lambda _: stop.set())
         log.info(
             "txnbuf broker listening on %s://%s:%d (data in %s, coordinators %s, %s)",
             scheme,
@@ -201,7 +219,7 @@ async def serve(
         )
         await stop.wait()
         log.info("stopping")
-        if clustered is not None:
+        if clustered is not None and not clustered.gave_up.done():
             await clustered.drain()
     finally:
         if clustered is not None:
@@ -213,7 +231,7 @@ async def serve(
         await broker.close()
         await runner.cleanup()
         log.info("stopped")
-    if fenced:
+    if fenced or (clustered is not None and clustered.gave_up.done()):
         raise SystemExit(1)
 
 
@@ -308,7 +326,23 @@ def _store_url(text: str) -> str:
         raise argparse.ArgumentTypeError(
             f"a store is a PostgreSQL URL (postgresql://user@host:port/db), not {text!r}"
         )
+    from ledger._postgres import connect_options
+
+    try:
+        connect_options(text)
+    except LedgerError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return text
+
+
+def _store_wait(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value <= 86400:
+        raise argparse.ArgumentTypeError(f"a wait is 0 to 86400 seconds, not {text!r}")
+    return value
 
 
 def _lease_ttl(text: str) -> float:
@@ -370,6 +404,15 @@ def _main(argv: Sequence[str] | None = None) -> int:
         metavar="SECONDS",
         help=f"with --cluster: the membership lease, renewed every third of it; a dead "
         f"broker's slots are taken over within it ({DEFAULT_LEASE_TTL:g})",
+    )
+    p.add_argument(
+        "--store-wait",
+        type=_store_wait,
+        default=DEFAULT_STORE_WAIT,
+        metavar="SECONDS",
+        help="with --cluster: how long a broker whose store failed tries to open it again "
+        "(no writable PostgreSQL server, e.g. during a standby's promotion) before it exits "
+        f"with status 1 ({DEFAULT_STORE_WAIT:g})",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     p.add_argument("--port", type=_port, default=6650, help="port to listen on (6650)")
@@ -467,6 +510,11 @@ def _main(argv: Sequence[str] | None = None) -> int:
     )
     if args.command == "serve" and args.cluster and args.store is None:
         parser.error("--cluster needs --store (the cluster's PostgreSQL database)")
+    if args.command == "serve" and args.cluster and args.kafka_port == 0:
+        parser.error(
+            "--cluster needs a --kafka-port number, not 0 (the other brokers tell Kafka "
+            "clients this broker's Kafka address before its listener starts)"
+        )
     if args.command == "serve":
         _refuse_shared_ports(parser, args)
     if args.command == "serve":
@@ -503,6 +551,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
                     args.store,
                     args.stream_port,
                     args.lease_ttl if args.cluster else None,
+                    args.store_wait,
                 )
             )
     return 0

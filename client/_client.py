@@ -7,6 +7,7 @@ import contextlib
 import math
 import os
 import uuid
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 
@@ -278,10 +279,11 @@ class Client:
 
         A cluster: coordinator k lives on the owner of slot k. Without
         ``near`` the coordinators are those of the first broker; with
-        ``near`` (a topic) those of the broker serving that topic: a
-        transaction whose sends and acks are all on its coordinator's
-        broker commits in one frame; one across brokers takes the longer
-        path of ``client._txn`` (docs/cluster.md).
+        ``near`` (a topic) the coordinator of that topic's slot, which is
+        always on the broker serving it (topics of near's own slot stay
+        with it through every move): a transaction whose sends and acks are
+        all on its coordinator's broker commits in one frame; one across
+        brokers takes the longer path of ``client._txn`` (docs/cluster.md).
         """
         if (
             isinstance(timeout, bool)
@@ -298,11 +300,15 @@ class Client:
             _check_name("near", near)
         await self.connect()
         if near is not None and self._brokers.cluster:
+            # Coordinator k lives on the owner of slot k, with the topics of
+            # slot k: the coordinator of near's own slot is on near's broker
+            # whichever broker that is, before and after any move (a
+            # coordinator named by a CONNECTED may have moved since).
             conn = await self._brokers.route(near)
-            if conn is not self._conn:
-                fresh, conn = await self._new_txn(ttl_ms, conn)
-                txn_id = TxnID(fresh.most_bits, fresh.least_bits)
-                return Transaction(conn, txn_id, fresh.tc_id, timeout)
+            tc_id = zlib.crc32(near.encode()) % conn.slots
+            fresh, conn = await self._new_txn(ttl_ms, conn, tc_id)
+            txn_id = TxnID(fresh.most_bits, fresh.least_bits)
+            return Transaction(conn, txn_id, fresh.tc_id, timeout)
         spare = self._spares.take(ttl_ms)
         conn = self._conn
         if spare is None:
@@ -321,14 +327,15 @@ class Client:
         return tc_id
 
     async def _new_txn(
-        self, ttl_ms: int, conn: Connection | None = None
+        self, ttl_ms: int, conn: Connection | None = None, tc_id: int | None = None
     ) -> tuple[Spare, Connection]:
-        """NEW_TXN to the next coordinator (round robin) of ``conn``'s
-        broker (the first broker's by default); in a cluster, at the
-        coordinator's owner if it moved. The transaction, and the
-        connection of its coordinator."""
+        """NEW_TXN to coordinator ``tc_id``, or the next coordinator (round
+        robin) of ``conn``'s broker (the first broker's by default); in a
+        cluster, at the coordinator's owner if it moved. The transaction,
+        and the connection of its coordinator."""
         conn = conn or self._conn
-        tc_id = self._round_robin_tc(conn)
+        if tc_id is None:
+            tc_id = self._round_robin_tc(conn)
         born = asyncio.get_running_loop().time()
 
         def build(request_id: int) -> Command:

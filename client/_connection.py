@@ -97,6 +97,7 @@ from .errors import (
     InvalidInputError,
     NotOwnerError,
     OperationTimeoutError,
+    ProducerBusyError,
     ProtocolError,
     TxnbufError,
     from_wire,
@@ -743,7 +744,11 @@ class Connection:
             if link.closed and not isinstance(exc, NotOwnerError):
                 return True  # (registered: re-created on the next link)
             self._unregister(handler)
-            if not exc.retriable:
+            # (PRODUCER_BUSY: the broker still holds the producer on a
+            # connection it has not closed yet, e.g. one it closes once it
+            # has dropped everything; the producer's own re-creation gives up
+            # after its wait for that, and then the producer is closed.)
+            if not exc.retriable and not isinstance(exc, ProducerBusyError):
                 raise
             return False
         if handler.closed:

@@ -48,7 +48,14 @@ from cluster._ownership import (
     slot_of,
     watch,
 )
-from cluster._postgres import BrokerRow, ClusterTables, Move, PostgresMembership
+from cluster._postgres import (
+    BrokerRow,
+    ClusterTables,
+    Move,
+    PostgresMembership,
+    kafka_address,
+    service_url,
+)
 from cluster._store import (
     Event,
     EventKind,
@@ -94,10 +101,12 @@ __all__ = [
     "check_history",
     "decide",
     "direct",
+    "kafka_address",
     "placement",
     "quotas",
     "relation",
     "score",
+    "service_url",
     "slot_of",
     "watch",
 ]

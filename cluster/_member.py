@@ -59,6 +59,7 @@ __all__ = ["Member", "SlotHost"]
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
+UNKNOWN_LOG_EVERY = 10.0  # seconds between two warnings while requests keep failing
 
 
 class SlotHost(Protocol):
@@ -112,6 +113,8 @@ class Member:
         self._stopped = False
         self._unknown = False  # the last look had a request with an unknown outcome
         self._watch: float | None = None  # local time of an expiry to look at (`watch`)
+        self._failures = 0  # requests failed in a row (their outcome unknown)
+        self._warned = float("-inf")  # local time of the last warning about them
         # Joins and renewals answered, and the local time of the last one (for metrics).
         self.renewals = 0
         self.renewed_at: float | None = None
@@ -284,9 +287,31 @@ class Member:
         timeout = self.timeout
         if self._held:  # never wait past the lease: the next look drops then
             timeout = min(timeout, max(0.0, self._deadline - asyncio.get_running_loop().time()))
+        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(timeout):
-                return await request
+                answer = await request
         except (MembershipError, TimeoutError, OSError) as exc:
-            log.warning("%s: a request's outcome is unknown: %r", self.me, exc)
+            # (While the database is unreachable a look fails every sixth of
+            # an interval: the first failure of a run is a warning, then one
+            # every `UNKNOWN_LOG_EVERY` seconds with the count.)
+            self._failures += 1
+            if self._failures == 1 or loop.time() - self._warned >= UNKNOWN_LOG_EVERY:
+                self._warned = loop.time()
+                log.warning(
+                    "%s: a request's outcome is unknown (%d in a row): %r",
+                    self.me,
+                    self._failures,
+                    exc,
+                )
+            else:
+                log.debug("%s: a request's outcome is unknown: %r", self.me, exc)
             raise _Unknown from exc
+        if self._failures:
+            log.warning(
+                "%s: the cluster tables answer again (after %d requests failed)",
+                self.me,
+                self._failures,
+            )
+            self._failures = 0
+        return answer

@@ -8,7 +8,12 @@ second. Each method is one statement in autocommit, or one transaction
 the store's writer: a renewal never queues behind a group commit). Every
 error of the driver or the server, and a lost connection, is raised as
 `MembershipError` (the outcome is unknown: `Member` re-reads); a bad
-argument (a slot that does not exist) as ``ValueError``.
+argument (a slot that does not exist) as ``ValueError``. The pool connects
+with the options it is given (the broker gives the store's,
+`ledger._postgres.connect_options`: with a URL naming a primary and its
+standbys, to the writable one); a connection lost when the
+primary went is made again at the next request, to whichever server is
+writable then (none: `MembershipError`, and the next look tries again).
 
 Settings of the pool's sessions: ``lock_timeout`` (`LOCK_TIMEOUT`), so that a
 take or a release waiting for a slot row that a stuck transaction holds gives
@@ -29,7 +34,17 @@ import asyncpg
 from cluster._ownership import SlotRow, View
 from cluster._store import MembershipError
 
-__all__ = ["LOCK_TIMEOUT", "MOVES_KEPT", "BrokerRow", "ClusterTables", "Move", "PostgresMembership"]
+__all__ = [
+    "KAFKA_SCHEME",
+    "LOCK_TIMEOUT",
+    "MOVES_KEPT",
+    "BrokerRow",
+    "ClusterTables",
+    "Move",
+    "PostgresMembership",
+    "kafka_address",
+    "service_url",
+]
 
 LOCK_TIMEOUT = "1s"
 MOVES_KEPT = 1000  # rows of txnbuf.moves kept (the most recent)
@@ -123,6 +138,25 @@ SELECT slot, from_owner, to_owner, epoch, extract(epoch FROM at)::float8, why
 FROM txnbuf.moves ORDER BY id DESC LIMIT $1
 """
 _URLS = "SELECT id, urls FROM txnbuf.brokers"
+KAFKA_SCHEME = "kafka://"
+
+
+def service_url(urls: str) -> str:
+    """The service URL (txnbuf's protocol) of a broker's ``urls``: the
+    first of them. ``urls`` is the broker's service URL, then, separated by
+    commas, its other listeners' addresses: ``kafka://host:port`` for its
+    Kafka listener (`kafka_address`)."""
+    return urls.split(",", 1)[0].strip()
+
+
+def kafka_address(urls: str) -> str | None:
+    """The ``host:port`` of a broker's Kafka listener, given in its ``urls``
+    (see `service_url`), or None if it has none."""
+    for url in urls.split(",")[1:]:
+        url = url.strip()
+        if url.startswith(KAFKA_SCHEME):
+            return url[len(KAFKA_SCHEME) :]
+    return None
 
 
 @dataclass(frozen=True)
@@ -168,7 +202,13 @@ def _unknown(what: str, exc: BaseException) -> MembershipError:
     return MembershipError(f"{what}: {type(exc).__name__}: {exc}")
 
 
-_DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+_DRIVER_ERRORS = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,  # (TargetServerAttributeNotMatched: no host is writable)
+    OSError,
+    TimeoutError,
+)
 
 
 class PostgresMembership:
@@ -178,23 +218,26 @@ class PostgresMembership:
     def __init__(self, pool: asyncpg.Pool, slots: int) -> None:
         self._pool = pool
         self.slots = slots  # the number of slots of the database
-        # The last snapshot read, and the registered brokers' URLs then.
+        # The last snapshot read, and the registered brokers' service URLs
+        # and Kafka listeners' addresses (of those that have one) then.
         self.last_view: View | None = None
         self.last_urls: dict[str, str] = {}
+        self.last_kafka: dict[str, str] = {}
 
     @classmethod
-    async def open(cls, url: str) -> PostgresMembership:
+    async def open(cls, url: str, **options: Any) -> PostgresMembership:
         """Connect to the cluster database ``url`` (its ``txnbuf`` schema made
-        by a ledger store); `MembershipError` if it cannot, or if the
-        database has no cluster tables."""
+        by a ledger store), with more of asyncpg's connection ``options``;
+        `MembershipError` if it cannot, or if the database has no cluster
+        tables."""
         settings = {
             "lock_timeout": LOCK_TIMEOUT,
             "idle_in_transaction_session_timeout": IDLE_IN_TRANSACTION,
         }
         try:
             pool: asyncpg.Pool = await asyncpg.create_pool(
-                url, min_size=1, max_size=POOL_SIZE, server_settings=settings
-            )
+                url, min_size=0, max_size=POOL_SIZE, server_settings=settings, **options
+            )  # (min_size=0: no floor restored, with a traceback logged, while the server is gone)
         except (*_DRIVER_ERRORS, ValueError) as exc:
             raise _unknown("cannot connect to the cluster database", exc) from exc
         try:
@@ -207,8 +250,8 @@ class PostgresMembership:
                 slots = await conn.fetchval("SELECT count(*) FROM txnbuf.slots")
         except BaseException as exc:
             await pool.close()
-            if isinstance(exc, _DRIVER_ERRORS):
-                raise _unknown("reading the cluster tables failed", exc) from exc
+            if isinstance(exc, _DRIVER_ERRORS):  # (the pool connects on its first use)
+                raise _unknown("cannot connect to the cluster database", exc) from exc
             raise
         return cls(pool, int(slots))
 
@@ -268,7 +311,10 @@ class PostgresMembership:
             tuple(SlotRow(owner, int(epoch)) for _, owner, epoch in slots),
         )
         self.last_view = view
-        self.last_urls = {b: urls for b, _, urls in brokers}
+        self.last_urls = {b: service_url(urls) for b, _, urls in brokers}
+        self.last_kafka = {
+            b: address for b, _, urls in brokers if (address := kafka_address(urls)) is not None
+        }
         return view
 
     async def join(self, me: str, urls: str, ttl: float) -> float:
@@ -331,9 +377,10 @@ class PostgresMembership:
         )
 
     async def urls(self) -> dict[str, str]:
-        """Every registered broker's URLs (live or not): broker id -> urls."""
+        """Every registered broker's service URL (live or not): broker id ->
+        URL (`service_url` of its row's ``urls``)."""
         rows = await self._fetch("reading the brokers' URLs", _URLS)
-        return {str(b): str(u) for b, u in rows}
+        return {str(b): service_url(str(u)) for b, u in rows}
 
 
 def _move(row: asyncpg.Record) -> Move:

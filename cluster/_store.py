@@ -49,7 +49,7 @@ class MembershipStore(Protocol):
 
         CREATE TABLE brokers (
             id          text PRIMARY KEY,
-            urls        text NOT NULL,          -- where clients reach it
+            urls        text NOT NULL,          -- where clients reach it (1)
             lease_until timestamptz NOT NULL    -- by the database's clock
         );
         CREATE TABLE slots (
@@ -58,6 +58,10 @@ class MembershipStore(Protocol):
             epoch bigint NOT NULL DEFAULT 0
         );
         INSERT INTO slots(slot) SELECT generate_series(0, $S - 1);
+
+    (1) the service URL, then the other listeners' addresses, separated by
+    commas: ``kafka://host:port`` for a Kafka listener
+    (`cluster.service_url`, `cluster.kafka_address`).
 
     Times cross the interface as seconds on the database's clock
     (``extract(epoch FROM ...)``); a broker never compares them with its own

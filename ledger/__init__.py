@@ -12,7 +12,7 @@ one for reading only (tools that inspect a stopped broker's data).
 """
 
 from ledger import _faults as faults
-from ledger._base import LedgerFencedError
+from ledger._base import LedgerFailedError, LedgerFencedError
 from ledger._futures import (
     all_of,
     on_outcome,
@@ -38,6 +38,7 @@ __all__ = [
     "Entry",
     "Ledger",
     "LedgerError",
+    "LedgerFailedError",
     "LedgerFencedError",
     "LedgerStore",
     "ReadOnlyLedger",

@@ -32,7 +32,15 @@ class LedgerError(Exception):
     """The store failed to make an operation durable (or is closed)."""
 
 
-class LedgerFencedError(LedgerError):
+class LedgerFailedError(LedgerError):
+    """The store is out of service: a group commit failed (an error, or an
+    outcome unknown, such as a connection lost during COMMIT: fail-stop,
+    nothing more is written until the store is reopened), or the store is
+    closed. Not about the request: the same request succeeds on the store
+    opened again (a cluster broker reopens it, `broker._cluster`)."""
+
+
+class LedgerFencedError(LedgerFailedError):
     """A group commit was refused because the store no longer holds a slot
     it wrote to: the slot's row in the database names another owner, or a
     later epoch. Nothing of the commit was written. ``slots`` names them."""

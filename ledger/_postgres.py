@@ -1,9 +1,11 @@
 """The PostgreSQL engine of a `LedgerStore`, with fencing by slots.
 
 Any libpq URL (``postgresql://user:password@host:port/db?...``), through
-asyncpg: it speaks PostgreSQL's binary protocol from Cython, so a group
-commit's arrays of keys, metas and blobs are encoded without a Python loop,
-and a statement with its parameters is one round trip (Parse/Bind/Execute/
+asyncpg (`connect_options`: a URL naming several hosts, a primary and its
+standbys, connects to the writable one): it speaks PostgreSQL's binary
+protocol from Cython, so a group commit's arrays of keys, metas and blobs
+are encoded without a Python loop, and a statement with its parameters is
+one round trip (Parse/Bind/Execute/
 Sync in one write, the statement prepared once per connection). psycopg 3
 (async, pipeline mode) can do the same in one round trip; `bench.pgdriver`
 measures both, and asyncpg spent less CPU per group commit in this process
@@ -76,6 +78,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
@@ -84,9 +87,9 @@ from typing import Any
 import asyncpg
 
 from ledger import _writer
-from ledger._base import EngineSink, Entry, LedgerError, LedgerFencedError
+from ledger._base import EngineSink, Entry, LedgerError, LedgerFailedError, LedgerFencedError
 
-__all__ = ["SCHEMA_VERSION", "PostgresEngine"]
+__all__ = ["SCHEMA_VERSION", "PostgresEngine", "connect_options"]
 
 log = logging.getLogger(__name__)
 
@@ -245,6 +248,47 @@ def redacted(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
 
 
+WRITABLE = ("read-write", "primary")  # the target_session_attrs a store accepts
+DRIVER_ERRORS = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,  # (TargetServerAttributeNotMatched: no host is writable)
+)
+
+
+def connect_options(url: str) -> dict[str, Any]:
+    """asyncpg's options for connecting to the store ``url``, beside the URL
+    itself: every connection of a store (its engine's, and the cluster
+    membership's) is made with them.
+
+    A URL may name several hosts, libpq's way (``postgresql://u@h1:5432,
+    h2:5432/db``, or ``?host=h1,h2``): a primary and its standbys. asyncpg
+    then tries them in order and keeps the first whose session matches
+    ``target_session_attrs``; a store writes, so with several hosts the
+    default here is ``read-write`` (libpq's and asyncpg's is ``any``, which
+    would keep a standby that answers first), ``primary`` is accepted too,
+    and the other values are refused (`LedgerError`). The URL's value, then
+    ``PGTARGETSESSIONATTRS``, wins over the default. A URL of one host is
+    left as it is (a PostgreSQL-compatible database may not report
+    ``in_hot_standby``, and asyncpg would ask it ``pg_is_in_recovery()``)."""
+    parts = urllib.parse.urlsplit(url)
+    query = urllib.parse.parse_qs(parts.query)
+    hosts = parts.netloc.rsplit("@", 1)[-1]
+    several = "," in hosts or any("," in h for h in query.get("host", []))
+    given = query.get("target_session_attrs", [os.environ.get("PGTARGETSESSIONATTRS", "")])[-1]
+    if not given:
+        return {"target_session_attrs": "read-write"} if several else {}
+    if given not in WRITABLE and (several or given != "any"):
+        raise LedgerError(
+            f"target_session_attrs={given} in the store URL {redacted(url)}: a store writes, "
+            f"so it connects to a writable server ({' or '.join(WRITABLE)}; read-write unless "
+            "given)"
+        )
+    return {}
+
+
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
@@ -261,8 +305,8 @@ def _fenced(exc: asyncpg.PostgresError, owner: str) -> LedgerFencedError:
 
 async def _connect(url: str, **options: Any) -> asyncpg.Connection:
     try:
-        conn: asyncpg.Connection = await asyncpg.connect(url, **options)
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, ValueError) as exc:
+        conn: asyncpg.Connection = await asyncpg.connect(url, **connect_options(url), **options)
+    except (*DRIVER_ERRORS, ValueError) as exc:
         raise LedgerError(f"cannot connect to PostgreSQL at {redacted(url)}: {exc}") from exc
     return conn
 
@@ -346,14 +390,17 @@ class PostgresEngine:
         location = redacted(url)
         settings = {"idle_in_transaction_session_timeout": IDLE_IN_TRANSACTION}
         writer = await _connect(url, server_settings=settings)
-        readers: asyncpg.Pool | None = None
         try:
             count = await _ensure_schema(writer, slots, location)
-            readers = await asyncpg.create_pool(url, min_size=1, max_size=READERS)
-        except BaseException:
-            if readers is not None:
-                await readers.close()
-            await writer.close()
+            # (min_size=0: a pool with a floor restores it in the background
+            # while the server is gone, and logs a traceback at each try.)
+            readers = await asyncpg.create_pool(
+                url, min_size=0, max_size=READERS, **connect_options(url)
+            )
+        except BaseException as exc:
+            writer.terminate()
+            if isinstance(exc, DRIVER_ERRORS):  # (the server went, or is a standby now)
+                raise LedgerError(f"opening the store at {location} failed: {exc}") from exc
             raise
         return cls(url, writer, readers, owner or "", count)
 
@@ -540,7 +587,7 @@ class PostgresEngine:
     async def _create(self, group: list[tuple[int, tuple[Any, ...]]]) -> None:
         try:
             if self._failed is not None:
-                raise LedgerError(str(self._failed))
+                raise LedgerFailedError(str(self._failed))
             names = [request[1] for _, request in group]
             slots = {request[2] for _, request in group if len(request) > 2} - {None}
             fence = self._fencing(sorted(slots))
@@ -560,7 +607,7 @@ class PostgresEngine:
         seq, request = item
         try:
             if self._failed is not None:
-                raise LedgerError(str(self._failed))
+                raise LedgerFailedError(str(self._failed))
             slot = request[2] if len(request) > 2 else None
             fence = self._fencing([] if slot is None else [slot])
             await self._writer.execute(_DELETE, self.owner, *fence, request[1])
@@ -599,8 +646,15 @@ class PostgresEngine:
 
     # -- reads ------------------------------------------------------------------
 
+    async def _fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
+        try:
+            rows: list[asyncpg.Record] = await self._readers.fetch(query, *args)
+        except DRIVER_ERRORS as exc:  # (the server went: the store is out of service)
+            raise LedgerFailedError(f"reading from {self.location} failed: {exc}") from exc
+        return rows
+
     async def read(self, ledger_id: int, start: int, end: int) -> list[Entry]:
-        rows = await self._readers.fetch(
+        rows = await self._fetch(
             "SELECT entry, meta, data FROM txnbuf.entries "
             "WHERE ledger = $1 AND entry >= $2 AND entry <= $3 ORDER BY entry",
             ledger_id,
@@ -610,13 +664,13 @@ class PostgresEngine:
         return [Entry(e, m, d) for e, m, d in rows]
 
     async def read_meta(self, ledger_id: int) -> list[tuple[int, int]]:
-        rows = await self._readers.fetch(
+        rows = await self._fetch(
             "SELECT entry, meta FROM txnbuf.entries WHERE ledger = $1 ORDER BY entry", ledger_id
         )
         return [(e, m) for e, m in rows]
 
     async def read_sizes(self, ledger_id: int) -> list[tuple[int, int]]:
-        rows = await self._readers.fetch(
+        rows = await self._fetch(
             "SELECT entry, octet_length(data) FROM txnbuf.entries WHERE ledger = $1 ORDER BY entry",
             ledger_id,
         )

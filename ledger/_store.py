@@ -59,7 +59,7 @@ from typing import Any, Protocol
 from sortedcontainers import SortedList
 
 from ledger import _writer
-from ledger._base import EngineSink, Entry, LedgerError, LedgerFencedError
+from ledger._base import EngineSink, Entry, LedgerError, LedgerFailedError, LedgerFencedError
 from ledger._stats import COMMIT_SECONDS_BOUNDS, COMMIT_SIZE_BOUNDS, Buckets
 
 __all__ = [
@@ -68,6 +68,7 @@ __all__ = [
     "Entry",
     "Ledger",
     "LedgerError",
+    "LedgerFailedError",
     "LedgerFencedError",
     "LedgerStore",
     "is_postgres_url",
@@ -468,7 +469,7 @@ class LedgerStore:
         self._closed = False
         # Set by a write that failed: the store then refuses every write
         # (fail-stop), see `_fail`.
-        self._failed: LedgerError | None = None
+        self._failed: LedgerFailedError | None = None
         # Done (with the error) when the store fails: a broker stops on it.
         self.failure: asyncio.Future[LedgerError] = self._loop.create_future()
         self.commits = 0  # group commits done, for stats and benchmarks
@@ -663,7 +664,7 @@ class LedgerStore:
             log.warning(
                 "%s: closed with %d writes still coming in", self.location, len(self._queue)
             )
-            closed = LedgerError(f"ledger store {self.location} is closed")
+            closed = LedgerFailedError(f"ledger store {self.location} is closed")
             for op in self._queue:
                 if not op.future.done():
                     op.future.set_exception(closed)
@@ -755,7 +756,7 @@ class LedgerStore:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise LedgerError(f"ledger store {self.location} is closed")
+            raise LedgerFailedError(f"ledger store {self.location} is closed")
         if self._failed is not None:
             raise self._failed
 
@@ -876,7 +877,7 @@ class LedgerStore:
             elif error is None:
                 pending.set_result(result)
             else:
-                failed = error if isinstance(error, LedgerError) else LedgerError(error)
+                failed = error if isinstance(error, LedgerError) else LedgerFailedError(error)
                 pending.set_exception(self._failed or failed)
         if not self._unanswered and self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
@@ -958,9 +959,9 @@ class LedgerStore:
         return await self._engine.read_sizes(ledger.id)
 
 
-def _error(location: str, error: str | LedgerError, then: str = "") -> LedgerError:
+def _error(location: str, error: str | LedgerError, then: str = "") -> LedgerFailedError:
     """The error of a failed group commit (a `LedgerFencedError` stays one)."""
     text = f"group commit to {location} failed: {error}{then}"
     if isinstance(error, LedgerFencedError):
         return LedgerFencedError(text, error.slots)
-    return LedgerError(text)
+    return LedgerFailedError(text)

@@ -10,7 +10,8 @@ The protocol (a two-phase commit whose decision is one coordinator record):
 1. Each task attempt writes its rows in a transaction of its own
    (`client.TransactionGroups.new_transaction`), tagged
    ``spark:<query id>/<batch id>``, on the coordinator picked from the
-   query id (so a batch's transactions share one coordinator), and
+   query id, or in a cluster the output topic's slot's (`batch_coordinator`:
+   a batch's transactions share one coordinator), and
    prepares it (`client.Transaction.prepare`): its messages are durable,
    invisible, and wait for a decision. The task returns the TxnID in its
    commit message. A task that fails aborts its transaction.
@@ -46,6 +47,7 @@ import functools
 import json
 import logging
 import uuid
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +109,34 @@ def _check_schema(schema: StructType, options: SinkOptions) -> None:
             raise ValueError(f'column "{name}" must be {kind}, not {names[name]}')
 
 
+async def batch_coordinator(client: Client, query_id: str, topic: str | None) -> int:
+    """The coordinator of a batch's transactions: every task attempt of the
+    batch and the driver's group commit pick the same one (one decision
+    record: `client.TransactionGroups.commit`).
+
+    One broker: a stable hash of the query id over the coordinators the
+    broker serves. A cluster (its brokers said they have slots): coordinator
+    k lives on the owner of slot k, with the topics of slot k, so the sink
+    takes the coordinator of the slot of its ``topic`` option (of the query
+    id's hash over the slots, without one). Then the transactions' sends,
+    their prepares and the group commit are all on the broker that owns the
+    output topic, whichever broker that is, before and after any move (a
+    broker's list of coordinators, in CONNECTED, differs from broker to
+    broker and changes with every move; a slot's number does not), and
+    every process picks the same coordinator whichever broker it asked
+    first. Why the output topic's slot: a transaction whose coordinator and
+    topics are on different brokers is refused by the client until
+    transactions across a cluster's brokers are built; rows whose ``topic``
+    column names a topic of another slot than the option's are refused
+    while that topic is on another broker (the task fails, and the batch
+    after Spark's retries)."""
+    await client.connect()
+    if not client._brokers.cluster:
+        return await TransactionGroups(client).coordinator_for(query_id)
+    slots = client._conn.slots
+    return zlib.crc32((topic if topic is not None else query_id).encode()) % slots
+
+
 class _TaskWrite:
     """One task attempt's transaction and producers (on the process's client loop)."""
 
@@ -130,7 +160,7 @@ class _TaskWrite:
                 batch_tag(self.query_id, self.batch_id),
                 timeout=self.options.transaction_timeout_ms / 1000,
                 prepared_timeout=self.options.prepared_timeout_ms / 1000,
-                tc_id=await groups.coordinator_for(self.query_id),
+                tc_id=await batch_coordinator(client, self.query_id, self.options.topic),
             )
         txn = self.txn
         for i, value in enumerate(values):
@@ -217,7 +247,7 @@ def commit_batch(
 
     async def work(client: Client) -> None:
         groups = TransactionGroups(client)
-        tc_id = await groups.coordinator_for(qid)
+        tc_id = await batch_coordinator(client, qid, options.topic)
         result = await groups.commit(
             qid, batch_id, txns, abort_tag=batch_tag(qid, batch_id), tc_id=tc_id
         )

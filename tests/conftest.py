@@ -52,6 +52,7 @@ MODULE_MARKS: dict[str, tuple[str, ...]] = {
     "test_spark": ("spark",),
     "test_spark_cluster": ("spark",),
     "test_spark_crash": ("spark",),
+    "test_spark_on_cluster": ("spark",),
     "test_admin_page": ("browser",),
     "test_kafka": ("kafka",),
 }

@@ -8,6 +8,7 @@ stored.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import aiohttp
 import pytest
@@ -143,6 +144,38 @@ async def test_send_to_closed_producer(broker: BrokerProcess) -> None:
         await still_works(raw)
     _, body = broker.admin("GET", "/admin/v1/topics/closed/stats")
     assert json.loads(body)["partitions"][0]["messages"] == 1
+
+
+async def test_a_producer_id_in_use_is_refused_unless_it_is_the_same_producer_again(
+    broker: BrokerProcess,
+) -> None:
+    # (The same producer created again under its id: a cluster's client moves
+    # a producer refused NOT_OWNER, and the lookup may name this broker again.)
+    async with RawConnection(broker.url) as raw:
+
+        async def create(request_id: int, topic: str, name: str) -> Any:
+            return await raw.request(
+                T.PRODUCER,
+                "producer",
+                pb.CommandProducer(
+                    request_id=request_id, producer_id=1, topic=topic, producer_name=name
+                ),
+            )
+
+        first = await create(1, "again", "p")
+        assert first.type == T.PRODUCER_SUCCESS
+        msg = pb.SingleMessage(payload=b"one", sequence_id=1)
+        sent = await raw.request(T.SEND, "send", send_command(msg, producer_id=1, request_id=2))
+        assert sent.type == T.SEND_RECEIPT
+        again = await create(3, "again", "p")
+        assert again.type == T.PRODUCER_SUCCESS
+        assert again.producer_success.last_sequence_id == 1
+        for topic, name in (("again", "other"), ("elsewhere", "p")):
+            refused = await create(4, topic, name)
+            assert refused.type == T.ERROR, refused
+            assert refused.error.error == pb.INVALID_ARGUMENT
+            assert "producer id 1 is in use" in refused.error.message
+        await still_works(raw)
 
 
 async def test_send_with_bad_sequence_ids_or_partition(broker: BrokerProcess) -> None:

@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 
 import broker  # noqa: F401  (imports every server package: all their classes exist)
-from broker import Broker, make_app
+from broker import Broker, _errors, make_app
 from broker._errors import KAFKA_CODES, WIRE_CODES, error_code, error_text, kafka_code
 from broker._errors import REFUSALS as REFUSAL_CLASSES
 from buffer import (
@@ -37,7 +37,7 @@ from buffer import (
     check_topic_name,
 )
 from client import Client, errors
-from ledger import LedgerError
+from ledger import LedgerError, LedgerFailedError, LedgerFencedError
 from proto import refusals
 from proto import txnbuf_pb2 as pb
 from tc import (
@@ -203,6 +203,25 @@ def test_a_storage_failure_is_persistence_error() -> None:
     assert error_code(exc) == pb.PERSISTENCE_ERROR
     assert error_text(exc) == "disk full"
     assert kafka_code(exc) == 56  # KAFKA_STORAGE_ERROR
+    failed = LedgerFailedError("group commit to pg failed: connection lost")
+    assert error_code(failed) == pb.PERSISTENCE_ERROR  # (one broker: fail-stop)
+
+
+def test_a_cluster_brokers_store_out_of_service_is_not_owner(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_errors, "_store_failed_code", pb.PERSISTENCE_ERROR)
+    _errors.cluster_store_failures()
+    for failed in (
+        LedgerFailedError("group commit to pg failed: connection lost"),
+        LedgerFencedError("fenced: slots 3", [3]),
+    ):
+        assert error_code(failed) == pb.NOT_OWNER  # (retriable: the client sends again)
+        assert error_text(failed).startswith(str(failed))
+        assert "try again at the slot's owner" in error_text(failed)
+        assert kafka_code(failed) == 6  # NOT_LEADER_OR_FOLLOWER
+    other = LedgerError("ledger x is deleted")  # (not the store: still what it was)
+    assert error_code(other) == pb.PERSISTENCE_ERROR
 
 
 # -- anything else is a bug: UNKNOWN_ERROR, logged ---------------------------------

@@ -107,7 +107,8 @@ class KafkaClient:
     name: str  # (`tests.kafka_copier.COPIERS`)
     # (bootstrap, topic, values[, credentials])
     seed: Callable[..., Awaitable[None]]
-    # (bootstrap, topic, n[, credentials]): read_committed, as a group
+    # (bootstrap, topic, n[, credentials[, group]]): read_committed, as a group
+    # (``reader-<topic>`` unless given)
     read: Callable[..., Awaitable[list[bytes]]]
     restart_before_commit: bool = False  # (`check_copier`)
 
@@ -276,14 +277,14 @@ async def aiokafka_seed(
 
 
 async def aiokafka_read(
-    boot: str, topic: str, n: int, creds: Credentials = PLAINTEXT
+    boot: str, topic: str, n: int, creds: Credentials = PLAINTEXT, group: str | None = None
 ) -> list[bytes]:
     from aiokafka import AIOKafkaConsumer
 
     reader = AIOKafkaConsumer(
         topic,
         bootstrap_servers=boot,
-        group_id=f"reader-{topic}",
+        group_id=group or f"reader-{topic}",
         auto_offset_reset="earliest",
         isolation_level="read_committed",
         **creds.aiokafka(),
@@ -324,13 +325,15 @@ def kafka_python_seed(
     seeder.close()
 
 
-def kafka_python_read(boot: str, topic: str, n: int, creds: Credentials = PLAINTEXT) -> list[bytes]:
+def kafka_python_read(
+    boot: str, topic: str, n: int, creds: Credentials = PLAINTEXT, group: str | None = None
+) -> list[bytes]:
     from kafka import KafkaConsumer
 
     reader = KafkaConsumer(
         topic,
         bootstrap_servers=boot,
-        group_id=f"reader-{topic}",
+        group_id=group or f"reader-{topic}",
         auto_offset_reset="earliest",
         isolation_level="read_committed",
         **creds.kafka_python(),
@@ -379,14 +382,16 @@ def confluent_seed(
     assert seeder.flush(30) == 0
 
 
-def confluent_read(boot: str, topic: str, n: int, creds: Credentials = PLAINTEXT) -> list[bytes]:
+def confluent_read(
+    boot: str, topic: str, n: int, creds: Credentials = PLAINTEXT, group: str | None = None
+) -> list[bytes]:
     from confluent_kafka import Consumer
 
     reader = Consumer(
         {
             **creds.confluent(),
             "bootstrap.servers": boot,
-            "group.id": f"reader-{topic}",
+            "group.id": group or f"reader-{topic}",
             "auto.offset.reset": "earliest",
             "isolation.level": "read_committed",
         }

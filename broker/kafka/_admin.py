@@ -50,6 +50,7 @@ from broker._operations import (
     delete_subscription,
     delete_topic,
 )
+from broker.kafka._cluster import KafkaCluster
 from broker.kafka._codec import CLUSTER_ID, NODE_ID, Api
 from broker.kafka._common import Handler, Response, group_subscription
 from broker.kafka._groups import Groups, subscribed_topics
@@ -121,6 +122,9 @@ class Apis(Protocol):
     @property
     def port(self) -> int: ...
 
+    @property
+    def cluster(self) -> KafkaCluster | None: ...
+
 
 class KafkaAdmin:
     """The admin API handlers of one listener (`handlers` for its table)."""
@@ -163,6 +167,7 @@ class KafkaAdmin:
             }
             try:
                 session.allow_admin(TOPIC_AUTHORIZATION_FAILED)
+                self._topic_here(t.name)
                 if names.count(t.name) > 1:
                     raise KafkaError(INVALID_REQUEST, f"topic {t.name!r} is named twice")
                 partitions, retention = self._new_topic(t)
@@ -261,6 +266,7 @@ class KafkaAdmin:
                 session.allow_admin(TOPIC_AUTHORIZATION_FAILED)
                 if name is None:
                     raise KafkaError(UNKNOWN_TOPIC_ID, "topics are named here, not numbered")
+                self._topic_here(name)
                 await delete_topic(self.broker, name, force=False)
             except KafkaError as exc:
                 out.update(error_code=exc.code, error_message=str(exc))
@@ -276,6 +282,7 @@ class KafkaAdmin:
             out: Response = {"name": t.name, "error_code": 0, "error_message": None}
             try:
                 session.allow_admin(TOPIC_AUTHORIZATION_FAILED)
+                self._topic_here(t.name)
                 have = self.broker.topics.partition_count(t.name)
                 if have is None:
                     raise KafkaError(UNKNOWN_TOPIC_OR_PARTITION, f"no topic {t.name!r}")
@@ -319,6 +326,7 @@ class KafkaAdmin:
             try:
                 if r.resource_type == RESOURCE_TOPIC:
                     session.allow_admin(TOPIC_AUTHORIZATION_FAILED)
+                    self._topic_here(r.resource_name)
                     topic = await self.broker.topics.load_topic(r.resource_name)
                     if topic is None:
                         raise KafkaError(
@@ -382,15 +390,38 @@ class KafkaAdmin:
                 topics.add(topic)
         return sorted(topics)
 
+    def _topic_here(self, name: str) -> None:
+        """A cluster's: the topic admin APIs are served for the topics of
+        this broker's slots only (INVALID_REQUEST, saying where, for the
+        others: asking this broker again would not help)."""
+        cluster = self.apis.cluster
+        if cluster is not None and not cluster.serves(name):
+            raise KafkaError(
+                INVALID_REQUEST,
+                f"topic {name!r} is in a slot this broker does not serve: manage it at the "
+                "owner of its slot (txnbuf's admin API at any broker forwards there)",
+            )
+
+    def _check_coordinator(self, group_id: str) -> None:
+        """A cluster's: NOT_COORDINATOR or COORDINATOR_LOAD_IN_PROGRESS
+        unless this broker coordinates ``group_id`` (`broker.kafka._cluster`)."""
+        if self.apis.cluster is not None:
+            self.apis.cluster.check_coordinator(group_id, "group")
+
     def _all_groups(self) -> dict[str, str]:
         """Every group: its name -> the name of a topic it has a
-        subscription on ("" for a Kafka group with none yet)."""
+        subscription on ("" for a Kafka group with none yet). A cluster's
+        broker: the groups it coordinates (those of its slots), as each
+        Kafka broker lists its own."""
         found: dict[str, str] = {}
         for ledger in self.broker.store.ledger_names("c/"):
             _, topic, _, name = ledger.split("/", 3)
             found.setdefault(name, topic)
         for group_id in self.apis.groups.group_ids():
             found.setdefault(group_id, "")
+        cluster = self.apis.cluster
+        if cluster is not None:
+            found = {g: t for g, t in found.items() if cluster.serves(g)}
         return found
 
     async def list_groups(self, req: Any, version: int, session: KafkaSession) -> Response:
@@ -434,6 +465,7 @@ class KafkaAdmin:
             try:
                 session.allow_admin(GROUP_AUTHORIZATION_FAILED)
                 group_subscription(group_id)
+                self._check_coordinator(group_id)
                 info = self.apis.groups.describe(group_id)
                 if info is not None:
                     out.update(
@@ -467,6 +499,7 @@ class KafkaAdmin:
             try:
                 session.allow_admin(GROUP_AUTHORIZATION_FAILED)
                 group_subscription(group_id)
+                self._check_coordinator(group_id)
                 await self._delete_group(group_id)
                 code = 0
             except KafkaError as exc:
@@ -518,6 +551,7 @@ class KafkaAdmin:
         try:
             session.allow_admin(GROUP_AUTHORIZATION_FAILED)
             group_subscription(group_id)
+            self._check_coordinator(group_id)
         except KafkaError as exc:
             return answer(exc.code, {t.name: 0 for t in req.topics})
         info = self.apis.groups.describe(group_id)
@@ -556,21 +590,22 @@ class KafkaAdmin:
     # -- the cluster --------------------------------------------------------------------
 
     def describe_cluster(self, req: Any, version: int, session: KafkaSession) -> Response:
+        """This broker; a cluster's: its live brokers and controller, as
+        Metadata names them (`broker.kafka._cluster`)."""
+        cluster = self.apis.cluster
+        nodes = (
+            [(NODE_ID, self.apis.host, self.apis.port)] if cluster is None else cluster.brokers()
+        )
         out: Response = {
             "throttle_time": 0,
             "error_code": 0,
             "error_message": None,
             "endpoint_type": getattr(req, "endpoint_type", 1),
             "cluster_id": CLUSTER_ID,
-            "controller_id": NODE_ID,
+            "controller_id": NODE_ID if cluster is None else cluster.controller(),
             "brokers": [
-                {
-                    "broker_id": NODE_ID,
-                    "host": self.apis.host,
-                    "port": self.apis.port,
-                    "rack": None,
-                    "is_fenced": False,
-                }
+                {"broker_id": node, "host": host, "port": port, "rack": None, "is_fenced": False}
+                for node, host, port in nodes
             ],
             "cluster_authorized_operations": NO_OPERATIONS,
         }

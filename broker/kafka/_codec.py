@@ -11,7 +11,8 @@ takes its default).
 `VERSIONS` is what ApiVersions advertises: for the data plane the
 non-flexible versions of each API, plus ApiVersions v3, which the three
 common Python clients (aiokafka, kafka-python, confluent-kafka) negotiate
-down to; for the admin APIs, flexible versions too (some exist only so).
+down to, and FindCoordinator v3-4 (v4 asks for several keys at once); for
+the admin APIs, flexible versions too (some exist only so).
 A flexible request's header has tagged fields after the client id, and
 its response header is v1 (tagged fields after the correlation id) --
 except ApiVersions's, which is always v0.
@@ -95,7 +96,7 @@ VERSIONS: dict[Api, tuple[int, int]] = {
     Api.METADATA: (0, 8),
     Api.OFFSET_COMMIT: (2, 7),
     Api.OFFSET_FETCH: (1, 5),
-    Api.FIND_COORDINATOR: (0, 2),
+    Api.FIND_COORDINATOR: (0, 4),  # (v3-4 flexible, v4 batched)
     Api.JOIN_GROUP: (0, 5),
     Api.HEARTBEAT: (0, 3),
     Api.LEAVE_GROUP: (0, 2),

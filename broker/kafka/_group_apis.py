@@ -10,6 +10,15 @@ committed offset, a TxnOffsetCommit the same acknowledgement in the
 producer's transaction (as Kafka's group coordinator writes a
 transaction's offsets). Offsets only move forward: a commit at or below
 the committed offset changes nothing.
+
+In a cluster, a group's coordinator is the owner of its slot
+(``crc32(group) % slots``): every API here at another broker is refused
+NOT_COORDINATOR (the broker forgets what it held of the group in memory),
+at the broker loading the slot COORDINATOR_LOAD_IN_PROGRESS
+(`broker.kafka._cluster`). The offsets themselves are the cursors of the
+topics' partitions, written by the owner of each topic's slot: a group
+commits offsets only on partitions whose slot its coordinator serves too
+(elsewhere NOT_LEADER_OR_FOLLOWER for that partition, nothing changed).
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from broker._slots import slot_of_key
 from broker.kafka._codec import Api
 from broker.kafka._common import (
     INVALID_TXN_STATE,
@@ -38,6 +48,7 @@ from subscriptions import WHOLE_ENTRY, PartitionSubscription
 
 if TYPE_CHECKING:
     from broker._broker import Broker
+    from broker.kafka._cluster import KafkaCluster
 
 __all__ = ["GroupApis"]
 
@@ -45,9 +56,22 @@ __all__ = ["GroupApis"]
 class GroupApis:
     """The consumer group API handlers of one listener (`handlers` for its table)."""
 
-    def __init__(self, broker: Broker, groups: Groups) -> None:
+    def __init__(self, broker: Broker, groups: Groups, cluster: KafkaCluster | None = None) -> None:
         self.broker = broker
         self.groups = groups
+        self.cluster = cluster
+
+    def _check_coordinator(self, group_id: str) -> None:
+        """A cluster's: NOT_COORDINATOR (what is held of the group here is
+        dropped) or COORDINATOR_LOAD_IN_PROGRESS unless this broker
+        coordinates ``group_id`` now."""
+        if self.cluster is None:
+            return
+        try:
+            self.cluster.check_coordinator(group_id, "group")
+        except KafkaError as exc:
+            self.groups.drop(group_id, exc.code, str(exc))
+            raise
 
     def handlers(self) -> dict[int, Handler]:
         return {
@@ -76,6 +100,15 @@ class GroupApis:
         try:
             allow_producer(self.broker, session, pid, req.transactional_id)
             name = group_subscription(req.group_id)
+            self._check_coordinator(req.group_id)
+            if self.cluster is not None:
+                # (the offsets are the cursors of the topics' partitions)
+                for topic in req.topics:
+                    self.cluster.check_together(
+                        pid,
+                        slot_of_key(topic.name, self.cluster.slots),
+                        f"the offsets of group {req.group_id!r} on {topic.name!r}",
+                    )
             entry = self.broker.producer_coordinator(pid).producer_of(pid)
             if entry is not None and entry.identity == (pid, epoch) and entry.ongoing is None:
                 # (a refused identity is left to producer_add_subscription)
@@ -105,6 +138,7 @@ class GroupApis:
         try:
             group_subscription(req.group_id)
             self._allow_join(session, req)
+            self._check_coordinator(req.group_id)
             joined = await self.groups.join(
                 req.group_id,
                 req.member_id,
@@ -137,6 +171,7 @@ class GroupApis:
 
     async def sync_group(self, req: Any, version: int, session: KafkaSession) -> Response:
         try:
+            self._check_coordinator(req.group_id)
             assignment = await self.groups.sync(
                 req.group_id,
                 req.member_id,
@@ -144,21 +179,23 @@ class GroupApis:
                 [(a.member_id, bytes(a.assignment)) for a in req.assignments],
                 session.who.role,
             )
-        except GroupError as exc:
+        except (GroupError, KafkaError) as exc:
             return {"throttle_time": 0, "error_code": exc.code, "assignment": b""}
         return {"throttle_time": 0, "error_code": NONE, "assignment": assignment}
 
     def heartbeat(self, req: Any, version: int, session: KafkaSession) -> Response:
         try:
+            self._check_coordinator(req.group_id)
             self.groups.heartbeat(req.group_id, req.member_id, req.generation_id, session.who.role)
-        except GroupError as exc:
+        except (GroupError, KafkaError) as exc:
             return {"throttle_time": 0, "error_code": exc.code}
         return {"throttle_time": 0, "error_code": NONE}
 
     def leave_group(self, req: Any, version: int, session: KafkaSession) -> Response:
         try:
+            self._check_coordinator(req.group_id)
             self.groups.leave(req.group_id, req.member_id, session.who.role)
-        except GroupError as exc:
+        except (GroupError, KafkaError) as exc:
             return {"throttle_time": 0, "error_code": exc.code}
         return {"throttle_time": 0, "error_code": NONE}
 
@@ -173,6 +210,7 @@ class GroupApis:
 
         try:
             name = group_subscription(req.group_id)
+            self._check_coordinator(req.group_id)
             self.groups.check_member(req.group_id, req.member_id, generation, session.who.role)
         except (GroupError, KafkaError) as exc:
             refused: BaseException = exc
@@ -192,6 +230,8 @@ class GroupApis:
         def one(topic_name: str, index: int, offset: int) -> Awaitable[None]:
             try:
                 session.allow_group(topic_name, group)
+                if self.cluster is not None:
+                    self.cluster.check_leader(topic_name)
                 partition = partition_of(self.broker, topic_name, index)
             except Exception as exc:
                 return failed(exc)
@@ -225,14 +265,40 @@ class GroupApis:
     async def offset_fetch(self, req: Any, version: int, session: KafkaSession) -> Response:
         try:
             name = group_subscription(req.group_id)
+            self._check_coordinator(req.group_id)
         except KafkaError as exc:
-            return {"throttle_time": 0, "topics": [], "error_code": exc.code}
+            # (v0-1 have no error code of their own: each partition's)
+            topics = [
+                {
+                    "name": t.name,
+                    "partitions": [
+                        {
+                            "partition_index": i,
+                            "committed_offset": -1,
+                            "committed_leader_epoch": -1,
+                            "metadata": "",
+                            "error_code": exc.code,
+                        }
+                        for i in t.partition_indexes
+                    ],
+                }
+                for t in (req.topics or [])
+            ]
+            return {
+                "throttle_time": 0,
+                "topics": topics if version < 2 else [],
+                "error_code": exc.code,
+            }
         subs = self.broker.subscriptions
 
         def refusal(topic: str) -> int:
-            """The code that refuses this role the group's offsets on ``topic``."""
+            """The code that refuses this role the group's offsets on ``topic``
+            (or that this broker does not serve its slot: its cursors are
+            written there)."""
             try:
                 session.allow_group(topic, name)
+                if self.cluster is not None:
+                    self.cluster.check_leader(topic)
             except KafkaError as exc:
                 return exc.code
             return NONE

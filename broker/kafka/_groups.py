@@ -176,6 +176,20 @@ class Groups:
                 group.timer.cancel()
             del self._groups[group_id]
 
+    def drop(self, group_id: str, code: int, why: str) -> None:
+        """Drop a group and its members, whatever its state (its coordinator
+        moved to another broker of the cluster: its members join there); a
+        JoinGroup or SyncGroup waiting is answered ``code``."""
+        group = self._groups.pop(group_id, None)
+        if group is None:
+            return
+        if group.timer is not None:
+            group.timer.cancel()
+        for m in group.members.values():
+            for fut in (m.join, m.sync):
+                if fut is not None and not fut.done():
+                    fut.set_exception(GroupError(code, f"group {group_id!r}: {why}"))
+
     def check_member(
         self, group_id: str, member_id: str, generation: int, owner: str | None = None
     ) -> None:

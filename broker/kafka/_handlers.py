@@ -36,7 +36,9 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from broker._operations import first_published_at_or_after
+from broker._slots import slot_of_key
 from broker.kafka._admin import KafkaAdmin
+from broker.kafka._cluster import LEADER_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER, KafkaCluster
 from broker.kafka._codec import CLUSTER_ID, NODE_ID, VERSIONS, Api
 from broker.kafka._common import (
     INVALID_TXN_STATE,
@@ -97,6 +99,13 @@ class KafkaApis:
         self.host = host
         self.port = port
         self.groups = Groups()
+        # (a broker of a cluster: who leads and coordinates what, `broker.kafka._cluster`)
+        self.cluster: KafkaCluster | None = None
+        if broker.cluster is not None:
+            from broker._cluster import ClusterHost
+
+            assert isinstance(broker.cluster, ClusterHost)
+            self.cluster = KafkaCluster(broker, broker.cluster, f"{host}:{port}")
         # (topic, partition, producer id) -> (transaction, its base sequence there)
         self._txn_sequences: dict[tuple[str, int, int], tuple[TxnID, int]] = {}
         self._batches: collections.OrderedDict[tuple[str, int], bytes] = collections.OrderedDict()
@@ -114,10 +123,10 @@ class KafkaApis:
             ),
         }
         for part in (
-            TxnApis(broker).handlers(),
-            GroupApis(broker, self.groups).handlers(),
+            TxnApis(broker, self.cluster).handlers(),
+            GroupApis(broker, self.groups, self.cluster).handlers(),
             KafkaAdmin(self).handlers(),
-            TxnAdmin(broker, self.txn_sequence).handlers(),
+            TxnAdmin(broker, self.txn_sequence, self.cluster).handlers(),
         ):
             self._handlers.update(part)
 
@@ -144,6 +153,8 @@ class KafkaApis:
         return self.api_versions_body()
 
     def _node(self) -> Response:
+        if self.cluster is not None:
+            return _node_body(self.cluster.me)
         return {"node_id": NODE_ID, "host": self.host, "port": self.port, "rack": None}
 
     async def metadata(self, req: Any, version: int, session: KafkaSession) -> Response:
@@ -151,7 +162,10 @@ class KafkaApis:
         if wanted is None or (version == 0 and not wanted):
             # (every topic this role may produce or consume on, as Kafka
             # lists the topics a principal may describe)
-            names = [n for n in self.broker.topics.names() if session.may_describe(n)]
+            names = self.broker.topics.names()
+            if self.cluster is not None:
+                names = [*names, *await self.cluster.other_topics()]
+            names = [n for n in names if session.may_describe(n)]
             create = False
         else:
             names = [t.name for t in wanted]
@@ -159,11 +173,14 @@ class KafkaApis:
         topics = []
         for name in names:
             topics.append(await self._topic_metadata(name, create, session))
+        cluster = self.cluster
         return {
             "throttle_time": 0,
-            "brokers": [self._node()],
+            "brokers": (
+                [self._node()] if cluster is None else [_node_body(n) for n in cluster.brokers()]
+            ),
             "cluster_id": CLUSTER_ID,
-            "controller_id": NODE_ID,
+            "controller_id": NODE_ID if cluster is None else cluster.controller(),
             "topics": topics,
             "cluster_authorized_operations": -(2**31),
         }
@@ -186,35 +203,67 @@ class KafkaApis:
         except KafkaError as exc:
             out["error_code"] = exc.code
             return out
-        topic = await self.broker.topics.load_topic(name)  # (loaded on first use)
-        if topic is None and create:
-            topic = await self.broker.topics.get_or_create(name)
-        if topic is None:
+        cluster = self.cluster
+        count: int | None
+        if cluster is not None:
+            await cluster.fresh_owner(slot_of_key(name, cluster.slots))
+        if cluster is not None and not cluster.serves(name):
+            # (another broker's topic: its count from its slot's topic list;
+            # created by its owner only, not auto-created here)
+            count = await cluster.topic_partitions(name)
+        else:
+            topic = await self.broker.topics.load_topic(name)  # (loaded on first use)
+            if topic is None and create:
+                topic = await self.broker.topics.get_or_create(name)
+            count = None if topic is None else len(topic.partitions)
+        if count is None:
             out["error_code"] = UNKNOWN_TOPIC_OR_PARTITION
             return out
+        leader, epoch, code = NODE_ID, 0, NONE
+        if cluster is not None:
+            found = cluster.leader(name)
+            leader, epoch = found if found is not None else (-1, -1)
+            code = NONE if found is not None else LEADER_NOT_AVAILABLE
+        replicas = [leader] if leader >= 0 else []
         out["partitions"] = [
             {
-                "error_code": NONE,
-                "partition_index": p.index,
-                "leader_id": NODE_ID,
-                "leader_epoch": 0,
-                "replica_nodes": [NODE_ID],
-                "isr_nodes": [NODE_ID],
+                "error_code": code,
+                "partition_index": index,
+                "leader_id": leader,
+                "leader_epoch": epoch,
+                "replica_nodes": replicas,
+                "isr_nodes": replicas,
                 "offline_replicas": [],
             }
-            for p in topic.partitions
+            for index in range(count)
         ]
         return out
 
-    def find_coordinator(self, req: Any, version: int, session: KafkaSession) -> Response:
-        # Every group and every transaction coordinator of this broker is
-        # here (any role may be told so: it names nothing it may not see).
-        return {
-            "throttle_time": 0,
-            "error_code": NONE,
-            "error_message": None,
-            **{k: v for k, v in self._node().items() if k != "rack"},
-        }
+    async def find_coordinator(self, req: Any, version: int, session: KafkaSession) -> Response:
+        """A single broker: every group and every transaction coordinator is
+        here. A cluster's: the owner of the key's slot. v4 asks for several
+        keys at once. (Any role may be told so: it names nothing it may not
+        see.)"""
+        if version >= 4:
+            coordinators = []
+            for key in req.coordinator_keys:
+                node, code, message = await self._coordinator(key)
+                coordinators.append(
+                    {"key": key, **node, "error_code": code, "error_message": message}
+                )
+            return {"throttle_time": 0, "coordinators": coordinators}
+        node, code, message = await self._coordinator(req.key)
+        return {"throttle_time": 0, "error_code": code, "error_message": message, **node}
+
+    async def _coordinator(self, key: str) -> tuple[Response, int, str | None]:
+        """(node id, host and port; error code; message) of the coordinator of ``key``."""
+        if self.cluster is None:
+            return {"node_id": NODE_ID, "host": self.host, "port": self.port}, NONE, None
+        try:
+            node_id, host, port = await self.cluster.coordinator(key)
+        except KafkaError as exc:
+            return {"node_id": -1, "host": "", "port": -1}, exc.code, str(exc)
+        return {"node_id": node_id, "host": host, "port": port}, NONE, None
 
     # -- Produce -----------------------------------------------------------------------
 
@@ -266,6 +315,7 @@ class KafkaApis:
         and for a transactional batch on the transactional id."""
         try:
             session.allow_produce(topic_name)
+            self._check_leader(topic_name)
             partition = partition_of(self.broker, topic_name, part.index)
             batches = read_batches(bytes(part.records or b""))
             for batch in batches:
@@ -282,6 +332,13 @@ class KafkaApis:
             if req.transactional_id is None:
                 raise KafkaError(
                     INVALID_TXN_STATE, "a transactional batch needs a transactional id"
+                )
+            if self.cluster is not None:
+                self.cluster.check_together(
+                    pid,
+                    slot_of_key(partition.topic, self.cluster.slots),
+                    f"partition {partition}",
+                    NOT_LEADER_OR_FOLLOWER,  # (what a Produce's clients retry)
                 )
             tc = self.broker.producer_coordinator(pid)
             txnid = tc.producer_verified_partition(pid, epoch, partition.topic, partition.index)
@@ -314,6 +371,13 @@ class KafkaApis:
         return asyncio.ensure_future(
             _plain_offset(partition.publish(name, batch.messages(first), None, first))
         )
+
+    def _check_leader(self, topic: str) -> None:
+        """A cluster's: NOT_LEADER_OR_FOLLOWER unless this broker serves the
+        slot of ``topic`` (the versions served have no leader hints: the
+        client refreshes its metadata)."""
+        if self.cluster is not None:
+            self.cluster.check_leader(topic)
 
     def txn_sequence(self, partition: Partition, pid: int) -> tuple[TxnID, int] | None:
         """(transaction, the producer's base sequence in it) of producer
@@ -385,6 +449,7 @@ class KafkaApis:
         }
         try:
             session.allow_read(topic_name)
+            self._check_leader(topic_name)
             partition = partition_of(self.broker, topic_name, index)
         except KafkaError as exc:
             out["error_code"] = exc.code
@@ -461,11 +526,15 @@ class KafkaApis:
                 }
                 try:
                     session.allow_describe(topic.name)
+                    self._check_leader(topic.name)
                     partition = partition_of(self.broker, topic.name, p.partition_index)
                 except KafkaError as exc:
                     out["error_code"] = exc.code
                     parts.append(out)
                     continue
+                if self.cluster is not None:
+                    found = self.cluster.leader(topic.name)
+                    out["leader_epoch"] = -1 if found is None else found[1]
                 ledger = partition.ledger
                 if p.timestamp == -1:  # latest
                     out["offset"] = offset_of(ledger.last_entry_id + 1, 0)
@@ -487,6 +556,11 @@ class KafkaApis:
             return answer
 
         return timed()
+
+
+def _node_body(node: tuple[int, str, int]) -> Response:
+    node_id, host, port = node
+    return {"node_id": node_id, "host": host, "port": port, "rack": None}
 
 
 def _last_index(partition: Partition, entry_id: int) -> int:

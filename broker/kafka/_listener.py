@@ -42,7 +42,7 @@ from ledger import faults
 if TYPE_CHECKING:
     from broker._broker import Broker
 
-__all__ = ["KafkaListener"]
+__all__ = ["KafkaListener", "default_advertised_host"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,13 @@ _SIZE = struct.Struct(">i")
 _ANSWERED: dict[int, str] = {api: f"kafka.after_answer.{api.name.lower()}" for api in Api}
 # What a connection may send before it has authenticated.
 _BEFORE_AUTHENTICATION = frozenset({Api.API_VERSIONS, Api.SASL_HANDSHAKE, Api.SASL_AUTHENTICATE})
+
+
+def default_advertised_host(host: str) -> str:
+    """The address Kafka clients are told to reach a listener on ``host`` at
+    when ``--kafka-advertised-host`` is not given: ``host``, or 127.0.0.1
+    for a wildcard address."""
+    return "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
 
 
 class KafkaListener:
@@ -73,9 +80,7 @@ class KafkaListener:
         self.host = host
         self.port = port
         self.ssl_context = ssl_context
-        if advertised_host is None:
-            advertised_host = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
-        self.advertised_host = advertised_host
+        self.advertised_host = advertised_host or default_advertised_host(host)
         self.apis: KafkaApis | None = None
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()

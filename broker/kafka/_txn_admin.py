@@ -37,6 +37,7 @@ from tc import ProducerEntry, TransactionCoordinator, TxnID, TxnStatus, coordina
 
 if TYPE_CHECKING:
     from broker._broker import Broker
+    from broker.kafka._cluster import KafkaCluster
 
 __all__ = ["TXN_STATES", "TxnAdmin"]
 
@@ -85,9 +86,11 @@ class TxnAdmin:
         self,
         broker: Broker,
         txn_sequence: Callable[[Partition, int], tuple[TxnID, int] | None],
+        cluster: KafkaCluster | None = None,
     ) -> None:
         self.broker = broker
         self.txn_sequence = txn_sequence
+        self.cluster = cluster
 
     def handlers(self) -> dict[int, Handler]:
         return {
@@ -154,7 +157,12 @@ class TxnAdmin:
             }
             try:
                 session.allow_admin(TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
-                tc = coordinators[coordinator_of(tid, list(coordinators))]
+                if self.cluster is not None:  # (its coordinator: its slot's owner)
+                    tc = coordinators[
+                        self.cluster.check_coordinator(tid, "transactional id", tcid=True)
+                    ]
+                else:
+                    tc = coordinators[coordinator_of(tid, list(coordinators))]
                 entry = tc.producer(tid)
                 if entry is None:
                     raise KafkaError(TRANSACTIONAL_ID_NOT_FOUND, f"no transactional id {tid!r}")

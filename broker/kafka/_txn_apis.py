@@ -10,6 +10,12 @@ The clients served here speak Kafka's transactions before KIP-890 part 2:
 AddPartitionsToTxn adds a partition (beginning the transaction), EndTxn
 keeps the producer's epoch (``bump=False``). Producers without a
 transactional id (idempotent only) get a random producer id.
+
+In a cluster, a transactional id's coordinator is transaction coordinator
+k of its slot k (``crc32(id) % slots``, on the slot's owner), and a
+producer id's the one that issued it: a broker that does not hold that
+slot answers NOT_COORDINATOR, one loading it COORDINATOR_LOAD_IN_PROGRESS
+(`broker.kafka._cluster`), after the permission checks.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import secrets
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
+from broker._slots import slot_of_key
 from broker.kafka._codec import Api
 from broker.kafka._common import (
     NONE,
@@ -30,10 +37,11 @@ from broker.kafka._common import (
     partition_of,
 )
 from broker.kafka._session import KafkaError, KafkaSession
-from tc import TxnID, coordinator_of
+from tc import TransactionCoordinator, TxnID, coordinator_of, coordinator_of_producer
 
 if TYPE_CHECKING:
     from broker._broker import Broker
+    from broker.kafka._cluster import KafkaCluster
 
 __all__ = ["TxnApis"]
 
@@ -43,8 +51,19 @@ _IDEMPOTENT_PID_BITS = 46  # random producer ids of idempotent producers
 class TxnApis:
     """The transaction API handlers of one listener (`handlers` for its table)."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, cluster: KafkaCluster | None = None) -> None:
         self.broker = broker
+        self.cluster = cluster
+
+    def _coordinator(self, producer_id: int) -> TransactionCoordinator:
+        """The coordinator that issued ``producer_id`` (a cluster's: refused
+        NOT_COORDINATOR or COORDINATOR_LOAD_IN_PROGRESS unless open here)."""
+        if self.cluster is not None:
+            tcid = coordinator_of_producer(producer_id)
+            self.cluster.check_slot(
+                tcid % self.cluster.slots, f"producer id {producer_id}", tcid=True
+            )
+        return self.broker.producer_coordinator(producer_id)
 
     def handlers(self) -> dict[int, Handler]:
         return {
@@ -69,7 +88,13 @@ class TxnApis:
         try:
             session.allow_transactional_id(req.transactional_id)
             coordinators = self.broker.coordinators
-            tc = coordinators[coordinator_of(req.transactional_id, list(coordinators))]
+            if self.cluster is not None:
+                tcid = self.cluster.check_coordinator(
+                    req.transactional_id, "transactional id", tcid=True
+                )
+            else:
+                tcid = coordinator_of(req.transactional_id, list(coordinators))
+            tc = coordinators[tcid]
             timeout_ms = round(req.transaction_timeout.total_seconds() * 1000)
             pid, epoch, _, _ = await tc.init_producer(req.transactional_id, timeout_ms)
         except Exception as exc:
@@ -109,8 +134,11 @@ class TxnApis:
                     codes.append((index, OPERATION_NOT_ATTEMPTED))
                     continue
                 try:
+                    tc = self._coordinator(pid)
+                    if self.cluster is not None:
+                        where = slot_of_key(topic.name, self.cluster.slots)
+                        self.cluster.check_together(pid, where, f"partition {topic.name}/{index}")
                     partition_of(self.broker, topic.name, index)
-                    tc = self.broker.producer_coordinator(pid)
                     if begun is None:
                         begun = tc.producer_begin(pid, epoch, f"add {topic.name}/{index}")
                     tc.producer_add_partition(pid, epoch, topic.name, index)
@@ -150,7 +178,7 @@ class TxnApis:
         try:
             allow_producer(self.broker, session, req.producer_id, req.transactional_id)
             group_subscription(req.group_id)
-            begun = self.broker.producer_coordinator(req.producer_id).producer_begin(
+            begun = self._coordinator(req.producer_id).producer_begin(
                 req.producer_id, req.producer_epoch, f"add the offsets of group {req.group_id!r}"
             )
         except Exception as exc:
@@ -168,7 +196,7 @@ class TxnApis:
     async def end_txn(self, req: Any, version: int, session: KafkaSession) -> Response:
         try:
             allow_producer(self.broker, session, req.producer_id, req.transactional_id)
-            tc = self.broker.producer_coordinator(req.producer_id)
+            tc = self._coordinator(req.producer_id)
             await tc.end_producer_txn(
                 req.producer_id, req.producer_epoch, req.committed, bump=False
             )
