@@ -137,6 +137,9 @@ __all__ = [
 
 ADMIN_ROLE = "admin"  # the role a superuser's connection holds
 TOKEN_METHOD = "token"  # CommandConnect.auth_method of a JWT
+CLUSTER_METHOD = "cluster"  # ... of another broker of the cluster (`broker._peers`)
+CLUSTER_ISSUER = "txnbuf-cluster"  # the ``iss`` of a cluster token
+CLUSTER_ROLE_NAME = "cluster"  # the role such a token proves
 SECRET_KEY_BYTES = 32  # what `create_secret_key` makes; shorter keys are refused
 
 
@@ -372,6 +375,9 @@ class Security:
         self.acl = acl
         self.authenticator = config.authenticator
         self.superuser_roles = config.superuser_roles
+        # A cluster broker's: the cluster's shared secret, which the other
+        # brokers sign their tokens with (CONNECT auth_method "cluster").
+        self.cluster_secret: str | None = None
         self.limits = config.limits
 
     @classmethod
@@ -411,6 +417,8 @@ class Security:
     def authenticate(self, method: str, data: bytes) -> Principal:
         """The principal of a CONNECT's credentials (AUTHENTICATION_ERROR if
         they do not hold)."""
+        if method == CLUSTER_METHOD:
+            return self._cluster_principal(data)
         if self.authenticator is None:
             return ANONYMOUS
         if not method and not data:
@@ -425,6 +433,30 @@ class Security:
         except UnicodeDecodeError:
             raise refusals.AuthenticationError("the token is not ASCII text") from None
         return self._principal(token)
+
+    def _cluster_principal(self, data: bytes) -> Principal:
+        """Another broker of the cluster (auth_method "cluster"): a token
+        signed with the cluster's secret, whose subject is the ``cluster``
+        role. Whether or not client authentication is on."""
+        if self.cluster_secret is None:
+            raise refusals.AuthenticationError(
+                "auth_method 'cluster' is for a cluster's brokers, and this broker is not one"
+            )
+        try:
+            claims = jwt.decode(
+                data.decode("ascii", "replace"),
+                self.cluster_secret,
+                algorithms=["HS256"],
+                issuer=CLUSTER_ISSUER,
+                options={"require": ["sub", "iss"]},
+            )
+        except jwt.InvalidTokenError as exc:
+            raise refusals.AuthenticationError(
+                f"not a token of this cluster's brokers: {exc}"
+            ) from None
+        if claims.get("sub") != CLUSTER_ROLE_NAME:
+            raise refusals.AuthenticationError("a cluster token's subject must be 'cluster'")
+        return Principal(CLUSTER_ROLE_NAME, superuser=False)
 
     def authenticate_bearer(self, header: str | None) -> Principal:
         """The principal of an ``Authorization`` header (AUTHENTICATION_ERROR

@@ -9,7 +9,12 @@ coordinator tells it (`tc.TxnEnd`) carries everything it needs: the broker
 never asks a coordinator back on that path. END_TXN_ON_PARTITION /
 _SUBSCRIPTION read off the wire are checked against the decision of their
 coordinator first (`decided_end`): anyone holding the cluster role could
-send one.
+send one. In a cluster, a participant whose slot another broker owns is
+told there (`tc.ParticipantElsewhere`, `broker._peers`), and an END from
+a coordinator on another broker is taken at its slot's current epoch only
+(`_told_end`); a transactional send or ack whose coordinator is on another
+broker is checked with it first and answered once durable
+(`remote_coordinator`, docs/cluster.md).
 
 Topics load on first use (see `buffer.Topics`): a start reads the topic
 list, opens the coordinators (which recover their own logs) and serves;
@@ -53,6 +58,7 @@ from proto import refusals, txn_text
 from proto import txnbuf_pb2 as pb
 from subscriptions import Consumer, Subscriptions
 from tc import (
+    ParticipantElsewhere,
     ProducerSettings,
     TransactionCoordinator,
     TxnEnd,
@@ -527,6 +533,12 @@ class Broker:
         where its transaction buffer exists and no other END of it is under
         way there, else once it can be."""
         faults.refuse("broker.end_txn_on_participant")
+        cluster = self.cluster
+        if cluster is not None and not cluster.serves(topic):
+            raise ParticipantElsewhere(
+                f"partition {topic}/{partition}",
+                functools.partial(cluster.peers.end_on_partition, topic, partition, end),
+            )
         if not self._has_partition(topic, partition, end.txnid):
             return None
         found = self.topics.get(topic)
@@ -544,8 +556,12 @@ class Broker:
         as ``end`` says, queued at once (once the topic is loaded, if it is
         not)."""
         faults.refuse("broker.end_txn_on_participant")
-        if self.cluster is not None:
-            self.cluster.gate(topic)
+        cluster = self.cluster
+        if cluster is not None and not cluster.serves(topic):
+            raise ParticipantElsewhere(
+                f"subscription {topic}/{subscription}",
+                functools.partial(cluster.peers.end_on_subscription, topic, subscription, end),
+            )
         if self.topics.get(topic) is None and topic in self.topics:
             return self._end_on_subscription(topic, subscription, end, True)
         self.subscriptions.end_txn_early(topic, subscription, end.txnid, end.commit)
@@ -574,6 +590,24 @@ class Broker:
         await self.topics.load_topic(topic)  # (loaded, and prepared, first)
         await self.subscriptions.end_txn(topic, subscription, end.txnid, end.commit, early)
 
+    async def end_locally_on_partition(self, topic: str, partition: int, end: TxnEnd) -> None:
+        """``end`` applied here, durably (a participant whose slot came to
+        this broker while its coordinator's tell was under way)."""
+        if self._has_partition(topic, partition, end.txnid):
+            await self._end_on_partition(topic, partition, end, False)
+
+    async def end_locally_on_subscription(self, topic: str, subscription: str, end: TxnEnd) -> None:
+        """As `end_locally_on_partition`, on a subscription."""
+        if self.cluster is not None:
+            self.cluster.gate(topic)
+        await self._end_on_subscription(topic, subscription, end, False)
+
+    def remote_coordinator(self, txnid: TxnID) -> bool:
+        """True if ``txnid``'s coordinator is on another broker of the
+        cluster (its sends and acks here are checked with it first, and
+        answered once durable: docs/cluster.md)."""
+        return self.cluster is not None and txnid.tcid not in self.coordinators
+
     # -- END_TXN_ON_PARTITION / _SUBSCRIPTION from the wire -------------------------------
 
     def decided_end(self, txnid: TxnID, commit: bool) -> TxnEnd:
@@ -600,25 +634,58 @@ class Broker:
             )
         return end
 
+    async def _told_end(
+        self,
+        txnid: TxnID,
+        commit: bool,
+        told: pb.CommandEndTxnOnPartition | pb.CommandEndTxnOnSubscription | None,
+    ) -> TxnEnd:
+        """The decision an END off the wire carries: checked with the
+        coordinator if it runs here (`decided_end`); in a cluster, when it
+        runs on another broker, taken as the END says if it comes at the
+        coordinator slot's epoch of the cluster tables (not an older one: a
+        broker that lost the slot; not a newer one: made up), else refused,
+        nothing changed (`ClusterGate.fence_coordinator`)."""
+        cluster = self.cluster
+        if cluster is None or told is None or txnid.tcid in self.coordinators:
+            return self.decided_end(txnid, commit)
+        await cluster.fence_coordinator(txnid.tcid, told.coordinator_slot_epoch, str(txnid))
+        producer = (told.producer_id, told.producer_epoch) if told.HasField("producer_id") else None
+        return TxnEnd(txnid, commit, producer, told.coordinator_epoch)
+
     async def end_txn_on_partition_durably(
-        self, topic: str, partition: int, txnid: TxnID, commit: bool
+        self,
+        topic: str,
+        partition: int,
+        txnid: TxnID,
+        commit: bool,
+        told: pb.CommandEndTxnOnPartition | None = None,
     ) -> None:
-        """END_TXN_ON_PARTITION from the wire: checked (`decided_end`), then
+        """END_TXN_ON_PARTITION from the wire: checked (`_told_end`), then
         applied as `end_txn_on_partition`, returning once what it wrote is
-        durable."""
-        end = self.decided_end(txnid, commit)
+        durable (a repeat of an END applied already is answered done)."""
+        end = await self._told_end(txnid, commit, told)
         if self._has_partition(topic, partition, txnid):
             await self._end_on_partition(topic, partition, end, False)
+        if self.cluster is not None:
+            self.cluster.peers.forget(txnid, f"{topic}/{partition}")
 
     async def end_txn_on_subscription_durably(
-        self, topic: str, subscription: str, txnid: TxnID, commit: bool
+        self,
+        topic: str,
+        subscription: str,
+        txnid: TxnID,
+        commit: bool,
+        told: pb.CommandEndTxnOnSubscription | None = None,
     ) -> None:
-        """END_TXN_ON_SUBSCRIPTION from the wire: checked (`decided_end`),
+        """END_TXN_ON_SUBSCRIPTION from the wire: checked (`_told_end`),
         then applied, returning once what it wrote is durable."""
-        end = self.decided_end(txnid, commit)
+        end = await self._told_end(txnid, commit, told)
         if self.cluster is not None:
             self.cluster.gate(topic)
         await self._end_on_subscription(topic, subscription, end, False)
+        if self.cluster is not None:
+            self.cluster.peers.forget(txnid, f"{topic}/{subscription}")
 
     def reset_connections_state(self) -> None:
         """Forget the producers of the connections (all closed: a cluster
@@ -655,6 +722,20 @@ class Broker:
                 del self._producers_of[topic]
 
 
+class PeerRequests(Protocol):
+    """What a cluster broker asks of the others (`broker._peers.Peers`)."""
+
+    async def end_on_partition(self, topic: str, partition: int, end: TxnEnd) -> None: ...
+
+    async def end_on_subscription(self, topic: str, subscription: str, end: TxnEnd) -> None: ...
+
+    async def register(
+        self, txnid: TxnID, topic: str, partition: int | None = None, subscription: str = ""
+    ) -> None: ...
+
+    def forget(self, txnid: TxnID, participant: str) -> None: ...
+
+
 class ClusterGate(Protocol):
     """What a cluster broker's host (`broker._cluster.ClusterHost`) answers
     for the slots it does not serve."""
@@ -674,6 +755,20 @@ class ClusterGate(Protocol):
 
     async def coordinator_owner(self, tcid: int) -> str:
         """LOOKUP of coordinator ``tcid``: as `topic_owner`, for its slot."""
+        ...
+
+    @property
+    def peers(self) -> PeerRequests:
+        """The requests to the other brokers (`broker._peers.Peers`)."""
+        ...
+
+    def serves(self, topic: str) -> bool:
+        """True if ``topic``'s slot is served here."""
+        ...
+
+    async def fence_coordinator(self, tcid: int, epoch: int, what: str) -> None:
+        """Refuse (nothing changes) an END told by coordinator ``tcid`` at
+        its slot epoch ``epoch`` unless that is the slot's epoch now."""
         ...
 
 

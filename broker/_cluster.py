@@ -44,6 +44,10 @@ written by the owner of slot 0 only (a grant or revoke elsewhere is refused
 NotOwner, naming it) and read again from the store by the others at each
 look; the metrics' counters are not kept in a cluster (each broker counts
 from its start); each slot has its own topic list (`buffer._topics`).
+Transactions across brokers (`broker._peers`): the host holds the
+connections to the other brokers (`peers`, made at start with the
+cluster's secret from the database) and fences ENDs from coordinators on
+other brokers against the tables' slot epochs (`fence_coordinator`).
 docs/cluster.md has the decisions.
 """
 
@@ -57,6 +61,7 @@ import time
 from broker._auth import ACL_LEDGER, read_acl
 from broker._broker import Broker
 from broker._errors import cluster_store_failures
+from broker._peers import Peers
 from broker._slots import slot_of, slot_of_key
 from buffer import Topics
 from cluster import LeaseTiming, Member, MembershipError, PostgresMembership
@@ -114,6 +119,7 @@ class ClusterHost:
         self._reading: asyncio.Task[object] | None = None  # a read of the tables for lookups
         self._read_at = 0.0
         self.drops = 0  # drop_all since start, for stats and tests
+        self._peers: Peers | None = None  # (made by `start`: it needs the cluster's secret)
         self.store_wait = store_wait
         # Done (with the reason) when the store could not be reopened within
         # store_wait: `txnbuf serve` exits with status 1.
@@ -146,6 +152,13 @@ class ClusterHost:
             raise LedgerError(str(exc)) from exc
         cluster_store_failures()  # (a store out of service: NOT_OWNER, retriable)
         host = cls(broker, membership, store_url, lease, producer_settings, kafka, store_wait)
+        try:
+            secret = await membership.secret()
+        except MembershipError as exc:
+            await membership.close()
+            raise LedgerError(str(exc)) from exc
+        host._peers = Peers(host, secret)
+        broker.security.cluster_secret = secret
         for _ in range(FIRST_LOOKS):
             await host.member.tick()
         await host.member.loads_done()
@@ -192,6 +205,38 @@ class ClusterHost:
         if slot not in self.served:
             raise self._not_owner(slot, f"topic {topic!r}")
 
+    def serves(self, topic: str) -> bool:
+        return slot_of_key(topic, self.broker.store.slot_count) in self.served
+
+    @property
+    def peers(self) -> Peers:
+        assert self._peers is not None, "the cluster host has not started"
+        return self._peers
+
+    async def fence_coordinator(self, tcid: int, epoch: int, what: str) -> None:
+        """Coordinator ``tcid``'s END of ``what`` comes at slot epoch
+        ``epoch``: taken only if that is the slot's epoch in the cluster
+        tables (the last look, or, if it differs, the tables read again
+        now); else refused (NOT_ALLOWED, nothing changes). An older epoch
+        is a broker that lost the coordinator's slot (paused, partitioned):
+        it cannot end a transaction here. A newer one than the tables hold
+        is made up."""
+        slot = tcid % self.broker.store.slot_count
+        now = self._slot_epoch(slot)
+        if now != epoch:
+            await self._fresh()
+            now = self._slot_epoch(slot)
+        if now != epoch or epoch == 0:
+            raise refusals.NotAllowed(
+                f"end of {what} refused: it comes from coordinator {tcid} at epoch {epoch} of "
+                f"slot {slot}, and the cluster tables have that slot at epoch {now} (the END "
+                "is not from its owner); nothing was changed",
+            )
+
+    def _slot_epoch(self, slot: int) -> int | None:
+        view = self.membership.last_view
+        return view.slots[slot].epoch if view is not None and slot < len(view.slots) else None
+
     def coordinator_not_here(self, tcid: int) -> refusals.Refusal:
         slots = self.broker.store.slot_count
         return self._not_owner(tcid % slots, f"transaction coordinator {tcid}")
@@ -229,6 +274,15 @@ class ClusterHost:
             await asyncio.shield(reading)
         except Exception as exc:  # (answered from the last look)
             log.debug("reading the cluster tables for a lookup failed: %s", exc)
+
+    async def fresh_view(self) -> None:
+        """`_fresh`, for `broker._peers.Peers`."""
+        await self._fresh()
+
+    def owner_seen(self, slot: int, what: str) -> str:
+        """`_owner_seen`, for `broker._peers.Peers` (its looks are not
+        refusals: not counted)."""
+        return self._owner_seen(slot, what, counted=False)
 
     def _owner_seen(self, slot: int, what: str, counted: bool = True) -> str:
         """`_owner_url` from the last look only: `refusals.NotOwner`
@@ -281,6 +335,8 @@ class ClusterHost:
         broker = self.broker
         store = broker.store
         self.served.discard(slot)
+        if self._peers is not None:
+            self._peers.forget_all()
         tc = broker.coordinators.pop(slot, None)
         if tc is not None:
             await tc.close()
@@ -300,6 +356,8 @@ class ClusterHost:
         broker = self.broker
         log.warning("dropping everything held in memory and starting again: %s", reason)
         self.served.clear()
+        if self._peers is not None:
+            self._peers.forget_all()
         await self._close_connections()
         for tc in list(broker.coordinators.values()):
             await tc.close()
@@ -507,6 +565,8 @@ class ClusterHost:
         return done
 
     async def close(self) -> None:
+        if self._peers is not None:
+            await self._peers.close()
         if self._acl_refresh is not None:
             self._acl_refresh.cancel()
         if self._reading is not None:

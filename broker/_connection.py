@@ -33,14 +33,14 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Coroutine, Sequence
 from itertools import repeat
 from typing import Any, Protocol
 
 from aiohttp import WSMsgType, web
 from google.protobuf.message import DecodeError
 
-from broker._auth import NOBODY, Principal
+from broker._auth import ANONYMOUS, NOBODY, Principal
 from broker._broker import Broker, ConnectedProducer
 from broker._context import Handlers, command, merge_handlers, success
 from broker._epoch import epoch_handlers
@@ -52,6 +52,7 @@ from broker._seek import seek_handlers
 from broker._transactions import CLUSTER_ROLE, Transactions
 from buffer import (
     MessageId,
+    Partition,
     PublishResult,
     SendRejectedError,
     check_consumer_name,
@@ -63,7 +64,7 @@ from buffer import (
 from proto import MAX_MESSAGE_SIZE, next_frame, refusals
 from proto import txnbuf_pb2 as pb
 from subscriptions import Consumer, SubType
-from tc import wire_txnid
+from tc import TxnID, wire_txnid
 
 __all__ = ["CLUSTER_ROLE", "PROTOCOL_VERSION", "Connection", "Socket"]
 
@@ -110,6 +111,7 @@ class Connection:
         # `require_role` looks for.
         self.who: Principal = broker.security.anonymous
         self.roles: frozenset[str] = self.who.roles
+        self._connected = False  # a CONNECT was answered (a later one keeps the role)
         self._expiry: asyncio.TimerHandle | None = None  # the token's end
         self._hangup = False  # close the socket once the answers queued are written
         self._out: collections.deque[bytes] = collections.deque()
@@ -482,9 +484,18 @@ class Connection:
             fail(error_code(exc), str(exc))
             return
         first_seq = req.first_sequence_id if req.HasField("first_sequence_id") else None
+        pending: Awaitable[PublishResult]
         try:
-            if req.transactional:
-                txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
+            if req.transactional and self.broker.remote_coordinator(
+                txnid := wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
+            ):
+                # Its coordinator is on another broker: checked with it first
+                # (it registers this partition, or refuses a transaction not
+                # OPEN), then answered once durable (docs/cluster.md).
+                pending = self._send_elsewhere_coordinated(
+                    partition, txnid, producer.name, messages, req.batch, first_seq
+                )
+            elif req.transactional:
                 # KIP-890's defense, part 2: the coordinator adds this
                 # partition to the transaction, or refuses one not OPEN.
                 self.broker.coordinator(txnid).add_partition(
@@ -544,6 +555,26 @@ class Connection:
             answer(result)
 
         self.spawn(receipt())
+
+    async def _send_elsewhere_coordinated(
+        self,
+        partition: Partition,
+        txnid: TxnID,
+        producer: str,
+        messages: Sequence[pb.SingleMessage],
+        encoded: bytes,
+        first_seq: int | None,
+    ) -> PublishResult:
+        """A transactional send whose coordinator is on another broker:
+        checked with (and registered at) the coordinator, then stored and
+        answered once durable (never once queued: a commit decided there
+        must not overtake it)."""
+        cluster = self.broker.cluster
+        assert cluster is not None
+        await cluster.peers.register(txnid, partition.topic, partition=partition.index)
+        return await self.broker.publish_txn(
+            partition, txnid, producer, messages, encoded, False, first_seq
+        )
 
     def _on_subscribe(self, cmd: pb.BaseCommand) -> None:
         req = cmd.subscribe
@@ -629,11 +660,18 @@ class Connection:
                 early = False
                 if req.transactional:
                     txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
-                    self.broker.coordinator(txnid).add_subscription(  # (as for a send)
-                        txnid, consumer.topic, consumer.subscription
-                    )
                     key = txnid
-                    early = True  # (answered once queued, as a send)
+                    cluster = self.broker.cluster
+                    if cluster is not None and self.broker.remote_coordinator(txnid):
+                        # (checked with its coordinator elsewhere, answered once durable)
+                        await cluster.peers.register(
+                            txnid, consumer.topic, subscription=consumer.subscription
+                        )
+                    else:
+                        self.broker.coordinator(txnid).add_subscription(  # (as for a send)
+                            txnid, consumer.topic, consumer.subscription
+                        )
+                        early = True  # (answered once queued, as a send)
                 await self.broker.subscriptions.ack_positions(
                     consumer, by_part, cumulative, key, early
                 )
@@ -687,7 +725,8 @@ class Connection:
         is answered and the connection closed."""
         try:
             who = self.broker.security.authenticate(req.auth_method, req.auth_data)
-            if self.who is not NOBODY and who.role != self.who.role:
+            first = self.who is NOBODY or (self.who is ANONYMOUS and not self._connected)
+            if not first and who.role != self.who.role:
                 raise refusals.AuthenticationError(
                     f"this connection is {self.who.name}; a CONNECT cannot change it",
                 )
@@ -696,6 +735,7 @@ class Connection:
             self._hang_up()
             return False
         self.who, self.roles = who, who.roles
+        self._connected = True
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None

@@ -182,8 +182,38 @@ class Transactions:
             resp.message = error_text(exc)
         self.send(out)
 
+    def _from_participant(
+        self, req: pb.CommandAddPartitionToTxn | pb.CommandAddSubscriptionToTxn
+    ) -> None:
+        """ADD_*_TO_TXN ``from_participant``: a participant on another
+        broker checks that the transaction is OPEN and registers with its
+        coordinator here (`broker._peers`). The cluster role only (the
+        participant's broker checked its client's permissions); the
+        registration is logged and answered once durable."""
+        what = "register a participant on another broker"
+        try:
+            self.ctx.require_role(CLUSTER_ROLE, f"{what} (from_participant)")
+            txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
+            tc = self.broker.coordinator(txnid)
+            if isinstance(req, pb.CommandAddPartitionToTxn):
+                parts = [(check_topic_name(r.topic), r.partition) for r in req.partitions]
+                written = tc.register_remote(txnid, partitions=parts)
+            else:
+                subs = [
+                    (check_topic_name(r.topic), check_subscription_name(r.subscription))
+                    for r in req.subscriptions
+                ]
+                written = tc.register_remote(txnid, subscriptions=subs)
+        except Exception as exc:
+            self._txn_respond(req, what, exc)
+            return
+        self._txn_answer(req, _durable(written), what)
+
     def on_add_partition(self, cmd: pb.BaseCommand) -> None:
         req = cmd.add_partition_to_txn
+        if req.from_participant:
+            self._from_participant(req)
+            return
         try:
             txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
             tc = self.broker.coordinator(txnid)
@@ -205,6 +235,9 @@ class Transactions:
 
     def on_add_subscription(self, cmd: pb.BaseCommand) -> None:
         req = cmd.add_subscription_to_txn
+        if req.from_participant:
+            self._from_participant(req)
+            return
         try:
             txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
             tc = self.broker.coordinator(txnid)
@@ -346,7 +379,11 @@ class Transactions:
         try:
             self.ctx.require_role(CLUSTER_ROLE, "END_TXN_ON_PARTITION")
             work: Awaitable[None] = self.broker.end_txn_on_partition_durably(
-                req.partition.topic, req.partition.partition, txnid, req.txn_action == pb.COMMIT
+                req.partition.topic,
+                req.partition.partition,
+                txnid,
+                req.txn_action == pb.COMMIT,
+                req,
             )
         except Exception as exc:
             work = _raise(exc)
@@ -362,6 +399,7 @@ class Transactions:
                 req.subscription.subscription,
                 txnid,
                 req.txn_action == pb.COMMIT,
+                req,
             )
         except Exception as exc:
             work = _raise(exc)
@@ -370,6 +408,10 @@ class Transactions:
 
 async def _raise(exc: Exception) -> None:
     raise exc
+
+
+async def _durable(written: asyncio.Future[int]) -> None:
+    await written
 
 
 def _quietly(f: asyncio.Future[None]) -> None:

@@ -286,10 +286,10 @@ class Client:
         A cluster: coordinator k lives on the owner of slot k. Without
         ``near`` the coordinators are those of the first broker; with
         ``near`` (a topic) the coordinator of that topic's slot, which is
-        always on the broker serving it, so that sends and acks on the
-        topics of that broker may join the transaction (a transaction
-        across brokers is not built: refused); topics of near's own slot
-        stay with it through every move.
+        always on the broker serving it (topics of near's own slot stay
+        with it through every move): a transaction whose sends and acks are
+        all on its coordinator's broker commits in one frame; one across
+        brokers takes the longer path of ``client._txn`` (docs/cluster.md).
         """
         if (
             isinstance(timeout, bool)

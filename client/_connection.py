@@ -251,6 +251,11 @@ class Router(Protocol):
     def saw_cluster(self, conn: Connection, slots: int) -> None:
         """``conn``'s broker answered CONNECTED with ``slots``."""
 
+    async def lookup(
+        self, *, topic: str = "", tc_id: int | None = None, deadline: float | None = None
+    ) -> Connection:
+        """The connection of the broker serving ``topic`` or coordinator ``tc_id``."""
+
 
 class ProducerHandler(Handler, Protocol):
     @property
@@ -354,13 +359,16 @@ class Connection:
         id_base: int = 0,
         router: Router | None = None,
         fallbacks: list[str] | None = None,
+        auth_method: str = "token",
     ) -> None:
         """``id_base``: where this connection's request, producer and
         consumer ids and link generations start (the connections of one
         client use disjoint ranges); ``router``: see the module docstring;
         ``fallbacks``: further URLs of the same service to try in turn when
         ``url`` cannot be reached (the client's home connection: the other
-        service URLs, and the brokers lookups named)."""
+        service URLs, and the brokers lookups named); ``auth_method``: what
+        CONNECT names ``token`` as (a cluster's brokers talk to each other
+        with "cluster", `broker._peers`)."""
         self._stream = stream_address(url)  # (None: the WebSocket)
         for other in fallbacks or ():
             stream_address(other)  # (refused here if it is not a broker's URL)
@@ -371,6 +379,7 @@ class Connection:
         self._attempt = 0
         self.operation_timeout = operation_timeout
         self._token = token
+        self._auth_method = auth_method
         self._ssl: ssl.SSLContext | bool = ssl_context if ssl_context is not None else True
         self.max_message_size = DEFAULT_MAX_MESSAGE_SIZE
         self.tc_ids: tuple[int, ...] = ()  # from the last CONNECTED
@@ -655,7 +664,7 @@ class Connection:
                         protocol_version=PROTOCOL_VERSION,
                     )
                     if self._token:
-                        hello.connect.auth_method = "token"
+                        hello.connect.auth_method = self._auth_method
                         hello.connect.auth_data = self._token.encode()
                     await ws.send_bytes(hello.SerializeToString())
                     msg = await ws.receive()

@@ -58,6 +58,17 @@ Decisions written down here:
   though it committed with all its sends and acks. A send or ack that
   timed out on the client while the broker took it is committed with the
   rest when the END succeeds (the broker decides).
+* A cluster: a send or ack on a topic served by another broker than the
+  transaction's coordinator's (``_cross``) puts the transaction on the
+  full path for good (what it held is sent at once); that broker checks
+  with the coordinator and answers it once durable. Its ``commit()`` then
+  never writes END behind its sends (they are on other links): it frames
+  what is queued, waits until every send and ack of the transaction on
+  every connection was answered, then sends END_TXN; ``abort()`` waits for
+  them too (bounded by twice the operation timeout) before END_TXN ABORT.
+  An END_TXN whose broker answers NOT_OWNER or gives no answer within
+  ``END_ATTEMPT_S`` is sent again at the coordinator's owner as a LOOKUP
+  names it then (``_request_end``), until the operation timeout.
 * ``abort()`` frames the sends and acks still queued, then sends END_TXN
   ABORT at once, without waiting for their answers, and with ``after_ops``:
   the broker aborts once it has answered the sends and acks it read
@@ -91,6 +102,7 @@ Decisions written down here:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import secrets
@@ -108,6 +120,7 @@ from .errors import (
     InvalidInputError,
     InvalidTxnStatusError,
     NotAllowedError,
+    NotOwnerError,
     OperationTimeoutError,
     ProtocolError,
     TransactionNotFoundError,
@@ -120,6 +133,8 @@ if TYPE_CHECKING:
     from ._spares import SparePool
 
 log = logging.getLogger("client")
+
+END_ATTEMPT_S = 3.0  # seconds one END_TXN try at a cluster's broker may take before a lookup
 
 # --- the state table ----------------------------------------------------------
 
@@ -220,19 +235,14 @@ def check_txn(txn: Transaction, conn: Connection) -> None:
     is sent otherwise)."""
     if not isinstance(txn, Transaction):
         raise InvalidInputError(f"txn must be a Transaction or None, not {type(txn).__name__}")
-    if txn._conn is not conn:
-        if txn._conn.router is not None and txn._conn.router is conn.router:
-            raise NotAllowedError(
-                f"transaction {txn.id} has its coordinator at {txn._conn.url} and this topic "
-                f"is served at {conn.url}: a transaction across a cluster's brokers is not "
-                "built yet (new_transaction(near=topic) takes a coordinator on the broker "
-                "of that topic)"
-            )
-        raise InvalidInputError(f"transaction {txn.id} belongs to another Client")
     if txn._state is not _OPEN:
         raise InvalidTxnStatusError(
             f"transaction {txn.id} is {txn._state.value}: no more sends or acks"
         )
+    if txn._conn is not conn:
+        if txn._conn.router is None or txn._conn.router is not conn.router:
+            raise InvalidInputError(f"transaction {txn.id} belongs to another Client")
+        txn._cross()
 
 
 class Transaction:
@@ -273,6 +283,10 @@ class Transaction:
         self._places: dict[tuple[str, int], int] = {}
         self._filling: dict[tuple[str, int], BatchFiller] = {}
         self._pending_ops = 0
+        # A send or ack of it went to another broker than its coordinator's
+        # (a cluster): it is on the full path, and its END goes only once
+        # every send and ack of it is answered (see the module docstring).
+        self._crossing = False
         # What commit() waits on while sends or acks are unanswered.
         self._settled: asyncio.Future[None] | None = None
         self._error: TxnbufError | None = None
@@ -413,6 +427,14 @@ class Transaction:
         if self._held_bytes > self._held_limit:
             self._go_full()
 
+    def _cross(self) -> None:
+        """A send or ack of the transaction goes to another broker than its
+        coordinator's: from now on it is on the full path (what it held is
+        sent now), and ``commit()`` waits for every answer before END_TXN."""
+        self._crossing = True
+        if self._holding and not self._ending:
+            self._go_full()
+
     def flush(self) -> None:
         """Send what the transaction holds to the broker now (as SEND and
         ACK frames), and from now on each send and ack as it comes: the
@@ -542,6 +564,35 @@ class Transaction:
 
     # --- ending -------------------------------------------------------------
 
+    async def _request_end(self, build: Callable[[int], Command], what: str) -> Command:
+        """END_TXN, retried until the operation timeout; in a cluster,
+        re-sent at the coordinator's new owner when its broker answers
+        NOT_OWNER or does not answer (END_TXN is idempotent: the new
+        owner's recovered coordinator answers the outcome it decided, or
+        has aborted a transaction that was OPEN)."""
+        conn = self._conn
+        router = conn.router
+        if router is None or not router.cluster:
+            return await conn.request(build, Command.TXN_RESPONSE, what, link_bound=False)
+        loop = self._loop
+        deadline = loop.time() + conn.operation_timeout
+        while True:
+            attempt = min(deadline, loop.time() + END_ATTEMPT_S)
+            try:
+                return await self._conn.request(
+                    build, Command.TXN_RESPONSE, what, attempt, link_bound=False
+                )
+            except (NotOwnerError, OperationTimeoutError) as exc:
+                if loop.time() >= deadline:
+                    raise
+                try:
+                    found = await router.lookup(tc_id=self.tc_id, deadline=deadline)
+                except OperationTimeoutError:
+                    raise exc from None
+                if found is not self._conn:
+                    log.info("%s: the coordinator is at %s now: %s", what, found.url, exc)
+                    self._conn = found
+
     async def commit(self) -> None:
         """Wait for the transaction's sends and acks, then commit it (or, if
         one of them failed, abort it and raise that error). Raises
@@ -556,7 +607,10 @@ class Transaction:
                 await self._commit_held()
                 return
             refused: TxnbufError | None = None
-            if self._pending_ops:
+            if self._crossing:  # (frames of other links: END goes once all are answered)
+                for flush in list(self._flushes):
+                    flush()
+            elif self._pending_ops:
                 tried = await self._commit_behind_ops()
                 if tried is True:
                     return
@@ -658,9 +712,19 @@ class Transaction:
         self._begin(TxnEvent.ABORT)
         if self._holding:  # (nothing written: its acknowledged messages come again)
             self._release_held(redeliver=True)
-        for flush in self._flushes:  # (what was queued goes before the END, in order)
+        for flush in list(self._flushes):  # (what was queued goes before the END, in order)
             flush()
         try:
+            if self._crossing and self._pending_ops:
+                # (sends and acks on other brokers' links: the END goes once
+                # they are answered, so none lands after the abort there)
+                self._settled = self._loop.create_future()
+                with contextlib.suppress(TxnbufError):
+                    await wait_future_until(
+                        self._settled,
+                        self._loop.time() + 2 * self._conn.operation_timeout,
+                        f"abort of transaction {self.id} (waiting for its sends and acks)",
+                    )
             await self._end(TxnEvent.ABORT)
         finally:
             self._ending = False
@@ -710,9 +774,7 @@ class Transaction:
         what = f"{event.value} transaction {self.id}"
         try:
             if behind_ops is None:
-                reply = await self._conn.request(
-                    build, Command.TXN_RESPONSE, what, link_bound=False
-                )
+                reply = await self._request_end(build, what)
             else:
                 reply = await self._conn.request_on(
                     behind_ops, build, Command.TXN_RESPONSE, what, self._conn.deadline()

@@ -24,6 +24,7 @@ up (and is tried again at the next look) instead of holding up renewals; and
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -274,6 +275,24 @@ class PostgresMembership:
         except _DRIVER_ERRORS as exc:
             raise _unknown(what, exc) from exc
         return rows
+
+    async def secret(self) -> str:
+        """The cluster's shared secret (`txnbuf.meta` ``cluster_secret``),
+        made by the first broker that asks: brokers sign the tokens they
+        present to each other with it (docs/security.md)."""
+        try:
+            async with self._pool.acquire() as conn:
+                await conn.execute(
+                    "INSERT INTO txnbuf.meta (key, value) VALUES ('cluster_secret', $1) "
+                    "ON CONFLICT (key) DO NOTHING",
+                    secrets.token_hex(32),
+                )
+                value = await conn.fetchval(
+                    "SELECT value FROM txnbuf.meta WHERE key = 'cluster_secret'"
+                )
+        except _DRIVER_ERRORS as exc:
+            raise _unknown("reading the cluster's secret", exc) from exc
+        return str(value)
 
     # -- MembershipStore ----------------------------------------------------------
 

@@ -542,6 +542,12 @@ class LedgerStore:
         self._names = SortedList(self._ledgers)
         return epochs
 
+    def slot_epoch(self, slot: int) -> int | None:
+        """The epoch at which this store writes ``slot``'s ledgers (None: it
+        does not hold it, or has no slots)."""
+        epochs = getattr(self._engine, "epochs", None)
+        return None if epochs is None else epochs.get(slot)
+
     async def hold_slot(self, slot: int, epoch: int) -> list[str]:
         """Write the ledgers of ``slot`` at ``epoch`` from now on (PostgreSQL,
         a store with an owner): the slot was taken at that epoch by this

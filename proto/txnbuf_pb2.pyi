@@ -514,28 +514,32 @@ class CommandNewTxnResponse(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., error: _Optional[_Union[ServerError, str]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class CommandAddPartitionToTxn(_message.Message):
-    __slots__ = ("request_id", "txnid_most_bits", "txnid_least_bits", "partitions")
+    __slots__ = ("request_id", "txnid_most_bits", "txnid_least_bits", "partitions", "from_participant")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TXNID_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
     TXNID_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    FROM_PARTICIPANT_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     txnid_most_bits: int
     txnid_least_bits: int
     partitions: _containers.RepeatedCompositeFieldContainer[PartitionRef]
-    def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[PartitionRef, _Mapping]]] = ...) -> None: ...
+    from_participant: bool
+    def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[PartitionRef, _Mapping]]] = ..., from_participant: _Optional[bool] = ...) -> None: ...
 
 class CommandAddSubscriptionToTxn(_message.Message):
-    __slots__ = ("request_id", "txnid_most_bits", "txnid_least_bits", "subscriptions")
+    __slots__ = ("request_id", "txnid_most_bits", "txnid_least_bits", "subscriptions", "from_participant")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TXNID_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
     TXNID_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
+    FROM_PARTICIPANT_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     txnid_most_bits: int
     txnid_least_bits: int
     subscriptions: _containers.RepeatedCompositeFieldContainer[SubscriptionRef]
-    def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., subscriptions: _Optional[_Iterable[_Union[SubscriptionRef, _Mapping]]] = ...) -> None: ...
+    from_participant: bool
+    def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., subscriptions: _Optional[_Iterable[_Union[SubscriptionRef, _Mapping]]] = ..., from_participant: _Optional[bool] = ...) -> None: ...
 
 class CommandEndTxn(_message.Message):
     __slots__ = ("request_id", "txnid_most_bits", "txnid_least_bits", "txn_action", "next_txn_ttl_ms", "next_tc_id", "after_ops")
@@ -614,32 +618,48 @@ class CommandTxnResponse(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., error: _Optional[_Union[ServerError, str]] = ..., message: _Optional[str] = ..., next_txnid_most_bits: _Optional[int] = ..., next_txnid_least_bits: _Optional[int] = ...) -> None: ...
 
 class CommandEndTxnOnPartition(_message.Message):
-    __slots__ = ("request_id", "txnid_most_bits", "txnid_least_bits", "partition", "txn_action")
+    __slots__ = ("request_id", "txnid_most_bits", "txnid_least_bits", "partition", "txn_action", "coordinator_slot_epoch", "coordinator_epoch", "producer_id", "producer_epoch")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TXNID_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
     TXNID_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     TXN_ACTION_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_SLOT_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     txnid_most_bits: int
     txnid_least_bits: int
     partition: PartitionRef
     txn_action: TxnAction
-    def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., partition: _Optional[_Union[PartitionRef, _Mapping]] = ..., txn_action: _Optional[_Union[TxnAction, str]] = ...) -> None: ...
+    coordinator_slot_epoch: int
+    coordinator_epoch: int
+    producer_id: int
+    producer_epoch: int
+    def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., partition: _Optional[_Union[PartitionRef, _Mapping]] = ..., txn_action: _Optional[_Union[TxnAction, str]] = ..., coordinator_slot_epoch: _Optional[int] = ..., coordinator_epoch: _Optional[int] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ...) -> None: ...
 
 class CommandEndTxnOnSubscription(_message.Message):
-    __slots__ = ("request_id", "txnid_most_bits", "txnid_least_bits", "subscription", "txn_action")
+    __slots__ = ("request_id", "txnid_most_bits", "txnid_least_bits", "subscription", "txn_action", "coordinator_slot_epoch", "coordinator_epoch", "producer_id", "producer_epoch")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TXNID_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
     TXNID_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
     TXN_ACTION_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_SLOT_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     txnid_most_bits: int
     txnid_least_bits: int
     subscription: SubscriptionRef
     txn_action: TxnAction
-    def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., subscription: _Optional[_Union[SubscriptionRef, _Mapping]] = ..., txn_action: _Optional[_Union[TxnAction, str]] = ...) -> None: ...
+    coordinator_slot_epoch: int
+    coordinator_epoch: int
+    producer_id: int
+    producer_epoch: int
+    def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., subscription: _Optional[_Union[SubscriptionRef, _Mapping]] = ..., txn_action: _Optional[_Union[TxnAction, str]] = ..., coordinator_slot_epoch: _Optional[int] = ..., coordinator_epoch: _Optional[int] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ...) -> None: ...
 
 class TransactionMetadataEntry(_message.Message):
     __slots__ = ("metadata_op", "txnid_most_bits", "txnid_least_bits", "expected_status", "new_status", "partitions", "subscriptions", "txn_timeout_ms", "txn_start_time", "txn_last_modification_time", "timed_out", "boot_epoch", "producer_id", "producer_epoch", "two_phase", "producer", "tag", "prepared_timeout_ms", "group_id", "group_sequence", "group_duplicate", "group_updates", "commit_id")
@@ -651,12 +671,14 @@ class TransactionMetadataEntry(_message.Message):
         PRODUCER: _ClassVar[TransactionMetadataEntry.TransactionMetadataOp]
         PRODUCER_EXPIRED: _ClassVar[TransactionMetadataEntry.TransactionMetadataOp]
         GROUP: _ClassVar[TransactionMetadataEntry.TransactionMetadataOp]
+        REGISTER: _ClassVar[TransactionMetadataEntry.TransactionMetadataOp]
     NEW: TransactionMetadataEntry.TransactionMetadataOp
     UPDATE: TransactionMetadataEntry.TransactionMetadataOp
     BOOT: TransactionMetadataEntry.TransactionMetadataOp
     PRODUCER: TransactionMetadataEntry.TransactionMetadataOp
     PRODUCER_EXPIRED: TransactionMetadataEntry.TransactionMetadataOp
     GROUP: TransactionMetadataEntry.TransactionMetadataOp
+    REGISTER: TransactionMetadataEntry.TransactionMetadataOp
     METADATA_OP_FIELD_NUMBER: _ClassVar[int]
     TXNID_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
     TXNID_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]

@@ -18,7 +18,13 @@ from proto import TxnID, wire_txnid
 from tc._coordinator import TransactionCoordinator
 from tc._epoch_mode import ProducerSettings, TwoPhaseCommitNotAllowedError
 from tc._log import TxnLog
-from tc._participants import NotStuckError, Participant, StuckParticipant, TxnEnd
+from tc._participants import (
+    NotStuckError,
+    Participant,
+    ParticipantElsewhere,
+    StuckParticipant,
+    TxnEnd,
+)
 from tc._producers import (
     DEFAULT_EXPIRATION_MS,
     MAX_EPOCH,
@@ -60,6 +66,7 @@ __all__ = [
     "InvalidTxnStatusError",
     "NotStuckError",
     "Participant",
+    "ParticipantElsewhere",
     "ProducerEntry",
     "ProducerEpochError",
     "ProducerFencedError",

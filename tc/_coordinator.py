@@ -29,6 +29,10 @@ One path per request:
 - Registration (`add_partition`, `add_subscription`): in memory, not logged
   (the decision record names every participant); sends and acks are checked
   against it (`verify_partition`, `verify_subscription`: KIP-890's defense).
+  A participant on another broker (a cluster) registers with
+  `register_remote`, which is logged (a REGISTER record) and answered once
+  durable: its send is answered once durable too, so a recovery that
+  aborts the transaction must know to tell it.
 - END (`end_txn`): the decision (COMMITTING / ABORTING) is appended
   (`decide`), and every participant told at once (`tc._participants`):
   each queues its commit marker or ack commit right behind it, in the turn
@@ -287,6 +291,28 @@ class TransactionCoordinator:
     def add_subscription(self, txnid: TxnID, topic: str, subscription: str) -> None:
         """§CommandAddSubscriptionToTxn: as `add_partition`."""
         self._table.register(txnid, subscriptions=[(topic, subscription)], now_ms=now_ms())
+
+    def register_remote(
+        self,
+        txnid: TxnID,
+        partitions: list[tuple[str, int]] = (),  # type: ignore[assignment]
+        subscriptions: list[tuple[str, str]] = (),  # type: ignore[assignment]
+    ) -> asyncio.Future[int]:
+        """A participant on another broker registers (it checks with this
+        coordinator before it takes the transaction's first send or ack
+        there): raises as `add_partition` unless the transaction is OPEN;
+        else the registration is logged (a REGISTER record), so that after
+        a crash the recovered coordinator still knows to tell that
+        participant its decision. The result is done once durable."""
+        self._table.open_one(txnid, "add participants to")
+        rec = Record(metadata_op=Record.REGISTER)
+        rec.txnid_most_bits, rec.txnid_least_bits = txnid
+        rec.txn_last_modification_time = now_ms()
+        for topic, index in partitions:
+            rec.partitions.add(topic=topic, partition=index)
+        for topic, sub in subscriptions:
+            rec.subscriptions.add(topic=topic, subscription=sub)
+        return self.log_record(rec)
 
     def end_txn(self, txnid: TxnID, commit: bool) -> asyncio.Future[None]:
         """§CommandEndTxn: decide now, tell the participants; the result is

@@ -20,6 +20,11 @@ through the `Participant` the broker implements:
   way there) or fails is awaited in a task, told again (backing off) until
   it applies the decision, and listed as stuck meanwhile (`stuck`): an
   operator may ask for a retry now or skip it (`resolve`).
+- A participant owned by another broker (a cluster) raises
+  `ParticipantElsewhere` with what tells it over the wire: that tell runs
+  once the decision is durable (never before: a participant elsewhere
+  does not share this store's group commit), and is retried like a local
+  one until it is answered done; it looks the owner up again at each try.
 - Once every participant has applied the decision, and the decision is
   durable, the channel calls the coordinator's ``finished``, which logs the
   end (COMMITTED / ABORTED).
@@ -46,6 +51,7 @@ __all__ = [
     "NotStuckError",
     "Participant",
     "ParticipantChannel",
+    "ParticipantElsewhere",
     "StuckParticipant",
     "TxnEnd",
 ]
@@ -86,7 +92,8 @@ class Participant(Protocol):
     returns None once they are queued, or an awaitable that completes when
     they are (it has to wait: a transaction buffer being created, another
     END of the transaction under way there). Both are idempotent; they raise
-    if they cannot apply the decision (the coordinator tries again)."""
+    if they cannot apply the decision (the coordinator tries again), or
+    `ParticipantElsewhere` if another broker serves the participant."""
 
     def end_txn_on_partition(
         self, topic: str, partition: int, end: TxnEnd
@@ -95,6 +102,17 @@ class Participant(Protocol):
     def end_txn_on_subscription(
         self, topic: str, subscription: str, end: TxnEnd
     ) -> Awaitable[None] | None: ...
+
+
+class ParticipantElsewhere(Exception):
+    """Raised by a `Participant` whose partition or subscription another
+    broker owns: ``tell()`` tells it there (over the wire), returning once
+    that broker has applied the decision durably. The channel calls it only
+    once the decision is durable."""
+
+    def __init__(self, where: str, tell: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(f"{where} is served by another broker")
+        self.tell = tell
 
 
 class NotStuckError(LookupError):
@@ -183,6 +201,7 @@ class ParticipantChannel:
             )
             for topic, sub in meta.subscriptions
         ]
+        tells = [(name, self._anywhere(call, logged), step) for name, call, step in tells]
         loop = asyncio.get_running_loop()
         later: list[tuple[_Tell, Awaitable[None]]] = []
         for tell in tells:
@@ -201,6 +220,22 @@ class ParticipantChannel:
                 logged.add_done_callback(functools.partial(self._when_durable, meta, tells))
             return
         self._spawn(self._finish(meta, tells, later, logged))
+
+    @staticmethod
+    def _anywhere(
+        call: Callable[[], Awaitable[None] | None], logged: asyncio.Future[int] | None
+    ) -> Callable[[], Awaitable[None] | None]:
+        """``call`` (a participant's end), or, when it says its participant
+        is on another broker, that broker's tell once ``logged`` (the
+        decision) is durable."""
+
+        def attempt() -> Awaitable[None] | None:
+            try:
+                return call()
+            except ParticipantElsewhere as elsewhere:
+                return _tell_elsewhere(elsewhere.tell, logged)
+
+        return attempt
 
     def applied_with(self, txnid: TxnID, written: asyncio.Future[int]) -> None:
         """A decision nobody is told (a local transaction's commit: its
@@ -402,3 +437,12 @@ class ParticipantChannel:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+async def _tell_elsewhere(
+    tell: Callable[[], Awaitable[None]], logged: asyncio.Future[int] | None
+) -> None:
+    """A participant on another broker is told once the decision is durable."""
+    if logged is not None:
+        await asyncio.shield(logged)  # (a failed write raises: not told)
+    await tell()

@@ -492,7 +492,24 @@ class TxnTable:
         if op == Record.GROUP:
             self._apply_group(rec)
             return True
+        if op == Record.REGISTER:
+            return self._apply_register(rec)
         return False
+
+    def _apply_register(self, rec: Record) -> bool:
+        """A REGISTER record: participants on other brokers added to an
+        OPEN transaction (ignored if it is no longer OPEN)."""
+        meta = self.txns.get(wire_txnid(rec.txnid_most_bits, rec.txnid_least_bits))
+        if meta is None or meta.status is not TxnStatus.OPEN:
+            return False
+        for p in rec.partitions:
+            if (p.topic, p.partition) not in meta.partitions:
+                meta.partitions.append((p.topic, p.partition))
+        for s in rec.subscriptions:
+            if (s.topic, s.subscription) not in meta.subscriptions:
+                meta.subscriptions.append((s.topic, s.subscription))
+        meta.last_modified_ms = max(meta.last_modified_ms, rec.txn_last_modification_time)
+        return True
 
     def _apply_group(self, rec: Record) -> None:
         """A GROUP record: every update it carries (those no longer

@@ -479,3 +479,16 @@ def test_sqlitecommit_benchmark_runs_every_shape() -> None:
     ).stdout  # fmt: skip
     for shape in ("one statement", "executemany", "row by row"):
         assert f"| 2 | {shape} |" in out
+
+
+@pytest.mark.integration
+def test_xbroker_benchmark_runs_both_placements_and_checks_the_copy(tmp_path: Path) -> None:
+    results = tmp_path / "xbroker.md"
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.xbroker", "--messages", "50", "--rounds", "1",
+         "--results", str(results)],
+        cwd=ROOT, capture_output=True, text=True, check=True, timeout=180,
+    ).stdout  # fmt: skip
+    assert "round 1 local:" in out and "round 1 across:" in out
+    assert "across / local rate:" in out
+    assert results.read_text().count("| across |") == 1

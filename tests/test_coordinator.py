@@ -26,6 +26,7 @@ from tc import (
     TRANSITIONS,
     InvalidTxnStatusError,
     NotStuckError,
+    ParticipantElsewhere,
     ProducerSettings,
     TransactionCoordinator,
     TxnEnd,
@@ -713,3 +714,72 @@ async def test_ids_answered_before_a_crash_are_never_reissued(tmp_path: Path) ->
         assert tc.new_txn().counter > max(issued)
     finally:
         await opener.close(tc)
+
+
+async def test_a_restart_tells_the_participants_registered_from_other_brokers(
+    open_tc: Opener,
+) -> None:
+    """A participant on another broker registers through a logged REGISTER
+    record: the restart that aborts the OPEN transaction knows to tell it
+    (an in-memory registration would be forgotten, as above)."""
+    tc = await open_tc(0, Recorder())
+    txnid = tc.new_txn()
+    await tc.register_remote(txnid, partitions=[("elsewhere", 2)])
+    await tc.register_remote(txnid, subscriptions=[("elsewhere", "s")])
+    done = tc.new_txn()
+    await tc.end_txn(done, commit=False)
+    with pytest.raises(InvalidTxnStatusError):
+        tc.register_remote(done, partitions=[("elsewhere", 0)])  # (not OPEN: refused)
+    with pytest.raises(TxnNotFoundError):
+        tc.register_remote(TxnID.of(0, 10_000), partitions=[("elsewhere", 0)])
+    await open_tc.close(tc)
+    rec = Recorder()
+    tc = await open_tc(0, rec)
+    try:
+        await wait_status(tc, txnid, TxnStatus.ABORTED)
+        assert sorted((*c[:3], c[4]) for c in rec.calls) == [
+            ("partition", "elsewhere", 2, False),
+            ("subscription", "elsewhere", "s", False),
+        ]
+    finally:
+        await open_tc.close(tc)
+
+
+class Elsewhere(Recorder):
+    """Every participant is on another broker: its tell notes whether the
+    decision was durable when it ran."""
+
+    def __init__(self, tc_holder: list[TransactionCoordinator]) -> None:
+        super().__init__()
+        self.holder = tc_holder
+        self.durable_when_told: list[bool] = []
+
+    def end_txn_on_partition(
+        self, topic: str, partition: int, end: TxnEnd
+    ) -> Awaitable[None] | None:
+        async def tell() -> None:
+            (tc,) = self.holder
+            log_ledger = tc.store.get_ledger("tc/0")
+            assert log_ledger is not None
+            self.durable_when_told.append(log_ledger.settled)  # (the decision durable)
+            self._record("partition", topic, partition, end.txnid, end.commit)
+
+        raise ParticipantElsewhere(f"partition {topic}/{partition}", tell)
+
+
+async def test_a_participant_elsewhere_is_told_once_the_decision_is_durable(
+    open_tc: Opener,
+) -> None:
+    holder: list[TransactionCoordinator] = []
+    rec = Elsewhere(holder)
+    tc = await open_tc(0, rec)
+    holder.append(tc)
+    try:
+        txnid = tc.new_txn()
+        tc.add_partition(txnid, "t", 0)
+        await tc.end_txn(txnid, commit=True)
+        assert [c[:3] for c in rec.calls] == [("partition", "t", 0)]
+        assert rec.durable_when_told == [True]
+        await wait_status(tc, txnid, TxnStatus.COMMITTED)
+    finally:
+        await open_tc.close(tc)

@@ -1,0 +1,336 @@
+"""A cluster broker's requests to the other brokers: transactions across
+brokers (docs/cluster.md, "Transactions across brokers").
+
+Two requests go from broker to broker, over the brokers' own protocol, on
+connections of the `cluster` role (`Peers.token`, signed with the
+cluster's secret, docs/security.md):
+
+- **A coordinator tells a participant on another broker**
+  (`Peers.end_on_partition`, `Peers.end_on_subscription`):
+  END_TXN_ON_PARTITION / END_TXN_ON_SUBSCRIPTION to the owner of the
+  participant's slot, carrying what the participant needs (`tc.TxnEnd`:
+  the outcome, the producer and its epoch, the coordinator's boot epoch)
+  and the coordinator's slot epoch. `tc.ParticipantChannel` calls it only
+  once the decision is durable. It is tried until that owner answers done:
+  the owner is looked up again from the cluster tables at each try (read
+  again when the last look names nobody live), and a refusal NOT_OWNER, a
+  connection lost or a broker not answering is never taken as done. If
+  the slot has come to this broker meanwhile, the decision is applied
+  here. Any other refusal is raised: the channel lists the participant as
+  stuck and tries again, backing off.
+- **A participant checks with a coordinator on another broker**
+  (`Peers.register`): before a broker takes the first transactional SEND
+  (or ACK) of a transaction on one of its partitions (subscriptions) whose
+  coordinator is elsewhere, it sends ADD_PARTITION_TO_TXN
+  (ADD_SUBSCRIPTION_TO_TXN) with ``from_participant`` to the coordinator's
+  owner, which refuses a transaction not OPEN and otherwise logs the
+  registration (so its recovery still knows whom to tell) and answers
+  once durable. A yes is cached per transaction and participant until the
+  transaction ends there.
+
+Connections are made on first use, one per broker URL, and closed when a
+broker stops answering (the next try looks the owner up again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+import jwt
+
+from broker._auth import CLUSTER_ISSUER, CLUSTER_METHOD
+from broker._broker import Broker
+from broker._slots import slot_of_key
+from client._connection import Command, Connection
+from client.errors import (
+    ConnectionLostError,
+    NotOwnerError,
+    OperationTimeoutError,
+    TxnbufError,
+)
+from proto import refusals
+from proto import txnbuf_pb2 as pb
+from tc import TxnEnd, TxnID
+
+__all__ = ["Peers", "cluster_token"]
+
+log = logging.getLogger(__name__)
+
+REQUEST_TIMEOUT = 5.0  # seconds one try at a broker may take
+RETRY_MIN, RETRY_MAX = 0.05, 1.0  # seconds between tries after a move or a lost broker
+REGISTERED_KEPT = 100_000  # (transaction, participant) checks remembered, newest kept
+
+T = pb.BaseCommand
+
+
+def _as_refusal(exc: TxnbufError) -> Exception:
+    """A peer's refusal (raised by the client library) as this broker's own
+    refusal of the same wire code, for the answer to its client; a failure
+    of the client's own (no wire code) as SERVICE_NOT_READY (retriable)."""
+    code = exc.code
+    for cls in _REFUSALS:
+        if cls.code == code:
+            return cls(str(exc))
+    return refusals.ServiceNotReady(f"{exc}")
+
+
+_REFUSALS: list[type[refusals.Refusal]] = [
+    c
+    for c in vars(refusals).values()
+    if isinstance(c, type) and issubclass(c, refusals.Refusal) and "code" in vars(c)
+]
+
+
+def cluster_token(secret: str, who: str) -> str:
+    """The token a cluster's broker presents to the others (role ``cluster``)."""
+    claims = {"sub": "cluster", "iss": CLUSTER_ISSUER, "broker": who, "iat": int(time.time())}
+    return jwt.encode(claims, secret, algorithm="HS256")
+
+
+# A transient failure at a peer: look its owner up again and try again.
+_MOVED = (NotOwnerError, ConnectionLostError, OperationTimeoutError)
+
+
+class Host(Protocol):
+    """What `Peers` needs of its broker's cluster host (`broker._cluster.ClusterHost`)."""
+
+    broker: Broker
+    me: str
+
+    async def fresh_view(self) -> None:
+        """Read the cluster tables again (one read at a time, rate-limited)."""
+
+    def owner_seen(self, slot: int, what: str) -> str:
+        """The empty string if ``slot`` is served here, else its owner's URL as the last
+        look saw it; `refusals.NotOwner` if it saw no live owner."""
+
+
+class Peers:
+    """The connections of one cluster broker to the others (see the module
+    docstring)."""
+
+    def __init__(self, host: Host, secret: str) -> None:
+        self.host = host
+        self.token = cluster_token(secret, host.me)
+        self._conns: dict[str, Connection] = {}
+        self._ids = 0
+        # (txnid, participant) -> the coordinator's yes, for transactions
+        # whose coordinator is elsewhere (newest last).
+        self._registered: collections.OrderedDict[tuple[TxnID, str], None] = (
+            collections.OrderedDict()
+        )
+        self._registering: dict[tuple[TxnID, str], asyncio.Future[None]] = {}
+        self.tells = 0  # remote tells answered done, for stats and tests
+        self.checks = 0  # registrations asked of a coordinator elsewhere
+
+    async def close(self) -> None:
+        conns, self._conns = list(self._conns.values()), {}
+        for conn in conns:
+            await conn.close()
+
+    # -- connections ----------------------------------------------------------------
+
+    def _connection(self, url: str) -> Connection:
+        conn = self._conns.get(url)
+        if conn is None or conn.closed:
+            self._ids += 1
+            conn = Connection(
+                url,
+                REQUEST_TIMEOUT,
+                self.token,
+                id_base=self._ids << 40,
+                auth_method=CLUSTER_METHOD,
+            )
+            self._conns[url] = conn
+        return conn
+
+    async def _forget(self, url: str) -> None:
+        conn = self._conns.pop(url, None)
+        if conn is not None:
+            await conn.close()
+
+    async def _request(self, url: str, build: Callable[[int], Command], what: str) -> None:
+        conn = self._connection(url)
+        try:
+            await conn.start()
+        except TxnbufError as exc:
+            await self._forget(url)
+            raise ConnectionLostError(f"{what}: {url} cannot be reached: {exc}") from exc
+        try:
+            await conn.request(build, Command.TXN_RESPONSE, what, link_bound=False)
+        except (ConnectionLostError, OperationTimeoutError):
+            await self._forget(url)
+            raise
+
+    async def _owner(self, slot: int, what: str, fresh: bool) -> str:
+        """The URL of ``slot``'s owner ("" if this broker serves it)."""
+        if fresh:
+            await self.host.fresh_view()
+        return self.host.owner_seen(slot, what)
+
+    # -- a coordinator telling a participant elsewhere ------------------------------
+
+    async def end_on_partition(self, topic: str, partition: int, end: TxnEnd) -> None:
+        def build(request_id: int) -> Command:
+            cmd = Command(type=T.END_TXN_ON_PARTITION)
+            req = cmd.end_txn_on_partition
+            req.request_id = request_id
+            req.partition.topic, req.partition.partition = topic, partition
+            self._fill(req, end)
+            return cmd
+
+        await self._tell(
+            topic,
+            f"end {end.txnid} on partition {topic}/{partition}",
+            build,
+            lambda: self.host.broker.end_locally_on_partition(topic, partition, end),
+        )
+
+    async def end_on_subscription(self, topic: str, subscription: str, end: TxnEnd) -> None:
+        def build(request_id: int) -> Command:
+            cmd = Command(type=T.END_TXN_ON_SUBSCRIPTION)
+            req = cmd.end_txn_on_subscription
+            req.request_id = request_id
+            req.subscription.topic, req.subscription.subscription = topic, subscription
+            self._fill(req, end)
+            return cmd
+
+        await self._tell(
+            topic,
+            f"end {end.txnid} on subscription {topic}/{subscription}",
+            build,
+            lambda: self.host.broker.end_locally_on_subscription(topic, subscription, end),
+        )
+
+    def _fill(
+        self, req: pb.CommandEndTxnOnPartition | pb.CommandEndTxnOnSubscription, end: TxnEnd
+    ) -> None:
+        req.txnid_most_bits, req.txnid_least_bits = end.txnid
+        req.txn_action = pb.COMMIT if end.commit else pb.ABORT
+        store = self.host.broker.store
+        req.coordinator_slot_epoch = store.slot_epoch(end.txnid.tcid % store.slot_count) or 0
+        req.coordinator_epoch = end.coordinator_epoch
+        if end.producer is not None:
+            req.producer_id, req.producer_epoch = end.producer
+
+    async def _tell(
+        self,
+        topic: str,
+        what: str,
+        build: Callable[[int], Command],
+        here: Callable[[], asyncio.Future[None] | object],
+    ) -> None:
+        slot = slot_of_key(topic, self.host.broker.store.slot_count)
+        delay = RETRY_MIN
+        fresh = False
+        while True:
+            try:
+                url = await self._owner(slot, f"topic {topic!r}", fresh)
+                if not url:  # (the slot came here meanwhile)
+                    await here()  # type: ignore[misc]
+                    return
+                await self._request(url, build, what)
+                self.tells += 1
+                return
+            except (*_MOVED, refusals.NotOwner) as exc:
+                log.info("%s: %s; looking its owner up again", what, exc)
+            except TxnbufError as exc:
+                raise _as_refusal(exc) from None
+            fresh = True
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX)
+
+    # -- a participant checking with a coordinator elsewhere ------------------------
+
+    def registered(self, txnid: TxnID, participant: str) -> bool:
+        return (txnid, participant) in self._registered
+
+    async def register(
+        self, txnid: TxnID, topic: str, partition: int | None = None, subscription: str = ""
+    ) -> None:
+        """Check with ``txnid``'s coordinator (on another broker) that the
+        transaction is OPEN, registering this participant with it (logged
+        there); raises its refusal (TRANSACTION_NOT_FOUND, INVALID_TXN_STATUS,
+        TRANSACTION_TIMEOUT) if not. Cached per transaction and participant;
+        concurrent checks of one share one request, and return in the order
+        they were made (a producer's sends keep their order)."""
+        participant = f"{topic}/{partition}" if partition is not None else f"{topic}/{subscription}"
+        key = (txnid, participant)
+        if key in self._registered:
+            return
+        pending = self._registering.get(key)
+        if pending is None:
+            pending = asyncio.get_running_loop().create_future()
+            self._registering[key] = pending
+            try:
+                await self._ask(txnid, topic, partition, subscription)
+            except BaseException as exc:
+                if not pending.done():
+                    pending.set_exception(exc)
+                    pending.exception()  # (retrieved: the waiters raise it)
+                raise
+            finally:
+                del self._registering[key]
+            self._registered[key] = None
+            while len(self._registered) > REGISTERED_KEPT:
+                self._registered.popitem(last=False)
+            if not pending.done():
+                pending.set_result(None)
+            return
+        # (Awaited as it is, not shielded: the waiters wake in the order they
+        # came, right after the first, so their sends are queued in order.)
+        await pending
+
+    def forget_all(self) -> None:
+        """Slots moved away: every check is asked again when next needed."""
+        self._registered.clear()
+
+    def forget(self, txnid: TxnID, participant: str) -> None:
+        """The transaction ended on ``participant``: its check goes."""
+        self._registered.pop((txnid, participant), None)
+
+    async def _ask(
+        self, txnid: TxnID, topic: str, partition: int | None, subscription: str
+    ) -> None:
+        def build(request_id: int) -> Command:
+            if partition is not None:
+                cmd = Command(type=T.ADD_PARTITION_TO_TXN)
+                add = cmd.add_partition_to_txn
+                add.partitions.add(topic=topic, partition=partition)
+            else:
+                cmd = Command(type=T.ADD_SUBSCRIPTION_TO_TXN)
+                add = cmd.add_subscription_to_txn  # type: ignore[assignment]
+                add.subscriptions.add(topic=topic, subscription=subscription)  # type: ignore[attr-defined]
+            add.request_id = request_id
+            add.txnid_most_bits, add.txnid_least_bits = txnid
+            add.from_participant = True
+            return cmd
+
+        slots = self.host.broker.store.slot_count
+        slot = txnid.tcid % slots
+        what = f"check of {txnid} with its coordinator {txnid.tcid}"
+        deadline = asyncio.get_running_loop().time() + 2 * REQUEST_TIMEOUT
+        delay = RETRY_MIN
+        fresh = False
+        while True:
+            self.checks += 1
+            try:
+                url = await self._owner(slot, f"transaction coordinator {txnid.tcid}", fresh)
+                if not url:  # (it came here meanwhile: the caller asks it again)
+                    raise refusals.ServiceNotReady(f"{what}: the coordinator moved here; try again")
+                await self._request(url, build, what)
+                return
+            except (*_MOVED, refusals.NotOwner) as exc:
+                failure: Exception = exc
+            except TxnbufError as exc:
+                raise _as_refusal(exc) from None
+            if asyncio.get_running_loop().time() + delay >= deadline:
+                raise refusals.ServiceNotReady(f"{what}: no answer in time ({failure})")
+            fresh = True
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX)

@@ -1,0 +1,454 @@
+"""Transactions across a cluster's brokers, against real broker processes
+sharing one PostgreSQL database: a transaction whose coordinator, output
+partition and input subscription are on three different brokers commits
+(its messages visible once, its acks kept) and aborts (nothing visible,
+the acknowledged messages come again); a participant checks with a
+coordinator elsewhere before it takes a send, and refuses one of a
+transaction that is not OPEN; END_TXN_ON_* is refused to anyone but a
+cluster's broker. Tests wait for conditions, never for a length of time."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import struct
+from pathlib import Path
+
+import aiohttp
+import asyncpg
+import pytest
+
+from broker._connection import PROTOCOL_VERSION
+from broker._peers import cluster_token
+from client import Client, errors
+from client._txn import TxnState
+from proto import stream_frame
+from proto import txnbuf_pb2 as pb
+from tests.conftest import BrokerProcess, RawConnection, free_port, until
+from tests.test_cluster_brokers import (
+    cluster_broker,
+    logs,  # noqa: F401 (a fixture)
+    owner_id,
+    owners,
+    slots,
+    spread_over,
+    start_all,
+    topic_in,
+    wait_for,
+)
+from tests.test_cluster_clients import settled
+
+pytestmark = pytest.mark.integration
+
+
+async def three_brokers(
+    tmp_path: Path, pg_url: str, procs: list[BrokerProcess], stream: bool = False
+) -> tuple[str, str, str]:
+    """Three brokers, settled: a topic in a slot of each (the first's slot
+    also names its coordinator: `Client.new_transaction(near=...)`);
+    ``stream``: each serves the raw TCP listener too."""
+    if stream:
+        for i in range(3):
+            proc = cluster_broker(tmp_path, pg_url, f"b{i}", 2.0)
+            proc.stream_port = free_port()
+            procs.append(proc)
+            proc.start()
+    else:
+        start_all(tmp_path, pg_url, 3, 2.0, procs)
+    await wait_for("slots placed on the 3 brokers", lambda: settled(pg_url, procs))
+    found = await owners(pg_url)
+    anchor, out, into = (
+        topic_in(min(found[owner_id(proc)]), prefix)
+        for proc, prefix in zip(procs, ("anchor", "out", "in"), strict=True)
+    )
+    return anchor, out, into
+
+
+async def received(consumer: object, count: int) -> list[bytes]:
+    values = []
+    for _ in range(count):
+        message = await consumer.receive(timeout=60)  # type: ignore[attr-defined]
+        values.append(message.value)
+        await consumer.acknowledge(message)  # type: ignore[attr-defined]
+    return values
+
+
+async def test_a_transaction_across_three_brokers_commits_and_aborts(
+    tmp_path: Path,
+    pg_url: str,
+    logs: list[BrokerProcess],  # noqa: F811
+) -> None:
+    anchor, out, into = await three_brokers(tmp_path, pg_url, logs)
+    async with Client(logs[0].url, operation_timeout=30.0) as client:
+        source = await client.create_producer(into)
+        for i in range(4):
+            await source.send(f"in-{i}".encode())
+        consumer = await client.subscribe(into, "copy", initial_position="earliest")
+        producer = await client.create_producer(out)
+        reader = await client.subscribe(out, "check", initial_position="earliest")
+
+        # Committed: coordinator, output partition and input subscription on
+        # three brokers, each a different one.
+        txn = await client.new_transaction(near=anchor)
+        urls = {txn._conn.url, producer._conn.url, consumer._conn.url}
+        assert urls == {p.url for p in logs}, urls
+        for _ in range(2):
+            message = await consumer.receive(timeout=60)
+            await producer.send(b"copy of " + message.value, txn=txn)
+            await consumer.acknowledge(message, txn=txn)
+        await txn.commit()
+        assert txn.state is TxnState.COMMITTED
+        assert sorted(await received(reader, 2)) == [b"copy of in-0", b"copy of in-1"]
+
+        # Aborted: nothing visible, the acknowledged messages come again.
+        txn = await client.new_transaction(near=anchor)
+        for _ in range(2):
+            message = await consumer.receive(timeout=60)
+            await producer.send(b"aborted " + message.value, txn=txn)
+            await consumer.acknowledge(message, txn=txn)
+        await txn.abort()
+        again = sorted(await received(consumer, 2))
+        assert again == [b"in-2", b"in-3"]
+        await producer.send(b"after")  # (a read-committed reader passes the abort)
+        assert await received(reader, 1) == [b"after"]
+
+        # Many sends at once (each returns once queued): all kept, in order,
+        # though the first waits for the check with the coordinator.
+        txn = await client.new_transaction(near=anchor)
+        many = [b"many %02d" % i for i in range(30)]
+        for value in many:
+            await producer.send(value, txn=txn)
+        await txn.commit()
+        assert await received(reader, 30) == many
+
+        # The committed acks held: what the first transaction acked never comes again.
+        await consumer.close()
+        late = await client.subscribe(into, "copy", initial_position="earliest")
+        with pytest.raises(errors.OperationTimeoutError):
+            await late.receive(timeout=3)
+
+
+async def test_a_participant_refuses_a_send_of_a_transaction_not_open_at_its_coordinator(
+    tmp_path: Path,
+    pg_url: str,
+    logs: list[BrokerProcess],  # noqa: F811
+) -> None:
+    anchor, out, _ = await three_brokers(tmp_path, pg_url, logs)
+    async with Client(logs[0].url, operation_timeout=30.0) as client:
+        producer = await client.create_producer(out)
+        reader = await client.subscribe(out, "check", initial_position="earliest")
+        txn = await client.new_transaction(near=anchor)
+        assert txn._conn.url != producer._conn.url
+        await txn.abort()
+        # The client would refuse it itself: pretend it is open still.
+        txn._state, txn._ending = TxnState.OPEN, False
+        await producer.send(b"late", txn=txn)
+        with pytest.raises(errors.InvalidTxnStatusError):
+            await txn.commit()
+        await producer.send(b"plain")
+        assert (await reader.receive(timeout=60)).value == b"plain"
+
+
+async def test_end_txn_on_a_participant_is_refused_to_all_but_a_clusters_brokers(
+    tmp_path: Path,
+    pg_url: str,
+    logs: list[BrokerProcess],  # noqa: F811
+) -> None:
+    _, out, _ = await three_brokers(tmp_path, pg_url, logs, stream=True)
+    forged = pb.CommandEndTxnOnPartition(
+        request_id=7,
+        txnid_most_bits=0,
+        txnid_least_bits=1,
+        partition=pb.PartitionRef(topic=out, partition=0),
+        txn_action=pb.COMMIT,
+        coordinator_slot_epoch=1 << 40,
+    )
+    for proc in logs:
+        async with RawConnection(proc.url) as raw:
+            answer = await raw.request(
+                pb.BaseCommand.END_TXN_ON_PARTITION, "end_txn_on_partition", forged
+            )
+            assert answer.txn_response.error == pb.AUTHORIZATION_ERROR
+            assert "'cluster' role" in answer.txn_response.message
+        # The raw TCP listener refuses it alike.
+        reader, writer = await asyncio.open_connection("127.0.0.1", proc.stream_port)
+        try:
+            for kind, field, body in (
+                (
+                    pb.BaseCommand.CONNECT,
+                    "connect",
+                    pb.CommandConnect(protocol_version=PROTOCOL_VERSION),
+                ),
+                (pb.BaseCommand.END_TXN_ON_PARTITION, "end_txn_on_partition", forged),
+            ):
+                cmd = pb.BaseCommand(type=kind)
+                getattr(cmd, field).CopyFrom(body)
+                writer.write(stream_frame(cmd.SerializeToString()))
+            answers: list[pb.BaseCommand] = []
+            async with asyncio.timeout(30):
+                while len(answers) < 2:
+                    (n,) = struct.unpack(">I", await reader.readexactly(4))
+                    got = pb.BaseCommand.FromString(await reader.readexactly(n))
+                    batched = got.type == pb.BaseCommand.BATCH
+                    answers.extend(got.batch.commands if batched else [got])
+            assert answers[0].type == pb.BaseCommand.CONNECTED
+            assert answers[1].txn_response.error == pb.AUTHORIZATION_ERROR, answers[1]
+        finally:
+            writer.close()
+    # A token of another cluster's secret is not a cluster broker's: the
+    # CONNECT is refused, on the WebSocket listener as on every other.
+    hello = pb.BaseCommand(type=pb.BaseCommand.CONNECT)
+    hello.connect.protocol_version = PROTOCOL_VERSION
+    hello.connect.auth_method = "cluster"
+    hello.connect.auth_data = cluster_token("another cluster's secret, 32 bytes", "x").encode()
+    async with aiohttp.ClientSession() as session, session.ws_connect(logs[1].url + "/ws") as ws:
+        await ws.send_bytes(hello.SerializeToString())
+        reply = pb.BaseCommand.FromString((await ws.receive()).data)
+    assert reply.type == pb.BaseCommand.ERROR
+    assert reply.error.error == pb.AUTHENTICATION_ERROR
+    assert "not a token of this cluster's brokers" in reply.error.message
+
+
+COPY = 60  # input messages of the exactly-once copy
+PER_TXN = 4  # messages per transaction, at most
+ABORT_EVERY = 4  # every 4th transaction is aborted on purpose
+
+
+async def _commit(txn: object) -> None:
+    """Commit, again while the outcome is unknown (a coordinator moving)."""
+    for _ in range(10):
+        try:
+            await txn.commit()  # type: ignore[attr-defined]
+            return
+        except (errors.OperationTimeoutError, errors.ConnectionLostError, errors.NotOwnerError):
+            continue
+    raise AssertionError("commit did not get an answer in 10 tries")
+
+
+async def _copy(client: Client, into: str, out: str, anchor: str, done: asyncio.Event) -> int:
+    """The exactly-once copy: consume ``into``, produce ``out``, ack in the
+    transaction, every ABORT_EVERY-th transaction aborted; until ``done``.
+    Returns how many transactions it ended (committed or aborted)."""
+    consumer = await client.subscribe(into, "copy", initial_position="earliest")
+    producer = await client.create_producer(out)
+    ended = 0
+    while not done.is_set():
+        try:
+            txn = await client.new_transaction(near=anchor)
+        except errors.TxnbufError:
+            continue  # (a failover under way: the lookup is asked again)
+        try:
+            batch = []
+            for _ in range(PER_TXN):
+                try:
+                    batch.append(await consumer.receive(timeout=0.5))
+                except errors.OperationTimeoutError:
+                    break
+            for message in batch:
+                await producer.send(b"copy of " + message.value, txn=txn)
+                await consumer.acknowledge(message, txn=txn)
+            ended += 1
+            if not batch or ended % ABORT_EVERY == 0:
+                await txn.abort()
+                continue
+            await _commit(txn)
+        except errors.TxnbufError:
+            with contextlib.suppress(errors.TxnbufError):
+                await txn.abort()
+            with contextlib.suppress(errors.TxnbufError):
+                await consumer.redeliver_unacknowledged()
+    await consumer.close()
+    return ended
+
+
+async def _check(client: Client, out: str, got: dict[object, bytes], enough: asyncio.Event) -> None:
+    """Read the output as it comes, by message id (a reconnect delivers
+    again what was not acknowledged yet)."""
+    reader = await client.subscribe(out, "check", initial_position="earliest")
+    while True:
+        message = await reader.receive(timeout=120)
+        got[message.message_id] = message.value
+        await reader.acknowledge(message)
+        if len(got) >= COPY // 3:
+            enough.set()
+        if len(set(got.values())) == COPY:
+            return
+
+
+@pytest.mark.parametrize("fault", ["input", "coordinator", "both", "pause"])
+async def test_the_exactly_once_copy_across_brokers_survives_their_faults(
+    tmp_path: Path,
+    pg_url: str,
+    logs: list[BrokerProcess],  # noqa: F811
+    fault: str,
+) -> None:
+    """The coordinator's broker (a), the input's (b) and the output's (c,
+    the client's home, never hit) differ; ``fault``: a SIGKILL of b, of a,
+    of both, or a SIGSTOP of a until its slots moved, then SIGCONT (a wakes
+    fenced: it drops everything and writes nothing)."""
+    anchor, into, out = await three_brokers(tmp_path, pg_url, logs)
+    a, b, c = logs
+    async with Client(c.url, operation_timeout=30.0) as client:
+        source = await client.create_producer(into)
+        sent = [b"m%03d" % i for i in range(COPY)]
+        for value in sent:
+            await source.send(value)
+        assert source._conn.url == b.url
+        # Placed across brokers: coordinator on a, input on b, output on c.
+        probe = await client.new_transaction(near=anchor)
+        output = await client.create_producer(out)
+        assert (probe._conn.url, output._conn.url) == (a.url, c.url)
+        await probe.abort()
+        await output.close()
+        got: dict[object, bytes] = {}
+        enough = asyncio.Event()
+        done = asyncio.Event()
+        checking = asyncio.ensure_future(_check(client, out, got, enough))
+        copying = asyncio.ensure_future(_copy(client, into, out, anchor, done))
+        await enough.wait()
+        assert a.proc is not None and b.proc is not None
+        if fault == "input":
+            b.kill()
+        elif fault == "coordinator":
+            a.kill()
+        elif fault == "both":
+            a.kill()
+            b.kill()
+        else:
+            a.proc.send_signal(signal.SIGSTOP)
+            await wait_for("a's slots taken by b and c", lambda: spread_over(pg_url, [b, c]))
+            a.proc.send_signal(signal.SIGCONT)
+        await asyncio.wait_for(checking, 180)
+        done.set()
+        ended = await asyncio.wait_for(copying, 120)
+        if fault == "pause":  # (read once the woken broker rejoined: no move under way)
+            await wait_for(
+                "a woke fenced and dropped everything",
+                lambda: _true("dropping everything held in memory" in a.log()),
+            )
+            await wait_for("slots placed on the 3 brokers", lambda: settled(pg_url, logs))
+        # What is stored: every input message in the output once, nothing
+        # more. (By message id: a reconnect of the reader delivers again
+        # what it had not acknowledged.)
+        reader = await client.subscribe(out, "final", initial_position="earliest")
+        by_id: dict[object, bytes] = {}
+        with contextlib.suppress(errors.OperationTimeoutError):
+            while True:
+                message = await reader.receive(timeout=3.0 if len(by_id) >= COPY else 60)
+                by_id[message.message_id] = message.value
+                await reader.acknowledge(message)
+    stored = list(by_id.values())
+    twice = sorted({v for v in stored if stored.count(v) > 1})
+    missing = sorted({b"copy of " + v for v in sent} - set(stored))
+    assert not twice and not missing, f"stored twice: {twice}; missing: {missing}"
+    expected = sorted(b"copy of " + v for v in sent)
+    assert sorted(got.values()) == expected, "lost or copied twice (as read live)"
+    assert sorted(stored) == expected, "lost or copied twice (as stored)"
+    assert ended >= ABORT_EVERY  # (some were aborted on purpose)
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def _as_cluster_broker(url: str, pg_url: str) -> aiohttp.ClientWebSocketResponse:
+    """A raw connection holding the cluster role (a token of the cluster's
+    secret, as another broker of it would present)."""
+    conn = await asyncpg.connect(pg_url)
+    try:
+        secret = await conn.fetchval("SELECT value FROM txnbuf.meta WHERE key = 'cluster_secret'")
+    finally:
+        await conn.close()
+    session = aiohttp.ClientSession()
+    ws = await session.ws_connect(url + "/ws")
+    hello = pb.BaseCommand(type=pb.BaseCommand.CONNECT)
+    hello.connect.protocol_version = PROTOCOL_VERSION
+    hello.connect.auth_method = "cluster"
+    hello.connect.auth_data = cluster_token(secret, "a test").encode()
+    await ws.send_bytes(hello.SerializeToString())
+    reply = pb.BaseCommand.FromString((await ws.receive()).data)
+    assert reply.type == pb.BaseCommand.CONNECTED, reply
+    ws._test_session = session  # type: ignore[attr-defined]
+    return ws
+
+
+async def test_a_participant_refuses_an_end_from_a_stale_coordinator(
+    tmp_path: Path,
+    pg_url: str,
+    logs: list[BrokerProcess],  # noqa: F811
+) -> None:
+    anchor, out, _ = await three_brokers(tmp_path, pg_url, logs)
+    async with Client(logs[0].url, operation_timeout=30.0) as client:
+        producer = await client.create_producer(out)
+        reader = await client.subscribe(out, "check", initial_position="earliest")
+        txn = await client.new_transaction(near=anchor)
+        await producer.send(b"kept", txn=txn)
+        await producer.flush()
+        await until_answered(txn)
+        epoch = {slot: e for slot, _, e in await slots(pg_url)}[txn.tc_id % 64]
+        ws = await _as_cluster_broker(producer._conn.url, pg_url)
+
+        async def told(action: int, at: int) -> pb.CommandTxnResponse:
+            end = pb.BaseCommand(type=pb.BaseCommand.END_TXN_ON_PARTITION)
+            req = end.end_txn_on_partition
+            req.request_id = 1
+            req.txnid_most_bits, req.txnid_least_bits = txn.id
+            req.partition.topic, req.partition.partition = out, 0
+            req.txn_action = action  # type: ignore[assignment]
+            req.coordinator_slot_epoch = at
+            await ws.send_bytes(end.SerializeToString())
+            return pb.BaseCommand.FromString((await ws.receive()).data).txn_response
+
+        try:
+            for stale in (epoch - 1, 0, epoch + 5):  # (older, none, made up)
+                reply = await told(pb.ABORT, stale)
+                assert reply.error == pb.NOT_ALLOWED, reply
+                assert "nothing was changed" in reply.message
+            await txn.commit()  # (the stale aborts changed nothing)
+            assert (await reader.receive(timeout=60)).value == b"kept"
+            # The coordinator's END again (a retry whose answer was lost):
+            # answered done, nothing written twice; the other way: refused.
+            assert not (await told(pb.COMMIT, epoch)).HasField("error")
+            assert (await told(pb.ABORT, epoch)).error == pb.INVALID_TXN_STATUS
+            await producer.send(b"after")
+            assert (await reader.receive(timeout=60)).value == b"after"
+        finally:
+            await ws.close()
+            await ws._test_session.close()  # type: ignore[attr-defined]
+
+
+async def until_answered(txn: object) -> None:
+    """Until every send and ack of ``txn`` was answered."""
+    await until(lambda: txn._pending_ops == 0, "the sends answered")  # type: ignore[attr-defined]
+
+
+async def test_end_txn_is_sent_again_at_the_coordinators_new_owner(
+    tmp_path: Path,
+    pg_url: str,
+    logs: list[BrokerProcess],  # noqa: F811
+) -> None:
+    """A coordinator's broker paused while the client commits: the END gets
+    no answer, its slot moves, and the END is sent again at the new owner,
+    whose recovered coordinator aborted the transaction (it was OPEN): the
+    commit raises at once, outcome known (not a timeout, not NOT_OWNER)."""
+    anchor, out, _ = await three_brokers(tmp_path, pg_url, logs)
+    a, _, c = logs
+    assert a.proc is not None
+    async with Client(c.url, operation_timeout=30.0) as client:
+        producer = await client.create_producer(out)
+        reader = await client.subscribe(out, "check", initial_position="earliest")
+        txn = await client.new_transaction(near=anchor)
+        assert txn._conn.url == a.url
+        await producer.send(b"never", txn=txn)
+        await producer.flush()
+        await until_answered(txn)
+        a.proc.send_signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(errors.InvalidTxnStatusError, match="ABORT"):
+                await txn.commit()
+            assert txn._conn.url != a.url
+        finally:
+            a.proc.send_signal(signal.SIGCONT)
+        await producer.send(b"after")
+        assert (await reader.receive(timeout=60)).value == b"after"
