@@ -493,9 +493,9 @@ def _main(argv: Sequence[str] | None = None) -> int:
         default=None,
         metavar="URL",
         help="the URL clients and the other brokers reach this broker at, http://host:port "
-        "(https:// with --tls-cert): published in the cluster's membership, lookups and "
-        "redirects (http(s)://--host:--port; with --cluster and a wildcard --host such as "
-        "0.0.0.0 it must be given)",
+        "(https:// when serving TLS): published in the cluster's membership, lookups and "
+        "redirects (http(s)://HOST:PORT of --host and --port; needed with --cluster on a "
+        "wildcard --host such as 0.0.0.0)",
     )
     p.add_argument(
         "--cluster-tls-ca",

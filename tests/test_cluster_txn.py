@@ -26,6 +26,7 @@ from client._txn import TxnState
 from proto import stream_frame
 from proto import txnbuf_pb2 as pb
 from tests.conftest import BrokerProcess, RawConnection, free_port, until
+from tests.test_cluster_admin import scrape
 from tests.test_cluster_brokers import (
     cluster_broker,
     logs,  # noqa: F401 (a fixture)
@@ -37,7 +38,6 @@ from tests.test_cluster_brokers import (
     topic_in,
     wait_for,
 )
-from tests.test_cluster_admin import scrape
 from tests.test_cluster_clients import settled
 from tests.test_metrics import value
 
