@@ -184,7 +184,11 @@ async def serve(
             from broker._stream import StreamListener
 
             stream = StreamListener(
-                broker, host, stream_port, ssl_context, urllib.parse.urlsplit(url).hostname
+                broker,
+                host,
+                stream_port,
+                ssl_context,
+                _url_host(advertised_url) if advertised_url else None,
             )
             try:
                 await stream.start()
@@ -248,6 +252,12 @@ async def serve(
         log.info("stopped")
     if fenced or (clustered is not None and clustered.gave_up.done()):
         raise SystemExit(1)
+
+
+def _url_host(url: str) -> str:
+    """The host of ``url`` as it goes into another URL (an IPv6 address in brackets)."""
+    host = urllib.parse.urlsplit(url).hostname or ""
+    return f"[{host}]" if ":" in host else host
 
 
 def _cannot_listen(host: str, port: int, exc: OSError) -> str:

@@ -7,7 +7,8 @@ trusts, which each broker is told to trust at the others
 a transaction whose coordinator, output partition and input subscription
 are on three brokers commits (the brokers' tells and checks go over TLS,
 and show in /metrics); an admin request asked at one broker is answered by
-the owner. A cluster broker on a wildcard address without an advertised
+the owner; a lookup on the stream listener names the advertised host.
+A cluster broker on a wildcard address without an advertised
 URL, and bad advertised URLs, are refused at start. Tests wait for
 conditions, never for a length of time."""
 
@@ -28,8 +29,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from client import Client
+from client._connection import Command, Connection, command
+from client._foreign import tls_context
 from client._txn import TxnState
-from tests.conftest import BrokerProcess, PortTaken
+from tests.conftest import BrokerProcess, PortTaken, free_port
 from tests.test_cluster_brokers import (
     cluster_broker,
     logs,  # noqa: F401 (a fixture)
@@ -104,6 +107,8 @@ async def test_brokers_on_every_interface_with_tls_advertise_reach_and_trust_eac
     cert, key = self_signed(tmp_path)
     for i in range(3):
         proc = Advertised(tmp_path, pg_url, f"b{i}", cert, key)
+        if i == 0:
+            proc.stream_port = free_port()
         logs.append(proc)
         proc.start()
     await wait_for("slots placed on the 3 brokers", lambda: settled(pg_url, logs))
@@ -149,6 +154,21 @@ async def test_brokers_on_every_interface_with_tls_advertise_reach_and_trust_eac
         samples = scrape(participant)
         assert value(samples, "txnbuf_cluster_peer_checks_total") >= 1
         assert value(samples, "txnbuf_cluster_stale_end_refusals_total") == 0
+
+    # On the stream listener (listening on 0.0.0.0 too), LOOKUP's CONNECT
+    # names the advertised host, and a REDIRECT the owner's advertised URL.
+    conn = Connection(a.stream_url, 10.0, "", tls_context(cert))
+    try:
+        await conn.start()
+        for topic, url in ((anchor, a.stream_url), (out, b.url)):
+
+            def build(request_id: int, topic: str = topic) -> Command:
+                return command(Command.LOOKUP, "lookup", request_id=request_id, topic=topic)
+
+            reply = await conn.request(build, Command.LOOKUP_RESPONSE, "lookup")
+            assert reply.lookup_response.broker_service_url == url, reply
+    finally:
+        await conn.close()
 
     # An admin request at a broker that does not own the topic: forwarded
     # over TLS to the owner's advertised URL, answered by it.
