@@ -58,6 +58,7 @@ class Advertised(BrokerProcess):
         super().__init__(base.data_dir, base.log_path, store=pg_url)
         self.cluster_args = base.args
         self.tls = (cert, key, cert)
+        self.kafka_port = free_port()  # (on 0.0.0.0 too: advertised at the URL's host)
 
     def _start(self, timeout: float) -> None:
         self.args = [
@@ -69,6 +70,8 @@ class Advertised(BrokerProcess):
             self.url,  # (its port: a restart on another port advertises that one)
             "--cluster-tls-ca",
             str(self.tls[2] if self.tls else ""),
+            "--kafka-port",
+            str(self.kafka_port),
         ]
         try:
             super()._start(timeout)
@@ -113,13 +116,18 @@ async def test_brokers_on_every_interface_with_tls_advertise_reach_and_trust_eac
         proc.start()
     await wait_for("slots placed on the 3 brokers", lambda: settled(pg_url, logs))
 
-    # The membership publishes the advertised URLs, never the wildcard.
+    # The membership publishes the advertised URLs, never the wildcard; the
+    # Kafka listener's address takes the advertised URL's host.
     conn = await asyncpg.connect(pg_url)
     try:
         rows = await conn.fetch("SELECT urls FROM txnbuf.brokers")
     finally:
         await conn.close()
-    assert sorted(r["urls"] for r in rows) == sorted(p.url for p in logs)
+    published = sorted(
+        f"{p.url},kafka://127.0.0.1:{p.kafka_port}" for p in logs if isinstance(p, Advertised)
+    )
+    assert len(published) == 3
+    assert sorted(r["urls"] for r in rows) == published
     assert all("0.0.0.0" not in r["urls"] for r in rows)
 
     found = await owners(pg_url)
