@@ -17,8 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -28,6 +26,7 @@ import asyncpg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from broker.cli import main
 from client import Client
 from client._connection import Command, Connection, command
 from client._foreign import tls_context
@@ -188,20 +187,21 @@ async def test_brokers_on_every_interface_with_tls_advertise_reach_and_trust_eac
     assert not view.get("missing"), view
 
 
-def serve(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "broker", "serve", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+def serve(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """``txnbuf serve ARGS`` in this process (each case here is refused
+    before anything starts): its exit status and stderr."""
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", *args])
+    return int(exited.value.code or 0), capsys.readouterr().err
 
 
-def test_a_cluster_broker_on_a_wildcard_address_needs_an_advertised_url(tmp_path: Path) -> None:
+def test_a_cluster_broker_on_a_wildcard_address_needs_an_advertised_url(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     store = ["--store", "postgresql://txnbuf@127.0.0.1:1/none", "--cluster", "--insecure"]
-    done = serve(*store, "--host", "0.0.0.0", "--data-dir", str(tmp_path / "d"))
-    assert done.returncode == 2
-    assert "--cluster with --host '0.0.0.0' needs --advertised-url" in done.stderr
+    code, err = serve(capsys, *store, "--host", "0.0.0.0", "--data-dir", str(tmp_path / "d"))
+    assert code == 2
+    assert "--cluster with --host '0.0.0.0' needs --advertised-url" in err
     assert not (tmp_path / "d").exists()  # (refused before anything was opened)
     for bad, why in (
         ("http://0.0.0.0:6650", "names a wildcard address"),
@@ -209,12 +209,12 @@ def test_a_cluster_broker_on_a_wildcard_address_needs_an_advertised_url(tmp_path
         ("http://b:6650/ws", "names a host and a port only"),
         ("http://b:x", "not a URL"),
     ):
-        done = serve(*store, "--host", "0.0.0.0", "--advertised-url", bad)
-        assert done.returncode == 2, (bad, done.stderr)
-        assert why in done.stderr, (bad, done.stderr)
-    done = serve(*store, "--advertised-url", "https://b:6650")  # (no --tls-cert)
-    assert done.returncode == 2
-    assert "must start with http://" in done.stderr
-    done = serve("--cluster-tls-ca", "ca.pem")
-    assert done.returncode == 2
-    assert "--cluster-tls-ca is for --cluster" in done.stderr
+        code, err = serve(capsys, *store, "--host", "0.0.0.0", "--advertised-url", bad)
+        assert code == 2, (bad, err)
+        assert why in err, (bad, err)
+    code, err = serve(capsys, *store, "--advertised-url", "https://b:6650")  # (no --tls-cert)
+    assert code == 2
+    assert "must start with http://" in err
+    code, err = serve(capsys, "--cluster-tls-ca", "ca.pem")
+    assert code == 2
+    assert "--cluster-tls-ca is for --cluster" in err
