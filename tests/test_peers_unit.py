@@ -2,20 +2,24 @@
 ``txnbuf_cluster_peer_*``), with a stand-in for its cluster host and a
 port nobody listens on: a tell tried again after NOT_OWNER and after a
 broker out of reach, applied here once its slot came here; a tell refused
-here handed back to its caller; a check with nobody answering given up.
+here handed back to its caller; a check with nobody answering given up;
+and, against one real broker serving TLS, the CA the peers trust.
 The figures on real brokers: tests/test_cluster_network.py."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from broker import _peers
 from broker._peers import Peers
+from client._foreign import tls_context
 from proto import refusals
 from tc import TxnEnd, TxnID
-from tests.conftest import free_port
+from tests.conftest import BrokerProcess, free_port
+from tests.test_security import self_signed
 
 
 class Store:
@@ -99,3 +103,31 @@ async def test_a_check_nobody_answers_is_given_up_and_counted() -> None:
     assert peers.check_retries["unreachable"] >= 1
     assert dict(peers.check_refusals) == {"no_answer": 1}
     assert not peers.registered(TxnID(3, 1), "t/0")
+
+
+@pytest.mark.integration
+async def test_a_broker_over_tls_is_trusted_with_the_cluster_ca(tmp_path: Path) -> None:
+    """A real broker serving TLS with a certificate no system CA trusts:
+    without ``tls_ca`` the peers cannot reach it, and say which option is
+    missing; with it, the TLS handshake passes (that broker, not a
+    cluster's, then refuses the cluster role itself)."""
+    cert, key = self_signed(tmp_path)
+    proc = BrokerProcess(tmp_path / "data", tmp_path / "broker.log")
+    proc.tls = (cert, key, cert)
+    proc.start()
+    try:
+        for ca, expected in (
+            (None, "--cluster-tls-ca"),
+            (tls_context(cert), "auth_method 'cluster'"),
+        ):
+            peers = Peers(Host([proc.url]), "x" * 32, ca)
+            try:
+                with pytest.raises(refusals.ServiceNotReady) as refused:
+                    await peers.register(TxnID(3, 1), "t", partition=0)
+            finally:
+                await peers.close()
+            message = str(refused.value)
+            assert expected in message, message
+            assert ("certificate" in message) == (ca is None), message
+    finally:
+        proc.stop()
