@@ -215,6 +215,7 @@ async def test_end_txn_on_a_participant_is_refused_to_all_but_a_clusters_brokers
 COPY = 60  # input messages of the exactly-once copy
 PER_TXN = 4  # messages per transaction, at most
 ABORT_EVERY = 4  # every 4th transaction is aborted on purpose
+RETRY_PAUSE = 0.05  # seconds between a failed attempt and the next
 
 
 async def _commit(txn: object) -> None:
@@ -239,7 +240,10 @@ async def _copy(client: Client, into: str, out: str, anchor: str, done: asyncio.
         try:
             txn = await client.new_transaction(near=anchor)
         except errors.TxnbufError:
-            continue  # (a failover under way: the lookup is asked again)
+            # (a failover under way: the lookup is asked again, after a pause
+            # that leaves the event loop to the client's connections)
+            await asyncio.sleep(RETRY_PAUSE)
+            continue
         try:
             batch = []
             for _ in range(PER_TXN):
@@ -260,6 +264,7 @@ async def _copy(client: Client, into: str, out: str, anchor: str, done: asyncio.
                 await txn.abort()
             with contextlib.suppress(errors.TxnbufError):
                 await consumer.redeliver_unacknowledged()
+            await asyncio.sleep(RETRY_PAUSE)
     await consumer.close()
     return ended
 
