@@ -220,10 +220,16 @@ def run_in_checkout(script: str, checkout: Path, args: list[str]) -> dict[str, f
     """Run benchmark ``script`` with ``args`` in a fresh process of
     ``checkout``'s code; the JSON object it prints last."""
     # The script runs there, so the baseline needs no copy of it; PYTHONPATH
-    # puts that checkout's packages first.
+    # puts that checkout's packages first. run_path, not `python script`:
+    # the script's folder must not come first on the path, where
+    # bench/cluster.py would hide the package `cluster`.
     env = {**os.environ, "PYTHONPATH": str(checkout)}
+    code = (
+        f"import runpy, sys; sys.argv = [{script!r}, *{args!r}]; "
+        f"runpy.run_path({script!r}, run_name='__main__')"
+    )
     done = subprocess.run(
-        [sys.executable, script, *args],
+        [sys.executable, "-c", code],
         cwd=checkout, env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     if done.returncode != 0:
