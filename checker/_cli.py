@@ -143,6 +143,10 @@ def run_check(args: argparse.Namespace) -> int:
         print(f"seed {seed}; faults (seconds from the start): {schedule or 'none'}")
         if cfg.store:
             print(f"brokers {', '.join(stats['brokers'])}; keys {', '.join(stats['topics'])}")
+            where = "; ".join(
+                f"{what} slot {slot} at {url}" for what, (slot, url) in stats["placement"].items()
+            )
+            print(f"placement at the start: {where}")
         if not result.valid:
             print("ANOMALIES FOUND; history kept at", history_path, file=sys.stderr)
             if not args.history and not args.workdir:

@@ -38,8 +38,9 @@ the owner of the transactions' coordinator, the owner of a key's
 partition, both, or one at random; the history's ``nemesis`` ops and the
 fault schedule name the role and the brokers it hit. A pause may outlast
 the lease (``lease_ttl``), so the paused broker's slots move and it is
-fenced when it wakes. Which topics the keys are and where the
-transactions' coordinator is: `transaction_layout`.
+fenced when it wakes. The transactions span brokers: their coordinator
+starts on one broker and the keys on the others (`transaction_layout`;
+the history's ``layout`` op records where each started).
 
 The final phase stops the faults, then fresh subscriptions read every topic
 from the start until every acknowledged send has been seen (or a time limit
@@ -125,37 +126,62 @@ class WorkloadConfig:
         return bool(self.store)
 
 
-def transaction_layout(count: int, slots: int, run: str) -> tuple[list[str], str | None]:
+def transaction_layout(
+    count: int, slots: int, run: str, owners: Sequence[str] = ()
+) -> tuple[list[str], str | None]:
     """The keys' topics, and the topic near which the transactions take their
     coordinator (``Client.new_transaction(near=...)``; None: the client's
     first broker's coordinators).
 
     One broker (``slots`` 0): ``q0``, ``q1``, ... and None.
 
-    A cluster: a transaction must for now keep its coordinator and every
-    topic it sends to or acknowledges on with ONE broker (the client refuses
-    a transaction across brokers: docs/cluster.md). So the topics are all in
-    one slot (``q{run}-{i}`` names searched for it; ``run`` keeps one run's
-    names apart from another's in a database given with ``--store``), and
-    the transactions take coordinator k near the first of them: coordinator k
-    lives in slot k with those topics, so they move together through every
-    kill and pause, and the roles "coordinator" and "partitions" name the
-    same broker. Once a transaction may span brokers, spread the topics
-    over slots (``q{run}-{i}`` as they come) and return a name of a slot
-    none of them is in, so that the faults aimed at the coordinator's owner
-    and at the partitions' owner hit different brokers.
+    A cluster: the transactions span brokers (docs/cluster.md, "Transactions
+    across brokers"), so that the faults aimed at the coordinator's owner
+    and at the partitions' owner hit different brokers. ``owners`` is the
+    URL of each slot's owner when the workload starts (`_slot_owners`).
+    The names are ``q{run}-{i}`` as they come (``run`` keeps one run's names
+    apart from another's in a database given with ``--store``): the first
+    is ``near`` (coordinator k of its slot k, on k's owner; no key is in
+    that slot), and the keys' topics are the next names whose slot's owner
+    is another broker than the coordinator's, taking those brokers in turn,
+    so that the keys are spread over them. Without ``owners`` (or with one
+    broker owning everything) the keys are only kept out of near's slot.
+    Slots move with the faults; this is where everything starts, and the
+    workload records it in the history (a ``layout`` op).
     """
     if not slots:
         return [f"q{i}" for i in range(count)], None
     names = (f"q{run}-{i}" for i in range(1 << 30))
-    first = next(names)
-    slot = slot_of(first, slots)
-    topics = [first]
+    near = next(names)
+    home = slot_of(near, slots)
+    others = sorted(set(owners) - {owners[home]}) if len(owners) == slots else []
+    topics: list[str] = []
     while len(topics) < count:
         name = next(names)
-        if slot_of(name, slots) == slot:
+        slot = slot_of(name, slots)
+        if slot == home:
+            continue
+        if not others or owners[slot] == others[len(topics) % len(others)]:
             topics.append(name)
-    return topics, first
+    return topics, near
+
+
+async def _slot_owners(control: Client, brokers: int, wait: float = 30.0) -> list[str]:
+    """The URL of each slot's owner, asked by lookups once every one of the
+    ``brokers`` owns a slot (the slots are spread as brokers join), or
+    as they are after ``wait`` seconds."""
+    conns = control._brokers
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + wait
+    while True:
+        deadline = loop.time() + 10.0
+        found = await asyncio.gather(
+            *(conns.lookup(tc_id=k, deadline=deadline) for k in range(conns.slots))
+        )
+        owners = [conn.url for conn in found]
+        if len(set(owners)) >= brokers or loop.time() > give_up:
+            return owners
+        await asyncio.sleep(0.5)
 
 
 def _txnbuf(*args: str) -> str:
@@ -838,7 +864,17 @@ async def _run(
 ) -> dict[str, Any]:
     broker = brokers[0]
     slots = control._brokers.slots if control is not None else 0
-    topics, near = transaction_layout(cfg.topics, slots, os.urandom(3).hex())
+    owners = await _slot_owners(control, len(brokers)) if control is not None else []
+    topics, near = transaction_layout(cfg.topics, slots, os.urandom(3).hex(), owners)
+    placement: dict[str, list[Any]] = {}
+    if control is not None and near is not None:
+        # Where the transactions' coordinator and each key start (slot, owner).
+        home = slot_of(near, slots)
+        placement["coordinator"] = [home, owners[home]]
+        for topic in topics:
+            placement[f"{topic}/0"] = [slot_of(topic, slots), owners[slot_of(topic, slots)]]
+        op = rec.invoke("layout", "placement")
+        rec.complete(op, "ok", placement)
     if cfg.auth:
         await asyncio.to_thread(broker.grant_workload, topics)
     urls = ",".join(b.url for b in brokers)
@@ -886,6 +922,7 @@ async def _run(
         "seed": cfg.seed,
         "brokers": [b.url for b in brokers],
         "topics": topics,
+        "placement": placement,
     }
 
 

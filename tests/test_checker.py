@@ -845,3 +845,22 @@ def test_a_write_cycle_through_a_duplicate_is_explained() -> None:
         "next_value": 2,
     }
     assert steps[(t2, t1)]["key"] == Y
+
+
+def test_cluster_layout_spreads_the_keys_over_the_brokers_other_than_the_coordinators() -> None:
+    """`transaction_layout` in a cluster: the coordinator's slot holds no
+    key, no key starts on the coordinator's broker, and the keys take the
+    other brokers in turn; one broker keeps ``q0``, ``q1``, ..."""
+    from checker._workload import transaction_layout
+    from client._brokers import slot_of
+
+    slots = 16
+    owners = [("a", "b", "c")[k % 3] for k in range(slots)]
+    topics, near = transaction_layout(4, slots, "x1", owners)
+    assert near is not None and near not in topics and len(set(topics)) == 4
+    home = owners[slot_of(near, slots)]
+    where = [owners[slot_of(t, slots)] for t in topics]
+    assert home not in where
+    assert len(set(where)) == 2 and where[0] != where[1] and where[0] == where[2]
+    assert slot_of(near, slots) not in {slot_of(t, slots) for t in topics}
+    assert transaction_layout(2, 0, "x1") == (["q0", "q1"], None)
