@@ -728,22 +728,38 @@ class _Shared:
             return None
 
     def _end_at(self, base: str, txnid: str, abort: bool) -> str:
-        """One try at ``base``: "done" (ended), "unknown" (no such transaction
-        there, or ended already) or "again". Blocking: run it in a thread."""
+        """One try at ``base``: "done" (ended, and applied by every
+        participant: COMMITTED or ABORTED), "unknown" (no such transaction
+        there) or "again" (not yet, or the broker is restarting). Blocking:
+        run it in a thread.
+
+        Ended means its status is COMMITTED or ABORTED, whoever ended it:
+        the answer to an abort (or to the client's END) may come while a
+        participant on another broker has not applied it yet (the
+        coordinator answers END at most `tc._participants.END_WAIT` after
+        the decision is durable), and a subscription that has not applied
+        an abort still holds its acknowledged messages, which a new process
+        would then get after later ones (a poll going back)."""
         url = f"{base}/admin/v1/transactions/{txnid}"
         try:
             if abort:
                 req = urllib.request.Request(
                     url + "/abort", method="POST", headers=self._admin_headers
                 )
-                with urllib.request.urlopen(req, timeout=10):
-                    return "done"  # aborted, and applied by every participant
+                try:
+                    with urllib.request.urlopen(req, timeout=10) as r:
+                        body = json.loads(r.read())
+                    if body.get("status") in ("COMMITTED", "ABORTED"):
+                        return "done"
+                except urllib.error.HTTPError as exc:
+                    if exc.code != 409:  # (409: ended, or ending, already)
+                        raise
             req = urllib.request.Request(url, headers=self._admin_headers)
             with urllib.request.urlopen(req, timeout=10) as r:
                 if json.loads(r.read())["status"] in ("COMMITTED", "ABORTED"):
                     return "done"
         except urllib.error.HTTPError as exc:
-            if exc.code in (404, 409):  # unknown (never opened) or ended already
+            if exc.code == 404:  # unknown (never opened, or forgotten)
                 return "unknown"
         except OSError:
             pass  # the broker is restarting
