@@ -501,8 +501,9 @@ class TxnTable:
         return False
 
     def _apply_register(self, rec: Record) -> bool:
-        """A REGISTER record: participants on other brokers added to an
-        OPEN transaction (ignored if it is no longer OPEN)."""
+        """A REGISTER record: participants added to an OPEN transaction
+        (on other brokers; in a cluster, on this one too: see `tc`), ignored
+        if it is no longer OPEN."""
         meta = self.txns.get(wire_txnid(rec.txnid_most_bits, rec.txnid_least_bits))
         if meta is None or meta.status is not TxnStatus.OPEN:
             return False
