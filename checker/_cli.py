@@ -134,6 +134,9 @@ def run_check(args: argparse.Namespace) -> int:
             f"client crashes {stats['client_crashes']}, broker kills {stats['kills']}, "
             f"pauses {stats['pauses']}, final reads complete: {stats['final_reads_complete']}"
         )
+        for key, values in stats["unread"].items():
+            shown = ", ".join(map(str, values[:10])) + (" ..." if len(values) > 10 else "")
+            print(f"final reads: {key}: {len(values)} acknowledged values not read ({shown})")
         paths = ", ".join(f"{k} {n}" for k, n in stats["paths"].items())
         print(f"transactions by path and outcome: {paths}")
         schedule = ", ".join(

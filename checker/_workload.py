@@ -429,6 +429,8 @@ class _Stats:
     acked_sends: dict[str, set[int]] = field(default_factory=dict)
     # transactions ended, by path ("local", "full") and outcome
     paths: dict[str, int] = field(default_factory=dict)
+    # key -> acknowledged values the final reads had not read by their deadline
+    unread: dict[str, list[int]] = field(default_factory=dict)
 
 
 class _Worker:
@@ -803,6 +805,12 @@ async def _final_reads(shared: _Shared, deadline: float) -> bool:
             process = f"final-{i}"
             while not wanted.get(key, set()) <= seen.get(key, set()):
                 if time.monotonic() > deadline:
+                    # (Named in the summary: a value missing from one key
+                    # stops the reads there, and unseen is not counted.)
+                    for k in shared.topics[i:]:
+                        missing = wanted.get(f"{k}/0", set()) - seen.get(f"{k}/0", set())
+                        if missing:
+                            shared.stats.unread[f"{k}/0"] = sorted(missing)
                     return False
                 op = rec.invoke(process, "poll", [["poll"]])
                 got = []
@@ -934,6 +942,7 @@ async def _run(
         "kills": nemesis.kills,
         "pauses": nemesis.pauses,
         "final_reads_complete": complete,
+        "unread": s.unread,
         "fault_schedule": nemesis.schedule,
         "seed": cfg.seed,
         "brokers": [b.url for b in brokers],

@@ -133,3 +133,21 @@ def test_queue_workload_on_a_cluster_of_three_brokers_with_faults_aimed_by_role(
     assert all(set(f["brokers"]) <= urls and f["brokers"] for f in done)
     kills = re.search(r"broker kills (\d+), pauses (\d+)", result.stdout)
     assert kills is not None and int(kills.group(1)) >= 2 and int(kills.group(2)) >= 1
+
+
+async def test_final_reads_that_stop_short_name_every_key_and_value_not_read(
+    tmp_path: Path,
+) -> None:
+    """A value missing from one key stops the final reads there (and unseen
+    is then not counted): the stats (and the summary) name, for that key
+    and every key after it, the acknowledged values not read. Here the
+    reads get no time at all."""
+    from checker import Recorder
+    from checker._workload import WorkloadConfig, run_workload
+
+    cfg = WorkloadConfig(duration=2.0, clients=2, faults=(), final_read_timeout=0.0)
+    with Recorder(tmp_path / "history.jsonl") as rec:
+        stats = await run_workload(cfg, tmp_path / "work", rec)
+    assert not stats["final_reads_complete"]
+    assert stats["unread"] and set(stats["unread"]) <= {f"{t}/0" for t in stats["topics"]}
+    assert all(values == sorted(values) and values for values in stats["unread"].values())
