@@ -253,7 +253,11 @@ class Broker:
                 f"{self.data_dir / f'tc-{tcid}.db'} is a coordinator log in a separate file, "
                 "which this version of txnbuf does not read (coordinators log in broker.db)"
             )
-        return await TransactionCoordinator.open(tcid, self.store, self, settings)
+        tc = await TransactionCoordinator.open(tcid, self.store, self, settings)
+        # (In a cluster a participant's topic may end up on another broker
+        # than the coordinator: registrations are logged, see `tc`.)
+        tc.log_registrations = self.cluster is not None
+        return tc
 
     # -- loading and unloading topics ----------------------------------------------
 

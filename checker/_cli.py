@@ -134,6 +134,9 @@ def run_check(args: argparse.Namespace) -> int:
             f"client crashes {stats['client_crashes']}, broker kills {stats['kills']}, "
             f"pauses {stats['pauses']}, final reads complete: {stats['final_reads_complete']}"
         )
+        for key, values in stats["unread"].items():
+            shown = ", ".join(map(str, values[:10])) + (" ..." if len(values) > 10 else "")
+            print(f"final reads: {key}: {len(values)} acknowledged values not read ({shown})")
         paths = ", ".join(f"{k} {n}" for k, n in stats["paths"].items())
         print(f"transactions by path and outcome: {paths}")
         schedule = ", ".join(
@@ -143,6 +146,10 @@ def run_check(args: argparse.Namespace) -> int:
         print(f"seed {seed}; faults (seconds from the start): {schedule or 'none'}")
         if cfg.store:
             print(f"brokers {', '.join(stats['brokers'])}; keys {', '.join(stats['topics'])}")
+            where = "; ".join(
+                f"{what} slot {slot} at {url}" for what, (slot, url) in stats["placement"].items()
+            )
+            print(f"placement at the start: {where}")
         if not result.valid:
             print("ANOMALIES FOUND; history kept at", history_path, file=sys.stderr)
             if not args.history and not args.workdir:

@@ -38,8 +38,9 @@ the owner of the transactions' coordinator, the owner of a key's
 partition, both, or one at random; the history's ``nemesis`` ops and the
 fault schedule name the role and the brokers it hit. A pause may outlast
 the lease (``lease_ttl``), so the paused broker's slots move and it is
-fenced when it wakes. Which topics the keys are and where the
-transactions' coordinator is: `transaction_layout`.
+fenced when it wakes. The transactions span brokers: their coordinator
+starts on one broker and the keys on the others (`transaction_layout`;
+the history's ``layout`` op records where each started).
 
 The final phase stops the faults, then fresh subscriptions read every topic
 from the start until every acknowledged send has been seen (or a time limit
@@ -125,37 +126,62 @@ class WorkloadConfig:
         return bool(self.store)
 
 
-def transaction_layout(count: int, slots: int, run: str) -> tuple[list[str], str | None]:
+def transaction_layout(
+    count: int, slots: int, run: str, owners: Sequence[str] = ()
+) -> tuple[list[str], str | None]:
     """The keys' topics, and the topic near which the transactions take their
     coordinator (``Client.new_transaction(near=...)``; None: the client's
     first broker's coordinators).
 
     One broker (``slots`` 0): ``q0``, ``q1``, ... and None.
 
-    A cluster: a transaction must for now keep its coordinator and every
-    topic it sends to or acknowledges on with ONE broker (the client refuses
-    a transaction across brokers: docs/cluster.md). So the topics are all in
-    one slot (``q{run}-{i}`` names searched for it; ``run`` keeps one run's
-    names apart from another's in a database given with ``--store``), and
-    the transactions take coordinator k near the first of them: coordinator k
-    lives in slot k with those topics, so they move together through every
-    kill and pause, and the roles "coordinator" and "partitions" name the
-    same broker. Once a transaction may span brokers, spread the topics
-    over slots (``q{run}-{i}`` as they come) and return a name of a slot
-    none of them is in, so that the faults aimed at the coordinator's owner
-    and at the partitions' owner hit different brokers.
+    A cluster: the transactions span brokers (docs/cluster.md, "Transactions
+    across brokers"), so that the faults aimed at the coordinator's owner
+    and at the partitions' owner hit different brokers. ``owners`` is the
+    URL of each slot's owner when the workload starts (`_slot_owners`).
+    The names are ``q{run}-{i}`` as they come (``run`` keeps one run's names
+    apart from another's in a database given with ``--store``): the first
+    is ``near`` (coordinator k of its slot k, on k's owner; no key is in
+    that slot), and the keys' topics are the next names whose slot's owner
+    is another broker than the coordinator's, taking those brokers in turn,
+    so that the keys are spread over them. Without ``owners`` (or with one
+    broker owning everything) the keys are only kept out of near's slot.
+    Slots move with the faults; this is where everything starts, and the
+    workload records it in the history (a ``layout`` op).
     """
     if not slots:
         return [f"q{i}" for i in range(count)], None
     names = (f"q{run}-{i}" for i in range(1 << 30))
-    first = next(names)
-    slot = slot_of(first, slots)
-    topics = [first]
+    near = next(names)
+    home = slot_of(near, slots)
+    others = sorted(set(owners) - {owners[home]}) if len(owners) == slots else []
+    topics: list[str] = []
     while len(topics) < count:
         name = next(names)
-        if slot_of(name, slots) == slot:
+        slot = slot_of(name, slots)
+        if slot == home:
+            continue
+        if not others or owners[slot] == others[len(topics) % len(others)]:
             topics.append(name)
-    return topics, first
+    return topics, near
+
+
+async def _slot_owners(control: Client, brokers: int, wait: float = 30.0) -> list[str]:
+    """The URL of each slot's owner, asked by lookups once every one of the
+    ``brokers`` owns a slot (the slots are spread as brokers join), or
+    as they are after ``wait`` seconds."""
+    conns = control._brokers
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + wait
+    while True:
+        deadline = loop.time() + 10.0
+        found = await asyncio.gather(
+            *(conns.lookup(tc_id=k, deadline=deadline) for k in range(conns.slots))
+        )
+        owners = [conn.url for conn in found]
+        if len(set(owners)) >= brokers or loop.time() > give_up:
+            return owners
+        await asyncio.sleep(0.5)
 
 
 def _txnbuf(*args: str) -> str:
@@ -403,6 +429,8 @@ class _Stats:
     acked_sends: dict[str, set[int]] = field(default_factory=dict)
     # transactions ended, by path ("local", "full") and outcome
     paths: dict[str, int] = field(default_factory=dict)
+    # key -> acknowledged values the final reads had not read by their deadline
+    unread: dict[str, list[int]] = field(default_factory=dict)
 
 
 class _Worker:
@@ -702,22 +730,38 @@ class _Shared:
             return None
 
     def _end_at(self, base: str, txnid: str, abort: bool) -> str:
-        """One try at ``base``: "done" (ended), "unknown" (no such transaction
-        there, or ended already) or "again". Blocking: run it in a thread."""
+        """One try at ``base``: "done" (ended, and applied by every
+        participant: COMMITTED or ABORTED), "unknown" (no such transaction
+        there) or "again" (not yet, or the broker is restarting). Blocking:
+        run it in a thread.
+
+        Ended means its status is COMMITTED or ABORTED, whoever ended it:
+        the answer to an abort (or to the client's END) may come while a
+        participant on another broker has not applied it yet (the
+        coordinator answers END at most `tc._participants.END_WAIT` after
+        the decision is durable), and a subscription that has not applied
+        an abort still holds its acknowledged messages, which a new process
+        would then get after later ones (a poll going back)."""
         url = f"{base}/admin/v1/transactions/{txnid}"
         try:
             if abort:
                 req = urllib.request.Request(
                     url + "/abort", method="POST", headers=self._admin_headers
                 )
-                with urllib.request.urlopen(req, timeout=10):
-                    return "done"  # aborted, and applied by every participant
+                try:
+                    with urllib.request.urlopen(req, timeout=10) as r:
+                        body = json.loads(r.read())
+                    if body.get("status") in ("COMMITTED", "ABORTED"):
+                        return "done"
+                except urllib.error.HTTPError as exc:
+                    if exc.code != 409:  # (409: ended, or ending, already)
+                        raise
             req = urllib.request.Request(url, headers=self._admin_headers)
             with urllib.request.urlopen(req, timeout=10) as r:
                 if json.loads(r.read())["status"] in ("COMMITTED", "ABORTED"):
                     return "done"
         except urllib.error.HTTPError as exc:
-            if exc.code in (404, 409):  # unknown (never opened) or ended already
+            if exc.code == 404:  # unknown (never opened, or forgotten)
                 return "unknown"
         except OSError:
             pass  # the broker is restarting
@@ -761,6 +805,12 @@ async def _final_reads(shared: _Shared, deadline: float) -> bool:
             process = f"final-{i}"
             while not wanted.get(key, set()) <= seen.get(key, set()):
                 if time.monotonic() > deadline:
+                    # (Named in the summary: a value missing from one key
+                    # stops the reads there, and unseen is not counted.)
+                    for k in shared.topics[i:]:
+                        missing = wanted.get(f"{k}/0", set()) - seen.get(f"{k}/0", set())
+                        if missing:
+                            shared.stats.unread[f"{k}/0"] = sorted(missing)
                     return False
                 op = rec.invoke(process, "poll", [["poll"]])
                 got = []
@@ -838,7 +888,17 @@ async def _run(
 ) -> dict[str, Any]:
     broker = brokers[0]
     slots = control._brokers.slots if control is not None else 0
-    topics, near = transaction_layout(cfg.topics, slots, os.urandom(3).hex())
+    owners = await _slot_owners(control, len(brokers)) if control is not None else []
+    topics, near = transaction_layout(cfg.topics, slots, os.urandom(3).hex(), owners)
+    placement: dict[str, list[Any]] = {}
+    if control is not None and near is not None:
+        # Where the transactions' coordinator and each key start (slot, owner).
+        home = slot_of(near, slots)
+        placement["coordinator"] = [home, owners[home]]
+        for topic in topics:
+            placement[f"{topic}/0"] = [slot_of(topic, slots), owners[slot_of(topic, slots)]]
+        op = rec.invoke("layout", "placement")
+        rec.complete(op, "ok", placement)
     if cfg.auth:
         await asyncio.to_thread(broker.grant_workload, topics)
     urls = ",".join(b.url for b in brokers)
@@ -882,10 +942,12 @@ async def _run(
         "kills": nemesis.kills,
         "pauses": nemesis.pauses,
         "final_reads_complete": complete,
+        "unread": s.unread,
         "fault_schedule": nemesis.schedule,
         "seed": cfg.seed,
         "brokers": [b.url for b in brokers],
         "topics": topics,
+        "placement": placement,
     }
 
 

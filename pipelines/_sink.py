@@ -124,12 +124,14 @@ async def batch_coordinator(client: Client, query_id: str, topic: str | None) ->
     broker's list of coordinators, in CONNECTED, differs from broker to
     broker and changes with every move; a slot's number does not), and
     every process picks the same coordinator whichever broker it asked
-    first. Why the output topic's slot: a transaction whose coordinator and
-    topics are on different brokers is refused by the client until
-    transactions across a cluster's brokers are built; rows whose ``topic``
-    column names a topic of another slot than the option's are refused
-    while that topic is on another broker (the task fails, and the batch
-    after Spark's retries)."""
+    first. Why the output topic's slot: a batch that writes only to the
+    ``topic`` option's topic keeps its sends, prepares and group commit on
+    one broker (the paths of a single broker, the cheapest). Rows whose
+    ``topic`` column names a topic of another broker make their task's
+    transaction span brokers (docs/cluster.md, "Transactions across
+    brokers"): the task's prepare waits until every send on every broker was
+    answered durable, the group commit's decision names every participant,
+    and the coordinator tells those on other brokers once it is durable."""
     await client.connect()
     if not client._brokers.cluster:
         return await TransactionGroups(client).coordinator_for(query_id)

@@ -27,7 +27,10 @@ One path per request:
   the coordinator's start (`tc._table`), so one answered before a crash is
   never handed out again.
 - Registration (`add_partition`, `add_subscription`): in memory, not logged
-  (the decision record names every participant); sends and acks are checked
+  (the decision record names every participant), except in a cluster
+  (`log_registrations`: a participant's topic may move to another broker
+  than the coordinator's, where only a logged registration tells the
+  recovered coordinator to tell it); sends and acks are checked
   against it (`verify_partition`, `verify_subscription`: KIP-890's defense).
   A participant on another broker (a cluster) registers with
   `register_remote`, which is logged (a REGISTER record) and answered once
@@ -121,6 +124,9 @@ class TransactionCoordinator:
         self.store = store
         self._log = txn_log
         self.settings = settings or ProducerSettings()
+        # Log the registrations of participants on this broker too (a
+        # cluster's broker sets it: `_log_registration`).
+        self.log_registrations = False
         self._table = TxnTable(tcid)
         self._producers = ProducerRegistry(tcid)
         self._channel = ParticipantChannel(tcid, participant, self._finished)
@@ -285,12 +291,40 @@ class TransactionCoordinator:
     def add_partition(self, txnid: TxnID, topic: str, partition: int) -> None:
         """§CommandAddPartitionToTxn (or a send that asks to add its
         partition, KIP-890 part 2): TxnNotFound, or an invalid status
-        unless OPEN; adding it again changes nothing."""
-        self._table.register(txnid, partitions=[(topic, partition)], now_ms=now_ms())
+        unless OPEN; adding it again changes nothing. With
+        `log_registrations`, a new participant is also logged (see there)."""
+        if self._table.register(txnid, partitions=[(topic, partition)], now_ms=now_ms()):
+            self._log_registration(txnid, partitions=[(topic, partition)])
 
     def add_subscription(self, txnid: TxnID, topic: str, subscription: str) -> None:
         """§CommandAddSubscriptionToTxn: as `add_partition`."""
-        self._table.register(txnid, subscriptions=[(topic, subscription)], now_ms=now_ms())
+        if self._table.register(txnid, subscriptions=[(topic, subscription)], now_ms=now_ms()):
+            self._log_registration(txnid, subscriptions=[(topic, subscription)])
+
+    def _log_registration(
+        self,
+        txnid: TxnID,
+        partitions: list[tuple[str, int]] = (),  # type: ignore[assignment]
+        subscriptions: list[tuple[str, str]] = (),  # type: ignore[assignment]
+    ) -> None:
+        """In a cluster (`log_registrations`), a participant on this broker
+        is logged too (a REGISTER record, queued and not waited for: the
+        participant's own write is queued after it in the same store, so it
+        is durable once that write is). Its topic may be on another broker
+        by the time a recovery aborts the transaction left OPEN, and a
+        participant that loads a topic aborts only the transactions of
+        coordinators it runs (`broker.Broker._abort_orphans`): the
+        recovered coordinator must know to tell it."""
+        if not self.log_registrations:
+            return
+        rec = Record(metadata_op=Record.REGISTER)
+        rec.txnid_most_bits, rec.txnid_least_bits = txnid
+        rec.txn_last_modification_time = now_ms()
+        for topic, index in partitions:
+            rec.partitions.add(topic=topic, partition=index)
+        for topic, sub in subscriptions:
+            rec.subscriptions.add(topic=topic, subscription=sub)
+        self.log_record(rec, lazy=True).add_done_callback(_retrieved)
 
     def register_remote(
         self,
@@ -669,3 +703,10 @@ class TransactionCoordinator:
 def _quietly(f: asyncio.Future[None]) -> None:
     if not f.cancelled() and (error := f.exception()) is not None:
         log.warning("timing out a transaction failed: %s", error)
+
+
+def _retrieved(written: asyncio.Future[int]) -> None:
+    """A queued registration's failure is the store's, which fails every
+    later write too (fail-stop): nothing to do here but mark it seen."""
+    if not written.cancelled():
+        written.exception()

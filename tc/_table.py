@@ -464,17 +464,21 @@ class TxnTable:
         partitions: list[tuple[str, int]] = (),  # type: ignore[assignment]
         subscriptions: list[tuple[str, str]] = (),  # type: ignore[assignment]
         now_ms: int = 0,
-    ) -> None:
+    ) -> bool:
         """Add participants to an OPEN transaction (each once); raises if it
-        is not OPEN."""
+        is not OPEN. True if one of them is new to it."""
         meta = self.open_one(txnid, "add participants to")
+        added = False
         for p in partitions:
             if p not in meta.partitions:
                 meta.partitions.append(p)
+                added = True
         for s in subscriptions:
             if s not in meta.subscriptions:
                 meta.subscriptions.append(s)
+                added = True
         meta.last_modified_ms = max(meta.last_modified_ms, now_ms)
+        return added
 
     def apply(self, rec: Record) -> bool:
         """Apply one log record (live and in recovery). False: ignored, the
@@ -497,8 +501,9 @@ class TxnTable:
         return False
 
     def _apply_register(self, rec: Record) -> bool:
-        """A REGISTER record: participants on other brokers added to an
-        OPEN transaction (ignored if it is no longer OPEN)."""
+        """A REGISTER record: participants added to an OPEN transaction
+        (on other brokers; in a cluster, on this one too: see `tc`), ignored
+        if it is no longer OPEN."""
         meta = self.txns.get(wire_txnid(rec.txnid_most_bits, rec.txnid_least_bits))
         if meta is None or meta.status is not TxnStatus.OPEN:
             return False

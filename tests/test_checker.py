@@ -845,3 +845,78 @@ def test_a_write_cycle_through_a_duplicate_is_explained() -> None:
         "next_value": 2,
     }
     assert steps[(t2, t1)]["key"] == Y
+
+
+def test_cluster_layout_spreads_the_keys_over_the_brokers_other_than_the_coordinators() -> None:
+    """`transaction_layout` in a cluster: the coordinator's slot holds no
+    key, no key starts on the coordinator's broker, and the keys take the
+    other brokers in turn; one broker keeps ``q0``, ``q1``, ..."""
+    from checker._workload import transaction_layout
+    from client._brokers import slot_of
+
+    slots = 16
+    owners = [("a", "b", "c")[k % 3] for k in range(slots)]
+    topics, near = transaction_layout(4, slots, "x1", owners)
+    assert near is not None and near not in topics and len(set(topics)) == 4
+    home = owners[slot_of(near, slots)]
+    where = [owners[slot_of(t, slots)] for t in topics]
+    assert home not in where
+    assert len(set(where)) == 2 and where[0] != where[1] and where[0] == where[2]
+    assert slot_of(near, slots) not in {slot_of(t, slots) for t in topics}
+    assert transaction_layout(2, 0, "x1") == (["q0", "q1"], None)
+
+
+def test_a_doubtful_transaction_counts_as_ended_once_every_participant_applied_it() -> None:
+    """`_Shared._end_at` (the workload making sure a previous process's
+    transaction ended before a new process reads): an abort answered 409
+    (ended, or ending, already) or 200 while the transaction is ABORTING (a
+    participant on another broker has not applied it yet) is not done; it
+    is once the status is ABORTED; 404 is unknown. (A fake admin API: a
+    unit test of the workload's side.)"""
+    import http.server
+
+    from checker._workload import _Shared
+
+    statuses = ["ABORTING", "ABORTING", "ABORTED"]
+    asked: list[str] = []
+
+    class Admin(http.server.BaseHTTPRequestHandler):
+        def answer(self, code: int, body: dict[str, Any]) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_POST(self) -> None:
+            asked.append(f"POST {self.path}")
+            if "/gone/" in self.path:
+                self.answer(404, {"error": "no transaction"})
+            elif len(asked) == 1:
+                self.answer(200, {"status": statuses[0]})
+            else:
+                self.answer(409, {"error": "ended already"})
+
+        def do_GET(self) -> None:
+            asked.append(f"GET {self.path}")
+            self.answer(200, {"status": statuses.pop(0)})
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Admin)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        shared = _Shared.__new__(_Shared)
+        shared._admin_headers = {}
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        txnid = "(1,2)"
+        assert shared._end_at(base, txnid, abort=True) == "again"  # 200, ABORTING
+        assert shared._end_at(base, txnid, abort=True) == "again"  # 409, then ABORTING
+        assert shared._end_at(base, txnid, abort=True) == "done"  # 409, then ABORTED
+        assert shared._end_at(base, "gone/x", abort=True) == "unknown"
+        assert [a.split()[0] for a in asked] == ["POST", "GET"] * 3 + ["POST"]
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -136,7 +136,7 @@ async def test_a_participant_refuses_a_send_of_a_transaction_not_open_at_its_coo
     pg_url: str,
     logs: list[BrokerProcess],  # noqa: F811
 ) -> None:
-    anchor, out, _ = await three_brokers(tmp_path, pg_url, logs)
+    anchor, out, into = await three_brokers(tmp_path, pg_url, logs)
     async with Client(logs[0].url, operation_timeout=30.0) as client:
         producer = await client.create_producer(out)
         reader = await client.subscribe(out, "check", initial_position="earliest")
@@ -150,6 +150,47 @@ async def test_a_participant_refuses_a_send_of_a_transaction_not_open_at_its_coo
             await txn.commit()
         await producer.send(b"plain")
         assert (await reader.receive(timeout=60)).value == b"plain"
+
+        # An ACK that reaches a subscription after its transaction's END:
+        # the participant took the coordinator's check (the first ack), the
+        # END (ABORT, at the coordinator slot's epoch, as the coordinator's
+        # broker sends it) arrives, then the next ack: refused although the
+        # coordinator still says OPEN, and nothing is held (both messages
+        # come again to the subscription).
+        source = await client.create_producer(into)
+        for value in (b"m0", b"m1"):
+            await source.send(value)
+        consumer = await client.subscribe(into, "copy", initial_position="earliest")
+        txn = await client.new_transaction(near=anchor)
+        assert len({txn._conn.url, consumer._conn.url, producer._conn.url}) == 3
+        first = await consumer.receive(timeout=60)
+        await consumer.acknowledge(first, txn=txn)
+        await until_answered(txn)
+        epoch = {slot: e for slot, _, e in await slots(pg_url)}[txn.tc_id % 64]
+        ws = await _as_cluster_broker(consumer._conn.url, pg_url)
+        try:
+            end = pb.BaseCommand(type=pb.BaseCommand.END_TXN_ON_SUBSCRIPTION)
+            req = end.end_txn_on_subscription
+            req.request_id = 1
+            req.txnid_most_bits, req.txnid_least_bits = txn.id
+            req.subscription.topic, req.subscription.subscription = into, "copy"
+            req.txn_action = pb.ABORT
+            req.coordinator_slot_epoch = epoch
+            await ws.send_bytes(end.SerializeToString())
+            reply = pb.BaseCommand.FromString((await ws.receive()).data).txn_response
+            assert not reply.HasField("error"), reply
+        finally:
+            await ws.close()
+            await ws._test_session.close()  # type: ignore[attr-defined]
+        second = await consumer.receive(timeout=60)
+        with pytest.raises(errors.InvalidTxnStatusError, match="already ended"):
+            await consumer.acknowledge(second, txn=txn)
+            await txn.commit()
+        with contextlib.suppress(errors.TxnbufError):
+            await txn.abort()
+        await consumer.close()
+        again = await client.subscribe(into, "copy")
+        assert sorted(await received(again, 2)) == [b"m0", b"m1"]
 
 
 async def test_end_txn_on_a_participant_is_refused_to_all_but_a_clusters_brokers(

@@ -745,6 +745,40 @@ async def test_a_restart_tells_the_participants_registered_from_other_brokers(
         await open_tc.close(tc)
 
 
+@pytest.mark.parametrize("logged", [False, True])
+async def test_in_a_cluster_a_restart_tells_the_participants_registered_here(
+    open_tc: Opener, logged: bool
+) -> None:
+    """A cluster's coordinator (``log_registrations``) logs the
+    registrations of participants on its own broker too (a lazy REGISTER,
+    made durable by the writes queued behind it): its recovery, on whichever
+    broker, tells them its abort, for their topics may be on another broker
+    than its own by then, where nobody else aborts what they hold. A single
+    broker's does not (its participants abort the orphans themselves)."""
+    tc = await open_tc(0, Recorder())
+    tc.log_registrations = logged
+    txnid = tc.new_txn()
+    tc.add_partition(txnid, "here", 1)
+    tc.add_subscription(txnid, "here", "s")
+    tc.add_partition(txnid, "here", 1)  # (again: nothing more logged)
+    await tc.end_txn(tc.new_txn(), commit=False)  # (durable, and what was queued before it)
+    registers = [r for r in await records(tc) if r.metadata_op == Op.REGISTER]
+    assert len(registers) == (2 if logged else 0)
+    await open_tc.close(tc)
+    rec = Recorder()
+    tc = await open_tc(0, rec)
+    try:
+        await wait_status(tc, txnid, TxnStatus.ABORTED)
+        told = sorted((*c[:3], c[4]) for c in rec.calls if c[3] == txnid)
+        assert told == (
+            [("partition", "here", 1, False), ("subscription", "here", "s", False)]
+            if logged
+            else []
+        )
+    finally:
+        await open_tc.close(tc)
+
+
 class Elsewhere(Recorder):
     """Every participant is on another broker: its tell notes whether the
     decision was durable when it ran."""

@@ -83,8 +83,10 @@ def test_queue_workload_on_a_cluster_of_three_brokers_with_faults_aimed_by_role(
     tmp_path: Path,
 ) -> None:
     """``--brokers 3 --store postgresql``: the check's own PostgreSQL, three
-    brokers with --cluster, kills and pauses aimed at the transactions'
-    coordinator's owner, a key's partition's owner, both and one at random
+    brokers with --cluster, transactions across brokers (no key starts on
+    the coordinator's broker: the history's placement), kills and pauses
+    aimed at the transactions' coordinator's owner, a key's partition's
+    owner, both and one at random
     (this seed: a kill of the coordinator's owner, a pause of both longer
     than the lease, a kill of the partitions' owner, ...); no anomaly, and
     each fault names its role and the brokers it hit, in the output and in
@@ -109,6 +111,12 @@ def test_queue_workload_on_a_cluster_of_three_brokers_with_faults_aimed_by_role(
     assert brokers is not None, out[-3000:]
     urls = set(brokers.group(1).split(", "))
     assert len(urls) == 3
+    # Transactions span brokers: no key starts on the coordinator's broker.
+    layout = [json.loads(line) for line in history.read_text().splitlines() if '"layout"' in line]
+    placement = layout[-1]["value"]
+    coordinator = placement.pop("coordinator")[1]
+    assert {url for _, url in placement.values()} <= urls - {coordinator}, placement
+    assert len(placement) == 3 and "coordinator slot" in result.stdout
     schedule = re.search(r"faults \(seconds from the start\): (.*)", result.stdout)
     assert schedule is not None
     hits = re.findall(r"(kill|pause) at [\d.]+s of (\w+) ([^,]+)", schedule.group(1))
@@ -125,3 +133,21 @@ def test_queue_workload_on_a_cluster_of_three_brokers_with_faults_aimed_by_role(
     assert all(set(f["brokers"]) <= urls and f["brokers"] for f in done)
     kills = re.search(r"broker kills (\d+), pauses (\d+)", result.stdout)
     assert kills is not None and int(kills.group(1)) >= 2 and int(kills.group(2)) >= 1
+
+
+async def test_final_reads_that_stop_short_name_every_key_and_value_not_read(
+    tmp_path: Path,
+) -> None:
+    """A value missing from one key stops the final reads there (and unseen
+    is then not counted): the stats (and the summary) name, for that key
+    and every key after it, the acknowledged values not read. Here the
+    reads get no time at all."""
+    from checker import Recorder
+    from checker._workload import WorkloadConfig, run_workload
+
+    cfg = WorkloadConfig(duration=2.0, clients=2, faults=(), final_read_timeout=0.0)
+    with Recorder(tmp_path / "history.jsonl") as rec:
+        stats = await run_workload(cfg, tmp_path / "work", rec)
+    assert not stats["final_reads_complete"]
+    assert stats["unread"] and set(stats["unread"]) <= {f"{t}/0" for t in stats["topics"]}
+    assert all(values == sorted(values) and values for values in stats["unread"].values())

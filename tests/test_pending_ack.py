@@ -1447,3 +1447,52 @@ async def test_retention_trims_behind_the_slowest_subscription_only(tmp_path: Pa
             await subs.close()
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("early", [False, True])
+async def test_an_ack_after_its_transactions_end_arrived_first_is_refused(
+    tmp_path: Path, early: bool
+) -> None:
+    """A coordinator (on another broker) aborted a transaction, and its END
+    reached the subscription before the transaction's ack did (the
+    participant had checked with the coordinator already): the END of a
+    transaction that holds nothing here writes nothing but is remembered,
+    and the late ack, on every partition, is refused INVALID_TXN_STATUS and
+    changes nothing (no PENDING_ACK left behind, nothing written, the
+    messages delivered as before)."""
+    store = await LedgerStore.open(tmp_path / "broker.db")
+    try:
+        topics = await Topics.load(store)
+        topic = await topics.create("t", 2)
+        for part in topic.partitions:
+            await part.publish("p", msgs(0, 3))
+        subs = await Subscriptions.load(topics)
+        try:
+            consumer = make_consumer([])
+            await subs.subscribe(topic, "s", consumer, earliest=True)
+            ledgers = [
+                store.get_ledger(PartitionSubscription.ledger_name("t", i, "s")) for i in (0, 1)
+            ]
+            before = [ledger.last_entry_id for ledger in ledgers]
+            await subs.end_txn("t", "s", T1, False, early=early)
+            for ids in ([MessageId(0, 0, 1)], [MessageId(1, 0, 0), MessageId(1, 0, 2)]):
+                with pytest.raises(refusals.Refusal) as info:
+                    await subs.ack(consumer, ids, False, T1)
+                assert info.value.code == pb.INVALID_TXN_STATUS
+                assert "has already ended" in str(info.value)
+            with pytest.raises(refusals.Refusal) as info:
+                await subs.ack_positions(consumer, {0: [(0, 0)]}, True, T1, early=True)
+            assert info.value.code == pb.INVALID_TXN_STATUS
+            assert [ledger.last_entry_id for ledger in ledgers] == before
+            stats = [subs.stats("t", i)["s"] for i in (0, 1)]
+            assert [s["pending_ack"] for s in stats] == [0, 0]
+            assert [s["backlog"] for s in stats] == [3, 3]
+            await subs.ack(consumer, [MessageId(0, 0, 1)], False, T2)  # (another: taken)
+            assert subs.stats("t", 0)["s"]["pending_ack"] == 1
+        finally:
+            await subs.close()
+    finally:
+        barrier = await store.open_ledger("test/barrier")
+        for _ in range(4):
+            await barrier.append(b"")
+        await store.close()
