@@ -193,7 +193,13 @@ class Transactions:
         what = "register a participant on another broker"
         try:
             self.ctx.require_role(CLUSTER_ROLE, f"{what} (from_participant)")
-            txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
+            if req.HasField("producer_id"):
+                # (the producer-epoch mode: its ongoing transaction, the
+                # partition or subscription added or verified first)
+                txnid = self._producer_participant(req)
+                req.txnid_most_bits, req.txnid_least_bits = txnid  # (answered)
+            else:
+                txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
             tc = self.broker.coordinator(txnid)
             if isinstance(req, pb.CommandAddPartitionToTxn):
                 parts = [(check_topic_name(r.topic), r.partition) for r in req.partitions]
@@ -208,6 +214,31 @@ class Transactions:
             self._txn_respond(req, what, exc)
             return
         self._txn_answer(req, _durable(written), what)
+
+    def _producer_participant(
+        self, req: pb.CommandAddPartitionToTxn | pb.CommandAddSubscriptionToTxn
+    ) -> TxnID:
+        """`_from_participant` for a send or ack of the producer-epoch mode:
+        the producer's ongoing transaction, with the one partition (or
+        subscription) added (begun if it had none, KIP-890 part 2), or with
+        ``verify_only`` verified as added (KIP-890 part 1); raises the
+        producer's refusal (fenced, nothing ongoing, not added)."""
+        pid, epoch = req.producer_id, req.producer_epoch
+        tc = self.broker.producer_coordinator(pid)
+        if isinstance(req, pb.CommandAddPartitionToTxn):
+            if len(req.partitions) != 1:
+                raise refusals.InvalidArgument("a producer's check names one partition")
+            ref = req.partitions[0]
+            topic = check_topic_name(ref.topic)
+            if req.verify_only:
+                return tc.producer_verified_partition(pid, epoch, topic, ref.partition)
+            return tc.producer_add_partition(pid, epoch, topic, ref.partition)
+        if len(req.subscriptions) != 1:
+            raise refusals.InvalidArgument("a producer's check names one subscription")
+        sub = req.subscriptions[0]
+        return tc.producer_add_subscription(
+            pid, epoch, check_topic_name(sub.topic), check_subscription_name(sub.subscription)
+        )
 
     def on_add_partition(self, cmd: pb.BaseCommand) -> None:
         req = cmd.add_partition_to_txn
