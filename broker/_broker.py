@@ -740,7 +740,8 @@ class PeerRequests(Protocol):
         partition: int | None = None,
         subscription: str = "",
         verify_only: bool = False,
-    ) -> TxnID: ...
+        keep: bool = True,
+    ) -> tuple[TxnID, str]: ...
 
     def forget(self, txnid: TxnID, participant: str) -> None: ...
 

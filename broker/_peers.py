@@ -127,9 +127,9 @@ class Peers:
         self._registering: dict[tuple[TxnID, str], asyncio.Future[None]] = {}
         # The producer-epoch mode's checks: (producer id, epoch, participant)
         # -> the producer's transaction, and back (dropped with its END).
-        self._producer_txns: dict[tuple[int, int, str], TxnID] = {}
+        self._producer_txns: dict[tuple[int, int, str], tuple[TxnID, str]] = {}
         self._producer_keys: dict[tuple[TxnID, str], tuple[int, int, str]] = {}
-        self._producer_checking: dict[tuple[int, int, str], asyncio.Future[TxnID]] = {}
+        self._producer_checking: dict[tuple[int, int, str], asyncio.Future[tuple[TxnID, str]]] = {}
         self.tells = 0  # remote tells answered done, for stats and tests
         self.checks = 0  # registrations asked of a coordinator elsewhere
 
@@ -301,7 +301,7 @@ class Peers:
         """The transaction ended on ``participant``: its check goes."""
         self._registered.pop((txnid, participant), None)
         key = self._producer_keys.pop((txnid, participant), None)
-        if key is not None and self._producer_txns.get(key) == txnid:
+        if key is not None and self._producer_txns.get(key, (None,))[0] == txnid:
             del self._producer_txns[key]
 
     async def register_producer(
@@ -311,7 +311,8 @@ class Peers:
         partition: int | None = None,
         subscription: str = "",
         verify_only: bool = False,
-    ) -> TxnID:
+        keep: bool = True,
+    ) -> tuple[TxnID, str]:
         """`register` for a send or ack of the producer-epoch mode, whose
         transaction the participant does not know: the coordinator that
         issued the producer id (on another broker) answers the producer's
@@ -319,12 +320,21 @@ class Peers:
         KIP-890 part 2) or, ``verify_only``, verified as added by the
         client (Kafka's AddPartitionsToTxn: KIP-890 part 1), and the
         registration logged; raises its refusal (fenced, nothing ongoing,
-        not added). Cached per producer identity and participant until the
-        transaction's END reaches the participant (a Kafka producer before
-        KIP-890 part 2 keeps its identity from one transaction to the next:
-        its EndTxn is answered only once every participant applied the END,
-        so its next transaction's sends find the entry gone). Concurrent
-        checks share one request and return in order, as `register`'s."""
+        not added). With the transactional id holding the producer id (the
+        participant checks its client's permission on it).
+
+        With ``keep``, the answer is kept per producer identity and
+        participant until the transaction's END reaches the participant:
+        for producers whose identity changes with each transaction (the
+        txnbuf client's, KIP-890 part 2). A Kafka producer before KIP-890
+        part 2 keeps its identity from one transaction to the next, and its
+        EndTxn may be answered before a participant that does not answer
+        applied the END (`tc.ParticipantChannel.answer`'s wait is bounded):
+        a kept answer could then put its next transaction's sends into the
+        one before, so its checks pass ``keep=False`` (every send is
+        checked). Concurrent checks share one request and return in order,
+        as `register`'s (a client sends no END before its sends are
+        answered, so checks in flight together are of one transaction)."""
         participant = f"{topic}/{partition}" if partition is not None else f"{topic}/{subscription}"
         key = (producer[0], producer[1], participant)
         known = self._producer_txns.get(key)
@@ -336,21 +346,25 @@ class Peers:
         pending = asyncio.get_running_loop().create_future()
         self._producer_checking[key] = pending
         try:
-            txnid = await self._ask_producer(producer, topic, partition, subscription, verify_only)
+            found = await self._ask_producer(producer, topic, partition, subscription, verify_only)
         except BaseException as exc:
             pending.set_exception(exc)
             pending.exception()  # (retrieved: the waiters raise it)
             raise
         finally:
             del self._producer_checking[key]
-        self._producer_txns[key] = txnid
+        txnid = found[0]
+        if not keep:
+            pending.set_result(found)
+            return found
+        self._producer_txns[key] = found
         self._producer_keys[(txnid, participant)] = key
         self._registered[(txnid, participant)] = None
         while len(self._producer_txns) > REGISTERED_KEPT:
             old = next(iter(self._producer_txns))
-            self._producer_keys.pop((self._producer_txns.pop(old), old[2]), None)
-        pending.set_result(txnid)
-        return txnid
+            self._producer_keys.pop((self._producer_txns.pop(old)[0], old[2]), None)
+        pending.set_result(found)
+        return found
 
     async def _ask_producer(
         self,
@@ -359,7 +373,7 @@ class Peers:
         partition: int | None,
         subscription: str,
         verify_only: bool,
-    ) -> TxnID:
+    ) -> tuple[TxnID, str]:
         def fill(add: pb.CommandAddPartitionToTxn | pb.CommandAddSubscriptionToTxn) -> None:
             add.producer_id, add.producer_epoch = producer
             if isinstance(add, pb.CommandAddPartitionToTxn):
@@ -369,7 +383,7 @@ class Peers:
         what = f"check of producer {producer[0]} epoch {producer[1]} with its coordinator {tcid}"
         reply = await self._ask(None, topic, partition, subscription, tcid, fill, what)
         resp = reply.txn_response
-        return wire_txnid(resp.txnid_most_bits, resp.txnid_least_bits)
+        return wire_txnid(resp.txnid_most_bits, resp.txnid_least_bits), resp.message
 
     async def _ask(
         self,

@@ -41,7 +41,12 @@ from broker.kafka._common import (
 )
 from broker.kafka._groups import GroupError, Groups, subscribed_topics
 from broker.kafka._offsets import offset_of, position_of
-from broker.kafka._session import GROUP_AUTHORIZATION_FAILED, KafkaError, KafkaSession
+from broker.kafka._session import (
+    GROUP_AUTHORIZATION_FAILED,
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    KafkaError,
+    KafkaSession,
+)
 from buffer import Topic
 from subscriptions import WHOLE_ENTRY, PartitionSubscription
 
@@ -98,9 +103,15 @@ class GroupApis:
             else:
                 # (checked with the coordinator elsewhere; answered once durable)
                 assert self.broker.cluster is not None
-                txnid = await self.broker.cluster.peers.register_producer(
-                    (pid, epoch), topic.name, subscription=name
+                txnid, holder = await self.broker.cluster.peers.register_producer(
+                    (pid, epoch), topic.name, subscription=name, keep=False
                 )
+                if holder != req.transactional_id:
+                    raise KafkaError(
+                        TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                        f"producer id {pid} is held by another transactional id than "
+                        f"{req.transactional_id!r}",
+                    )
             await sub.ack([bound], True, txnid, here)
 
         try:

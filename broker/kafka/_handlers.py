@@ -55,7 +55,7 @@ from broker.kafka._group_apis import GroupApis
 from broker.kafka._groups import Groups
 from broker.kafka._offsets import MAX_ENTRY_MESSAGES, offset_of, position_of
 from broker.kafka._records import control_batch, data_batch, read_batches
-from broker.kafka._session import KafkaError, KafkaSession
+from broker.kafka._session import TRANSACTIONAL_ID_AUTHORIZATION_FAILED, KafkaError, KafkaSession
 from broker.kafka._txn_admin import TxnAdmin
 from broker.kafka._txn_apis import TxnApis
 from buffer import (
@@ -338,7 +338,9 @@ class KafkaApis:
                 f"partition {partition}",
                 NOT_LEADER_OR_FOLLOWER,  # (what a Produce's clients retry)
             ):
-                return asyncio.ensure_future(self._store_checked(partition, batch))
+                return asyncio.ensure_future(
+                    self._store_checked(partition, batch, req.transactional_id)
+                )
             tc = self.broker.producer_coordinator(pid)
             txnid = tc.producer_verified_partition(pid, epoch, partition.topic, partition.index)
             return asyncio.ensure_future(
@@ -354,18 +356,27 @@ class KafkaApis:
             _plain_offset(partition.publish(name, batch.messages(first), None, first))
         )
 
-    async def _store_checked(self, partition: Partition, batch: Any) -> int:
+    async def _store_checked(self, partition: Partition, batch: Any, named: str) -> int:
         """A transactional batch whose coordinator is on another broker:
         verified there (the producer's ongoing transaction, the partition
         added: `broker._peers.Peers.register_producer`), then stored and
-        answered once durable (a commit decided there must not overtake it)."""
+        answered once durable (a commit decided there must not overtake it).
+        Refused unless the producer id is held by the transactional id the
+        request names (whose permission was checked)."""
         assert self.broker.cluster is not None
-        txnid = await self.broker.cluster.peers.register_producer(
+        txnid, holder = await self.broker.cluster.peers.register_producer(
             (batch.producer_id, batch.producer_epoch),
             partition.topic,
             partition=partition.index,
             verify_only=True,
+            keep=False,  # (its identity stays across transactions: every send checked)
         )
+        if holder != named:
+            raise KafkaError(
+                TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                f"producer id {batch.producer_id} is held by another transactional id "
+                f"than {named!r}",
+            )
         return await _txn_offset(self._publish_txn(partition, batch, txnid, False))
 
     def _publish_txn(

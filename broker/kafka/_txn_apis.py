@@ -37,7 +37,7 @@ from broker.kafka._common import (
     partition_of,
 )
 from broker.kafka._session import KafkaError, KafkaSession
-from tc import TransactionCoordinator, TxnID, coordinator_of, coordinator_of_producer
+from tc import TransactionCoordinator, TxnID, coordinator_of_producer
 
 if TYPE_CHECKING:
     from broker._broker import Broker
@@ -87,14 +87,10 @@ class TxnApis:
             return out
         try:
             session.allow_transactional_id(req.transactional_id)
-            coordinators = self.broker.coordinators
-            if self.cluster is not None:
-                tcid = self.cluster.check_coordinator(
-                    req.transactional_id, "transactional id", tcid=True
-                )
-            else:
-                tcid = coordinator_of(req.transactional_id, list(coordinators))
-            tc = coordinators[tcid]
+            if self.cluster is not None:  # (Kafka's codes while it is elsewhere or loading)
+                self.cluster.check_coordinator(req.transactional_id, "transactional id", tcid=True)
+            # (the one mapping of transactional ids, txnbuf's INIT_PRODUCER_ID's too)
+            tc = self.broker.transactional_coordinator(req.transactional_id)
             timeout_ms = round(req.transaction_timeout.total_seconds() * 1000)
             pid, epoch, _, _ = await tc.init_producer(req.transactional_id, timeout_ms)
         except Exception as exc:
