@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import json
 import signal
 import subprocess
 import sys
@@ -54,6 +55,7 @@ from broker.kafka._cluster import (
 )
 from broker.kafka._codec import Api
 from broker.kafka._session import KafkaError
+from client import Client, errors
 from cluster import SlotRow, View, kafka_address, service_url
 from tc import producer_id
 from tests.conftest import BrokerProcess, free_port
@@ -496,6 +498,61 @@ async def test_plain_producers_and_groups_reach_every_brokers_topics(
             group = key_in(slot, SLOTS, f"r-{uuid.uuid4().hex[:4]}-")
             got = await client.read(first.address, topic, len(values), PLAINTEXT, group)
             assert Counter(got) == Counter(values), (client.name, owner.address)
+    await check_one_mapping_of_transactional_ids(procs, found)
+
+
+async def check_one_mapping_of_transactional_ids(
+    procs: list[Any], found: dict[str, set[int]]
+) -> None:
+    """A txnbuf producer of the producer-epoch mode and a Kafka producer
+    with one transactional id (its coordinator on another broker than the
+    client's first) fence each other: one registry, the id's slot's."""
+    owner = procs[2]
+    tid = key_in(max(found[owner_id(owner)]), SLOTS, f"both-{uuid.uuid4().hex[:4]}-")
+    topic = key_in(max(found[owner_id(owner)]), SLOTS, "fence-")
+    create_topic(owner, topic)
+    init = init_producer_id.InitProducerIdRequest(
+        transactional_id=tid, transaction_timeout=datetime.timedelta(seconds=10)
+    )
+    async with Client(procs[0].url, operation_timeout=30.0) as client:
+        txnbuf = await client.create_transactional_producer(tid)
+        await txnbuf.init_transactions()
+        assert txnbuf._conn.url == owner.url
+        # Kafka's InitProducerId (at the owner of the id's slot) bumps the same
+        # producer id's epoch: the txnbuf producer is fenced.
+        kafka = await asyncio.to_thread(_ask, owner, Api.INIT_PRODUCER_ID, 1, init)
+        assert kafka.error_code == 0
+        assert (kafka.producer_id, kafka.producer_epoch) == (txnbuf.producer_id, txnbuf.epoch + 1)
+        await txnbuf.begin_transaction()
+        await txnbuf.send(topic, b"fenced")
+        with pytest.raises((errors.ProducerFencedError, errors.InvalidProducerEpochError)):
+            await txnbuf.commit_transaction()
+        # And back: a txnbuf producer's init fences the Kafka producer.
+        again = await client.create_transactional_producer(tid)
+        await again.init_transactions()
+        assert (again.producer_id, again.epoch) == (kafka.producer_id, kafka.producer_epoch + 1)
+        add = add_partitions.AddPartitionsToTxnRequest(
+            v3_and_below_transactional_id=tid,
+            v3_and_below_producer_id=kafka.producer_id,
+            v3_and_below_producer_epoch=kafka.producer_epoch,
+            v3_and_below_topics=(
+                add_partitions.AddPartitionsToTxnTopic(name=topic, partitions=(0,)),
+            ),
+        )
+        body = await asyncio.to_thread(_ask, owner, Api.ADD_PARTITIONS_TO_TXN, 1, add)
+        code = body.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code
+        assert code in (47, 90)  # (INVALID_PRODUCER_EPOCH, PRODUCER_FENCED)
+        # The admin API's view of the id, asked at another broker: the same
+        # registry (forwarded to the id's slot's owner).
+        status, body = procs[0].admin("GET", f"/admin/v1/producers/{tid}")
+        assert status == 200, body
+        entry = json.loads(body)
+        assert (entry["tc_id"], entry["producer_id"], entry["producer_epoch"]) == (
+            slot_of_key(tid, SLOTS),
+            again.producer_id,
+            again.epoch,
+        )
+        await again.close()
 
 
 async def named_by_all(key: str, procs: list[Any]) -> bool:
