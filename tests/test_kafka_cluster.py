@@ -635,6 +635,11 @@ async def check_copier_across_a_kill(
                 "every broker names the new coordinator", lambda: named_by_all(key, survivors)
             )
             await asyncio.to_thread(victim.start)
+            # (It rejoins and takes its share back: slots of the copier may
+            # move again. A move under the commit can cost kafka-python
+            # another request lost as its connection closes, which it never
+            # answers: the commit waits for the cluster to settle first.)
+            await wait_for("the restarted broker took its share", lambda: settled(pg_url, procs))
         life.go_on()
         status, last = await life.end(timeout=120)
         if victim_is == "coordinator":
