@@ -54,9 +54,11 @@ from broker.kafka._cluster import (
     node_id,
 )
 from broker.kafka._codec import Api
+from broker.kafka._records import data_batch
 from broker.kafka._session import KafkaError
 from client import Client, errors
 from cluster import SlotRow, View, kafka_address, service_url
+from proto import txnbuf_pb2 as pb
 from tc import producer_id
 from tests.conftest import BrokerProcess, free_port
 from tests.kafka_copier import PLAINTEXT
@@ -472,6 +474,28 @@ async def test_metadata_coordinators_and_refusals_follow_the_slots_table(
     assert result.partition_error_code == 0
     status, stats = b.admin("GET", f"/admin/v1/topics/{topic}/stats")
     assert status == 200 and b'"messages": 0' in stats.replace(b'"messages":0', b'"messages": 0')
+    # Its transactional Produce at b is checked with a's coordinator: a
+    # partition not added is refused (INVALID_TXN_STATE), the added one taken.
+    pid, epoch = add.v3_and_below_producer_id, add.v3_and_below_producer_epoch
+
+    def txn_produce(index: int) -> int:
+        batch = data_batch(0, [pb.SingleMessage(payload=b"t", publish_time_ms=1)], (pid, epoch))
+        req = produce.ProduceRequest(
+            transactional_id=init.transactional_id,
+            acks=-1,
+            timeout=datetime.timedelta(seconds=5),
+            topic_data=(
+                produce.TopicProduceData(
+                    name=topic,
+                    partition_data=(produce.PartitionProduceData(index=index, records=batch),),
+                ),
+            ),
+        )
+        body = _ask(b, Api.PRODUCE, 8, req)
+        return int(body.responses[0].partition_responses[0].error_code)
+
+    assert await asyncio.to_thread(txn_produce, 1) == 48
+    assert await asyncio.to_thread(txn_produce, 0) == 0
     _ = LEADER_NOT_AVAILABLE  # (a slot without a live owner: the unit test above)
 
 
