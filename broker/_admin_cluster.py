@@ -127,7 +127,7 @@ async def _send(
     if host in ("0.0.0.0", "::"):
         raise _Wildcard(
             f"the broker registered {url}, a wildcard address no other broker can reach "
-            "(start it with --host naming an address the others reach)"
+            "(start it with --advertised-url naming an address the others reach)"
         )
     cluster = _host(request.app[BROKER_KEY])
     headers = {FORWARDED: cluster.me if cluster is not None else "broker"}
@@ -135,12 +135,14 @@ async def _send(
         if name in request.headers:
             headers[name] = request.headers[name]
     session = _session(request.app)
+    tls_ca = cluster.tls_ca if cluster is not None else None
     async with session.request(
         request.method,
         url.rstrip("/") + path_qs,
         data=body or None,
         headers=headers,
         timeout=aiohttp.ClientTimeout(total=timeout),
+        ssl=tls_ca if tls_ca is not None else True,
     ) as answer:
         text = await answer.read()
         try:

@@ -56,6 +56,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 
 from broker._auth import ACL_LEDGER, read_acl
@@ -103,8 +104,12 @@ class ClusterHost:
         producer_settings: ProducerSettings | None = None,
         kafka: str | None = None,
         store_wait: float = DEFAULT_STORE_WAIT,
+        tls_ca: ssl.SSLContext | None = None,
     ) -> None:
         self.broker = broker
+        # What this broker trusts when it connects to the others over https
+        # (`Peers`, the admin API's forwarding); None: the system's CAs.
+        self.tls_ca = tls_ca
         self.membership = membership
         self.store_url = store_url
         self.producer_settings = producer_settings
@@ -129,6 +134,7 @@ class ClusterHost:
         self.unloads = 0  # slots handed over (a balance's release or a drain)
         self.handovers = 0  # of which while draining (SIGTERM)
         self.not_owner_refusals = 0  # NOT_OWNER refusals made (commands and lookups)
+        self.stale_ends = 0  # ENDs from another broker refused for their slot epoch
         broker.cluster = self
         self._watch_store()
 
@@ -141,23 +147,27 @@ class ClusterHost:
         producer_settings: ProducerSettings | None = None,
         kafka: str | None = None,
         store_wait: float = DEFAULT_STORE_WAIT,
+        tls_ca: ssl.SSLContext | None = None,
     ) -> ClusterHost:
         """Join, take this broker's first share and load it (a few looks),
         then keep looking in the background. ``kafka``: the ``host:port``
         Kafka clients reach this broker's Kafka listener at (recorded with
-        its membership, so that the others' Kafka listeners name it)."""
+        its membership, so that the others' Kafka listeners name it);
+        ``tls_ca``: the CAs to trust at the other brokers (``--cluster-tls-ca``)."""
         try:
             membership = await PostgresMembership.open(store_url, **connect_options(store_url))
         except MembershipError as exc:
             raise LedgerError(str(exc)) from exc
         cluster_store_failures()  # (a store out of service: NOT_OWNER, retriable)
-        host = cls(broker, membership, store_url, lease, producer_settings, kafka, store_wait)
+        host = cls(
+            broker, membership, store_url, lease, producer_settings, kafka, store_wait, tls_ca
+        )
         try:
             secret = await membership.secret()
         except MembershipError as exc:
             await membership.close()
             raise LedgerError(str(exc)) from exc
-        host._peers = Peers(host, secret)
+        host._peers = Peers(host, secret, tls_ca)
         broker.security.cluster_secret = secret
         for _ in range(FIRST_LOOKS):
             await host.member.tick()
@@ -227,6 +237,7 @@ class ClusterHost:
             await self._fresh()
             now = self._slot_epoch(slot)
         if now != epoch or epoch == 0:
+            self.stale_ends += 1
             raise refusals.NotAllowed(
                 f"end of {what} refused: it comes from coordinator {tcid} at epoch {epoch} of "
                 f"slot {slot}, and the cluster tables have that slot at epoch {now} (the END "
@@ -492,6 +503,22 @@ class ClusterHost:
             "not_owner_refusals": self.not_owner_refusals,
             "renewals": self.member.renewals,
             "renewal_age": None if renewed is None else now - renewed,
+            "peer_tells": self.peers.tells if self._peers is not None else 0,
+            "peer_checks": self.peers.checks if self._peers is not None else 0,
+            "stale_end_refusals": self.stale_ends,
+        }
+
+    def labeled_figures(self) -> dict[str, dict[str, int]]:
+        """For /metrics (`broker._metrics.ClusterFigures`): the peers' figures
+        by reason."""
+        peers = self._peers
+        if peers is None:
+            return {}
+        return {
+            "peer_tell_retries": dict(peers.tell_retries),
+            "peer_tell_failures": dict(peers.tell_failures),
+            "peer_check_retries": dict(peers.check_retries),
+            "peer_check_refusals": dict(peers.check_refusals),
         }
 
     async def live_others(self) -> dict[str, str]:

@@ -160,7 +160,12 @@ class ClusterFigures(Protocol):
     def figures(self) -> dict[str, float | None]:
         """``slots_owned``, ``slots_loading``, ``loads``, ``unloads``,
         ``handovers``, ``failovers``, ``drops``, ``not_owner_refusals``, ``renewals`` and
-        ``renewal_age`` (seconds; None before the first)."""
+        ``renewal_age`` (seconds; None before the first); the peers'
+        ``peer_tells``, ``peer_checks`` and ``stale_end_refusals``."""
+        ...
+
+    def labeled_figures(self) -> dict[str, dict[str, int]]:
+        """The peers' figures by reason (`CLUSTER_LABELED`): key -> reason -> count."""
         ...
 
 
@@ -212,6 +217,50 @@ CLUSTER_FIGURES: dict[str, tuple[str, str, bool]] = {
         "txnbuf_cluster_lease_renewal_age_seconds",
         "Seconds since this broker's last lease renewal was answered (by its own clock)",
         False,
+    ),
+    "peer_tells": (
+        "txnbuf_cluster_peer_tells",
+        "Decisions this broker's coordinators told participants on other brokers, answered "
+        "done (END_TXN_ON_PARTITION / _SUBSCRIPTION)",
+        True,
+    ),
+    "peer_checks": (
+        "txnbuf_cluster_peer_checks",
+        "Checks this broker's participants asked of a coordinator on another broker before "
+        "taking a transaction's first send or ack (ADD_*_TO_TXN from_participant)",
+        True,
+    ),
+    "stale_end_refusals": (
+        "txnbuf_cluster_stale_end_refusals",
+        "ENDs from a coordinator on another broker refused here: their coordinator slot "
+        "epoch is not the cluster tables' (a broker that lost the slot, or made up)",
+        True,
+    ),
+}
+
+# The peers' figures by reason (`ClusterFigures.labeled_figures`): key ->
+# (name, help); counters with the label ``reason``.
+CLUSTER_LABELED: dict[str, tuple[str, str]] = {
+    "peer_tell_retries": (
+        "txnbuf_cluster_peer_tell_retries",
+        "Tries of a tell to another broker not answered done and made again, by reason "
+        "(not_owner, unreachable, timeout)",
+    ),
+    "peer_tell_failures": (
+        "txnbuf_cluster_peer_tell_failures",
+        "Tells refused by the participant's broker (e.g. not_allowed), handed back to the "
+        "coordinator, which lists the participant as stuck and tries again later, by reason",
+    ),
+    "peer_check_retries": (
+        "txnbuf_cluster_peer_check_retries",
+        "Tries of a check with a coordinator on another broker made again, by reason "
+        "(not_owner, unreachable, timeout, moved_here)",
+    ),
+    "peer_check_refusals": (
+        "txnbuf_cluster_peer_check_refusals",
+        "Checks with a coordinator on another broker answered no (the transaction is not "
+        "OPEN there: transaction_not_found, invalid_txn_status, ...) or not in time "
+        "(no_answer); the send or ack is refused",
     ),
 }
 
@@ -520,6 +569,12 @@ class BrokerMetrics:
             name, doc, counter = CLUSTER_FIGURES[key]
             family = CounterMetricFamily if counter else GaugeMetricFamily
             out.append(family(name, doc, value=value))
+        labeled = host.labeled_figures()
+        for key, (name, doc) in CLUSTER_LABELED.items():
+            metric = CounterMetricFamily(name, doc, labels=["reason"])
+            for reason, count in sorted(labeled.get(key, {}).items()):
+                metric.add_metric([reason], count)
+            out.append(metric)
         return out
 
     def _transaction_gauges(self) -> Iterable[Metric]:

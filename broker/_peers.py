@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -86,6 +87,24 @@ _REFUSALS: list[type[refusals.Refusal]] = [
 ]
 
 
+def _reason(exc: Exception) -> str:
+    """The label of a peer's failure in the metrics: ``not_owner``,
+    ``unreachable`` (no connection, or it was lost), ``timeout`` (no answer
+    within `REQUEST_TIMEOUT`), or the refusal's wire code in lower case
+    (``not_allowed``: a participant refused a stale coordinator's END;
+    ``transaction_not_found``, ``invalid_txn_status``, ...)."""
+    if isinstance(exc, (NotOwnerError, refusals.NotOwner)):
+        return "not_owner"
+    if isinstance(exc, ConnectionLostError):
+        return "unreachable"
+    if isinstance(exc, OperationTimeoutError):
+        return "timeout"
+    code = getattr(exc, "code", None)
+    if isinstance(code, int) and code in pb.ServerError.values():
+        return pb.ServerError.Name(code).lower()
+    return "other"
+
+
 def cluster_token(secret: str, who: str) -> str:
     """The token a cluster's broker presents to the others (role ``cluster``)."""
     claims = {"sub": "cluster", "iss": CLUSTER_ISSUER, "broker": who, "iat": int(time.time())}
@@ -114,8 +133,11 @@ class Peers:
     """The connections of one cluster broker to the others (see the module
     docstring)."""
 
-    def __init__(self, host: Host, secret: str) -> None:
+    def __init__(self, host: Host, secret: str, tls_ca: ssl.SSLContext | None = None) -> None:
+        """``tls_ca``: what to trust at brokers served over https
+        (``--cluster-tls-ca``; None: the system's CAs)."""
         self.host = host
+        self._tls_ca = tls_ca
         self.token = cluster_token(secret, host.me)
         self._conns: dict[str, Connection] = {}
         self._ids = 0
@@ -130,8 +152,17 @@ class Peers:
         self._producer_txns: dict[tuple[int, int, str], tuple[TxnID, str]] = {}
         self._producer_keys: dict[tuple[TxnID, str], tuple[int, int, str]] = {}
         self._producer_checking: dict[tuple[int, int, str], asyncio.Future[tuple[TxnID, str]]] = {}
-        self.tells = 0  # remote tells answered done, for stats and tests
-        self.checks = 0  # registrations asked of a coordinator elsewhere
+        # Figures since start, for /metrics (`broker._metrics`, "the peers"):
+        self.tells = 0  # remote tells answered done
+        # tries of a tell not done, to be tried again: reason -> count
+        self.tell_retries: collections.Counter[str] = collections.Counter()
+        # tells given up and handed back to the coordinator's channel (it
+        # lists the participant as stuck and tries again): reason -> count
+        self.tell_failures: collections.Counter[str] = collections.Counter()
+        self.checks = 0  # checks asked of a coordinator elsewhere (one each, however many tries)
+        self.check_retries: collections.Counter[str] = collections.Counter()
+        # checks answered no (or not at all in time): reason -> count
+        self.check_refusals: collections.Counter[str] = collections.Counter()
 
     async def close(self) -> None:
         conns, self._conns = list(self._conns.values()), {}
@@ -148,6 +179,7 @@ class Peers:
                 url,
                 REQUEST_TIMEOUT,
                 self.token,
+                self._tls_ca,
                 id_base=self._ids << 40,
                 auth_method=CLUSTER_METHOD,
             )
@@ -165,7 +197,12 @@ class Peers:
             await conn.start()
         except TxnbufError as exc:
             await self._forget(url)
-            raise ConnectionLostError(f"{what}: {url} cannot be reached: {exc}") from exc
+            hint = (
+                " (the CA of the brokers' certificates: --cluster-tls-ca)"
+                if ("certificate" in str(exc))
+                else ""
+            )
+            raise ConnectionLostError(f"{what}: {url} cannot be reached: {exc}{hint}") from exc
         try:
             return await conn.request(build, Command.TXN_RESPONSE, what, link_bound=False)
         except (ConnectionLostError, OperationTimeoutError):
@@ -243,9 +280,14 @@ class Peers:
                 self.tells += 1
                 return
             except (*_MOVED, refusals.NotOwner) as exc:
+                self.tell_retries[_reason(exc)] += 1
                 log.info("%s: %s; looking its owner up again", what, exc)
             except TxnbufError as exc:
+                self.tell_failures[_reason(exc)] += 1
                 raise _as_refusal(exc) from None
+            except refusals.Refusal as exc:  # (applied here, and refused)
+                self.tell_failures[_reason(exc)] += 1
+                raise
             fresh = True
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX)
@@ -423,8 +465,8 @@ class Peers:
         deadline = asyncio.get_running_loop().time() + 2 * REQUEST_TIMEOUT
         delay = RETRY_MIN
         fresh = False
+        self.checks += 1
         while True:
-            self.checks += 1
             try:
                 url = await self._owner(slot, f"transaction coordinator {tcid}", fresh)
                 if not url:  # (it came here meanwhile: the caller asks it again)
@@ -433,9 +475,15 @@ class Peers:
             except (*_MOVED, refusals.NotOwner) as exc:
                 failure: Exception = exc
             except TxnbufError as exc:
+                self.check_refusals[_reason(exc)] += 1
                 raise _as_refusal(exc) from None
+            except refusals.ServiceNotReady:
+                self.check_retries["moved_here"] += 1
+                raise
             if asyncio.get_running_loop().time() + delay >= deadline:
+                self.check_refusals["no_answer"] += 1
                 raise refusals.ServiceNotReady(f"{what}: no answer in time ({failure})")
+            self.check_retries[_reason(failure)] += 1
             fresh = True
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX)

@@ -39,13 +39,21 @@ LINGER = 5.0  # seconds a closed connection waits for the client to close its en
 
 class StreamListener:
     """Serve the data plane for ``broker`` on ``host``:``port`` (`start`,
-    `close`); TLS with ``ssl_context`` if given."""
+    `close`); TLS with ``ssl_context`` if given. ``advertised_host``: the
+    host of the ``txnbuf://`` URL its connections name in LOOKUP's CONNECT
+    answers (``--advertised-url``'s host; default ``host``)."""
 
     def __init__(
-        self, broker: Broker, host: str, port: int, ssl_context: ssl.SSLContext | None = None
+        self,
+        broker: Broker,
+        host: str,
+        port: int,
+        ssl_context: ssl.SSLContext | None = None,
+        advertised_host: str | None = None,
     ) -> None:
         self.broker = broker
         self.host = host
+        self.advertised_host = advertised_host or host  # (in the URL its connections name)
         self.port = port
         self.ssl_context = ssl_context
         self._server: asyncio.Server | None = None
@@ -54,7 +62,7 @@ class StreamListener:
         loop = asyncio.get_running_loop()
         scheme = "txnbufs" if self.ssl_context is not None else "txnbuf"
         self._server = await loop.create_server(
-            lambda: StreamSocket(self.broker, f"{scheme}://{self.host}:{self.port}"),
+            lambda: StreamSocket(self.broker, f"{scheme}://{self.advertised_host}:{self.port}"),
             self.host,
             self.port,
             ssl=self.ssl_context,

@@ -42,6 +42,7 @@ import signal
 import socket
 import ssl
 import sys
+import urllib.parse
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
@@ -89,6 +90,8 @@ async def serve(
     stream_port: int | None = None,
     cluster_lease: float | None = None,
     store_wait: float = DEFAULT_STORE_WAIT,
+    advertised_url: str | None = None,
+    cluster_tls_ca: ssl.SSLContext | None = None,
 ) -> None:
     """Run a broker until SIGTERM or SIGINT. ``auth``: authentication and
     limits (`broker._auth`); ``ssl_context``: serve TLS (on the Kafka
@@ -100,13 +103,21 @@ async def serve(
     (`broker._stream`); ``cluster_lease``: join the cluster of the database
     ``store_url`` with a lease of that many seconds (`broker._cluster`);
     ``store_wait``: how long a cluster broker that dropped everything tries
-    to open its store again before it exits with status 1.
+    to open its store again before it exits with status 1;
+    ``advertised_url``: the URL others reach this broker's own listener at
+    (default ``scheme://host:port``), published wherever the broker names
+    itself: its cluster membership (so LOOKUP redirects, NOT_OWNER, the
+    other brokers' connections and the admin API's forwarding), LOOKUP's
+    CONNECT answers, and the stream listener's ``txnbuf://`` URL (its
+    host); ``cluster_tls_ca``: what a cluster broker trusts when it
+    connects to the others over TLS (None: the system's CAs).
 
     A broker whose store is fenced (another broker took its slots over:
     `ledger.LedgerFencedError`) stops at once, logging why at ERROR, and
     exits with status 1: everything it would write is refused, and what it
     holds in memory is no longer the truth."""
     scheme = "https" if ssl_context is not None else "http"
+    url = advertised_url or f"{scheme}://{host}:{port}"
     _check_port(host, port)  # (before the data directory is opened, or created)
     if stream_port is not None:
         _check_port(host, stream_port)
@@ -115,7 +126,7 @@ async def serve(
     try:
         broker = await Broker.open(
             data_dir,
-            url=f"{scheme}://{host}:{port}",
+            url=url,
             tc_ids=tc_ids,
             auth=auth,
             producer_settings=producer_settings,
@@ -145,6 +156,7 @@ async def serve(
                     producer_settings,
                     advertised,
                     store_wait,
+                    cluster_tls_ca,
                 )
             except BaseException:
                 await broker.close()
@@ -171,7 +183,13 @@ async def serve(
         if stream_port is not None:
             from broker._stream import StreamListener
 
-            stream = StreamListener(broker, host, stream_port, ssl_context)
+            stream = StreamListener(
+                broker,
+                host,
+                stream_port,
+                ssl_context,
+                _url_host(advertised_url) if advertised_url else None,
+            )
             try:
                 await stream.start()
             except OSError as exc:
@@ -209,10 +227,11 @@ async def serve(
         else:  # (unless no writable server answers for --store-wait seconds)
             clustered.gave_up.add_done_callback(lambda _: stop.set())
         log.info(
-            "txnbuf broker listening on %s://%s:%d (data in %s, coordinators %s, %s)",
+            "txnbuf broker listening on %s://%s:%d%s (data in %s, coordinators %s, %s)",
             scheme,
             host,
             port,
+            f", advertised as {url}" if advertised_url else "",
             data_dir if store_url is None else broker.store.location,
             ",".join(map(str, tc_ids)),
             "tokens required" if broker.security.enabled else "no authentication",
@@ -233,6 +252,12 @@ async def serve(
         log.info("stopped")
     if fenced or (clustered is not None and clustered.gave_up.done()):
         raise SystemExit(1)
+
+
+def _url_host(url: str) -> str:
+    """The host of ``url`` as it goes into another URL (an IPv6 address in brackets)."""
+    host = urllib.parse.urlsplit(url).hostname or ""
+    return f"[{host}]" if ":" in host else host
 
 
 def _cannot_listen(host: str, port: int, exc: OSError) -> str:
@@ -264,6 +289,30 @@ def _refuse_shared_ports(parser: argparse.ArgumentParser, args: argparse.Namespa
             parser.error(
                 f"{other} and {flag} are both {port}: each listener needs a port of its own"
             )
+
+
+def _check_advertised(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A cluster's broker must publish a URL the others and the clients can
+    reach: with a wildcard ``--host`` (0.0.0.0), ``--advertised-url`` is
+    required rather than guessed (docs/cluster.md, "The advertised URL");
+    its scheme follows TLS. ``--cluster-tls-ca`` is for a cluster only."""
+    advertised = args.advertised_url
+    if args.cluster and advertised is None and is_wildcard(args.host):
+        parser.error(
+            f"--cluster with --host {args.host!r} needs --advertised-url: a wildcard "
+            "address names no machine, so the other brokers and the clients redirected here "
+            "could not reach this broker (give --advertised-url http://HOST:PORT with this "
+            "machine's name or address as they reach it)"
+        )
+    if advertised is not None:
+        scheme = "https" if args.tls_cert else "http"
+        if urllib.parse.urlsplit(advertised).scheme != scheme:
+            parser.error(
+                f"--advertised-url {advertised} must start with {scheme}:// "
+                + ("(the broker serves TLS: --tls-cert)" if args.tls_cert else "(no --tls-cert)")
+            )
+    if args.cluster_tls_ca is not None and not args.cluster:
+        parser.error("--cluster-tls-ca is for --cluster (the other brokers' certificates)")
 
 
 def _event_loop_factory() -> type[asyncio.AbstractEventLoop] | None:
@@ -333,6 +382,39 @@ def _store_url(text: str) -> str:
     except LedgerError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
+
+
+WILDCARDS = ("", "0.0.0.0", "::")  # addresses that listen on every interface
+
+
+def is_wildcard(host: str) -> bool:
+    """``host`` listens on every interface, and so names no one address."""
+    return host.strip("[]") in WILDCARDS
+
+
+def _advertised_url(text: str) -> str:
+    """``--advertised-url``: http(s)://host[:port], with a host others can
+    reach (no wildcard), and no path."""
+    try:
+        parts = urllib.parse.urlsplit(text)
+        port = parts.port
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a URL: {text!r} ({exc})") from None
+    del port
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(
+            f"an advertised URL is http://host:port or https://host:port, not {text!r}"
+        )
+    if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
+        raise argparse.ArgumentTypeError(
+            f"an advertised URL names a host and a port only, not {text!r}"
+        )
+    if is_wildcard(parts.hostname):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} names a wildcard address, which no client can connect to: "
+            "give this machine's name or address"
+        )
+    return text.rstrip("/")
 
 
 def _store_wait(text: str) -> float:
@@ -415,6 +497,24 @@ def _main(argv: Sequence[str] | None = None) -> int:
         f"with status 1 ({DEFAULT_STORE_WAIT:g})",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    p.add_argument(
+        "--advertised-url",
+        type=_advertised_url,
+        default=None,
+        metavar="URL",
+        help="the URL clients and the other brokers reach this broker at, http://host:port "
+        "(https:// when serving TLS): published in the cluster's membership, lookups and "
+        "redirects (http(s)://HOST:PORT of --host and --port; needed with --cluster on a "
+        "wildcard --host such as 0.0.0.0)",
+    )
+    p.add_argument(
+        "--cluster-tls-ca",
+        default=None,
+        metavar="FILE",
+        help="with --cluster: PEM CA certificate(s) to trust when connecting to the other "
+        "brokers over https (transactions across brokers, the admin API's forwarding); "
+        "default: the system's CAs",
+    )
     p.add_argument("--port", type=_port, default=6650, help="port to listen on (6650)")
     p.add_argument(
         "--tc-ids",
@@ -465,8 +565,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--kafka-advertised-host",
         default=None,
-        help="the address Kafka clients are told to connect to (--kafka-host; 127.0.0.1 for "
-        "a wildcard address such as 0.0.0.0)",
+        help="the address Kafka clients are told to connect to (--kafka-host; for a wildcard "
+        "address such as 0.0.0.0, the host of --advertised-url, else 127.0.0.1)",
     )
     p.add_argument(
         "--stream-port",
@@ -517,6 +617,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
         )
     if args.command == "serve":
         _refuse_shared_ports(parser, args)
+        _check_advertised(parser, args)
     if args.command == "serve":
         security = serve_security(args)
         authenticated = security.auth.authenticator is not None
@@ -535,7 +636,21 @@ def _main(argv: Sequence[str] | None = None) -> int:
             )
             kafka = None
             if args.kafka_port is not None:
-                kafka = (args.kafka_host or args.host, args.kafka_port, args.kafka_advertised_host)
+                kafka_host = args.kafka_host or args.host
+                kafka_advertised = args.kafka_advertised_host
+                if kafka_advertised is None and args.advertised_url and is_wildcard(kafka_host):
+                    # (the machine the advertised URL names serves Kafka there too)
+                    kafka_advertised = urllib.parse.urlsplit(args.advertised_url).hostname
+                kafka = (kafka_host, args.kafka_port, kafka_advertised)
+            cluster_ca = None
+            if args.cluster_tls_ca is not None:
+                try:
+                    cluster_ca = ssl.create_default_context(cafile=args.cluster_tls_ca)
+                except (OSError, ssl.SSLError) as exc:
+                    raise SystemExit(
+                        f"txnbuf: --cluster-tls-ca: cannot load CA certificates from "
+                        f"{args.cluster_tls_ca}: {exc}"
+                    ) from None
             runner.run(
                 serve(
                     args.data_dir,
@@ -552,6 +667,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
                     args.stream_port,
                     args.lease_ttl if args.cluster else None,
                     args.store_wait,
+                    args.advertised_url,
+                    cluster_ca,
                 )
             )
     return 0

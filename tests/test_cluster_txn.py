@@ -26,6 +26,7 @@ from client._txn import TxnState
 from proto import stream_frame
 from proto import txnbuf_pb2 as pb
 from tests.conftest import BrokerProcess, RawConnection, free_port, until
+from tests.test_cluster_admin import scrape
 from tests.test_cluster_brokers import (
     cluster_broker,
     logs,  # noqa: F401 (a fixture)
@@ -38,6 +39,7 @@ from tests.test_cluster_brokers import (
     wait_for,
 )
 from tests.test_cluster_clients import settled
+from tests.test_metrics import value
 
 pytestmark = pytest.mark.integration
 
@@ -405,6 +407,9 @@ async def test_a_participant_refuses_an_end_from_a_stale_coordinator(
                 reply = await told(pb.ABORT, stale)
                 assert reply.error == pb.NOT_ALLOWED, reply
                 assert "nothing was changed" in reply.message
+            assert producer._conn.url == logs[1].url  # (the participant's broker)
+            stale = value(scrape(logs[1]), "txnbuf_cluster_stale_end_refusals_total")
+            assert stale == 3
             await txn.commit()  # (the stale aborts changed nothing)
             assert (await reader.receive(timeout=60)).value == b"kept"
             # The coordinator's END again (a retry whose answer was lost):

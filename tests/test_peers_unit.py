@@ -1,0 +1,133 @@
+"""Unit tests of `broker._peers.Peers`' figures (the metrics
+``txnbuf_cluster_peer_*``), with a stand-in for its cluster host and a
+port nobody listens on: a tell tried again after NOT_OWNER and after a
+broker out of reach, applied here once its slot came here; a tell refused
+here handed back to its caller; a check with nobody answering given up;
+and, against one real broker serving TLS, the CA the peers trust.
+The figures on real brokers: tests/test_cluster_network.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker import _peers
+from broker._peers import Peers
+from client._foreign import tls_context
+from proto import refusals
+from tc import TxnEnd, TxnID
+from tests.conftest import BrokerProcess, free_port
+from tests.test_security import self_signed
+
+
+class Store:
+    slot_count = 64
+
+    def slot_epoch(self, slot: int) -> int:
+        return 1
+
+
+class FakeBroker:
+    def __init__(self) -> None:
+        self.store = Store()
+        self.applied = 0
+        self.refuse = False
+
+    async def end_locally_on_partition(self, *args: Any) -> None:
+        if self.refuse:
+            raise refusals.NotAllowed("stale")
+        self.applied += 1
+
+
+class Host:
+    """The cluster host: its answers to "who owns the slot" come in turn."""
+
+    def __init__(self, answers: list[str | Exception]) -> None:
+        self.broker = FakeBroker()
+        self.me = "me"
+        self.answers = answers
+
+    async def fresh_view(self) -> None:
+        pass
+
+    def owner_seen(self, slot: int, what: str) -> str:
+        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+@pytest.fixture(autouse=True)
+def quick(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_peers, "REQUEST_TIMEOUT", 0.3)
+    monkeypatch.setattr(_peers, "RETRY_MIN", 0.01)
+
+
+END = TxnEnd(TxnID(3, 1), commit=True)
+
+
+async def test_a_tells_retries_are_counted_by_reason() -> None:
+    nobody = f"http://127.0.0.1:{free_port()}"
+    host = Host([refusals.NotOwner("moving", 3), nobody, ""])
+    peers = Peers(host, "x" * 32)
+    try:
+        await peers.end_on_partition("t", 0, END)
+    finally:
+        await peers.close()
+    assert host.broker.applied == 1  # (the slot came here: applied here)
+    assert peers.tells == 0
+    assert dict(peers.tell_retries) == {"not_owner": 1, "unreachable": 1}
+    assert not peers.tell_failures
+
+
+async def test_a_tell_refused_is_counted_and_raised() -> None:
+    host = Host([""])
+    host.broker.refuse = True
+    peers = Peers(host, "x" * 32)
+    with pytest.raises(refusals.NotAllowed):
+        await peers.end_on_partition("t", 0, END)
+    assert dict(peers.tell_failures) == {"not_allowed": 1}
+
+
+async def test_a_check_nobody_answers_is_given_up_and_counted() -> None:
+    host = Host([f"http://127.0.0.1:{free_port()}"])
+    peers = Peers(host, "x" * 32)
+    try:
+        with pytest.raises(refusals.ServiceNotReady, match="no answer in time"):
+            await peers.register(TxnID(3, 1), "t", partition=0)
+    finally:
+        await peers.close()
+    assert peers.checks == 1
+    assert peers.check_retries["unreachable"] >= 1
+    assert dict(peers.check_refusals) == {"no_answer": 1}
+    assert not peers.registered(TxnID(3, 1), "t/0")
+
+
+@pytest.mark.integration
+async def test_a_broker_over_tls_is_trusted_with_the_cluster_ca(tmp_path: Path) -> None:
+    """A real broker serving TLS with a certificate no system CA trusts:
+    without ``tls_ca`` the peers cannot reach it, and say which option is
+    missing; with it, the TLS handshake passes (that broker, not a
+    cluster's, then refuses the cluster role itself)."""
+    cert, key = self_signed(tmp_path)
+    proc = BrokerProcess(tmp_path / "data", tmp_path / "broker.log")
+    proc.tls = (cert, key, cert)
+    proc.start()
+    try:
+        for ca, expected in (
+            (None, "--cluster-tls-ca"),
+            (tls_context(cert), "auth_method 'cluster'"),
+        ):
+            peers = Peers(Host([proc.url]), "x" * 32, ca)
+            try:
+                with pytest.raises(refusals.ServiceNotReady) as refused:
+                    await peers.register(TxnID(3, 1), "t", partition=0)
+            finally:
+                await peers.close()
+            message = str(refused.value)
+            assert expected in message, message
+            assert ("certificate" in message) == (ca is None), message
+    finally:
+        proc.stop()
