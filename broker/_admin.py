@@ -67,7 +67,6 @@ from tc import (
     TxnID,
     TxnMeta,
     TxnStatus,
-    coordinator_of,
 )
 
 __all__ = ["MAX_URL_BYTES", "add_admin_routes", "json_errors"]
@@ -509,7 +508,9 @@ async def list_producers(request: web.Request) -> web.Response:
 
 
 def _producer_coordinator(broker: Broker, transactional_id: str) -> TransactionCoordinator:
-    return broker.coordinators[coordinator_of(transactional_id, list(broker.coordinators))]
+    # (the one mapping of transactional ids: as INIT_PRODUCER_ID and Kafka's
+    # InitProducerId; in a cluster the id's slot, forwarded there)
+    return broker.transactional_coordinator(transactional_id)
 
 
 async def get_producer(request: web.Request) -> web.Response:

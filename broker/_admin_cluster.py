@@ -9,8 +9,9 @@ view). On a broker without ``--cluster`` it answers ``"cluster": false``
 with that one broker, no slots and no moves (docs/operations.md).
 
 Forwarding (`forward_to_owner`, a middleware after the superuser check): a
-request about a topic (its subscriptions and stats included) or a
-transaction whose slot another broker serves is sent on to that broker's
+request about a topic (its subscriptions and stats included), a
+transaction or a transactional id (``/admin/v1/producers/{id}``, the
+registry of its slot's coordinator) whose slot another broker serves is sent on to that broker's
 admin URL with the caller's ``Authorization`` and body, and its answer
 (status, JSON) returned as it is, with ``X-Txnbuf-Answered-By`` naming the
 broker that answered. A proxy, not a 307 redirect: common HTTP clients
@@ -177,6 +178,9 @@ def _slot_of_request(request: web.Request, cluster: ClusterHost) -> tuple[int, s
         except ValueError:
             return None
         return tcid % count, f"transaction coordinator {tcid}"
+    if "transactional_id" in info:  # (its producer-epoch registry: the id's slot)
+        tid = info["transactional_id"]
+        return slot_of_key(tid, count), f"transactional id {tid[:200]!r}"
     if request.path in _ACL_WRITES:
         return slot_of(ACL_LEDGER, count) or 0, "the ACL"
     return None

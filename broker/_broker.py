@@ -737,6 +737,16 @@ class PeerRequests(Protocol):
         self, txnid: TxnID, topic: str, partition: int | None = None, subscription: str = ""
     ) -> None: ...
 
+    async def register_producer(
+        self,
+        producer: tuple[int, int],
+        topic: str,
+        partition: int | None = None,
+        subscription: str = "",
+        verify_only: bool = False,
+        keep: bool = True,
+    ) -> tuple[TxnID, str]: ...
+
     def forget(self, txnid: TxnID, participant: str) -> None: ...
 
 

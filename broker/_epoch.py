@@ -5,7 +5,10 @@ INIT_PRODUCER_ID goes to the coordinator the transactional id hashes to
 (`tc.coordinator_of`; in a cluster, the coordinator of the id's slot, at
 its owner); PRODUCE, TXN_OFFSETS, PREPARE_PRODUCER_TXN and
 END_PRODUCER_TXN to the coordinator that issued the producer id (its high
-bits). A PRODUCE or TXN_OFFSETS begins the producer's transaction if it has
+bits). In a cluster a PRODUCE (TXN_OFFSETS) goes to the owner of its
+topic's slot, which checks it with that coordinator when it runs on
+another broker (`broker._peers`) and answers it once durable. A PRODUCE or
+TXN_OFFSETS begins the producer's transaction if it has
 none and adds its partition or subscription (KIP-890 part 2): the
 coordinator checks the producer id and epoch, then the partition checks the
 epoch and the sequence (`buffer.TransactionBuffer.publish`). Each is
@@ -192,12 +195,19 @@ def _produce(conn: Context, cmd: pb.BaseCommand, unanswered: _Unanswered) -> Non
     try:
         conn.broker.security.allow_produce(conn.who, check_topic_name(req.topic))
         _allow_producer(conn, req.producer_id)
+        if conn.broker.cluster is not None:  # (NOT_OWNER: the client looks its owner up)
+            conn.broker.cluster.gate(req.topic)
         partitions = conn.broker.topics.partition_count(req.topic)  # (loaded or not)
         if partitions is None:
             raise refusals.TopicNotFound(f"no topic {req.topic!r}")
         if req.partition >= partitions:
             raise refusals.InvalidArgument(f"topic {req.topic!r} has no partition {req.partition}")
         batch = decode_send(req.batch, "PRODUCE")
+        if conn.broker.cluster is not None and coordinator_of_producer(pid) not in (
+            conn.broker.coordinators
+        ):
+            _produce_elsewhere(conn, req, batch, unanswered)
+            return
         tc = conn.broker.producer_coordinator(pid)
         txnid = tc.producer_add_partition(pid, epoch, req.topic, req.partition)
 
@@ -248,6 +258,57 @@ def _produce(conn: Context, cmd: pb.BaseCommand, unanswered: _Unanswered) -> Non
     on_outcome(asyncio.ensure_future(pending), succeed, fail)
 
 
+def _produce_elsewhere(
+    conn: Context, req: pb.CommandProduce, batch: pb.EntryBatch, unanswered: _Unanswered
+) -> None:
+    """A PRODUCE whose producer id's coordinator is on another broker of
+    the cluster: checked with it first (the producer's transaction, begun
+    there if it had none, this partition added, the registration logged:
+    `broker._peers.Peers.register_producer`), the connection's permission
+    on the transactional id holding the producer id checked, then stored and
+    answered once durable (never once queued: a commit decided there must
+    not overtake it)."""
+    pid, epoch = req.producer_id, req.producer_epoch
+    cluster = conn.broker.cluster
+    assert cluster is not None
+    ops = unanswered.read(pid, epoch)
+
+    async def work() -> None:
+        try:
+            txnid, holder = await cluster.peers.register_producer(
+                (pid, epoch), req.topic, partition=req.partition
+            )
+            if not conn.who.superuser:
+                conn.broker.security.allow_transactional_id(conn.who, holder)
+
+            def publish(topic: Topic) -> Awaitable[PublishResult]:
+                return conn.broker.publish_txn(
+                    topic.partitions[req.partition],
+                    txnid,
+                    epoch_producer_name(pid, epoch),
+                    batch.messages,
+                    req.batch,
+                    False,
+                    req.first_sequence,
+                    (pid, epoch),
+                )
+
+            loaded = conn.broker.topics.get(req.topic)
+            if loaded is not None:
+                result = await publish(loaded)
+            else:
+                result = await _flattened(conn.broker.topics.after_load(req.topic, publish))
+        except Exception as exc:
+            unanswered.answered(pid, ops, exc)
+            _respond(conn, req.request_id, exc)
+            return
+        unanswered.answered(pid, ops, None)
+        first = result.first if result.ids is None else result.ids[0][1]
+        _respond(conn, req.request_id, first_batch_index=first)
+
+    conn.spawn(work())
+
+
 async def _flattened(outer: Awaitable[Awaitable[PublishResult]]) -> PublishResult:
     return await (await outer)
 
@@ -271,11 +332,26 @@ def _txn_offsets(conn: Context, cmd: pb.BaseCommand, unanswered: _Unanswered) ->
             by_part: dict[int, list[tuple[int, int]]] = {}
             for partition, entry_id, index in zip(flat[0::3], flat[1::3], flat[2::3], strict=True):
                 by_part.setdefault(partition, []).append((entry_id, index))
-            tc = conn.broker.producer_coordinator(req.producer_id)
-            txnid = tc.producer_add_subscription(
-                req.producer_id, req.producer_epoch, consumer.topic, consumer.subscription
-            )
-            await conn.broker.subscriptions.ack_positions(consumer, by_part, False, txnid, True)
+            cluster = conn.broker.cluster
+            if cluster is not None and coordinator_of_producer(req.producer_id) not in (
+                conn.broker.coordinators
+            ):
+                # (checked with its coordinator elsewhere, answered once durable)
+                txnid, holder = await cluster.peers.register_producer(
+                    (req.producer_id, req.producer_epoch),
+                    consumer.topic,
+                    subscription=consumer.subscription,
+                )
+                if not conn.who.superuser:
+                    conn.broker.security.allow_transactional_id(conn.who, holder)
+                early = False
+            else:
+                tc = conn.broker.producer_coordinator(req.producer_id)
+                txnid = tc.producer_add_subscription(
+                    req.producer_id, req.producer_epoch, consumer.topic, consumer.subscription
+                )
+                early = True
+            await conn.broker.subscriptions.ack_positions(consumer, by_part, False, txnid, early)
         except Exception as exc:
             unanswered.answered(req.producer_id, ops, exc)
             _respond(conn, req.request_id, exc)

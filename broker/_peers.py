@@ -56,7 +56,7 @@ from client.errors import (
 )
 from proto import refusals
 from proto import txnbuf_pb2 as pb
-from tc import TxnEnd, TxnID
+from tc import TxnEnd, TxnID, coordinator_of_producer, wire_txnid
 
 __all__ = ["Peers", "cluster_token"]
 
@@ -147,6 +147,11 @@ class Peers:
             collections.OrderedDict()
         )
         self._registering: dict[tuple[TxnID, str], asyncio.Future[None]] = {}
+        # The producer-epoch mode's checks: (producer id, epoch, participant)
+        # -> the producer's transaction, and back (dropped with its END).
+        self._producer_txns: dict[tuple[int, int, str], tuple[TxnID, str]] = {}
+        self._producer_keys: dict[tuple[TxnID, str], tuple[int, int, str]] = {}
+        self._producer_checking: dict[tuple[int, int, str], asyncio.Future[tuple[TxnID, str]]] = {}
         # Figures since start, for /metrics (`broker._metrics`, "the peers"):
         self.tells = 0  # remote tells answered done
         # tries of a tell not done, to be tried again: reason -> count
@@ -186,7 +191,7 @@ class Peers:
         if conn is not None:
             await conn.close()
 
-    async def _request(self, url: str, build: Callable[[int], Command], what: str) -> None:
+    async def _request(self, url: str, build: Callable[[int], Command], what: str) -> Command:
         conn = self._connection(url)
         try:
             await conn.start()
@@ -199,7 +204,7 @@ class Peers:
             )
             raise ConnectionLostError(f"{what}: {url} cannot be reached: {exc}{hint}") from exc
         try:
-            await conn.request(build, Command.TXN_RESPONSE, what, link_bound=False)
+            return await conn.request(build, Command.TXN_RESPONSE, what, link_bound=False)
         except (ConnectionLostError, OperationTimeoutError):
             await self._forget(url)
             raise
@@ -331,42 +336,142 @@ class Peers:
     def forget_all(self) -> None:
         """Slots moved away: every check is asked again when next needed."""
         self._registered.clear()
+        self._producer_txns.clear()
+        self._producer_keys.clear()
 
     def forget(self, txnid: TxnID, participant: str) -> None:
         """The transaction ended on ``participant``: its check goes."""
         self._registered.pop((txnid, participant), None)
+        key = self._producer_keys.pop((txnid, participant), None)
+        if key is not None and self._producer_txns.get(key, (None,))[0] == txnid:
+            del self._producer_txns[key]
+
+    async def register_producer(
+        self,
+        producer: tuple[int, int],
+        topic: str,
+        partition: int | None = None,
+        subscription: str = "",
+        verify_only: bool = False,
+        keep: bool = True,
+    ) -> tuple[TxnID, str]:
+        """`register` for a send or ack of the producer-epoch mode, whose
+        transaction the participant does not know: the coordinator that
+        issued the producer id (on another broker) answers the producer's
+        ongoing transaction, with this participant added (begun if none:
+        KIP-890 part 2) or, ``verify_only``, verified as added by the
+        client (Kafka's AddPartitionsToTxn: KIP-890 part 1), and the
+        registration logged; raises its refusal (fenced, nothing ongoing,
+        not added). With the transactional id holding the producer id (the
+        participant checks its client's permission on it).
+
+        With ``keep``, the answer is kept per producer identity and
+        participant until the transaction's END reaches the participant:
+        for producers whose identity changes with each transaction (the
+        txnbuf client's, KIP-890 part 2). A Kafka producer before KIP-890
+        part 2 keeps its identity from one transaction to the next, and its
+        EndTxn may be answered before a participant that does not answer
+        applied the END (`tc.ParticipantChannel.answer`'s wait is bounded):
+        a kept answer could then put its next transaction's sends into the
+        one before, so its checks pass ``keep=False`` (every send is
+        checked). Concurrent checks share one request and return in order,
+        as `register`'s (a client sends no END before its sends are
+        answered, so checks in flight together are of one transaction)."""
+        participant = f"{topic}/{partition}" if partition is not None else f"{topic}/{subscription}"
+        key = (producer[0], producer[1], participant)
+        known = self._producer_txns.get(key)
+        if known is not None:
+            return known
+        pending = self._producer_checking.get(key)
+        if pending is not None:
+            return await pending
+        pending = asyncio.get_running_loop().create_future()
+        self._producer_checking[key] = pending
+        try:
+            found = await self._ask_producer(producer, topic, partition, subscription, verify_only)
+        except BaseException as exc:
+            pending.set_exception(exc)
+            pending.exception()  # (retrieved: the waiters raise it)
+            raise
+        finally:
+            del self._producer_checking[key]
+        txnid = found[0]
+        if not keep:
+            pending.set_result(found)
+            return found
+        self._producer_txns[key] = found
+        self._producer_keys[(txnid, participant)] = key
+        self._registered[(txnid, participant)] = None
+        while len(self._producer_txns) > REGISTERED_KEPT:
+            old = next(iter(self._producer_txns))
+            self._producer_keys.pop((self._producer_txns.pop(old)[0], old[2]), None)
+        pending.set_result(found)
+        return found
+
+    async def _ask_producer(
+        self,
+        producer: tuple[int, int],
+        topic: str,
+        partition: int | None,
+        subscription: str,
+        verify_only: bool,
+    ) -> tuple[TxnID, str]:
+        def fill(add: pb.CommandAddPartitionToTxn | pb.CommandAddSubscriptionToTxn) -> None:
+            add.producer_id, add.producer_epoch = producer
+            if isinstance(add, pb.CommandAddPartitionToTxn):
+                add.verify_only = verify_only
+
+        tcid = coordinator_of_producer(producer[0])
+        what = f"check of producer {producer[0]} epoch {producer[1]} with its coordinator {tcid}"
+        reply = await self._ask(None, topic, partition, subscription, tcid, fill, what)
+        resp = reply.txn_response
+        return wire_txnid(resp.txnid_most_bits, resp.txnid_least_bits), resp.message
 
     async def _ask(
-        self, txnid: TxnID, topic: str, partition: int | None, subscription: str
-    ) -> None:
+        self,
+        txnid: TxnID | None,
+        topic: str,
+        partition: int | None,
+        subscription: str,
+        tcid: int | None = None,
+        fill: Callable[[pb.CommandAddPartitionToTxn | pb.CommandAddSubscriptionToTxn], None]
+        | None = None,
+        what: str = "",
+    ) -> Command:
         def build(request_id: int) -> Command:
+            add: pb.CommandAddPartitionToTxn | pb.CommandAddSubscriptionToTxn
             if partition is not None:
                 cmd = Command(type=T.ADD_PARTITION_TO_TXN)
                 add = cmd.add_partition_to_txn
                 add.partitions.add(topic=topic, partition=partition)
             else:
                 cmd = Command(type=T.ADD_SUBSCRIPTION_TO_TXN)
-                add = cmd.add_subscription_to_txn  # type: ignore[assignment]
-                add.subscriptions.add(topic=topic, subscription=subscription)  # type: ignore[attr-defined]
+                add = cmd.add_subscription_to_txn
+                add.subscriptions.add(topic=topic, subscription=subscription)
             add.request_id = request_id
-            add.txnid_most_bits, add.txnid_least_bits = txnid
+            if txnid is not None:
+                add.txnid_most_bits, add.txnid_least_bits = txnid
+            if fill is not None:
+                fill(add)
             add.from_participant = True
             return cmd
 
         slots = self.host.broker.store.slot_count
-        slot = txnid.tcid % slots
-        what = f"check of {txnid} with its coordinator {txnid.tcid}"
+        if tcid is None:
+            assert txnid is not None
+            tcid = txnid.tcid
+        slot = tcid % slots
+        what = what or f"check of {txnid} with its coordinator {tcid}"
         deadline = asyncio.get_running_loop().time() + 2 * REQUEST_TIMEOUT
         delay = RETRY_MIN
         fresh = False
         self.checks += 1
         while True:
             try:
-                url = await self._owner(slot, f"transaction coordinator {txnid.tcid}", fresh)
+                url = await self._owner(slot, f"transaction coordinator {tcid}", fresh)
                 if not url:  # (it came here meanwhile: the caller asks it again)
                     raise refusals.ServiceNotReady(f"{what}: the coordinator moved here; try again")
-                await self._request(url, build, what)
-                return
+                return await self._request(url, build, what)
             except (*_MOVED, refusals.NotOwner) as exc:
                 failure: Exception = exc
             except TxnbufError as exc:

@@ -133,11 +133,17 @@ class Transactions:
     # -- answers --------------------------------------------------------------------
 
     def _txn_respond(
-        self, req: Any, what: str, exc: BaseException | None, following: TxnID | None = None
+        self,
+        req: Any,
+        what: str,
+        exc: BaseException | None,
+        following: TxnID | None = None,
+        holder: str = "",
     ) -> None:
         """Answer TXN_RESPONSE to ``req``: with the error set if ``exc``,
         and with the next transaction if ``following`` (END_TXN's
-        ``next_txn_ttl_ms``)."""
+        ``next_txn_ttl_ms``); ``holder``: a producer's check from a
+        participant, answered with its transactional id (in ``message``)."""
         cmd = pb.BaseCommand(type=T.TXN_RESPONSE)
         resp = cmd.txn_response  # (filled in place: no copy)
         resp.request_id = req.request_id
@@ -149,6 +155,8 @@ class Transactions:
         if exc is not None:
             resp.error = error_code(exc, f"connection {self.ctx.peer}: {what}")
             resp.message = error_text(exc)
+        elif holder:
+            resp.message = holder
         self.send(cmd)
 
     def _txn_answer(self, req: Any, work: Awaitable[None], what: str) -> None:
@@ -193,7 +201,14 @@ class Transactions:
         what = "register a participant on another broker"
         try:
             self.ctx.require_role(CLUSTER_ROLE, f"{what} (from_participant)")
-            txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
+            holder = ""
+            if req.HasField("producer_id"):
+                # (the producer-epoch mode: its ongoing transaction, the
+                # partition or subscription added or verified first)
+                txnid, holder = self._producer_participant(req)
+                req.txnid_most_bits, req.txnid_least_bits = txnid  # (answered)
+            else:
+                txnid = wire_txnid(req.txnid_most_bits, req.txnid_least_bits)
             tc = self.broker.coordinator(txnid)
             if isinstance(req, pb.CommandAddPartitionToTxn):
                 parts = [(check_topic_name(r.topic), r.partition) for r in req.partitions]
@@ -207,7 +222,51 @@ class Transactions:
         except Exception as exc:
             self._txn_respond(req, what, exc)
             return
-        self._txn_answer(req, _durable(written), what)
+        if not holder:
+            self._txn_answer(req, _durable(written), what)
+            return
+
+        async def answer() -> None:
+            try:
+                await _durable(written)
+            except Exception as exc:
+                self._txn_respond(req, what, exc)
+                return
+            self._txn_respond(req, what, None, holder=holder)
+
+        self.ctx.spawn(answer())
+
+    def _producer_participant(
+        self, req: pb.CommandAddPartitionToTxn | pb.CommandAddSubscriptionToTxn
+    ) -> tuple[TxnID, str]:
+        """`_from_participant` for a send or ack of the producer-epoch mode:
+        the producer's ongoing transaction, with the one partition (or
+        subscription) added (begun if it had none, KIP-890 part 2), or with
+        ``verify_only`` verified as added (KIP-890 part 1); raises the
+        producer's refusal (fenced, nothing ongoing, not added). With the
+        transactional id that holds the producer id (the participant checks
+        its client's permission on it)."""
+        pid, epoch = req.producer_id, req.producer_epoch
+        tc = self.broker.producer_coordinator(pid)
+        if isinstance(req, pb.CommandAddPartitionToTxn):
+            if len(req.partitions) != 1:
+                raise refusals.InvalidArgument("a producer's check names one partition")
+            ref = req.partitions[0]
+            topic = check_topic_name(ref.topic)
+            if req.verify_only:
+                txnid = tc.producer_verified_partition(pid, epoch, topic, ref.partition)
+            else:
+                txnid = tc.producer_add_partition(pid, epoch, topic, ref.partition)
+        else:
+            if len(req.subscriptions) != 1:
+                raise refusals.InvalidArgument("a producer's check names one subscription")
+            sub = req.subscriptions[0]
+            txnid = tc.producer_add_subscription(
+                pid, epoch, check_topic_name(sub.topic), check_subscription_name(sub.subscription)
+            )
+        entry = tc.producer_of(pid)
+        assert entry is not None  # (checked above)
+        return txnid, entry.transactional_id
 
     def on_add_partition(self, cmd: pb.BaseCommand) -> None:
         req = cmd.add_partition_to_txn

@@ -58,10 +58,11 @@ Decisions written down here:
   the END and PREPARE answer as done when repeated). The coordinator's
   recovery on a new owner aborts an ongoing transaction, as a restart
   does: its next send or commit raises, and ``abort_transaction`` goes on.
-  Until a transaction may span brokers, its topics (and the consumers of
-  ``send_offsets_to_transaction``) must be served by that same broker: a
-  send to a topic served elsewhere raises `NotAllowedError` at once,
-  changing nothing.
+  A send to a topic served by another broker goes to that topic's owner
+  (its own ``Route``), and ``send_offsets_to_transaction`` to the
+  consumer's broker: that broker checks it with the producer's coordinator
+  and answers it once durable; the commit is written only once every send
+  is answered (not behind them on one link).
 """
 
 from __future__ import annotations
@@ -85,7 +86,6 @@ from .errors import (
     ClosedError,
     InvalidInputError,
     InvalidTxnStateError,
-    NotAllowedError,
     OperationTimeoutError,
     TxnbufError,
 )
@@ -190,6 +190,7 @@ class _Partition:
     futures: list[asyncio.Future[MessageId]] = field(default_factory=list)
     inflight: asyncio.Task[None] | None = None  # the PRODUCE awaiting its answer
     link: Link | None = None  # where that was written (None: not yet, or by the retrying path)
+    route: Route | None = None  # its topic's owner, when not the producer's broker (a cluster)
 
 
 class TransactionalProducer:
@@ -212,6 +213,7 @@ class TransactionalProducer:
         self._prepared = PreparedTxnState()  # the prepared (or kept) transaction
         self._partitions: dict[tuple[str, int], _Partition] = {}
         self._topics: dict[str, int] = {}  # topic -> its partitions
+        self._elsewhere: dict[str, Route] = {}  # topics whose owner is another broker's
         self._round_robin = itertools.count()
         self._failure: TxnbufError | None = None  # the first send or ack that failed
         self._framing = False  # a frame-what-is-queued call is scheduled
@@ -339,6 +341,7 @@ class TransactionalProducer:
         part = self._partitions.get((topic, index))
         if part is None:
             part = self._partitions[(topic, index)] = _Partition()
+            part.route = self._elsewhere.get(topic)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[MessageId] = loop.create_future()
         part.queued.append((value, key, properties))
@@ -361,11 +364,9 @@ class TransactionalProducer:
             f"partitions of {topic!r}",
         )
         if route.conn is not self._conn:
-            raise NotAllowedError(
-                f"producer {self.transactional_id!r} has its coordinator at {self._conn.url} "
-                f"and topic {topic!r} is served at {route.conn.url}: a transaction across a "
-                "cluster's brokers is not built yet"
-            )
+            # (its sends go to its owner, which checks them with the
+            # producer's coordinator: docs/cluster.md)
+            self._elsewhere[topic] = route
         self._topics[topic] = reply.partitioned_metadata_response.partitions
         return self._topics[topic]
 
@@ -415,8 +416,9 @@ class TransactionalProducer:
             first_sequence=first,
             batch=batch.SerializeToString(),
         )
+        conn = self._conn if part.route is None else part.route.conn
         part.inflight = asyncio.get_running_loop().create_task(
-            self._produced(topic, index, part, cmd, futures, self._conn.ready_link())
+            self._produced(topic, index, part, cmd, futures, conn.ready_link())
         )
 
     async def _produced(
@@ -453,16 +455,22 @@ class TransactionalProducer:
         (``part.link`` says so while it is in flight there); a retriable
         failure there (the link died, the broker was busy), or no link, makes
         it the retrying way."""
+        conn = self._conn if part.route is None else part.route.conn
         if link is not None:
             part.link = link  # (request_on writes before it first waits)
             try:
-                return await self._conn.request_on(
-                    link, _with_id(cmd), Type.PRODUCER_TXN_RESPONSE, what, self._conn.deadline()
+                return await conn.request_on(
+                    link, _with_id(cmd), Type.PRODUCER_TXN_RESPONSE, what, conn.deadline()
                 )
             except TxnbufError as exc:
                 if not exc.retriable or isinstance(exc, OperationTimeoutError):
                     raise self._fail(exc) from None
             part.link = None
+        if part.route is not None:  # (at its topic's owner, found again if it moved)
+            try:
+                return await part.route.request(_with_id(cmd), Type.PRODUCER_TXN_RESPONSE, what)
+            except TxnbufError as exc:
+                raise self._fail(exc) from None
         return await self._request(cmd, Type.PRODUCER_TXN_RESPONSE, what)
 
     async def _sent(self) -> None:
@@ -523,14 +531,9 @@ class TransactionalProducer:
         in the ongoing transaction: PENDING_ACK until it commits, back to
         pending if it aborts (Kafka's sendOffsetsToTransaction)."""
         self._move(_C.OFFSETS)
-        if consumer._conn is not self._conn:
-            if consumer._conn.router is None or consumer._conn.router is not self._conn.router:
-                raise InvalidInputError("the consumer must belong to the producer's client")
-            raise NotAllowedError(
-                f"producer {self.transactional_id!r} has its coordinator at {self._conn.url} "
-                f"and the consumer's topic is served at {consumer._conn.url}: a transaction "
-                "across a cluster's brokers is not built yet"
-            )
+        conn = consumer._conn
+        if conn is not self._conn and (conn.router is None or conn.router is not self._conn.router):
+            raise InvalidInputError("the consumer must belong to the producer's client")
         positions: list[int] = []
         for m in messages:
             mid = message_id_of(m)
@@ -547,7 +550,20 @@ class TransactionalProducer:
         )
         request.txn_offsets.positions.extend(positions)
         try:
-            await self._request(request, Type.PRODUCER_TXN_RESPONSE, "send_offsets_to_transaction")
+            if conn is self._conn:
+                await self._request(
+                    request, Type.PRODUCER_TXN_RESPONSE, "send_offsets_to_transaction"
+                )
+            else:  # (on the consumer's connection: its topic's owner, which checks it
+                # with the producer's coordinator and answers once durable)
+                try:
+                    await conn.request(
+                        _with_id(request),
+                        Type.PRODUCER_TXN_RESPONSE,
+                        "send_offsets_to_transaction",
+                    )
+                except TxnbufError as exc:
+                    raise self._fail(exc) from None
         except TxnbufError as exc:
             if self._failure is None:
                 self._failure = exc

@@ -514,32 +514,42 @@ class CommandNewTxnResponse(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., error: _Optional[_Union[ServerError, str]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class CommandAddPartitionToTxn(_message.Message):
-    __slots__ = ("request_id", "txnid_most_bits", "txnid_least_bits", "partitions", "from_participant")
+    __slots__ = ("request_id", "txnid_most_bits", "txnid_least_bits", "partitions", "from_participant", "producer_id", "producer_epoch", "verify_only")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TXNID_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
     TXNID_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     FROM_PARTICIPANT_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_ONLY_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     txnid_most_bits: int
     txnid_least_bits: int
     partitions: _containers.RepeatedCompositeFieldContainer[PartitionRef]
     from_participant: bool
-    def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[PartitionRef, _Mapping]]] = ..., from_participant: _Optional[bool] = ...) -> None: ...
+    producer_id: int
+    producer_epoch: int
+    verify_only: bool
+    def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[PartitionRef, _Mapping]]] = ..., from_participant: _Optional[bool] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., verify_only: _Optional[bool] = ...) -> None: ...
 
 class CommandAddSubscriptionToTxn(_message.Message):
-    __slots__ = ("request_id", "txnid_most_bits", "txnid_least_bits", "subscriptions", "from_participant")
+    __slots__ = ("request_id", "txnid_most_bits", "txnid_least_bits", "subscriptions", "from_participant", "producer_id", "producer_epoch")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TXNID_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
     TXNID_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
     FROM_PARTICIPANT_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     txnid_most_bits: int
     txnid_least_bits: int
     subscriptions: _containers.RepeatedCompositeFieldContainer[SubscriptionRef]
     from_participant: bool
-    def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., subscriptions: _Optional[_Iterable[_Union[SubscriptionRef, _Mapping]]] = ..., from_participant: _Optional[bool] = ...) -> None: ...
+    producer_id: int
+    producer_epoch: int
+    def __init__(self, request_id: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., subscriptions: _Optional[_Iterable[_Union[SubscriptionRef, _Mapping]]] = ..., from_participant: _Optional[bool] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ...) -> None: ...
 
 class CommandEndTxn(_message.Message):
     __slots__ = ("request_id", "txnid_most_bits", "txnid_least_bits", "txn_action", "next_txn_ttl_ms", "next_tc_id", "after_ops")

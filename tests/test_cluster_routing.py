@@ -98,13 +98,29 @@ async def test_readers_cursors_groups_and_epoch_producers_reach_other_brokers(
         await epoch.send(topic, b"epoch")
         await epoch.commit_transaction()
         assert (await middle.read_next(timeout=30)).value == b"epoch"
-        # A topic served by another broker than the producer's coordinator:
-        # refused at once, clearly, changing nothing.
+        # A transaction over a topic of another broker than the producer's
+        # coordinator too: its sends go to that topic's owner, which checks
+        # them with the coordinator; it commits, and it aborts.
         other_topic, _ = await _elsewhere(pg_url, [home, logs[2]], "other")
+        plain = await client.create_producer(other_topic)
+        assert plain._conn.url == logs[2].url != epoch._conn.url
+        there = await client.create_reader(other_topic)
         await epoch.begin_transaction()
-        with pytest.raises(errors.NotAllowedError, match="across a cluster's brokers"):
-            await epoch.send(other_topic, b"x")
+        sent = [await epoch.send(other_topic, b"there-%d" % i) for i in range(3)]
+        await epoch.send(topic, b"here")
+        await epoch.commit_transaction()
+        assert all(f.done() for f in sent)
+        assert (await middle.read_next(timeout=30)).value == b"here"
+        got = [(await there.read_next(timeout=30)).value for _ in range(3)]
+        assert got == [b"there-%d" % i for i in range(3)]
+        await epoch.begin_transaction()
+        await epoch.send(other_topic, b"never")
+        await epoch.send(topic, b"never")
         await epoch.abort_transaction()
+        await epoch.begin_transaction()
+        await epoch.send(other_topic, b"then")
+        await epoch.commit_transaction()
+        assert (await there.read_next(timeout=30)).value == b"then"  # (not "never")
         with pytest.raises(errors.OperationTimeoutError):
             await middle.read_next(timeout=1.0)
 

@@ -24,10 +24,14 @@ most) this module answers, for the Kafka handlers:
   the slot is refused NOT_COORDINATOR, and at the broker that took it but
   has not loaded it yet COORDINATOR_LOAD_IN_PROGRESS (both retriable: the
   clients look the coordinator up again, or wait);
-- **transactions on one broker**: a Kafka transaction whose coordinator
-  and participants (partitions, a group's offsets) are not all served by
-  one broker is refused INVALID_TXN_STATE, saying why (`check_together`):
-  transactions across brokers are not served on the Kafka listener;
+- **transactions across brokers**: a Kafka transaction's partitions and
+  group offsets may be on other brokers than its coordinator
+  (`coordinator_here`): AddPartitionsToTxn records them at the
+  coordinator, and the partition's (the offsets') broker checks each
+  transactional Produce (TxnOffsetCommit) with the coordinator over the
+  peers' channel before taking it, answering once durable
+  (`broker._peers.Peers.register_producer`, KIP-890's verification); the
+  END reaches them by the coordinator's remote tells;
 - **partitions elsewhere**: a topic whose slot another broker owns is not
   loaded here; Metadata reads its partition count from the slot's topic
   list in the database (`topic_partitions`, kept `TOPICS_FRESH` seconds),
@@ -65,7 +69,6 @@ NOT_LEADER_OR_FOLLOWER = 6
 COORDINATOR_LOAD_IN_PROGRESS = 14
 COORDINATOR_NOT_AVAILABLE = 15
 NOT_COORDINATOR = 16
-INVALID_TXN_STATE = 48
 
 TOPICS_FRESH = 1.0  # seconds a slot's topic list read from the database is kept
 _TOPIC_LIST = "__meta/topics"
@@ -211,38 +214,28 @@ class KafkaCluster:
             "find its coordinator again",
         )
 
-    def check_together(
+    def coordinator_here(
         self,
         producer_id: int,
-        slot: int,
         what: str,
         loading: int = COORDINATOR_LOAD_IN_PROGRESS,
-    ) -> None:
-        """A Kafka transaction's participant ``what`` (a partition or a
-        group's offsets, in ``slot``) and the coordinator that issued
-        ``producer_id`` must both be served here: a transaction across
-        brokers is not served on the Kafka listener. Refused
-        INVALID_TXN_STATE (not retriable: asking again would not help)
-        unless both slots are this broker's; ``loading`` (retriable: by
-        default COORDINATOR_LOAD_IN_PROGRESS) while one of them loads here."""
-        host = self.host
-        tcid = coordinator_of_producer(producer_id) % self.slots
-        ready = slot in host.served and tcid in host.served and tcid in self.broker.coordinators
-        if ready:
-            return
-        if {slot, tcid} <= {*host.served, *host.member.held}:
+    ) -> bool:
+        """Where the coordinator that issued ``producer_id`` is, for a
+        participant ``what`` served here (a partition, a group's offsets):
+        True if it runs here, False if on another broker (the participant
+        checks with it over the peers' channel, `broker._peers`); refused
+        ``loading`` (retriable: by default COORDINATOR_LOAD_IN_PROGRESS)
+        while this broker loads its slot."""
+        tcid = coordinator_of_producer(producer_id)
+        if tcid in self.broker.coordinators:
+            return True
+        slot = tcid % self.slots
+        if slot in self.host.served or slot in self.host.member.held:
             raise KafkaError(
                 loading,
-                f"{what} (slot {slot}) or its transaction's coordinator (slot {tcid}) is "
-                "loading here; try again",
+                f"the transaction coordinator of {what} (slot {slot}) is loading here; try again",
             )
-        raise KafkaError(
-            INVALID_TXN_STATE,
-            f"{what} is in slot {slot} and its transaction's coordinator in slot {tcid}, "
-            "which are not served by one broker: a Kafka transaction across a cluster's "
-            "brokers is not served (name its transactional id, topics and group so that "
-            "they share a slot)",
-        )
+        return False
 
     async def fresh_owner(self, slot: int) -> None:
         """Read the cluster's tables again if the last look saw no live owner

@@ -27,7 +27,6 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from broker._slots import slot_of_key
 from broker.kafka._codec import Api
 from broker.kafka._common import (
     INVALID_TXN_STATE,
@@ -42,7 +41,12 @@ from broker.kafka._common import (
 )
 from broker.kafka._groups import GroupError, Groups, subscribed_topics
 from broker.kafka._offsets import offset_of, position_of
-from broker.kafka._session import GROUP_AUTHORIZATION_FAILED, KafkaError, KafkaSession
+from broker.kafka._session import (
+    GROUP_AUTHORIZATION_FAILED,
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    KafkaError,
+    KafkaSession,
+)
 from buffer import Topic
 from subscriptions import WHOLE_ENTRY, PartitionSubscription
 
@@ -92,24 +96,32 @@ class GroupApis:
             bound = _ack_bound(sub, offset)
             if bound is None:
                 return
-            txnid = self.broker.producer_coordinator(pid).producer_add_subscription(
-                pid, epoch, topic.name, name
-            )
-            await sub.ack([bound], True, txnid, True)
+            if here:
+                txnid = self.broker.producer_coordinator(pid).producer_add_subscription(
+                    pid, epoch, topic.name, name
+                )
+            else:
+                # (checked with the coordinator elsewhere; answered once durable)
+                assert self.broker.cluster is not None
+                txnid, holder = await self.broker.cluster.peers.register_producer(
+                    (pid, epoch), topic.name, subscription=name, keep=False
+                )
+                if holder != req.transactional_id:
+                    raise KafkaError(
+                        TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                        f"producer id {pid} is held by another transactional id than "
+                        f"{req.transactional_id!r}",
+                    )
+            await sub.ack([bound], True, txnid, here)
 
         try:
             allow_producer(self.broker, session, pid, req.transactional_id)
             name = group_subscription(req.group_id)
             self._check_coordinator(req.group_id)
-            if self.cluster is not None:
-                # (the offsets are the cursors of the topics' partitions)
-                for topic in req.topics:
-                    self.cluster.check_together(
-                        pid,
-                        slot_of_key(topic.name, self.cluster.slots),
-                        f"the offsets of group {req.group_id!r} on {topic.name!r}",
-                    )
-            entry = self.broker.producer_coordinator(pid).producer_of(pid)
+            here = self.cluster is None or self.cluster.coordinator_here(
+                pid, f"the offsets of group {req.group_id!r}"
+            )
+            entry = self.broker.producer_coordinator(pid).producer_of(pid) if here else None
             if entry is not None and entry.identity == (pid, epoch) and entry.ongoing is None:
                 # (a refused identity is left to producer_add_subscription)
                 raise KafkaError(

@@ -55,7 +55,7 @@ from broker.kafka._group_apis import GroupApis
 from broker.kafka._groups import Groups
 from broker.kafka._offsets import MAX_ENTRY_MESSAGES, offset_of, position_of
 from broker.kafka._records import control_batch, data_batch, read_batches
-from broker.kafka._session import KafkaError, KafkaSession
+from broker.kafka._session import TRANSACTIONAL_ID_AUTHORIZATION_FAILED, KafkaError, KafkaSession
 from broker.kafka._txn_admin import TxnAdmin
 from broker.kafka._txn_apis import TxnApis
 from buffer import (
@@ -333,35 +333,19 @@ class KafkaApis:
                 raise KafkaError(
                     INVALID_TXN_STATE, "a transactional batch needs a transactional id"
                 )
-            if self.cluster is not None:
-                self.cluster.check_together(
-                    pid,
-                    slot_of_key(partition.topic, self.cluster.slots),
-                    f"partition {partition}",
-                    NOT_LEADER_OR_FOLLOWER,  # (what a Produce's clients retry)
+            if self.cluster is not None and not self.cluster.coordinator_here(
+                pid,
+                f"partition {partition}",
+                NOT_LEADER_OR_FOLLOWER,  # (what a Produce's clients retry)
+            ):
+                return asyncio.ensure_future(
+                    self._store_checked(partition, batch, req.transactional_id)
                 )
             tc = self.broker.producer_coordinator(pid)
             txnid = tc.producer_verified_partition(pid, epoch, partition.topic, partition.index)
-            first = self._txn_first_sequence(partition, pid, txnid, batch.base_sequence)
-            messages = batch.messages(first)
-            buffer = partition.transaction_buffer
-            status = None if buffer is None else buffer.status(txnid)
-            if status is not None and status.count + len(messages) > MAX_ENTRY_MESSAGES:
-                raise KafkaError(
-                    RECORD_LIST_TOO_LARGE,
-                    f"a transaction may hold up to {MAX_ENTRY_MESSAGES} messages per partition",
-                )
-            published = self.broker.publish_txn(
-                partition,
-                txnid,
-                epoch_producer_name(pid, epoch),
-                messages,
-                None,
-                True,
-                first,
-                (pid, epoch),
+            return asyncio.ensure_future(
+                _txn_offset(self._publish_txn(partition, batch, txnid, True))
             )
-            return asyncio.ensure_future(_txn_offset(published))
         if pid >= 0:
             name = f"~kafka.{pid}.{epoch}"
             first = batch.base_sequence
@@ -370,6 +354,53 @@ class KafkaApis:
             first = partition.dedup.get(name).pushed + 1
         return asyncio.ensure_future(
             _plain_offset(partition.publish(name, batch.messages(first), None, first))
+        )
+
+    async def _store_checked(self, partition: Partition, batch: Any, named: str) -> int:
+        """A transactional batch whose coordinator is on another broker:
+        verified there (the producer's ongoing transaction, the partition
+        added: `broker._peers.Peers.register_producer`), then stored and
+        answered once durable (a commit decided there must not overtake it).
+        Refused unless the producer id is held by the transactional id the
+        request names (whose permission was checked)."""
+        assert self.broker.cluster is not None
+        txnid, holder = await self.broker.cluster.peers.register_producer(
+            (batch.producer_id, batch.producer_epoch),
+            partition.topic,
+            partition=partition.index,
+            verify_only=True,
+            keep=False,  # (its identity stays across transactions: every send checked)
+        )
+        if holder != named:
+            raise KafkaError(
+                TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                f"producer id {batch.producer_id} is held by another transactional id "
+                f"than {named!r}",
+            )
+        return await _txn_offset(self._publish_txn(partition, batch, txnid, False))
+
+    def _publish_txn(
+        self, partition: Partition, batch: Any, txnid: TxnID, early: bool
+    ) -> Awaitable[PublishResult]:
+        pid, epoch = batch.producer_id, batch.producer_epoch
+        first = self._txn_first_sequence(partition, pid, txnid, batch.base_sequence)
+        messages = batch.messages(first)
+        buffer = partition.transaction_buffer
+        status = None if buffer is None else buffer.status(txnid)
+        if status is not None and status.count + len(messages) > MAX_ENTRY_MESSAGES:
+            raise KafkaError(
+                RECORD_LIST_TOO_LARGE,
+                f"a transaction may hold up to {MAX_ENTRY_MESSAGES} messages per partition",
+            )
+        return self.broker.publish_txn(
+            partition,
+            txnid,
+            epoch_producer_name(pid, epoch),
+            messages,
+            None,
+            early,
+            first,
+            (pid, epoch),
         )
 
     def _check_leader(self, topic: str) -> None:

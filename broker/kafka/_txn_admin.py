@@ -33,7 +33,7 @@ from broker.kafka._session import (
     KafkaSession,
 )
 from buffer import Partition
-from tc import ProducerEntry, TransactionCoordinator, TxnID, TxnStatus, coordinator_of
+from tc import ProducerEntry, TransactionCoordinator, TxnID, TxnStatus
 
 if TYPE_CHECKING:
     from broker._broker import Broker
@@ -162,7 +162,7 @@ class TxnAdmin:
                         self.cluster.check_coordinator(tid, "transactional id", tcid=True)
                     ]
                 else:
-                    tc = coordinators[coordinator_of(tid, list(coordinators))]
+                    tc = self.broker.transactional_coordinator(tid)
                 entry = tc.producer(tid)
                 if entry is None:
                     raise KafkaError(TRANSACTIONAL_ID_NOT_FOUND, f"no transactional id {tid!r}")

@@ -24,11 +24,11 @@ import secrets
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
-from broker._slots import slot_of_key
 from broker.kafka._codec import Api
 from broker.kafka._common import (
     NONE,
     OPERATION_NOT_ATTEMPTED,
+    UNKNOWN_TOPIC_OR_PARTITION,
     Handler,
     Response,
     allow_producer,
@@ -37,7 +37,7 @@ from broker.kafka._common import (
     partition_of,
 )
 from broker.kafka._session import KafkaError, KafkaSession
-from tc import TransactionCoordinator, TxnID, coordinator_of, coordinator_of_producer
+from tc import TransactionCoordinator, TxnID, coordinator_of_producer
 
 if TYPE_CHECKING:
     from broker._broker import Broker
@@ -87,14 +87,10 @@ class TxnApis:
             return out
         try:
             session.allow_transactional_id(req.transactional_id)
-            coordinators = self.broker.coordinators
-            if self.cluster is not None:
-                tcid = self.cluster.check_coordinator(
-                    req.transactional_id, "transactional id", tcid=True
-                )
-            else:
-                tcid = coordinator_of(req.transactional_id, list(coordinators))
-            tc = coordinators[tcid]
+            if self.cluster is not None:  # (Kafka's codes while it is elsewhere or loading)
+                self.cluster.check_coordinator(req.transactional_id, "transactional id", tcid=True)
+            # (the one mapping of transactional ids, txnbuf's INIT_PRODUCER_ID's too)
+            tc = self.broker.transactional_coordinator(req.transactional_id)
             timeout_ms = round(req.transaction_timeout.total_seconds() * 1000)
             pid, epoch, _, _ = await tc.init_producer(req.transactional_id, timeout_ms)
         except Exception as exc:
@@ -106,6 +102,31 @@ class TxnApis:
     def add_partitions_to_txn(
         self, req: Any, version: int, session: KafkaSession
     ) -> Awaitable[Response]:
+        cluster = self.cluster
+        elsewhere = (
+            []
+            if cluster is None
+            else [t.name for t in req.v3_and_below_topics if not cluster.serves(t.name)]
+        )
+        if not elsewhere:
+            return self._add_partitions(req, session, {})
+
+        async def counted() -> Response:
+            # (partitions of another broker's topics: their counts from its
+            # slot's topic list, read before anything is added)
+            assert cluster is not None
+            counts = {name: await cluster.topic_partitions(name) for name in elsewhere}
+            return await self._add_partitions(req, session, counts)
+
+        return counted()
+
+    def _add_partitions(
+        self, req: Any, session: KafkaSession, elsewhere: dict[str, int | None]
+    ) -> Awaitable[Response]:
+        """AddPartitionsToTxn; ``elsewhere``: the partition counts of the
+        topics of other brokers (None: no such topic), which are recorded
+        as the transaction's participants there (the partition's broker
+        checks each send with this coordinator, `broker._peers`)."""
         pid = req.v3_and_below_producer_id
         epoch = req.v3_and_below_producer_epoch
         failed: Exception | None = None
@@ -135,10 +156,15 @@ class TxnApis:
                     continue
                 try:
                     tc = self._coordinator(pid)
-                    if self.cluster is not None:
-                        where = slot_of_key(topic.name, self.cluster.slots)
-                        self.cluster.check_together(pid, where, f"partition {topic.name}/{index}")
-                    partition_of(self.broker, topic.name, index)
+                    if topic.name in elsewhere:
+                        count = elsewhere[topic.name]
+                        if count is None or not 0 <= index < count:
+                            raise KafkaError(
+                                UNKNOWN_TOPIC_OR_PARTITION,
+                                f"no partition {topic.name}/{index}",
+                            )
+                    else:
+                        partition_of(self.broker, topic.name, index)
                     if begun is None:
                         begun = tc.producer_begin(pid, epoch, f"add {topic.name}/{index}")
                     tc.producer_add_partition(pid, epoch, topic.name, index)
