@@ -435,6 +435,17 @@ class Transaction:
         if self._holding and not self._ending:
             self._go_full()
 
+    def _unwritten(self) -> None:
+        """A send or ack of the transaction was framed but not written: its
+        producer or consumer has no current link (it is being re-created on
+        a new link, or moved to another broker's connection, and writes it
+        once re-created). An END written now on the coordinator's link could
+        overtake it, and the broker would decide before reading it (it
+        commits the transaction without it, and then refuses it as too
+        late): from now on ``commit()`` waits for every send and ack to be
+        answered before END_TXN, as for a transaction across brokers."""
+        self._crossing = True
+
     def flush(self) -> None:
         """Send what the transaction holds to the broker now (as SEND and
         ACK frames), and from now on each send and ack as it comes: the
@@ -648,6 +659,8 @@ class Transaction:
             return False
         for flush in self._flushes:  # (their frames go before the END, in order)
             flush()
+        if self._crossing:  # (a frame was kept, not written on this link: `_unwritten`)
+            return False
         try:
             await self._end(TxnEvent.COMMIT, link)
         except NotAllowedError as refusal:
