@@ -44,7 +44,15 @@ Decisions written down here:
   END; it commits once they are all answered, and only if none failed.
   Their answers come before the END's. If one failed, the broker refuses
   the commit (NOT_ALLOWED, nothing changed), and the client sends END_TXN
-  ABORT and raises that send's or ack's error (else the refusal).
+  ABORT and raises that send's or ack's error (else the refusal). This
+  holds only for frames written on that link: a send or ack framed while
+  its producer or consumer has no current link (being re-created after a
+  reconnect, or handed to another broker's connection) is kept and
+  written once it is re-created, and an END written before it would
+  overtake it (the broker would commit without it, then refuse it as too
+  late, while ``commit()`` succeeded). Such a transaction
+  (`Transaction._unwritten`) commits as one across brokers does: END_TXN
+  once every send and ack is answered.
 * When that cannot be done (no link up, or a send or ack of the
   transaction failed already) or the link dies before the END's answer,
   ``commit()`` waits until every send and ack of the transaction is
