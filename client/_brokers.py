@@ -265,7 +265,7 @@ class Brokers:
     # -- closing ----------------------------------------------------------------------
 
     def _check_open(self) -> None:
-        if self._closed or self.home.closed:
+        if self._closed:
             raise ClientClosedError("the client is closed")
 
     async def close(self) -> None:

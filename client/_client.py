@@ -23,7 +23,7 @@ from ._reader import Position, Reader
 from ._reader import _position as _reader_position
 from ._spares import Spare, SparePool
 from ._txn import Transaction, TxnState
-from .errors import ClientClosedError, InvalidInputError, NotOwnerError, TxnbufError
+from .errors import ClientClosedError, InvalidInputError, NotOwnerError
 
 MAX_TXN_TTL_MS = 2**64 - 1
 
@@ -129,14 +129,10 @@ class Client:
 
     async def connect(self) -> None:
         """Connect now (retrying until ``operation_timeout``, then raising
-        ``BrokerConnectionError``). Idempotent."""
+        ``BrokerConnectionError``; the client stays usable: the next
+        operation tries again). Idempotent."""
         self._check_open()
-        try:
-            await self._conn.start()
-        except TxnbufError:
-            if self._conn.closed:
-                self._closed = True  # the connection gave up; make a new Client
-            raise
+        await self._conn.start()  # (never closes the client: only close() does)
 
     async def create_transactional_producer(
         self,

@@ -35,7 +35,12 @@ Decisions written down here:
   ``BrokerConnectionError``; but a first connection refused for good (a
   token the broker does not accept: ``AuthenticationError``; a TLS
   certificate the client does not trust: ``BrokerConnectionError`` that is
-  not retriable) raises that error at once.
+  not retriable) raises that error at once. Either way it stops trying,
+  and the next operation tries again. Only ``close`` closes a connection:
+  one that was up and cannot be re-established within an operation
+  timeout (its broker down, the event loop starved) fails that operation
+  with ``BrokerConnectionError`` (retriable) and keeps reconnecting, the
+  client's home one trying each service URL and broker it knows in turn.
 * Credentials: a token goes in CONNECT (``auth_method`` "token"); TLS
   (``https://`` and ``txnbufs://`` URLs) uses the SSL context the Client
   made from its CA.
@@ -445,19 +450,27 @@ class Connection:
     # --- lifecycle --------------------------------------------------------
 
     async def start(self) -> None:
-        """Connect, retrying until ``operation_timeout``. Idempotent."""
+        """Connect, retrying until ``operation_timeout``. Idempotent.
+
+        Never closes the connection (only `close` does): a connection that
+        was up before keeps reconnecting in the background after the
+        ``BrokerConnectionError``; one that never connected stops trying
+        (nothing is left running if the application drops it) and the next
+        ``start`` begins again."""
         self.start_background()
+        tasks = self._tasks
         try:
             await self.wait_ready(self.deadline(), "connect")
         except OperationTimeoutError:
             cause = self._last_error
-            await self.close()
+            if self.gen == self._id_base:
+                await self._stop(tasks)
             raise BrokerConnectionError(
                 f"could not connect to {self.url} within {self.operation_timeout} s: {cause}"
             ) from cause
         except TxnbufError:
             if self._fatal is not None:
-                await self.close()
+                await self._stop(tasks)
             raise
 
     def start_background(self) -> None:
@@ -470,6 +483,24 @@ class Connection:
                 asyncio.create_task(self._supervise(), name="txnbuf-connection"),
                 asyncio.create_task(self._sweep(), name="txnbuf-sweeper"),
             ]
+
+    async def _stop(self, tasks: list[asyncio.Task[None]]) -> None:
+        """Stop the first connection attempts of ``tasks`` (if they are still
+        this connection's: a later ``start`` may have begun anew) and forget
+        why they failed; ``start_background`` starts over."""
+        if tasks is not self._tasks or not tasks:
+            return
+        self._tasks = []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._fatal = None
+        self._ready.clear()
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
 
     async def close(self) -> None:
         """Stop reconnecting, close the socket and the session. Idempotent."""

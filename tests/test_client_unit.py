@@ -1889,3 +1889,81 @@ async def test_a_transaction_near_a_topic_takes_the_coordinator_of_its_slot(
             assert txn.id.tcid == zlib.crc32(b"t") % 64
     finally:
         await owner.stop()
+
+
+# --- brokers down longer than the operation timeout ----------------------------
+
+
+async def retried(attempt: Any) -> Any:
+    """``attempt()``'s result, or None if it failed with a retriable error
+    (never ``ClientClosedError``: only ``close()`` closes a client)."""
+    try:
+        return await attempt()
+    except errors.TxnbufError as exc:
+        assert exc.retriable and not isinstance(exc, errors.ClientClosedError), repr(exc)
+        return None
+
+
+async def test_a_first_connect_that_failed_is_tried_again_by_the_next_operation() -> None:
+    server = FakeBroker()
+    with socket.socket() as s:  # (a port nobody listens on yet)
+        s.bind(("127.0.0.1", 0))
+        server.port = s.getsockname()[1]
+    client = Client(server.url, operation_timeout=0.3)
+    try:
+        with pytest.raises(errors.BrokerConnectionError) as info:
+            await client.connect()
+        assert info.value.retriable
+        assert not client._conn._tasks  # (nothing left trying in the background)
+        await server.start()
+        assert await client.partitions("t") == 1
+    finally:
+        await client.close()
+        await server.stop()
+    with pytest.raises(errors.ClientClosedError):
+        await client.partitions("t")
+
+
+async def test_a_broker_down_longer_than_the_operation_timeout_does_not_close_the_client(
+    fake: FakeBroker,
+) -> None:
+    async with Client(fake.url, operation_timeout=0.3) as client:
+        assert await client.partitions("t") == 1
+        await fake.stop()
+        for _ in range(2):  # (each waits for the broker, then fails: retriable)
+            assert await retried(lambda: client.partitions("t")) is None
+        await fake.start()
+        await until(lambda: retried(lambda: client.partitions("t")), "the broker back")
+        producer = await client.create_producer("t")
+        await producer.send(b"x")
+        assert fake.stored("t") == [b"x"]
+
+
+async def test_a_cluster_client_whose_home_broker_is_gone_moves_its_home_to_another(
+    fake: FakeBroker,
+) -> None:
+    """The home broker down for good and, for longer than the operation
+    timeout, every other broker too: transactions fail with retriable
+    errors meanwhile (the client is not closed), and once another broker
+    is up again the home connection moves there and they go on."""
+    owner = FakeBroker()
+    await owner.start()
+    try:
+        fake.slots = owner.slots = 64
+        fake.redirect = owner.url
+        async with Client(fake.url, operation_timeout=0.3) as client:
+            txn = await client.new_transaction(near="t")
+            assert txn._conn.url == owner.url and client._conn.url == fake.url
+            await txn.commit()
+            await fake.stop()
+            await owner.stop()
+            for _ in range(2):
+                assert await retried(lambda: client.new_transaction(near="t")) is None
+            await owner.start()
+            await until(lambda: retried(lambda: client.new_transaction(near="t")), "a txn")
+            assert client._conn.url == owner.url  # (the home moved)
+            txn = await client.new_transaction(near="t")
+            assert txn._conn.url == owner.url
+            await txn.commit()
+    finally:
+        await owner.stop()
