@@ -470,6 +470,9 @@ class Consumer:
         self._queue.clear()
         self._taken = 0
         self._drop_nacks()
+        for frame in self._inflight.values():  # (re-sent once re-created: `Transaction._unwritten`)
+            if frame.txn is not None:
+                frame.txn._unwritten()
         if self._sub_type == SubType.FAILOVER:
             self.is_active = False  # until the broker says so again
 
@@ -779,6 +782,8 @@ class Consumer:
         self._inflight[request_id] = _AckFrame(ack_type, ids, futures, data, deadline, txn, tracker)
         if self._conn.is_current(self._gen):
             self._conn.write(data)
+        elif txn is not None:
+            txn._unwritten()
 
     def on_ack_response(self, response: pb.CommandAckResponse) -> None:
         pending = self._inflight.get(response.request_id)

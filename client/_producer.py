@@ -164,6 +164,7 @@ class _Frame:
     count: int  # messages in it
     tracker: asyncio.Future[None] | None = None  # transactional: the transaction's view of it
     first_index: int = 0
+    txn: Transaction | None = None  # transactional: its transaction
 
 
 def _resolve(
@@ -666,6 +667,7 @@ class Producer:
             len(entries),
             batch.tracker,
             batch.first_index,
+            txn,
         )
         if txn is not None:
             spot = (self.topic, partition)
@@ -675,6 +677,8 @@ class Producer:
         self._inflight[request_id] = frame
         if self._conn.is_current(self._gen):
             self._conn.write(data)
+        elif txn is not None:
+            txn._unwritten()
 
     # --- answers -------------------------------------------------------------
 
@@ -740,7 +744,11 @@ class Producer:
             )
 
     def on_disconnect(self) -> None:
-        pass  # frames awaiting receipts stay in _inflight; reattach re-sends them
+        # Frames awaiting receipts stay in _inflight; reattach re-sends them.
+        # Until then an END of their transaction must not overtake them.
+        for frame in self._inflight.values():
+            if frame.txn is not None:
+                frame.txn._unwritten()
 
     @property
     def closed(self) -> bool:

@@ -44,7 +44,15 @@ Decisions written down here:
   END; it commits once they are all answered, and only if none failed.
   Their answers come before the END's. If one failed, the broker refuses
   the commit (NOT_ALLOWED, nothing changed), and the client sends END_TXN
-  ABORT and raises that send's or ack's error (else the refusal).
+  ABORT and raises that send's or ack's error (else the refusal). This
+  holds only for frames written on that link: a send or ack framed while
+  its producer or consumer has no current link (being re-created after a
+  reconnect, or handed to another broker's connection) is kept and
+  written once it is re-created, and an END written before it would
+  overtake it (the broker would commit without it, then refuse it as too
+  late, while ``commit()`` succeeded). Such a transaction
+  (`Transaction._unwritten`) commits as one across brokers does: END_TXN
+  once every send and ack is answered.
 * When that cannot be done (no link up, or a send or ack of the
   transaction failed already) or the link dies before the END's answer,
   ``commit()`` waits until every send and ack of the transaction is
@@ -435,6 +443,17 @@ class Transaction:
         if self._holding and not self._ending:
             self._go_full()
 
+    def _unwritten(self) -> None:
+        """A send or ack of the transaction was framed but not written: its
+        producer or consumer has no current link (it is being re-created on
+        a new link, or moved to another broker's connection, and writes it
+        once re-created). An END written now on the coordinator's link could
+        overtake it, and the broker would decide before reading it (it
+        commits the transaction without it, and then refuses it as too
+        late): from now on ``commit()`` waits for every send and ack to be
+        answered before END_TXN, as for a transaction across brokers."""
+        self._crossing = True
+
     def flush(self) -> None:
         """Send what the transaction holds to the broker now (as SEND and
         ACK frames), and from now on each send and ack as it comes: the
@@ -648,6 +667,8 @@ class Transaction:
             return False
         for flush in self._flushes:  # (their frames go before the END, in order)
             flush()
+        if self._crossing:  # (a frame was kept, not written on this link: `_unwritten`)
+            return False
         try:
             await self._end(TxnEvent.COMMIT, link)
         except NotAllowedError as refusal:

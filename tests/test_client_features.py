@@ -571,3 +571,40 @@ async def test_a_producer_learns_that_its_topic_grew_and_uses_the_new_partitions
     with pytest.raises(errors.InvalidInputError, match="partitions_update_interval"):
         async with Client(broker.url) as client:
             await client.create_producer("grows", partitions_update_interval=0)
+
+
+# --- a commit never overtakes a send kept while its producer is re-created ------------
+
+
+async def test_a_commit_waits_for_a_send_kept_while_its_producer_is_re_created(
+    broker: BrokerProcess,
+) -> None:
+    """A send framed while its producer has no current link (it is being
+    re-created: moved to the coordinator's connection in a cluster, or
+    after a reconnect) is kept and written once the producer is re-created.
+    A commit in that window must not write END_TXN right behind it on the
+    coordinator's link: the END would reach the broker first, which would
+    commit without the send and then refuse it as too late, while commit()
+    returned success. The commit waits for the send's answer instead, and
+    the message is committed."""
+    async with Client(broker.url) as client:
+        producer = await client.create_producer("kept")
+        conn = client._conn
+        txn = await client.new_transaction()
+        txn.flush()  # (the full path: END_TXN ends it)
+        # The window of a re-creation: the connection's link is up and ready,
+        # the producer's generation is not current yet (`Producer.reattach`).
+        current = producer._gen
+        producer._gen = -1
+        sent = producer.send_nowait(b"v", txn=txn)
+        committing = asyncio.ensure_future(txn.commit())
+        await until(lambda: committing.done() or txn._settled is not None)
+        # The re-creation ends: the kept frames are written, as reattach does.
+        producer._gen = current
+        for kept in producer._inflight.values():
+            conn.write(kept.data)
+        await committing
+        await sent  # (not refused as too late)
+        consumer = await client.subscribe("kept", "s", initial_position="earliest")
+        msg = await consumer.receive(timeout=10)
+        assert msg.value == b"v"
