@@ -48,6 +48,7 @@ pytestmark = pytest.mark.integration
 
 PRODUCERS = 3  # per round: each moved once, each one re-creation window
 EVERY = 0.02  # seconds between the transactions begun during a move
+OPERATION_TIMEOUT = 30.0  # the client's
 TTL = 4.0  # the brokers' lease (a SIGTERM does not wait for it; a look every third of it)
 
 
@@ -151,15 +152,27 @@ async def _move_onto(
     streaming = asyncio.ensure_future(stream())
     await until(lambda: len(out.tasks) >= 5, "transactions under way")
     assert victim.proc is not None
+    leaving = producers[0]._conn
+    links = leaving.gen
+    signalled = time.monotonic()
     victim.proc.send_signal(signal.SIGTERM)
     await until(all_placed, "the producers re-created at the coordinator's broker")
+    took = time.monotonic() - signalled
     await streaming
+    # A broker stopping accepts no connection: one accepted while it hands
+    # its slots over, or after, was answered nothing (not CONNECT, not
+    # PRODUCER), and the producers waited out their operation timeout.
+    assert leaving.gen == links, "the stopping broker accepted a connection"
+    assert took < OPERATION_TIMEOUT, f"the producers stalled {took:.1f}s (an unanswered request)"
     assert client._brokers.moves >= moves + PRODUCERS  # (each moved: `Connection.adopt`)
     assert slot in (await owners(pg_url))[owner_id(to)]  # (the placement foreseen)
     await asyncio.gather(*out.tasks)
     await until(lambda: victim.proc is not None and victim.proc.poll() is not None, "it stopped")
     assert victim.proc.returncode == 0
     await wait_for("the slots settled", lambda: settled(pg_url, staying))
+    print(
+        f"round {n}: the producers re-created at the coordinator's broker {took:.2f}s after SIGTERM"
+    )
     return topic
 
 
@@ -177,7 +190,7 @@ async def test_sends_of_a_transaction_survive_their_slot_moving_onto_its_coordin
     anchor = topic_in(min((await owners(pg_url))[owner_id(a)]), "anchor")
     out = Outcomes()
     caplog.set_level(logging.WARNING, logger="client")
-    async with Client(a.url, operation_timeout=30.0) as client:
+    async with Client(a.url, operation_timeout=OPERATION_TIMEOUT) as client:
         probe = await client.new_transaction(near=anchor)
         assert probe._conn is client._conn  # (the coordinator is a's, the client's home)
         await probe.abort()
