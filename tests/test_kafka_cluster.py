@@ -9,10 +9,13 @@ FindCoordinator answers the owner of a group's and a transactional id's
 slot; at a broker that does not own a slot, Produce, Fetch and ListOffsets
 are refused NOT_LEADER_OR_FOLLOWER and the group and transaction APIs
 NOT_COORDINATOR, changing nothing; plain Kafka producers and consumer
-groups bootstrapped at one broker reach the topics of every broker; and
-each of the three Kafka clients' transactional copier copies every input
-record exactly once across a SIGKILL of the broker owning its partitions
-and its coordinator. Tests wait for conditions, never for a length of time.
+groups bootstrapped at one broker reach the topics of every broker; a
+group whose coordinator is another broker than its topic's owner commits
+and fetches its offsets there (forwarded, GROUP_CURSORS); and each of the
+three Kafka clients' transactional copier copies every input record
+exactly once across a SIGKILL of the broker owning its partitions and its
+coordinator (two of them with their group away from their source). Tests
+wait for conditions, never for a length of time.
 """
 
 from __future__ import annotations
@@ -801,6 +804,7 @@ async def test_kafka_python_copier_across_a_kill_of_its_broker(
         pg_url,
         start_kafka_cluster(tmp_path, pg_url, logs),
         victim_is="input",
+        group_with="destination",
     )
 
 

@@ -8,7 +8,6 @@ The ``broker`` fixture authenticates here (the module is marked ``auth``):
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import ipaddress
 import json
