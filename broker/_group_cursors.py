@@ -139,8 +139,8 @@ async def _one(
             bound = ack_bound(sub, (at.entry_id, at.index))
             if bound is not None:
                 if req.HasField("producer_id"):
-                    txnid, early = await _participant(conn, req, topic.name, name)
-                    await sub.ack([bound], True, txnid, early)
+                    txnid = await _participant(conn, req, topic.name, name)
+                    await sub.ack([bound], True, txnid)  # (answered once durable)
                 else:
                     await sub.ack([bound], True)
         else:
@@ -155,13 +155,12 @@ async def _one(
     return answer
 
 
-async def _participant(
-    conn: Context, req: pb.CommandGroupCursors, topic: str, name: str
-) -> tuple[TxnID, bool]:
+async def _participant(conn: Context, req: pb.CommandGroupCursors, topic: str, name: str) -> TxnID:
     """The producer's ongoing transaction, with the subscription added to
     it (checked with its coordinator: here, or over the peers' channel,
-    answered once logged there), and whether the ack may be queued early
-    (the coordinator runs here, so its END comes after it)."""
+    answered once logged there). The ack is then answered once durable,
+    wherever the coordinator is (never queued early: the group's
+    coordinator answers the Kafka client on this answer)."""
     broker = conn.broker
     pid, epoch = req.producer_id, req.producer_epoch
     tc = broker.coordinators.get(coordinator_of_producer(pid))
@@ -177,7 +176,7 @@ async def _participant(
                 f"offsets of group {quoted(name)} refused: {quoted(entry.transactional_id)} "
                 "has no ongoing transaction (AddOffsetsToTxn begins one)"
             )
-        return tc.producer_add_subscription(pid, epoch, topic, name), True
+        return tc.producer_add_subscription(pid, epoch, topic, name)
     if broker.cluster is None:
         raise refusals.TransactionCoordinatorNotFound(
             f"no transaction coordinator of producer id {pid} here"
@@ -190,7 +189,7 @@ async def _participant(
             f"producer id {pid} is held by another transactional id than "
             f"{quoted(req.transactional_id)}"
         )
-    return txnid, False
+    return txnid
 
 
 async def _every_cursor(conn: Context, name: str) -> list[pb.CursorAt]:
