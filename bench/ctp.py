@@ -21,8 +21,8 @@ fails the check stops the benchmark).
 - Redis Streams (redis-py, with hiredis when installed): ``XREADGROUP COUNT
   n``, then ``MULTI {XADD x n, XACK} EXEC``; ``appendonly yes``,
   ``appendfsync always``, ``save ""``.
-- txnbuf, two loops, each against a broker of its own (`bench.txnceiling`'s
-  ``Broker``, as `bench.throughput` starts one):
+- txnbuf, two loops, each against a broker of its own
+  (`bench._brokers.BrokerProcess`):
   ``README loop``: what the README shows a user: receive a batch
   (``consumer.batch_receive(max_messages=--per-txn, timeout=0.1)``, as
   ``examples/consume_transform_produce.py`` does), then in
@@ -30,7 +30,7 @@ fails the check stops the benchmark).
   producer.send(..., txn=txn)`` and ``await consumer.acknowledge(msg,
   txn=txn)``; leaving the block commits. ``fastest loop``: the fewest calls
   the public client needs for the same work: the same batch, then
-  `bench.txn.copy_in_one_txn` (``send_nowait`` per message, no await; the
+  `copy_in_one_txn` (``send_nowait`` per message, no await; the
   batch acknowledged in one call; commit).
 
 Workers are OS processes (``multiprocessing``, each with a connection of its
@@ -94,12 +94,11 @@ from typing import Any
 
 import aiohttp
 
+from bench._brokers import BrokerProcess, free_port
 from bench._postgres import PostgresCluster, PostgresServer, postgres_bin
 from bench._progress import Runs
-from bench.txn import copy_in_one_txn
-from bench.txnceiling import Broker
 from bench.txnpath import cpu_seconds
-from client import Client, Consumer, Producer, errors
+from client import Client, Consumer, Message, Producer, errors
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "ctp.md"
@@ -141,12 +140,6 @@ def check_output(values: list[bytes], total: int, size: int) -> None:
     wrong = sum(1 for v in values if v != transform(value_of(int(v[:DIGITS]), size)))
     if wrong:
         raise OutputError(f"{wrong:,} outputs are not their input transformed")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -317,7 +310,7 @@ class Redis(Server):
     name = "Redis"
 
     def __init__(self, tmp: str) -> None:
-        port = _free_port()
+        port = free_port()
         self.address = f"127.0.0.1:{port}"
         folder = os.path.join(tmp, f"redis-{port}")
         os.mkdir(folder)
@@ -371,16 +364,31 @@ class Redis(Server):
 
 
 class Txnbuf(Server):
+    """A broker of this checkout (``root``: of that one), given ``options`` of
+    ``txnbuf serve`` and ``env``; with ``stream``, the workers connect to its
+    raw TCP listener with ``scheme``, loading and checking go through the
+    WebSocket."""
+
     name = "txnbuf"
 
-    def __init__(self, tmp: str, options: Sequence[str] = (), stream: bool = False) -> None:
-        port = _free_port() if stream else 0
+    def __init__(
+        self,
+        tmp: str,
+        options: Sequence[str] = (),
+        stream: bool = False,
+        *,
+        scheme: str = "txnbuf",
+        root: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        port = free_port() if stream else 0
         options = [*options, "--stream-port", str(port)] if stream else list(options)
-        self.broker = Broker(tempfile.mkdtemp(dir=tmp, prefix="txnbuf-"), False, options)
+        data = tempfile.mkdtemp(dir=tmp, prefix="txnbuf-")
+        self.broker = BrokerProcess(data, root=root, env=env, options=options)
         self.proc = self.broker.proc
         self.address = self.broker.url
-        if stream:  # (the workers on the raw TCP listener; loading and checking on /ws)
-            self.workers_url = f"txnbuf://127.0.0.1:{port}"
+        if stream:
+            self.workers_url = f"{scheme}://127.0.0.1:{port}"
 
     def cpu(self) -> tuple[float, float | None]:
         return self.broker.cpu()
@@ -517,6 +525,31 @@ def readme_loop(client: Client, consumer: Consumer, producer: Producer, per_txn:
         return len(batch)
 
     return step
+
+
+async def copy_in_one_txn(
+    client: Client,
+    consumer: Consumer,
+    producer: Producer,
+    batch: list[Message],
+    transform: Callable[[bytes], bytes] | None = None,
+) -> float:
+    """Send ``batch``'s values (through ``transform`` if given) and acknowledge
+    ``batch`` in one transaction, then commit it; the commit's latency in
+    seconds. The fastest consume-transform-produce loop this client has:
+    the sends are queued without waiting for their receipts and the acks go
+    as one request, so commit() is the only wait."""
+    txn = await client.new_transaction(timeout=60)
+    if transform is None:
+        for m in batch:
+            producer.send_nowait(m.value, txn=txn)
+    else:
+        for m in batch:
+            producer.send_nowait(transform(m.value), txn=txn)
+    await consumer.acknowledge(batch, txn=txn)
+    t0 = time.perf_counter()
+    await txn.commit()
+    return time.perf_counter() - t0
 
 
 def fastest_loop(client: Client, consumer: Consumer, producer: Producer, per_txn: int) -> Step:

@@ -59,7 +59,6 @@ from bench.ctp import (
     check,
     worker_process,
 )
-from bench.throughput import BrokerProcess, _free_port
 
 WRITER_THREAD = "txnbuf-writer"  # (ledger._sqlite names its writer thread so)
 COMMITS, TXNS = "txnbuf_ledger_commits", "txnbuf_transactions_committed"
@@ -122,20 +121,9 @@ class Broker(Txnbuf):
     """`bench.ctp`'s txnbuf server, run as ``spec`` says."""
 
     def __init__(self, tmp: str, spec: Spec) -> None:
-        data = tempfile.mkdtemp(dir=tmp, prefix="txnbuf-")
-        options: list[str] = []
-        if spec.scheme != "http":  # (the stream listener, on a port of its own)
-            stream_port = _free_port()
-            options = ["--stream-port", str(stream_port)]
-        self.broker = BrokerProcess(  # type: ignore[assignment]
-            data, root=spec.root, env=dict(spec.env), options=options
-        )
-        self.proc = self.broker.proc
-        self.http = self.broker.url
-        self.address = self.http  # (`load` and `outputs` use the WebSocket)
-        self.workers_url = self.http
-        if spec.scheme != "http":
-            self.workers_url = f"{spec.scheme}://127.0.0.1:{stream_port}"
+        stream = spec.scheme != "http"  # (the stream listener, on a port of its own)
+        super().__init__(tmp, stream=stream, scheme=spec.scheme, root=spec.root,
+                         env=dict(spec.env))  # fmt: skip
 
     def cpu(self) -> tuple[float, float | None]:
         """CPU seconds of the broker without its writer, and of its writer
@@ -146,7 +134,7 @@ class Broker(Txnbuf):
         return broker, thread + children
 
     def metrics(self) -> dict[str, float]:
-        with urllib.request.urlopen(self.http + "/metrics", timeout=30) as reply:
+        with urllib.request.urlopen(self.address + "/metrics", timeout=30) as reply:
             text = reply.read().decode()
         out: dict[str, float] = {}
         for line in text.splitlines():
@@ -239,7 +227,7 @@ def one_run(row: Row, args: argparse.Namespace, tmp: str, runner: asyncio.Runner
         ctx = multiprocessing.get_context("spawn")
         processes = variant.workers if variant.processes else 1
         sync = Sync(ctx, processes)
-        jobs = [Job(variant, server.workers_url, args.messages, args.per_txn, i)
+        jobs = [Job(variant, server.workers_url or server.address, args.messages, args.per_txn, i)
                 for i in range(processes)]  # fmt: skip
         syncs = SyncCounter(server.pids())
         workers = [ctx.Process(target=worker_process, args=(job, sync)) for job in jobs]
