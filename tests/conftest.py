@@ -289,6 +289,21 @@ def broker(
         sys.stderr.write(f"----- broker log ({proc.log_path}) -----\n{proc.log()}\n")
 
 
+@pytest.fixture
+def logs() -> Iterator[list[BrokerProcess]]:
+    """The brokers a test starts itself (a cluster's: tests/_cluster.py);
+    at its end each is woken if paused, killed, and its log shown."""
+    procs: list[BrokerProcess] = []
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            if proc.proc is not None and proc.proc.poll() is None:
+                proc.proc.send_signal(signal.SIGCONT)
+            proc.kill()
+            print(f"----- {proc.log_path} -----\n{proc.log()}")
+
+
 class RawConnection:
     """A bare WebSocket speaking BaseCommand frames (the broker's protocol
     version), for protocol-level tests. The broker may answer several
