@@ -20,7 +20,7 @@ primary (``pg_ctl promote``).
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import cached_property
 from os import path
@@ -91,12 +91,15 @@ class PostgresServer(_postgres.PostgresServer):
 
 
 @contextmanager
-def private_postgres(prefix: str = "txnbuf-postgres-") -> Iterator[PostgresServer]:
-    """A fresh `PostgresCluster` and its server, for a ``with``; stopped and
-    removed on leaving it (``server.cluster.version``: its version)."""
+def private_postgres(
+    prefix: str = "txnbuf-postgres-", options: Sequence[str] = ()
+) -> Iterator[PostgresServer]:
+    """A fresh `PostgresCluster` and its server (``options``: more ``-c
+    name=value`` settings), for a ``with``; stopped and removed on leaving
+    it (``server.cluster.version``: its version)."""
     cluster = PostgresCluster(prefix)
     try:
-        server = PostgresServer(cluster)
+        server = PostgresServer(cluster, options)
         try:
             yield server
         finally:

@@ -39,7 +39,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bench._postgres import PostgresCluster, PostgresServer
+from bench._postgres import PostgresServer, private_postgres
 from broker._auth import create_secret_key, create_token, load_signing_key
 from broker._connection import PROTOCOL_VERSION
 from ledger import faults
@@ -398,15 +398,8 @@ def crash_at(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[PostgresServer]:
     """One PostgreSQL server for the session (its databases: `pg_url`)."""
-    cluster = PostgresCluster()
-    try:
-        server = PostgresServer(cluster, ["max_connections=300"])
-        try:
-            yield server
-        finally:
-            server.stop()
-    finally:
-        cluster.remove()
+    with private_postgres(options=["max_connections=300"]) as server:
+        yield server
 
 
 _databases = itertools.count()
