@@ -622,6 +622,47 @@ def worker_process(job: Job, sync: Sync) -> None:
 # --- the parent -----------------------------------------------------------------------
 
 
+def copy_stage(
+    server: Server,
+    variant: Variant,
+    args: argparse.Namespace,
+    label: str,
+    at_start: Callable[[], Any],
+    at_stop: Callable[[], Any],
+) -> tuple[Sync, float, Any, Any]:
+    """Copy every input of the loaded ``server`` with ``variant``'s worker
+    processes: ``at_start()`` once all are ready, ``at_stop()`` once the last
+    input is copied (the stage measured between); the workers' `Sync`, the
+    stage's start (``perf_counter``) and what the two calls gave."""
+    ctx = multiprocessing.get_context("spawn")
+    processes = variant.workers if variant.processes else 1
+    sync = Sync(ctx, processes)
+    jobs = [Job(variant, server.workers_url or server.address, args.messages, args.per_txn, i)
+            for i in range(processes)]  # fmt: skip
+    workers = [ctx.Process(target=worker_process, args=(job, sync)) for job in jobs]
+    for w in workers:
+        w.start()
+    try:
+        sync.start.wait(TIMEOUT)
+        start, first = time.perf_counter(), at_start()
+        sync.stop.wait(TIMEOUT)
+        last = at_stop()
+        sync.release.set()
+        for w in workers:
+            w.join(60)
+    except threading.BrokenBarrierError:
+        for w in workers:
+            w.join(5)
+        codes = [w.exitcode for w in workers]
+        raise RuntimeError(f"{label}: a worker failed (exit codes {codes})") from None
+    finally:
+        for w in workers:
+            if w.is_alive():
+                w.kill()
+                w.join()
+    return sync, start, first, last
+
+
 def one_run(
     variant: Variant,
     args: argparse.Namespace,
@@ -636,32 +677,9 @@ def one_run(
     server = make_server() if make_server else start_server(variant.system, tmp, cluster, stream)
     try:
         runner.run(server.load(args.messages, args.size, args.per_txn))
-        ctx = multiprocessing.get_context("spawn")
-        processes = variant.workers if variant.processes else 1
-        sync = Sync(ctx, processes)
-        jobs = [Job(variant, server.workers_url or server.address, args.messages, args.per_txn, i)
-                for i in range(processes)]  # fmt: skip
-        workers = [ctx.Process(target=worker_process, args=(job, sync)) for job in jobs]
-        for w in workers:
-            w.start()
-        try:
-            sync.start.wait(TIMEOUT)
-            start, (server0, writer0) = time.perf_counter(), server.cpu()
-            sync.stop.wait(TIMEOUT)
-            server1, writer1 = server.cpu()
-            sync.release.set()
-            for w in workers:
-                w.join(60)
-        except threading.BrokenBarrierError:
-            for w in workers:
-                w.join(5)
-            codes = [w.exitcode for w in workers]
-            raise RuntimeError(f"{variant.label}: a worker failed (exit codes {codes})") from None
-        finally:
-            for w in workers:
-                if w.is_alive():
-                    w.kill()
-                    w.join()
+        sync, start, (server0, writer0), (server1, writer1) = copy_stage(
+            server, variant, args, variant.label, server.cpu, server.cpu
+        )
         runner.run(check(server, args.messages, args.size, variant))
     finally:
         server.stop()
