@@ -11,6 +11,7 @@ import asyncio
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -50,8 +51,9 @@ class BrokerProcess:
     first on the path; nothing is written there). ``log``: a file for the
     broker's log (INFO), else WARNING to this stderr. ``timeout``: seconds
     to wait for /admin/v1/health. ``options``: more options of ``txnbuf
-    serve``; ``env``: more environment variables. ``started_in`` is how
-    long starting took."""
+    serve``; ``env``: more environment variables. ``tls``: it serves TLS
+    (``--tls-cert`` among ``options``), trusted with this context (its URL
+    is https://). ``started_in`` is how long starting took."""
 
     def __init__(
         self,
@@ -64,9 +66,11 @@ class BrokerProcess:
         timeout: float = 30.0,
         options: Sequence[str] = (),
         env: dict[str, str] | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.tls = tls
+        self.url = f"{'http' if tls is None else 'https'}://127.0.0.1:{self.port}"
         self.log = log
         self.timeout = timeout
         self.root = root
@@ -88,7 +92,8 @@ class BrokerProcess:
         deadline = t0 + self.timeout
         while time.monotonic() < deadline and self.proc.poll() is None:
             try:
-                with urllib.request.urlopen(self.url + "/admin/v1/health", timeout=1):
+                health = self.url + "/admin/v1/health"
+                with urllib.request.urlopen(health, timeout=1, context=self.tls):
                     self.started_in = time.monotonic() - t0
                     return
             except OSError:
