@@ -61,14 +61,13 @@ class PostgresCluster:
         self.bin = bindir
         self.user = "postgres" if os.geteuid() == 0 else None
         self.temporary = folder is None or self.user is not None
-        if self.temporary:
+        if folder is not None and not self.temporary:
+            folder.mkdir(parents=True, exist_ok=True)
+            self.dir = str(folder)
+        else:
             self.dir = tempfile.mkdtemp(prefix=prefix)
             if self.user:
                 shutil.chown(self.dir, self.user)
-        else:
-            assert folder is not None
-            folder.mkdir(parents=True, exist_ok=True)
-            self.dir = str(folder)
         self.data = os.path.join(self.dir, "data")
         self.make()
 
