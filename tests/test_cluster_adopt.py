@@ -32,17 +32,17 @@ import pytest
 from client import Client, Transaction, TxnState, errors
 from client._producer import Producer
 from cluster import placement
-from tests.conftest import BrokerProcess, until
-from tests.test_cluster_brokers import (
-    logs,  # noqa: F401 (a fixture)
+from tests._cluster import (
     owner_id,
     owners,
+    settled,
     slots,
-    start_all,
+    start_placed,
     topic_in,
+    topic_on,
     wait_for,
 )
-from tests.test_cluster_clients import settled
+from tests.conftest import BrokerProcess, until
 
 pytestmark = pytest.mark.integration
 
@@ -179,15 +179,14 @@ async def _move_onto(
 async def test_sends_of_a_transaction_survive_their_slot_moving_onto_its_coordinators_broker(
     tmp_path: Path,
     pg_url: str,
-    logs: list[BrokerProcess],  # noqa: F811
+    logs: list[BrokerProcess],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Two rounds: b leaves (its slot goes to a), then c (every slot to a)."""
     t0 = time.monotonic()
-    start_all(tmp_path, pg_url, 3, TTL, logs)
+    found = await start_placed(tmp_path, pg_url, logs, ttl=TTL)
     a, b, c = logs
-    await wait_for("slots placed on the 3 brokers", lambda: settled(pg_url, logs))
-    anchor = topic_in(min((await owners(pg_url))[owner_id(a)]), "anchor")
+    anchor = topic_on(found, a, "anchor")
     out = Outcomes()
     caplog.set_level(logging.WARNING, logger="client")
     async with Client(a.url, operation_timeout=OPERATION_TIMEOUT) as client:
