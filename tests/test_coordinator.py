@@ -779,6 +779,52 @@ async def test_in_a_cluster_a_restart_tells_the_participants_registered_here(
         await open_tc.close(tc)
 
 
+async def test_a_participant_registered_already_is_not_logged_again(open_tc: Opener) -> None:
+    """A participant on another broker that checks each of its sends (a
+    Kafka producer's batches) is logged once per transaction: a check of a
+    participant logged already waits for the transaction's REGISTER record
+    still on its way to disk, or is answered at once; a transaction no
+    longer OPEN is still refused, and a new participant is still logged."""
+    tc = await open_tc(0, Recorder())
+    try:
+        tc.log_registrations = True
+        ledger = tc._log.ledger
+        txnid = tc.new_txn()
+        first = tc.register_remote(txnid, partitions=[("elsewhere", 2)])
+        again = tc.register_remote(txnid, partitions=[("elsewhere", 2)])  # (before it is durable)
+        assert not again.done()
+        await again
+        assert first.done() and ledger.settled
+        for _ in range(5):  # (each answered at once: durable already)
+            written = tc.register_remote(txnid, partitions=[("elsewhere", 2)])
+            assert written.done()
+            await written
+        # A lazy REGISTER (the producer-epoch mode adds the participant first)
+        # starts no write: a check right behind it logs its own, not lazy.
+        tc.add_subscription(txnid, "elsewhere", "s")
+        await tc.register_remote(txnid, subscriptions=[("elsewhere", "s")])
+        await tc.register_remote(txnid, subscriptions=[("elsewhere", "s")])
+        await tc.register_remote(txnid, partitions=[("elsewhere", 2), ("elsewhere", 3)])
+        await tc.register_remote(txnid, partitions=[("elsewhere", 3)])
+        registers = [r for r in await records(tc) if r.metadata_op == Op.REGISTER]
+        assert [
+            [(p.topic, p.partition) for p in r.partitions]
+            + [(s.topic, s.subscription) for s in r.subscriptions]
+            for r in registers
+        ] == [
+            [("elsewhere", 2)],
+            [("elsewhere", "s")],
+            [("elsewhere", "s")],
+            [("elsewhere", 2), ("elsewhere", 3)],
+        ]
+        await tc.end_txn(txnid, commit=False)
+        with pytest.raises(InvalidTxnStatusError):
+            tc.register_remote(txnid, partitions=[("elsewhere", 2)])  # (not OPEN: refused)
+        assert tc._registering == {}
+    finally:
+        await open_tc.close(tc)
+
+
 class Elsewhere(Recorder):
     """Every participant is on another broker: its tell notes whether the
     decision was durable when it ran."""
