@@ -19,7 +19,8 @@ cluster's secret, docs/security.md):
   here. A participant whose view of the cluster tables lags the
   coordinator slot's takeover (the END's slot epoch is newer than it has
   seen: SERVICE_NOT_READY, as is a participant's slot being loaded) is
-  tried again the same way, quietly (one WARNING per tell), for up to
+  tried again the same way, quietly (one WARNING per coordinator slot
+  epoch), for up to
   `LAG_RETRY_S`. A participant that refuses the END's slot epoch as older
   than the tables' (NOT_ALLOWED) means this broker lost the coordinator's
   slot, once its own fresh read of the tables says so too: the tell stops
@@ -167,6 +168,9 @@ class Peers:
         self._producer_txns: dict[tuple[int, int, str], tuple[TxnID, str]] = {}
         self._producer_keys: dict[tuple[TxnID, str], tuple[int, int, str]] = {}
         self._producer_checking: dict[tuple[int, int, str], asyncio.Future[tuple[TxnID, str]]] = {}
+        # (coordinator, its slot epoch) whose tells were refused by a
+        # participant lagging the takeover, logged at WARNING already
+        self._lag_warned: set[tuple[int, int]] = set()
         # Figures since start, for /metrics (`broker._metrics`, "the peers"):
         self.tells = 0  # remote tells answered done
         # tries of a tell not done, to be tried again: reason -> count
@@ -293,6 +297,7 @@ class Peers:
         delay = RETRY_MIN
         fresh = False
         lagging_since: float | None = None  # (the participant's first "not ready")
+        epoch = (tcid, self._coordinator_epoch(tcid))
         while True:
             try:
                 url = await self._owner(slot, f"topic {topic!r}", fresh)
@@ -313,11 +318,17 @@ class Peers:
                     # (its view of the tables lags the coordinator slot's
                     # takeover, or its slot is loading: soon ready)
                     self.tell_retries[_reason(exc)] += 1
+                    warn = epoch not in self._lag_warned
+                    if warn:
+                        if len(self._lag_warned) >= REGISTERED_KEPT:
+                            self._lag_warned.clear()
+                        self._lag_warned.add(epoch)
                     log.log(
-                        logging.WARNING if lagging_since is None else logging.DEBUG,
-                        "%s: %s; trying again",
+                        logging.WARNING if warn else logging.DEBUG,
+                        "%s: %s; trying again%s",
                         what,
                         exc,
+                        " (logged once per coordinator slot epoch)" if warn else "",
                     )
                     lagging_since = now if lagging_since is None else lagging_since
                 else:

@@ -115,15 +115,17 @@ async def test_a_participant_whose_view_lags_is_told_again_soon_and_quietly(
 ) -> None:
     """An END refused because the participant has not seen the coordinator
     slot's takeover yet (SERVICE_NOT_READY) is tried again within the tell,
-    not handed to the coordinator's stuck list: one WARNING, no ERROR."""
+    not handed to the coordinator's stuck list: one WARNING (for that
+    coordinator slot epoch, however many tells), no ERROR."""
     host = Host(["http://participant"])
     peers = Peers(host, "x" * 32)
     lagging = errors.ServiceNotReadyError("newer than this broker has seen")
-    monkeypatch.setattr(peers, "_request", Answers(lagging, lagging, lagging, None))
+    monkeypatch.setattr(peers, "_request", Answers(lagging, lagging, lagging, None, lagging, None))
     with caplog.at_level(logging.DEBUG, logger="broker._peers"):
         await peers.end_on_partition("t", 0, END)
-    assert peers.tells == 1
-    assert dict(peers.tell_retries) == {"service_not_ready": 3}
+        await peers.end_on_partition("t", 1, END)  # (the same coordinator epoch: not again)
+    assert peers.tells == 2
+    assert dict(peers.tell_retries) == {"service_not_ready": 4}
     assert not peers.tell_failures
     assert [r.levelno for r in caplog.records if r.levelno >= logging.WARNING] == [logging.WARNING]
 
