@@ -104,7 +104,7 @@ class Answers:
     def __init__(self, *answers: Exception | None) -> None:
         self.answers = list(answers)
 
-    async def __call__(self, url: str, build: object, what: str) -> None:
+    async def __call__(self, url: str, build: object, what: str, *expect: object) -> None:
         answer = self.answers.pop(0)
         if answer is not None:
             raise answer
