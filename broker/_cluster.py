@@ -227,22 +227,38 @@ class ClusterHost:
         """Coordinator ``tcid``'s END of ``what`` comes at slot epoch
         ``epoch``: taken only if that is the slot's epoch in the cluster
         tables (the last look, or, if it differs, the tables read again
-        now); else refused (NOT_ALLOWED, nothing changes). An older epoch
-        is a broker that lost the coordinator's slot (paused, partitioned):
-        it cannot end a transaction here. A newer one than the tables hold
-        is made up."""
+        now); else refused, nothing changed. An older epoch (or none) is a
+        broker that lost the coordinator's slot (paused, partitioned): it
+        cannot end a transaction here (NOT_ALLOWED; it stops telling, the
+        new owner tells). A newer one than the tables hold is a takeover
+        this broker has not seen yet (SERVICE_NOT_READY: its coordinator
+        tries again soon), or made up."""
         slot = tcid % self.broker.store.slot_count
         now = self._slot_epoch(slot)
         if now != epoch:
             await self._fresh()
             now = self._slot_epoch(slot)
-        if now != epoch or epoch == 0:
-            self.stale_ends += 1
-            raise refusals.NotAllowed(
-                f"end of {what} refused: it comes from coordinator {tcid} at epoch {epoch} of "
-                f"slot {slot}, and the cluster tables have that slot at epoch {now} (the END "
-                "is not from its owner); nothing was changed",
+        if now == epoch and epoch != 0:
+            return
+        if epoch != 0 and (now is None or epoch > now):
+            # (A takeover this broker has not seen yet: its last look, even
+            # read again, may be a moment old. A made-up epoch gets the same
+            # answer, and changes nothing either.)
+            raise refusals.ServiceNotReady(
+                f"end of {what} refused for now: it comes from coordinator {tcid} at epoch "
+                f"{epoch} of slot {slot}, newer than this broker has seen in the cluster tables "
+                f"({now}); nothing was changed; try again"
             )
+        self.stale_ends += 1
+        raise refusals.NotAllowed(
+            f"end of {what} refused: it comes from coordinator {tcid} at epoch {epoch} of "
+            f"slot {slot}, and the cluster tables have that slot at epoch {now} (the END "
+            "is not from its owner); nothing was changed",
+        )
+
+    def slot_epoch_seen(self, slot: int) -> int | None:
+        """``slot``'s epoch in the last look at the cluster tables (None: none yet)."""
+        return self._slot_epoch(slot)
 
     def _slot_epoch(self, slot: int) -> int | None:
         view = self.membership.last_view

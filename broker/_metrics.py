@@ -233,7 +233,7 @@ CLUSTER_FIGURES: dict[str, tuple[str, str, bool]] = {
     "stale_end_refusals": (
         "txnbuf_cluster_stale_end_refusals",
         "ENDs from a coordinator on another broker refused here: their coordinator slot "
-        "epoch is not the cluster tables' (a broker that lost the slot, or made up)",
+        "epoch is older than the cluster tables', or none (a broker that lost the slot)",
         True,
     ),
 }
@@ -244,7 +244,7 @@ CLUSTER_LABELED: dict[str, tuple[str, str]] = {
     "peer_tell_retries": (
         "txnbuf_cluster_peer_tell_retries",
         "Tries of a tell to another broker not answered done and made again, by reason "
-        "(not_owner, unreachable, timeout)",
+        "(not_owner, unreachable, timeout, service_not_ready)",
     ),
     "peer_tell_failures": (
         "txnbuf_cluster_peer_tell_failures",

@@ -16,8 +16,16 @@ cluster's secret, docs/security.md):
   again when the last look names nobody live), and a refusal NOT_OWNER, a
   connection lost or a broker not answering is never taken as done. If
   the slot has come to this broker meanwhile, the decision is applied
-  here. Any other refusal is raised: the channel lists the participant as
-  stuck and tries again, backing off.
+  here. A participant whose view of the cluster tables lags the
+  coordinator slot's takeover (the END's slot epoch is newer than it has
+  seen: SERVICE_NOT_READY, as is a participant's slot being loaded) is
+  tried again the same way, quietly (one WARNING per coordinator slot
+  epoch), for up to `LAG_RETRY_S`. A participant that refuses the END's
+  slot epoch as older than the tables' (NOT_ALLOWED) means this broker
+  lost the coordinator's slot, once its own fresh read of the tables says
+  so too: the tell stops (`tc.CoordinatorMoved`), as the slot's new owner
+  tells instead. Any other refusal is raised: the channel lists the
+  participant as stuck and tries again, backing off.
 - **A participant checks with a coordinator on another broker**
   (`Peers.register`): before a broker takes the first transactional SEND
   (or ACK) of a transaction on one of its partitions (subscriptions) whose
@@ -62,7 +70,7 @@ from client.errors import (
 )
 from proto import refusals
 from proto import txnbuf_pb2 as pb
-from tc import TxnEnd, TxnID, coordinator_of_producer, wire_txnid
+from tc import CoordinatorMoved, TxnEnd, TxnID, coordinator_of_producer, wire_txnid
 
 __all__ = ["Peers", "cluster_token"]
 
@@ -71,6 +79,10 @@ log = logging.getLogger(__name__)
 REQUEST_TIMEOUT = 5.0  # seconds one try at a broker may take
 RETRY_MIN, RETRY_MAX = 0.05, 1.0  # seconds between tries after a move or a lost broker
 REGISTERED_KEPT = 100_000  # (transaction, participant) checks remembered, newest kept
+# Seconds a tell goes on trying a participant whose view of the cluster
+# tables lags the coordinator slot's epoch (or whose slot is loading) before
+# handing the refusal to the coordinator's channel (listed as stuck).
+LAG_RETRY_S = 10.0
 
 T = pb.BaseCommand
 
@@ -137,6 +149,9 @@ class Host(Protocol):
     def gate(self, topic: str) -> None:
         """Raise `refusals.NotOwner` unless ``topic``'s slot is served here."""
 
+    def slot_epoch_seen(self, slot: int) -> int | None:
+        """``slot``'s epoch in the last look at the cluster tables (None: none yet)."""
+
 
 class Peers:
     """The connections of one cluster broker to the others (see the module
@@ -161,6 +176,9 @@ class Peers:
         self._producer_txns: dict[tuple[int, int, str], tuple[TxnID, str]] = {}
         self._producer_keys: dict[tuple[TxnID, str], tuple[int, int, str]] = {}
         self._producer_checking: dict[tuple[int, int, str], asyncio.Future[tuple[TxnID, str]]] = {}
+        # (coordinator, its slot epoch) whose tells were refused by a
+        # participant lagging the takeover, logged at WARNING already
+        self._lag_warned: set[tuple[int, int]] = set()
         # Figures since start, for /metrics (`broker._metrics`, "the peers"):
         self.tells = 0  # remote tells answered done
         # tries of a tell not done, to be tried again: reason -> count
@@ -246,6 +264,7 @@ class Peers:
             f"end {end.txnid} on partition {topic}/{partition}",
             build,
             lambda: self.host.broker.end_locally_on_partition(topic, partition, end),
+            end.txnid.tcid,
         )
 
     async def end_on_subscription(self, topic: str, subscription: str, end: TxnEnd) -> None:
@@ -262,6 +281,7 @@ class Peers:
             f"end {end.txnid} on subscription {topic}/{subscription}",
             build,
             lambda: self.host.broker.end_locally_on_subscription(topic, subscription, end),
+            end.txnid.tcid,
         )
 
     def _fill(
@@ -269,11 +289,15 @@ class Peers:
     ) -> None:
         req.txnid_most_bits, req.txnid_least_bits = end.txnid
         req.txn_action = pb.COMMIT if end.commit else pb.ABORT
-        store = self.host.broker.store
-        req.coordinator_slot_epoch = store.slot_epoch(end.txnid.tcid % store.slot_count) or 0
+        req.coordinator_slot_epoch = self._coordinator_epoch(end.txnid.tcid)
         req.coordinator_epoch = end.coordinator_epoch
         if end.producer is not None:
             req.producer_id, req.producer_epoch = end.producer
+
+    def _coordinator_epoch(self, tcid: int) -> int:
+        """The epoch of coordinator ``tcid``'s slot in this broker's store (0: not held)."""
+        store = self.host.broker.store
+        return store.slot_epoch(tcid % store.slot_count) or 0
 
     async def _tell(
         self,
@@ -281,10 +305,13 @@ class Peers:
         what: str,
         build: Callable[[int], Command],
         here: Callable[[], asyncio.Future[None] | object],
+        tcid: int,
     ) -> None:
         slot = slot_of_key(topic, self.host.broker.store.slot_count)
         delay = RETRY_MIN
         fresh = False
+        lagging_since: float | None = None  # (the participant's first "not ready")
+        epoch = (tcid, self._coordinator_epoch(tcid))
         while True:
             try:
                 url = await self._owner(slot, f"topic {topic!r}", fresh)
@@ -298,14 +325,54 @@ class Peers:
                 self.tell_retries[_reason(exc)] += 1
                 log.info("%s: %s; looking its owner up again", what, exc)
             except TxnbufError as exc:
-                self.tell_failures[_reason(exc)] += 1
-                raise _as_refusal(exc) from None
+                now = asyncio.get_running_loop().time()
+                if exc.code == pb.SERVICE_NOT_READY and (
+                    lagging_since is None or now - lagging_since < LAG_RETRY_S
+                ):
+                    # (its view of the tables lags the coordinator slot's
+                    # takeover, or its slot is loading: soon ready)
+                    self.tell_retries[_reason(exc)] += 1
+                    warn = epoch not in self._lag_warned
+                    if warn:
+                        if len(self._lag_warned) >= REGISTERED_KEPT:
+                            self._lag_warned.clear()
+                        self._lag_warned.add(epoch)
+                    log.log(
+                        logging.WARNING if warn else logging.DEBUG,
+                        "%s: %s; trying again%s",
+                        what,
+                        exc,
+                        " (logged once per coordinator slot epoch)" if warn else "",
+                    )
+                    lagging_since = now if lagging_since is None else lagging_since
+                else:
+                    self.tell_failures[_reason(exc)] += 1
+                    if exc.code == pb.NOT_ALLOWED:
+                        await self._unless_moved(tcid, what, exc)
+                    raise _as_refusal(exc) from None
             except refusals.Refusal as exc:  # (applied here, and refused)
                 self.tell_failures[_reason(exc)] += 1
                 raise
             fresh = True
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX)
+
+    async def _unless_moved(self, tcid: int, what: str, exc: TxnbufError) -> None:
+        """A participant refused ``what`` NOT_ALLOWED (its END's slot epoch is
+        not the cluster tables'): raises `tc.CoordinatorMoved` if this broker
+        no longer holds coordinator ``tcid``'s slot at the epoch it told (the
+        tables read again say a newer one, or its store holds none); else
+        returns (the refusal goes to the channel's stuck list)."""
+        told = self._coordinator_epoch(tcid)
+        if told:
+            await self.host.fresh_view()
+            seen = self.host.slot_epoch_seen(tcid % self.host.broker.store.slot_count)
+            if seen is None or seen <= told:
+                return
+        raise CoordinatorMoved(
+            f"{what} refused ({exc}): this broker no longer holds coordinator {tcid}'s slot "
+            f"at epoch {told}"
+        )
 
     # -- a Kafka group's offsets at their topic's owner ------------------------------
 

@@ -117,7 +117,7 @@ async def serve(
     exits with status 1: everything it would write is refused, and what it
     holds in memory is no longer the truth."""
     scheme = "https" if ssl_context is not None else "http"
-    url = advertised_url or f"{scheme}://{host}:{port}"
+    url = advertised_url or f"{scheme}://{_in_url(host)}:{port}"
     _check_port(host, port)  # (before the data directory is opened, or created)
     if stream_port is not None:
         _check_port(host, stream_port)
@@ -141,13 +141,14 @@ async def serve(
 
             try:
                 from broker._cluster import ClusterHost
+                from broker.kafka._cluster import listener_address
                 from broker.kafka._listener import default_advertised_host
 
                 advertised = None
                 if kafka is not None:
                     kafka_host, kafka_port, kafka_advertised = kafka
-                    advertised = (
-                        f"{kafka_advertised or default_advertised_host(kafka_host)}:{kafka_port}"
+                    advertised = listener_address(
+                        kafka_advertised or default_advertised_host(kafka_host), kafka_port
                     )
                 clustered = await ClusterHost.start(
                     broker,
@@ -188,7 +189,7 @@ async def serve(
                 host,
                 stream_port,
                 ssl_context,
-                _url_host(advertised_url) if advertised_url else None,
+                _url_host(url),
             )
             try:
                 await stream.start()
@@ -229,7 +230,7 @@ async def serve(
         log.info(
             "txnbuf broker listening on %s://%s:%d%s (data in %s, coordinators %s, %s)",
             scheme,
-            host,
+            _in_url(host),
             port,
             f", advertised as {url}" if advertised_url else "",
             data_dir if store_url is None else broker.store.location,
@@ -261,7 +262,13 @@ async def serve(
 
 def _url_host(url: str) -> str:
     """The host of ``url`` as it goes into another URL (an IPv6 address in brackets)."""
-    host = urllib.parse.urlsplit(url).hostname or ""
+    return _in_url(urllib.parse.urlsplit(url).hostname or "")
+
+
+def _in_url(host: str) -> str:
+    """``host`` as it goes into a URL: an IPv6 address in brackets (``--host
+    ::1`` serves ``http://[::1]:6650``), given with or without them."""
+    host = host.removeprefix("[").removesuffix("]")
     return f"[{host}]" if ":" in host else host
 
 
@@ -272,8 +279,9 @@ def _cannot_listen(host: str, port: int, exc: OSError) -> str:
 
 def _check_port(host: str, port: int) -> None:
     """Exit with one line if ``host:port`` cannot be listened on."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # (an IPv6 address: ::1)
     try:
-        with socket.create_server((host, port)):
+        with socket.create_server((host, port), family=family):
             pass
     except OSError as exc:
         raise SystemExit(_cannot_listen(host, port, exc)) from None
@@ -404,7 +412,12 @@ def _advertised_url(text: str) -> str:
         parts = urllib.parse.urlsplit(text)
         port = parts.port
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not a URL: {text!r} ({exc})") from None
+        hint = (
+            "; an IPv6 address goes in brackets: http://[::1]:6650"
+            if _netloc(text).count(":") > 1
+            else ""
+        )
+        raise argparse.ArgumentTypeError(f"not a URL: {text!r} ({exc}{hint})") from None
     del port
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise argparse.ArgumentTypeError(
@@ -420,6 +433,11 @@ def _advertised_url(text: str) -> str:
             "give this machine's name or address"
         )
     return text.rstrip("/")
+
+
+def _netloc(text: str) -> str:
+    """The ``host[:port]`` part of a URL given as text (parsed or not)."""
+    return text.partition("://")[2].partition("/")[0]
 
 
 def _store_wait(text: str) -> float:

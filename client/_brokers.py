@@ -20,7 +20,10 @@ a broker answers a lookup from memory, so asking often costs little and
 a slot served again is found soon) until the operation timeout; so is
 one whose owner cannot be reached (its lease has not run out yet). A
 transaction's coordinator k is looked up the same way (it lives in slot
-k).
+k). A broker whose first connection was refused for good (a token it
+does not take, a certificate not trusted, another protocol version) is
+tried again when a lookup names it `REFUSED_RETRY_S` seconds later or
+more: it may have restarted, on the same URL, with another configuration.
 
 Ownership changes are followed by the handlers themselves: a producer or
 consumer whose re-creation, or send, is refused NOT_OWNER, or whose broker
@@ -69,6 +72,7 @@ log = logging.getLogger("client")
 
 ID_RANGE = 1 << 40  # ids and link generations of the n-th connection start at n * ID_RANGE
 LOOKUP_BACKOFF_MAX = 0.5  # seconds between lookups, at most (see the module docstring)
+REFUSED_RETRY_S = 2.0  # seconds before a broker that refused a first connection is tried again
 
 
 def slot_of(key: str, slots: int) -> int:
@@ -115,6 +119,8 @@ class Brokers:
             urls[0], operation_timeout, token, ssl_context, router=self, fallbacks=urls[1:]
         )
         self._others: dict[str, Connection] = {}  # url -> connection (not home)
+        # url -> when its connection was first seen refused for good (loop time)
+        self._refused: dict[str, float] = {}
         self._moving: dict[Handler, asyncio.Task[None]] = {}
         self._slots = 0
         self._closed = False
@@ -183,6 +189,7 @@ class Brokers:
             deadline = loop.time() + self.operation_timeout
         what = f"lookup of {topic!r}" if tc_id is None else f"lookup of coordinator {tc_id}"
         delay = BACKOFF_MIN
+        refused = ""  # (the last broker named that refused a connection, and why)
 
         def build(request_id: int) -> Command:
             cmd = command(Command.LOOKUP, "lookup", request_id=request_id, topic=topic)
@@ -201,11 +208,16 @@ class Brokers:
                 target = self._connection(answer.broker_service_url)
                 if await self._reachable(target, deadline):
                     return target
-                log.info("%s: %s cannot be reached (yet)", what, target.url)
+                refused = (
+                    f" ({target.url} refused the connection: {target.refused})"
+                    if target.refused is not None
+                    else ""
+                )
+                log.info("%s: %s cannot be reached (yet)%s", what, target.url, refused)
             except NotOwnerError as exc:
                 log.info("%s: %s", what, exc)  # (being taken over: ask again)
             if loop.time() + delay >= deadline:
-                raise OperationTimeoutError(f"{what} found no broker serving it in time")
+                raise OperationTimeoutError(f"{what} found no broker serving it in time{refused}")
             await asyncio.sleep(delay)
             delay = min(delay * 2, LOOKUP_BACKOFF_MAX)
 
@@ -225,11 +237,20 @@ class Brokers:
 
     async def _reachable(self, conn: Connection, deadline: float) -> bool:
         """Start ``conn`` if need be; True once it is up, False if it is not
-        within one connection attempt (its supervisor keeps trying)."""
+        within one connection attempt (its supervisor keeps trying), or if
+        its first connection was refused for good (tried again after
+        `REFUSED_RETRY_S`)."""
         if conn.ready_link() is not None:
             return True
-        conn.start_background()
         loop = asyncio.get_running_loop()
+        if conn.refused is not None:
+            refused_at = self._refused.setdefault(conn.url, loop.time())
+            if loop.time() - refused_at < REFUSED_RETRY_S:
+                return False
+            log.info("%s refused a connection (%s): trying it again", conn.url, conn.refused)
+            del self._refused[conn.url]
+            await conn.start_over()
+        conn.start_background()
         # (Not longer: a dead broker's connection is in its reconnect backoff;
         # the lookup is asked again meanwhile, and may name another broker.)
         limit = min(deadline, loop.time() + LOOKUP_BACKOFF_MAX)

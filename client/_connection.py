@@ -487,6 +487,19 @@ class Connection:
                 asyncio.create_task(self._sweep(), name="txnbuf-sweeper"),
             ]
 
+    @property
+    def refused(self) -> TxnbufError | None:
+        """Why its first connection was refused for good (authentication,
+        TLS, protocol version), if it was: it tries no more until `start`
+        or `start_over`."""
+        return self._fatal
+
+    async def start_over(self) -> None:
+        """Forget a first connection refused for good (`refused`): the next
+        `start_background` tries again (the broker may have changed since)."""
+        if self._fatal is not None:
+            await self._stop(self._tasks)
+
     async def _stop(self, tasks: list[asyncio.Task[None]]) -> None:
         """Stop the first connection attempts of ``tasks`` (if they are still
         this connection's: a later ``start`` may have begun anew) and forget

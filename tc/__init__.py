@@ -19,6 +19,7 @@ from tc._coordinator import TransactionCoordinator
 from tc._epoch_mode import ProducerSettings, TwoPhaseCommitNotAllowedError
 from tc._log import TxnLog
 from tc._participants import (
+    CoordinatorMoved,
     NotStuckError,
     Participant,
     ParticipantElsewhere,
@@ -59,6 +60,7 @@ __all__ = [
     "MAX_TXN_TIMEOUT_MS",
     "TRANSITIONS",
     "ConcurrentTransactionsError",
+    "CoordinatorMoved",
     "InvalidPidMappingError",
     "InvalidProducerEpochError",
     "InvalidTransactionTimeoutError",

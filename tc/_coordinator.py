@@ -35,7 +35,8 @@ One path per request:
   A participant on another broker (a cluster) registers with
   `register_remote`, which is logged (a REGISTER record) and answered once
   durable: its send is answered once durable too, so a recovery that
-  aborts the transaction must know to tell it.
+  aborts the transaction must know to tell it. A participant logged already
+  is not logged again (a Kafka producer's participant checks every batch).
 - END (`end_txn`): the decision (COMMITTING / ABORTING) is appended
   (`decide`), and every participant told at once (`tc._participants`):
   each queues its commit marker or ack commit right behind it, in the turn
@@ -127,6 +128,11 @@ class TransactionCoordinator:
         # Log the registrations of participants on this broker too (a
         # cluster's broker sets it: `_log_registration`).
         self.log_registrations = False
+        # The REGISTER record of each OPEN transaction last appended and not
+        # yet durable (dropped once it is), and whether it was lazy:
+        # `register_remote` of a participant logged already waits for it
+        # instead of logging it again.
+        self._registering: dict[TxnID, tuple[asyncio.Future[int], bool]] = {}
         self._table = TxnTable(tcid)
         self._producers = ProducerRegistry(tcid)
         self._channel = ParticipantChannel(tcid, participant, self._finished)
@@ -324,7 +330,8 @@ class TransactionCoordinator:
             rec.partitions.add(topic=topic, partition=index)
         for topic, sub in subscriptions:
             rec.subscriptions.add(topic=topic, subscription=sub)
-        self.log_record(rec, lazy=True).add_done_callback(_retrieved)
+        written = self._log_register(rec, lazy=True)
+        written.add_done_callback(_retrieved)
 
     def register_remote(
         self,
@@ -337,8 +344,25 @@ class TransactionCoordinator:
         there): raises as `add_partition` unless the transaction is OPEN;
         else the registration is logged (a REGISTER record), so that after
         a crash the recovered coordinator still knows to tell that
-        participant its decision. The result is done once durable."""
-        self._table.open_one(txnid, "add participants to")
+        participant its decision. The result is done once durable.
+
+        A participant logged already in this transaction (a Kafka producer's
+        participant checks every batch; the producer-epoch mode's
+        AddPartitionsToTxn logs it first) is not logged again: the result
+        is then the transaction's REGISTER record still on its way to disk
+        (the last one appended, which is durable only with every one before
+        it), or done at once if there is none. (If that record is a lazy
+        one, one is logged again, as it starts no write of its own and the
+        participant's answer waits for it.)"""
+        meta = self._table.open_one(txnid, "add participants to")
+        if self.log_registrations and self._logged_already(meta, partitions, subscriptions):
+            pending, lazy = self._registering.get(txnid, (None, False))
+            if pending is None:
+                done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+                done.set_result(-1)
+                return done
+            if not lazy:
+                return pending
         rec = Record(metadata_op=Record.REGISTER)
         rec.txnid_most_bits, rec.txnid_least_bits = txnid
         rec.txn_last_modification_time = now_ms()
@@ -346,7 +370,36 @@ class TransactionCoordinator:
             rec.partitions.add(topic=topic, partition=index)
         for topic, sub in subscriptions:
             rec.subscriptions.add(topic=topic, subscription=sub)
-        return self.log_record(rec)
+        return self._log_register(rec, lazy=False)
+
+    @staticmethod
+    def _logged_already(
+        meta: TxnMeta, partitions: list[tuple[str, int]], subscriptions: list[tuple[str, str]]
+    ) -> bool:
+        """Does ``meta`` name every one of these participants? (With
+        `log_registrations`, each participant of an OPEN transaction was
+        logged when it was added: `_log_registration`, `register_remote`.)"""
+        return all(p in meta.partitions for p in partitions) and all(
+            s in meta.subscriptions for s in subscriptions
+        )
+
+    def _log_register(self, rec: Record, lazy: bool) -> asyncio.Future[int]:
+        """Log a REGISTER record, kept as its transaction's pending one
+        (`register_remote`) until it is durable."""
+        txnid = wire_txnid(rec.txnid_most_bits, rec.txnid_least_bits)
+        written = self.log_record(rec, lazy=lazy)
+        self._registering[txnid] = (written, lazy)
+        registering = self._registering
+
+        def durable(f: asyncio.Future[int]) -> None:
+            # (A failed write stays: the store fails every later write too,
+            # and a check waiting for it must fail, not pass.)
+            kept = registering.get(txnid)
+            if kept is not None and kept[0] is f and not f.cancelled() and f.exception() is None:
+                del registering[txnid]
+
+        written.add_done_callback(durable)
+        return written
 
     def end_txn(self, txnid: TxnID, commit: bool) -> asyncio.Future[None]:
         """§CommandEndTxn: decide now, tell the participants; the result is

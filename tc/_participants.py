@@ -25,6 +25,12 @@ through the `Participant` the broker implements:
   once the decision is durable (never before: a participant elsewhere
   does not share this store's group commit), and is retried like a local
   one until it is answered done; it looks the owner up again at each try.
+- A tell elsewhere that finds this coordinator no longer owns its slot (the
+  participant refused its END for an older slot epoch than the cluster
+  tables', and the tables say so) raises `CoordinatorMoved`: the channel
+  stops telling that participant, quietly, and never logs the end. The
+  slot's new owner recovered the same log, and tells every participant of
+  the decision itself; this broker drops the slot once it notices.
 - Once every participant has applied the decision, and the decision is
   durable, the channel calls the coordinator's ``finished``, which logs the
   end (COMMITTED / ABORTED).
@@ -48,6 +54,7 @@ from tc._table import TxnMeta, now_ms
 
 __all__ = [
     "END_WAIT",
+    "CoordinatorMoved",
     "NotStuckError",
     "Participant",
     "ParticipantChannel",
@@ -115,6 +122,13 @@ class ParticipantElsewhere(Exception):
         self.tell = tell
 
 
+class CoordinatorMoved(Exception):
+    """Raised by a tell elsewhere (`ParticipantElsewhere.tell`) when this
+    coordinator's slot has moved to another broker (the participant refused
+    the END's slot epoch as older than the cluster tables', and they say
+    so): it must stop telling, as the slot's new owner tells instead."""
+
+
 class NotStuckError(LookupError):
     """An operator resolved a transaction that has no stuck participant."""
 
@@ -166,6 +180,7 @@ class ParticipantChannel:
         # decision: txnid -> participant -> what went wrong.
         self._stuck: dict[TxnID, dict[str, StuckParticipant]] = {}
         self.failures = 0  # failed attempts to end on a participant, ever
+        self.moved = 0  # participants no longer told: the coordinator's slot moved
 
     async def close(self) -> None:
         self._closed = True
@@ -298,10 +313,13 @@ class ParticipantChannel:
     ) -> None:
         """`tell`'s task: wait for (or tell again, until they apply it) the
         participants that did not apply the decision at once; then, the
-        decision durable, `_all_applied`."""
-        await asyncio.gather(
+        decision durable, `_all_applied`; not if the coordinator's slot
+        moved (`CoordinatorMoved`: its new owner finishes the decision)."""
+        applied = await asyncio.gather(
             *(self._until_applied(meta.txnid, tell, pending) for tell, pending in later)
         )
+        if not all(applied):
+            return
         if logged is not None:
             try:
                 await logged
@@ -321,14 +339,15 @@ class ParticipantChannel:
 
     async def _until_applied(
         self, txnid: TxnID, tell: _Tell, pending: Awaitable[None] | None
-    ) -> None:
+    ) -> bool:
         """Wait for ``pending`` (the participant's answer to being told),
         telling it again until it applies the decision on ``txnid``. A
         participant that fails is listed as stuck (`stuck`), logged at ERROR
         on its 1st, 2nd, 4th, 8th, ... failure, and tried again, backing off
         up to `STUCK_RETRY_MAX_S` (`RETRY_MAX_S` for a storage error, which
         passes), or at once when an operator asks (`resolve`); an operator
-        may also skip it: the transaction then ends without it."""
+        may also skip it: the transaction then ends without it. False: not
+        told, the coordinator's slot having moved (`CoordinatorMoved`)."""
         participant, attempt = tell[0], tell[1]
         delay = 0.05
         while True:
@@ -339,6 +358,20 @@ class ParticipantChannel:
                     await pending
             except asyncio.CancelledError:
                 raise
+            except CoordinatorMoved as exc:
+                self.moved += 1
+                log.log(
+                    logging.WARNING if self.moved == 1 else logging.INFO,
+                    "coordinator %d: %s of %s not told here any more: %s (the slot's new owner "
+                    "tells it%s)",
+                    self.tcid,
+                    participant,
+                    txnid,
+                    exc,
+                    "; further ones logged at INFO" if self.moved == 1 else "",
+                )
+                self._unstick(txnid, participant)
+                return False
             except Exception as exc:
                 pending = None
                 self.failures += 1
@@ -361,13 +394,13 @@ class ParticipantChannel:
                         entry.reason,
                     )
                     self._unstick(txnid, participant)
-                    return
+                    return True
                 entry.action = None
                 continue
             if participant in self._stuck.get(txnid, ()):
                 log.info("coordinator %d: %s applied %s at last", self.tcid, participant, txnid)
                 self._unstick(txnid, participant)
-            return
+            return True
 
     # -- stuck participants --------------------------------------------------------------
 

@@ -1967,3 +1967,34 @@ async def test_a_cluster_client_whose_home_broker_is_gone_moves_its_home_to_anot
             await txn.commit()
     finally:
         await owner.stop()
+
+
+async def test_a_broker_that_refused_a_first_connection_is_tried_again_later(
+    fake: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker a lookup names whose first connection is refused for good
+    (here: another protocol version; a token or a certificate alike) is not
+    kept refused: once it answers as it should (restarted on the same URL),
+    a lookup naming it `REFUSED_RETRY_S` later connects, and the client
+    goes on there."""
+    from client import _brokers
+
+    monkeypatch.setattr(_brokers, "REFUSED_RETRY_S", 0.2)
+    owner = FakeBroker()
+    owner.protocol_version = PROTOCOL_VERSION + 1
+    await owner.start()
+    try:
+        fake.slots = owner.slots = 64
+        fake.redirect = owner.url
+        async with Client(fake.url, operation_timeout=1.0) as client:
+            with pytest.raises(errors.OperationTimeoutError, match="refused"):
+                await client.new_transaction(near="t")
+            assert owner.connects >= 1
+            assert client._brokers._others[owner.url].refused is not None
+            owner.protocol_version = PROTOCOL_VERSION  # (restarted, as this client speaks)
+            txn = await client.new_transaction(near="t")
+            assert txn._conn.url == owner.url
+            await txn.commit()
+            assert client._brokers._others[owner.url].refused is None
+    finally:
+        await owner.stop()

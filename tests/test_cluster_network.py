@@ -14,22 +14,29 @@ conditions, never for a length of time."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import ssl
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import asyncpg
 import pytest
 
-from broker.cli import main
+from broker.cli import _advertised_url, _check_port, _in_url, _url_host, main
+from broker.kafka._cluster import KafkaCluster, _node, listener_address, node_id
+from broker.kafka._listener import default_advertised_host
 from client import Client
 from client._connection import Command, Connection, command
 from client._foreign import tls_context
 from client._txn import TxnState
+from cluster import SlotRow, View, kafka_address, service_url
+from cluster._postgres import KAFKA_SCHEME
 from tests._cluster import cluster_broker, owner_id, placed, received, scrape, three_topics
 from tests.conftest import BrokerProcess, PortTaken, free_port
 from tests.test_metrics import value
@@ -194,3 +201,54 @@ def test_a_cluster_broker_on_a_wildcard_address_needs_an_advertised_url(
     code, err = serve(capsys, "--cluster-tls-ca", "ca.pem")
     assert code == 2
     assert "--cluster-tls-ca is for --cluster" in err
+
+
+def test_an_ipv6_host_is_bracketed_in_urls_and_bare_for_kafka_clients() -> None:
+    """A broker on an IPv6 address: txnbuf's URLs put it in brackets
+    (``http://[::1]:6650``, the stream listener's host), the membership row
+    records its Kafka listener as ``kafka://[::1]:9092``, and Kafka clients
+    are told the host bare (Metadata's host field), with the same node id
+    whichever way a broker wrote or read the address."""
+    assert [_in_url(h) for h in ("::1", "[::1]", "b", "10.0.0.1")] == [
+        "[::1]",
+        "[::1]",
+        "b",
+        "10.0.0.1",
+    ]
+    assert _url_host("http://[::1]:6650") == "[::1]"
+    assert _advertised_url("http://[::1]:6650") == "http://[::1]:6650"
+    assert urllib.parse.urlsplit("http://[::1]:6650").hostname == "::1"  # (the Kafka host)
+    _check_port("::1", free_port())  # (a broker can listen there: no exit)
+    with pytest.raises(argparse.ArgumentTypeError, match=r"goes in brackets: http://\[::1\]"):
+        _advertised_url("http://::1:6650")
+    with pytest.raises(argparse.ArgumentTypeError, match="wildcard"):
+        _advertised_url("http://[::]:6650")
+    # The Kafka listener: its advertised host bare, its address bracketed.
+    assert [default_advertised_host(h) for h in ("::1", "[::1]", "::", "[::]", "h")] == [
+        "::1",
+        "::1",
+        "127.0.0.1",
+        "127.0.0.1",
+        "h",
+    ]
+    assert listener_address("::1", 9092) == listener_address("[::1]", 9092) == "[::1]:9092"
+    assert listener_address("h", 9092) == "h:9092"
+    row = f"http://[::1]:6650,{KAFKA_SCHEME}{listener_address('::1', 9092)}"
+    assert (service_url(row), kafka_address(row)) == ("http://[::1]:6650", "[::1]:9092")
+    ipv6 = (node_id("[::1]:9092"), "::1", 9092)
+    assert _node("[::1]:9092") == _node("::1:9092") == ipv6  # (a row of either form)
+    assert _node("h:1") == (node_id("h:1"), "h", 1)  # (IPv4 and names: as ever)
+    # Metadata's brokers, at a listener made with its bare host (as the
+    # Kafka handlers make it), from rows with bracketed addresses.
+    view = View(100.0, {"me": 105.0, "b": 105.0}, (SlotRow("me", 1), SlotRow("b", 1)))
+    host = SimpleNamespace(
+        me="me",
+        served={0},
+        member=SimpleNamespace(held={0: 1}),
+        membership=SimpleNamespace(
+            last_view=view, last_kafka={"me": "[::1]:9092", "b": "[fd00::2]:9093"}
+        ),
+    )
+    broker = SimpleNamespace(store=SimpleNamespace(slot_count=2))
+    kc = KafkaCluster(broker, host, "::1:9092")  # type: ignore[arg-type]
+    assert sorted(kc.brokers()) == sorted([ipv6, (node_id("[fd00::2]:9093"), "fd00::2", 9093)])

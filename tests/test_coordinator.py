@@ -19,11 +19,13 @@ from pathlib import Path
 import pytest
 
 import tc._log as log_module
+import tc._participants as participants_module
 from buffer import TxnConflictError
 from ledger import LedgerStore
 from proto import txnbuf_pb2 as pb
 from tc import (
     TRANSITIONS,
+    CoordinatorMoved,
     InvalidTxnStatusError,
     NotStuckError,
     ParticipantElsewhere,
@@ -818,6 +820,52 @@ async def test_in_a_cluster_a_restart_tells_a_producer_transaction_s_participant
         await open_tc.close(tc)
 
 
+async def test_a_participant_registered_already_is_not_logged_again(open_tc: Opener) -> None:
+    """A participant on another broker that checks each of its sends (a
+    Kafka producer's batches) is logged once per transaction: a check of a
+    participant logged already waits for the transaction's REGISTER record
+    still on its way to disk, or is answered at once; a transaction no
+    longer OPEN is still refused, and a new participant is still logged."""
+    tc = await open_tc(0, Recorder())
+    try:
+        tc.log_registrations = True
+        ledger = tc._log.ledger
+        txnid = tc.new_txn()
+        first = tc.register_remote(txnid, partitions=[("elsewhere", 2)])
+        again = tc.register_remote(txnid, partitions=[("elsewhere", 2)])  # (before it is durable)
+        assert not again.done()
+        await again
+        assert first.done() and ledger.settled
+        for _ in range(5):  # (each answered at once: durable already)
+            written = tc.register_remote(txnid, partitions=[("elsewhere", 2)])
+            assert written.done()
+            await written
+        # A lazy REGISTER (the producer-epoch mode adds the participant first)
+        # starts no write: a check right behind it logs its own, not lazy.
+        tc.add_subscription(txnid, "elsewhere", "s")
+        await tc.register_remote(txnid, subscriptions=[("elsewhere", "s")])
+        await tc.register_remote(txnid, subscriptions=[("elsewhere", "s")])
+        await tc.register_remote(txnid, partitions=[("elsewhere", 2), ("elsewhere", 3)])
+        await tc.register_remote(txnid, partitions=[("elsewhere", 3)])
+        registers = [r for r in await records(tc) if r.metadata_op == Op.REGISTER]
+        assert [
+            [(p.topic, p.partition) for p in r.partitions]
+            + [(s.topic, s.subscription) for s in r.subscriptions]
+            for r in registers
+        ] == [
+            [("elsewhere", 2)],
+            [("elsewhere", "s")],
+            [("elsewhere", "s")],
+            [("elsewhere", 2), ("elsewhere", 3)],
+        ]
+        await tc.end_txn(txnid, commit=False)
+        with pytest.raises(InvalidTxnStatusError):
+            tc.register_remote(txnid, partitions=[("elsewhere", 2)])  # (not OPEN: refused)
+        assert tc._registering == {}
+    finally:
+        await open_tc.close(tc)
+
+
 class Elsewhere(Recorder):
     """Every participant is on another broker: its tell notes whether the
     decision was durable when it ran."""
@@ -838,6 +886,56 @@ class Elsewhere(Recorder):
             self._record("partition", topic, partition, end.txnid, end.commit)
 
         raise ParticipantElsewhere(f"partition {topic}/{partition}", tell)
+
+
+class Moved(Recorder):
+    """Partition 0 is on another broker, which refuses the END because the
+    coordinator's slot has moved (its tell raises `CoordinatorMoved`);
+    partition 1 is here."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tells = 0
+
+    def end_txn_on_partition(
+        self, topic: str, partition: int, end: TxnEnd
+    ) -> Awaitable[None] | None:
+        if partition == 1:
+            return super().end_txn_on_partition(topic, partition, end)
+
+        async def tell() -> None:
+            self.tells += 1
+            raise CoordinatorMoved("the slot's epoch is 7 now")
+
+        raise ParticipantElsewhere(f"partition {topic}/{partition}", tell)
+
+
+async def test_a_coordinator_whose_slot_moved_stops_telling_quietly(
+    open_tc: Opener, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A tell that finds the coordinator's slot moved to another broker is
+    not tried again, nor listed as stuck, nor logged at ERROR (one WARNING
+    for the coordinator), and the end is not logged: the slot's new owner
+    tells and finishes it. The other participants are told as ever."""
+    monkeypatch.setattr(participants_module, "END_WAIT", 0.05)
+    rec = Moved()
+    tc = await open_tc(0, rec)
+    try:
+        with caplog.at_level(logging.INFO, logger="tc"):
+            for _ in range(2):
+                txnid = tc.new_txn()
+                tc.add_partition(txnid, "t", 0)
+                tc.add_partition(txnid, "t", 1)
+                await tc.end_txn(txnid, commit=True)  # (answered after END_WAIT)
+                await until(lambda: not tc._channel._tasks, "the channel to stop telling")
+                assert tc.get(txnid).status is TxnStatus.COMMITTING  # type: ignore[union-attr]
+                assert (txnid, True) in [(c[3], c[4]) for c in rec.calls if c[2] == 1]
+        assert rec.tells == 2  # (once each: not tried again)
+        assert tc.stuck() == {}
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+    finally:
+        await open_tc.close(tc)
 
 
 async def test_a_participant_elsewhere_is_told_once_the_decision_is_durable(

@@ -26,6 +26,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -235,10 +236,17 @@ async def owner_of(url: str, slot: int, procs: list[Any]) -> Any:
 
 
 def create_topic(owner: BrokerProcess, name: str, partitions: int = 2) -> None:
-    """Create ``name`` at the owner of its slot (which writes its topic list)."""
-    status, body = owner.admin(
-        "PUT", f"/admin/v1/topics/{name}", b'{"partitions": %d}' % partitions
-    )
+    """Create ``name`` at the owner of its slot (which writes its topic list),
+    once it serves the slot: the tables may name it the owner while it is
+    still loading the slot (503, retriable), for longer on a busy machine."""
+    deadline = time.monotonic() + 30
+    while True:
+        status, body = owner.admin(
+            "PUT", f"/admin/v1/topics/{name}", b'{"partitions": %d}' % partitions
+        )
+        if status != 503 or b"taking it over" not in body or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert status == 200, body
 
 

@@ -8,6 +8,7 @@ The figures on real brokers: tests/test_cluster_network.py."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +16,10 @@ import pytest
 
 from broker import _peers
 from broker._peers import Peers
+from client import errors
 from client._foreign import tls_context
 from proto import refusals
-from tc import TxnEnd, TxnID
+from tc import CoordinatorMoved, TxnEnd, TxnID
 from tests.conftest import BrokerProcess, free_port
 from tests.test_security import self_signed
 
@@ -48,9 +50,14 @@ class Host:
         self.broker = FakeBroker()
         self.me = "me"
         self.answers = answers
+        self.seen = 1  # the coordinator slot's epoch in the cluster tables
+        self.fresh_reads = 0
 
     async def fresh_view(self) -> None:
-        pass
+        self.fresh_reads += 1
+
+    def slot_epoch_seen(self, slot: int) -> int | None:
+        return self.seen
 
     def owner_seen(self, slot: int, what: str) -> str:
         answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
@@ -94,6 +101,68 @@ async def test_a_tell_refused_is_counted_and_raised() -> None:
     peers = Peers(host, "x" * 32)
     with pytest.raises(refusals.NotAllowed):
         await peers.end_on_partition("t", 0, END)
+    assert dict(peers.tell_failures) == {"not_allowed": 1}
+
+
+class Answers:
+    """A participant broker's answers to the tells, in turn (None: done)."""
+
+    def __init__(self, *answers: Exception | None) -> None:
+        self.answers = list(answers)
+
+    async def __call__(self, url: str, build: object, what: str, *expect: object) -> None:
+        answer = self.answers.pop(0)
+        if answer is not None:
+            raise answer
+
+
+async def test_a_participant_whose_view_lags_is_told_again_soon_and_quietly(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An END refused because the participant has not seen the coordinator
+    slot's takeover yet (SERVICE_NOT_READY) is tried again within the tell,
+    not handed to the coordinator's stuck list: one WARNING (for that
+    coordinator slot epoch, however many tells), no ERROR."""
+    host = Host(["http://participant"])
+    peers = Peers(host, "x" * 32)
+    lagging = errors.ServiceNotReadyError("newer than this broker has seen")
+    monkeypatch.setattr(peers, "_request", Answers(lagging, lagging, lagging, None, lagging, None))
+    with caplog.at_level(logging.DEBUG, logger="broker._peers"):
+        await peers.end_on_partition("t", 0, END)
+        await peers.end_on_partition("t", 1, END)  # (the same coordinator epoch: not again)
+    assert peers.tells == 2
+    assert dict(peers.tell_retries) == {"service_not_ready": 4}
+    assert not peers.tell_failures
+    assert [r.levelno for r in caplog.records if r.levelno >= logging.WARNING] == [logging.WARNING]
+
+
+async def test_a_participant_lagging_for_long_goes_to_the_stuck_list(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_peers, "LAG_RETRY_S", 0.05)
+    peers = Peers(Host(["http://participant"]), "x" * 32)
+    lagging = errors.ServiceNotReadyError("still loading")
+    monkeypatch.setattr(peers, "_request", Answers(*[lagging] * 100))
+    with pytest.raises(refusals.ServiceNotReady):
+        await peers.end_on_partition("t", 0, END)
+    assert dict(peers.tell_failures) == {"service_not_ready": 1}
+
+
+@pytest.mark.parametrize("seen", [1, 2])
+async def test_a_refused_slot_epoch_stops_the_tell_once_the_tables_say_it_moved(
+    monkeypatch: pytest.MonkeyPatch, seen: int
+) -> None:
+    """NOT_ALLOWED (the participant holds a newer coordinator slot epoch
+    than the one told, 1): the tables read again say 2, so this broker lost
+    the slot and stops telling (`CoordinatorMoved`); if they still say 1,
+    the refusal goes to the coordinator as before (the stuck list)."""
+    host = Host(["http://participant"])
+    host.seen = seen
+    peers = Peers(host, "x" * 32)
+    monkeypatch.setattr(peers, "_request", Answers(errors.NotAllowedError("older epoch")))
+    with pytest.raises(CoordinatorMoved if seen == 2 else refusals.NotAllowed):
+        await peers.end_on_partition("t", 0, END)
+    assert host.fresh_reads == 1
     assert dict(peers.tell_failures) == {"not_allowed": 1}
 
 

@@ -7,7 +7,9 @@ From the last look at the cluster's tables (a third of the lease old at
 most) this module answers, for the Kafka handlers:
 
 - **node ids**: a broker's Kafka node id is the crc32 of its Kafka address
-  (``host:port``) in 31 bits (`node_id`): the same in every broker's
+  (``host:port``, an IPv6 host in brackets: `listener_address`; Metadata
+  gives clients the host bare, as Kafka's do) in 31 bits (`node_id`): the
+  same in every broker's
   answers, and the same across a restart at the same address, as Kafka's
   configured broker ids are. Metadata lists the live brokers that have a
   Kafka listener (this one always);
@@ -61,6 +63,7 @@ __all__ = [
     "NOT_COORDINATOR",
     "NOT_LEADER_OR_FOLLOWER",
     "KafkaCluster",
+    "listener_address",
     "node_id",
 ]
 
@@ -82,9 +85,21 @@ def node_id(address: str) -> int:
     return zlib.crc32(address.encode()) & 0x7FFFFFFF
 
 
+def listener_address(host: str, port: int) -> str:
+    """A Kafka listener's address as its broker's membership row records it
+    (``kafka://`` + this) and as its node id is taken of: ``host:port``, an
+    IPv6 host in brackets (``[::1]:9092``), given with or without them."""
+    host = host.removeprefix("[").removesuffix("]")
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def _node(address: str) -> Node:
+    """The node of the listener at ``address`` (``host:port``, an IPv6 host
+    in brackets or not): its id, its host bare (Metadata's host field), its
+    port."""
     host, _, port = address.rpartition(":")
-    return node_id(address), host, int(port)
+    host = host.removeprefix("[").removesuffix("]")
+    return node_id(listener_address(host, int(port))), host, int(port)
 
 
 class KafkaCluster:

@@ -58,7 +58,8 @@ _BEFORE_AUTHENTICATION = frozenset({Api.API_VERSIONS, Api.SASL_HANDSHAKE, Api.SA
 def default_advertised_host(host: str) -> str:
     """The address Kafka clients are told to reach a listener on ``host`` at
     when ``--kafka-advertised-host`` is not given: ``host``, or 127.0.0.1
-    for a wildcard address."""
+    for a wildcard address; an IPv6 address bare (Metadata's host field)."""
+    host = host.removeprefix("[").removesuffix("]")
     return "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
 
 
@@ -80,7 +81,9 @@ class KafkaListener:
         self.host = host
         self.port = port
         self.ssl_context = ssl_context
-        self.advertised_host = advertised_host or default_advertised_host(host)
+        self.advertised_host = (
+            (advertised_host or default_advertised_host(host)).removeprefix("[").removesuffix("]")
+        )  # (bare: Metadata's host field)
         self.apis: KafkaApis | None = None
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
