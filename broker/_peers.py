@@ -146,6 +146,9 @@ class Host(Protocol):
         """The empty string if ``slot`` is served here, else its owner's URL as the last
         look saw it; `refusals.NotOwner` if it saw no live owner."""
 
+    def gate(self, topic: str) -> None:
+        """Raise `refusals.NotOwner` unless ``topic``'s slot is served here."""
+
     def slot_epoch_seen(self, slot: int) -> int | None:
         """``slot``'s epoch in the last look at the cluster tables (None: none yet)."""
 
@@ -418,7 +421,14 @@ class Peers:
         there); raises its refusal (TRANSACTION_NOT_FOUND, INVALID_TXN_STATUS,
         TRANSACTION_TIMEOUT) if not. Cached per transaction and participant;
         concurrent checks of one share one request, and return in the order
-        they were made (a producer's sends keep their order)."""
+        they were made (a producer's sends keep their order).
+
+        Raises `refusals.NotOwner` (and caches nothing) if ``topic``'s slot
+        was handed over while the coordinator answered: the caller writes
+        once this returns, and a write to a slot this broker no longer
+        holds is fenced, which fails its whole store (every slot dropped).
+        So the send or ack is refused as one that came after the move
+        would be, and nothing of it is written here."""
         participant = f"{topic}/{partition}" if partition is not None else f"{topic}/{subscription}"
         key = (txnid, participant)
         if key in self._registered:
@@ -429,6 +439,7 @@ class Peers:
             self._registering[key] = pending
             try:
                 await self._ask(txnid, topic, partition, subscription)
+                self.host.gate(topic)  # (handed over meanwhile: see the docstring)
             except BaseException as exc:
                 if not pending.done():
                     pending.set_exception(exc)
@@ -489,7 +500,9 @@ class Peers:
         one before, so its checks pass ``keep=False`` (every send is
         checked). Concurrent checks share one request and return in order,
         as `register`'s (a client sends no END before its sends are
-        answered, so checks in flight together are of one transaction)."""
+        answered, so checks in flight together are of one transaction).
+        Refused `refusals.NotOwner` as `register` is, if ``topic``'s slot
+        was handed over meanwhile."""
         participant = f"{topic}/{partition}" if partition is not None else f"{topic}/{subscription}"
         key = (producer[0], producer[1], participant)
         known = self._producer_txns.get(key)
@@ -502,6 +515,7 @@ class Peers:
         self._producer_checking[key] = pending
         try:
             found = await self._ask_producer(producer, topic, partition, subscription, verify_only)
+            self.host.gate(topic)  # (see `register`)
         except BaseException as exc:
             pending.set_exception(exc)
             pending.exception()  # (retrieved: the waiters raise it)

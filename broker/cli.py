@@ -239,6 +239,11 @@ async def serve(
         )
         await stop.wait()
         log.info("stopping")
+        # No new connection from here on: one accepted while the broker
+        # hands its slots over, or once it has, would get no answer (its
+        # client would wait out its operation timeout), where a refused
+        # one makes its client look the new owner up at once.
+        await site.stop()
         if clustered is not None and not clustered.gave_up.done():
             await clustered.drain()
     finally:

@@ -53,6 +53,14 @@ Decisions written down here:
   late, while ``commit()`` succeeded). Such a transaction
   (`Transaction._unwritten`) commits as one across brokers does: END_TXN
   once every send and ack is answered.
+* A send or ack that fails after its transaction's commit succeeded (or
+  while the END that then succeeded was on its way, unless the client
+  timed it out itself: the broker may have taken it) is logged at WARNING
+  (logger ``client``, naming the transaction and the error). Every path
+  here ends a commit only once the broker has read or answered every send
+  and ack, so such a failure is an ordering hole: the application was told
+  the message is in the transaction, and it is not. ``commit()`` returned
+  already, so the log is its only trace.
 * When that cannot be done (no link up, or a send or ack of the
   transaction failed already) or the link dies before the END's answer,
   ``commit()`` waits until every send and ack of the transaction is
@@ -340,6 +348,8 @@ class Transaction:
             )
         else:
             error = future.exception()
+        if error is not None and self._state is TxnState.COMMITTED:
+            self._failed_after_commit(error)
         if error is not None and self._error is None:
             if not isinstance(error, TxnbufError):  # (a client bug: foreign errors are translated)
                 wrapped = ProtocolError(f"an operation of transaction {self.id} failed: {error!r}")
@@ -349,6 +359,20 @@ class Transaction:
         settled = self._settled
         if not self._pending_ops and settled is not None and not settled.done():
             settled.set_result(None)
+
+    def _failed_after_commit(self, error: BaseException) -> None:
+        """A send or ack of the transaction failed though its commit
+        succeeded: the commit was decided without it (what the application
+        was told is in the transaction is not). Never expected: every path
+        of `commit` ends only after the broker read, or answered, every
+        send and ack; so this is logged loudly, as the trace of an ordering
+        hole."""
+        log.warning(
+            "transaction %s: a send or ack failed after the transaction's commit succeeded, "
+            "so it is not part of what was committed (an ordering hole in the client): %s",
+            self.id,
+            error,
+        )
 
     def _command(self, kind: Type, field: str, request_id: int, **fields: object) -> Command:
         return command(
@@ -819,3 +843,8 @@ class Transaction:
                     spares.unanswered(ask)
         done = TxnEvent.COMMITTED if committing else TxnEvent.ABORTED
         self._state = transition(self._state, done, self.id)
+        error = self._error
+        if committing and error is not None and not isinstance(error, OperationTimeoutError):
+            # (one failed while the END was on its way; a send or ack the
+            # client timed out may have been taken: the broker decided)
+            self._failed_after_commit(error)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from typing import Any
 
 import pytest
@@ -944,6 +945,85 @@ async def test_a_commit_behind_sends_cut_off_is_asked_again_after_them(
     await committing
     assert [cmd.end_txn.after_ops for cmd in fake.of_type(T.END_TXN)] == [True, False]
     assert txn.state is TxnState.COMMITTED and fake.stored("t") == [b"x"]
+
+
+@pytest.mark.parametrize("when", ["after", "during"])
+async def test_a_send_failing_after_its_commit_succeeded_is_logged_loudly(
+    fake: FakeBroker,
+    cli: Client,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    when: str,
+) -> None:
+    """An ordering hole, reopened here on purpose (a send kept while its
+    producer is re-created no longer holds the commit back): END_TXN is
+    written before the send and commits without it, and the broker then
+    refuses the send as too late. ``commit()`` succeeded, so the client
+    logs a WARNING naming the transaction: the hole's only trace.
+    ``during``: the refusal comes while the END's answer is on its way."""
+    monkeypatch.setattr(Transaction, "_unwritten", lambda self: None)
+    producer = await cli.create_producer("t")
+    txn = await full(cli)
+    current, producer._gen = producer._gen, -1  # (being re-created: its frames kept)
+    producer.send_nowait(b"v", txn=txn)
+    if when == "during":
+        fake.hold = {T.END_TXN}
+    committing = asyncio.ensure_future(txn.commit())
+    await until(lambda: len(fake.of_type(T.END_TXN)) == 1)
+    assert not fake.sends()  # (the END went first)
+    (kept,) = producer._inflight.values()
+    refusal = frame(
+        T.SEND_ERROR,
+        "send_error",
+        producer_id=producer.producer_id,
+        request_id=kept.request_id,
+        error=pb.INVALID_TXN_STATUS,
+        message="cannot add participants to a transaction that is COMMITTED",
+    )
+    with caplog.at_level(logging.WARNING, logger="client"):
+        if when == "after":
+            await committing
+            await fake.push(refusal)
+            await until(lambda: not producer._inflight)
+        else:
+            await fake.push(refusal)
+            await until(lambda: txn._error is not None)
+            assert txn.state is TxnState.COMMITTING
+            fake.hold = set()
+            await fake.release()
+            await committing
+    producer._gen = current
+    assert txn.state is TxnState.COMMITTED
+    warned = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING
+        and "after the transaction's commit succeeded" in r.getMessage()
+    ]
+    assert len(warned) == 1, warned
+    assert str(txn.id) in warned[0] and "COMMITTED" in warned[0]
+
+
+async def test_a_send_the_client_timed_out_during_a_commit_that_succeeded_is_not_warned_about(
+    fake: FakeBroker, cli: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A send the client itself gave up on (its operation timeout) while the
+    END was on its way may have been taken and committed (the broker
+    decided): not a hole, no WARNING."""
+    producer = await cli.create_producer("t")
+    txn = await full(cli)
+    fake.ignore_sends = True
+    producer.send_nowait(b"v", txn=txn)
+    committing = asyncio.ensure_future(txn.commit())
+    await until(lambda: len(fake.of_type(T.END_TXN)) == 1)
+    with caplog.at_level(logging.WARNING, logger="client"):
+        producer.expire(asyncio.get_running_loop().time() + 3600)  # (its deadline passed)
+        await until(lambda: txn._error is not None)
+        assert isinstance(txn._error, errors.OperationTimeoutError)
+        await answer_the_send(fake, producer, entry_id=-1, first_batch_index=0)  # (taken)
+        await committing  # (the broker committed it behind the send)
+    assert txn.state is TxnState.COMMITTED
+    assert not [r for r in caplog.records if "commit succeeded" in r.getMessage()]
 
 
 # --- the local path: held until one COMMIT_TXN -------------------------------------

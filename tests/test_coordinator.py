@@ -781,6 +781,45 @@ async def test_in_a_cluster_a_restart_tells_the_participants_registered_here(
         await open_tc.close(tc)
 
 
+@pytest.mark.parametrize("logged", [False, True])
+async def test_in_a_cluster_a_restart_tells_a_producer_transaction_s_participants_here(
+    open_tc: Opener, logged: bool
+) -> None:
+    """The producer-epoch mode's sends and acks (`producer_add_partition`,
+    `producer_add_subscription`) register through the same
+    `add_partition` / `add_subscription`, so a cluster's coordinator logs
+    them too: its recovery tells each participant on its own broker the
+    abort, with the producer's identity (the participant's topic may have
+    moved to another broker, which runs no orphan abort for this
+    coordinator). A single broker's does not."""
+    tc = await open_tc(0, Recorder())
+    try:
+        tc.log_registrations = logged
+        pid, epoch, _, _ = await tc.init_producer("app", 60_000)
+        txnid = tc.producer_add_partition(pid, epoch, "here", 1)
+        assert tc.producer_add_subscription(pid, epoch, "here", "s") == txnid
+        tc.producer_add_partition(pid, epoch, "here", 1)  # (again: nothing more logged)
+        await tc.end_txn(tc.new_txn(), commit=False)  # (durable, and what was queued before)
+        registers = [r for r in await records(tc) if r.metadata_op == Op.REGISTER]
+    finally:
+        await open_tc.close(tc)
+    assert len(registers) == (2 if logged else 0)
+    rec = Recorder()
+    tc = await open_tc(0, rec)
+    try:
+        await wait_status(tc, txnid, TxnStatus.ABORTED)
+        told = sorted((*c[:3], c[4]) for c in rec.calls if c[3] == txnid)
+        assert told == (
+            [("partition", "here", 1, False), ("subscription", "here", "s", False)]
+            if logged
+            else []
+        )
+        if logged:
+            assert {e.producer for e in rec.ends if e.txnid == txnid} == {(pid, epoch)}
+    finally:
+        await open_tc.close(tc)
+
+
 async def test_a_participant_registered_already_is_not_logged_again(open_tc: Opener) -> None:
     """A participant on another broker that checks each of its sends (a
     Kafka producer's batches) is logged once per transaction: a check of a

@@ -65,6 +65,12 @@ class Host:
             raise answer
         return answer
 
+    served = True  # (every topic's slot, until handed over)
+
+    def gate(self, topic: str) -> None:
+        if not self.served:
+            raise refusals.NotOwner(f"topic {topic!r}: handed over")
+
 
 @pytest.fixture(autouse=True)
 def quick(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -175,6 +181,42 @@ async def test_a_check_nobody_answers_is_given_up_and_counted() -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("epoch_mode", [False, True])
+async def test_a_check_answered_after_its_slot_was_handed_over_is_refused(
+    epoch_mode: bool,
+) -> None:
+    """The coordinator answers a participant's check while the participant's
+    slot is handed over: the caller would write to a slot its store no
+    longer holds (fenced: the whole store fails), so the check is refused
+    NOT_OWNER instead, and nothing is cached (a send of that transaction
+    there later is checked again)."""
+    host = Host([""])
+    peers = Peers(host, "x" * 32)
+    txnid = TxnID(1 << 48, 7)
+
+    moves = [False]  # (unloaded while the first answer came)
+
+    async def answered(*args: Any) -> tuple[TxnID, str]:
+        if moves:
+            host.served = moves.pop()
+        return txnid, "app"
+
+    peers._ask = answered  # type: ignore[method-assign]
+    peers._ask_producer = answered  # type: ignore[method-assign]
+    with pytest.raises(refusals.NotOwner):
+        if epoch_mode:
+            await peers.register_producer((5, 0), "t", partition=0)
+        else:
+            await peers.register(txnid, "t", partition=0)
+    assert not peers.registered(txnid, "t/0")
+    host.served = True  # (served again: asked again, and kept)
+    if epoch_mode:
+        assert await peers.register_producer((5, 0), "t", partition=0) == (txnid, "app")
+    else:
+        await peers.register(txnid, "t", partition=0)
+    assert peers.registered(txnid, "t/0")
+
+
 async def test_a_broker_over_tls_is_trusted_with_the_cluster_ca(tmp_path: Path) -> None:
     """A real broker serving TLS with a certificate no system CA trusts:
     without ``tls_ca`` the peers cannot reach it, and say which option is
