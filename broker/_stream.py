@@ -72,9 +72,13 @@ class StreamListener:
             self.port = self._server.sockets[0].getsockname()[1]
         log.info("stream listener on %s:%d", self.host, self.port)
 
-    async def close(self) -> None:
+    def stop_accepting(self) -> None:
+        """Take no new connection (the open ones go on)."""
         if self._server is not None:
             self._server.close()
+
+    async def close(self) -> None:
+        self.stop_accepting()
 
 
 class StreamSocket(FramedStream):

@@ -242,8 +242,12 @@ async def serve(
         # No new connection from here on: one accepted while the broker
         # hands its slots over, or once it has, would get no answer (its
         # client would wait out its operation timeout), where a refused
-        # one makes its client look the new owner up at once.
+        # one makes its client look the new owner up at once. On every
+        # listener: a Kafka client refused looks at Metadata again.
         await site.stop()
+        for other in (stream, listener):
+            if other is not None:
+                other.stop_accepting()
         if clustered is not None and not clustered.gave_up.done():
             await clustered.drain()
     finally:

@@ -298,3 +298,37 @@ def test_bad_stream_urls_are_refused(url: str) -> None:
         stream_address(url)
     with pytest.raises(errors.InvalidInputError):
         Client(url)
+
+
+async def test_a_listener_told_to_stop_accepting_refuses_new_connections_and_keeps_open_ones(
+    tmp_path: Path,
+) -> None:
+    """What a draining broker (SIGTERM) does on the stream and Kafka listeners:
+    a client connecting is refused (and looks elsewhere at once), a
+    connection already open is served on."""
+    from broker import Broker
+    from broker._stream import StreamListener
+    from broker.kafka import KafkaListener
+
+    brk = await Broker.open(tmp_path / "data")
+    stream = StreamListener(brk, "127.0.0.1", 0)
+    kafka = KafkaListener(brk, "127.0.0.1", 0)
+    await stream.start()
+    await kafka.start()
+    try:
+        async with Client(f"txnbuf://127.0.0.1:{stream.port}") as client:
+            producer = await client.create_producer("t")
+            await producer.send(b"before")
+            _, kafka_writer = await asyncio.open_connection("127.0.0.1", kafka.port)
+            stream.stop_accepting()
+            kafka.stop_accepting()
+            for port in (stream.port, kafka.port):
+                with pytest.raises(ConnectionRefusedError):
+                    await asyncio.open_connection("127.0.0.1", port)
+            await producer.send(b"after")  # (the open stream goes on)
+            assert not kafka_writer.is_closing()
+            kafka_writer.close()
+    finally:
+        await kafka.close()
+        await stream.close()
+        await brk.close()

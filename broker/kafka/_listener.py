@@ -106,9 +106,13 @@ class KafkaListener:
             return "SASL_SSL" if sasl else "SSL"
         return "SASL_PLAINTEXT" if sasl else "PLAINTEXT"
 
-    async def close(self) -> None:
+    def stop_accepting(self) -> None:
+        """Take no new connection (the open ones go on)."""
         if self._server is not None:
             self._server.close()
+
+    async def close(self) -> None:
+        self.stop_accepting()
         for task in list(self._connections):
             task.cancel()
         for task in list(self._connections):
