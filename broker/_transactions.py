@@ -87,8 +87,18 @@ class Transactions:
         ops.pending += 1
 
     def op_answered(self, req: pb.CommandSend | pb.CommandAck, error: str | None) -> None:
-        """A transactional SEND or ACK is answered, with ``error`` if it failed."""
+        """A transactional SEND or ACK is answered, with ``error`` if it
+        failed (logged at INFO: a refused send or ack of a transaction whose
+        client may commit it, e.g. one that reached a new owner late)."""
         key = (req.txnid_most_bits, req.txnid_least_bits)
+        if error is not None:
+            log.info(
+                "connection %s: %s of transaction %s refused: %s",
+                self.ctx.peer,
+                "send" if isinstance(req, pb.CommandSend) else "ack",
+                wire_txnid(*key),
+                error,
+            )
         ops = self._txn_ops.get(key)
         if ops is None:
             return
@@ -155,6 +165,13 @@ class Transactions:
         if exc is not None:
             resp.error = error_code(exc, f"connection {self.ctx.peer}: {what}")
             resp.message = error_text(exc)
+            log.info(
+                "connection %s: %s of transaction %s refused: %s",
+                self.ctx.peer,
+                what,
+                wire_txnid(req.txnid_most_bits, req.txnid_least_bits),
+                resp.message,
+            )
         elif holder:
             resp.message = holder
         self.send(cmd)
