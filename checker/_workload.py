@@ -466,8 +466,12 @@ class _Worker:
             # previous instance's transaction before reading again, so that
             # its PENDING_ACK messages are not skipped over and redelivered
             # out of order. A deliberately dropped one is left to its timeout.
+            # (Recorded, as process end-N: when and how it was found ended.)
             txnid, dropped = self.doubtful
-            await shared.end_transaction(txnid, not dropped)
+            op = shared.rec.invoke(f"end-{self.n}", "end-doubtful", {"txn": txnid})
+            how = await shared.end_transaction(txnid, not dropped)
+            outcome = "info" if how == "gave up" else "ok"
+            shared.rec.complete(op, outcome, {"txn": txnid, "abort": not dropped, "how": how})
             self.doubtful = None
         self.client = Client(shared.url, operation_timeout=8.0, token=shared.token)
         await self.client.connect()
@@ -729,20 +733,24 @@ class _Shared:
         self._next_process = cfg.clients
         self._crash_due = time.monotonic() + CLIENT_CRASH_EVERY
 
-    async def end_transaction(self, txnid: str, abort: bool) -> None:
+    async def end_transaction(self, txnid: str, abort: bool) -> str:
         """Make sure ``txnid`` has ended: abort it (admin API), or wait for its
         timeout. In a cluster, at its coordinator's owner (looked up), and
-        "unknown" only counts once a lookup after it names the same owner."""
+        "unknown" only counts once a lookup after it names the same owner
+        (a broker whose coordinator is not loaded answers 503, not 404).
+        Returns how it was found, for the history: ``"done at URL"``,
+        ``"unknown at URL"`` or ``"gave up"``."""
         deadline = time.monotonic() + TXN_TIMEOUT + 20
         while time.monotonic() < deadline:
             url = await self._coordinator_url(txnid)
             if url is not None:
                 found = await asyncio.to_thread(self._end_at, url, txnid, abort)
                 if found == "done":
-                    return
+                    return f"done at {url}"
                 if found == "unknown" and url == await self._coordinator_url(txnid):
-                    return
+                    return f"unknown at {url}"
             await asyncio.sleep(0.2)
+        return "gave up"
 
     async def _coordinator_url(self, txnid: str) -> str | None:
         """The URL of the broker serving ``txnid``'s coordinator (None: not

@@ -133,6 +133,14 @@ def test_queue_workload_on_a_cluster_of_three_brokers_with_faults_aimed_by_role(
     assert all(set(f["brokers"]) <= urls and f["brokers"] for f in done)
     kills = re.search(r"broker kills (\d+), pauses (\d+)", result.stdout)
     assert kills is not None and int(kills.group(1)) >= 2 and int(kills.group(2)) >= 1
+    # Before a new process reads, the previous one's doubtful transaction
+    # ended: recorded with how it was found (its status, at its owner).
+    ends = [json.loads(line) for line in history.read_text().splitlines() if "end-doubtful" in line]
+    done = [e for e in ends if e["type"] != "invoke"]
+    assert done and all(
+        e["type"] == "ok" and re.fullmatch(r"(done|unknown) at http://\S+", e["value"]["how"])
+        for e in done
+    ), done
 
 
 async def test_final_reads_that_stop_short_name_every_key_and_value_not_read(
