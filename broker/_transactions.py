@@ -86,13 +86,18 @@ class Transactions:
             ops = self._txn_ops[key] = _TxnOps()
         ops.pending += 1
 
-    def op_answered(self, req: pb.CommandSend | pb.CommandAck, error: str | None) -> None:
-        """A transactional SEND or ACK is answered, with ``error`` if it
-        failed (logged at INFO: a refused send or ack of a transaction whose
-        client may commit it, e.g. one that reached a new owner late)."""
+    def op_answered(
+        self, req: pb.CommandSend | pb.CommandAck, error: str | None, code: int = 0
+    ) -> None:
+        """A transactional SEND or ACK is answered, with ``error`` (and its
+        ``code``) if it failed: logged at INFO (a send or ack refused in a
+        transaction its client may still commit, e.g. one that reached its
+        partition after the END), but NOT_OWNER at DEBUG (the client sends
+        it again at the owner: routine while a slot moves)."""
         key = (req.txnid_most_bits, req.txnid_least_bits)
         if error is not None:
-            log.info(
+            log.log(
+                logging.DEBUG if code == pb.NOT_OWNER else logging.INFO,
                 "connection %s: %s of transaction %s refused: %s",
                 self.ctx.peer,
                 "send" if isinstance(req, pb.CommandSend) else "ack",
@@ -165,7 +170,8 @@ class Transactions:
         if exc is not None:
             resp.error = error_code(exc, f"connection {self.ctx.peer}: {what}")
             resp.message = error_text(exc)
-            log.info(
+            log.log(
+                logging.DEBUG if resp.error == pb.NOT_OWNER else logging.INFO,
                 "connection %s: %s of transaction %s refused: %s",
                 self.ctx.peer,
                 what,
