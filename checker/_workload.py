@@ -648,10 +648,10 @@ class _Worker:
         if op.f == "txn" and self._txnid is not None:
             extra["txn"] = self._txnid
             extra["path"] = self._path
-        if op.f == "txn":
-            extra["awaited"] = self._awaited + [None] * (len(mops) - len(self._awaited))
             key = f"{self._path} {outcome}"
             shared.stats.paths[key] = shared.stats.paths.get(key, 0) + 1
+        if op.f == "txn":
+            extra["awaited"] = self._awaited + [None] * (len(mops) - len(self._awaited))
         shared.rec.complete(op, outcome, value, **extra)
         shared.stats.ops += 1
         setattr(shared.stats, outcome, getattr(shared.stats, outcome) + 1)
