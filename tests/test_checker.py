@@ -1000,3 +1000,22 @@ def test_a_doubtful_transaction_counts_as_ended_once_every_participant_applied_i
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_check_pause_range_is_parsed_or_refused_naming_what_was_wrong(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``txnbuf check --pause MIN,MAX``: every pause's length drawn from
+    that range (e.g. past the lease); bad input refused by name."""
+    import argparse
+
+    from checker._cli import add_check_parser
+
+    parser = argparse.ArgumentParser(prog="txnbuf")
+    add_check_parser(parser.add_subparsers(dest="command"))
+    assert parser.parse_args(["check", "--pause", "2.5,5"]).pause == (2.5, 5.0)
+    assert parser.parse_args(["check"]).pause is None
+    for bad in ("5", "5,2", "a,b", "-1,2"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["check", "--pause", bad])
+        assert "--pause" in capsys.readouterr().err
