@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench._postgres import PostgresCluster, PostgresServer
+from bench._postgres import PostgresServer, private_postgres
 from bench._progress import Runs
 from bench.ctp import DIGITS, Run, Txnbuf, Variant, _loop_factory, _workers, machine, one_run
 from bench.txnpath import cpu_seconds
@@ -224,36 +224,32 @@ def main() -> None:
     rows = [Row(store, w) for w in args.workers for store in STORES]
     runs: dict[Row, list[Run]] = {r: [] for r in rows}
     written = {w: Written() for w in args.workers}
-    cluster = PostgresCluster(prefix="cluster-bench-")
     databases = iter(range(1 << 30))
-    try:
-        server = PostgresServer(cluster)
-        try:
-            header = [machine(), f"PostgreSQL {cluster.version}, asyncpg (the PostgreSQL engine)"]
-            with (
-                tempfile.TemporaryDirectory() as tmp,
-                asyncio.Runner(loop_factory=_loop_factory()) as runner,
-                Runs(args.rounds * len(rows), "cluster") as progress,
-            ):
-                for r in range(args.rounds):
-                    shift = r * len(rows) // args.rounds
-                    for row in rows[shift:] + rows[:shift]:
-                        progress.start(f"round {r + 1}/{args.rounds}: {row.label}")
-                        variant = Variant("txnbuf", row.workers, True, "readme")
-                        make = None
-                        if row.store == "PostgreSQL":
+    with (
+        private_postgres("cluster-bench-") as server,
+        tempfile.TemporaryDirectory() as tmp,
+        asyncio.Runner(loop_factory=_loop_factory()) as runner,
+        Runs(args.rounds * len(rows), "cluster") as progress,
+    ):
+        header = [
+            machine(),
+            f"PostgreSQL {server.cluster.version}, asyncpg (the PostgreSQL engine)",
+        ]
+        for r in range(args.rounds):
+            shift = r * len(rows) // args.rounds
+            for row in rows[shift:] + rows[:shift]:
+                progress.start(f"round {r + 1}/{args.rounds}: {row.label}")
+                variant = Variant("txnbuf", row.workers, True, "readme")
+                make = None
+                if row.store == "PostgreSQL":
 
-                            def make(row: Row = row) -> PostgresTxnbuf:
-                                name = f"run{next(databases)}"
-                                return PostgresTxnbuf(tmp, server, name, written[row.workers])
+                    def make(row: Row = row) -> PostgresTxnbuf:
+                        name = f"run{next(databases)}"
+                        return PostgresTxnbuf(tmp, server, name, written[row.workers])
 
-                        run = one_run(variant, args, tmp, None, runner, make)
-                        progress.done(f"{run.rate:,.0f} msgs/s, output checked")
-                        runs[row].append(run)
-        finally:
-            server.stop()
-    finally:
-        cluster.remove()
+                run = one_run(variant, args, tmp, None, runner, make)
+                progress.done(f"{run.rate:,.0f} msgs/s, output checked")
+                runs[row].append(run)
     text = report(args, rows, runs, written, header)
     print(text)
     args.results.parent.mkdir(parents=True, exist_ok=True)

@@ -21,8 +21,8 @@ fails the check stops the benchmark).
 - Redis Streams (redis-py, with hiredis when installed): ``XREADGROUP COUNT
   n``, then ``MULTI {XADD x n, XACK} EXEC``; ``appendonly yes``,
   ``appendfsync always``, ``save ""``.
-- txnbuf, two loops, each against a broker of its own (`bench.txnceiling`'s
-  ``Broker``, as `bench.throughput` starts one):
+- txnbuf, two loops, each against a broker of its own
+  (`bench._brokers.BrokerProcess`):
   ``README loop``: what the README shows a user: receive a batch
   (``consumer.batch_receive(max_messages=--per-txn, timeout=0.1)``, as
   ``examples/consume_transform_produce.py`` does), then in
@@ -30,7 +30,7 @@ fails the check stops the benchmark).
   producer.send(..., txn=txn)`` and ``await consumer.acknowledge(msg,
   txn=txn)``; leaving the block commits. ``fastest loop``: the fewest calls
   the public client needs for the same work: the same batch, then
-  `bench.txn.copy_in_one_txn` (``send_nowait`` per message, no await; the
+  `copy_in_one_txn` (``send_nowait`` per message, no await; the
   batch acknowledged in one call; commit).
 
 Workers are OS processes (``multiprocessing``, each with a connection of its
@@ -94,12 +94,11 @@ from typing import Any
 
 import aiohttp
 
+from bench._brokers import BrokerProcess, free_port
 from bench._postgres import PostgresCluster, PostgresServer, postgres_bin
 from bench._progress import Runs
-from bench.txn import copy_in_one_txn
-from bench.txnceiling import Broker
 from bench.txnpath import cpu_seconds
-from client import Client, Consumer, Producer, errors
+from client import Client, Consumer, Message, Producer, errors
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "ctp.md"
@@ -141,12 +140,6 @@ def check_output(values: list[bytes], total: int, size: int) -> None:
     wrong = sum(1 for v in values if v != transform(value_of(int(v[:DIGITS]), size)))
     if wrong:
         raise OutputError(f"{wrong:,} outputs are not their input transformed")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -317,7 +310,7 @@ class Redis(Server):
     name = "Redis"
 
     def __init__(self, tmp: str) -> None:
-        port = _free_port()
+        port = free_port()
         self.address = f"127.0.0.1:{port}"
         folder = os.path.join(tmp, f"redis-{port}")
         os.mkdir(folder)
@@ -371,16 +364,31 @@ class Redis(Server):
 
 
 class Txnbuf(Server):
+    """A broker of this checkout (``root``: of that one), given ``options`` of
+    ``txnbuf serve`` and ``env``; with ``stream``, the workers connect to its
+    raw TCP listener with ``scheme``, loading and checking go through the
+    WebSocket."""
+
     name = "txnbuf"
 
-    def __init__(self, tmp: str, options: Sequence[str] = (), stream: bool = False) -> None:
-        port = _free_port() if stream else 0
+    def __init__(
+        self,
+        tmp: str,
+        options: Sequence[str] = (),
+        stream: bool = False,
+        *,
+        scheme: str = "txnbuf",
+        root: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        port = free_port() if stream else 0
         options = [*options, "--stream-port", str(port)] if stream else list(options)
-        self.broker = Broker(tempfile.mkdtemp(dir=tmp, prefix="txnbuf-"), False, options)
+        data = tempfile.mkdtemp(dir=tmp, prefix="txnbuf-")
+        self.broker = BrokerProcess(data, root=root, env=env, options=options)
         self.proc = self.broker.proc
         self.address = self.broker.url
-        if stream:  # (the workers on the raw TCP listener; loading and checking on /ws)
-            self.workers_url = f"txnbuf://127.0.0.1:{port}"
+        if stream:
+            self.workers_url = f"{scheme}://127.0.0.1:{port}"
 
     def cpu(self) -> tuple[float, float | None]:
         return self.broker.cpu()
@@ -519,6 +527,31 @@ def readme_loop(client: Client, consumer: Consumer, producer: Producer, per_txn:
     return step
 
 
+async def copy_in_one_txn(
+    client: Client,
+    consumer: Consumer,
+    producer: Producer,
+    batch: list[Message],
+    transform: Callable[[bytes], bytes] | None = None,
+) -> float:
+    """Send ``batch``'s values (through ``transform`` if given) and acknowledge
+    ``batch`` in one transaction, then commit it; the commit's latency in
+    seconds. The fastest consume-transform-produce loop this client has:
+    the sends are queued without waiting for their receipts and the acks go
+    as one request, so commit() is the only wait."""
+    txn = await client.new_transaction(timeout=60)
+    if transform is None:
+        for m in batch:
+            producer.send_nowait(m.value, txn=txn)
+    else:
+        for m in batch:
+            producer.send_nowait(transform(m.value), txn=txn)
+    await consumer.acknowledge(batch, txn=txn)
+    t0 = time.perf_counter()
+    await txn.commit()
+    return time.perf_counter() - t0
+
+
 def fastest_loop(client: Client, consumer: Consumer, producer: Producer, per_txn: int) -> Step:
     """The fewest calls: a batch, sends not awaited, the batch acknowledged
     at once, commit."""
@@ -589,6 +622,47 @@ def worker_process(job: Job, sync: Sync) -> None:
 # --- the parent -----------------------------------------------------------------------
 
 
+def copy_stage(
+    server: Server,
+    variant: Variant,
+    args: argparse.Namespace,
+    label: str,
+    at_start: Callable[[], Any],
+    at_stop: Callable[[], Any],
+) -> tuple[Sync, float, Any, Any]:
+    """Copy every input of the loaded ``server`` with ``variant``'s worker
+    processes: ``at_start()`` once all are ready, ``at_stop()`` once the last
+    input is copied (the stage measured between); the workers' `Sync`, the
+    stage's start (``perf_counter``) and what the two calls gave."""
+    ctx = multiprocessing.get_context("spawn")
+    processes = variant.workers if variant.processes else 1
+    sync = Sync(ctx, processes)
+    jobs = [Job(variant, server.workers_url or server.address, args.messages, args.per_txn, i)
+            for i in range(processes)]  # fmt: skip
+    workers = [ctx.Process(target=worker_process, args=(job, sync)) for job in jobs]
+    for w in workers:
+        w.start()
+    try:
+        sync.start.wait(TIMEOUT)
+        start, first = time.perf_counter(), at_start()
+        sync.stop.wait(TIMEOUT)
+        last = at_stop()
+        sync.release.set()
+        for w in workers:
+            w.join(60)
+    except threading.BrokenBarrierError:
+        for w in workers:
+            w.join(5)
+        codes = [w.exitcode for w in workers]
+        raise RuntimeError(f"{label}: a worker failed (exit codes {codes})") from None
+    finally:
+        for w in workers:
+            if w.is_alive():
+                w.kill()
+                w.join()
+    return sync, start, first, last
+
+
 def one_run(
     variant: Variant,
     args: argparse.Namespace,
@@ -603,32 +677,9 @@ def one_run(
     server = make_server() if make_server else start_server(variant.system, tmp, cluster, stream)
     try:
         runner.run(server.load(args.messages, args.size, args.per_txn))
-        ctx = multiprocessing.get_context("spawn")
-        processes = variant.workers if variant.processes else 1
-        sync = Sync(ctx, processes)
-        jobs = [Job(variant, server.workers_url or server.address, args.messages, args.per_txn, i)
-                for i in range(processes)]  # fmt: skip
-        workers = [ctx.Process(target=worker_process, args=(job, sync)) for job in jobs]
-        for w in workers:
-            w.start()
-        try:
-            sync.start.wait(TIMEOUT)
-            start, (server0, writer0) = time.perf_counter(), server.cpu()
-            sync.stop.wait(TIMEOUT)
-            server1, writer1 = server.cpu()
-            sync.release.set()
-            for w in workers:
-                w.join(60)
-        except threading.BrokenBarrierError:
-            for w in workers:
-                w.join(5)
-            codes = [w.exitcode for w in workers]
-            raise RuntimeError(f"{variant.label}: a worker failed (exit codes {codes})") from None
-        finally:
-            for w in workers:
-                if w.is_alive():
-                    w.kill()
-                    w.join()
+        sync, start, (server0, writer0), (server1, writer1) = copy_stage(
+            server, variant, args, variant.label, server.cpu, server.cpu
+        )
         runner.run(check(server, args.messages, args.size, variant))
     finally:
         server.stop()

@@ -24,7 +24,7 @@ its own):
    numbered inputs (`bench.ctp`'s, not timed); the workers share a
    subscription of it and copy each input, transformed, to an output topic,
    ``--per-txn`` per transaction. ``PIP-31``: `bench.ctp.fastest_loop`
-   (bench.txn's: `bench.txn.take`, then `bench.txn.copy_in_one_txn`).
+   (bench.txn's: `bench.txn.take`, then `bench.ctp.copy_in_one_txn`).
    ``epoch``: take a batch the same way, ``begin_transaction``, ``send``
    each transformed, ``send_offsets_to_transaction(consumer, batch)``,
    ``commit_transaction``. Afterwards the output is read back and checked:

@@ -47,30 +47,30 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import contextlib
 import itertools
 import os
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import asyncpg
-
-from bench._postgres import PostgresCluster, PostgresServer
+from bench._brokers import (
+    SLOTS,
+    BrokerProcess,
+    cluster_brokers,
+    owners,
+    spread,
+    topic_in,
+    wait_until,
+)
+from bench._postgres import private_postgres
 from bench._results import recorded
-from broker._slots import slot_of_key
 from client import Client, Producer
 from client.errors import TxnbufError
 
-SLOTS = 64
 WAIT = 120.0
 STEADY_EVERY = 0.01  # seconds between the steady producer's sends
 TXN_GIVE_UP = 2.0  # seconds: the transacting client's operation timeout
@@ -79,83 +79,7 @@ HUNG = 5 * TXN_GIVE_UP  # seconds after which a transaction is given up as hung
 FAILED: collections.Counter[str] = collections.Counter()  # the transactions' errors
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Broker:
-    def __init__(self, folder: Path, url: str, ttl: float | None) -> None:
-        self.folder = folder
-        self.store = url
-        self.ttl = ttl
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        cmd = [sys.executable, "-m", "broker", "serve", "--data-dir", str(self.folder),
-               "--port", str(self.port), "--store", self.store, "--cluster"]  # fmt: skip
-        if self.ttl is not None:
-            cmd += ["--lease-ttl", str(self.ttl)]
-        with open(self.folder.with_suffix(".log"), "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + WAIT
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"broker exited: see {self.folder.with_suffix('.log')}")
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(self.url + "/admin/v1/health", timeout=1):
-                    return
-            time.sleep(0.05)
-        raise RuntimeError("the broker did not start")
-
-    @property
-    def owner(self) -> str:
-        assert self.proc is not None
-        return f"{self.url} pid {self.proc.pid}"
-
-    def signal(self, sig: int) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-
-    def wait(self) -> None:
-        if self.proc is not None:
-            self.proc.wait()
-
-
-async def owners(url: str) -> dict[int, str | None]:
-    conn = await asyncpg.connect(url)
-    try:
-        return dict(await conn.fetch("SELECT slot, owner FROM txnbuf.slots"))
-    finally:
-        await conn.close()
-
-
-def topic_in(slot: int, prefix: str = "f") -> str:
-    i = 0
-    while slot_of_key(f"{prefix}{i}", SLOTS) != slot:
-        i += 1
-    return f"{prefix}{i}"
-
-
-async def wait_until(check: object, state: Callable[[], str] = lambda: "") -> None:
-    deadline = time.monotonic() + WAIT
-    while not await check():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"a failover did not finish {state()}")
-        await asyncio.sleep(0.02)
-
-
-async def spread(url: str, brokers: list[Broker]) -> bool:
-    found = await owners(url)
-    live = {b.owner for b in brokers}
-    counts = [sum(1 for o in found.values() if o == b) for b in live]
-    return set(found.values()) == live and max(counts) - min(counts) <= 1
-
-
-async def served(url: str, slots: set[int], by: dict[str, Broker], t0: float) -> float:
+async def served(url: str, slots: set[int], by: dict[str, BrokerProcess], t0: float) -> float:
     """Seconds from ``t0`` until a send to a topic of every slot in ``slots``
     is acknowledged at its owner."""
     left = set(slots)
@@ -256,7 +180,7 @@ def percentile(values: list[float], p: float) -> float:
 
 
 async def one_failover(
-    url: str, brokers: list[Broker], victim: Broker, sig: int
+    url: str, brokers: list[BrokerProcess], victim: BrokerProcess, sig: int
 ) -> dict[str, float]:
     held = sorted(s for s, o in (await owners(url)).items() if o == victim.owner)
     others = [b for b in brokers if b is not victim]
@@ -317,9 +241,7 @@ async def one_failover(
 
 
 async def run(url: str, folder: Path, rounds: int, ttl: float | None) -> None:
-    brokers = [Broker(folder / f"b{i}", url, ttl) for i in range(3)]
-    for b in brokers:
-        b.start()
+    brokers = cluster_brokers(folder, url, 3, ttl, timeout=WAIT)
     try:
         await wait_until(lambda: spread(url, brokers))
         # Every slot's topic exists (so "served" measures a takeover, not a creation).
@@ -362,9 +284,7 @@ async def run(url: str, folder: Path, rounds: int, ttl: float | None) -> None:
         print(f"transactions given up, by error: {given_up or 'none'}")
     finally:
         for b in brokers:
-            if b.proc is not None and b.proc.poll() is None:
-                b.proc.kill()
-                b.proc.wait()
+            b.kill()
 
 
 def main() -> None:
@@ -373,23 +293,16 @@ def main() -> None:
     parser.add_argument("--lease-ttl", type=float, default=None,
                         help="the brokers' --lease-ttl (their default if not given)")  # fmt: skip
     args = parser.parse_args()
-    cluster = PostgresCluster(prefix="failover-bench-")
-    try:
-        server = PostgresServer(cluster)
-        try:
-            command = "python -m bench.failover " + " ".join(sys.argv[1:])
-            with recorded("failover", command.strip()), tempfile.TemporaryDirectory() as tmp:
-                ttl = "default" if args.lease_ttl is None else f"{args.lease_ttl:g} s"
-                cores = os.cpu_count()
-                print(
-                    f"3 brokers, {SLOTS} slots, lease {ttl}, PostgreSQL {cluster.version}, "
-                    f"{cores} cores shared by PostgreSQL, the brokers and this client"
-                )
-                asyncio.run(run(server.url(), Path(tmp), args.rounds, args.lease_ttl))
-        finally:
-            server.stop()
-    finally:
-        cluster.remove()
+    with private_postgres("failover-bench-") as server:
+        command = "python -m bench.failover " + " ".join(sys.argv[1:])
+        with recorded("failover", command.strip()), tempfile.TemporaryDirectory() as tmp:
+            ttl = "default" if args.lease_ttl is None else f"{args.lease_ttl:g} s"
+            cores = os.cpu_count()
+            print(
+                f"3 brokers, {SLOTS} slots, lease {ttl}, PostgreSQL {server.cluster.version}, "
+                f"{cores} cores shared by PostgreSQL, the brokers and this client"
+            )
+            asyncio.run(run(server.url(), Path(tmp), args.rounds, args.lease_ttl))
 
 
 if __name__ == "__main__":

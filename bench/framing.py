@@ -37,8 +37,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from bench._brokers import free_port
 from bench._results import recorded
-from bench.throughput import _free_port
 from proto import txnbuf_pb2 as pb
 
 T = pb.BaseCommand
@@ -235,7 +235,7 @@ def one_round(kind: str, txns: int, per_txn: int) -> tuple[float, float, float]:
     """Transactions per second, client and server CPU µs per transaction."""
     ctx = multiprocessing.get_context("spawn")
     ready, cpu = ctx.Event(), ctx.Value("d", 0.0)
-    port = _free_port()
+    port = free_port()
     server = ctx.Process(target=serve, args=(kind, port, per_txn, ready, cpu))
     server.start()
     try:

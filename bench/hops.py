@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import multiprocessing
 import os
 import re
 import shutil
@@ -40,8 +39,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -50,16 +47,12 @@ from bench._progress import Runs
 from bench._results import recorded
 from bench.ctp import (
     DIGITS,
-    TIMEOUT,
-    Job,
-    Sync,
     Txnbuf,
     Variant,
     _loop_factory,
     check,
-    worker_process,
+    copy_stage,
 )
-from bench.throughput import BrokerProcess, _free_port
 
 WRITER_THREAD = "txnbuf-writer"  # (ledger._sqlite names its writer thread so)
 COMMITS, TXNS = "txnbuf_ledger_commits", "txnbuf_transactions_committed"
@@ -122,20 +115,9 @@ class Broker(Txnbuf):
     """`bench.ctp`'s txnbuf server, run as ``spec`` says."""
 
     def __init__(self, tmp: str, spec: Spec) -> None:
-        data = tempfile.mkdtemp(dir=tmp, prefix="txnbuf-")
-        options: list[str] = []
-        if spec.scheme != "http":  # (the stream listener, on a port of its own)
-            stream_port = _free_port()
-            options = ["--stream-port", str(stream_port)]
-        self.broker = BrokerProcess(  # type: ignore[assignment]
-            data, root=spec.root, env=dict(spec.env), options=options
-        )
-        self.proc = self.broker.proc
-        self.http = self.broker.url
-        self.address = self.http  # (`load` and `outputs` use the WebSocket)
-        self.workers_url = self.http
-        if spec.scheme != "http":
-            self.workers_url = f"{spec.scheme}://127.0.0.1:{stream_port}"
+        stream = spec.scheme != "http"  # (the stream listener, on a port of its own)
+        super().__init__(tmp, stream=stream, scheme=spec.scheme, root=spec.root,
+                         env=dict(spec.env))  # fmt: skip
 
     def cpu(self) -> tuple[float, float | None]:
         """CPU seconds of the broker without its writer, and of its writer
@@ -146,7 +128,7 @@ class Broker(Txnbuf):
         return broker, thread + children
 
     def metrics(self) -> dict[str, float]:
-        with urllib.request.urlopen(self.http + "/metrics", timeout=30) as reply:
+        with urllib.request.urlopen(self.address + "/metrics", timeout=30) as reply:
             text = reply.read().decode()
         out: dict[str, float] = {}
         for line in text.splitlines():
@@ -200,6 +182,8 @@ class SyncCounter:
 
     def __init__(self, pids: Sequence[int]) -> None:
         self.proc: subprocess.Popen[str] | None = None
+        self._stopped = False
+        self._calls: int | None = None
         if shutil.which("perf") is None:
             return
         events = ",".join(self.EVENTS)
@@ -212,8 +196,15 @@ class SyncCounter:
         )
 
     def stop(self) -> int | None:
-        if self.proc is None:
-            return None
+        """Stop counting; the calls counted (None: not counted). Again: the same."""
+        if self.proc is None or self._stopped:
+            return self._calls
+        self._stopped = True
+        self._calls = self._stop()
+        return self._calls
+
+    def _stop(self) -> int | None:
+        assert self.proc is not None
         self.proc.send_signal(signal.SIGINT)
         try:
             _, err = self.proc.communicate(timeout=30)
@@ -236,35 +227,15 @@ def one_run(row: Row, args: argparse.Namespace, tmp: str, runner: asyncio.Runner
     variant = row.variant
     try:
         runner.run(server.load(args.messages, args.size, args.per_txn))
-        ctx = multiprocessing.get_context("spawn")
-        processes = variant.workers if variant.processes else 1
-        sync = Sync(ctx, processes)
-        jobs = [Job(variant, server.workers_url, args.messages, args.per_txn, i)
-                for i in range(processes)]  # fmt: skip
-        syncs = SyncCounter(server.pids())
-        workers = [ctx.Process(target=worker_process, args=(job, sync)) for job in jobs]
-        for w in workers:
-            w.start()
+        syncs = SyncCounter(server.pids())  # (from before the workers start)
         try:
-            sync.start.wait(TIMEOUT)
-            start, (broker0, writer0), m0 = time.perf_counter(), server.cpu(), server.metrics()
-            sync.stop.wait(TIMEOUT)
-            (broker1, writer1), m1 = server.cpu(), server.metrics()
-            calls = syncs.stop()
-            sync.release.set()
-            for w in workers:
-                w.join(60)
-        except threading.BrokenBarrierError:
-            syncs.stop()
-            for w in workers:
-                w.join(5)
-            codes = [w.exitcode for w in workers]
-            raise RuntimeError(f"{row.label}: a worker failed (exit codes {codes})") from None
+            sync, start, ((broker0, writer0), m0), ((broker1, writer1), m1, calls) = copy_stage(
+                server, variant, args, row.label,
+                lambda: (server.cpu(), server.metrics()),
+                lambda: (server.cpu(), server.metrics(), syncs.stop()),
+            )  # fmt: skip
         finally:
-            for w in workers:
-                if w.is_alive():
-                    w.kill()
-                    w.join()
+            syncs.stop()  # (a worker failed: not stopped yet)
         runner.run(check(server, args.messages, args.size, variant))
     finally:
         server.stop()

@@ -50,7 +50,6 @@ import socket
 import ssl
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -59,17 +58,12 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from bench._brokers import BrokerProcess, free_port
 from bench._results import RESULTS, machine_line
 from broker._auth import create_secret_key, create_token, load_signing_key
 from client import Client, errors
 
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Security:
@@ -163,7 +157,7 @@ class Txnbuf:
     SASL_SSL, its `security` a superuser's."""
 
     def __init__(self, data_dir: str, secure: bool = False) -> None:
-        self.port, self.kafka_port = _free_port(), _free_port()
+        self.kafka_port = free_port()
         self.security = PLAINTEXT
         self._context: ssl.SSLContext | None = None
         self._headers: dict[str, str] = {}
@@ -179,35 +173,10 @@ class Txnbuf:
             self._headers = {"Authorization": f"Bearer {token}"}
             extra = ["--auth-secret-key-file", str(key_file), "--tls-cert", str(cert)]
             extra += ["--tls-key", str(key)]
-        scheme = "https" if secure else "http"
-        self.url = f"{scheme}://127.0.0.1:{self.port}"
         self.bootstrap = f"127.0.0.1:{self.kafka_port}"
-        cmd = [
-            sys.executable,
-            "-m",
-            "broker",
-            "serve",
-            "--data-dir",
-            data_dir,
-            "--port",
-            str(self.port),
-            "--kafka-port",
-            str(self.kafka_port),
-            "--log-level",
-            "WARNING",
-            *extra,
-        ]
-        self.proc = subprocess.Popen(cmd)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                health = self.url + "/admin/v1/health"
-                with urllib.request.urlopen(health, timeout=1, context=self._context):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        self.proc.kill()
-        raise RuntimeError("txnbuf did not start")
+        options = ["--kafka-port", str(self.kafka_port), *extra]
+        self.broker = BrokerProcess(data_dir, options=options, tls=self._context)
+        self.proc, self.url = self.broker.proc, self.broker.url
 
     def topic(self, partitions: int = 1) -> str:
         name = f"bench-{uuid.uuid4().hex[:8]}"
@@ -221,8 +190,7 @@ class Txnbuf:
             return name
 
     def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
+        self.broker.stop()
 
 
 class Tansu:
@@ -231,7 +199,7 @@ class Tansu:
     security = PLAINTEXT
 
     def __init__(self, binary: str) -> None:
-        self.kafka_port = _free_port()
+        self.kafka_port = free_port()
         self.bootstrap = f"127.0.0.1:{self.kafka_port}"
         url = f"tcp://127.0.0.1:{self.kafka_port}"
         self.proc = subprocess.Popen(

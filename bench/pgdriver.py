@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from bench._postgres import PostgresCluster, PostgresServer
+from bench._postgres import private_postgres
 from ledger import LedgerStore
 
 RESULTS = Path(__file__).resolve().parent / "results" / "pgdriver.md"
@@ -118,15 +118,9 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args()
     args.drivers = [d for d in DRIVERS if importlib.util.find_spec(d) is not None]
-    cluster = PostgresCluster(prefix="pgdriver-")
-    try:
-        server = PostgresServer(cluster)
-        try:
-            found = asyncio.run(run(args, server.url()))
-        finally:
-            server.stop()
-    finally:
-        cluster.remove()
+    with private_postgres("pgdriver-") as server:
+        found = asyncio.run(run(args, server.url()))
+        version = server.cluster.version
     versions = []
     for d in args.drivers:
         module: Any = __import__(d)
@@ -134,7 +128,7 @@ def main() -> None:
     lines = [
         f"group commits through txnbuf.commit, one in flight, autocommit: {args.commits} per run, "
         f"rows of {args.size} B; {args.rounds} rounds, drivers alternating; "
-        f"PostgreSQL {cluster.version}, {', '.join(versions)}",
+        f"PostgreSQL {version}, {', '.join(versions)}",
         "",
         "| driver | rows per commit | commits/s | CPU µs per commit (this process) |",
         "|---|---:|---:|---:|",

@@ -55,7 +55,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.throughput import BrokerProcess
+from bench._brokers import BrokerProcess
 from client import Client
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.throughput import BrokerProcess
+from bench._brokers import BrokerProcess
 from bench.txn import ctp
 from client import Client, SubscriptionCursor
 

@@ -26,16 +26,13 @@ import argparse
 import asyncio
 import collections
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
-from collections.abc import Sequence
 from dataclasses import dataclass
 
+from bench._brokers import BrokerProcess
 from bench._progress import Runs, counter, legend
 from bench._raw import sqlite_rows_per_second
 from bench._results import recorded
@@ -52,64 +49,6 @@ class Result:
     produce_rate: float
     p50_ms: float
     p99_ms: float
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class BrokerProcess:
-    """``txnbuf serve [OPTIONS]`` on a free port, started by ``python ENTRY...``
-    (``-m broker`` unless told), and waited for until it answers.
-
-    ``root``: run the broker from another checkout's code (its directory
-    first on the path; nothing is written there). ``log``: a file for the
-    broker's log (INFO), else WARNING to this stderr. ``timeout``: seconds
-    to wait for /admin/v1/health. ``options``: more options of ``txnbuf
-    serve``; ``env``: more environment variables. ``started_in`` is how
-    long starting took."""
-
-    def __init__(
-        self,
-        data_dir: str,
-        entry: Sequence[str] = ("-m", "broker"),
-        *,
-        port: int | None = None,
-        root: str | None = None,
-        log: str | None = None,
-        timeout: float = 30.0,
-        options: Sequence[str] = (),
-        env: dict[str, str] | None = None,
-    ) -> None:
-        self.port = port or _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, *entry, "serve", "--data-dir", data_dir, "--port", str(self.port),
-               "--log-level", "WARNING" if log is None else "INFO", *options]  # fmt: skip
-        if root is not None:
-            env = {**(env or {}), "PYTHONPATH": root, "PYTHONDONTWRITEBYTECODE": "1"}
-        if env is not None:
-            env = {**os.environ, **env}
-        out = None if log is None else open(log, "ab")
-        t0 = time.monotonic()
-        self.proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=out, stderr=out)
-        if out is not None:
-            out.close()
-        deadline = t0 + timeout
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            try:
-                with urllib.request.urlopen(self.url + "/admin/v1/health", timeout=1):
-                    self.started_in = time.monotonic() - t0
-                    return
-            except OSError:
-                time.sleep(0.02)
-        self.proc.kill()  # (not left running behind the benchmark)
-        raise RuntimeError(f"broker did not start within {timeout:.0f} s")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
 
 
 async def run_case(

@@ -57,9 +57,10 @@ import tempfile
 import time
 from collections.abc import Callable
 
+from bench._brokers import BrokerProcess
 from bench._progress import Runs, legend
 from bench._results import recorded
-from bench.throughput import BrokerProcess
+from bench.ctp import Variant, copy_in_one_txn, one_run
 from bench.txnpath import cpu_seconds
 from client import Client, Consumer, Message, MessageId, Producer, errors
 
@@ -80,31 +81,6 @@ async def take(consumer: Consumer, n: int, wait: float = 10) -> list[Message]:
         except errors.OperationTimeoutError:
             break
     return batch
-
-
-async def copy_in_one_txn(
-    client: Client,
-    consumer: Consumer,
-    producer: Producer,
-    batch: list[Message],
-    transform: Callable[[bytes], bytes] | None = None,
-) -> float:
-    """Send ``batch``'s values (through ``transform`` if given) and acknowledge
-    ``batch`` in one transaction, then commit it; the commit's latency in
-    seconds. The fastest consume-transform-produce loop this client has:
-    the sends are queued without waiting for their receipts and the acks go
-    as one request, so commit() is the only wait."""
-    txn = await client.new_transaction(timeout=60)
-    if transform is None:
-        for m in batch:
-            producer.send_nowait(m.value, txn=txn)
-    else:
-        for m in batch:
-            producer.send_nowait(transform(m.value), txn=txn)
-    await consumer.acknowledge(batch, txn=txn)
-    t0 = time.perf_counter()
-    await txn.commit()
-    return time.perf_counter() - t0
 
 
 async def ctp(
@@ -251,8 +227,6 @@ def cost_split(sizes: list[int], rounds: int, messages: int, size: int) -> None:
     """``--split``: CPU per transaction of each process at each size, and
     its fit as fixed + per message (see the module docstring)."""
     import argparse as _argparse
-
-    from bench.ctp import Variant, one_run
 
     variant = Variant("txnbuf", 1, True, "readme")
     per_txn: dict[int, list[tuple[float, float, float, float]]] = {n: [] for n in sizes}

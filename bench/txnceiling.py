@@ -46,29 +46,20 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from bench._brokers import BrokerProcess
 from bench._progress import Runs, legend
 from bench._results import recorded
-from bench.throughput import BrokerProcess
 from bench.txn import send_in_transactions, send_pipelined
-from bench.txnpath import cpu_seconds, writer_seconds
 from client import Client
 
 WAYS = ("plain", "txn", "txn, no machinery")
 FREE_IDS_FROM = 1 << 40  # the stand-in's TxnIDs: far above any its coordinator gives in a run
 
 
-class Broker(BrokerProcess):
-    """A broker process on a fresh port (``free``: started by `serve_free`),
-    given ``options`` of ``txnbuf serve``."""
-
-    def __init__(self, data_dir: str, free: bool, options: Sequence[str] = ()) -> None:
-        entry = ("-m", "bench.txnceiling", "--serve-free") if free else ("-m", "broker")
-        super().__init__(data_dir, entry, options=options)
-
-    def cpu(self) -> tuple[float, float]:
-        """CPU seconds so far of the broker without its ledger writer, and of the writer."""
-        writer = writer_seconds(self.proc.pid)
-        return cpu_seconds(self.proc.pid) - writer, writer
+def broker_process(data_dir: str, free: bool) -> BrokerProcess:
+    """A broker process on a fresh port (``free``: started by `serve_free`)."""
+    entry = ("-m", "bench.txnceiling", "--serve-free") if free else ("-m", "broker")
+    return BrokerProcess(data_dir, entry)
 
 
 async def produce(url: str, way: str, total: int, per_txn: int, size: int, inflight: int) -> float:
@@ -91,7 +82,7 @@ def one_run(
 ) -> tuple[float, float, float, float]:
     """msgs/s and CPU µs per message of the client, broker and writer."""
     with tempfile.TemporaryDirectory() as tmp:
-        broker = Broker(os.path.join(tmp, "data"), free=way == "txn, no machinery")
+        broker = broker_process(os.path.join(tmp, "data"), free=way == "txn, no machinery")
         try:
             broker0, writer0 = broker.cpu()
             client0 = time.process_time()

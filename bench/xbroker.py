@@ -30,18 +30,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench._postgres import PostgresCluster, PostgresServer
+from bench._brokers import cluster_brokers, owners, spread, topic_in, wait_until
+from bench._postgres import private_postgres
 from bench._results import recorded
-from bench.failover import SLOTS, Broker, owners, spread, wait_until
-from broker._slots import slot_of_key
 from client import Client
-
-
-def topic_in(slot: int, prefix: str) -> str:
-    i = 0
-    while slot_of_key(f"{prefix}{i}", SLOTS) != slot:
-        i += 1
-    return f"{prefix}{i}"
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -85,9 +77,7 @@ async def copy_round(
 
 
 async def run(url: str, folder: Path, rounds: int, messages: int, per_txn: int) -> None:
-    brokers = [Broker(folder / f"b{i}", url, None) for i in range(3)]
-    for b in brokers:
-        b.start()
+    brokers = cluster_brokers(folder, url)
     try:
         await wait_until(lambda: spread(url, brokers))
         found = await owners(url)
@@ -125,9 +115,7 @@ async def run(url: str, folder: Path, rounds: int, messages: int, per_txn: int) 
         print(f"\nacross / local rate: {across / local:.2f}")
     finally:
         for broker in brokers:
-            if broker.proc is not None and broker.proc.poll() is None:
-                broker.proc.kill()
-                broker.proc.wait()
+            broker.kill()
 
 
 def main() -> None:
@@ -137,26 +125,19 @@ def main() -> None:
     parser.add_argument("--per-txn", type=int, default=10, help="messages per transaction")
     parser.add_argument("--results", type=Path, default=None, help="(default bench/results/)")
     args = parser.parse_args()
-    cluster = PostgresCluster(prefix="xbroker-bench-")
-    try:
-        server = PostgresServer(cluster)
-        try:
-            command = "python -m bench.xbroker " + " ".join(sys.argv[1:])
-            with (
-                recorded("xbroker", command.strip(), args.results),
-                tempfile.TemporaryDirectory() as tmp,
-            ):
-                print(
-                    f"3 brokers over PostgreSQL {cluster.version}, {args.messages} messages of "
-                    f"7 B per round and placement, {args.per_txn} per transaction, one client "
-                    f"process; {os.cpu_count()} cores shared by PostgreSQL, the brokers and "
-                    "the client"
-                )
-                asyncio.run(run(server.url(), Path(tmp), args.rounds, args.messages, args.per_txn))
-        finally:
-            server.stop()
-    finally:
-        cluster.remove()
+    command = "python -m bench.xbroker " + " ".join(sys.argv[1:])
+    with (
+        private_postgres("xbroker-bench-") as server,
+        recorded("xbroker", command.strip(), args.results),
+        tempfile.TemporaryDirectory() as tmp,
+    ):
+        print(
+            f"3 brokers over PostgreSQL {server.cluster.version}, {args.messages} messages of "
+            f"7 B per round and placement, {args.per_txn} per transaction, one client "
+            f"process; {os.cpu_count()} cores shared by PostgreSQL, the brokers and "
+            "the client"
+        )
+        asyncio.run(run(server.url(), Path(tmp), args.rounds, args.messages, args.per_txn))
 
 
 if __name__ == "__main__":

@@ -96,6 +96,23 @@ class Socket(Protocol):
 
 
 class Connection:
+    @classmethod
+    def admit(
+        cls, broker: Broker, ws: Socket, peer: str, url: str | None = None
+    ) -> Connection | bytes:
+        """A new connection of ``broker`` over ``ws``, counted in
+        ``broker.connections`` until its `run` or `run_fed` ends; or, when
+        ``broker`` serves its ``--max-connections`` already, the ERROR frame
+        (TOO_MANY_REQUESTS: the client tries again later) that the listener
+        sends before it closes ``ws``. Every data-plane listener admits its
+        connections here."""
+        refusal = broker.security.refuse_connection(len(broker.connections))
+        if refusal is not None:
+            return refusal
+        conn = cls(broker, ws, peer, url)
+        broker.connections.add(conn)
+        return conn
+
     def __init__(self, broker: Broker, ws: Socket, peer: str, url: str | None = None) -> None:
         self.broker = broker
         self.ws = ws
@@ -162,9 +179,7 @@ class Connection:
                     log.info("connection %s failed: %s", self.peer, ws.exception())
                     break
         finally:
-            self.close()
-            self._out_ready.set()
-            await writer
+            await self._ended(writer)
 
     async def run_fed(self, gone: asyncio.Future[None]) -> None:
         """Serve a socket that hands each frame to `on_frame` as it reads
@@ -173,9 +188,16 @@ class Connection:
         try:
             await gone
         finally:
+            await self._ended(writer)
+
+    async def _ended(self, writer: asyncio.Task[None]) -> None:
+        """Close, let ``writer`` finish, and leave the broker's count (`admit`)."""
+        try:
             self.close()
             self._out_ready.set()
             await writer
+        finally:
+            self.broker.connections.discard(self)
 
     async def _write_loop(self) -> None:
         while True:

@@ -33,19 +33,16 @@ async def _websocket(request: web.Request) -> web.WebSocketResponse:
     broker = request.app[BROKER_KEY]
     ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_SIZE + FRAME_SLACK, heartbeat=30.0)
     await ws.prepare(request)
-    refusal = broker.security.refuse_connection(len(broker.connections))
-    if refusal is not None:  # (TOO_MANY_REQUESTS: the client tries again later)
-        await ws.send_bytes(refusal)
+    peer = f"{request.remote}:{id(ws) % 100000}"
+    conn = Connection.admit(broker, ws, peer)
+    if isinstance(conn, bytes):  # (refused: over --max-connections)
+        await ws.send_bytes(conn)
         await ws.close()
         return ws
-    peer = f"{request.remote}:{id(ws) % 100000}"
-    conn = Connection(broker, ws, peer)
-    broker.connections.add(conn)
     log.debug("connection %s opened", peer)
     try:
         await conn.run()
     finally:
-        broker.connections.discard(conn)
         log.debug("connection %s closed", peer)
     return ws
 

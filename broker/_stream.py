@@ -88,22 +88,20 @@ class StreamSocket(FramedStream):
         self.url = url
         self._frames = StreamFrames(MAX_MESSAGE_SIZE + FRAME_SLACK)
         self._conn: Connection | None = None
+        self._serving: asyncio.Task[None] | None = None  # (its `Connection.run_fed`)
         self._gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        broker = self.broker
-        refusal = broker.security.refuse_connection(len(broker.connections))
-        if refusal is not None:  # (TOO_MANY_REQUESTS: the client tries again later)
-            cast(asyncio.Transport, transport).write(stream_frame(refusal))
-            self._close()
-            return
         peer = transport.get_extra_info("peername")
         name = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        conn = self._conn = Connection(broker, self, f"stream {name}", self.url)
-        broker.connections.add(conn)
-        task = asyncio.get_running_loop().create_task(conn.run_fed(self._gone))
-        task.add_done_callback(lambda _t: broker.connections.discard(conn))
+        conn = Connection.admit(self.broker, self, f"stream {name}", self.url)
+        if isinstance(conn, bytes):  # (refused: over --max-connections)
+            cast(asyncio.Transport, transport).write(stream_frame(conn))
+            self._close()
+            return
+        self._conn = conn
+        self._serving = asyncio.get_running_loop().create_task(conn.run_fed(self._gone))
 
     def data_received(self, data: bytes) -> None:
         conn = self._conn

@@ -39,7 +39,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bench._postgres import PostgresCluster, PostgresServer
+from bench._postgres import PostgresServer, private_postgres
 from broker._auth import create_secret_key, create_token, load_signing_key
 from broker._connection import PROTOCOL_VERSION
 from ledger import faults
@@ -289,6 +289,21 @@ def broker(
         sys.stderr.write(f"----- broker log ({proc.log_path}) -----\n{proc.log()}\n")
 
 
+@pytest.fixture
+def logs() -> Iterator[list[BrokerProcess]]:
+    """The brokers a test starts itself (a cluster's: tests/_cluster.py);
+    at its end each is woken if paused, killed, and its log shown."""
+    procs: list[BrokerProcess] = []
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            if proc.proc is not None and proc.proc.poll() is None:
+                proc.proc.send_signal(signal.SIGCONT)
+            proc.kill()
+            print(f"----- {proc.log_path} -----\n{proc.log()}")
+
+
 class RawConnection:
     """A bare WebSocket speaking BaseCommand frames (the broker's protocol
     version), for protocol-level tests. The broker may answer several
@@ -383,15 +398,8 @@ def crash_at(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[PostgresServer]:
     """One PostgreSQL server for the session (its databases: `pg_url`)."""
-    cluster = PostgresCluster()
-    try:
-        server = PostgresServer(cluster, ["max_connections=300"])
-        try:
-            yield server
-        finally:
-            server.stop()
-    finally:
-        cluster.remove()
+    with private_postgres(options=["max_connections=300"]) as server:
+        yield server
 
 
 _databases = itertools.count()

@@ -31,16 +31,12 @@ from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
 from client import Client
-from tests.conftest import BrokerProcess
-from tests.test_cluster_brokers import (
-    logs,  # noqa: F401 (a fixture)
+from tests._cluster import (
     owner_id,
-    owners,
-    start_all,
-    topic_in,
-    wait_for,
+    start_placed,
+    topic_on,
 )
-from tests.test_cluster_clients import settled
+from tests.conftest import BrokerProcess
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -418,16 +414,14 @@ async def test_cluster_view_shows_brokers_slots_and_moves(
     tmp_path: Path,
     pg_url: str,
     browser: WebDriver,
-    logs: list[BrokerProcess],  # noqa: F811
+    logs: list[BrokerProcess],
 ) -> None:
     """Three brokers over one PostgreSQL: the page of any of them shows the
     three with their leases and slots (as the slots table holds them), the
     recent moves, and the rate of a topic another broker serves."""
-    start_all(tmp_path, pg_url, 3, 2.0, logs)
-    await wait_for("slots placed on the 3 brokers", lambda: settled(pg_url, logs))
+    held = await start_placed(tmp_path, pg_url, logs)
     home = logs[1]
-    held = await owners(pg_url)
-    topic = topic_in(min(held[owner_id(logs[2])]), "rated")  # (another broker's)
+    topic = topic_on(held, logs[2], "rated")  # (another broker's)
     async with Client(home.url) as client:
         producer = await client.create_producer(topic)
 

@@ -141,7 +141,7 @@ async def test_txnceiling_free_broker_keeps_transactions_out_of_the_machinery(
     from bench import txnceiling
     from client import Client
 
-    broker = txnceiling.Broker(str(tmp_path / "data"), free=True)
+    broker = txnceiling.broker_process(str(tmp_path / "data"), free=True)
     try:
         async with Client(broker.url) as client:
             producer = await client.create_producer("ceiling")

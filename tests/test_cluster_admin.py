@@ -21,24 +21,24 @@ from typing import Any
 
 import asyncpg
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from broker._admin_cluster import ANSWERED_BY, FORWARDED
 from broker._auth import create_secret_key, create_token, load_signing_key
 from client import Client, TransactionGroups
 from proto import txnbuf_pb2 as pb
-from tests.conftest import BrokerProcess, RawConnection
-from tests.test_cluster_brokers import (
+from tests._cluster import (
     cluster_broker,
-    logs,  # noqa: F401 (a fixture)
     owner_id,
     owners,
+    placed,
+    scrape,
+    settled,
     slots,
-    start_all,
-    topic_in,
+    start_placed,
+    topic_on,
     wait_for,
 )
-from tests.test_cluster_clients import settled
+from tests.conftest import BrokerProcess, RawConnection
 from tests.test_metrics import value
 
 pytestmark = pytest.mark.integration
@@ -73,17 +73,6 @@ async def acall(
     return await asyncio.to_thread(call, proc, method, path, body, token)
 
 
-def scrape(proc: BrokerProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of /metrics, keyed by (sample name, sorted labels)."""
-    status, body = proc.admin("GET", "/metrics")
-    assert status == 200
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(body.decode())
-        for s in family.samples
-    }
-
-
 async def cli(*args: str) -> subprocess.CompletedProcess[str]:
     """``txnbuf ARGS``, run to its end."""
     return await asyncio.to_thread(
@@ -115,11 +104,10 @@ def assert_documented_shape(answer: dict[str, Any]) -> None:
 async def test_every_broker_answers_the_cluster_and_moves_are_recorded(
     tmp_path: Path,
     pg_url: str,
-    logs: list[BrokerProcess],  # noqa: F811
+    logs: list[BrokerProcess],
 ) -> None:
-    start_all(tmp_path, pg_url, 3, TTL, logs)
+    await start_placed(tmp_path, pg_url, logs, ttl=TTL)
     a, b, c = logs
-    await wait_for("slots placed on the 3 brokers", lambda: settled(pg_url, logs))
 
     async def agrees(procs: list[BrokerProcess]) -> bool:
         """Each broker's answer is the slots table as it is, every slot loaded."""
@@ -202,13 +190,11 @@ async def test_every_broker_answers_the_cluster_and_moves_are_recorded(
 async def test_admin_requests_are_answered_by_any_broker(
     tmp_path: Path,
     pg_url: str,
-    logs: list[BrokerProcess],  # noqa: F811
+    logs: list[BrokerProcess],
 ) -> None:
-    start_all(tmp_path, pg_url, 3, TTL, logs)
+    found = await start_placed(tmp_path, pg_url, logs, ttl=TTL)
     x, y, z = logs
-    await wait_for("slots placed on the 3 brokers", lambda: settled(pg_url, logs))
-    found = await owners(pg_url)
-    topics = {owner_id(p): topic_in(min(found[owner_id(p)]), "adm") for p in logs}
+    topics = {owner_id(p): topic_on(found, p, "adm") for p in logs}
     topic = topics[owner_id(x)]
 
     # Created at y, served by x: the answer is x's.
@@ -289,7 +275,7 @@ async def test_admin_requests_are_answered_by_any_broker(
     # Bad input is refused where it arrives, and a missing topic is the owner's 404.
     status, answer, _ = await acall(y, "GET", "/admin/v1/topics/bad%2Fname/stats")
     assert status == 400, answer
-    missing = topic_in(min(found[owner_id(z)]), "nothere")
+    missing = topic_on(found, z, "nothere")
     status, answer, headers = await acall(y, "GET", f"/admin/v1/topics/{missing}")
     assert status == 404 and headers[ANSWERED_BY] == owner_id(z), answer
 
@@ -303,7 +289,7 @@ def shared_auth(procs: list[BrokerProcess], key_file: Path) -> None:
 async def test_the_superuser_check_holds_on_every_broker(
     tmp_path: Path,
     pg_url: str,
-    logs: list[BrokerProcess],  # noqa: F811
+    logs: list[BrokerProcess],
 ) -> None:
     key_file = tmp_path / "secret.key"
     key_file.write_text(create_secret_key())
@@ -313,10 +299,10 @@ async def test_the_superuser_check_holds_on_every_broker(
         logs.append(proc)
         proc.start()
     x, y = logs
-    await wait_for("slots placed on the 2 brokers", lambda: settled(pg_url, logs))
+    found = await placed(pg_url, logs)
     key, algorithm = load_signing_key(key_file)
     app = create_token("app", key, algorithm)
-    topic = topic_in(min((await owners(pg_url))[owner_id(x)]), "sec")
+    topic = topic_on(found, x, "sec")
     for path in (
         "/admin/v1/cluster",
         "/admin/v1/cluster/broker",
@@ -363,16 +349,15 @@ async def test_a_single_broker_is_not_a_cluster(broker: BrokerProcess) -> None:
 async def test_a_broker_registered_at_a_wildcard_address_is_named(
     tmp_path: Path,
     pg_url: str,
-    logs: list[BrokerProcess],  # noqa: F811
+    logs: list[BrokerProcess],
 ) -> None:
     """A broker started with --host 0.0.0.0 registers a URL no other broker
     can reach: a request forwarded to it is refused 502, saying so, rather
     than sent to whatever listens on that port here. (The tests listen on
     loopback only: the row is made to name the wildcard address, as such a
     broker's join writes it.)"""
-    start_all(tmp_path, pg_url, 2, TTL, logs)
+    found = await start_placed(tmp_path, pg_url, logs, 2, TTL)
     x, wild = logs
-    await wait_for("slots placed on the 2 brokers", lambda: settled(pg_url, logs))
     conn = await asyncpg.connect(pg_url)
     try:
         await conn.execute(
@@ -382,7 +367,7 @@ async def test_a_broker_registered_at_a_wildcard_address_is_named(
         )
     finally:
         await conn.close()
-    topic = topic_in(min((await owners(pg_url))[owner_id(wild)]), "wild")
+    topic = topic_on(found, wild, "wild")
 
     async def named() -> bool:  # (once x's look read the row)
         status, answer, _ = await acall(x, "GET", f"/admin/v1/topics/{topic}/stats")

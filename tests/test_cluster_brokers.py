@@ -13,88 +13,30 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
-from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
-import asyncpg
 import pytest
 
-from broker._slots import slot_of_key
 from client import Client, errors
 from cluster import PostgresMembership
 from ledger import LedgerStore
 from proto import txnbuf_pb2 as pb
+from tests import conftest
+from tests._cluster import (
+    SLOTS,
+    WAIT,
+    owner_id,
+    owners,
+    served_by,
+    slots,
+    spread_over,
+    start_all,
+    topic_in,
+    wait_for,
+)
 from tests.conftest import BrokerProcess, RawConnection
 
 pytestmark = pytest.mark.integration
-
-SLOTS = 64  # (a database's default)
-WAIT = 60.0  # seconds a condition may take on a busy machine, at most
-
-
-def cluster_broker(tmp_path: Path, url: str, name: str, ttl: float) -> BrokerProcess:
-    proc = BrokerProcess(tmp_path / name, tmp_path / f"{name}.log", store=url)
-    proc.args = ["--cluster", "--lease-ttl", str(ttl)]
-    return proc
-
-
-def owner_id(proc: BrokerProcess) -> str:
-    assert proc.proc is not None
-    return f"{proc.url} pid {proc.proc.pid}"
-
-
-async def slots(url: str) -> list[tuple[int, str | None, int]]:
-    conn = await asyncpg.connect(url)
-    try:
-        rows = await conn.fetch("SELECT slot, owner, epoch FROM txnbuf.slots ORDER BY slot")
-    finally:
-        await conn.close()
-    return [(r[0], r[1], r[2]) for r in rows]
-
-
-async def wait_for(what: str, check: Callable[[], Awaitable[bool]], timeout: float = WAIT) -> float:
-    """Poll ``check`` until it holds; the seconds it took."""
-    t0 = time.monotonic()
-    while not await check():
-        if time.monotonic() - t0 > timeout:
-            pytest.fail(f"not within {timeout}s: {what}")
-        await asyncio.sleep(0.05)
-    return time.monotonic() - t0
-
-
-async def owners(url: str) -> dict[str | None, set[int]]:
-    out: dict[str | None, set[int]] = {}
-    for slot, owner, _ in await slots(url):
-        out.setdefault(owner, set()).add(slot)
-    return out
-
-
-async def spread_over(url: str, procs: list[BrokerProcess]) -> bool:
-    """Every slot owned by one of ``procs``, shares within one slot."""
-    found = await owners(url)
-    ids = {owner_id(p) for p in procs}
-    if set(found) != ids:
-        return False
-    sizes = [len(s) for s in found.values()]
-    return max(sizes) - min(sizes) <= 1
-
-
-def topic_in(slot: int, prefix: str = "t") -> str:
-    """A topic name whose slot is ``slot``."""
-    i = 0
-    while slot_of_key(f"{prefix}{i}", SLOTS) != slot:
-        i += 1
-    return f"{prefix}{i}"
-
-
-def served_by(
-    found: dict[str | None, set[int]], slot: int, procs: list[BrokerProcess]
-) -> BrokerProcess:
-    for proc in procs:
-        if slot in found.get(owner_id(proc), set()):
-            return proc
-    raise AssertionError(f"slot {slot} is owned by none of the brokers: {found}")
 
 
 async def drain(consumer: object, timeout: float = 2.0) -> list[bytes]:
@@ -105,26 +47,6 @@ async def drain(consumer: object, timeout: float = 2.0) -> list[bytes]:
             values.append(message.value)
             await consumer.acknowledge(message)  # type: ignore[attr-defined]
     return values
-
-
-@pytest.fixture
-def logs() -> Iterator[list[BrokerProcess]]:
-    procs: list[BrokerProcess] = []
-    try:
-        yield procs
-    finally:
-        for proc in procs:
-            if proc.proc is not None and proc.proc.poll() is None:
-                proc.proc.send_signal(signal.SIGCONT)
-            proc.kill()
-            print(f"----- {proc.log_path} -----\n{proc.log()}")
-
-
-def start_all(tmp_path: Path, url: str, n: int, ttl: float, procs: list[BrokerProcess]) -> None:
-    for i in range(n):
-        proc = cluster_broker(tmp_path, url, f"b{i}", ttl)
-        procs.append(proc)
-        proc.start()
 
 
 async def test_slots_spread_and_a_killed_brokers_slots_are_served_again(
@@ -270,3 +192,8 @@ async def test_two_brokers_racing_for_free_slots_leave_one_owner_each(pg_url: st
         await one.close()
         await two.close()
         await ledgers.close()
+
+
+# (tests/test_kafka_cluster.py imports the three-broker helpers and this
+# fixture from here; they live in tests/_cluster.py and tests/conftest.py.)
+logs = conftest.logs

@@ -17,28 +17,14 @@ import pytest
 
 from client import Client, errors
 from client._brokers import Brokers
-from cluster import placement
 from proto import txnbuf_pb2 as pb
+from tests._cluster import owner_id, start_placed, topic_on, wait_for
+from tests._cluster import settled as settled  # (tests/test_kafka_cluster.py imports it from here)
 from tests.conftest import BrokerProcess, RawConnection, until
-from tests.test_cluster_brokers import (
-    logs,  # noqa: F401 (a fixture)
-    owner_id,
-    owners,
-    slots,
-    start_all,
-    topic_in,
-    wait_for,
-)
 
 pytestmark = pytest.mark.integration
 
 COUNT = 120  # messages per run
-
-
-async def settled(url: str, procs: list[BrokerProcess]) -> bool:
-    """Every slot owned where the placement puts it (no move under way)."""
-    held = [owner for _, owner, _ in await slots(url)]
-    return None not in held and placement([owner_id(p) for p in procs], held) == held
 
 
 async def test_a_single_broker_is_never_asked_a_lookup(
@@ -61,12 +47,10 @@ async def test_a_single_broker_is_never_asked_a_lookup(
 async def test_one_url_reaches_the_topics_of_every_broker(
     tmp_path: Path,
     pg_url: str,
-    logs: list[BrokerProcess],  # noqa: F811
+    logs: list[BrokerProcess],
 ) -> None:
-    start_all(tmp_path, pg_url, 3, 2.0, logs)
-    await wait_for("slots placed on the 3 brokers", lambda: settled(pg_url, logs))
-    found = await owners(pg_url)
-    topics = {proc.url: topic_in(min(found[owner_id(proc)]), "every") for proc in logs}
+    found = await start_placed(tmp_path, pg_url, logs)
+    topics = {proc.url: topic_on(found, proc, "every") for proc in logs}
     home = logs[0]
     redirect = pb.CommandLookupTopicResponse.REDIRECT
 
@@ -140,11 +124,9 @@ async def _follow(
 ) -> tuple[list[bytes], list[bytes]]:
     """Produce and consume a topic of one broker's while it is sent ``how``;
     what the consumer saw, and what a fresh subscription reads after."""
-    start_all(tmp_path, pg_url, 3, ttl, procs)
-    await wait_for("slots placed on the 3 brokers", lambda: settled(pg_url, procs))
+    found = await start_placed(tmp_path, pg_url, procs, ttl=ttl)
     victim, home = procs[0], procs[1]
-    slot = min((await owners(pg_url))[owner_id(victim)])
-    topic = topic_in(slot, "moving")
+    topic = topic_on(found, victim, "moving")
     async with Client(home.url, operation_timeout=60.0) as client:
         producer = await client.create_producer(topic)
         consumer = await client.subscribe(topic, "live", initial_position="earliest")
@@ -176,7 +158,7 @@ async def _follow(
 async def test_a_producer_and_consumer_follow_a_sigkill_of_their_topics_owner(
     tmp_path: Path,
     pg_url: str,
-    logs: list[BrokerProcess],  # noqa: F811
+    logs: list[BrokerProcess],
 ) -> None:
     seen, stored = await _follow(tmp_path, pg_url, logs, 2.0, signal.SIGKILL)
     assert sorted(stored) == [b"m%04d" % i for i in range(COUNT)], "lost or stored twice"
@@ -186,7 +168,7 @@ async def test_a_producer_and_consumer_follow_a_sigkill_of_their_topics_owner(
 async def test_a_sigterm_handover_is_followed_without_errors(
     tmp_path: Path,
     pg_url: str,
-    logs: list[BrokerProcess],  # noqa: F811
+    logs: list[BrokerProcess],
 ) -> None:
     _seen, stored = await _follow(tmp_path, pg_url, logs, 30.0, signal.SIGTERM)
     assert sorted(stored) == [b"m%04d" % i for i in range(COUNT)], "lost or stored twice"

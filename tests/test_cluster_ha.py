@@ -24,16 +24,15 @@ import pytest
 
 from bench._postgres import PostgresCluster, PostgresServer, synchronous_primary
 from client import Client, errors
-from tests.conftest import BrokerProcess, until
-from tests.test_cluster_brokers import (
+from tests._cluster import (
     cluster_broker,
-    logs,  # noqa: F401 (a fixture)
     owner_id,
     owners,
     spread_over,
     topic_in,
     wait_for,
 )
+from tests.conftest import BrokerProcess, until
 
 pytestmark = pytest.mark.integration
 
@@ -141,7 +140,7 @@ async def _read_all(url: str, topic: str, subscription: str) -> list[bytes]:
 async def test_the_primary_sigkilled_and_its_synchronous_standby_promoted_loses_nothing(
     tmp_path: Path,
     replicated: Replicated,
-    logs: list[BrokerProcess],  # noqa: F811
+    logs: list[BrokerProcess],
 ) -> None:
     ha = replicated
     await wait_for("the standby replicates synchronously", lambda: synchronous(ha.primary))
@@ -224,7 +223,7 @@ async def _watch(client: Client, topic: str, seen: list[bytes]) -> None:
 
 async def test_a_broker_that_finds_no_writable_server_for_store_wait_exits_1(
     tmp_path: Path,
-    logs: list[BrokerProcess],  # noqa: F811
+    logs: list[BrokerProcess],
 ) -> None:
     data = PostgresCluster()
     server = PostgresServer(data)

@@ -24,24 +24,14 @@ from typing import Any
 
 import asyncpg
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from broker.cli import main
 from client import Client
 from client._connection import Command, Connection, command
 from client._foreign import tls_context
 from client._txn import TxnState
+from tests._cluster import cluster_broker, owner_id, placed, received, scrape, three_topics
 from tests.conftest import BrokerProcess, PortTaken, free_port
-from tests.test_cluster_brokers import (
-    cluster_broker,
-    logs,  # noqa: F401 (a fixture)
-    owner_id,
-    owners,
-    topic_in,
-    wait_for,
-)
-from tests.test_cluster_clients import settled
-from tests.test_cluster_txn import received
 from tests.test_metrics import value
 from tests.test_security import self_signed
 
@@ -80,16 +70,6 @@ class Advertised(BrokerProcess):
             raise
 
 
-def scrape(proc: BrokerProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    status, body = proc.admin("GET", "/metrics")
-    assert status == 200
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(body.decode())
-        for s in family.samples
-    }
-
-
 def admin_call(proc: BrokerProcess, path: str) -> tuple[int, Any, dict[str, str]]:
     """(status, JSON answer, headers) of ``GET path`` at ``proc`` over TLS."""
     assert proc.tls is not None
@@ -104,7 +84,7 @@ def admin_call(proc: BrokerProcess, path: str) -> tuple[int, Any, dict[str, str]
 async def test_brokers_on_every_interface_with_tls_advertise_reach_and_trust_each_other(
     tmp_path: Path,
     pg_url: str,
-    logs: list[BrokerProcess],  # noqa: F811
+    logs: list[BrokerProcess],
 ) -> None:
     cert, key = self_signed(tmp_path)
     for i in range(3):
@@ -113,7 +93,7 @@ async def test_brokers_on_every_interface_with_tls_advertise_reach_and_trust_eac
             proc.stream_port = free_port()
         logs.append(proc)
         proc.start()
-    await wait_for("slots placed on the 3 brokers", lambda: settled(pg_url, logs))
+    found = await placed(pg_url, logs)
 
     # The membership publishes the advertised URLs, never the wildcard; the
     # Kafka listener's address takes the advertised URL's host.
@@ -129,12 +109,8 @@ async def test_brokers_on_every_interface_with_tls_advertise_reach_and_trust_eac
     assert sorted(r["urls"] for r in rows) == published
     assert all("0.0.0.0" not in r["urls"] for r in rows)
 
-    found = await owners(pg_url)
-    anchor, out, into = (
-        topic_in(min(found[owner_id(proc)]), prefix)
-        for proc, prefix in zip(logs, ("anchor", "out", "in"), strict=True)
-    )
     a, b, c = logs
+    anchor, out, into = three_topics(found, logs)
     async with Client(a.url, tls_ca=cert, operation_timeout=30.0) as client:
         source = await client.create_producer(into)
         for i in range(2):

@@ -18,37 +18,23 @@ import pytest
 
 from client import Client, SubscriptionCursor, TransactionGroups, errors
 from proto import txnbuf_pb2 as pb
+from tests._cluster import first_slot, start_placed, topic_in, topic_on
 from tests.conftest import BrokerProcess, RawConnection
-from tests.test_cluster_brokers import (
-    logs,  # noqa: F401 (a fixture)
-    owner_id,
-    owners,
-    start_all,
-    topic_in,
-    wait_for,
-)
-from tests.test_cluster_clients import settled
 
 pytestmark = pytest.mark.integration
 
 COUNT = 120
 
 
-async def _elsewhere(pg_url: str, procs: list[BrokerProcess], prefix: str) -> tuple[str, int]:
-    """A topic (and its slot) owned by ``procs[1]``, not by the home broker ``procs[0]``."""
-    slot = min((await owners(pg_url))[owner_id(procs[1])])
-    return topic_in(slot, prefix), slot
-
-
 async def test_readers_cursors_groups_and_epoch_producers_reach_other_brokers(
     tmp_path: Path,
     pg_url: str,
-    logs: list[BrokerProcess],  # noqa: F811
+    logs: list[BrokerProcess],
 ) -> None:
-    start_all(tmp_path, pg_url, 3, 2.0, logs)
-    await wait_for("slots placed on the 3 brokers", lambda: settled(pg_url, logs))
-    home, owner = logs[0], logs[1]
-    topic, slot = await _elsewhere(pg_url, logs, "read")
+    found = await start_placed(tmp_path, pg_url, logs)
+    home, owner = logs[0], logs[1]  # (a topic owned by another broker than the home one)
+    slot = first_slot(found, owner)
+    topic = topic_in(slot, "read")
     async with Client(home.url, operation_timeout=30.0) as client:
         producer = await client.create_producer(topic)
         assert producer._conn.url == owner.url
@@ -101,7 +87,7 @@ async def test_readers_cursors_groups_and_epoch_producers_reach_other_brokers(
         # A transaction over a topic of another broker than the producer's
         # coordinator too: its sends go to that topic's owner, which checks
         # them with the coordinator; it commits, and it aborts.
-        other_topic, _ = await _elsewhere(pg_url, [home, logs[2]], "other")
+        other_topic = topic_on(found, logs[2], "other")
         plain = await client.create_producer(other_topic)
         assert plain._conn.url == logs[2].url != epoch._conn.url
         there = await client.create_reader(other_topic)
@@ -130,10 +116,9 @@ async def _read_across(
 ) -> list[bytes]:
     """A reader of a topic of ``procs[0]``'s, reading while a producer sends
     and ``procs[0]`` is sent ``how``; what the reader read."""
-    start_all(tmp_path, pg_url, 3, ttl, procs)
-    await wait_for("slots placed on the 3 brokers", lambda: settled(pg_url, procs))
+    found = await start_placed(tmp_path, pg_url, procs, ttl=ttl)
     victim, home = procs[0], procs[1]
-    topic = topic_in(min((await owners(pg_url))[owner_id(victim)]), "moving")
+    topic = topic_on(found, victim, "moving")
     async with Client(home.url, operation_timeout=60.0) as client:
         producer = await client.create_producer(topic)
         reader = await client.create_reader(topic, batch=7)
@@ -166,7 +151,7 @@ async def _read_across(
 async def test_a_reader_reads_on_across_a_sigkill_of_its_topics_owner(
     tmp_path: Path,
     pg_url: str,
-    logs: list[BrokerProcess],  # noqa: F811
+    logs: list[BrokerProcess],
 ) -> None:
     read = await _read_across(tmp_path, pg_url, logs, 2.0, signal.SIGKILL)
     assert read == [b"m%04d" % i for i in range(COUNT)], "a gap or a repeat"
@@ -175,7 +160,7 @@ async def test_a_reader_reads_on_across_a_sigkill_of_its_topics_owner(
 async def test_a_reader_reads_on_across_a_sigterm_handover(
     tmp_path: Path,
     pg_url: str,
-    logs: list[BrokerProcess],  # noqa: F811
+    logs: list[BrokerProcess],
 ) -> None:
     read = await _read_across(tmp_path, pg_url, logs, 30.0, signal.SIGTERM)
     assert read == [b"m%04d" % i for i in range(COUNT)], "a gap or a repeat"
@@ -184,17 +169,16 @@ async def test_a_reader_reads_on_across_a_sigterm_handover(
 async def test_an_epoch_producer_and_a_transaction_group_follow_a_sigkill_of_their_owner(
     tmp_path: Path,
     pg_url: str,
-    logs: list[BrokerProcess],  # noqa: F811
+    logs: list[BrokerProcess],
 ) -> None:
     """A producer-epoch mode producer and a transaction group whose
     coordinator and topic are a killed broker's go on at the new owner: the
     epoch producer's transaction under way is not reported committed (the
     new owner's recovery aborted it), its next one commits; a group's
     transaction prepared before the kill is committed after it."""
-    start_all(tmp_path, pg_url, 3, 2.0, logs)
-    await wait_for("slots placed on the 3 brokers", lambda: settled(pg_url, logs))
+    found = await start_placed(tmp_path, pg_url, logs)
     victim, home = logs[0], logs[1]
-    slot = min((await owners(pg_url))[owner_id(victim)])
+    slot = first_slot(found, victim)
     topic = topic_in(slot, "moving")
     async with Client(home.url, operation_timeout=60.0) as client:
         producer = await client.create_producer(topic)

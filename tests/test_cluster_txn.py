@@ -25,61 +25,25 @@ from client import Client, errors
 from client._txn import TxnState
 from proto import stream_frame
 from proto import txnbuf_pb2 as pb
-from tests.conftest import BrokerProcess, RawConnection, free_port, until
-from tests.test_cluster_admin import scrape
-from tests.test_cluster_brokers import (
-    cluster_broker,
-    logs,  # noqa: F401 (a fixture)
-    owner_id,
-    owners,
+from tests._cluster import (
+    placed,
+    received,
+    scrape,
     slots,
     spread_over,
-    start_all,
-    topic_in,
+    three_brokers,
     wait_for,
 )
-from tests.test_cluster_clients import settled
+from tests.conftest import BrokerProcess, RawConnection, until
 from tests.test_metrics import value
 
 pytestmark = pytest.mark.integration
 
 
-async def three_brokers(
-    tmp_path: Path, pg_url: str, procs: list[BrokerProcess], stream: bool = False
-) -> tuple[str, str, str]:
-    """Three brokers, settled: a topic in a slot of each (the first's slot
-    also names its coordinator: `Client.new_transaction(near=...)`);
-    ``stream``: each serves the raw TCP listener too."""
-    if stream:
-        for i in range(3):
-            proc = cluster_broker(tmp_path, pg_url, f"b{i}", 2.0)
-            proc.stream_port = free_port()
-            procs.append(proc)
-            proc.start()
-    else:
-        start_all(tmp_path, pg_url, 3, 2.0, procs)
-    await wait_for("slots placed on the 3 brokers", lambda: settled(pg_url, procs))
-    found = await owners(pg_url)
-    anchor, out, into = (
-        topic_in(min(found[owner_id(proc)]), prefix)
-        for proc, prefix in zip(procs, ("anchor", "out", "in"), strict=True)
-    )
-    return anchor, out, into
-
-
-async def received(consumer: object, count: int) -> list[bytes]:
-    values = []
-    for _ in range(count):
-        message = await consumer.receive(timeout=60)  # type: ignore[attr-defined]
-        values.append(message.value)
-        await consumer.acknowledge(message)  # type: ignore[attr-defined]
-    return values
-
-
 async def test_a_transaction_across_three_brokers_commits_and_aborts(
     tmp_path: Path,
     pg_url: str,
-    logs: list[BrokerProcess],  # noqa: F811
+    logs: list[BrokerProcess],
 ) -> None:
     anchor, out, into = await three_brokers(tmp_path, pg_url, logs)
     async with Client(logs[0].url, operation_timeout=30.0) as client:
@@ -134,7 +98,7 @@ async def test_a_transaction_across_three_brokers_commits_and_aborts(
 async def test_a_participant_refuses_a_send_of_a_transaction_not_open_at_its_coordinator(
     tmp_path: Path,
     pg_url: str,
-    logs: list[BrokerProcess],  # noqa: F811
+    logs: list[BrokerProcess],
 ) -> None:
     anchor, out, into = await three_brokers(tmp_path, pg_url, logs)
     async with Client(logs[0].url, operation_timeout=30.0) as client:
@@ -196,7 +160,7 @@ async def test_a_participant_refuses_a_send_of_a_transaction_not_open_at_its_coo
 async def test_end_txn_on_a_participant_is_refused_to_all_but_a_clusters_brokers(
     tmp_path: Path,
     pg_url: str,
-    logs: list[BrokerProcess],  # noqa: F811
+    logs: list[BrokerProcess],
 ) -> None:
     _, out, _ = await three_brokers(tmp_path, pg_url, logs, stream=True)
     forged = pb.CommandEndTxnOnPartition(
@@ -328,7 +292,7 @@ async def _check(client: Client, out: str, got: dict[object, bytes], enough: asy
 async def test_the_exactly_once_copy_across_brokers_survives_their_faults(
     tmp_path: Path,
     pg_url: str,
-    logs: list[BrokerProcess],  # noqa: F811
+    logs: list[BrokerProcess],
     fault: str,
 ) -> None:
     """The coordinator's broker (a), the input's (b) and the output's (c,
@@ -375,7 +339,7 @@ async def test_the_exactly_once_copy_across_brokers_survives_their_faults(
                 "a woke fenced and dropped everything",
                 lambda: _true("dropping everything held in memory" in a.log()),
             )
-            await wait_for("slots placed on the 3 brokers", lambda: settled(pg_url, logs))
+            await placed(pg_url, logs)
         # What is stored: every input message in the output once, nothing
         # more. (By message id: a reconnect of the reader delivers again
         # what it had not acknowledged.)
@@ -424,7 +388,7 @@ async def _as_cluster_broker(url: str, pg_url: str) -> aiohttp.ClientWebSocketRe
 async def test_a_participant_refuses_an_end_from_a_stale_coordinator(
     tmp_path: Path,
     pg_url: str,
-    logs: list[BrokerProcess],  # noqa: F811
+    logs: list[BrokerProcess],
 ) -> None:
     anchor, out, _ = await three_brokers(tmp_path, pg_url, logs)
     async with Client(logs[0].url, operation_timeout=30.0) as client:
@@ -477,7 +441,7 @@ async def until_answered(txn: object) -> None:
 async def test_end_txn_is_sent_again_at_the_coordinators_new_owner(
     tmp_path: Path,
     pg_url: str,
-    logs: list[BrokerProcess],  # noqa: F811
+    logs: list[BrokerProcess],
 ) -> None:
     """A coordinator's broker paused while the client commits: the END gets
     no answer, its slot moves, and the END is sent again at the new owner,

@@ -31,11 +31,8 @@ from client import Client, Message, errors
 from pipelines._options import SinkOptions
 from pipelines._runner import close_all
 from pipelines._sink import SinkCommit, commit_batch, write_task
-from tests.conftest import BrokerProcess
-from tests.spark_support import ROOT, sink_transactions
-from tests.test_cluster_brokers import (
+from tests._cluster import (
     SLOTS,
-    logs,  # noqa: F401 (a fixture)
     owner_id,
     owners,
     served_by,
@@ -44,6 +41,8 @@ from tests.test_cluster_brokers import (
     topic_in,
     wait_for,
 )
+from tests.conftest import BrokerProcess
+from tests.spark_support import ROOT, sink_transactions
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
 
@@ -136,7 +135,7 @@ async def sink_across_brokers(service: str, pg_url: str, procs: list[BrokerProce
 async def test_the_copy_job_runs_exactly_once_through_a_sigkill_of_the_sinks_broker(
     tmp_path: Path,
     pg_url: str,
-    logs: list[BrokerProcess],  # noqa: F811
+    logs: list[BrokerProcess],
 ) -> None:
     started = time.monotonic()
     start_all(tmp_path, pg_url, 3, 2.0, logs)
