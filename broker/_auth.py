@@ -26,8 +26,9 @@ Roles and permissions:
   everything a client may, and use the admin API: its connections hold
   `ADMIN_ROLE`.
 - The ``cluster`` role (a token whose subject is ``cluster``) is the only
-  one that may send END_TXN_ON_PARTITION / END_TXN_ON_SUBSCRIPTION
-  (`broker._connection.CLUSTER_ROLE`); it gets nothing else for free.
+  one that may send END_TXN_ON_PARTITION / END_TXN_ON_SUBSCRIPTION and
+  GROUP_CURSORS (`broker._connection.CLUSTER_ROLE`); it gets nothing else
+  for free.
 - Every other role holds what the ACL grants it (`AclEntry`): ``produce``
   and ``consume`` on topics, ``consume`` on subscriptions, ``produce`` and
   KIP-939's ``two_phase_commit`` on transactional ids. A resource is named with
@@ -58,7 +59,9 @@ changes; a refusal is AUTHORIZATION_ERROR naming the permission):
   driver with its executors' role may end their transactions; a stranger
   may not commit or abort them. One that registered nothing may be ended
   by any role.
-- END_TXN_ON_PARTITION, END_TXN_ON_SUBSCRIPTION: the ``cluster`` role.
+- END_TXN_ON_PARTITION, END_TXN_ON_SUBSCRIPTION, GROUP_CURSORS (a Kafka
+  group's offsets at their topic's owner, `broker._group_cursors`): the
+  ``cluster`` role.
 - Transaction groups (`broker._groups`): NEW_TXN with a tag as NEW_TXN;
   PREPARE_TXN, COMMIT_GROUP and ABORT_TAGGED as END_TXN, for every
   transaction they decide (a group is refused whole if one is refused).

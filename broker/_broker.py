@@ -749,6 +749,12 @@ class PeerRequests(Protocol):
 
     def forget(self, txnid: TxnID, participant: str) -> None: ...
 
+    async def topic_owner(self, topic: str) -> str: ...
+
+    async def group_cursors(
+        self, url: str, fill: Callable[[pb.CommandGroupCursors], None], what: str
+    ) -> pb.CommandGroupCursorsResponse: ...
+
 
 class ClusterGate(Protocol):
     """What a cluster broker's host (`broker._cluster.ClusterHost`) answers

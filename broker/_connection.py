@@ -45,6 +45,7 @@ from broker._broker import Broker, ConnectedProducer
 from broker._context import Handlers, command, merge_handlers, success
 from broker._epoch import epoch_handlers
 from broker._errors import REFUSALS, error_code, error_text
+from broker._group_cursors import group_cursor_handlers
 from broker._groups import group_handlers
 from broker._local import LocalCommits
 from broker._reader import reader_handlers
@@ -160,6 +161,7 @@ class Connection:
             reader_handlers(self),  # (reading by position)
             group_handlers(self),  # (transaction groups)
             seek_handlers(self),  # (a consumer's seek and unsubscribe)
+            group_cursor_handlers(self),  # (a Kafka group's offsets, from its coordinator)
         )
 
     # -- the loops ------------------------------------------------------------------
@@ -737,7 +739,7 @@ class Connection:
         if role not in self.roles:
             raise refusals.AuthorizationError(
                 f"{what} needs the {role!r} role, which this connection does not hold "
-                "(only a transaction's coordinator ends it on its participants)",
+                "(only the cluster's brokers send it to each other)",
             )
 
     # -- authentication and authorization (`broker._auth`) ---------------------------

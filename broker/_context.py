@@ -3,8 +3,9 @@
 The connection (`broker._connection.Connection`) reads frames and hands each
 command to the handler of its type. The handlers live in modules by
 subject (`broker._transactions`, `broker._epoch`, `broker._groups`,
-`broker._reader`, `broker._seek`), each exporting a table ``type -> handler``
-that the connection pulls in; none of them imports the connection. What
+`broker._reader`, `broker._seek`, `broker._group_cursors`), each
+exporting a table ``type -> handler`` that the connection pulls in; none
+of them imports the connection. What
 they get is a `Context`: the broker, who the client is, its consumers, and
 the four things a handler does on the connection (send an answer, run a
 task, answer a request from a task, require a role). Imports go one way:

@@ -28,6 +28,12 @@ cluster's secret, docs/security.md):
   once durable. A yes is cached per transaction and participant until the
   transaction ends there.
 
+A third goes from a Kafka group's coordinator to a topic's owner
+(`Peers.group_cursors`): GROUP_CURSORS commits or fetches the group's
+offsets, the cursors of its subscription there (`broker._group_cursors`).
+It is tried once, at the owner the last look names (the tables read again
+if it names none live): a failure is the Kafka client's to retry.
+
 Connections are made on first use, one per broker URL, and closed when a
 broker stops answering (the next try looks the owner up again).
 """
@@ -191,7 +197,13 @@ class Peers:
         if conn is not None:
             await conn.close()
 
-    async def _request(self, url: str, build: Callable[[int], Command], what: str) -> Command:
+    async def _request(
+        self,
+        url: str,
+        build: Callable[[int], Command],
+        what: str,
+        expect: pb.BaseCommand.Type = Command.TXN_RESPONSE,
+    ) -> Command:
         conn = self._connection(url)
         try:
             await conn.start()
@@ -204,7 +216,7 @@ class Peers:
             )
             raise ConnectionLostError(f"{what}: {url} cannot be reached: {exc}{hint}") from exc
         try:
-            return await conn.request(build, Command.TXN_RESPONSE, what, link_bound=False)
+            return await conn.request(build, expect, what, link_bound=False)
         except (ConnectionLostError, OperationTimeoutError):
             await self._forget(url)
             raise
@@ -291,6 +303,40 @@ class Peers:
             fresh = True
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX)
+
+    # -- a Kafka group's offsets at their topic's owner ------------------------------
+
+    async def topic_owner(self, topic: str) -> str:
+        """The URL of the owner of ``topic``'s slot ("" if it is this broker)
+        as the last look saw it, or, if it saw none live, as the tables read
+        again say; `refusals.NotOwner` (retriable) while none is."""
+        slot = slot_of_key(topic, self.host.broker.store.slot_count)
+        try:
+            return await self._owner(slot, f"topic {topic!r}", False)
+        except refusals.NotOwner:
+            return await self._owner(slot, f"topic {topic!r}", True)
+
+    async def group_cursors(
+        self, url: str, fill: Callable[[pb.CommandGroupCursors], None], what: str
+    ) -> pb.CommandGroupCursorsResponse:
+        """GROUP_CURSORS (``fill`` writes the request) to the broker at
+        ``url``, once: its answer, or `refusals.ServiceNotReady` (retriable)
+        if it cannot be reached or does not answer in time, or its refusal
+        of the whole request (its own code: NOT_OWNER, ...)."""
+
+        def build(request_id: int) -> Command:
+            cmd = Command(type=T.GROUP_CURSORS)
+            cmd.group_cursors.request_id = request_id
+            fill(cmd.group_cursors)
+            return cmd
+
+        try:
+            reply = await self._request(url, build, what, Command.GROUP_CURSORS_RESPONSE)
+        except (ConnectionLostError, OperationTimeoutError) as exc:
+            raise refusals.ServiceNotReady(f"{what}: {exc}") from None
+        except TxnbufError as exc:
+            raise _as_refusal(exc) from None
+        return reply.group_cursors_response
 
     # -- a participant checking with a coordinator elsewhere ------------------------
 

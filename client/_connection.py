@@ -136,6 +136,8 @@ ANSWERS = frozenset(
         Type.READ_ENTRIES_RESPONSE,
         Type.CURSOR_RESPONSE,
         Type.TXN_GROUP_RESPONSE,
+        # a Kafka group's offsets at their topic's owner (broker._peers)
+        Type.GROUP_CURSORS_RESPONSE,
     }
 )
 # Answers handed out in a row before the reader yields to their waiters
@@ -152,6 +154,7 @@ ANSWERS_WITH_ERROR = {
     Type.READ_ENTRIES_RESPONSE: "read_entries_response",
     Type.CURSOR_RESPONSE: "cursor_response",
     Type.TXN_GROUP_RESPONSE: "txn_group_response",
+    Type.GROUP_CURSORS_RESPONSE: "group_cursors_response",
 }
 
 

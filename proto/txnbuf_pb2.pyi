@@ -1017,6 +1017,56 @@ class CommandCursorResponse(_message.Message):
     positions: _containers.RepeatedCompositeFieldContainer[PartitionPosition]
     def __init__(self, request_id: _Optional[int] = ..., error: _Optional[_Union[ServerError, str]] = ..., message: _Optional[str] = ..., positions: _Optional[_Iterable[_Union[PartitionPosition, _Mapping]]] = ...) -> None: ...
 
+class CursorAt(_message.Message):
+    __slots__ = ("topic", "partition", "entry_id", "index", "none", "error", "message")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    NONE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    entry_id: int
+    index: int
+    none: bool
+    error: ServerError
+    message: str
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., entry_id: _Optional[int] = ..., index: _Optional[int] = ..., none: _Optional[bool] = ..., error: _Optional[_Union[ServerError, str]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class CommandGroupCursors(_message.Message):
+    __slots__ = ("request_id", "subscription", "commit", "positions", "all", "producer_id", "producer_epoch", "transactional_id")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    ALL_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    subscription: str
+    commit: bool
+    positions: _containers.RepeatedCompositeFieldContainer[CursorAt]
+    all: bool
+    producer_id: int
+    producer_epoch: int
+    transactional_id: str
+    def __init__(self, request_id: _Optional[int] = ..., subscription: _Optional[str] = ..., commit: _Optional[bool] = ..., positions: _Optional[_Iterable[_Union[CursorAt, _Mapping]]] = ..., all: _Optional[bool] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., transactional_id: _Optional[str] = ...) -> None: ...
+
+class CommandGroupCursorsResponse(_message.Message):
+    __slots__ = ("request_id", "error", "message", "positions")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    error: ServerError
+    message: str
+    positions: _containers.RepeatedCompositeFieldContainer[CursorAt]
+    def __init__(self, request_id: _Optional[int] = ..., error: _Optional[_Union[ServerError, str]] = ..., message: _Optional[str] = ..., positions: _Optional[_Iterable[_Union[CursorAt, _Mapping]]] = ...) -> None: ...
+
 class CommandBatch(_message.Message):
     __slots__ = ("commands",)
     COMMANDS_FIELD_NUMBER: _ClassVar[int]
@@ -1024,7 +1074,7 @@ class CommandBatch(_message.Message):
     def __init__(self, commands: _Optional[_Iterable[_Union[BaseCommand, _Mapping]]] = ...) -> None: ...
 
 class BaseCommand(_message.Message):
-    __slots__ = ("type", "connect", "connected", "partitioned_metadata", "partitioned_metadata_response", "lookup", "lookup_response", "producer", "producer_success", "close_producer", "send", "send_receipt", "send_error", "subscribe", "flow", "message", "ack", "ack_response", "redeliver_unacknowledged", "close_consumer", "active_consumer_change", "success", "error", "ping", "pong", "new_txn", "new_txn_response", "add_partition_to_txn", "add_subscription_to_txn", "end_txn", "txn_response", "end_txn_on_partition", "end_txn_on_subscription", "batch", "commit_txn", "prepare_txn", "commit_group", "abort_tagged", "txn_group_response", "init_producer_id", "init_producer_id_response", "produce", "producer_txn_response", "txn_offsets", "prepare_producer_txn", "end_producer_txn", "read_entries", "read_entries_response", "cursor", "cursor_response", "seek", "unsubscribe")
+    __slots__ = ("type", "connect", "connected", "partitioned_metadata", "partitioned_metadata_response", "lookup", "lookup_response", "producer", "producer_success", "close_producer", "send", "send_receipt", "send_error", "subscribe", "flow", "message", "ack", "ack_response", "redeliver_unacknowledged", "close_consumer", "active_consumer_change", "success", "error", "ping", "pong", "new_txn", "new_txn_response", "add_partition_to_txn", "add_subscription_to_txn", "end_txn", "txn_response", "end_txn_on_partition", "end_txn_on_subscription", "batch", "commit_txn", "prepare_txn", "commit_group", "abort_tagged", "txn_group_response", "init_producer_id", "init_producer_id_response", "produce", "producer_txn_response", "txn_offsets", "prepare_producer_txn", "end_producer_txn", "read_entries", "read_entries_response", "cursor", "cursor_response", "group_cursors", "group_cursors_response", "seek", "unsubscribe")
     class Type(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         TYPE_UNSPECIFIED: _ClassVar[BaseCommand.Type]
@@ -1077,6 +1127,8 @@ class BaseCommand(_message.Message):
         READ_ENTRIES_RESPONSE: _ClassVar[BaseCommand.Type]
         CURSOR: _ClassVar[BaseCommand.Type]
         CURSOR_RESPONSE: _ClassVar[BaseCommand.Type]
+        GROUP_CURSORS: _ClassVar[BaseCommand.Type]
+        GROUP_CURSORS_RESPONSE: _ClassVar[BaseCommand.Type]
         SEEK: _ClassVar[BaseCommand.Type]
         UNSUBSCRIBE: _ClassVar[BaseCommand.Type]
     TYPE_UNSPECIFIED: BaseCommand.Type
@@ -1129,6 +1181,8 @@ class BaseCommand(_message.Message):
     READ_ENTRIES_RESPONSE: BaseCommand.Type
     CURSOR: BaseCommand.Type
     CURSOR_RESPONSE: BaseCommand.Type
+    GROUP_CURSORS: BaseCommand.Type
+    GROUP_CURSORS_RESPONSE: BaseCommand.Type
     SEEK: BaseCommand.Type
     UNSUBSCRIBE: BaseCommand.Type
     TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -1181,6 +1235,8 @@ class BaseCommand(_message.Message):
     READ_ENTRIES_RESPONSE_FIELD_NUMBER: _ClassVar[int]
     CURSOR_FIELD_NUMBER: _ClassVar[int]
     CURSOR_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_CURSORS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_CURSORS_RESPONSE_FIELD_NUMBER: _ClassVar[int]
     SEEK_FIELD_NUMBER: _ClassVar[int]
     UNSUBSCRIBE_FIELD_NUMBER: _ClassVar[int]
     type: BaseCommand.Type
@@ -1233,6 +1289,8 @@ class BaseCommand(_message.Message):
     read_entries_response: CommandReadEntriesResponse
     cursor: CommandCursor
     cursor_response: CommandCursorResponse
+    group_cursors: CommandGroupCursors
+    group_cursors_response: CommandGroupCursorsResponse
     seek: CommandSeek
     unsubscribe: CommandUnsubscribe
-    def __init__(self, type: _Optional[_Union[BaseCommand.Type, str]] = ..., connect: _Optional[_Union[CommandConnect, _Mapping]] = ..., connected: _Optional[_Union[CommandConnected, _Mapping]] = ..., partitioned_metadata: _Optional[_Union[CommandPartitionedMetadata, _Mapping]] = ..., partitioned_metadata_response: _Optional[_Union[CommandPartitionedMetadataResponse, _Mapping]] = ..., lookup: _Optional[_Union[CommandLookupTopic, _Mapping]] = ..., lookup_response: _Optional[_Union[CommandLookupTopicResponse, _Mapping]] = ..., producer: _Optional[_Union[CommandProducer, _Mapping]] = ..., producer_success: _Optional[_Union[CommandProducerSuccess, _Mapping]] = ..., close_producer: _Optional[_Union[CommandCloseProducer, _Mapping]] = ..., send: _Optional[_Union[CommandSend, _Mapping]] = ..., send_receipt: _Optional[_Union[CommandSendReceipt, _Mapping]] = ..., send_error: _Optional[_Union[CommandSendError, _Mapping]] = ..., subscribe: _Optional[_Union[CommandSubscribe, _Mapping]] = ..., flow: _Optional[_Union[CommandFlow, _Mapping]] = ..., message: _Optional[_Union[CommandMessage, _Mapping]] = ..., ack: _Optional[_Union[CommandAck, _Mapping]] = ..., ack_response: _Optional[_Union[CommandAckResponse, _Mapping]] = ..., redeliver_unacknowledged: _Optional[_Union[CommandRedeliverUnacknowledged, _Mapping]] = ..., close_consumer: _Optional[_Union[CommandCloseConsumer, _Mapping]] = ..., active_consumer_change: _Optional[_Union[CommandActiveConsumerChange, _Mapping]] = ..., success: _Optional[_Union[CommandSuccess, _Mapping]] = ..., error: _Optional[_Union[CommandError, _Mapping]] = ..., ping: _Optional[_Union[CommandPing, _Mapping]] = ..., pong: _Optional[_Union[CommandPong, _Mapping]] = ..., new_txn: _Optional[_Union[CommandNewTxn, _Mapping]] = ..., new_txn_response: _Optional[_Union[CommandNewTxnResponse, _Mapping]] = ..., add_partition_to_txn: _Optional[_Union[CommandAddPartitionToTxn, _Mapping]] = ..., add_subscription_to_txn: _Optional[_Union[CommandAddSubscriptionToTxn, _Mapping]] = ..., end_txn: _Optional[_Union[CommandEndTxn, _Mapping]] = ..., txn_response: _Optional[_Union[CommandTxnResponse, _Mapping]] = ..., end_txn_on_partition: _Optional[_Union[CommandEndTxnOnPartition, _Mapping]] = ..., end_txn_on_subscription: _Optional[_Union[CommandEndTxnOnSubscription, _Mapping]] = ..., batch: _Optional[_Union[CommandBatch, _Mapping]] = ..., commit_txn: _Optional[_Union[CommandCommitTxn, _Mapping]] = ..., prepare_txn: _Optional[_Union[CommandPrepareTxn, _Mapping]] = ..., commit_group: _Optional[_Union[CommandCommitGroup, _Mapping]] = ..., abort_tagged: _Optional[_Union[CommandAbortTagged, _Mapping]] = ..., txn_group_response: _Optional[_Union[CommandTxnGroupResponse, _Mapping]] = ..., init_producer_id: _Optional[_Union[CommandInitProducerId, _Mapping]] = ..., init_producer_id_response: _Optional[_Union[CommandInitProducerIdResponse, _Mapping]] = ..., produce: _Optional[_Union[CommandProduce, _Mapping]] = ..., producer_txn_response: _Optional[_Union[CommandProducerTxnResponse, _Mapping]] = ..., txn_offsets: _Optional[_Union[CommandTxnOffsets, _Mapping]] = ..., prepare_producer_txn: _Optional[_Union[CommandPrepareProducerTxn, _Mapping]] = ..., end_producer_txn: _Optional[_Union[CommandEndProducerTxn, _Mapping]] = ..., read_entries: _Optional[_Union[CommandReadEntries, _Mapping]] = ..., read_entries_response: _Optional[_Union[CommandReadEntriesResponse, _Mapping]] = ..., cursor: _Optional[_Union[CommandCursor, _Mapping]] = ..., cursor_response: _Optional[_Union[CommandCursorResponse, _Mapping]] = ..., seek: _Optional[_Union[CommandSeek, _Mapping]] = ..., unsubscribe: _Optional[_Union[CommandUnsubscribe, _Mapping]] = ...) -> None: ...
+    def __init__(self, type: _Optional[_Union[BaseCommand.Type, str]] = ..., connect: _Optional[_Union[CommandConnect, _Mapping]] = ..., connected: _Optional[_Union[CommandConnected, _Mapping]] = ..., partitioned_metadata: _Optional[_Union[CommandPartitionedMetadata, _Mapping]] = ..., partitioned_metadata_response: _Optional[_Union[CommandPartitionedMetadataResponse, _Mapping]] = ..., lookup: _Optional[_Union[CommandLookupTopic, _Mapping]] = ..., lookup_response: _Optional[_Union[CommandLookupTopicResponse, _Mapping]] = ..., producer: _Optional[_Union[CommandProducer, _Mapping]] = ..., producer_success: _Optional[_Union[CommandProducerSuccess, _Mapping]] = ..., close_producer: _Optional[_Union[CommandCloseProducer, _Mapping]] = ..., send: _Optional[_Union[CommandSend, _Mapping]] = ..., send_receipt: _Optional[_Union[CommandSendReceipt, _Mapping]] = ..., send_error: _Optional[_Union[CommandSendError, _Mapping]] = ..., subscribe: _Optional[_Union[CommandSubscribe, _Mapping]] = ..., flow: _Optional[_Union[CommandFlow, _Mapping]] = ..., message: _Optional[_Union[CommandMessage, _Mapping]] = ..., ack: _Optional[_Union[CommandAck, _Mapping]] = ..., ack_response: _Optional[_Union[CommandAckResponse, _Mapping]] = ..., redeliver_unacknowledged: _Optional[_Union[CommandRedeliverUnacknowledged, _Mapping]] = ..., close_consumer: _Optional[_Union[CommandCloseConsumer, _Mapping]] = ..., active_consumer_change: _Optional[_Union[CommandActiveConsumerChange, _Mapping]] = ..., success: _Optional[_Union[CommandSuccess, _Mapping]] = ..., error: _Optional[_Union[CommandError, _Mapping]] = ..., ping: _Optional[_Union[CommandPing, _Mapping]] = ..., pong: _Optional[_Union[CommandPong, _Mapping]] = ..., new_txn: _Optional[_Union[CommandNewTxn, _Mapping]] = ..., new_txn_response: _Optional[_Union[CommandNewTxnResponse, _Mapping]] = ..., add_partition_to_txn: _Optional[_Union[CommandAddPartitionToTxn, _Mapping]] = ..., add_subscription_to_txn: _Optional[_Union[CommandAddSubscriptionToTxn, _Mapping]] = ..., end_txn: _Optional[_Union[CommandEndTxn, _Mapping]] = ..., txn_response: _Optional[_Union[CommandTxnResponse, _Mapping]] = ..., end_txn_on_partition: _Optional[_Union[CommandEndTxnOnPartition, _Mapping]] = ..., end_txn_on_subscription: _Optional[_Union[CommandEndTxnOnSubscription, _Mapping]] = ..., batch: _Optional[_Union[CommandBatch, _Mapping]] = ..., commit_txn: _Optional[_Union[CommandCommitTxn, _Mapping]] = ..., prepare_txn: _Optional[_Union[CommandPrepareTxn, _Mapping]] = ..., commit_group: _Optional[_Union[CommandCommitGroup, _Mapping]] = ..., abort_tagged: _Optional[_Union[CommandAbortTagged, _Mapping]] = ..., txn_group_response: _Optional[_Union[CommandTxnGroupResponse, _Mapping]] = ..., init_producer_id: _Optional[_Union[CommandInitProducerId, _Mapping]] = ..., init_producer_id_response: _Optional[_Union[CommandInitProducerIdResponse, _Mapping]] = ..., produce: _Optional[_Union[CommandProduce, _Mapping]] = ..., producer_txn_response: _Optional[_Union[CommandProducerTxnResponse, _Mapping]] = ..., txn_offsets: _Optional[_Union[CommandTxnOffsets, _Mapping]] = ..., prepare_producer_txn: _Optional[_Union[CommandPrepareProducerTxn, _Mapping]] = ..., end_producer_txn: _Optional[_Union[CommandEndProducerTxn, _Mapping]] = ..., read_entries: _Optional[_Union[CommandReadEntries, _Mapping]] = ..., read_entries_response: _Optional[_Union[CommandReadEntriesResponse, _Mapping]] = ..., cursor: _Optional[_Union[CommandCursor, _Mapping]] = ..., cursor_response: _Optional[_Union[CommandCursorResponse, _Mapping]] = ..., group_cursors: _Optional[_Union[CommandGroupCursors, _Mapping]] = ..., group_cursors_response: _Optional[_Union[CommandGroupCursorsResponse, _Mapping]] = ..., seek: _Optional[_Union[CommandSeek, _Mapping]] = ..., unsubscribe: _Optional[_Union[CommandUnsubscribe, _Mapping]] = ...) -> None: ...

@@ -9,10 +9,13 @@ FindCoordinator answers the owner of a group's and a transactional id's
 slot; at a broker that does not own a slot, Produce, Fetch and ListOffsets
 are refused NOT_LEADER_OR_FOLLOWER and the group and transaction APIs
 NOT_COORDINATOR, changing nothing; plain Kafka producers and consumer
-groups bootstrapped at one broker reach the topics of every broker; and
-each of the three Kafka clients' transactional copier copies every input
-record exactly once across a SIGKILL of the broker owning its partitions
-and its coordinator. Tests wait for conditions, never for a length of time.
+groups bootstrapped at one broker reach the topics of every broker; a
+group whose coordinator is another broker than its topic's owner commits
+and fetches its offsets there (forwarded, GROUP_CURSORS); and each of the
+three Kafka clients' transactional copier copies every input record
+exactly once across a SIGKILL of the broker owning its partitions and its
+coordinator (two of them with their group away from their source). Tests
+wait for conditions, never for a length of time.
 """
 
 from __future__ import annotations
@@ -239,17 +242,21 @@ def create_topic(owner: BrokerProcess, name: str, partitions: int = 2) -> None:
     assert status == 200, body
 
 
-def spread_names(src_slot: int, dst_slot: int, tx_slot: int) -> tuple[str, str, str]:
-    """(source topic, destination topic, group): the source and the group in
-    ``src_slot`` (the group's offsets are the cursors of the source's
-    partitions), the destination in ``dst_slot``, the copier's
-    transactional id (``<group>-tx``, `tests.kafka_copier`) in ``tx_slot``."""
+def spread_names(
+    src_slot: int, dst_slot: int, tx_slot: int, group_slot: int | None = None
+) -> tuple[str, str, str]:
+    """(source topic, destination topic, group): the source in ``src_slot``,
+    the group in ``group_slot`` (by default the source's: the group's
+    offsets are the cursors of the source's partitions, kept by its owner),
+    the destination in ``dst_slot``, the copier's transactional id
+    (``<group>-tx``, `tests.kafka_copier`) in ``tx_slot``."""
     src = key_in(src_slot, SLOTS, f"in-{uuid.uuid4().hex[:4]}-")
     dst = key_in(dst_slot, SLOTS, f"out-{uuid.uuid4().hex[:4]}-")
     prefix = f"copier-{uuid.uuid4().hex[:4]}-"
+    group_slot = src_slot if group_slot is None else group_slot
     i = 0
     while not (
-        slot_of_key(f"{prefix}{i}", SLOTS) == src_slot
+        slot_of_key(f"{prefix}{i}", SLOTS) == group_slot
         and slot_of_key(f"{prefix}{i}-tx", SLOTS) == tx_slot
     ):
         i += 1
@@ -523,6 +530,84 @@ async def test_plain_producers_and_groups_reach_every_brokers_topics(
             got = await client.read(first.address, topic, len(values), PLAINTEXT, group)
             assert Counter(got) == Counter(values), (client.name, owner.address)
     await check_one_mapping_of_transactional_ids(procs, found)
+    await check_a_group_whose_offsets_are_elsewhere(procs, found)
+
+
+async def check_a_group_whose_offsets_are_elsewhere(
+    procs: list[Any], found: dict[str, set[int]]
+) -> None:
+    """An aiokafka consumer group whose coordinator is one broker and whose
+    topic is another's: its commits and fetches are forwarded to the
+    topic's owner (the offsets are the cursors there). It commits, stops,
+    and a new member resumes from the committed offsets; a commit behind
+    them changes nothing; an admin client lists them (OffsetFetch of all
+    of the group's offsets, asked of every broker)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.structs import OffsetAndMetadata
+
+    topic_owner, group_owner = procs[0], procs[1]
+    topic = key_in(max(found[owner_id(topic_owner)]), SLOTS, "elsewhere-")
+    group = key_in(max(found[owner_id(group_owner)]), SLOTS, f"g-{uuid.uuid4().hex[:4]}-")
+    create_topic(topic_owner, topic)
+    boot = bootstrap(procs)
+    first = [b"a%d" % i for i in range(10)]
+    await AIOKAFKA.seed(boot, topic, first)
+    parts = [TopicPartition(topic, i) for i in range(2)]
+
+    async def member() -> AIOKafkaConsumer:
+        consumer = AIOKafkaConsumer(
+            topic,
+            bootstrap_servers=boot,
+            group_id=group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+        )
+        await consumer.start()
+        return consumer
+
+    async def read(consumer: AIOKafkaConsumer, n: int) -> list[bytes]:
+        got: list[bytes] = []
+        async with asyncio.timeout(60):
+            while len(got) < n:
+                batch = await consumer.getmany(timeout_ms=300)
+                got += [r.value for rs in batch.values() for r in rs]
+        return got
+
+    consumer = await member()
+    try:
+        assert Counter(await read(consumer, len(first))) == Counter(first)
+        await consumer.commit()  # (OffsetCommit at the group's broker, stored at the topic's)
+        committed = {tp: await consumer.committed(tp) for tp in parts}
+        positions = {tp: await consumer.position(tp) for tp in parts}
+        # (an offset past an entry's last message is answered as the next
+        # entry's first: `broker.kafka._offsets`)
+        assert any(positions.values()), positions
+        assert all(committed[tp] >= positions[tp] for tp in parts), (committed, positions)
+        # A commit behind the committed offsets is taken and changes nothing.
+        behind = next(tp for tp in parts if committed[tp])
+        await consumer.commit({behind: OffsetAndMetadata(0, "")})
+        assert await consumer.committed(behind) == committed[behind]
+    finally:
+        await consumer.stop()
+    admin = AIOKafkaAdminClient(bootstrap_servers=boot)
+    await admin.start()
+    try:
+        listed = await admin.list_consumer_group_offsets(group)  # (OffsetFetch, topics null)
+    finally:
+        await admin.close()
+    assert {(tp.topic, tp.partition): o.offset for tp, o in listed.items()} == {
+        (topic, tp.partition): o for tp, o in committed.items()
+    }
+    second = [b"b%d" % i for i in range(10)]
+    await AIOKAFKA.seed(boot, topic, second)
+    consumer = await member()  # (a new member: it starts from the committed offsets)
+    try:
+        got = await read(consumer, len(second))
+        assert Counter(got) == Counter(second), got
+    finally:
+        await consumer.stop()
 
 
 async def check_one_mapping_of_transactional_ids(
@@ -598,11 +683,17 @@ async def check_copier_across_a_kill(
     procs: list[Any],
     how: signal.Signals = signal.SIGKILL,
     victim_is: str = "coordinator",
+    group_with: str = "source",
 ) -> None:
     """``client``'s copier (`tests.kafka_copier`) copies 40 records exactly
     once, its transactions across three brokers: its transactional id's
     coordinator on one, its source topic and group on another, its
-    destination topic on the third (asserted). With a transaction open,
+    destination topic on the third (asserted). With ``group_with``
+    "destination" its group is on the destination's broker instead: the
+    group's coordinator forwards its TxnOffsetCommit and OffsetFetch to
+    the source's broker (the offsets are the source's cursors there), and
+    an aborted transaction leaves them where they were (else records
+    would be lost). With a transaction open,
     the broker of its coordinator (``victim_is`` "coordinator") or of its
     source and group ("input") is SIGKILLed (or SIGTERMed: it hands its
     slots over). The coordinator's: its slot's new owner aborts the
@@ -622,10 +713,12 @@ async def check_copier_across_a_kill(
         src_slot, dst_slot, tx_slot = oslots[1], oslots[0], vslot
     else:
         src_slot, dst_slot, tx_slot = vslot, oslots[0], oslots[1]
-    src, dst, group = spread_names(src_slot, dst_slot, tx_slot)
+    group_slot = src_slot if group_with == "source" else dst_slot
+    src, dst, group = spread_names(src_slot, dst_slot, tx_slot, group_slot)
     brokers_of = {slot: o for o, mine in found.items() for slot in mine}
     assert len({brokers_of[src_slot], brokers_of[dst_slot], brokers_of[tx_slot]}) == 3
-    assert slot_of_key(group, SLOTS) == src_slot and slot_of_key(f"{group}-tx", SLOTS) == tx_slot
+    assert slot_of_key(group, SLOTS) == group_slot
+    assert slot_of_key(f"{group}-tx", SLOTS) == tx_slot
     by_id = {owner_id(p): p for p in procs}
     create_topic(by_id[brokers_of[src_slot]], src)
     create_topic(by_id[brokers_of[dst_slot]], dst)
@@ -691,7 +784,11 @@ async def test_aiokafka_copier_across_a_kill_of_its_broker(
     logs: list[BrokerProcess],  # noqa: F811
 ) -> None:
     await check_copier_across_a_kill(
-        AIOKAFKA, tmp_path, pg_url, start_kafka_cluster(tmp_path, pg_url, logs)
+        AIOKAFKA,
+        tmp_path,
+        pg_url,
+        start_kafka_cluster(tmp_path, pg_url, logs),
+        group_with="destination",
     )
 
 
@@ -707,6 +804,7 @@ async def test_kafka_python_copier_across_a_kill_of_its_broker(
         pg_url,
         start_kafka_cluster(tmp_path, pg_url, logs),
         victim_is="input",
+        group_with="destination",
     )
 
 

@@ -515,3 +515,86 @@ def test_a_consumer_subscription_is_read_for_its_topics() -> None:
     assert subscribed_topics(bytes(meta)) == ["orders", "payments"]
     with pytest.raises(ValueError):
         subscribed_topics(b"\0\0\0\0\0\x05\0\x03ab")
+
+
+async def test_a_group_offset_forwarded_to_an_owner_that_cannot_answer_is_retriable() -> None:
+    """`_Forward` (a group's offsets on other brokers' topics), on a fake of
+    the brokers' channel: a topic whose owner is moving, an owner that
+    cannot be reached, and an owner that no longer serves the topic are
+    COORDINATOR_LOAD_IN_PROGRESS (the client asks again; the owner is
+    looked up again); an owner's refusal keeps its Kafka code; the answers
+    of one owner come from one request with all of its partitions."""
+    from types import SimpleNamespace
+
+    from broker.kafka._cluster import COORDINATOR_LOAD_IN_PROGRESS
+    from broker.kafka._group_apis import _Forward
+    from broker.kafka._session import KafkaError
+    from proto import refusals
+
+    asked: list[Any] = []
+
+    async def topic_owner(topic: str) -> str:
+        if topic == "moving":
+            raise refusals.NotOwner("slot 3 is being taken over")
+        return {"lost": "http://gone", "fine": "http://b"}[topic]
+
+    async def group_cursors(url: str, fill: Any, what: str) -> Any:
+        req = pb.CommandGroupCursors()
+        fill(req)
+        asked.append((url, req))
+        if url == "http://gone":
+            raise refusals.ServiceNotReady(f"{what}: connection lost")
+        resp = pb.CommandGroupCursorsResponse()
+        for at in req.positions:
+            answer = resp.positions.add(topic=at.topic, partition=at.partition)
+            if at.partition == 0:
+                answer.error, answer.message = pb.NOT_OWNER, "slot moved"
+            elif at.partition == 1:
+                answer.error, answer.message = pb.AUTHORIZATION_ERROR, "not the holder"
+            else:
+                answer.entry_id, answer.index = at.entry_id, at.index
+        return resp
+
+    peers = SimpleNamespace(topic_owner=topic_owner, group_cursors=group_cursors)
+    broker: Any = SimpleNamespace(cluster=SimpleNamespace(peers=peers))
+    forward = _Forward(broker, "g", True, (7, 1, "tx"))
+    jobs = {
+        ("moving", 0): forward.add("moving", 0, (1, 0)),
+        ("lost", 2): forward.add("lost", 2, (1, 0)),
+        ("fine", 0): forward.add("fine", 0, (1, 0)),
+        ("fine", 1): forward.add("fine", 1, (1, 0)),
+        ("fine", 2): forward.add("fine", 2, (4, 2)),
+    }
+    forward.send()
+    codes = {}
+    for key, job in jobs.items():
+        try:
+            await job
+            codes[key] = 0
+        except KafkaError as exc:
+            codes[key] = exc.code
+    assert codes == {
+        ("moving", 0): COORDINATOR_LOAD_IN_PROGRESS,
+        ("lost", 2): COORDINATOR_LOAD_IN_PROGRESS,
+        ("fine", 0): COORDINATOR_LOAD_IN_PROGRESS,
+        ("fine", 1): 53,  # (TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+        ("fine", 2): 0,
+    }
+    (fine,) = [req for url, req in asked if url == "http://b"]
+    assert [(p.partition, p.entry_id, p.index) for p in fine.positions] == [
+        (0, 1, 0),
+        (1, 1, 0),
+        (2, 4, 2),
+    ]
+    assert (fine.commit, fine.producer_id, fine.producer_epoch, fine.transactional_id) == (
+        True,
+        7,
+        1,
+        "tx",
+    )
+    # A fetch: the cursor as a Kafka offset.
+    fetch = _Forward(broker, "g", False)
+    job = fetch.fetch("fine", 2)
+    fetch.send()
+    assert await job == offset_of(0, 0)  # (the fake answers the position it was sent)
+    assert asked[-1][1].commit is False and not asked[-1][1].HasField("producer_id")

@@ -8,7 +8,6 @@ The ``broker`` fixture authenticates here (the module is marked ``auth``):
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import ipaddress
 import json
@@ -135,6 +134,9 @@ COMMANDS = [
      pb.CommandEndTxnOnSubscription(request_id=14, txnid_least_bits=1,
                                     subscription=pb.SubscriptionRef(topic="secret",
                                                                     subscription="s"))),
+    (T.GROUP_CURSORS, "group_cursors",
+     pb.CommandGroupCursors(request_id=15, subscription="s", commit=True,
+                            positions=[pb.CursorAt(topic="secret", entry_id=1)])),
 ]  # fmt: skip
 
 
@@ -633,6 +635,23 @@ async def test_without_a_key_every_connection_may_do_all_but_the_cluster_role(
                 pb.CommandEndTxnOnPartition(request_id=1, partition=pb.PartitionRef(topic="open")),
             )
             assert answer.txn_response.error == pb.AUTHORIZATION_ERROR
-        await asyncio.sleep(0)
+            # A Kafka group's commit as a group coordinator forwards it: the
+            # brokers' own; refused, and no cursor made or moved.
+            answer = await raw.request(
+                T.GROUP_CURSORS,
+                "group_cursors",
+                pb.CommandGroupCursors(
+                    request_id=2,
+                    subscription="g",
+                    commit=True,
+                    positions=[pb.CursorAt(topic="open", partition=0, entry_id=1)],
+                ),
+            )
+            reply = answer.group_cursors_response
+            assert reply.error == pb.AUTHORIZATION_ERROR and "'cluster' role" in reply.message
+            assert not reply.positions
+        async with Client(broker.url, token="") as client:
+            group = await client.subscribe("open", "g", initial_position="earliest")
+            assert (await group.receive(timeout=30)).value == b"x"
     finally:
         broker.stop()

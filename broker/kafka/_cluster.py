@@ -244,6 +244,30 @@ class KafkaCluster:
         if slot not in self.host.member.held and self._owner_node(slot) is None:
             await self.host._fresh()
 
+    async def slot_owners(self) -> list[str]:
+        """The URLs of the other brokers that own slots now (OffsetFetch of
+        all of a group's offsets asks each); COORDINATOR_LOAD_IN_PROGRESS
+        (retriable) while a slot has no live owner (the tables are read
+        again first): a group's offsets there cannot be read now."""
+        host = self.host
+        for fresh in (False, True):
+            if fresh:
+                await host._fresh()
+            view = host.membership.last_view
+            if view is None:
+                continue
+            rows = [row for slot, row in enumerate(view.slots) if slot < self.slots]
+            if all(row.owner is not None and view.is_live(row.owner) for row in rows):
+                owners = {r.owner for r in rows if r.owner is not None and r.owner != host.me}
+                urls = [host.membership.last_urls.get(o, "") for o in sorted(owners)]
+                if all(urls):
+                    return urls
+        raise KafkaError(
+            COORDINATOR_LOAD_IN_PROGRESS,
+            "a slot has no live owner now (being taken over): the group's offsets there "
+            "cannot be read yet; try again",
+        )
+
     async def coordinator(self, key: str) -> Node:
         """FindCoordinator: the broker of the slot of the group or
         transactional id ``key`` (this one while it loads it), or
