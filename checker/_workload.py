@@ -667,7 +667,7 @@ class _Worker:
         key = f"{topic}/0"
         if self.rng.random() < 0.5:
             value = shared.next_value(topic)
-            op = shared.rec.invoke(self.process, "send", [["send", key, value]])
+            op = shared.rec.invoke(self.process, "send", [["send", key, value]], worker=self.n)
             try:
                 mid = await self.producers[topic].send(b"%d" % value)
             except errors.TxnbufError as exc:
@@ -675,7 +675,7 @@ class _Worker:
                 raise _Crash from exc
             self._finish(op, "ok", [["send", key, [[mid.entry_id, mid.batch_index], value]]], [])
         else:
-            op = shared.rec.invoke(self.process, "poll", [["poll"]])
+            op = shared.rec.invoke(self.process, "poll", [["poll"]], worker=self.n)
             consumer = self.consumers[topic]
             got = []
             try:

@@ -57,7 +57,10 @@ checker, which reads them)::
   send nobody read is *unseen*; on a key whose reads stopped short it is an
   *incomplete-read*; both are anomalies. Without this op, *unseen* is
   counted for information only.
-* Further fields (``"error"``, say) are allowed and kept. The workload adds,
+* Further fields (``"error"``, say) are allowed and kept. The workload adds
+  ``"worker"`` to the invoke of every client operation but the final reads
+  (the worker whose subscriptions, ``w<worker>``, the op read from: its
+  successive processes share them), and,
   on a ``txn`` completion, ``"txn"`` (its id), ``"path"`` (``"local"`` or
   ``"full"``) and ``"awaited"``: one entry per micro-op, whether its
   answer was awaited before the commit: ``true`` for a send awaited

@@ -180,6 +180,10 @@ async def test_final_reads_that_stop_short_name_every_key_and_value_not_read(
                 assert awaited is not None
             if mop[0] == "poll" and len(mop) == 2 and not any(mop[1].values()):
                 assert awaited is None
+    # (every client op's invoke names its worker: its subscriptions are w<worker>)
+    invokes = [op for op in history if op.f in ("txn", "send", "poll") and op.type == "invoke"]
+    workers = {op.extra.get("worker") for op in invokes if not str(op.process).startswith("final")}
+    assert workers == {0, 1}, workers
     seen = {a for op in txns for a in op.extra["awaited"]}
     assert {True, False} <= seen, seen  # (both kinds of send, over a few hundred ops)
 
