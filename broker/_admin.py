@@ -423,6 +423,19 @@ async def list_transactions(request: web.Request) -> web.Response:
     return web.json_response({"transactions": found})
 
 
+def _coordinator_here(broker: Broker, txnid: TxnID) -> TransactionCoordinator | None:
+    """The coordinator of ``txnid`` on this broker; None (404: no such
+    transaction) when none has its id. In a cluster, a coordinator not
+    loaded here -- its slot is being loaded (recovery runs before the
+    coordinator is there) or dropped -- is refused `refusals.NotOwner` (503,
+    retriable) instead: "no transaction" would tell the caller the
+    transaction is unknown, ended and forgotten, while its real state is
+    only not known here yet."""
+    if broker.cluster is not None:
+        return broker.coordinator(txnid)
+    return broker.coordinators.get(txnid.tcid)
+
+
 def _txnid(request: web.Request) -> TxnID | web.Response:
     text = request.match_info["txnid"]
     try:
@@ -436,7 +449,7 @@ async def get_transaction(request: web.Request) -> web.Response:
     txnid = _txnid(request)
     if isinstance(txnid, web.Response):
         return txnid
-    tc = broker.coordinators.get(txnid.tcid)
+    tc = _coordinator_here(broker, txnid)
     found = _txn_json(tc, txnid) if tc is not None else None
     if found is None:
         return _error(404, f"no transaction {txnid}")
@@ -448,7 +461,7 @@ async def abort_transaction(request: web.Request) -> web.Response:
     txnid = _txnid(request)
     if isinstance(txnid, web.Response):
         return txnid
-    tc = broker.coordinators.get(txnid.tcid)
+    tc = _coordinator_here(broker, txnid)
     if tc is None or tc.get(txnid) is None:
         return _error(404, f"no transaction {txnid}")
     if tc.stuck(txnid):
@@ -482,7 +495,7 @@ async def resolve_transaction(request: web.Request) -> web.Response:
     action, participant = body.get("action"), body.get("participant")
     if action not in ("retry", "skip") or not isinstance(participant, str | None):
         return _error(400, 'action must be "retry" or "skip"; participant a string')
-    tc = broker.coordinators.get(txnid.tcid)
+    tc = _coordinator_here(broker, txnid)
     if tc is None or tc.get(txnid) is None:
         return _error(404, f"no transaction {txnid}")
     try:

@@ -470,7 +470,7 @@ class Connection:
             if req.transactional:
                 if not counted:
                     self.txns.op_read(req)
-                self.txns.op_answered(req, message)
+                self.txns.op_answered(req, message, code)
             self.send(
                 command(
                     T.SEND_ERROR,
@@ -703,7 +703,8 @@ class Connection:
                 resp.error = error_code(exc, f"connection {self.peer}: ack")
                 resp.message = error_text(exc)
             if req.transactional:
-                self.txns.op_answered(req, resp.message if resp.HasField("error") else None)
+                failed = resp.HasField("error")
+                self.txns.op_answered(req, resp.message if failed else None, resp.error)
             self.send(command(T.ACK_RESPONSE, "ack_response", resp))
 
         self.spawn(work())

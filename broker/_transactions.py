@@ -86,9 +86,24 @@ class Transactions:
             ops = self._txn_ops[key] = _TxnOps()
         ops.pending += 1
 
-    def op_answered(self, req: pb.CommandSend | pb.CommandAck, error: str | None) -> None:
-        """A transactional SEND or ACK is answered, with ``error`` if it failed."""
+    def op_answered(
+        self, req: pb.CommandSend | pb.CommandAck, error: str | None, code: int = 0
+    ) -> None:
+        """A transactional SEND or ACK is answered, with ``error`` (and its
+        ``code``) if it failed: logged at INFO (a send or ack refused in a
+        transaction its client may still commit, e.g. one that reached its
+        partition after the END), but NOT_OWNER at DEBUG (the client sends
+        it again at the owner: routine while a slot moves)."""
         key = (req.txnid_most_bits, req.txnid_least_bits)
+        if error is not None:
+            log.log(
+                logging.DEBUG if code == pb.NOT_OWNER else logging.INFO,
+                "connection %s: %s of transaction %s refused: %s",
+                self.ctx.peer,
+                "send" if isinstance(req, pb.CommandSend) else "ack",
+                wire_txnid(*key),
+                error,
+            )
         ops = self._txn_ops.get(key)
         if ops is None:
             return
@@ -155,6 +170,14 @@ class Transactions:
         if exc is not None:
             resp.error = error_code(exc, f"connection {self.ctx.peer}: {what}")
             resp.message = error_text(exc)
+            log.log(
+                logging.DEBUG if resp.error == pb.NOT_OWNER else logging.INFO,
+                "connection %s: %s of transaction %s refused: %s",
+                self.ctx.peer,
+                what,
+                wire_txnid(req.txnid_most_bits, req.txnid_least_bits),
+                resp.message,
+            )
         elif holder:
             resp.message = holder
         self.send(cmd)

@@ -44,7 +44,8 @@ CLASSES: Final[dict[str, str]] = {
     "int-nonmonotonic-poll": "one op's reads of a key went back",
     "nonmonotonic-send": "a process's later send landed before its earlier one",
     "int-nonmonotonic-send": "one op's later send landed before its earlier one",
-    "unseen": "acknowledged send never read by the end",
+    "unseen": "acknowledged send never read by the end (a key read to its end)",
+    "incomplete-read": "acknowledged send never read, on a key whose final reads stopped short",
     "G0": "write cycle (ww edges only)",
     "G1c": "circular information flow (wr, process, realtime edges)",
     "G-single": "cycle with exactly one anti-dependency (rw) edge",
@@ -70,8 +71,11 @@ class Result:
     dicts; ops are named by `ClientOp` ids, the index of their completion
     line); ``counts`` gives how many were found (examples stop at
     ``MAX_EXAMPLES``). ``informational`` are the classes that do not make
-    the history invalid (``unseen`` joins them unless the final read phase
-    completed). ``valid`` is true when every other class is empty.
+    the history invalid (``unseen`` joins them when the history has no
+    final read phase). ``valid`` is true when every other class is empty.
+    ``final_reads_complete``: the final reads completed on every key;
+    ``incomplete_keys``: the keys whose final reads did not (stopped at
+    their time limit before reading every acknowledged value).
     """
 
     valid: bool
@@ -80,6 +84,7 @@ class Result:
     informational: frozenset[str]
     final_reads_complete: bool
     stats: dict[str, int] = field(default_factory=dict)
+    incomplete_keys: list[str] = field(default_factory=list)
 
     @property
     def failures(self) -> list[str]:
@@ -93,6 +98,7 @@ class Result:
             "counts": self.counts,
             "informational": sorted(self.informational),
             "final_reads_complete": self.final_reads_complete,
+            "incomplete_keys": self.incomplete_keys,
             "stats": self.stats,
             "anomalies": {k: v for k, v in self.anomalies.items() if v},
         }
@@ -108,6 +114,11 @@ class Result:
             f"{'sends / values read':<24}{s.get('sends', 0):>10} / {s.get('values_read', 0)}",
             f"{'keys':<24}{s.get('keys', 0):>10}",
             f"{'final reads complete':<24}{'yes' if self.final_reads_complete else 'no':>10}",
+            *(
+                [f"{'  keys read short':<24}{len(self.incomplete_keys):>10}"]
+                if self.incomplete_keys
+                else []
+            ),
             "",
             f"{'anomaly class':<24}{'count':>10}  status",
             "-" * 56,
@@ -134,7 +145,12 @@ ANOMALY: a class that makes the result INVALID; ok: none found.
   result: G0 (write cycles: a partition orders concurrent transactions' messages
   as they land, which Jepsen allows for Kafka too) and G-single (one
   anti-dependency edge: plain consumer lag looks like one).
-unseen counts only when the final reads completed (read every topic to its end)."""
+unseen: an acknowledged send never read, on a key whose final reads completed
+  (read every acknowledged value of it). On a key whose final reads stopped at
+  their time limit, such a send is an incomplete-read instead, also an ANOMALY:
+  it was lost, or the key was not served again within the limit; either way
+  the result cannot say valid. A history without final reads counts unseen
+  as informational."""
 
 
 def legend(result: Result) -> str:
@@ -194,7 +210,7 @@ def _check(history: History, informational: frozenset[str], cycles: bool) -> Res
                 found.add(name, example)
 
     informational = frozenset(informational)
-    if not model.final_reads_complete:
+    if not model.final_reads_recorded:
         informational |= {"unseen"}
     valid = not any(found.counts[c] for c in CLASSES if c not in informational)
     return Result(
@@ -204,6 +220,7 @@ def _check(history: History, informational: frozenset[str], cycles: bool) -> Res
         informational=informational,
         final_reads_complete=model.final_reads_complete,
         stats=_stats(model),
+        incomplete_keys=model.incomplete_keys(),
     )
 
 
@@ -378,20 +395,27 @@ def _lost_writes(model: Model, found: _Found) -> set[tuple[str, int]]:
 
 
 def _unseen(model: Model, found: _Found, lost: set[tuple[str, int]]) -> None:
-    """unseen.
+    """unseen and incomplete-read.
 
     Jepsen ``unseen``: sends acknowledged ok whose values no poll returned by
     the end of the history. Values already reported as lost writes are left
-    out. Counted as anomalies only if the history's final read phase completed
-    (an ok ``final-reads-complete`` op); otherwise reported for information,
-    as Jepsen does while reads may simply not have caught up.
+    out. Judged per key, by its final reads (`Model.read_to_end`): on a key
+    whose final reads completed, such a send is *unseen*, an anomaly; on a
+    key whose final reads stopped at their time limit, it is an
+    *incomplete-read*, an anomaly too (where Jepsen would report unseen for
+    information, while reads may simply not have caught up): a value that a
+    quiet system did not serve within the limit, while other keys were read
+    to their end, is lost or stuck, and one stuck key must not hide another
+    key's loss. Without a final read phase in the history, every such send
+    is unseen, and unseen is informational (`check`).
     """
     for op in model.ops:
         if op.type != "ok":
             continue
         for key, value, _ in op.sends:
             if (key, value) not in model.readers_of and (key, value) not in lost:
-                found.add("unseen", {"key": key, "value": value, "writer": op.id})
+                name = "incomplete-read" if model.read_to_end(key) is False else "unseen"
+                found.add(name, {"key": key, "value": value, "writer": op.id})
 
 
 # -- order within a process --------------------------------------------------------------

@@ -3,6 +3,7 @@
     txnbuf check [--duration 60] [--faults kill,pause] [--seed N] [--clients 4]
                  [--topics 3] [--history PATH] [--workdir DIR] [--auth]
                  [--brokers N --store postgresql|postgresql://... [--lease-ttl 2]]
+                 [--pause MIN,MAX]
 
 With ``--store`` the brokers form a cluster over one PostgreSQL database
 (``postgresql``: a server of the check's own, made with ``initdb`` in the
@@ -16,13 +17,17 @@ operation counts, faults done, then the final reads), then prints the
 summary table (ops, ok/fail/info, each anomaly class and its count), what
 its words mean, the seed and the fault schedule (to replay a failure: the
 same seed gives the same schedule), and exits 1 if the checker found any
-anomaly.
+anomaly. The brokers log at INFO (slot moves, refused transactional sends
+and acks, store failures) into the work dir; when the result is invalid,
+the summary's last line names the history and the brokers' logs (copied
+beside the history, ``NAME-logs/``, when the work dir is a temporary one).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import sys
 import tempfile
 import time
@@ -63,6 +68,14 @@ def add_check_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
         "--lease-ttl", type=float, default=2.0, help="the cluster brokers' --lease-ttl (2)"
     )
     p.add_argument(
+        "--pause",
+        type=_pause,
+        default=None,
+        metavar="MIN,MAX",
+        help="a pause's length in seconds, drawn from MIN to MAX (default 0.5,2 on one "
+        "broker, 0.5 to twice the lease in a cluster)",
+    )
+    p.add_argument(
         "--auth",
         action="store_true",
         help="the broker authenticates; the clients hold a token of a role with grants",
@@ -77,6 +90,18 @@ def _faults(text: str) -> tuple[str, ...]:
     if unknown:
         raise SystemExit(f"txnbuf check: unknown fault(s) {unknown}; choose from {FAULTS}")
     return faults
+
+
+def _pause(text: str) -> tuple[float, float]:
+    try:
+        low, high = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--pause must be MIN,MAX in seconds (e.g. 2.5,5), not {text!r}"
+        ) from None
+    if not 0 <= low <= high:
+        raise argparse.ArgumentTypeError(f"--pause needs 0 <= MIN <= MAX, not {text!r}")
+    return low, high
 
 
 def _store(text: str) -> str:
@@ -108,6 +133,7 @@ def run_check(args: argparse.Namespace) -> int:
         brokers=args.brokers,
         store=_store(args.store),
         lease_ttl=args.lease_ttl,
+        pause=args.pause,
     )
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(args.workdir or tmp)
@@ -134,7 +160,7 @@ def run_check(args: argparse.Namespace) -> int:
             f"client crashes {stats['client_crashes']}, broker kills {stats['kills']}, "
             f"pauses {stats['pauses']}, final reads complete: {stats['final_reads_complete']}"
         )
-        for key, values in stats["unread"].items():
+        for key, values in sorted(stats["unread"].items()):
             shown = ", ".join(map(str, values[:10])) + (" ..." if len(values) > 10 else "")
             print(f"final reads: {key}: {len(values)} acknowledged values not read ({shown})")
         paths = ", ".join(f"{k} {n}" for k, n in stats["paths"].items())
@@ -156,8 +182,25 @@ def run_check(args: argparse.Namespace) -> int:
                 keep = Path(f"txnbuf-check-{seed}.jsonl")
                 keep.write_text(history_path.read_text())
                 print(f"copied to {keep}", file=sys.stderr)
+                history_path = keep
+            logs = _keep_logs(workdir, history_path, temporary=not args.workdir)
+            print(f"history {history_path}; the brokers' logs (INFO) {logs}")
             return 1
     return 0
+
+
+def _keep_logs(workdir: Path, history: Path, temporary: bool) -> str:
+    """Where the brokers' logs of an invalid run are: in the work dir
+    given, else copied beside the history (``NAME-logs/`` for the history
+    ``NAME.jsonl``), since the temporary work dir goes."""
+    logs = sorted(workdir.glob("broker*.log"))
+    if not temporary:
+        return ", ".join(str(p) for p in logs) or "none"
+    folder = history.with_name(f"{history.stem}-logs")
+    folder.mkdir(parents=True, exist_ok=True)
+    for log in logs:
+        shutil.copyfile(log, folder / log.name)
+    return f"{folder}/ ({', '.join(p.name for p in logs) or 'none'})"
 
 
 class _Bars:

@@ -66,11 +66,17 @@ class Model:
         self.history = history
         self.ops: list[ClientOp] = []
         self.final_reads_complete = False
+        # Whether a final read phase was recorded; then, per key named in
+        # it, whether that key's final reads completed (`read_to_end`).
+        self.final_reads_recorded = False
+        self._final_by_key: dict[str, bool] = {}
         self.non_client: dict[str, int] = defaultdict(int)
         for inv, comp in history.pairs():
             if inv.f == FINAL_READS:
-                if comp is not None:
-                    self.final_reads_complete = comp.type == "ok"
+                self.final_reads_recorded = True
+                self.final_reads_complete = comp is not None and comp.type == "ok"
+                if comp is not None and isinstance(comp.value, dict):
+                    self._final_by_key = {k: v is True for k, v in comp.value.items()}
                 continue
             if inv.f not in CLIENT_FS:
                 self.non_client[inv.f] += 1
@@ -120,6 +126,23 @@ class Model:
                     order.first_index.setdefault(value, i)
                     order.last_index[value] = i
             self.orders[key] = order
+
+    def read_to_end(self, key: str) -> bool | None:
+        """Whether the final reads of ``key`` completed (read every
+        acknowledged value of it): as the final-read op names the key, else
+        as the whole phase went (``ok``: every key). None: the history has
+        no final read phase."""
+        if not self.final_reads_recorded:
+            return None
+        return self._final_by_key.get(key, self.final_reads_complete)
+
+    def incomplete_keys(self) -> list[str]:
+        """The keys whose final reads did not complete (known by name: named
+        in the final-read op, or with a value sent or read), sorted."""
+        if not self.final_reads_recorded:
+            return []
+        keys = set(self._final_by_key) | {k for k, _ in self.writer_of} | set(self.orders)
+        return sorted(k for k in keys if self.read_to_end(k) is False)
 
     def writer_id(self, key: str, value: int) -> int | None:
         op = self.writer_of.get((key, value))

@@ -43,8 +43,9 @@ starts on one broker and the keys on the others (`transaction_layout`;
 the history's ``layout`` op records where each started).
 
 The final phase stops the faults, then fresh subscriptions read every topic
-from the start until every acknowledged send has been seen (or a time limit
-passes), and records whether that completed.
+from the start, all at once, each until every acknowledged send of its key
+has been seen (or a time limit passes), and records per key whether that
+completed (the checker judges each key's unread values by it).
 
 With ``auth`` the broker authenticates (docs/security.md): the workers hold
 a token of the role ``workload``, granted produce and consume on the
@@ -120,6 +121,9 @@ class WorkloadConfig:
     # brokers run with --cluster.
     store: str = ""
     lease_ttl: float = 2.0  # the brokers' --lease-ttl in a cluster
+    # A pause's length, drawn from this range of seconds; None: 0.5 s to 2 s
+    # on one broker, to twice the lease in a cluster (some pauses outlast it).
+    pause: tuple[float, float] | None = None
 
     @property
     def cluster(self) -> bool:
@@ -256,8 +260,10 @@ class BrokerUnderTest:
 
     def start(self, timeout: float = 30.0) -> None:
         with open(self.log_path, "ab") as log:
+            # (INFO: slot moves, refused transactional sends and acks, store
+            # failures: what tracing an anomaly needs, at a few lines a fault)
             cmd = [sys.executable, "-m", "broker", "serve", "--port", str(self.port),
-                   "--log-level", "WARNING"]  # fmt: skip
+                   "--log-level", "INFO"]  # fmt: skip
             if self.store:
                 cmd += ["--store", self.store, "--cluster", "--lease-ttl", str(self.lease_ttl)]
             else:
@@ -358,7 +364,7 @@ class Nemesis:
                     b.signal(signal.SIGSTOP)
                 # (In a cluster, up to twice the lease: the slots may move.)
                 longest = 2.0 if self.control is None else 2 * self.cfg.lease_ttl
-                await asyncio.sleep(self.rng.uniform(0.5, longest))
+                await asyncio.sleep(self.rng.uniform(*(self.cfg.pause or (0.5, longest))))
                 for b in targets:
                     b.signal(signal.SIGCONT)
                 self.pauses += 1
@@ -449,6 +455,9 @@ class _Worker:
         self.doubtful: tuple[str, bool] | None = None
         self._txnid: str | None = None
         self._path = "local"  # the path of the transaction under way
+        # Per micro-op of the transaction under way done so far: whether its
+        # answer was awaited before the commit (the history's "awaited").
+        self._awaited: list[bool | None] = []
 
     async def connect(self) -> None:
         shared = self.shared
@@ -457,8 +466,12 @@ class _Worker:
             # previous instance's transaction before reading again, so that
             # its PENDING_ACK messages are not skipped over and redelivered
             # out of order. A deliberately dropped one is left to its timeout.
+            # (Recorded, as process end-N: when and how it was found ended.)
             txnid, dropped = self.doubtful
-            await shared.end_transaction(txnid, not dropped)
+            op = shared.rec.invoke(f"end-{self.n}", "end-doubtful", {"txn": txnid})
+            how = await shared.end_transaction(txnid, not dropped)
+            outcome = "info" if how == "gave up" else "ok"
+            shared.rec.complete(op, outcome, {"txn": txnid, "abort": not dropped, "how": how})
             self.doubtful = None
         self.client = Client(shared.url, operation_timeout=8.0, token=shared.token)
         await self.client.connect()
@@ -537,6 +550,9 @@ class _Worker:
         mops = self._plan()
         op = shared.rec.invoke(self.process, "txn", mops, worker=self.n)
         done: list[list[Any]] = []
+        awaited: list[bool | None] = []
+        self._awaited = awaited
+        self._txnid = None  # (until the transaction is opened)
         crash_now = shared.take_crash()
         txn = None
         try:
@@ -554,17 +570,30 @@ class _Worker:
                     queued = self.producers[topic].send_nowait(b"%d" % mop[2], txn=txn)
                     queued.add_done_callback(_retrieve)  # (commit reports its error)
                     done.append(["send", mop[1], [None, mop[2]]])
+                    awaited.append(False)
                 elif mop[0] == "send":
                     topic = mop[1].split("/")[0]
                     mid = await self.producers[topic].send(b"%d" % mop[2], txn=txn)
                     offset = None if mid.entry_id < 0 else [mid.entry_id, mid.batch_index]
                     done.append(["send", mop[1], [offset, mop[2]]])
+                    awaited.append(True)
                 else:
-                    done.append(["poll", await self._poll(txn)])
+                    polled = await self._poll(txn)
+                    done.append(["poll", polled])
+                    # (a transactional ack returns once queued: never awaited)
+                    awaited.append(False if any(polled.values()) else None)
                 if self.rng.random() < DELAY_P:
                     await asyncio.sleep(self.rng.uniform(0.01, 0.2))
             if crash_now:
-                shared.rec.complete(op, "info", done + mops[len(done) :], crash=True)
+                shared.rec.complete(
+                    op,
+                    "info",
+                    done + mops[len(done) :],
+                    crash=True,
+                    txn=str(txn.id),
+                    path=self._path,
+                    awaited=awaited + [None] * (len(mops) - len(awaited)),
+                )
                 shared.stats.client_crashes += 1
                 self.doubtful = (str(txn.id), True)
                 raise _Crash
@@ -621,6 +650,8 @@ class _Worker:
             extra["path"] = self._path
             key = f"{self._path} {outcome}"
             shared.stats.paths[key] = shared.stats.paths.get(key, 0) + 1
+        if op.f == "txn":
+            extra["awaited"] = self._awaited + [None] * (len(mops) - len(self._awaited))
         shared.rec.complete(op, outcome, value, **extra)
         shared.stats.ops += 1
         setattr(shared.stats, outcome, getattr(shared.stats, outcome) + 1)
@@ -636,7 +667,7 @@ class _Worker:
         key = f"{topic}/0"
         if self.rng.random() < 0.5:
             value = shared.next_value(topic)
-            op = shared.rec.invoke(self.process, "send", [["send", key, value]])
+            op = shared.rec.invoke(self.process, "send", [["send", key, value]], worker=self.n)
             try:
                 mid = await self.producers[topic].send(b"%d" % value)
             except errors.TxnbufError as exc:
@@ -644,7 +675,7 @@ class _Worker:
                 raise _Crash from exc
             self._finish(op, "ok", [["send", key, [[mid.entry_id, mid.batch_index], value]]], [])
         else:
-            op = shared.rec.invoke(self.process, "poll", [["poll"]])
+            op = shared.rec.invoke(self.process, "poll", [["poll"]], worker=self.n)
             consumer = self.consumers[topic]
             got = []
             try:
@@ -702,20 +733,24 @@ class _Shared:
         self._next_process = cfg.clients
         self._crash_due = time.monotonic() + CLIENT_CRASH_EVERY
 
-    async def end_transaction(self, txnid: str, abort: bool) -> None:
+    async def end_transaction(self, txnid: str, abort: bool) -> str:
         """Make sure ``txnid`` has ended: abort it (admin API), or wait for its
         timeout. In a cluster, at its coordinator's owner (looked up), and
-        "unknown" only counts once a lookup after it names the same owner."""
+        "unknown" only counts once a lookup after it names the same owner
+        (a broker whose coordinator is not loaded answers 503, not 404).
+        Returns how it was found, for the history: ``"done at URL"``,
+        ``"unknown at URL"`` or ``"gave up"``."""
         deadline = time.monotonic() + TXN_TIMEOUT + 20
         while time.monotonic() < deadline:
             url = await self._coordinator_url(txnid)
             if url is not None:
                 found = await asyncio.to_thread(self._end_at, url, txnid, abort)
                 if found == "done":
-                    return
+                    return f"done at {url}"
                 if found == "unknown" and url == await self._coordinator_url(txnid):
-                    return
+                    return f"unknown at {url}"
             await asyncio.sleep(0.2)
+        return "gave up"
 
     async def _coordinator_url(self, txnid: str) -> str | None:
         """The URL of the broker serving ``txnid``'s coordinator (None: not
@@ -792,44 +827,63 @@ def _report_reads(shared: _Shared, wanted: dict[str, set[int]], seen: dict[str, 
     report("final reads", read / total if total else 1.0, {"read": read, "acknowledged": total})
 
 
-async def _final_reads(shared: _Shared, deadline: float) -> bool:
-    """Fresh subscriptions read every topic from the start; True if they saw
-    every acknowledged send."""
-    rec = shared.rec
+async def _final_reads(shared: _Shared, deadline: float) -> dict[str, bool]:
+    """Fresh subscriptions read every topic from the start, every key at
+    once (one reader each, all with the same ``deadline``), each until it
+    has seen every acknowledged send of its key; per key, whether it did.
+    A value that never shows stops only its own key's reads: the others
+    are read to their end, so the checker counts their unseen values."""
     wanted = {key: set(values) for key, values in shared.stats.acked_sends.items()}
     seen: dict[str, set[int]] = {}
     async with Client(shared.url, operation_timeout=30.0, token=shared.token) as client:
-        for i, topic in enumerate(shared.topics):
-            key = f"{topic}/0"
-            consumer = await client.subscribe(topic, f"final-{i}", initial_position="earliest")
-            process = f"final-{i}"
-            while not wanted.get(key, set()) <= seen.get(key, set()):
-                if time.monotonic() > deadline:
-                    # (Named in the summary: a value missing from one key
-                    # stops the reads there, and unseen is not counted.)
-                    for k in shared.topics[i:]:
-                        missing = wanted.get(f"{k}/0", set()) - seen.get(f"{k}/0", set())
-                        if missing:
-                            shared.stats.unread[f"{k}/0"] = sorted(missing)
-                    return False
-                op = rec.invoke(process, "poll", [["poll"]])
-                got = []
-                try:
-                    got.append(await consumer.receive(timeout=2.0))
-                    while len(got) < 500:
-                        got.append(await consumer.receive(timeout=0.05))
-                except errors.OperationTimeoutError:
-                    pass
-                values = [int(m.value) for m in got]
-                read = [
-                    [[m.message_id.entry_id, m.message_id.batch_index], v]
-                    for m, v in zip(got, values, strict=True)
-                ]
-                rec.complete(op, "ok", [["poll", {key: read}]])
-                seen.setdefault(key, set()).update(values)
-                _report_reads(shared, wanted, seen)
-                if got:
-                    await consumer.acknowledge(got)
+        done = await asyncio.gather(
+            *(
+                _read_key(shared, client, i, topic, wanted, seen, deadline)
+                for i, topic in enumerate(shared.topics)
+            )
+        )
+    return dict(zip((f"{t}/0" for t in shared.topics), done, strict=True))
+
+
+async def _read_key(
+    shared: _Shared,
+    client: Client,
+    i: int,
+    topic: str,
+    wanted: dict[str, set[int]],
+    seen: dict[str, set[int]],
+    deadline: float,
+) -> bool:
+    """The final reads of one key (`_final_reads`), as process ``final-i``;
+    True once every acknowledged send of it is read, False at ``deadline``
+    (its values not read are then named in the stats and the summary)."""
+    rec = shared.rec
+    key = f"{topic}/0"
+    process = f"final-{i}"
+    read_here = seen.setdefault(key, set())
+    consumer = await client.subscribe(topic, f"final-{i}", initial_position="earliest")
+    while not wanted.get(key, set()) <= read_here:
+        if time.monotonic() > deadline:
+            shared.stats.unread[key] = sorted(wanted.get(key, set()) - read_here)
+            return False
+        op = rec.invoke(process, "poll", [["poll"]])
+        got = []
+        try:
+            got.append(await consumer.receive(timeout=2.0))
+            while len(got) < 500:
+                got.append(await consumer.receive(timeout=0.05))
+        except errors.OperationTimeoutError:
+            pass
+        values = [int(m.value) for m in got]
+        read = [
+            [[m.message_id.entry_id, m.message_id.batch_index], v]
+            for m, v in zip(got, values, strict=True)
+        ]
+        rec.complete(op, "ok", [["poll", {key: read}]])
+        read_here.update(values)
+        _report_reads(shared, wanted, seen)
+        if got:
+            await consumer.acknowledge(got)
     return True
 
 
@@ -926,8 +980,9 @@ async def _run(
                     await asyncio.wait_for(w.client.close(), 5)
         for b in brokers:
             b.signal(signal.SIGCONT)
-        complete = await _final_reads(shared, time.monotonic() + cfg.final_read_timeout)
-        rec.final_reads(complete)
+        by_key = await _final_reads(shared, time.monotonic() + cfg.final_read_timeout)
+        rec.final_reads(by_key)
+        complete = all(by_key.values())
     finally:
         for b in brokers:
             b.signal(signal.SIGCONT)

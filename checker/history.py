@@ -49,10 +49,26 @@ checker, which reads them)::
 * Any other ``f`` (a nemesis event, say) is carried along and ignored by the
   checker, with one exception: ``"final-reads-complete"``. The workload
   records it (`Recorder.final_reads`) after its final read phase: ``ok`` if
-  every acknowledged send was read, ``fail`` if the phase hit its time limit.
-  Only after an ``ok`` one does the checker count *unseen* messages as
-  anomalies.
-* Further fields (``"error"``, say) are allowed and kept.
+  every acknowledged send was read, ``fail`` if the phase hit its time limit
+  on some key. Its completion's ``value`` says, per key, whether that key's
+  final reads completed: ``{"orders/0": true, "orders/1": false}`` (a key
+  not named there, or a ``null`` value, goes as the whole phase: every key
+  on ``ok``, none on ``fail``). On a key read to its end, an acknowledged
+  send nobody read is *unseen*; on a key whose reads stopped short it is an
+  *incomplete-read*; both are anomalies. Without this op, *unseen* is
+  counted for information only.
+* Further fields (``"error"``, say) are allowed and kept. The workload adds
+  ``"worker"`` to the invoke of every client operation but the final reads
+  (the worker whose subscriptions, ``w<worker>``, the op read from: its
+  successive processes share them), and,
+  on a ``txn`` completion, ``"txn"`` (its id), ``"path"`` (``"local"`` or
+  ``"full"``) and ``"awaited"``: one entry per micro-op, whether its
+  answer was awaited before the commit: ``true`` for a send awaited
+  (``send``), ``false`` for one queued and not awaited (``send_nowait``: on
+  the full path, END_TXN then goes right behind it), and for a poll
+  ``false`` if it acknowledged messages in the transaction (a
+  transactional ack returns once queued; the commit answers for it) or
+  ``null`` if it acknowledged nothing.
 
 `History` loads, saves, pairs and validates histories; `Recorder` writes one
 while the workload runs.
@@ -66,7 +82,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -369,6 +385,11 @@ class History:
                     )
             if op.f in CLIENT_FS and op.type == "info":
                 crashed[op.process] = op.index
+            if op.f == FINAL_READS and not _final_value_ok(op.value):
+                problems.append(
+                    f"{where}: the value of {FINAL_READS!r} must be null or"
+                    f" {{key: true or false}}, not {op.value!r}"
+                )
         return problems
 
 
@@ -382,6 +403,13 @@ class _Where:
 
     def __str__(self) -> str:
         return f"op {self.op.index} (process {self.op.process!r})"
+
+
+def _final_value_ok(value: Any) -> bool:
+    return value is None or (
+        isinstance(value, dict)
+        and all(isinstance(k, str) and type(v) is bool for k, v in value.items())
+    )
 
 
 def _read_ok(pair: Any) -> bool:
@@ -554,8 +582,16 @@ class Recorder:
             del self._open[op.process]
             return self._write(op.process, type, op.f, op.value if value is _SAME else value, extra)
 
-    def final_reads(self, complete: bool, process: Process = "final") -> None:
-        """Record the end of the final read phase: ok if every acknowledged send was read."""
+    def final_reads(self, complete: bool | Mapping[str, bool], process: Process = "final") -> None:
+        """Record the end of the final read phase: ok if every acknowledged
+        send was read. ``complete`` is one answer for every key, or one per
+        key (``{key: whether its final reads completed}``, kept as the
+        completion's value)."""
+        if isinstance(complete, Mapping):
+            by_key = {str(k): bool(v) for k, v in sorted(complete.items())}
+            op = self.invoke(process, FINAL_READS, None)
+            self.complete(op, "ok" if all(by_key.values()) else "fail", by_key)
+            return
         op = self.invoke(process, FINAL_READS, None)
         self.complete(op, "ok" if complete else "fail")
 

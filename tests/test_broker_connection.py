@@ -80,3 +80,34 @@ async def test_end_after_ops_is_refused_while_a_failed_op_is_remembered() -> Non
         await conn.ops_answered(end)
     broker.tc.open = False  # ended already (an earlier END): answered as a repeat
     await conn.ops_answered(end)
+
+
+def test_a_refused_transactional_send_or_ack_is_logged_at_info_not_owner_at_debug(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """What tracing a checker finding needs in the broker's log: a send or
+    ack refused in a transaction (e.g. one that came after its END) at
+    INFO, naming the transaction; NOT_OWNER (sent again at the owner, as a
+    slot moves) only at DEBUG."""
+    conn, _ = connection()
+    send = pb.CommandSend(transactional=True, **IDS)
+    ack = pb.CommandAck(transactional=True, **IDS)
+    caplog.set_level("DEBUG", logger="broker._transactions")
+    conn.op_read(send)
+    conn.op_answered(send, "cannot add participants to a transaction that is COMMITTED", 9)
+    conn.op_read(ack)
+    conn.op_answered(ack, "slot 3 is owned by b", pb.NOT_OWNER)
+    conn.op_read(send)
+    conn.op_answered(send, None)
+    got = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert got == [
+        (
+            "INFO",
+            f"connection test: send of transaction {TxnID(0, 5)} refused: cannot add "
+            "participants to a transaction that is COMMITTED",
+        ),
+        (
+            "DEBUG",
+            f"connection test: ack of transaction {TxnID(0, 5)} refused: slot 3 is owned by b",
+        ),
+    ]

@@ -379,3 +379,54 @@ async def test_a_broker_registered_at_a_wildcard_address_is_named(
     await wait_for("x names the wildcard address", named)
     status, listed, _ = await acall(x, "GET", "/admin/v1/topics")
     assert status == 200 and [m["broker"] for m in listed["missing"]] == [owner_id(wild)]
+
+
+@pytest.mark.parametrize("route", ["get", "abort", "resolve"])
+async def test_a_transaction_of_a_coordinator_not_loaded_yet_is_not_owner_rather_than_404(
+    route: str,
+) -> None:
+    """A broker that serves a slot but has not loaded its coordinator yet
+    (it recovers it first, after a move) answers a request about one of
+    its transactions 503 ``NOT_OWNER`` (retriable), not 404 "no
+    transaction": a caller reads 404 as unknown, i.e. ended and forgotten
+    (`txnbuf check` did, and let a new process read past a crashed
+    transaction's acks before their abort). One broker still answers 404.
+    (A unit test of the admin routes, on a broker object with no
+    coordinator loaded.)"""
+    from aiohttp import web
+    from aiohttp.test_utils import make_mocked_request
+
+    from broker._admin import abort_transaction, get_transaction, json_errors, resolve_transaction
+    from broker._broker import BROKER_KEY, Broker
+    from proto import refusals
+
+    handler = {"get": get_transaction, "abort": abort_transaction, "resolve": resolve_transaction}
+    txnid = "(3,7)"
+
+    class Gate:
+        def coordinator_not_here(self, tcid: int) -> refusals.Refusal:
+            return refusals.NotOwner(f"slot {tcid} is being loaded here", tcid)
+
+    class Loading:  # (a cluster's broker serving slot 3, its coordinator not loaded yet)
+        coordinators: dict[int, Any] = {}
+        cluster: Any = Gate()
+        coordinator = Broker.coordinator
+
+    async def answer(broker: Any) -> tuple[int, dict[str, Any]]:
+        app = web.Application()
+        app[BROKER_KEY] = broker
+        path = f"/admin/v1/transactions/{txnid}" + ("" if route == "get" else f"/{route}")
+        request = make_mocked_request(
+            "GET" if route == "get" else "POST", path, match_info={"txnid": txnid}, app=app
+        )
+        if route == "resolve":
+            request._read_bytes = b'{"action": "retry"}'
+        response = await json_errors(request, handler[route])
+        assert isinstance(response, web.Response) and isinstance(response.body, bytes)
+        return response.status, json.loads(response.body)
+
+    status, body = await answer(Loading())
+    assert status == 503 and "being loaded" in body["error"], body
+    Loading.cluster = None  # (one broker: no coordinator with that id)
+    status, body = await answer(Loading())
+    assert status == 404 and body["error"] == f"no transaction {txnid}"

@@ -133,21 +133,75 @@ def test_queue_workload_on_a_cluster_of_three_brokers_with_faults_aimed_by_role(
     assert all(set(f["brokers"]) <= urls and f["brokers"] for f in done)
     kills = re.search(r"broker kills (\d+), pauses (\d+)", result.stdout)
     assert kills is not None and int(kills.group(1)) >= 2 and int(kills.group(2)) >= 1
+    # Before a new process reads, the previous one's doubtful transaction
+    # ended: recorded with how it was found (its status, at its owner).
+    ends = [json.loads(line) for line in history.read_text().splitlines() if "end-doubtful" in line]
+    done = [e for e in ends if e["type"] != "invoke"]
+    assert done and all(
+        e["type"] == "ok" and re.fullmatch(r"(done|unknown) at http://\S+", e["value"]["how"])
+        for e in done
+    ), done
 
 
 async def test_final_reads_that_stop_short_name_every_key_and_value_not_read(
     tmp_path: Path,
 ) -> None:
-    """A value missing from one key stops the final reads there (and unseen
-    is then not counted): the stats (and the summary) name, for that key
-    and every key after it, the acknowledged values not read. Here the
-    reads get no time at all."""
-    from checker import Recorder
+    """The final reads read every key at once, each to its own end: here
+    they get no time at all, so every key stops short. The stats (and the
+    summary) name, per key, the acknowledged values not read; the history's
+    final-read op says per key that its reads did not complete, so the
+    checker counts those nobody read as incomplete-read (not valid). Each
+    transaction's completion says, per micro-op, whether its answer was
+    awaited before the commit (a ``send_nowait`` send: false)."""
+    from checker import History, Recorder, check
     from checker._workload import WorkloadConfig, run_workload
 
     cfg = WorkloadConfig(duration=2.0, clients=2, faults=(), final_read_timeout=0.0)
     with Recorder(tmp_path / "history.jsonl") as rec:
         stats = await run_workload(cfg, tmp_path / "work", rec)
     assert not stats["final_reads_complete"]
-    assert stats["unread"] and set(stats["unread"]) <= {f"{t}/0" for t in stats["topics"]}
+    keys = {f"{t}/0" for t in stats["topics"]}
+    assert stats["unread"] and set(stats["unread"]) <= keys
     assert all(values == sorted(values) and values for values in stats["unread"].values())
+    history = History.load(tmp_path / "history.jsonl")
+    final = history[len(history) - 1]
+    assert (final.f, final.type) == ("final-reads-complete", "fail")
+    assert final.value == {key: key not in stats["unread"] for key in sorted(keys)}
+    result = check(history)
+    assert not result.valid and result.failures == ["incomplete-read"]
+    assert result.incomplete_keys == sorted(stats["unread"])
+    # (those nobody read at all: the workers' polls read some of them)
+    assert all(e["value"] in stats["unread"][e["key"]] for e in result.anomalies["incomplete-read"])
+    txns = [op for op in history if op.f == "txn" and op.type != "invoke"]
+    assert txns and all(len(op.extra["awaited"]) == len(op.value) for op in txns)
+    for op in txns:
+        for mop, awaited in zip(op.value, op.extra["awaited"], strict=True):
+            if mop[0] == "send" and op.type == "ok":
+                assert awaited is not None
+            if mop[0] == "poll" and len(mop) == 2 and not any(mop[1].values()):
+                assert awaited is None
+    # (every client op's invoke names its worker: its subscriptions are w<worker>)
+    invokes = [op for op in history if op.f in ("txn", "send", "poll") and op.type == "invoke"]
+    workers = {op.extra.get("worker") for op in invokes if not str(op.process).startswith("final")}
+    assert workers == {0, 1}, workers
+    seen = {a for op in txns for a in op.extra["awaited"]}
+    assert {True, False} <= seen, seen  # (both kinds of send, over a few hundred ops)
+
+
+def test_an_invalid_runs_broker_logs_are_kept_beside_its_history(tmp_path: Path) -> None:
+    """`txnbuf check`'s brokers log at INFO into the work dir; an invalid
+    run with a temporary work dir copies them beside the kept history."""
+    from checker._cli import _keep_logs
+
+    work = tmp_path / "work"
+    work.mkdir()
+    for i in range(2):
+        (work / f"broker{i}.log").write_text(f"INFO serving slot {i}\n")
+    history = tmp_path / "txnbuf-check-7.jsonl"
+    where = _keep_logs(work, history, temporary=True)
+    kept = tmp_path / "txnbuf-check-7-logs"
+    assert where == f"{kept}/ (broker0.log, broker1.log)"
+    assert (kept / "broker1.log").read_text() == "INFO serving slot 1\n"
+    assert _keep_logs(work, history, temporary=False) == (
+        f"{work / 'broker0.log'}, {work / 'broker1.log'}"
+    )
