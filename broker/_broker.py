@@ -401,9 +401,14 @@ class Broker:
             for name, part, buffer in self._buffers():
                 if part.ledger.released:
                     continue  # (unloaded meanwhile)
+                if self.store.failure.done():
+                    break  # (the store failed: the broker stops or reopens it)
                 try:
                     await buffer.sweep(self.subscriptions.uncommitted_floor(name, part.index))
-                except Exception:
+                except Exception as exc:
+                    if self.store.failure.done():  # (failed meanwhile: the store said so)
+                        log.info("sweeping %s stopped: the store failed (%s)", part.name, exc)
+                        break
                     log.exception("sweeping the transaction buffer of %s failed", part.name)
             try:
                 self._unload_idle()

@@ -32,7 +32,11 @@ MAX_REQUEST_LINE = 64 << 10
 async def _websocket(request: web.Request) -> web.WebSocketResponse:
     broker = request.app[BROKER_KEY]
     ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_SIZE + FRAME_SLACK, heartbeat=30.0)
-    await ws.prepare(request)
+    try:
+        await ws.prepare(request)
+    except ConnectionResetError:  # (the client went away during the handshake: nothing to serve)
+        log.info("a WebSocket client from %s left during its handshake", request.remote)
+        return ws
     peer = f"{request.remote}:{id(ws) % 100000}"
     conn = Connection.admit(broker, ws, peer)
     if isinstance(conn, bytes):  # (refused: over --max-connections)
