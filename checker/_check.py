@@ -44,6 +44,7 @@ CLASSES: Final[dict[str, str]] = {
     "int-nonmonotonic-poll": "one op's reads of a key went back",
     "nonmonotonic-send": "a process's later send landed before its earlier one",
     "int-nonmonotonic-send": "one op's later send landed before its earlier one",
+    "redelivered": "a value acknowledged (ok poll or committed txn) came again on its subscription",
     "unseen": "acknowledged send never read by the end (a key read to its end)",
     "incomplete-read": "acknowledged send never read, on a key whose final reads stopped short",
     "G0": "write cycle (ww edges only)",
@@ -203,6 +204,7 @@ def _check(history: History, informational: frozenset[str], cycles: bool) -> Res
     lost = _lost_writes(model, found)
     _unseen(model, found, lost)
     _poll_order(model, found)
+    _redelivered(model, found)
     _send_order(model, found)
     if cycles:
         for name, examples in find_cycles(model).items():
@@ -470,6 +472,49 @@ def _poll_order(model: Model, found: _Found) -> None:
                     found.add("poll-skip" if delta > 1 else "nonmonotonic-poll", example)
             if op.type == "ok":
                 last[(op.process, key)] = (op, ranks[-1], pairs[-1][1])
+
+
+def _redelivered(model: Model, found: _Found) -> None:
+    """redelivered: exactly-once on the consuming side (no Jepsen function).
+
+    Every worker reads through subscriptions of its own (``w<worker>``),
+    which its successive processes share. A message that an ``ok`` poll
+    acknowledged (the ack was answered: durable), or that an ``ok``
+    transaction acknowledged (committed), is done on that subscription: it
+    must never be delivered there again, to any later operation of the same
+    worker (whatever its completion: a failed or crashed op's reads are
+    deliveries too). A fail or info op acknowledged nothing for sure, so it
+    marks nothing done. Offsets, not values, are compared (a duplicate send
+    is another message). Ops that name no worker are left out.
+    """
+    done: dict[tuple[int, str, Offset], ClientOp] = {}
+    for op in model.ops:  # (completion order)
+        worker = op.worker
+        if worker is None or not op.reads:
+            continue
+        for key, pairs in op.reads.items():
+            for offset, value in pairs:
+                acked_by = done.get((worker, key, offset))
+                if acked_by is None or acked_by.complete_index is None:
+                    continue
+                if acked_by.complete_index >= op.invoke_index:
+                    continue  # (not before this op began)
+                found.add(
+                    "redelivered",
+                    {
+                        "key": key,
+                        "worker": worker,
+                        "value": value,
+                        "offset": list(offset),
+                        "ops": [acked_by.id, op.id],
+                        "acked_by": acked_by.f,
+                        "type": op.type,
+                    },
+                )
+        if op.type == "ok":
+            for key, pairs in op.reads.items():
+                for offset, _ in pairs:
+                    done.setdefault((worker, key, offset), op)
 
 
 def _order_example(

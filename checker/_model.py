@@ -20,7 +20,10 @@ class ClientOp:
     of its invoke when it never completed. ``type`` is ok / fail / info (an
     invoke never completed counts as info). ``sends`` are ``(key, value,
     offset or None)`` in order; ``reads`` map each key to the ``(offset,
-    value)`` pairs received, in order, over all the op's polls.
+    value)`` pairs received, in order, over all the op's polls. ``worker``
+    is its invoke's ``"worker"`` (the worker whose subscriptions its polls
+    read; its successive processes share them), else the worker another
+    op of its process names, else None.
     """
 
     id: int
@@ -31,6 +34,7 @@ class ClientOp:
     f: str
     sends: list[tuple[str, int, Offset | None]]
     reads: dict[str, list[tuple[Offset, int]]]
+    worker: int | None = None
 
 
 @dataclass(slots=True)
@@ -82,6 +86,13 @@ class Model:
                 self.non_client[inv.f] += 1
                 continue
             self.ops.append(_client_op(inv, comp))
+        # A process is one client of one worker: an op that names no worker
+        # (a history recorded before plain polls named theirs) is its
+        # process's other ops' worker.
+        worker_of = {op.process: op.worker for op in self.ops if op.worker is not None}
+        for op in self.ops:
+            if op.worker is None:
+                op.worker = worker_of.get(op.process)
         # Completion order (never-completed ops last): the order a process did things in.
         self.ops.sort(key=_completion_order)
         self.by_id = {op.id: op for op in self.ops}
@@ -180,8 +191,12 @@ def _client_op(inv: Op, comp: Op | None) -> ClientOp:
                     got = reads.setdefault(key, [])
                     # Validated: every read has a known [entry_id, batch_index].
                     got.extend(((o[0], o[1]), v) for o, v in pairs)
+    raw_worker = inv.extra.get("worker")
+    worker = raw_worker if type(raw_worker) is int else None
     if comp is None:
-        return ClientOp(inv.index, inv.index, None, inv.process, "info", inv.f, sends, reads)
+        return ClientOp(
+            inv.index, inv.index, None, inv.process, "info", inv.f, sends, reads, worker
+        )
     return ClientOp(
-        comp.index, inv.index, comp.index, comp.process, comp.type, comp.f, sends, reads
+        comp.index, inv.index, comp.index, comp.process, comp.type, comp.f, sends, reads, worker
     )

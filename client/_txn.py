@@ -53,6 +53,15 @@ Decisions written down here:
   late, while ``commit()`` succeeded). Such a transaction
   (`Transaction._unwritten`) commits as one across brokers does: END_TXN
   once every send and ack is answered.
+* A send or ack counts as answered by the first answer to it, from the
+  broker its producer or consumer is on by then: after a reconnect or a
+  move to another broker's connection it is re-sent there (its request id
+  kept). The original frame, if a stalled broker reads it later, is taken
+  there too (sends are deduplicated, acks are idempotent) or refused (that
+  broker no longer serves the topic, or the transaction has ended): its
+  answer goes to a link that is gone (or to a connection the producer or
+  consumer has left), so ``commit()`` neither
+  waits for it nor fails on it.
 * A send or ack that fails after its transaction's commit succeeded (or
   while the END that then succeeded was on its way, unless the client
   timed it out itself: the broker may have taken it) is logged at WARNING

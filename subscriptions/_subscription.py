@@ -12,6 +12,7 @@ their positions have an entry id below -1.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Mapping
 from typing import cast
 
@@ -25,6 +26,8 @@ from subscriptions._state import MsgState
 from subscriptions._uncommitted import UncommittedCursor, UncommittedLog, from_wire
 
 __all__ = ["PartitionSubscription", "attached"]
+
+log = logging.getLogger(__name__)
 
 
 def attached(consumer: Consumer) -> list[PartitionSubscription]:
@@ -76,8 +79,22 @@ class PartitionSubscription:
     async def create(
         cls, partition: Partition, name: str, earliest: bool, read_uncommitted: bool = False
     ) -> PartitionSubscription:
-        """A new subscription at the earliest or latest position (durably)."""
+        """A new subscription at the earliest or latest position (durably).
+        Its cursor ledger should not exist yet: one that does is written
+        over (its new first snapshot wins when it is loaded), which moves a
+        subscription the broker did not hold in memory back to that
+        position; logged at WARNING, naming the ledger (never expected)."""
         store = partition.ledger.store
+        name_of_cursor = cls.ledger_name(partition.topic, partition.index, name)
+        if store.has_ledger(name_of_cursor):
+            log.warning(
+                "creating subscription %r of %s at the %s position over its existing cursor "
+                "ledger %s: what it acknowledged before is forgotten",
+                name,
+                partition.name,
+                "earliest" if earliest else "latest",
+                name_of_cursor,
+            )
         uncommitted = None
         if read_uncommitted:  # its ledger first: the cursor ledger makes it exist
             uledger = await store.open_ledger(
@@ -89,9 +106,12 @@ class PartitionSubscription:
                 sidecar = buffer.sidecar
                 start = sidecar.first_entry_id - 1 if earliest else sidecar.last_entry_id
             uncommitted = await UncommittedLog.create(uledger, start)
-        ledger = await store.open_ledger(cls.ledger_name(partition.topic, partition.index, name))
-        log = partition.ledger
-        start_at = (log.first_entry_id - 1 if earliest else log.last_entry_id, WHOLE_ENTRY)
+        ledger = await store.open_ledger(name_of_cursor)
+        messages = partition.ledger
+        start_at = (
+            messages.first_entry_id - 1 if earliest else messages.last_entry_id,
+            WHOLE_ENTRY,
+        )
         count = _counter(partition, read_uncommitted)
         acks = await PendingAckLog.create(ledger, start_at, partition, name, count)
         return cls(partition, name, acks, uncommitted)

@@ -76,9 +76,12 @@ class Builder:
         )
         return index
 
-    def invoke(self, process: Any, f: str, mops: list[list[Any]]) -> int:
+    def invoke(self, process: Any, f: str, mops: list[list[Any]], **extra: Any) -> int:
+        """Invoke an op; ``extra`` fields go on the invoke line (``worker=``)."""
         self.open[process] = (f, mops)
-        return self._line(process, "invoke", f, [_invoke_form(m) for m in mops])
+        index = self._line(process, "invoke", f, [_invoke_form(m) for m in mops])
+        self.lines[index].update(extra)
+        return index
 
     def complete(self, process: Any, type_: str = "ok", *, carry: bool = False) -> int:
         """Complete ``process``'s open op. A fail / info completion repeats the
@@ -87,8 +90,10 @@ class Builder:
         value = mops if type_ == "ok" or carry else [_invoke_form(m) for m in mops]
         return self._line(process, type_, f, value)
 
-    def op(self, process: Any, f: str, mops: list[list[Any]], type_: str = "ok") -> int:
-        self.invoke(process, f, mops)
+    def op(
+        self, process: Any, f: str, mops: list[list[Any]], type_: str = "ok", **extra: Any
+    ) -> int:
+        self.invoke(process, f, mops, **extra)
         return self.complete(process, type_)
 
     def final_reads(self, complete: bool = True, by_key: dict[str, bool] | None = None) -> None:
@@ -374,6 +379,68 @@ def test_int_nonmonotonic_send_within_one_op() -> None:
     b.final_reads()
     example = only(check(b.history()), "int-nonmonotonic-send")
     assert (example["key"], example["ops"], example["values"]) == (X, [s], [1, 2])
+
+
+# -- redelivered ------------------------------------------------------------------------
+
+
+def test_redelivered_a_message_a_committed_transaction_acknowledged_comes_again() -> None:
+    b = Builder()
+    three_sends(b)
+    t = b.op(1, "txn", [reads((X, o(1), 1), (X, o(2), 2))], worker=2)  # acked, committed
+    b.op(1, "txn", [send(Y, 7)], "info", worker=2)  # crashed: a new process goes on
+    r = b.op(4, "poll", [reads((X, o(1), 1), (X, o(2), 2), (X, o(3), 3))], worker=2)
+    everything_read(b)
+    result = check(b.history())
+    assert not result.valid and result.failures == ["redelivered"], result.summary_table()
+    assert result.counts["redelivered"] == 2
+    first = result.anomalies["redelivered"][0]
+    assert first == {
+        "key": X,
+        "worker": 2,
+        "value": 1,
+        "offset": [1, 0],
+        "ops": [t, r],
+        "acked_by": "txn",
+        "type": "ok",
+    }
+
+
+def test_redelivered_counts_an_ok_plain_poll_as_acknowledged_and_any_later_delivery() -> None:
+    b = Builder()
+    three_sends(b)
+    p = b.op(1, "poll", [reads((X, o(1), 1))], worker=0)
+    b.op(1, "txn", [send(Y, 7)], "info", worker=0)
+    b.invoke(5, "txn", [reads((X, o(1), 1), (X, o(2), 2))], worker=0)
+    r = b.complete(5, "fail", carry=True)  # (an aborted op's reads were delivered too)
+    everything_read(b)
+    example = only(check(b.history()), "redelivered")
+    assert (example["ops"], example["acked_by"], example["type"]) == ([p, r], "poll", "fail")
+
+
+def test_what_an_aborted_or_crashed_op_read_may_come_again_and_so_may_another_workers() -> None:
+    b = Builder()
+    three_sends(b)
+    b.invoke(1, "txn", [reads((X, o(1), 1))], worker=0)
+    b.complete(1, "fail", carry=True)  # aborted: its ack was undone
+    b.op(1, "txn", [reads((X, o(1), 1))], "info", worker=0)  # outcome unknown
+    b.op(4, "poll", [reads((X, o(1), 1), (X, o(2), 2))], worker=0)
+    b.op(5, "poll", [reads((X, o(1), 1), (X, o(2), 2), (X, o(3), 3))], worker=1)  # its own
+    b.op(4, "poll", [reads((X, o(3), 3))], worker=0)
+    b.final_reads()
+    assert counted(check(b.history())) == set()
+
+
+def test_redelivered_takes_an_ops_worker_from_its_process_when_it_names_none() -> None:
+    b = Builder()
+    three_sends(b)
+    p = b.op(1, "poll", [reads((X, o(1), 1))])  # (names no worker: process 1's is 3)
+    b.op(1, "txn", [send(Y, 7)], "info", worker=3)
+    r = b.op(4, "poll", [reads((X, o(1), 1))], worker=3)
+    b.op(6, "poll", [reads((X, o(1), 1))])  # no worker known: not judged
+    everything_read(b)
+    example = only(check(b.history()), "redelivered")
+    assert (example["worker"], example["ops"]) == (3, [p, r])
 
 
 # -- unseen -----------------------------------------------------------------------------
