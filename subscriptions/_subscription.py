@@ -80,21 +80,24 @@ class PartitionSubscription:
         cls, partition: Partition, name: str, earliest: bool, read_uncommitted: bool = False
     ) -> PartitionSubscription:
         """A new subscription at the earliest or latest position (durably).
-        Its cursor ledger should not exist yet: one that does is written
-        over (its new first snapshot wins when it is loaded), which moves a
-        subscription the broker did not hold in memory back to that
-        position; logged at WARNING, naming the ledger (never expected)."""
+        Its cursor ledger should not exist yet. One that does (never
+        expected: the broker did not hold this subscription in memory though
+        its cursor is in the store) is loaded, not written over: a
+        subscription never moves back by being created again. Logged at
+        WARNING, naming the ledger."""
         store = partition.ledger.store
         name_of_cursor = cls.ledger_name(partition.topic, partition.index, name)
-        if store.has_ledger(name_of_cursor):
+        existing = store.get_ledger(name_of_cursor)
+        if existing is not None:
             log.warning(
-                "creating subscription %r of %s at the %s position over its existing cursor "
-                "ledger %s: what it acknowledged before is forgotten",
+                "subscription %r of %s asked to be created at the %s position, but its cursor "
+                "ledger %s exists: loaded from there",
                 name,
                 partition.name,
                 "earliest" if earliest else "latest",
                 name_of_cursor,
             )
+            return await cls.load(partition, name, existing)
         uncommitted = None
         if read_uncommitted:  # its ledger first: the cursor ledger makes it exist
             uledger = await store.open_ledger(

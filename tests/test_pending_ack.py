@@ -1212,21 +1212,26 @@ async def test_abort_of_messages_not_read_yet_delivers_them_once(h: Harness) -> 
     assert sum(len(d.indexes) or 3 for d in pushed) == 12  # nothing twice
 
 
-async def test_creating_a_subscription_over_its_existing_cursor_ledger_is_logged(
+async def test_creating_a_subscription_over_its_existing_cursor_ledger_loads_it_and_says_so(
     h: Harness, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Never expected: it moves the subscription back (a cluster check saw
-    whole subscriptions start over), so it is logged loudly, naming the ledger."""
-    await h.sub.ack([(0, 0)], False, None)
+    """Never expected (a cluster check saw whole subscriptions start over when
+    created again over their cursors): the cursor is loaded where it is, not
+    written over at the start, and it is logged loudly, naming the ledger."""
+    await h.sub.ack([(0, 0), (0, 1), (0, 2)], False, None)
+    await h.settle()
+    at = h.sub.acks.cursor.mark_delete
+    assert at >= (0, 2)
     with caplog.at_level("WARNING", logger="subscriptions._subscription"):
-        await PartitionSubscription.create(h.part, "other", earliest=True)
+        other = await PartitionSubscription.create(h.part, "other", earliest=True)
         assert not caplog.records  # (a new one: nothing to say)
         again = await PartitionSubscription.create(h.part, "s", earliest=True)
     (record,) = caplog.records
     assert record.levelname == "WARNING"
     assert PartitionSubscription.ledger_name("t", 0, "s") in record.getMessage()
-    assert "earliest" in record.getMessage()
-    await again.close()
+    assert again.acks.cursor.mark_delete == at  # (not moved back to the start)
+    assert other.acks.cursor.mark_delete < at
+    await other.close()
 
 
 # -- the Subscriptions manager ---------------------------------------------------------
