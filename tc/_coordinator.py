@@ -323,14 +323,7 @@ class TransactionCoordinator:
         recovered coordinator must know to tell it."""
         if not self.log_registrations:
             return
-        rec = Record(metadata_op=Record.REGISTER)
-        rec.txnid_most_bits, rec.txnid_least_bits = txnid
-        rec.txn_last_modification_time = now_ms()
-        for topic, index in partitions:
-            rec.partitions.add(topic=topic, partition=index)
-        for topic, sub in subscriptions:
-            rec.subscriptions.add(topic=topic, subscription=sub)
-        written = self._log_register(rec, lazy=True)
+        written = self._log_register(_register_record(txnid, partitions, subscriptions), lazy=True)
         written.add_done_callback(_retrieved)
 
     def register_remote(
@@ -363,14 +356,7 @@ class TransactionCoordinator:
                 return done
             if not lazy:
                 return pending
-        rec = Record(metadata_op=Record.REGISTER)
-        rec.txnid_most_bits, rec.txnid_least_bits = txnid
-        rec.txn_last_modification_time = now_ms()
-        for topic, index in partitions:
-            rec.partitions.add(topic=topic, partition=index)
-        for topic, sub in subscriptions:
-            rec.subscriptions.add(topic=topic, subscription=sub)
-        return self._log_register(rec, lazy=False)
+        return self._log_register(_register_record(txnid, partitions, subscriptions), lazy=False)
 
     @staticmethod
     def _logged_already(
@@ -763,3 +749,17 @@ def _retrieved(written: asyncio.Future[int]) -> None:
     later write too (fail-stop): nothing to do here but mark it seen."""
     if not written.cancelled():
         written.exception()
+
+
+def _register_record(
+    txnid: TxnID, partitions: list[tuple[str, int]], subscriptions: list[tuple[str, str]]
+) -> Record:
+    """A REGISTER record naming these participants of ``txnid``."""
+    rec = Record(metadata_op=Record.REGISTER)
+    rec.txnid_most_bits, rec.txnid_least_bits = txnid
+    rec.txn_last_modification_time = now_ms()
+    for topic, index in partitions:
+        rec.partitions.add(topic=topic, partition=index)
+    for topic, sub in subscriptions:
+        rec.subscriptions.add(topic=topic, subscription=sub)
+    return rec
