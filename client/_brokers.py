@@ -25,6 +25,12 @@ does not take, a certificate not trusted, another protocol version) is
 tried again when a lookup names it `REFUSED_RETRY_S` seconds later or
 more: it may have restarted, on the same URL, with another configuration.
 
+Every loop here that tries again after NOT_OWNER (or a connection lost)
+pauses through one helper, ``client._backoff``: at once at a broker it has
+not tried yet (a real move), 0.05 s doubling to 1 s before trying one it
+has (a lookup naming the same broker again while a slot is between
+owners), never past the operation's deadline.
+
 Ownership changes are followed by the handlers themselves: a producer or
 consumer whose re-creation, or send, is refused NOT_OWNER, or whose broker
 cannot be reached again, is handed here (`relocate`): its topic is looked
