@@ -463,6 +463,10 @@ class Consumer:
     def move_to(self, conn: Connection) -> None:
         self._conn = conn
 
+    def leave(self, link: Link) -> None:
+        if self._attached and self._gen == link.gen:
+            self._conn.request_unawaited(link, self._close_command)
+
     def on_disconnect(self) -> None:
         # The broker redelivers every unacked message after the reconnect:
         # what is still queued here (or waits to be negatively acked) would

@@ -757,6 +757,10 @@ class Producer:
     def move_to(self, conn: Connection) -> None:
         self._conn = conn
 
+    def leave(self, link: Link) -> None:
+        if self._gen == link.gen:
+            self._conn.request_unawaited(link, self._close_command)
+
     def _released(self, count: int) -> None:
         self._pending -= count
         room = self._max_pending - self._pending

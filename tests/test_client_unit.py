@@ -104,6 +104,7 @@ class FakeBroker:
         self.ignore_sends = False
         self.send_error: int | None = None
         self.refuse_producer: list[int] = []  # error codes for the next PRODUCER requests
+        self.ack_errors: list[int] = []  # error codes for the next plain ACKs (nothing changes)
         self.last_sequence_id: dict[str, int] = {}
         self.max_message_size = 5 * 1024 * 1024
         self.protocol_version = PROTOCOL_VERSION  # announced in CONNECTED
@@ -274,6 +275,18 @@ class FakeBroker:
             await self._on_send(ws, cmd.send, producers)
         elif kind == T.SUBSCRIBE:
             req = cmd.subscribe
+            if any(sub.consumer == (ws, req.consumer_id) for sub in self.subs.values()):
+                # (as the broker: an id held on this connection is refused)
+                await ws.send_bytes(
+                    frame(
+                        T.ERROR,
+                        "error",
+                        request_id=req.request_id,
+                        error=pb.INVALID_ARGUMENT,
+                        message=f"consumer id {req.consumer_id} is in use on this connection",
+                    )
+                )
+                return
             key = (req.topic, req.subscription)
             sub = self.subs.get(key)
             if sub is None:  # (the topic is created, as the broker does)
@@ -655,6 +668,11 @@ class FakeBroker:
         if ack.transactional and (ack.txnid_most_bits, ack.txnid_least_bits) in self.txns:
             self.unanswered[ack.request_id] = (ack.txnid_most_bits, ack.txnid_least_bits)
         error = None
+        if self.ack_errors and not ack.transactional:
+            error = self.ack_errors.pop(0)
+            fields = dict(consumer_id=ack.consumer_id, request_id=ack.request_id, error=error)
+            await self._reply(ws, frame(T.ACK_RESPONSE, "ack_response", **fields))
+            return
         for (topic, name), sub in self.subs.items():
             if sub.consumer != (ws, ack.consumer_id):
                 continue
@@ -1818,6 +1836,31 @@ async def test_a_producer_refused_not_owner_moves_to_the_owner_and_resends(
             )
     finally:
         await owner.stop()
+
+
+async def test_a_consumer_whose_ack_is_refused_not_owner_by_the_broker_it_is_on_keeps_going(
+    fake: FakeBroker,
+) -> None:
+    """An ack refused NOT_OWNER on a link that is up (a broker dropping
+    everything after its store failed refuses it, then serves the topic
+    again) hands the consumer over; the lookup names the same broker,
+    whose connection still holds the consumer: the consumer is closed there
+    first, so its re-subscription under the same id is not refused as a
+    consumer id in use (which closed it for good), and it goes on."""
+    fake.slots = 64
+    async with Client(fake.url, operation_timeout=5.0) as client:
+        producer = await client.create_producer("t")
+        consumer = await client.subscribe("t", "s", initial_position="earliest")
+        await producer.send(b"a")
+        first = await consumer.receive(timeout=5.0)
+        fake.ack_errors = [pb.NOT_OWNER]
+        await consumer.acknowledge(first)  # (answered at the owner: here again)
+        assert len(fake.of_type(T.SUBSCRIBE)) == 2 and fake.of_type(T.CLOSE_CONSUMER)
+        assert not consumer.closed and client._brokers.moves == 1
+        await producer.send(b"b")
+        values: set[bytes] = set()
+        while b"b" not in values:
+            values.add((await consumer.receive(timeout=5.0)).value)
 
 
 async def test_a_coordinator_that_moved_is_looked_up_and_its_transaction_ends_there(
