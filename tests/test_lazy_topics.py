@@ -82,6 +82,30 @@ async def test_a_start_loads_no_topic_and_a_first_use_loads_it_as_it_was(tmp_pat
         await broker.close()
 
 
+async def test_get_or_create_asks_the_gate_even_of_a_loaded_topic(tmp_path: Path) -> None:
+    """A cluster broker handing a slot over, or dropping everything after
+    its store failed, still holds the slot's loaded topics for a moment:
+    a producer or consumer asking for one then (`get_or_create`) is refused
+    NOT_OWNER, as for a topic not loaded, and nothing changes."""
+    broker = await Broker.open(tmp_path, preload=False)
+    try:
+        await _make_topic(broker, "t", 1)
+        loaded = broker.topics.get("t")
+        assert loaded is not None
+
+        def gate(name: str) -> None:  # (the cluster host's: slot 7 not served here)
+            raise refusals.NotOwner(f"topic {name!r} is in slot 7, not served here", 7)
+
+        broker.topics.gate = gate
+        with pytest.raises(refusals.NotOwner, match="slot 7"):
+            await broker.topics.get_or_create("t")
+        assert broker.topics.get("t") is loaded
+        broker.topics.gate = None
+        assert await broker.topics.get_or_create("t") is loaded
+    finally:
+        await broker.close()
+
+
 async def test_the_background_pass_loads_every_topic(tmp_path: Path) -> None:
     broker = await Broker.open(tmp_path, preload=False)
     try:
