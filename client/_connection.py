@@ -259,7 +259,8 @@ class Handler(Protocol):
 
     def leave(self, link: Link) -> None:
         """You are handed over while ``link`` is up: if you are attached on
-        it, close yourself there (``Connection.hand_over``)."""
+        it, close yourself there and write nothing more on it: what you
+        frame from now on waits for your re-creation (``Connection.hand_over``)."""
 
 
 class Router(Protocol):

@@ -760,6 +760,7 @@ class Producer:
     def leave(self, link: Link) -> None:
         if self._gen == link.gen:
             self._conn.request_unawaited(link, self._close_command)
+            self._gen = 0  # (nothing more on that link: kept until re-created)
 
     def _released(self, count: int) -> None:
         self._pending -= count
