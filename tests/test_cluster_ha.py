@@ -91,21 +91,23 @@ def replicated() -> Iterator[Replicated]:
 @pytest.fixture
 def client_log() -> Iterator[None]:
     """The client's log (logger ``client``, INFO and up: reconnects, moves,
-    retries), its last lines shown at the end (pytest shows them when the
-    test fails)."""
+    retries), its last lines shown at the end with their times, to set
+    beside the brokers' logs (pytest shows them when the test fails)."""
     lines: collections.deque[str] = collections.deque(maxlen=400)
     handler = logging.Handler(logging.INFO)
     formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     handler.emit = lambda record: lines.append(formatter.format(record))  # type: ignore[method-assign]
     logger = logging.getLogger("client")
-    level = logger.level
+    level, propagate = logger.level, logger.propagate
     logger.setLevel(logging.INFO)
+    logger.propagate = False  # (shown here, with times; not twice)
     logger.addHandler(handler)
     try:
         yield
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
+        logger.propagate = propagate
         print("----- the client's log -----\n" + "\n".join(lines))
 
 
