@@ -105,6 +105,7 @@ class FakeBroker:
         self.send_error: int | None = None
         self.refuse_producer: list[int] = []  # error codes for the next PRODUCER requests
         self.ack_errors: list[int] = []  # error codes for the next plain ACKs (nothing changes)
+        self.send_errors: list[int] = []  # error codes for the next SENDs (nothing stored)
         self.last_sequence_id: dict[str, int] = {}
         self.max_message_size = 5 * 1024 * 1024
         self.protocol_version = PROTOCOL_VERSION  # announced in CONNECTED
@@ -522,7 +523,10 @@ class FakeBroker:
             self.unanswered[send.request_id] = (send.txnid_most_bits, send.txnid_least_bits)
         if self.ignore_sends:
             return
-        if self.send_error is not None:
+        error = self.send_errors.pop(0) if self.send_errors else self.send_error
+        if error is None and send.producer_id not in producers:
+            error = pb.PRODUCER_NOT_FOUND  # (as the broker: closed, or never created)
+        if error is not None:
             await self._reply(
                 ws,
                 frame(
@@ -530,7 +534,7 @@ class FakeBroker:
                     "send_error",
                     producer_id=send.producer_id,
                     request_id=send.request_id,
-                    error=self.send_error,
+                    error=error,
                     message="injected",
                 ),
             )
@@ -1861,6 +1865,36 @@ async def test_a_consumer_whose_ack_is_refused_not_owner_by_the_broker_it_is_on_
         values: set[bytes] = set()
         while b"b" not in values:
             values.add((await consumer.receive(timeout=5.0)).value)
+
+
+async def test_a_producer_whose_send_is_refused_not_owner_by_the_broker_it_is_on_keeps_going(
+    fake: FakeBroker,
+) -> None:
+    """As for a consumer: a send refused NOT_OWNER on a link that is up
+    hands the producer over; it is closed on that link, and a send made
+    while it moves waits for its re-creation (written behind the CLOSE, it
+    would be refused as of an unknown producer); the lookup names the same
+    broker; every send is stored once, in order."""
+    fake.slots = 64
+    async with Client(fake.url, operation_timeout=5.0) as client:
+        producer = await client.create_producer("t")
+        await producer.send(b"before")
+        leave = producer.leave
+        meanwhile: list[asyncio.Future[MessageId]] = []
+
+        def leave_then_send(link: Any) -> None:
+            leave(link)
+            meanwhile.append(producer.send_nowait(b"meanwhile"))
+
+        producer.leave = leave_then_send  # type: ignore[method-assign]
+        fake.send_errors = [pb.NOT_OWNER]
+        await producer.send(b"refused")  # (answered at the owner: here again)
+        await asyncio.gather(*meanwhile)
+        assert not producer.closed and client._brokers.moves == 1
+        assert fake.stored("t") == [b"before", b"refused", b"meanwhile"]
+        kinds = [T.Type.Name(c.type) for c in fake.received if c.type != T.LOOKUP]
+        closed = kinds.index("CLOSE_PRODUCER")
+        assert kinds[closed + 1] == "PRODUCER", kinds  # (nothing written behind the CLOSE)
 
 
 async def test_a_coordinator_that_moved_is_looked_up_and_its_transaction_ends_there(
