@@ -221,8 +221,10 @@ async def test_the_primary_sigkilled_and_its_synchronous_standby_promoted_loses_
         sending.set()
         await producing  # (raises what reached the application)
         stored = await _read_all(service, source, "check")
+        read = time.monotonic()
         with contextlib.suppress(AssertionError):
             await until(lambda: set(seen) >= set(stored) or copying.done(), "the copy", 120)
+        caught_up = time.monotonic()
         assert set(seen) >= set(stored), (
             f"the copy's consumer received {len(set(seen))} of {len(set(stored))} inputs; "
             f"missing {sorted(set(stored) - set(seen))[:10]}; failed transactions {failures}; "
@@ -233,7 +235,8 @@ async def test_the_primary_sigkilled_and_its_synchronous_standby_promoted_loses_
         watching.cancel()
     print(
         f"SIGKILL -> promotion {promoted - killed:.2f}s, promotion -> {AFTER} more sends "
-        f"acknowledged {resumed - promoted:.2f}s; {len(acked)} sends acknowledged, "
+        f"acknowledged {resumed - promoted:.2f}s, the input read back {read - resumed:.2f}s, "
+        f"the copy seen whole {caught_up - read:.2f}s later; {len(acked)} sends acknowledged, "
         f"copy transactions failed {failures}, the copy's consumer received "
         f"{len(seen)} messages ({len(set(seen))} distinct)"
     )
