@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from broker import Broker
+from broker._connection import PROTOCOL_VERSION, Connection
 from buffer import COMMIT_MARKER, entry_kind
 from client import Client, errors
 from proto import refusals
@@ -102,6 +103,69 @@ async def test_get_or_create_asks_the_gate_even_of_a_loaded_topic(tmp_path: Path
         assert broker.topics.get("t") is loaded
         broker.topics.gate = None
         assert await broker.topics.get_or_create("t") is loaded
+    finally:
+        await broker.close()
+
+
+class _Socket:
+    """Enough of a WebSocket for a broker connection driven by `on_frame`
+    (its answers stay queued: nothing writes them)."""
+
+    closed = False
+
+    async def send_bytes(self, data: bytes) -> None:
+        raise AssertionError("not written in this test")
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def _frames(conn: Connection, *commands: pb.BaseCommand) -> list[pb.BaseCommand]:
+    """Feed ``commands`` to ``conn``; the answers it queued so far."""
+    for cmd in commands:
+        conn.on_frame(cmd.SerializeToString())
+    return [pb.BaseCommand.FromString(data) for data in conn._out]
+
+
+async def test_a_producer_created_as_its_connection_closes_leaves_its_name_free(
+    tmp_path: Path,
+) -> None:
+    """A PRODUCER whose topic loads while its connection closes (a cluster
+    broker closes every connection when it hands a slot over or drops
+    everything) claims nothing: the producer's name is free for its
+    client's next connection (it was refused PRODUCER_BUSY there, by a
+    dead connection, until the client gave the producer up)."""
+    broker = await Broker.open(tmp_path, preload=False)
+    try:
+        await _make_topic(broker, "t", 1)
+    finally:
+        await broker.close()
+    broker = await Broker.open(tmp_path, preload=False)
+    try:
+        hello = pb.BaseCommand(type=pb.BaseCommand.CONNECT)
+        hello.connect.protocol_version = PROTOCOL_VERSION
+
+        def producer(request_id: int) -> pb.BaseCommand:
+            cmd = pb.BaseCommand(type=pb.BaseCommand.PRODUCER)
+            cmd.producer.topic, cmd.producer.producer_name = "t", "p"
+            cmd.producer.producer_id, cmd.producer.request_id = 1, request_id
+            return cmd
+
+        first = Connection.admit(broker, _Socket(), "first")
+        assert isinstance(first, Connection)
+        _frames(first, hello, producer(1))  # ("t" is not loaded: the PRODUCER waits for it)
+        assert broker.topics.get("t") is None
+        first.close()
+        await asyncio.gather(*first._tasks)
+        assert broker.producer_count("t") == 0
+
+        second = Connection.admit(broker, _Socket(), "second")
+        assert isinstance(second, Connection)
+        _frames(second, hello, producer(2))
+        await asyncio.gather(*second._tasks)
+        answers = [c for c in _frames(second) if c.type != pb.BaseCommand.CONNECTED]
+        assert [pb.BaseCommand.Type.Name(c.type) for c in answers] == ["PRODUCER_SUCCESS"]
+        assert broker.producer_count("t") == 1
     finally:
         await broker.close()
 
