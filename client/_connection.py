@@ -822,6 +822,7 @@ class Connection:
             if link.closed and not isinstance(exc, NotOwnerError):
                 return True  # (registered: re-created on the next link)
             self._unregister(handler)
+            log.info("%r not taken at %s (link %d): %s", handler, self.url, link.gen, exc)
             # (PRODUCER_BUSY: the broker still holds the producer on a
             # connection it has not closed yet, e.g. one it closes once it
             # has dropped everything; the producer's own re-creation gives up
