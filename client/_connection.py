@@ -69,7 +69,14 @@ Decisions written down here:
   NOT_OWNER, and every handler of a connection whose broker cannot be
   reached again, is handed to the ``router`` (``client._brokers``), which
   looks its topic up and moves it to the owner's connection; there it
-  re-sends what was not answered, as after a reconnect.
+  re-sends what was not answered, as after a reconnect. A handler handed
+  over while the link it is attached on is up (a send or ack refused
+  NOT_OWNER) is closed on that link first (CLOSE_PRODUCER /
+  CLOSE_CONSUMER, its answer not awaited): the broker would otherwise
+  keep it there, refuse its id when the lookup names the same broker
+  again ("consumer id in use on this connection", which closes a consumer
+  for good), and keep an exclusive subscription or a producer name taken
+  from its new connection.
 * Timeouts of sends and acks (the hot path) are enforced by one sweeper
   task ticking every ``operation_timeout / 10`` (at most 1 s, at least
   10 ms), not by a timer per message.
@@ -213,6 +220,12 @@ def _time_out(future: asyncio.Future[Any], what: str) -> None:
         future.set_exception(OperationTimeoutError(f"{what} timed out"))
 
 
+def _dropped(future: asyncio.Future[Any]) -> None:
+    """An answer nobody waits for (`Connection.request_unawaited`)."""
+    if not future.cancelled():
+        future.exception()  # (retrieved: a lost link fails it, and that is fine)
+
+
 def copy_error(exc: TxnbufError) -> TxnbufError:
     """A fresh copy of ``exc`` to raise once more (one exception object raised
     in many places would collect all their tracebacks)."""
@@ -256,6 +269,11 @@ class Handler(Protocol):
 
     def move_to(self, conn: Connection) -> None:
         """Use ``conn`` from now on (``Connection.adopt``)."""
+
+    def leave(self, link: Link) -> None:
+        """You are handed over while ``link`` is up: if you are attached on
+        it, close yourself there and write nothing more on it: what you
+        frame from now on waits for your re-creation (``Connection.hand_over``)."""
 
 
 class Router(Protocol):
@@ -638,6 +656,16 @@ class Connection:
                 raise from_wire(answer.error, answer.message)
         return reply
 
+    def request_unawaited(self, link: Link, build: Callable[[int], Command]) -> None:
+        """Write the request ``build(request_id)`` on ``link``; nobody waits
+        for its answer, which is dropped whatever it is (an ERROR is not
+        logged either)."""
+        request_id = self.next_request_id()
+        future: asyncio.Future[Command] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(_dropped)
+        self._requests[request_id] = future
+        link.write(build(request_id).SerializeToString())
+
     def ready_link(self) -> Link | None:
         """The current link if requests may be written on it now."""
         link = self.link
@@ -788,6 +816,9 @@ class Connection:
         which looks its topic up and moves it to the owner's connection."""
         if self.router is None:
             return
+        link = self.link
+        if link is not None and not link.closed:
+            handler.leave(link)  # (see the module docstring)
         self._unregister(handler)
         handler.on_disconnect()
         self.router.relocate(handler)
@@ -817,6 +848,7 @@ class Connection:
             if link.closed and not isinstance(exc, NotOwnerError):
                 return True  # (registered: re-created on the next link)
             self._unregister(handler)
+            log.info("%r not taken at %s (link %d): %s", handler, self.url, link.gen, exc)
             # (PRODUCER_BUSY: the broker still holds the producer on a
             # connection it has not closed yet, e.g. one it closes once it
             # has dropped everything; the producer's own re-creation gives up
