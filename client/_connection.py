@@ -41,6 +41,16 @@ Decisions written down here:
   timeout (its broker down, the event loop starved) fails that operation
   with ``BrokerConnectionError`` (retriable) and keeps reconnecting, the
   client's home one trying each service URL and broker it knows in turn.
+* Connect timeout: one connection attempt (opening the socket, CONNECT and
+  its answer) may take the operation timeout when the connection has no
+  other URL to try (a single broker: nothing else to do but wait), and at
+  most ``connect_timeout`` (``Client``'s option, 5 s by default, never
+  more than the operation timeout) when it has: a broker that accepts the
+  connection and never answers (paused by SIGSTOP: its kernel still
+  accepts) is left for the next URL, and the client reaches the rest of
+  the service well within its operation timeout. Five seconds: far above
+  a live broker's answer to CONNECT (milliseconds, a busy machine's
+  hundreds), and short beside the operation timeout (30 s).
 * Credentials: a token goes in CONNECT (``auth_method`` "token"); TLS
   (``https://`` and ``txnbufs://`` URLs) uses the SSL context the Client
   made from its CA.
@@ -127,6 +137,9 @@ PROTOCOL_VERSION = 7  # the only one spoken (proto/txnbuf.proto)
 DEFAULT_MAX_MESSAGE_SIZE = MAX_MESSAGE_SIZE
 BACKOFF_MIN = 0.05
 BACKOFF_MAX = 2.0
+# Seconds one connection attempt may take while another URL is left to try
+# (``Client(connect_timeout=...)``'s default; see the module docstring).
+CONNECT_TIMEOUT = 5.0
 # The types of the answers to control requests (``Connection.request``).
 ANSWERS = frozenset(
     {
@@ -386,6 +399,7 @@ class Connection:
         router: Router | None = None,
         fallbacks: list[str] | None = None,
         auth_method: str = "token",
+        connect_timeout: float = CONNECT_TIMEOUT,
     ) -> None:
         """``id_base``: where this connection's request, producer and
         consumer ids and link generations start (the connections of one
@@ -394,7 +408,9 @@ class Connection:
         ``url`` cannot be reached (the client's home connection: the other
         service URLs, and the brokers lookups named); ``auth_method``: what
         CONNECT names ``token`` as (a cluster's brokers talk to each other
-        with "cluster", `broker._peers`)."""
+        with "cluster", `broker._peers`); ``connect_timeout``: how long one
+        connection attempt (the socket and CONNECT's answer) may take while
+        there is another URL to try (see the module docstring)."""
         self._stream = stream_address(url)  # (None: the WebSocket)
         for other in fallbacks or ():
             stream_address(other)  # (refused here if it is not a broker's URL)
@@ -404,6 +420,7 @@ class Connection:
         self._urls = [self.url, *(u.rstrip("/") for u in fallbacks or ())]
         self._attempt = 0
         self.operation_timeout = operation_timeout
+        self.connect_timeout = connect_timeout
         self._token = token
         self._auth_method = auth_method
         self._ssl: ssl.SSLContext | bool = ssl_context if ssl_context is not None else True
@@ -721,7 +738,7 @@ class Connection:
             self._stream = stream_address(self.url)
         try:
             with socket_errors():
-                async with asyncio.timeout(self.operation_timeout):
+                async with asyncio.timeout(self.attempt_timeout()):
                     if self._stream is not None:
                         host, port, tls = self._stream
                         ws = await open_stream(host, port, self._ssl if tls else False)
@@ -766,6 +783,15 @@ class Connection:
         self.tc_ids = tuple(reply.connected.tc_ids)
         self.slots = reply.connected.slots
         return ws
+
+    def attempt_timeout(self) -> float:
+        """How long one connection attempt may take: the operation timeout
+        when there is no other URL to try, else at most ``connect_timeout``
+        (a broker that accepts the connection and never answers, e.g. a
+        paused one, is left for the next URL; see the module docstring)."""
+        if len(self._urls) > 1:
+            return min(self.connect_timeout, self.operation_timeout)
+        return self.operation_timeout
 
     async def _reattach(self, link: Link) -> None:
         handlers: list[Handler] = [*self.producers.values(), *self.consumers.values()]
