@@ -673,9 +673,9 @@ class FakeBroker:
         if ack.transactional and (ack.txnid_most_bits, ack.txnid_least_bits) in self.txns:
             self.unanswered[ack.request_id] = (ack.txnid_most_bits, ack.txnid_least_bits)
         error = None
-        errors = self.txn_ack_errors if ack.transactional else self.ack_errors
-        if errors:
-            error = errors.pop(0)
+        refusals_next = self.txn_ack_errors if ack.transactional else self.ack_errors
+        if refusals_next:
+            error = refusals_next.pop(0)
             fields = dict(consumer_id=ack.consumer_id, request_id=ack.request_id, error=error)
             await self._reply(ws, frame(T.ACK_RESPONSE, "ack_response", **fields))
             return
