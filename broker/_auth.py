@@ -475,6 +475,40 @@ class Security:
             raise refusals.AuthenticationError("the Authorization header must be 'Bearer <token>'")
         return self._principal(token.strip())
 
+    def authenticate_cluster_bearer(self, header: str | None) -> Principal:
+        """The role ``cluster`` of an ``Authorization`` header, for the admin
+        routes only the cluster's brokers call (``POST
+        /admin/v1/cluster/look``), whether or not client authentication is
+        on: a token of the cluster's secret, or of the operator's key whose
+        subject is ``cluster``. AUTHENTICATION_ERROR for no token or one
+        that does not hold, AUTHORIZATION_ERROR for another role's (a
+        superuser's included)."""
+        if not header:
+            raise refusals.AuthenticationError(
+                "this request is for the cluster's brokers only: Authorization: Bearer "
+                "<a token of the role 'cluster'>"
+            )
+        scheme, _, token = header.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise refusals.AuthenticationError("the Authorization header must be 'Bearer <token>'")
+        try:
+            return self._cluster_principal(token.encode("ascii", "replace"))
+        except refusals.AuthenticationError as exc:
+            if self.authenticator is None:
+                raise
+            failure = exc
+        try:
+            who = self._principal(token)
+        except refusals.AuthenticationError:
+            raise failure from None
+        if who.role != CLUSTER_ROLE_NAME:
+            raise refusals.AuthorizationError(
+                f"{who.name} may not send this request: it is for the role "
+                f"'{CLUSTER_ROLE_NAME}' only (the cluster's brokers); nothing was changed"
+            )
+        return who
+
     def authenticate_token(self, token: str) -> Principal:
         """The principal of a bare token (the Kafka listener's SASL
         credentials; AUTHENTICATION_ERROR if it does not hold); ANONYMOUS
