@@ -399,7 +399,7 @@ async def look_now(request: web.Request) -> web.Response:
     cluster = _host(request.app[BROKER_KEY])
     if cluster is None:  # (a cluster token is refused 401 there first)
         return _json(409, {"error": "this broker is not a cluster's: it has no tables to look at"})
-    body = await request.content.read(NUDGE_BODY_MAX + 1)
+    body = await request.read()
     sender = ""
     if body.strip():
         try:

@@ -179,7 +179,10 @@ class Member:
         try:
             while not self._stopped:
                 started = loop.time()
+                # (What woke the loop so far is answered by this look: only a
+                # nudge that comes while it runs makes one more.)
                 self._nudged = False
+                self._wake.clear()
                 done = await self.tick() is not None and not self._unknown
                 until = started + (self.lease.renew_every if done else self.lease.renew_every / 6)
                 if self._watch is not None:

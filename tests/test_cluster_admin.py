@@ -27,8 +27,8 @@ import pytest
 from broker._admin_cluster import ANSWERED_BY, FORWARDED, NUDGE_PATH
 from broker._auth import create_secret_key, create_token, load_signing_key
 from broker._peers import cluster_token
-from cluster import PostgresMembership
 from client import Client, TransactionGroups
+from cluster import PostgresMembership
 from proto import txnbuf_pb2 as pb
 from tests._cluster import (
     cluster_broker,

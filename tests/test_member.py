@@ -6,24 +6,25 @@ nudges (a drain and a join acted on at once, coalesced and rate-limited)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import pytest
 
 from bench._virtualtime import Deadlock, run
-from cluster._member import NUDGE_GAP
 from cluster import (
     EventKind,
     LeaseTiming,
     Member,
     MembershipError,
-    View,
     ModelConnection,
     ModelStore,
     SlotRow,
+    View,
     check_history,
 )
+from cluster._member import NUDGE_GAP
 
 _T = TypeVar("_T")
 LEASE = LeaseTiming(ttl=3.0)  # looks every second
@@ -220,7 +221,7 @@ def test_nudges_are_coalesced_and_rate_limited() -> None:
             await asyncio.sleep(0.001)
         during = [t for t in reads if t >= flood]
         assert len(during) <= 2 / NUDGE_GAP + 1, len(during)
-        assert all(y - x >= NUDGE_GAP - 1e-6 for x, y in zip(during, during[1:], strict=False))
+        assert all(y - x >= NUDGE_GAP - 1e-6 for x, y in itertools.pairwise(during))
         # Then back to the usual cadence: nudges leave no extra looks behind.
         end = now()
         await asyncio.sleep(3 * LEASE.renew_every)
