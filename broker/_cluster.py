@@ -617,9 +617,10 @@ class ClusterHost:
             log.debug("nudged %s at %s (%s)", other, url, what)
 
     async def _nudges_sent(self) -> None:
-        """Wait for the nudges under way (each ends within `NUDGE_TIMEOUT`)."""
+        """Wait for the nudges under way, `NUDGE_TIMEOUT` at most (each ends
+        within it; `close` cancels what is left)."""
         if self._nudges:
-            await asyncio.wait(set(self._nudges), timeout=NUDGE_TIMEOUT + 0.5)
+            await asyncio.wait(set(self._nudges), timeout=NUDGE_TIMEOUT)
 
     # -- the rest ---------------------------------------------------------------------
 
