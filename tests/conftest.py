@@ -74,6 +74,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.get_closest_marker(m) for m in ("spark", "browser", "kafka")
         ):
             item.add_marker("slow")
+    # Files with slow tests first (a stable sort: each file's tests stay
+    # together and in their order), so that the workers (pyproject's -n, a
+    # file each) do not end on one long file.
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)
 
 
 async def until(condition: Callable[[], object], what: str = "", timeout: float = 60.0) -> None:
