@@ -53,7 +53,7 @@ import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from broker._auth import ACL_LEDGER
+from broker._auth import ACL_LEDGER, NUDGE_PATH
 from broker._broker import BROKER_KEY, Broker
 from broker._slots import slot_of, slot_of_key
 from buffer import InvalidNameError, check_topic_name
@@ -79,7 +79,6 @@ ANSWERED_BY = "X-Txnbuf-Answered-By"  # the broker that answered a forwarded req
 FORWARD_TIMEOUT = 30.0  # seconds a forwarded request may take (as the admin CLI waits)
 GATHER_TIMEOUT = 5.0  # seconds each broker may take to answer its part of a list
 MOVES_SHOWN = 100  # moves in GET /admin/v1/cluster unless ?moves=N says
-NUDGE_PATH = "/admin/v1/cluster/look"  # another broker asks this one to look at the tables now
 NUDGE_BODY_MAX = 4096  # bytes of a nudge's body, at most
 
 _SESSION_KEY = web.AppKey("cluster_admin_session", aiohttp.ClientSession)

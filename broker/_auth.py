@@ -142,6 +142,10 @@ ADMIN_ROLE = "admin"  # the role a superuser's connection holds
 TOKEN_METHOD = "token"  # CommandConnect.auth_method of a JWT
 CLUSTER_METHOD = "cluster"  # ... of another broker of the cluster (`broker._peers`)
 CLUSTER_ISSUER = "txnbuf-cluster"  # the ``iss`` of a cluster token
+# The admin route by which a broker asks another to look at the cluster
+# tables now (a nudge: `broker._admin_cluster.look_now`); the role
+# ``cluster`` only (`Security.authenticate_cluster_bearer`).
+NUDGE_PATH = "/admin/v1/cluster/look"
 CLUSTER_ROLE_NAME = "cluster"  # the role such a token proves
 SECRET_KEY_BYTES = 32  # what `create_secret_key` makes; shorter keys are refused
 

@@ -73,8 +73,7 @@ import urllib.parse
 
 import aiohttp
 
-from broker._admin_cluster import NUDGE_PATH
-from broker._auth import ACL_LEDGER, read_acl
+from broker._auth import ACL_LEDGER, NUDGE_PATH, read_acl
 from broker._broker import Broker
 from broker._errors import cluster_store_failures
 from broker._peers import Peers
