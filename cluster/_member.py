@@ -123,6 +123,7 @@ class Member:
         self._store_failed = False
         self._deadline = float("-inf")  # local time until which the lease surely holds
         self._wake = asyncio.Event()
+        self._urgent = asyncio.Event()  # (`store_failed`, `stop`: no nudge's gap delays them)
         self._lock = asyncio.Lock()
         self._stopped = False
         self._unknown = False  # the last look had a request with an unknown outcome
@@ -158,6 +159,7 @@ class Member:
         look (at once) drops everything."""
         self._store_failed = True
         self._wake.set()
+        self._urgent.set()
 
     def nudge(self) -> None:
         """Another broker changed the tables (it joined, released slots or
@@ -183,6 +185,7 @@ class Member:
                 # nudge that comes while it runs makes one more.)
                 self._nudged = False
                 self._wake.clear()
+                self._urgent.clear()
                 done = await self.tick() is not None and not self._unknown
                 until = started + (self.lease.renew_every if done else self.lease.renew_every / 6)
                 if self._watch is not None:
@@ -193,9 +196,17 @@ class Member:
                     async with asyncio.timeout(max(0.0, until - loop.time())):
                         await self._wake.wait()
                 self._wake.clear()
-                gap = started + NUDGE_GAP - loop.time()
-                if self._nudged and gap > 0 and not (self._stopped or self._store_failed):
-                    await asyncio.sleep(gap)  # (nudges meanwhile: the same look)
+                if self._nudged:
+                    # (A look for a nudge waits out NUDGE_GAP from the last
+                    # one's start; nudges meanwhile: the same look. Never
+                    # past the lease's deadline, nor for a store failure.)
+                    gap = started + NUDGE_GAP - loop.time()
+                    if self._held:
+                        gap = min(gap, self._deadline - loop.time())
+                    if gap > 0 and not self._urgent.is_set():
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(gap):
+                                await self._urgent.wait()
                     self._wake.clear()
         finally:
             for task in self._loading.values():
@@ -210,6 +221,7 @@ class Member:
         """End `run` after its current look (without handing anything over)."""
         self._stopped = True
         self._wake.set()
+        self._urgent.set()
 
     async def drain(self, attempts: int = 5) -> bool:
         """SIGTERM: hand every slot over at once and leave; True once the

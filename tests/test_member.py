@@ -231,6 +231,24 @@ def test_nudges_are_coalesced_and_rate_limited() -> None:
     simulate(main)
 
 
+def test_a_nudges_gap_does_not_delay_a_store_failure() -> None:
+    async def main() -> None:
+        c = Cluster(4)
+        a = c.start("a")
+        await c.until(c.served)
+        await asyncio.sleep(LEASE.renew_every / 2)
+        a.nudge()
+        await asyncio.sleep(0.02)  # (the nudge's look has begun: the next waits NUDGE_GAP)
+        a.nudge()
+        await asyncio.sleep(0.01)
+        failed = now()
+        a.store_failed()
+        await c.until(lambda: any(e[0] == "drop" for e in c.host("a").log))
+        assert c.host("a").dropped_at - failed < NUDGE_GAP / 2
+
+    simulate(main)
+
+
 def test_a_dead_brokers_slots_are_taken_when_its_lease_expires() -> None:
     async def main() -> None:
         c = Cluster(8)
