@@ -611,28 +611,15 @@ class Connection:
                 check_consumer_name(req.consumer_name)
             if req.sub_type not in _SUB_TYPES:
                 raise refusals.InvalidArgument(f"unknown subscription type {req.sub_type}")
-            name = req.consumer_name or f"{self.peer}-{req.consumer_id}"
-            held = self.consumers.get(req.consumer_id)
-            if held is None:
-                self.broker.security.allow_another("consumer", len(self.consumers))
-            elif (held.topic, held.subscription, held.name) != (topic_name, sub_name, name):
+            if req.consumer_id in self.consumers:
                 raise refusals.InvalidArgument(
                     f"consumer id {req.consumer_id} is in use on this connection"
                 )
-            else:
-                # (The same consumer subscribed again under its id, as a
-                # producer is created again: a cluster's client moves a
-                # consumer whose request was refused NOT_OWNER, or whose
-                # re-subscription it gave up waiting for, and the lookup may
-                # name this broker again. The one held goes, its
-                # unacknowledged messages delivered again, as after a
-                # reconnect; then it is subscribed as new.)
-                del self.consumers[req.consumer_id]
-                self.broker.subscriptions.detach(held)
+            self.broker.security.allow_another("consumer", len(self.consumers))
             topic = await self.broker.topics.get_or_create(topic_name)
             consumer = Consumer(
                 consumer_id=req.consumer_id,
-                name=name,
+                name=req.consumer_name or f"{self.peer}-{req.consumer_id}",
                 topic=topic.name,
                 subscription=sub_name,
                 sub_type=_SUB_TYPES[req.sub_type],

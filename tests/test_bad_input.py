@@ -178,51 +178,6 @@ async def test_a_producer_id_in_use_is_refused_unless_it_is_the_same_producer_ag
         await still_works(raw)
 
 
-async def test_a_consumer_id_in_use_is_refused_unless_it_is_the_same_consumer_again(
-    broker: BrokerProcess,
-) -> None:
-    # (As a producer: a cluster's client moves a consumer, and the lookup may
-    # name this broker again. What the one held had not acknowledged comes again.)
-    async with Client(broker.url) as client:
-        await (await client.create_producer("resub")).send(b"one")
-    async with RawConnection(broker.url) as raw:
-
-        async def subscribe(request_id: int, topic: str, subscription: str, name: str) -> Any:
-            return await raw.request(
-                T.SUBSCRIBE,
-                "subscribe",
-                pb.CommandSubscribe(
-                    request_id=request_id,
-                    consumer_id=1,
-                    topic=topic,
-                    subscription=subscription,
-                    consumer_name=name,
-                    initial_position=pb.CommandSubscribe.EARLIEST,
-                ),
-            )
-
-        for request_id in (1, 2):
-            answer = await subscribe(request_id, "resub", "s", "c")
-            assert answer.type == T.SUCCESS, answer
-            await raw.send(T.FLOW, "flow", pb.CommandFlow(consumer_id=1, permits=10))
-            delivered = await raw.receive()
-            assert delivered.type == T.MESSAGE and delivered.message.consumer_id == 1
-            assert delivered.message.entries[0].redelivery_count == request_id - 1
-        for topic, subscription, name in (
-            ("resub", "s", "other"),
-            ("resub", "t", "c"),
-            ("elsewhere", "s", "c"),
-        ):
-            refused = await subscribe(3, topic, subscription, name)
-            assert refused.type == T.ERROR, refused
-            assert refused.error.error == pb.INVALID_ARGUMENT
-            assert "consumer id 1 is in use" in refused.error.message
-        await still_works(raw)
-    _, body = broker.admin("GET", "/admin/v1/topics/resub/stats")
-    stats = json.loads(body)["partitions"][0]["subscriptions"]
-    assert set(stats) == {"s"} and stats["s"]["backlog"] == 1  # (nothing acknowledged)
-
-
 async def test_send_with_bad_sequence_ids_or_partition(broker: BrokerProcess) -> None:
     async with RawConnection(broker.url) as raw:
         await raw.request(
