@@ -414,6 +414,13 @@ class Connection:
                 raise refusals.InvalidArgument("producer_name is required")
             check_producer_name(req.producer_name)
             topic = await self.broker.topics.get_or_create(name)
+            if self._closed:
+                # Closed while the topic loaded (a slot handed over, the
+                # broker dropping everything): `close` released this
+                # connection's producers already, so a name claimed now
+                # would stay claimed by a dead connection, and the client's
+                # producer be refused PRODUCER_BUSY on every connection.
+                raise refusals.ServiceNotReady("this connection closed; connect again")
             held = self.producers.get(req.producer_id)
             if held is None:
                 self.broker.security.allow_another("producer", len(self.producers))

@@ -10,7 +10,13 @@ in between) names them in `Topics.deleted` for the broker to delete.
 In a cluster (`Topics.load` with ``slots``), each slot has a topic list of
 its own, ``__meta/topics/{k}``, written by the slot's owner only: a broker
 knows the topics of the slots it holds (`load_slot`, `drop_slot`), and
-``gate`` refuses a topic of any other slot (`refusals.NotOwner`). The list
+``gate`` refuses a topic of any other slot (`refusals.NotOwner`).
+`get_or_create` (what a client's producer or consumer asks for) asks the
+gate even of a loaded topic: a broker that is handing a slot over, or
+dropping everything after its store failed, still holds the slot's loaded
+topics for a moment, and must not take a new producer or consumer on them
+(the consumer's acks would then be refused NOT_OWNER on a link it is
+subscribed on). The list
 of a single broker, ``__meta/topics``, is read as the first records of
 every slot's list (a database that one broker served before it became a
 cluster), and not written any more.
@@ -406,7 +412,9 @@ class Topics:
     # -- changes --------------------------------------------------------------------
 
     async def get_or_create(self, name: str) -> Topic:
-        """The topic ``name``, created with one partition if it does not exist."""
+        """The topic ``name``, created with one partition if it does not
+        exist; `refusals.NotOwner` if ``gate`` refuses it, loaded or not."""
+        self._check_gate(name)
         topic = await self.load_topic(name)
         if topic is not None:
             return topic

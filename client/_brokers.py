@@ -25,6 +25,12 @@ does not take, a certificate not trusted, another protocol version) is
 tried again when a lookup names it `REFUSED_RETRY_S` seconds later or
 more: it may have restarted, on the same URL, with another configuration.
 
+Every loop here that tries again after NOT_OWNER (or a connection lost)
+pauses through one helper, ``client._backoff``: at once at a broker it has
+not tried yet (a real move), 0.05 s doubling to 1 s before trying one it
+has (a lookup naming the same broker again while a slot is between
+owners), never past the operation's deadline.
+
 Ownership changes are followed by the handlers themselves: a producer or
 consumer whose re-creation, or send, is refused NOT_OWNER, or whose broker
 cannot be reached again, is handed here (`relocate`): its topic is looked
@@ -49,6 +55,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import ssl
 import zlib
 from collections.abc import Callable
@@ -56,7 +63,8 @@ from typing import Protocol
 
 from proto import txnbuf_pb2 as pb
 
-from ._connection import BACKOFF_MIN, Command, Connection, Handler, Type, command
+from ._backoff import Backoff
+from ._connection import CONNECT_TIMEOUT, Command, Connection, Handler, Type, command
 from .errors import (
     ClientClosedError,
     ConnectionLostError,
@@ -111,12 +119,19 @@ class Brokers:
         operation_timeout: float,
         token: str | None,
         ssl_context: ssl.SSLContext | None,
+        connect_timeout: float = CONNECT_TIMEOUT,
     ) -> None:
         self.operation_timeout = operation_timeout
         self._token = token
         self._ssl = ssl_context
         self.home = Connection(
-            urls[0], operation_timeout, token, ssl_context, router=self, fallbacks=urls[1:]
+            urls[0],
+            operation_timeout,
+            token,
+            ssl_context,
+            router=self,
+            fallbacks=urls[1:],
+            connect_timeout=connect_timeout,
         )
         self._others: dict[str, Connection] = {}  # url -> connection (not home)
         # url -> when its connection was first seen refused for good (loop time)
@@ -188,7 +203,7 @@ class Brokers:
         if deadline is None:
             deadline = loop.time() + self.operation_timeout
         what = f"lookup of {topic!r}" if tc_id is None else f"lookup of coordinator {tc_id}"
-        delay = BACKOFF_MIN
+        backoff = Backoff(deadline, most=LOOKUP_BACKOFF_MAX)
         refused = ""  # (the last broker named that refused a connection, and why)
 
         def build(request_id: int) -> Command:
@@ -216,10 +231,8 @@ class Brokers:
                 log.info("%s: %s cannot be reached (yet)%s", what, target.url, refused)
             except NotOwnerError as exc:
                 log.info("%s: %s", what, exc)  # (being taken over: ask again)
-            if loop.time() + delay >= deadline:
+            if not await backoff.wait():  # (no owner to reach known: always a pause)
                 raise OperationTimeoutError(f"{what} found no broker serving it in time{refused}")
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, LOOKUP_BACKOFF_MAX)
 
     def _connection(self, url: str) -> Connection:
         url = url.rstrip("/")
@@ -263,11 +276,15 @@ class Brokers:
         """Look ``handler``'s topic up and move it there, until it is placed
         or closed (its sends time out meanwhile as on any connection)."""
         loop = asyncio.get_running_loop()
-        delay = BACKOFF_MIN
+        backoff = Backoff(math.inf)  # (until placed or closed)
         try:
             while not self._closed and not handler.closed:
                 try:
                     target = await self.lookup(topic=handler.topic)
+                    # (at once at a broker not tried yet, after a pause at the same one)
+                    await backoff.wait(target)
+                    if self._closed or handler.closed:
+                        return
                     if await target.adopt(handler):
                         self.moves += 1
                         log.info("%r now at %s", handler, target.url)
@@ -277,9 +294,8 @@ class Brokers:
                         log.warning("moving %r failed: %s", handler, exc)
                         return
                     log.info("moving %r: %s", handler, exc)
+                    await backoff.wait()  # (no owner found: a pause before looking again)
                 handler.expire(loop.time())
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, LOOKUP_BACKOFF_MAX)
         finally:
             self._moving.pop(handler, None)
 
@@ -337,13 +353,12 @@ class Route:
         loop = asyncio.get_running_loop()
         if deadline is None:
             deadline = loop.time() + self.brokers.operation_timeout
-        delay = BACKOFF_MIN
-        looked = False  # (looked up during this request already)
         if not self._placed:
             self.conn = await self.brokers.lookup(
                 topic=self.topic, tc_id=self.tc_id, deadline=deadline
             )
-            self._placed = looked = True
+            self._placed = True
+        backoff = Backoff(deadline, self.conn)
         while True:
             self.brokers._check_open()
             conn = self.conn
@@ -360,18 +375,17 @@ class Route:
                 if loop.time() >= deadline:
                     raise OperationTimeoutError(f"{what} timed out: {exc}") from exc
                 if not isinstance(exc, NotOwnerError | ConnectionLostError):
-                    log.info("%s: %s; retrying in %.2f s", what, exc, delay)
-                    await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
-                    delay = min(delay * 2, LOOKUP_BACKOFF_MAX)
-                    continue
-                log.info("%s: %s; looking the owner up again", what, exc)
-                if looked:  # (a look may still name the old owner: not in a busy loop)
-                    await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
-                    delay = min(delay * 2, LOOKUP_BACKOFF_MAX)
-            self.conn = await self.brokers.lookup(
-                topic=self.topic, tc_id=self.tc_id, deadline=deadline
-            )
-            looked = True
+                    log.info("%s: %s; trying again after a pause", what, exc)
+                    target: Connection | None = None  # (the same broker: a pause)
+                else:
+                    log.info("%s: %s; looking the owner up again", what, exc)
+                    target = self.conn = await self.brokers.lookup(
+                        topic=self.topic, tc_id=self.tc_id, deadline=deadline
+                    )
+                # (at once at a broker not tried yet; a look may still name
+                # the old owner, or none: then not in a busy loop)
+                if not await backoff.wait(target):
+                    raise OperationTimeoutError(f"{what} timed out: {exc}") from exc
 
 
 class ClientLink(Protocol):

@@ -12,8 +12,9 @@ from types import TracebackType
 
 from proto import TxnID
 
+from ._backoff import Backoff
 from ._brokers import Brokers, Route, service_urls, slot_of
-from ._connection import Command, Connection, command
+from ._connection import CONNECT_TIMEOUT, Command, Connection, command
 from ._consumer import Consumer
 from ._deadletter import DeadLetterPolicy, DeadLetters, Source
 from ._epoch import TransactionalProducer
@@ -40,7 +41,12 @@ class Client:
     for what is re-created and re-sent). ``url`` may name several brokers of
     one service (``["http://a:6650", "http://b:6650"]``, or one string with
     commas): the first that answers is connected to, the others are tried
-    when it cannot be reached. A broker of a cluster (docs/cluster.md) makes
+    when it cannot be reached: one attempt at a broker that does not
+    answer (paused, or its machine gone silent) is given up after
+    ``connect_timeout`` seconds (5 by default, at most
+    ``operation_timeout``) when there is another broker to try (with one
+    URL and no other broker known, it waits the operation timeout, as
+    there is nothing else to try). A broker of a cluster (docs/cluster.md) makes
     the client look each topic up and keep one WebSocket per broker, each
     producer and consumer on its topic's owner, following ownership changes
     by itself (see ``client._brokers``); so do readers, subscription
@@ -79,10 +85,19 @@ class Client:
         operation_timeout: float = 30.0,
         token: str | None = None,
         tls_ca: str | os.PathLike[str] | None = None,
+        connect_timeout: float = CONNECT_TIMEOUT,
     ) -> None:
         urls = service_urls(url)
         if not operation_timeout > 0:
             raise InvalidInputError("operation_timeout must be positive")
+        if (
+            isinstance(connect_timeout, bool)
+            or not isinstance(connect_timeout, int | float)
+            or not (math.isfinite(connect_timeout) and connect_timeout > 0)
+        ):
+            raise InvalidInputError(
+                f"connect_timeout must be a positive number of seconds, not {connect_timeout!r}"
+            )
         if token is None:
             token = os.environ.get("TXNBUF_TOKEN", "")
         if not isinstance(token, str) or not token.isascii():
@@ -92,7 +107,9 @@ class Client:
         context = tls_context(tls_ca) if tls_ca is not None else None
         self.url = ",".join(urls)
         self.operation_timeout = operation_timeout
-        self._brokers = Brokers(urls, operation_timeout, token or None, context)
+        self._brokers = Brokers(
+            urls, operation_timeout, token or None, context, connect_timeout=connect_timeout
+        )
         self._conn: Connection = self._brokers.home
         self._closed = False
         self._next_tc = 0  # round robin over the broker's coordinators
@@ -198,8 +215,10 @@ class Client:
     ) -> None:
         """``create()`` at the broker of ``handler``'s topic: looked up again
         and tried there while it is refused NOT_OWNER (a cluster's slot
-        moved meanwhile), until the operation timeout."""
+        moved meanwhile), until the operation timeout: at once at a broker
+        not tried yet, after a pause at one tried already (``client._backoff``)."""
         deadline = asyncio.get_running_loop().time() + self.operation_timeout
+        backoff = Backoff(deadline, handler._conn)
         while True:
             try:
                 await create()
@@ -207,7 +226,10 @@ class Client:
             except NotOwnerError:
                 if asyncio.get_running_loop().time() >= deadline:
                     raise
-                handler.move_to(await self._brokers.lookup(topic=handler.topic, deadline=deadline))
+                found = await self._brokers.lookup(topic=handler.topic, deadline=deadline)
+                if not await backoff.wait(found):
+                    raise
+                handler.move_to(found)
 
     async def subscribe(
         self,

@@ -41,6 +41,16 @@ Decisions written down here:
   timeout (its broker down, the event loop starved) fails that operation
   with ``BrokerConnectionError`` (retriable) and keeps reconnecting, the
   client's home one trying each service URL and broker it knows in turn.
+* Connect timeout: one connection attempt (opening the socket, CONNECT and
+  its answer) may take the operation timeout when the connection has no
+  other URL to try (a single broker: nothing else to do but wait), and at
+  most ``connect_timeout`` (``Client``'s option, 5 s by default, never
+  more than the operation timeout) when it has: a broker that accepts the
+  connection and never answers (paused by SIGSTOP: its kernel still
+  accepts) is left for the next URL, and the client reaches the rest of
+  the service well within its operation timeout. Five seconds: far above
+  a live broker's answer to CONNECT (milliseconds, a busy machine's
+  hundreds), and short beside the operation timeout (30 s).
 * Credentials: a token goes in CONNECT (``auth_method`` "token"); TLS
   (``https://`` and ``txnbufs://`` URLs) uses the SSL context the Client
   made from its CA.
@@ -59,7 +69,14 @@ Decisions written down here:
   NOT_OWNER, and every handler of a connection whose broker cannot be
   reached again, is handed to the ``router`` (``client._brokers``), which
   looks its topic up and moves it to the owner's connection; there it
-  re-sends what was not answered, as after a reconnect.
+  re-sends what was not answered, as after a reconnect. A handler handed
+  over while the link it is attached on is up (a send or ack refused
+  NOT_OWNER) is closed on that link first (CLOSE_PRODUCER /
+  CLOSE_CONSUMER, its answer not awaited): the broker would otherwise
+  keep it there, refuse its id when the lookup names the same broker
+  again ("consumer id in use on this connection", which closes a consumer
+  for good), and keep an exclusive subscription or a producer name taken
+  from its new connection.
 * Timeouts of sends and acks (the hot path) are enforced by one sweeper
   task ticking every ``operation_timeout / 10`` (at most 1 s, at least
   10 ms), not by a timer per message.
@@ -120,6 +137,9 @@ PROTOCOL_VERSION = 7  # the only one spoken (proto/txnbuf.proto)
 DEFAULT_MAX_MESSAGE_SIZE = MAX_MESSAGE_SIZE
 BACKOFF_MIN = 0.05
 BACKOFF_MAX = 2.0
+# Seconds one connection attempt may take while another URL is left to try
+# (``Client(connect_timeout=...)``'s default; see the module docstring).
+CONNECT_TIMEOUT = 5.0
 # The types of the answers to control requests (``Connection.request``).
 ANSWERS = frozenset(
     {
@@ -200,6 +220,12 @@ def _time_out(future: asyncio.Future[Any], what: str) -> None:
         future.set_exception(OperationTimeoutError(f"{what} timed out"))
 
 
+def _dropped(future: asyncio.Future[Any]) -> None:
+    """An answer nobody waits for (`Connection.request_unawaited`)."""
+    if not future.cancelled():
+        future.exception()  # (retrieved: a lost link fails it, and that is fine)
+
+
 def copy_error(exc: TxnbufError) -> TxnbufError:
     """A fresh copy of ``exc`` to raise once more (one exception object raised
     in many places would collect all their tracebacks)."""
@@ -243,6 +269,11 @@ class Handler(Protocol):
 
     def move_to(self, conn: Connection) -> None:
         """Use ``conn`` from now on (``Connection.adopt``)."""
+
+    def leave(self, link: Link) -> None:
+        """You are handed over while ``link`` is up: if you are attached on
+        it, close yourself there and write nothing more on it: what you
+        frame from now on waits for your re-creation (``Connection.hand_over``)."""
 
 
 class Router(Protocol):
@@ -368,6 +399,7 @@ class Connection:
         router: Router | None = None,
         fallbacks: list[str] | None = None,
         auth_method: str = "token",
+        connect_timeout: float = CONNECT_TIMEOUT,
     ) -> None:
         """``id_base``: where this connection's request, producer and
         consumer ids and link generations start (the connections of one
@@ -376,7 +408,9 @@ class Connection:
         ``url`` cannot be reached (the client's home connection: the other
         service URLs, and the brokers lookups named); ``auth_method``: what
         CONNECT names ``token`` as (a cluster's brokers talk to each other
-        with "cluster", `broker._peers`)."""
+        with "cluster", `broker._peers`); ``connect_timeout``: how long one
+        connection attempt (the socket and CONNECT's answer) may take while
+        there is another URL to try (see the module docstring)."""
         self._stream = stream_address(url)  # (None: the WebSocket)
         for other in fallbacks or ():
             stream_address(other)  # (refused here if it is not a broker's URL)
@@ -386,6 +420,7 @@ class Connection:
         self._urls = [self.url, *(u.rstrip("/") for u in fallbacks or ())]
         self._attempt = 0
         self.operation_timeout = operation_timeout
+        self.connect_timeout = connect_timeout
         self._token = token
         self._auth_method = auth_method
         self._ssl: ssl.SSLContext | bool = ssl_context if ssl_context is not None else True
@@ -621,6 +656,16 @@ class Connection:
                 raise from_wire(answer.error, answer.message)
         return reply
 
+    def request_unawaited(self, link: Link, build: Callable[[int], Command]) -> None:
+        """Write the request ``build(request_id)`` on ``link``; nobody waits
+        for its answer, which is dropped whatever it is (an ERROR is not
+        logged either)."""
+        request_id = self.next_request_id()
+        future: asyncio.Future[Command] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(_dropped)
+        self._requests[request_id] = future
+        link.write(build(request_id).SerializeToString())
+
     def ready_link(self) -> Link | None:
         """The current link if requests may be written on it now."""
         link = self.link
@@ -693,7 +738,7 @@ class Connection:
             self._stream = stream_address(self.url)
         try:
             with socket_errors():
-                async with asyncio.timeout(self.operation_timeout):
+                async with asyncio.timeout(self.attempt_timeout()):
                     if self._stream is not None:
                         host, port, tls = self._stream
                         ws = await open_stream(host, port, self._ssl if tls else False)
@@ -739,6 +784,15 @@ class Connection:
         self.slots = reply.connected.slots
         return ws
 
+    def attempt_timeout(self) -> float:
+        """How long one connection attempt may take: the operation timeout
+        when there is no other URL to try, else at most ``connect_timeout``
+        (a broker that accepts the connection and never answers, e.g. a
+        paused one, is left for the next URL; see the module docstring)."""
+        if len(self._urls) > 1:
+            return min(self.connect_timeout, self.operation_timeout)
+        return self.operation_timeout
+
     async def _reattach(self, link: Link) -> None:
         handlers: list[Handler] = [*self.producers.values(), *self.consumers.values()]
         if not handlers:
@@ -762,6 +816,9 @@ class Connection:
         which looks its topic up and moves it to the owner's connection."""
         if self.router is None:
             return
+        link = self.link
+        if link is not None and not link.closed:
+            handler.leave(link)  # (see the module docstring)
         self._unregister(handler)
         handler.on_disconnect()
         self.router.relocate(handler)
@@ -791,6 +848,7 @@ class Connection:
             if link.closed and not isinstance(exc, NotOwnerError):
                 return True  # (registered: re-created on the next link)
             self._unregister(handler)
+            log.info("%r not taken at %s (link %d): %s", handler, self.url, link.gen, exc)
             # (PRODUCER_BUSY: the broker still holds the producer on a
             # connection it has not closed yet, e.g. one it closes once it
             # has dropped everything; the producer's own re-creation gives up

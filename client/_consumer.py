@@ -463,6 +463,11 @@ class Consumer:
     def move_to(self, conn: Connection) -> None:
         self._conn = conn
 
+    def leave(self, link: Link) -> None:
+        if self._attached and self._gen == link.gen:
+            self._conn.request_unawaited(link, self._close_command)
+            self._gen = 0  # (nothing more on that link: kept until re-created)
+
     def on_disconnect(self) -> None:
         # The broker redelivers every unacked message after the reconnect:
         # what is still queued here (or waits to be negatively acked) would

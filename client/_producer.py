@@ -757,6 +757,11 @@ class Producer:
     def move_to(self, conn: Connection) -> None:
         self._conn = conn
 
+    def leave(self, link: Link) -> None:
+        if self._gen == link.gen:
+            self._conn.request_unawaited(link, self._close_command)
+            self._gen = 0  # (nothing more on that link: kept until re-created)
+
     def _released(self, count: int) -> None:
         self._pending -= count
         room = self._max_pending - self._pending

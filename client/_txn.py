@@ -93,7 +93,10 @@ Decisions written down here:
   them too (bounded by twice the operation timeout) before END_TXN ABORT.
   An END_TXN whose broker answers NOT_OWNER or gives no answer within
   ``END_ATTEMPT_S`` is sent again at the coordinator's owner as a LOOKUP
-  names it then (``_request_end``), until the operation timeout.
+  names it then (``_request_end``), until the operation timeout: at once
+  when the owner named is a broker not tried yet, after a pause of 0.05 s
+  doubling to 1 s when it is one tried already (the slot is between
+  owners: ``client._backoff``).
 * ``abort()`` frames the sends and acks still queued, then sends END_TXN
   ABORT at once, without waiting for their answers, and with ``after_ops``:
   the broker aborts once it has answered the sends and acks it read
@@ -138,6 +141,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from proto import TxnID
 from proto import txnbuf_pb2 as pb
 
+from ._backoff import Backoff
 from ._connection import Command, Type, command, copy_error, wait_future_until
 from ._message import Entry, MessageId, encode_values, held_entries, new_message_id
 from .errors import (
@@ -628,6 +632,7 @@ class Transaction:
             return await conn.request(build, Command.TXN_RESPONSE, what, link_bound=False)
         loop = self._loop
         deadline = loop.time() + conn.operation_timeout
+        backoff = Backoff(deadline, conn)
         while True:
             attempt = min(deadline, loop.time() + END_ATTEMPT_S)
             try:
@@ -644,6 +649,9 @@ class Transaction:
                 if found is not self._conn:
                     log.info("%s: the coordinator is at %s now: %s", what, found.url, exc)
                     self._conn = found
+                # (at once at a new owner; a pause before the same one again)
+                if not await backoff.wait(found):
+                    raise exc from None
 
     async def commit(self) -> None:
         """Wait for the transaction's sends and acks, then commit it (or, if

@@ -293,26 +293,43 @@ def test_favicon_is_served(broker: BrokerProcess) -> None:
             assert answer.read().startswith(b"<svg")
 
 
+# What `first_render` reads once the spare is shown, in one script: the page
+# redraws its tables at every refresh, so elements found one by one may be
+# gone (stale) by the next read on a slow machine.
+_FIRST_RENDER_REST = """
+const texts = (selector) =>
+    Array.from(document.querySelectorAll(selector), (e) => e.innerText.trim());
+const spare = document.querySelector("tr.spare");
+if (spare === null) { return null; }
+const header = texts("#coordinators thead th");
+const column = header.indexOf("OPEN");
+return {
+    spare: spare.innerText,
+    summary: document.getElementById("txn-summary").innerText,
+    spares: texts("td.spares"),
+    header: header,
+    open: Array.from(
+        document.querySelectorAll("#coordinators tbody tr"),
+        (row) => row.querySelectorAll("td")[column].innerText.trim()),
+    cluster_hidden: document.getElementById("cluster").offsetParent === null,
+};
+"""
+
+
 def first_render(driver: WebDriver, url: str, topic: str, screenshot: Path) -> dict[str, Any]:
     """What the page shows the first time it shows ``topic``."""
     wait = WebDriverWait(driver, 20)
     driver.get(url + "/")
     try:
-        row = wait.until(
-            ec.presence_of_element_located((By.CSS_SELECTOR, f'tr.topic[data-topic="{topic}"]'))
+        topic_cells = wait.until(
+            lambda d: d.execute_script(
+                "const row = document.querySelector(arguments[0]);"
+                " return row && Array.from(row.querySelectorAll('td'), (c) => c.innerText.trim());",
+                f'tr.topic[data-topic="{topic}"]',
+            )
         )
-        seen: dict[str, Any] = {"topic": cells(row)}
-        spare = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "tr.spare")))
-        seen["spare"] = spare.text
-        seen["summary"] = driver.find_element(By.ID, "txn-summary").text
-        seen["spares"] = [e.text for e in driver.find_elements(By.CSS_SELECTOR, "td.spares")]
-        header = driver.find_elements(By.CSS_SELECTOR, "#coordinators thead th")
-        open_column = [h.text for h in header].index("OPEN")
-        seen["open"] = [
-            cells(row)[open_column]
-            for row in driver.find_elements(By.CSS_SELECTOR, "#coordinators tbody tr")
-        ]
-        seen["cluster_hidden"] = not driver.find_element(By.ID, "cluster").is_displayed()
+        seen: dict[str, Any] = {"topic": topic_cells}
+        seen.update(wait.until(lambda d: d.execute_script(_FIRST_RENDER_REST)))
         seen["console"] = [
             entry for entry in driver.get_log("browser") if entry["level"] in ("SEVERE", "ERROR")
         ]

@@ -104,6 +104,8 @@ class FakeBroker:
         self.ignore_sends = False
         self.send_error: int | None = None
         self.refuse_producer: list[int] = []  # error codes for the next PRODUCER requests
+        self.ack_errors: list[int] = []  # error codes for the next plain ACKs (nothing changes)
+        self.send_errors: list[int] = []  # error codes for the next SENDs (nothing stored)
         self.last_sequence_id: dict[str, int] = {}
         self.max_message_size = 5 * 1024 * 1024
         self.protocol_version = PROTOCOL_VERSION  # announced in CONNECTED
@@ -274,6 +276,18 @@ class FakeBroker:
             await self._on_send(ws, cmd.send, producers)
         elif kind == T.SUBSCRIBE:
             req = cmd.subscribe
+            if any(sub.consumer == (ws, req.consumer_id) for sub in self.subs.values()):
+                # (as the broker: an id held on this connection is refused)
+                await ws.send_bytes(
+                    frame(
+                        T.ERROR,
+                        "error",
+                        request_id=req.request_id,
+                        error=pb.INVALID_ARGUMENT,
+                        message=f"consumer id {req.consumer_id} is in use on this connection",
+                    )
+                )
+                return
             key = (req.topic, req.subscription)
             sub = self.subs.get(key)
             if sub is None:  # (the topic is created, as the broker does)
@@ -509,7 +523,10 @@ class FakeBroker:
             self.unanswered[send.request_id] = (send.txnid_most_bits, send.txnid_least_bits)
         if self.ignore_sends:
             return
-        if self.send_error is not None:
+        error = self.send_errors.pop(0) if self.send_errors else self.send_error
+        if error is None and send.producer_id not in producers:
+            error = pb.PRODUCER_NOT_FOUND  # (as the broker: closed, or never created)
+        if error is not None:
             await self._reply(
                 ws,
                 frame(
@@ -517,7 +534,7 @@ class FakeBroker:
                     "send_error",
                     producer_id=send.producer_id,
                     request_id=send.request_id,
-                    error=self.send_error,
+                    error=error,
                     message="injected",
                 ),
             )
@@ -655,6 +672,11 @@ class FakeBroker:
         if ack.transactional and (ack.txnid_most_bits, ack.txnid_least_bits) in self.txns:
             self.unanswered[ack.request_id] = (ack.txnid_most_bits, ack.txnid_least_bits)
         error = None
+        if self.ack_errors and not ack.transactional:
+            error = self.ack_errors.pop(0)
+            fields = dict(consumer_id=ack.consumer_id, request_id=ack.request_id, error=error)
+            await self._reply(ws, frame(T.ACK_RESPONSE, "ack_response", **fields))
+            return
         for (topic, name), sub in self.subs.items():
             if sub.consumer != (ws, ack.consumer_id):
                 continue
@@ -1818,6 +1840,61 @@ async def test_a_producer_refused_not_owner_moves_to_the_owner_and_resends(
             )
     finally:
         await owner.stop()
+
+
+async def test_a_consumer_whose_ack_is_refused_not_owner_by_the_broker_it_is_on_keeps_going(
+    fake: FakeBroker,
+) -> None:
+    """An ack refused NOT_OWNER on a link that is up (a broker dropping
+    everything after its store failed refuses it, then serves the topic
+    again) hands the consumer over; the lookup names the same broker,
+    whose connection still holds the consumer: the consumer is closed there
+    first, so its re-subscription under the same id is not refused as a
+    consumer id in use (which closed it for good), and it goes on."""
+    fake.slots = 64
+    async with Client(fake.url, operation_timeout=5.0) as client:
+        producer = await client.create_producer("t")
+        consumer = await client.subscribe("t", "s", initial_position="earliest")
+        await producer.send(b"a")
+        first = await consumer.receive(timeout=5.0)
+        fake.ack_errors = [pb.NOT_OWNER]
+        await consumer.acknowledge(first)  # (answered at the owner: here again)
+        assert len(fake.of_type(T.SUBSCRIBE)) == 2 and fake.of_type(T.CLOSE_CONSUMER)
+        assert not consumer.closed and client._brokers.moves == 1
+        await producer.send(b"b")
+        values: set[bytes] = set()
+        while b"b" not in values:
+            values.add((await consumer.receive(timeout=5.0)).value)
+
+
+async def test_a_producer_whose_send_is_refused_not_owner_by_the_broker_it_is_on_keeps_going(
+    fake: FakeBroker,
+) -> None:
+    """As for a consumer: a send refused NOT_OWNER on a link that is up
+    hands the producer over; it is closed on that link, and a send made
+    while it moves waits for its re-creation (written behind the CLOSE, it
+    would be refused as of an unknown producer); the lookup names the same
+    broker; every send is stored once, in order."""
+    fake.slots = 64
+    async with Client(fake.url, operation_timeout=5.0) as client:
+        producer = await client.create_producer("t")
+        await producer.send(b"before")
+        leave = producer.leave
+        meanwhile: list[asyncio.Future[MessageId]] = []
+
+        def leave_then_send(link: Any) -> None:
+            leave(link)
+            meanwhile.append(producer.send_nowait(b"meanwhile"))
+
+        producer.leave = leave_then_send  # type: ignore[method-assign]
+        fake.send_errors = [pb.NOT_OWNER]
+        await producer.send(b"refused")  # (answered at the owner: here again)
+        await asyncio.gather(*meanwhile)
+        assert not producer.closed and client._brokers.moves == 1
+        assert fake.stored("t") == [b"before", b"refused", b"meanwhile"]
+        kinds = [T.Type.Name(c.type) for c in fake.received if c.type != T.LOOKUP]
+        closed = kinds.index("CLOSE_PRODUCER")
+        assert kinds[closed + 1] == "PRODUCER", kinds  # (nothing written behind the CLOSE)
 
 
 async def test_a_coordinator_that_moved_is_looked_up_and_its_transaction_ends_there(

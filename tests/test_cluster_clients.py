@@ -4,13 +4,16 @@ owned by every broker (LOOKUP: connect here, or redirect to the owner); a
 producer and a consumer keep working across a SIGKILL of the owner of their
 topic (nothing lost, nothing stored twice) and across a SIGTERM handover
 (no error reaches the application); a transaction near its topic goes to
-that topic's broker. A single broker is never asked a LOOKUP. Tests wait for
-conditions, never for a length of time."""
+that topic's broker; a client whose first URL is a SIGSTOPped broker
+reaches the cluster at the next one within its connect timeout. A single
+broker is never asked a LOOKUP. Tests wait for conditions, never for a
+length of time."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -100,6 +103,24 @@ async def test_one_url_reaches_the_topics_of_every_broker(
         consumer = await client.subscribe(elsewhere, "t", initial_position="earliest")
         values = [(await consumer.receive(timeout=30)).value for _ in range(2)]
         assert values == [elsewhere.encode(), b"in a transaction"]
+    # A first URL whose broker accepts connections and never answers (its
+    # kernel does, the process is stopped): left after the connect timeout,
+    # the client reaches the cluster at the next URL well within its
+    # operation timeout (30 s).
+    assert home.proc is not None
+    home.proc.send_signal(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        urls = [home.url, logs[1].url]
+        async with Client(urls, operation_timeout=30.0, connect_timeout=2.0) as client:
+            assert client._conn.url == logs[1].url
+            waited = time.monotonic() - started
+            producer = await client.create_producer(elsewhere)
+            await producer.send(b"past a paused broker")
+        print(f"connected past a SIGSTOPped broker in {waited:.1f} s")
+        assert waited < 10.0
+    finally:
+        home.proc.send_signal(signal.SIGCONT)
 
 
 async def _produce(producer: object, sent: list[bytes], start: asyncio.Event) -> None:

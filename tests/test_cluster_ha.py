@@ -13,7 +13,9 @@ wait for conditions, never for a length of time."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -86,6 +88,29 @@ def replicated() -> Iterator[Replicated]:
                 print(f"----- PostgreSQL {name} -----\n{f.read()[-3000:]}")
 
 
+@pytest.fixture
+def client_log() -> Iterator[None]:
+    """The client's log (logger ``client``, INFO and up: reconnects, moves,
+    retries), its last lines shown at the end with their times, to set
+    beside the brokers' logs (pytest shows them when the test fails)."""
+    lines: collections.deque[str] = collections.deque(maxlen=400)
+    handler = logging.Handler(logging.INFO)
+    formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler.emit = lambda record: lines.append(formatter.format(record))  # type: ignore[method-assign]
+    logger = logging.getLogger("client")
+    level, propagate = logger.level, logger.propagate
+    logger.setLevel(logging.INFO)
+    logger.propagate = False  # (shown here, with times; not twice)
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
+        print("----- the client's log -----\n" + "\n".join(lines))
+
+
 async def _produce(client: Client, topic: str, acked: list[bytes], stop: asyncio.Event) -> None:
     """Send one message at a time; record each acknowledged one."""
     producer = await client.create_producer(topic)
@@ -124,6 +149,15 @@ async def _copy(
                 await consumer.redeliver_unacknowledged()
 
 
+def _state(task: asyncio.Future[None]) -> str:
+    """What became of a task of the test (for a failure's message)."""
+    if not task.done():
+        return "running"
+    if task.cancelled():
+        return "cancelled"
+    return f"ended by {task.exception()!r}"
+
+
 async def _read_all(url: str, topic: str, subscription: str) -> list[bytes]:
     """Every message of ``topic`` from its start, by a new subscription."""
     values: list[bytes] = []
@@ -141,6 +175,7 @@ async def test_the_primary_sigkilled_and_its_synchronous_standby_promoted_loses_
     tmp_path: Path,
     replicated: Replicated,
     logs: list[BrokerProcess],
+    client_log: None,
 ) -> None:
     ha = replicated
     await wait_for("the standby replicates synchronously", lambda: synchronous(ha.primary))
@@ -186,18 +221,22 @@ async def test_the_primary_sigkilled_and_its_synchronous_standby_promoted_loses_
         sending.set()
         await producing  # (raises what reached the application)
         stored = await _read_all(service, source, "check")
+        read = time.monotonic()
         with contextlib.suppress(AssertionError):
             await until(lambda: set(seen) >= set(stored) or copying.done(), "the copy", 120)
+        caught_up = time.monotonic()
         assert set(seen) >= set(stored), (
             f"the copy's consumer received {len(set(seen))} of {len(set(stored))} inputs; "
-            f"missing {sorted(set(stored) - set(seen))[:10]}; failed transactions {failures}"
+            f"missing {sorted(set(stored) - set(seen))[:10]}; failed transactions {failures}; "
+            f"the copy task: {_state(copying)}; the watcher: {_state(watching)}"
         )
         copying_on.set()
         await copying
         watching.cancel()
     print(
         f"SIGKILL -> promotion {promoted - killed:.2f}s, promotion -> {AFTER} more sends "
-        f"acknowledged {resumed - promoted:.2f}s; {len(acked)} sends acknowledged, "
+        f"acknowledged {resumed - promoted:.2f}s, the input read back {read - resumed:.2f}s, "
+        f"the copy seen whole {caught_up - read:.2f}s later; {len(acked)} sends acknowledged, "
         f"copy transactions failed {failures}, the copy's consumer received "
         f"{len(seen)} messages ({len(set(seen))} distinct)"
     )

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from broker import Broker
+from broker._connection import PROTOCOL_VERSION, Connection
 from buffer import COMMIT_MARKER, entry_kind
 from client import Client, errors
 from proto import refusals
@@ -78,6 +79,93 @@ async def test_a_start_loads_no_topic_and_a_first_use_loads_it_as_it_was(tmp_pat
         assert sub.backlog() == 1  # (one of its two messages was acknowledged)
         assert topic.partitions[0].dedup.last_sequence_id("p") == 1
         assert await broker.topics.load_topic("nope") is None
+    finally:
+        await broker.close()
+
+
+async def test_get_or_create_asks_the_gate_even_of_a_loaded_topic(tmp_path: Path) -> None:
+    """A cluster broker handing a slot over, or dropping everything after
+    its store failed, still holds the slot's loaded topics for a moment:
+    a producer or consumer asking for one then (`get_or_create`) is refused
+    NOT_OWNER, as for a topic not loaded, and nothing changes."""
+    broker = await Broker.open(tmp_path, preload=False)
+    try:
+        await _make_topic(broker, "t", 1)
+        loaded = broker.topics.get("t")
+        assert loaded is not None
+
+        def gate(name: str) -> None:  # (the cluster host's: slot 7 not served here)
+            raise refusals.NotOwner(f"topic {name!r} is in slot 7, not served here", 7)
+
+        broker.topics.gate = gate
+        with pytest.raises(refusals.NotOwner, match="slot 7"):
+            await broker.topics.get_or_create("t")
+        assert broker.topics.get("t") is loaded
+        broker.topics.gate = None
+        assert await broker.topics.get_or_create("t") is loaded
+    finally:
+        await broker.close()
+
+
+class _Socket:
+    """Enough of a WebSocket for a broker connection driven by `on_frame`
+    (its answers stay queued: nothing writes them)."""
+
+    closed = False
+
+    async def send_bytes(self, data: bytes) -> None:
+        raise AssertionError("not written in this test")
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def _frames(conn: Connection, *commands: pb.BaseCommand) -> list[pb.BaseCommand]:
+    """Feed ``commands`` to ``conn``; the answers it queued so far."""
+    for cmd in commands:
+        conn.on_frame(cmd.SerializeToString())
+    return [pb.BaseCommand.FromString(data) for data in conn._out]
+
+
+async def test_a_producer_created_as_its_connection_closes_leaves_its_name_free(
+    tmp_path: Path,
+) -> None:
+    """A PRODUCER whose topic loads while its connection closes (a cluster
+    broker closes every connection when it hands a slot over or drops
+    everything) claims nothing: the producer's name is free for its
+    client's next connection (it was refused PRODUCER_BUSY there, by a
+    dead connection, until the client gave the producer up)."""
+    broker = await Broker.open(tmp_path, preload=False)
+    try:
+        await _make_topic(broker, "t", 1)
+    finally:
+        await broker.close()
+    broker = await Broker.open(tmp_path, preload=False)
+    try:
+        hello = pb.BaseCommand(type=pb.BaseCommand.CONNECT)
+        hello.connect.protocol_version = PROTOCOL_VERSION
+
+        def producer(request_id: int) -> pb.BaseCommand:
+            cmd = pb.BaseCommand(type=pb.BaseCommand.PRODUCER)
+            cmd.producer.topic, cmd.producer.producer_name = "t", "p"
+            cmd.producer.producer_id, cmd.producer.request_id = 1, request_id
+            return cmd
+
+        first = Connection.admit(broker, _Socket(), "first")
+        assert isinstance(first, Connection)
+        _frames(first, hello, producer(1))  # ("t" is not loaded: the PRODUCER waits for it)
+        assert broker.topics.get("t") is None
+        first.close()
+        await asyncio.gather(*first._tasks)
+        assert broker.producer_count("t") == 0
+
+        second = Connection.admit(broker, _Socket(), "second")
+        assert isinstance(second, Connection)
+        _frames(second, hello, producer(2))
+        await asyncio.gather(*second._tasks)
+        answers = [c for c in _frames(second) if c.type != pb.BaseCommand.CONNECTED]
+        assert [pb.BaseCommand.Type.Name(c.type) for c in answers] == ["PRODUCER_SUCCESS"]
+        assert broker.producer_count("t") == 1
     finally:
         await broker.close()
 
