@@ -35,7 +35,7 @@ from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from broker._acl import AclEntry, AclError
-from broker._admin_cluster import add_cluster_routes, forward_to_owner
+from broker._admin_cluster import NUDGE_PATH, add_cluster_routes, forward_to_owner
 from broker._broker import BROKER_KEY, Broker
 from broker._errors import REFUSALS, error_code
 from broker._operations import (
@@ -571,6 +571,7 @@ async def list_coordinators(request: web.Request) -> web.Response:
 # -- who may use it, and the ACL ---------------------------------------------------
 
 OPEN_PATHS = frozenset({"/admin/v1/health"})
+CLUSTER_PATHS = frozenset({NUDGE_PATH})  # for the role `cluster` only, not superusers
 
 
 @web.middleware
@@ -581,6 +582,18 @@ async def _require_admin(request: web.Request, handler: Handler) -> web.StreamRe
     if path in OPEN_PATHS or not (path.startswith("/admin/") or path == "/metrics"):
         return await handler(request)
     security = request.app[BROKER_KEY].security
+    if path in CLUSTER_PATHS:  # (the cluster's brokers' own: the role `cluster` only)
+        try:
+            security.authenticate_cluster_bearer(request.headers.get("Authorization"))
+        except refusals.AuthenticationError as exc:
+            return web.json_response(
+                {"error": str(exc)},
+                status=401,
+                headers={"WWW-Authenticate": 'Bearer realm="txnbuf"'},
+            )
+        except refusals.AuthorizationError as exc:
+            return _error(403, str(exc))
+        return await handler(request)
     try:
         who = security.authenticate_bearer(request.headers.get("Authorization"))
     except refusals.AuthenticationError as exc:

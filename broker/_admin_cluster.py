@@ -32,6 +32,13 @@ asked answers (or aborts) its own and asks every other live broker for
 theirs (forwarded, so each answers its own only), merged; a broker that
 does not answer within `GATHER_TIMEOUT` (`FORWARD_TIMEOUT` for the abort)
 is named under ``"missing"`` (the answer is then partial, and says so).
+
+``POST /admin/v1/cluster/look`` (`look_now`): another broker of the cluster
+changed the tables (it joined, released slots, or left) and asks this one
+to look at them now (`cluster.Member.nudge`) rather than at its next
+interval. For the role ``cluster`` only (a token of the cluster's secret,
+checked by `broker._admin._require_admin`): a superuser is refused 403
+like any other role. Its body is empty or ``{"from": "<broker id>"}``.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from broker._auth import ACL_LEDGER
+from broker._auth import ACL_LEDGER, NUDGE_PATH
 from broker._broker import BROKER_KEY, Broker
 from broker._slots import slot_of, slot_of_key
 from buffer import InvalidNameError, check_topic_name
@@ -60,6 +67,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ANSWERED_BY",
     "FORWARDED",
+    "NUDGE_PATH",
     "add_cluster_routes",
     "forward_to_owner",
 ]
@@ -71,6 +79,7 @@ ANSWERED_BY = "X-Txnbuf-Answered-By"  # the broker that answered a forwarded req
 FORWARD_TIMEOUT = 30.0  # seconds a forwarded request may take (as the admin CLI waits)
 GATHER_TIMEOUT = 5.0  # seconds each broker may take to answer its part of a list
 MOVES_SHOWN = 100  # moves in GET /admin/v1/cluster unless ?moves=N says
+NUDGE_BODY_MAX = 4096  # bytes of a nudge's body, at most
 
 _SESSION_KEY = web.AppKey("cluster_admin_session", aiohttp.ClientSession)
 
@@ -383,7 +392,39 @@ async def get_cluster(request: web.Request) -> web.Response:
     )
 
 
+async def look_now(request: web.Request) -> web.Response:
+    """``POST /admin/v1/cluster/look``: another broker's nudge (see the
+    module docstring); the role ``cluster`` was checked before."""
+    cluster = _host(request.app[BROKER_KEY])
+    if cluster is None:  # (a cluster token is refused 401 there first)
+        return _json(409, {"error": "this broker is not a cluster's: it has no tables to look at"})
+    body = await request.read()
+    sender = ""
+    if body.strip():
+        try:
+            parsed = json.loads(body) if len(body) <= NUDGE_BODY_MAX else None
+        except (ValueError, UnicodeDecodeError):
+            parsed = None
+        if (
+            not isinstance(parsed, dict)
+            or set(parsed) - {"from"}
+            or not isinstance(parsed.get("from", ""), str)
+        ):
+            return _json(
+                400,
+                {
+                    "error": 'the body must be empty or {"from": "<broker id>"} (at most '
+                    f"{NUDGE_BODY_MAX} bytes); nothing was done"
+                },
+            )
+        sender = parsed.get("from", "")
+    cluster.member.nudge()
+    log.debug("nudged by %s: looking at the cluster tables now", sender[:200] or "a broker")
+    return web.json_response({"looking": True})
+
+
 def add_cluster_routes(app: web.Application) -> None:
+    app.router.add_post(NUDGE_PATH, look_now)
     app.router.add_get("/admin/v1/cluster", get_cluster)
     app.router.add_get("/admin/v1/cluster/broker", get_this_broker)
     app.on_cleanup.append(_close_session)

@@ -142,6 +142,10 @@ ADMIN_ROLE = "admin"  # the role a superuser's connection holds
 TOKEN_METHOD = "token"  # CommandConnect.auth_method of a JWT
 CLUSTER_METHOD = "cluster"  # ... of another broker of the cluster (`broker._peers`)
 CLUSTER_ISSUER = "txnbuf-cluster"  # the ``iss`` of a cluster token
+# The admin route by which a broker asks another to look at the cluster
+# tables now (a nudge: `broker._admin_cluster.look_now`); the role
+# ``cluster`` only (`Security.authenticate_cluster_bearer`).
+NUDGE_PATH = "/admin/v1/cluster/look"
 CLUSTER_ROLE_NAME = "cluster"  # the role such a token proves
 SECRET_KEY_BYTES = 32  # what `create_secret_key` makes; shorter keys are refused
 
@@ -474,6 +478,40 @@ class Security:
         if scheme.lower() != "bearer" or not token.strip():
             raise refusals.AuthenticationError("the Authorization header must be 'Bearer <token>'")
         return self._principal(token.strip())
+
+    def authenticate_cluster_bearer(self, header: str | None) -> Principal:
+        """The role ``cluster`` of an ``Authorization`` header, for the admin
+        routes only the cluster's brokers call (``POST
+        /admin/v1/cluster/look``), whether or not client authentication is
+        on: a token of the cluster's secret, or of the operator's key whose
+        subject is ``cluster``. AUTHENTICATION_ERROR for no token or one
+        that does not hold, AUTHORIZATION_ERROR for another role's (a
+        superuser's included)."""
+        if not header:
+            raise refusals.AuthenticationError(
+                "this request is for the cluster's brokers only: Authorization: Bearer "
+                "<a token of the role 'cluster'>"
+            )
+        scheme, _, token = header.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise refusals.AuthenticationError("the Authorization header must be 'Bearer <token>'")
+        try:
+            return self._cluster_principal(token.encode("ascii", "replace"))
+        except refusals.AuthenticationError as exc:
+            if self.authenticator is None:
+                raise
+            failure = exc
+        try:
+            who = self._principal(token)
+        except refusals.AuthenticationError:
+            raise failure from None
+        if who.role != CLUSTER_ROLE_NAME:
+            raise refusals.AuthorizationError(
+                f"{who.name} may not send this request: it is for the role "
+                f"'{CLUSTER_ROLE_NAME}' only (the cluster's brokers); nothing was changed"
+            )
+        return who
 
     def authenticate_token(self, token: str) -> Principal:
         """The principal of a bare token (the Kafka listener's SASL

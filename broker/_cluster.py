@@ -48,6 +48,16 @@ Transactions across brokers (`broker._peers`): the host holds the
 connections to the other brokers (`peers`, made at start with the
 cluster's secret from the database) and fences ENDs from coordinators on
 other brokers against the tables' slot epochs (`fence_coordinator`).
+
+Nudges: when this broker's look changed the tables so that the others have
+something to do (it joined, released slots, or left on SIGTERM), it asks
+each other live broker of the view that look read to look now
+(``POST /admin/v1/cluster/look`` at its advertised URL, as the role
+``cluster``: `broker._admin_cluster`), in the background, each request
+given up after `NUDGE_TIMEOUT` (failures logged at DEBUG); a drain waits
+for its nudges that long at most before the process exits. A nudged
+broker looks at once (`cluster.Member.nudge`, coalesced and rate-limited).
+Best effort only: a lost nudge costs the wait for the next look.
 docs/cluster.md has the decisions.
 """
 
@@ -56,16 +66,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import ssl
 import time
+import urllib.parse
 
-from broker._auth import ACL_LEDGER, read_acl
+import aiohttp
+
+from broker._auth import ACL_LEDGER, NUDGE_PATH, read_acl
 from broker._broker import Broker
 from broker._errors import cluster_store_failures
 from broker._peers import Peers
 from broker._slots import slot_of, slot_of_key
 from buffer import Topics
-from cluster import LeaseTiming, Member, MembershipError, PostgresMembership
+from cluster import LeaseTiming, Member, MembershipError, PostgresMembership, View
 from cluster._postgres import KAFKA_SCHEME
 from ledger import LedgerError, LedgerStore
 from ledger._postgres import connect_options, redacted
@@ -84,6 +98,10 @@ DEFAULT_STORE_WAIT = 120.0  # seconds a dropped broker tries to reopen its store
 REOPEN_FIRST = 0.1  # seconds before the second attempt to reopen the store
 REOPEN_MOST = 1.0  # seconds between two attempts, at most
 REOPEN_LOG_EVERY = 10.0  # seconds between two warnings while the store cannot be reopened
+NUDGE_TIMEOUT = 1.0  # seconds a nudge may take before it is given up
+# Set to "0" in a broker's environment: it nudges nobody (measurements of
+# what the nudges save; docs/cluster.md). Nudges it receives still wake it.
+NUDGE_ENV = "TXNBUF_CLUSTER_NUDGE"
 
 
 class StoreUnavailable(LedgerError):
@@ -118,7 +136,10 @@ class ClusterHost:
         # (the membership row's urls: the service URL, then the Kafka
         # listener's address, `cluster.kafka_address`)
         urls = broker.url if kafka is None else f"{broker.url},{KAFKA_SCHEME}{kafka}"
-        self.member = Member(membership, self.me, urls, self, lease)
+        self.member = Member(membership, self.me, urls, self, lease, changed=self._nudge_others)
+        self.nudging = os.environ.get(NUDGE_ENV, "1") != "0"
+        self._nudges: set[asyncio.Task[None]] = set()  # nudges under way
+        self._session: aiohttp.ClientSession | None = None  # (for the nudges)
         self._run: asyncio.Task[None] | None = None
         self._acl_refresh: asyncio.Task[None] | None = None
         self._reading: asyncio.Task[object] | None = None  # a read of the tables for lookups
@@ -135,6 +156,8 @@ class ClusterHost:
         self.handovers = 0  # of which while draining (SIGTERM)
         self.not_owner_refusals = 0  # NOT_OWNER refusals made (commands and lookups)
         self.stale_ends = 0  # ENDs from another broker refused for their slot epoch
+        self.nudges_sent = 0  # nudges sent to other brokers
+        self.nudge_failures = 0  # of which not answered 200 within NUDGE_TIMEOUT
         broker.cluster = self
         self._watch_store()
 
@@ -522,6 +545,9 @@ class ClusterHost:
             "peer_tells": self.peers.tells if self._peers is not None else 0,
             "peer_checks": self.peers.checks if self._peers is not None else 0,
             "stale_end_refusals": self.stale_ends,
+            "nudges_sent": self.nudges_sent,
+            "nudge_failures": self.nudge_failures,
+            "nudges_received": self.member.nudges,
         }
 
     def labeled_figures(self) -> dict[str, dict[str, int]]:
@@ -548,6 +574,52 @@ class ClusterHost:
             for b in sorted(view.brokers)
             if b != self.me and view.is_live(b) and self.owner_url(b)
         }
+
+    # -- nudges -----------------------------------------------------------------------
+
+    def _nudge_others(self, view: View, what: str) -> None:
+        """`cluster.Member`'s ``changed``: ask every other live broker of
+        ``view`` (with an advertised URL) to look now, in the background."""
+        if not self.nudging or self._peers is None:
+            return
+        loop = asyncio.get_running_loop()
+        for other in view.live():
+            url = self.owner_url(other) if other != self.me else ""
+            if not url:
+                continue
+            task = loop.create_task(self._nudge(other, url, what))
+            self._nudges.add(task)
+            task.add_done_callback(self._nudges.discard)
+
+    async def _nudge(self, other: str, url: str, what: str) -> None:
+        self.nudges_sent += 1
+        try:
+            host = urllib.parse.urlsplit(url).hostname or ""
+            if host in ("0.0.0.0", "::"):
+                raise OSError(f"{url} is a wildcard address no other broker can reach")
+            if self._session is None or self._session.closed:
+                self._session = aiohttp.ClientSession()
+            async with self._session.post(
+                url.rstrip("/") + NUDGE_PATH,
+                json={"from": self.me},
+                headers={"Authorization": f"Bearer {self.peers.token}"},
+                timeout=aiohttp.ClientTimeout(total=NUDGE_TIMEOUT),
+                ssl=self.tls_ca if self.tls_ca is not None else True,
+            ) as answer:
+                if answer.status != 200:
+                    text = (await answer.read()).decode(errors="replace")[:300]
+                    raise OSError(f"answered {answer.status}: {text}")
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            self.nudge_failures += 1
+            log.debug("nudging %s at %s (%s) failed: %r", other, url, what, exc)
+        else:
+            log.debug("nudged %s at %s (%s)", other, url, what)
+
+    async def _nudges_sent(self) -> None:
+        """Wait for the nudges under way, `NUDGE_TIMEOUT` at most (each ends
+        within it; `close` cancels what is left)."""
+        if self._nudges:
+            await asyncio.wait(set(self._nudges), timeout=NUDGE_TIMEOUT)
 
     # -- the rest ---------------------------------------------------------------------
 
@@ -605,9 +677,15 @@ class ClusterHost:
             await asyncio.gather(self._run, return_exceptions=True)
         done = await self.member.drain()
         log.info("handed over every slot and left the cluster" if done else "leaving failed")
+        await self._nudges_sent()  # (so that the others take the slots now)
         return done
 
     async def close(self) -> None:
+        for task in list(self._nudges):
+            task.cancel()
+        await asyncio.gather(*self._nudges, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
         if self._peers is not None:
             await self._peers.close()
         if self._acl_refresh is not None:

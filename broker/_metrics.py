@@ -161,7 +161,8 @@ class ClusterFigures(Protocol):
         """``slots_owned``, ``slots_loading``, ``loads``, ``unloads``,
         ``handovers``, ``failovers``, ``drops``, ``not_owner_refusals``, ``renewals`` and
         ``renewal_age`` (seconds; None before the first); the peers'
-        ``peer_tells``, ``peer_checks`` and ``stale_end_refusals``."""
+        ``peer_tells``, ``peer_checks`` and ``stale_end_refusals``; the
+        nudges' ``nudges_sent``, ``nudge_failures`` and ``nudges_received``."""
         ...
 
     def labeled_figures(self) -> dict[str, dict[str, int]]:
@@ -234,6 +235,24 @@ CLUSTER_FIGURES: dict[str, tuple[str, str, bool]] = {
         "txnbuf_cluster_stale_end_refusals",
         "ENDs from a coordinator on another broker refused here: their coordinator slot "
         "epoch is older than the cluster tables', or none (a broker that lost the slot)",
+        True,
+    ),
+    "nudges_sent": (
+        "txnbuf_cluster_nudges_sent",
+        "Nudges this broker sent to the other live brokers (asking them to look at the "
+        "cluster tables now) after it joined, released slots or left",
+        True,
+    ),
+    "nudge_failures": (
+        "txnbuf_cluster_nudge_failures",
+        "Nudges sent that were not answered within their timeout (1 s) or were refused "
+        "(part of the nudges sent; the other broker looks at its next interval instead)",
+        True,
+    ),
+    "nudges_received": (
+        "txnbuf_cluster_nudges_received",
+        "Nudges from other brokers taken by this broker (each wakes its membership loop; "
+        "several coalesce into one look)",
         True,
     ),
 }

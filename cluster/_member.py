@@ -3,8 +3,10 @@
 Every ``renew_every`` seconds (a third of the lease by default, counted from
 the start of the previous look), or at once when woken
 (`Member.store_failed`), or when a broker that missed a renewal would lose
-its lease and leave slots to this one (`watch`), the loop reads one
-snapshot of the cluster tables, asks `decide` what to do, and does it:
+its lease and leave slots to this one (`watch`), or when another broker
+nudges it (`Member.nudge`: it changed the tables, and this broker may have
+something to do), the loop reads one snapshot of the cluster tables, asks
+`decide` what to do, and does it:
 
 - DropAll: the host drops everything it holds (as a restart would);
 - Join / Renew: one statement each; a renewal refused (the lease had
@@ -28,6 +30,13 @@ past that moment, nor does the next look): by then its lease has expired
 in the database and other brokers may take its slots, so it must stop
 serving what it holds in memory even if the database is unreachable.
 Writes need no such care: the store's fence refuses them.
+
+A look that changed the tables so that the others have something to do
+(this broker joined, released slots, or left) calls ``changed`` (the
+view it read, and what it did), which asks the other brokers to look now
+(`broker._cluster`). Nudges only save the wait for the next look: the
+tables and their epochs stay the only truth, and a nudge lost or ignored
+costs nothing but that wait.
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
 from typing import Protocol, TypeVar
 
@@ -60,6 +69,7 @@ __all__ = ["Member", "SlotHost"]
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 UNKNOWN_LOG_EVERY = 10.0  # seconds between two warnings while requests keep failing
+NUDGE_GAP = 0.1  # seconds from the start of one look to a look made for a nudge, at least
 
 
 class SlotHost(Protocol):
@@ -96,7 +106,11 @@ class Member:
         lease: LeaseTiming | None = None,
         *,
         timeout: float | None = None,
+        changed: Callable[[View, str], None] | None = None,
     ) -> None:
+        """``changed(view, what)``: called (it must not block) after a look
+        that joined, released slots or left, with the view that look read
+        and what it did (``"joined"``, ``"released N slots"``, ``"left"``)."""
         self.store = store
         self.me = me
         self.urls = urls
@@ -109,6 +123,7 @@ class Member:
         self._store_failed = False
         self._deadline = float("-inf")  # local time until which the lease surely holds
         self._wake = asyncio.Event()
+        self._urgent = asyncio.Event()  # (`store_failed`, `stop`: no nudge's gap delays them)
         self._lock = asyncio.Lock()
         self._stopped = False
         self._unknown = False  # the last look had a request with an unknown outcome
@@ -121,6 +136,9 @@ class Member:
         # Slots taken from another broker (its lease had run out), for metrics.
         self.failovers = 0
         self._view: View | None = None  # the last look's snapshot
+        self._changed = changed
+        self._nudged = False  # a nudge came since the last look began
+        self.nudges = 0  # nudges received (`nudge`), for metrics
 
     @property
     def held(self) -> Mapping[int, int]:
@@ -141,6 +159,21 @@ class Member:
         look (at once) drops everything."""
         self._store_failed = True
         self._wake.set()
+        self._urgent.set()
+
+    def nudge(self) -> None:
+        """Another broker changed the tables (it joined, released slots or
+        left): look again now rather than at the next interval.
+
+        Coalesced and rate-limited: however many nudges come, they wake
+        the loop for one look, which starts at least `NUDGE_GAP` (0.1 s)
+        after the start of the look before it; so nudges alone never make
+        this broker read the tables more than ten times a second. A nudge
+        that comes while a look runs gets one more look after it (that
+        look may have read the tables before the change)."""
+        self.nudges += 1
+        self._nudged = True
+        self._wake.set()
 
     async def run(self) -> None:
         """Look every ``renew_every`` seconds until drained or stopped."""
@@ -148,6 +181,11 @@ class Member:
         try:
             while not self._stopped:
                 started = loop.time()
+                # (What woke the loop so far is answered by this look: only a
+                # nudge that comes while it runs makes one more.)
+                self._nudged = False
+                self._wake.clear()
+                self._urgent.clear()
                 done = await self.tick() is not None and not self._unknown
                 until = started + (self.lease.renew_every if done else self.lease.renew_every / 6)
                 if self._watch is not None:
@@ -158,6 +196,18 @@ class Member:
                     async with asyncio.timeout(max(0.0, until - loop.time())):
                         await self._wake.wait()
                 self._wake.clear()
+                if self._nudged:
+                    # (A look for a nudge waits out NUDGE_GAP from the last
+                    # one's start; nudges meanwhile: the same look. Never
+                    # past the lease's deadline, nor for a store failure.)
+                    gap = started + NUDGE_GAP - loop.time()
+                    if self._held:
+                        gap = min(gap, self._deadline - loop.time())
+                    if gap > 0 and not self._urgent.is_set():
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(gap):
+                                await self._urgent.wait()
+                    self._wake.clear()
         finally:
             for task in self._loading.values():
                 task.cancel()
@@ -171,6 +221,7 @@ class Member:
         """End `run` after its current look (without handing anything over)."""
         self._stopped = True
         self._wake.set()
+        self._urgent.set()
 
     async def drain(self, attempts: int = 5) -> bool:
         """SIGTERM: hand every slot over at once and leave; True once the
@@ -220,6 +271,7 @@ class Member:
                 await self._call(self.store.join(self.me, self.urls, self.lease.ttl))
                 self._deadline = sent + self.lease.ttl
                 self._renewed()
+                self._tell("joined")
             elif isinstance(action, Renew):
                 sent = loop.time()
                 if await self._call(self.store.renew(self.me, self.lease.ttl)) is None:
@@ -231,6 +283,7 @@ class Member:
                 for slot in sorted(self._held):
                     await self._unload(slot)
                 await self._call(self.store.leave(self.me))
+                self._tell("left")
             elif isinstance(action, Release):
                 releases[action.slot] = action.epoch
             elif isinstance(action, Take):
@@ -240,6 +293,7 @@ class Member:
                 if slot in self._held:
                     await self._unload(slot)
             await self._call(self.store.release(self.me, releases))
+            self._tell(f"released {len(releases)} slots")
         if takes:
             won = await self._call(self.store.take(self.me, takes))
             self._held.update(won)
@@ -249,6 +303,17 @@ class Member:
             for slot, epoch in sorted(won.items()):
                 task = asyncio.create_task(self._load(slot, epoch))
                 self._loading[slot] = task
+
+    def _tell(self, what: str) -> None:
+        """This look changed the tables so that the others have something
+        to do: ``changed`` (errors logged, never raised: a nudge is best
+        effort)."""
+        if self._changed is None or self._view is None:
+            return
+        try:
+            self._changed(self._view, what)
+        except Exception:
+            log.exception("%s: nudging the other brokers failed", self.me)
 
     def _renewed(self) -> None:
         self.renewals += 1

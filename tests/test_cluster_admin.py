@@ -4,7 +4,9 @@ table; the moves of a SIGKILL (failover) and a SIGTERM (handover) are
 recorded; an admin request about another broker's topic or transaction is
 answered by its owner, and the lists gather every broker's; ``txnbuf
 cluster`` prints the cluster; the superuser check holds on every broker,
-forwarded requests included; the per-broker metrics move. A single broker
+forwarded requests included; a nudge (``POST /admin/v1/cluster/look``) is
+taken from the role ``cluster`` only, every other caller and bad input
+refused with nothing changed; the per-broker metrics move. A single broker
 answers ``"cluster": false``. Tests wait for conditions, never for a length
 of time."""
 
@@ -22,9 +24,11 @@ from typing import Any
 import asyncpg
 import pytest
 
-from broker._admin_cluster import ANSWERED_BY, FORWARDED
+from broker._admin_cluster import ANSWERED_BY, FORWARDED, NUDGE_PATH
 from broker._auth import create_secret_key, create_token, load_signing_key
+from broker._peers import cluster_token
 from client import Client, TransactionGroups
+from cluster import PostgresMembership
 from proto import txnbuf_pb2 as pb
 from tests._cluster import (
     cluster_broker,
@@ -40,6 +44,8 @@ from tests._cluster import (
 )
 from tests.conftest import BrokerProcess, RawConnection
 from tests.test_metrics import value
+
+NUDGES = "txnbuf_cluster_nudges_received_total"
 
 pytestmark = pytest.mark.integration
 
@@ -334,6 +340,43 @@ async def test_the_superuser_check_holds_on_every_broker(
         return True
 
     await wait_for("the grant read by both brokers", granted_everywhere)
+    await _only_the_cluster_role_nudges(pg_url, logs, app, create_token("cluster", key, algorithm))
+
+
+async def _only_the_cluster_role_nudges(
+    pg_url: str, procs: list[BrokerProcess], app: str, operators_cluster: str
+) -> None:
+    """``POST /admin/v1/cluster/look`` on each broker: refused to everyone but
+    the role ``cluster`` (a superuser included), and to bad input, with no
+    look made (the nudges counted received do not move); taken from a token
+    of the cluster's secret and from the operator's with subject cluster."""
+    membership = await PostgresMembership.open(pg_url)
+    try:
+        ours = cluster_token(await membership.secret(), "a test")
+    finally:
+        await membership.close()
+    forged = cluster_token("not the secret of this cluster: " + "x" * 32, "a test")
+    await placed(pg_url, procs)  # (settled: no look of theirs nudges anyone now)
+    for proc in procs:
+        before = value(scrape(proc), NUDGES)
+        for token, body, status, says in (
+            ("", None, 401, "cluster's brokers only"),
+            (forged, None, 401, "not a token of this cluster's brokers"),
+            (app, None, 403, "role 'cluster' only"),
+            (proc.token, None, 403, "role 'cluster' only"),  # (a superuser's)
+            (ours, "not an object", 400, "the body must be"),
+            (ours, {"from": 7}, 400, "the body must be"),
+            (ours, {"from": "x", "slots": [1]}, 400, "the body must be"),
+        ):
+            answer = await acall(proc, "POST", NUDGE_PATH, body, token=token)
+            assert answer[0] == status and says in answer[1]["error"], (token, body, answer)
+            assert ANSWERED_BY not in answer[2]
+        assert (await acall(proc, "GET", NUDGE_PATH, token=ours))[0] == 405
+        assert value(scrape(proc), NUDGES) == before  # (nothing woke its loop)
+        for token in (ours, operators_cluster):
+            answer = await acall(proc, "POST", NUDGE_PATH, {"from": "a test"}, token=token)
+            assert answer[:2] == (200, {"looking": True}), answer
+        assert value(scrape(proc), NUDGES) == before + 2
 
 
 async def test_a_single_broker_is_not_a_cluster(broker: BrokerProcess) -> None:
@@ -342,6 +385,8 @@ async def test_a_single_broker_is_not_a_cluster(broker: BrokerProcess) -> None:
     assert answer["cluster"] is False and answer["slots"] == [] and answer["moves"] == []
     assert [b["id"] for b in answer["brokers"]] == [broker.url]
     assert "txnbuf_cluster_slots_owned" not in {n for (n, _) in scrape(broker)}
+    status, answer, _ = await acall(broker, "POST", NUDGE_PATH, token="")
+    assert status == 401 and "cluster's brokers only" in answer["error"], answer
     out = await cli("cluster", "--url", broker.url)
     assert out.returncode == 0 and out.stdout.startswith("not a cluster"), out
 

@@ -2,7 +2,9 @@
 URL --cluster`), as real processes: slots spread over every live broker; a
 SIGKILLed broker's slots taken over once its lease expired and served (what
 was committed readable, what was open aborted); a SIGTERMed one hands its
-slots over without waiting for a lease; a SIGSTOPped one that wakes after
+slots over without waiting for a lease, taken by the others as soon as it
+nudges them, and a joining one gets its share as soon as it nudges the
+others; a SIGSTOPped one that wakes after
 its slots moved is fenced, drops everything and joins again, nothing
 written twice or lost; two brokers racing for one slot leave one owner; a
 command at a broker that does not own the slot is refused NOT_OWNER, naming
@@ -25,8 +27,10 @@ from tests import conftest
 from tests._cluster import (
     SLOTS,
     WAIT,
+    cluster_broker,
     owner_id,
     owners,
+    scrape,
     served_by,
     slots,
     spread_over,
@@ -35,6 +39,7 @@ from tests._cluster import (
     wait_for,
 )
 from tests.conftest import BrokerProcess, RawConnection
+from tests.test_metrics import value
 
 pytestmark = pytest.mark.integration
 
@@ -111,14 +116,30 @@ async def test_slots_spread_and_a_killed_brokers_slots_are_served_again(
 async def test_a_sigtermed_broker_hands_its_slots_over_without_waiting_for_its_lease(
     tmp_path: Path, pg_url: str, logs: list[BrokerProcess]
 ) -> None:
-    start_all(tmp_path, pg_url, 3, 30.0, logs)  # (expires 20 s or more after the SIGTERM)
-    a, b, c = logs
-    await wait_for("slots spread over the 3 brokers", lambda: spread_over(pg_url, logs))
+    # (A lease of 30 s: it expires 20 s or more after the SIGTERM, and the
+    # brokers look every 10 s; the nudges make both moves take far less.)
+    ttl = 30.0
+    start_all(tmp_path, pg_url, 2, ttl, logs)
+    a, b = logs
+    await wait_for("slots spread over 2 brokers", lambda: spread_over(pg_url, logs))
+    # A join is balanced at once: the joiner nudges the others, which release
+    # its share and nudge it back (without nudges: its next look, 10 s on).
+    c = cluster_broker(tmp_path, pg_url, "b2", ttl)
+    logs.append(c)
+    c.start()
+    took = await wait_for("slots spread over 3 brokers", lambda: spread_over(pg_url, logs))
+    print(f"a third broker listening -> slots spread over 3: {took:.2f}s")
+    assert took < ttl / 6, took
+    nudged = {p: value(scrape(p), "txnbuf_cluster_nudges_received_total") for p in (b, c)}
     gone = owner_id(a)
     assert a.proc is not None
     a.proc.send_signal(signal.SIGTERM)
     took = await wait_for("a's slots handed to b and c", lambda: spread_over(pg_url, [b, c]), 18)
     print(f"SIGTERM -> every slot owned again: {took:.2f}s")
+    # Taken when a's nudge came, not at b's and c's next looks (up to 10 s on).
+    assert took < ttl / 6, took
+    for proc in (b, c):
+        assert value(scrape(proc), "txnbuf_cluster_nudges_received_total") > nudged[proc]
     assert a.proc.wait(timeout=WAIT) == 0
     assert "handed over every slot and left the cluster" in a.log()
     membership = await PostgresMembership.open(pg_url)

@@ -1,10 +1,12 @@
 """The membership driver (cluster.Member) over the model store, on a virtual
 clock (bench._virtualtime): joining, handing over, draining, failing over,
-dropping on a fenced store, lost answers, slow loads, a lease that runs out."""
+dropping on a fenced store, lost answers, slow loads, a lease that runs out;
+nudges (a drain and a join acted on at once, coalesced and rate-limited)."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -19,8 +21,10 @@ from cluster import (
     ModelConnection,
     ModelStore,
     SlotRow,
+    View,
     check_history,
 )
+from cluster._member import NUDGE_GAP
 
 _T = TypeVar("_T")
 LEASE = LeaseTiming(ttl=3.0)  # looks every second
@@ -76,12 +80,26 @@ class Cluster:
         self.store = ModelStore(slots, now)
         self.members: dict[str, tuple[Member, Host, Net, asyncio.Task[None]]] = {}
 
-    def start(self, name: str, host: Host | None = None) -> Member:
+    def start(self, name: str, host: Host | None = None, nudge: bool = False) -> Member:
+        """``nudge``: the broker nudges the others of its view when its look
+        changed the tables (1 ms later, as over a network)."""
         net = Net()
         host = host or Host()
-        member = Member(ModelConnection(self.store, net), name, f"http://{name}", host, LEASE)
+        changed = self.nudge_others(name) if nudge else None
+        member = Member(
+            ModelConnection(self.store, net), name, f"http://{name}", host, LEASE, changed=changed
+        )
         self.members[name] = (member, host, net, asyncio.create_task(member.run()))
         return member
+
+    def nudge_others(self, me: str) -> Callable[[View, str], None]:
+        def changed(view: View, what: str) -> None:
+            for other in view.live():
+                entry = self.members.get(other)
+                if other != me and entry is not None:
+                    asyncio.get_running_loop().call_later(0.001, entry[0].nudge)
+
+        return changed
 
     def kill(self, name: str) -> None:
         self.members.pop(name)[3].cancel()
@@ -150,6 +168,83 @@ def test_a_draining_broker_hands_everything_over_at_once() -> None:
         took = await c.until(lambda: c.served() and c.owners() == ["a"] * 8)
         assert now() - started < LEASE.ttl / 2  # no lease expiry waited for
         assert took <= LEASE.renew_every + 0.5
+
+    simulate(main)
+
+
+def test_nudged_brokers_take_a_drained_brokers_slots_and_balance_a_join_at_once() -> None:
+    async def main() -> None:
+        c = Cluster(8)
+        a = c.start("a", nudge=True)
+        await c.until(c.served)
+        await asyncio.sleep(LEASE.renew_every / 2)  # (mid-interval: a look is far)
+        c.start("b", nudge=True)
+        # b joins and nudges a, which releases and nudges b, which takes (at
+        # least NUDGE_GAP after the start of its join's look).
+        took = await c.until(lambda: c.owners().count("b") == 4)
+        assert took < 2 * NUDGE_GAP, took
+        await c.until(c.served)
+        await asyncio.sleep(LEASE.renew_every / 2)
+        started = now()
+        assert await c.members["b"][0].drain()
+        c.members.pop("b")
+        took = await c.until(lambda: c.owners() == ["a"] * 8)
+        assert now() - started < 0.1, now() - started
+        assert a.nudges == 2  # (b's join, b's leave; a's renewals nudge nobody)
+        await c.until(c.served)
+        assert check_history(c.store.history, 8) == []
+
+    simulate(main)
+
+
+def test_nudges_are_coalesced_and_rate_limited() -> None:
+    async def main() -> None:
+        c = Cluster(4)
+        a = c.start("a")
+        await c.until(c.served)
+        reads: list[float] = []
+        read = a.store.read
+
+        async def counted() -> View:
+            reads.append(now())
+            return await read()
+
+        a.store.read = counted  # type: ignore[method-assign]
+        await asyncio.sleep(LEASE.renew_every / 2)
+        a.nudge()
+        await c.until(lambda: bool(reads))
+        assert reads[0] - now() < 0.01  # one nudge: a look at once
+        # A flood (one every millisecond for 2 s): a look every NUDGE_GAP at most.
+        flood = now()
+        for _ in range(2000):
+            a.nudge()
+            await asyncio.sleep(0.001)
+        during = [t for t in reads if t >= flood]
+        assert len(during) <= 2 / NUDGE_GAP + 1, len(during)
+        assert all(y - x >= NUDGE_GAP - 1e-6 for x, y in itertools.pairwise(during))
+        # Then back to the usual cadence: nudges leave no extra looks behind.
+        end = now()
+        await asyncio.sleep(3 * LEASE.renew_every)
+        after = [t for t in reads if t > end + NUDGE_GAP]
+        assert len(after) <= 3, after
+
+    simulate(main)
+
+
+def test_a_nudges_gap_does_not_delay_a_store_failure() -> None:
+    async def main() -> None:
+        c = Cluster(4)
+        a = c.start("a")
+        await c.until(c.served)
+        await asyncio.sleep(LEASE.renew_every / 2)
+        a.nudge()
+        await asyncio.sleep(0.02)  # (the nudge's look has begun: the next waits NUDGE_GAP)
+        a.nudge()
+        await asyncio.sleep(0.01)
+        failed = now()
+        a.store_failed()
+        await c.until(lambda: any(e[0] == "drop" for e in c.host("a").log))
+        assert c.host("a").dropped_at - failed < NUDGE_GAP / 2
 
     simulate(main)
 
