@@ -59,6 +59,18 @@ Decisions written down here:
   message) makes ``commit()`` abort the transaction and raise it
   (``TransactionConflictError``). Transactional acks are re-sent after a
   reconnect like the others (the broker treats a repeated one as done).
+* A transactional ack the broker refused (e.g. SERVICE_NOT_READY while its
+  coordinator moves, INVALID_TXN_STATUS once the coordinator aborted the
+  transaction) changed nothing there: its messages are still delivered to
+  this consumer and unacknowledged, not PENDING_ACK, so the end of the
+  transaction (an ``abort()`` or the abort of a failed ``commit()``) does
+  not redeliver them. The consumer asks for those ids again
+  (REDELIVER_UNACKNOWLEDGED) as soon as the refusal comes, so they are
+  delivered again without the application's ``redeliver_unacknowledged``
+  (a message the broker still counts as delivered would otherwise come
+  only after a reconnect). A refused cumulative ack asks for nothing (its
+  one id stands for a run); an ack that timed out asks for nothing (the
+  broker may still take it).
 * ``read_uncommitted=True`` (fixed at subscribe) asks the broker to deliver
   messages of open transactions too (PIP-31 §Isolation Levels).
 """
@@ -819,6 +831,12 @@ class Consumer:
         if tracker is not None:  # (the transaction fails whichever id was refused)
             if not tracker.done():
                 tracker.set_exception(exc)
+            if frame.ack_type == INDIVIDUAL:
+                # Refused: the broker changed nothing, so these messages are
+                # still this consumer's, unacknowledged, and no end of the
+                # transaction redelivers them (only a PENDING_ACK is). Asked
+                # for again now, or they would come only after a reconnect.
+                self._redeliver(frame.ids)
             return
         if len(frame.ids) > 1 and not exc.retriable:
             # Find the guilty ids: acks are idempotent, so ask again one by one.

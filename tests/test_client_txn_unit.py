@@ -400,6 +400,30 @@ async def test_conflict_makes_commit_abort_and_raise(fake: FakeBroker, cli: Clie
     assert not fake.subs["t", "s"].unacked
 
 
+async def test_refused_txn_ack_comes_again_after_abort(fake: FakeBroker, cli: Client) -> None:
+    """A transactional ack the broker refused (here SERVICE_NOT_READY, as
+    while its coordinator moves) changed nothing: the message is still
+    delivered and unacknowledged, not PENDING_ACK, so the abort of the
+    transaction does not redeliver it. The consumer asks for it again: an
+    abort on purpose (no ``redeliver_unacknowledged`` by the application)
+    still gets the message back, not only after a reconnect."""
+    producer = await cli.create_producer("t")
+    consumer = await cli.subscribe("t", "s")
+    await producer.send(b"x")
+    msg = await consumer.receive(timeout=5)
+    txn = await full(cli)
+    fake.txn_ack_errors = [pb.SERVICE_NOT_READY]
+    await consumer.acknowledge(msg, txn=txn)
+    await txn.abort()
+    assert txn.state is TxnState.ABORTED
+    again = await consumer.receive(timeout=5)
+    assert (again.message_id, again.value) == (msg.message_id, b"x")
+    txn = await full(cli)
+    await consumer.acknowledge(again, txn=txn)
+    await txn.commit()
+    assert not fake.subs["t", "s"].unacked
+
+
 async def test_failed_send_makes_commit_abort(fake: FakeBroker, cli: Client) -> None:
     producer = await cli.create_producer("t")
     txn = await full(cli)

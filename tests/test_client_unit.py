@@ -105,6 +105,7 @@ class FakeBroker:
         self.send_error: int | None = None
         self.refuse_producer: list[int] = []  # error codes for the next PRODUCER requests
         self.ack_errors: list[int] = []  # error codes for the next plain ACKs (nothing changes)
+        self.txn_ack_errors: list[int] = []  # the same for transactional ACKs
         self.send_errors: list[int] = []  # error codes for the next SENDs (nothing stored)
         self.last_sequence_id: dict[str, int] = {}
         self.max_message_size = 5 * 1024 * 1024
@@ -672,8 +673,9 @@ class FakeBroker:
         if ack.transactional and (ack.txnid_most_bits, ack.txnid_least_bits) in self.txns:
             self.unanswered[ack.request_id] = (ack.txnid_most_bits, ack.txnid_least_bits)
         error = None
-        if self.ack_errors and not ack.transactional:
-            error = self.ack_errors.pop(0)
+        refusals_next = self.txn_ack_errors if ack.transactional else self.ack_errors
+        if refusals_next:
+            error = refusals_next.pop(0)
             fields = dict(consumer_id=ack.consumer_id, request_id=ack.request_id, error=error)
             await self._reply(ws, frame(T.ACK_RESPONSE, "ack_response", **fields))
             return
