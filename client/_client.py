@@ -51,10 +51,11 @@ class Client:
     producer and consumer on its topic's owner, following ownership changes
     by itself (see ``client._brokers``); so do readers, subscription
     cursors, transaction groups and the producer-epoch mode's producers,
-    request by request. A transaction whose coordinator and topics are on
-    different brokers is refused (``NotAllowedError``):
+    request by request. A transaction may span topics and subscriptions of
+    several brokers (its coordinator tells each participant on its owner);
     ``new_transaction(near=topic)`` takes a coordinator on the broker of
-    ``topic``. Every operation gives up after
+    ``topic``, so that a transaction kept to that broker commits in one
+    request. Every operation gives up after
     ``operation_timeout`` seconds with ``OperationTimeoutError``. The client
     connects on ``__aenter__`` (or ``connect()``, or its first operation);
     after ``close()`` every use raises ``ClientClosedError``.
