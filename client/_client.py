@@ -29,6 +29,17 @@ from .errors import ClientClosedError, InvalidInputError, NotOwnerError
 MAX_TXN_TTL_MS = 2**64 - 1
 
 
+def _check_seconds(value: float, what: str) -> None:
+    """Refuse (``InvalidInputError``) a ``value`` that is not a positive,
+    finite number of seconds (a bool is not one)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (math.isfinite(value) and value > 0)
+    ):
+        raise InvalidInputError(f"{what} must be a positive number of seconds, not {value!r}")
+
+
 class Client:
     """A client of a txnbuf broker, or of a cluster of them::
 
@@ -91,14 +102,7 @@ class Client:
         urls = service_urls(url)
         if not operation_timeout > 0:
             raise InvalidInputError("operation_timeout must be positive")
-        if (
-            isinstance(connect_timeout, bool)
-            or not isinstance(connect_timeout, int | float)
-            or not (math.isfinite(connect_timeout) and connect_timeout > 0)
-        ):
-            raise InvalidInputError(
-                f"connect_timeout must be a positive number of seconds, not {connect_timeout!r}"
-            )
+        _check_seconds(connect_timeout, "connect_timeout")
         if token is None:
             token = os.environ.get("TXNBUF_TOKEN", "")
         if not isinstance(token, str) or not token.isascii():
@@ -310,14 +314,7 @@ class Client:
         all on its coordinator's broker commits in one frame; one across
         brokers takes the longer path of ``client._txn`` (docs/cluster.md).
         """
-        if (
-            isinstance(timeout, bool)
-            or not isinstance(timeout, int | float)
-            or not (math.isfinite(timeout) and timeout > 0)
-        ):
-            raise InvalidInputError(
-                f"timeout must be a positive number of seconds, not {timeout!r}"
-            )
+        _check_seconds(timeout, "timeout")
         ttl_ms = max(1, round(timeout * 1000))
         if ttl_ms > MAX_TXN_TTL_MS:
             raise InvalidInputError(f"timeout {timeout} s is too long")
